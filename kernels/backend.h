@@ -1,0 +1,101 @@
+// The one interface every compute backend implements (CPU now, CUDA later).
+// Model code never calls a kernel directly: the graph executor (runtime/)
+// dispatches each op to a Backend.  All activations are row-major f32
+// matrices; weights keep their on-disk (possibly quantized) layout.
+//
+// Pointers passed to a backend are in the backend's own memory (for the CPU
+// backend: ordinary host memory).  Buffers come from alloc_buffer(); weights
+// go through prepare_weight() once at load time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/dtype.h"
+
+namespace cb {
+
+// A weight matrix as stored in GGUF: n_out rows, each of n_in elements of
+// `type`, rows contiguous (row stride = dtype_row_bytes(type, n_in)).
+// GGUF's ne[0] is n_in, ne[1] is n_out.
+struct WeightView {
+  const void* data = nullptr;
+  DType type = DType::F32;
+  int64_t n_in = 0;
+  int64_t n_out = 0;
+};
+
+// Attention of n_q query rows over the first n_kv rows of a layer's KV cache.
+// KV row j holds the key/value of the token at global position j, so the
+// causal mask is "key j visible to query i iff j <= q_pos[i]".  Query rows may
+// be any subset of positions in any order (CacheBlend recomputes a subset).
+// Grouped-query attention: query head h reads KV head h / (n_head / n_head_kv).
+struct AttentionArgs {
+  const float* q = nullptr;      // n_q x (n_head * head_dim), RoPE already applied
+  const int32_t* q_pos = nullptr;  // n_q global positions
+  int64_t n_q = 0;
+  const float* k = nullptr;      // n_kv x (n_head_kv * head_dim), RoPE applied
+  const float* v = nullptr;      // n_kv x (n_head_kv * head_dim)
+  int64_t n_kv = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;
+  float scale = 0.0f;            // usually 1/sqrt(head_dim)
+  float* out = nullptr;          // n_q x (n_head * head_dim)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // Memory.  alloc_buffer returns memory aligned to at least 64 bytes, or
+  // throws cb::Error(kOutOfMemory).
+  virtual void* alloc_buffer(size_t bytes) = 0;
+  virtual void free_buffer(void* p) = 0;
+  // Makes a host (mmapped) weight usable by this backend.  The CPU backend
+  // returns it unchanged; a GPU backend uploads it.
+  virtual WeightView prepare_weight(const WeightView& host) = 0;
+
+  // y[r][o] = sum_i W[o][i] * x[r][i]   for r < n_rows, o < w.n_out.
+  // x is n_rows x w.n_in, y is n_rows x w.n_out.
+  virtual void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y) = 0;
+  // out[r] = dequantized row ids[r] of w (embedding lookup); out is n x w.n_in.
+  // Every id must be in [0, w.n_out); the caller checks.
+  virtual void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) = 0;
+  // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight
+  virtual void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
+                       float* out) = 0;
+  // In place: for each row r and head, rotate adjacent pairs (x[2i], x[2i+1])
+  // of the first rot_dim dims by angle pos[r] * freq_base^(-2i/rot_dim).
+  // x is n_rows x (n_heads * head_dim).
+  virtual void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads,
+                    int64_t head_dim, int64_t rot_dim, float freq_base) = 0;
+  virtual void attention(const AttentionArgs& a) = 0;
+  // out[i] = silu(gate[i]) * up[i]
+  virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
+  // out[i] = a[i] + b[i]  (out may alias a or b)
+  virtual void add(const float* a, const float* b, int64_t n, float* out) = 0;
+  // dst[r] = src[idx[r]]   (rows of row_len floats)
+  virtual void gather_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
+                           float* dst) = 0;
+  // dst[idx[r]] = src[r]
+  virtual void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
+                            float* dst) = 0;
+};
+
+enum class CpuKernelLevel {
+  kAuto,    // best the CPU supports (chosen once, at first use)
+  kScalar,  // the reference kernels
+  kAvx2,    // AVX2 + FMA + F16C
+};
+
+// The CPU backend, running its ops on `n_threads` threads (0 = all cores).
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuKernelLevel level = CpuKernelLevel::kAuto);
+
+// Name of the kernel level a CPU backend created with kAuto would use on this
+// machine ("avx2", "scalar"), for benchmarks to report.
+const char* cpu_kernel_level_name();
+
+}  // namespace cb
