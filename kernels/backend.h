@@ -32,17 +32,17 @@ struct WeightView {
 // be any subset of positions in any order (CacheBlend recomputes a subset).
 // Grouped-query attention: query head h reads KV head h / (n_head / n_head_kv).
 struct AttentionArgs {
-  const float* q = nullptr;      // n_q x (n_head * head_dim), RoPE already applied
+  const float* q = nullptr;        // n_q x (n_head * head_dim), RoPE already applied
   const int32_t* q_pos = nullptr;  // n_q global positions
   int64_t n_q = 0;
-  const float* k = nullptr;      // n_kv x (n_head_kv * head_dim), RoPE applied
-  const float* v = nullptr;      // n_kv x (n_head_kv * head_dim)
+  const float* k = nullptr;  // n_kv x (n_head_kv * head_dim), RoPE applied
+  const float* v = nullptr;  // n_kv x (n_head_kv * head_dim)
   int64_t n_kv = 0;
   int64_t n_head = 0;
   int64_t n_head_kv = 0;
   int64_t head_dim = 0;
-  float scale = 0.0f;            // usually 1/sqrt(head_dim)
-  float* out = nullptr;          // n_q x (n_head * head_dim)
+  float scale = 0.0f;    // usually 1/sqrt(head_dim)
+  float* out = nullptr;  // n_q x (n_head * head_dim)
 };
 
 class Backend {
@@ -70,8 +70,8 @@ class Backend {
   // In place: for each row r and head, rotate adjacent pairs (x[2i], x[2i+1])
   // of the first rot_dim dims by angle pos[r] * freq_base^(-2i/rot_dim).
   // x is n_rows x (n_heads * head_dim).
-  virtual void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads,
-                    int64_t head_dim, int64_t rot_dim, float freq_base) = 0;
+  virtual void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
+                    int64_t rot_dim, float freq_base) = 0;
   virtual void attention(const AttentionArgs& a) = 0;
   // out[i] = silu(gate[i]) * up[i]
   virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
@@ -92,7 +92,8 @@ enum class CpuKernelLevel {
 };
 
 // The CPU backend, running its ops on `n_threads` threads (0 = all cores).
-std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuKernelLevel level = CpuKernelLevel::kAuto);
+std::unique_ptr<Backend> make_cpu_backend(int n_threads,
+                                          CpuKernelLevel level = CpuKernelLevel::kAuto);
 
 // Name of the kernel level a CPU backend created with kAuto would use on this
 // machine ("avx2", "scalar"), for benchmarks to report.

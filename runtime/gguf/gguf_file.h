@@ -68,7 +68,7 @@ class GgufFile {
   std::optional<GgufType> type_of(std::string_view key) const;
   std::vector<std::string> keys() const;
   std::optional<std::string> get_string(std::string_view key) const;
-  std::optional<int64_t> get_int(std::string_view key) const;  // any integer type
+  std::optional<int64_t> get_int(std::string_view key) const;   // any integer type
   std::optional<double> get_float(std::string_view key) const;  // f32/f64 (or integer)
   std::optional<bool> get_bool(std::string_view key) const;
   // Array getters: empty vector when absent; kFormat on wrong element type.

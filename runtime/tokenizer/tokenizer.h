@@ -41,8 +41,8 @@ struct TokenizerVocab {
   int32_t eot_id = -1;  // end of turn (e.g. <|im_end|>), -1 if none
   int32_t unk_id = -1;
   int32_t pad_id = -1;
-  bool add_bos = false;               // tokenizer.ggml.add_bos_token
-  bool add_eos = false;               // tokenizer.ggml.add_eos_token
+  bool add_bos = false;                  // tokenizer.ggml.add_bos_token
+  bool add_eos = false;                  // tokenizer.ggml.add_eos_token
   std::optional<bool> add_space_prefix;  // tokenizer.ggml.add_space_prefix
 };
 

@@ -1,0 +1,49 @@
+# The two commands of the README:  make demo  and  make test.
+# Both run the idempotent set-up first (Debian packages, model), then build.
+BUILD       ?= build
+BUILD_ASAN  ?= build-asan
+BUILD_FUZZ  ?= build-fuzz
+JOBS        ?= $(shell nproc)
+CMAKE_FLAGS ?=
+FUZZ_SECONDS ?= 30
+MODEL       ?= $(if $(CB_MODEL),$(CB_MODEL),models/SmolLM2-135M-Instruct.Q4_1.gguf)
+
+.PHONY: all setup build test test-unit test-asan test-fuzz demo peer clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+build: setup
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j$(JOBS)
+
+# The whole suite: release build (unit, integration on the real model, C ABI,
+# oracles), then the unit tests under ASan+UBSan, then bounded fuzzing.
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	@$(MAKE) --no-print-directory test-asan
+	@$(MAKE) --no-print-directory test-fuzz
+
+test-asan: setup
+	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCB_SANITIZE=ON >/dev/null
+	@cmake --build $(BUILD_ASAN) -j$(JOBS)
+	@cd $(BUILD_ASAN) && ctest --output-on-failure -j$(JOBS) -LE slow
+
+test-fuzz: setup
+	@CC=clang CXX=clang++ cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCB_FUZZ=ON -DCB_SANITIZE=ON -DCB_BUILD_TESTS=ON >/dev/null
+	@cmake --build $(BUILD_FUZZ) -j$(JOBS) --target fuzz_gguf fuzz_tokenizer
+	@bash scripts/run_fuzzers.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
+
+demo: build
+	@$(BUILD)/bin/cb_bench --model $(MODEL) generate --chat \
+	  --prompt "What is the capital of France?" --max-tokens 32
+
+# llama.cpp built from the llama-cpp-python sdist, for side-by-side benchmarks.
+peer: setup
+	@bash scripts/build_llamacpp_peer.sh
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)

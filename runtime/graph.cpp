@@ -1,0 +1,218 @@
+#include "runtime/graph.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "platform/error.h"
+
+namespace cb {
+namespace {
+constexpr size_t kAlign = 64;
+size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+}  // namespace
+
+TensorId Graph::new_tensor(int64_t rows, int64_t cols) {
+  Tensor t;
+  t.rows = rows;
+  t.cols = cols;
+  tensors_.push_back(t);
+  return static_cast<TensorId>(tensors_.size() - 1);
+}
+
+TensorId Graph::external(float* data, int64_t rows, int64_t cols) {
+  TensorId id = new_tensor(rows, cols);
+  tensors_[id].external = data;
+  return id;
+}
+
+Graph::Node& Graph::push(Op op, TensorId out, TensorId a, TensorId b, TensorId c) {
+  int32_t idx = static_cast<int32_t>(nodes_.size());
+  for (TensorId t : {out, a, b, c}) {
+    if (t < 0) continue;
+    Tensor& ten = tensors_[t];
+    if (ten.first < 0) ten.first = idx;
+    ten.last = idx;
+  }
+  Node n{op};
+  n.out = out;
+  n.a = a;
+  n.b = b;
+  n.c = c;
+  nodes_.push_back(n);
+  return nodes_.back();
+}
+
+TensorId Graph::get_rows(const WeightView& w, const int32_t* ids, int64_t n) {
+  TensorId out = new_tensor(n, w.n_in);
+  weights_.push_back(std::make_unique<WeightView>(w));
+  Node& node = push(Op::kGetRows, out);
+  node.weight = weights_.back().get();
+  node.ints = ids;
+  return out;
+}
+
+void Graph::matmul_into(const WeightView& w, TensorId x, TensorId out) {
+  if (tensors_[x].cols != w.n_in || tensors_[out].cols != w.n_out ||
+      tensors_[out].rows != tensors_[x].rows)
+    fail(ErrorCode::kInternal, "graph: matmul shape mismatch");
+  weights_.push_back(std::make_unique<WeightView>(w));
+  push(Op::kMatMul, out, x).weight = weights_.back().get();
+}
+
+TensorId Graph::matmul(const WeightView& w, TensorId x) {
+  TensorId out = new_tensor(tensors_[x].rows, w.n_out);
+  matmul_into(w, x, out);
+  return out;
+}
+
+TensorId Graph::rmsnorm(TensorId x, const float* weight, float eps) {
+  TensorId out = new_tensor(tensors_[x].rows, tensors_[x].cols);
+  Node& n = push(Op::kRmsNorm, out, x);
+  n.vec = weight;
+  n.f = eps;
+  return out;
+}
+
+void Graph::rope(TensorId x, const int32_t* pos, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
+                 float freq_base) {
+  if (tensors_[x].cols != n_heads * head_dim) fail(ErrorCode::kInternal, "graph: rope shape");
+  Node& n = push(Op::kRope, x);
+  n.ints = pos;
+  n.p[0] = n_heads;
+  n.p[1] = head_dim;
+  n.p[2] = rot_dim;
+  n.f = freq_base;
+}
+
+TensorId Graph::attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId v, int64_t n_kv,
+                          int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
+  if (n_kv > tensors_[k].rows || n_kv > tensors_[v].rows)
+    fail(ErrorCode::kInternal, "graph: attention over more rows than the cache holds");
+  TensorId out = new_tensor(tensors_[q].rows, n_head * head_dim);
+  Node& n = push(Op::kAttention, out, q, k, v);
+  n.ints = q_pos;
+  n.p[0] = n_kv;
+  n.p[1] = n_head;
+  n.p[2] = n_head_kv;
+  n.p[3] = head_dim;
+  return out;
+}
+
+TensorId Graph::silu_mul(TensorId gate, TensorId up) {
+  TensorId out = new_tensor(tensors_[gate].rows, tensors_[gate].cols);
+  push(Op::kSiluMul, out, gate, up);
+  return out;
+}
+
+void Graph::add_into(TensorId dst, TensorId src) {
+  if (tensors_[dst].rows != tensors_[src].rows || tensors_[dst].cols != tensors_[src].cols)
+    fail(ErrorCode::kInternal, "graph: add shape mismatch");
+  push(Op::kAdd, dst, src);
+}
+
+TensorId Graph::gather_rows(TensorId src, const int32_t* idx, int64_t n) {
+  TensorId out = new_tensor(n, tensors_[src].cols);
+  push(Op::kGatherRows, out, src).ints = idx;
+  return out;
+}
+
+void Graph::scatter_rows(TensorId src, const int32_t* idx, TensorId dst) {
+  if (tensors_[src].cols != tensors_[dst].cols) fail(ErrorCode::kInternal, "graph: scatter shape");
+  push(Op::kScatterRows, dst, src).ints = idx;
+}
+
+size_t Graph::plan() {
+  // First-fit by production order.  A tensor may reuse memory of tensors whose
+  // last use is strictly before its first node (a node's inputs and outputs
+  // never overlap).
+  struct Live {
+    size_t offset, size;
+    int32_t last;
+  };
+  std::vector<Live> live;
+  std::vector<TensorId> order;
+  for (TensorId t = 0; t < static_cast<TensorId>(tensors_.size()); ++t)
+    if (!tensors_[t].external && tensors_[t].first >= 0) order.push_back(t);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](TensorId a, TensorId b) { return tensors_[a].first < tensors_[b].first; });
+  size_t arena = 0;
+  for (TensorId id : order) {
+    Tensor& t = tensors_[id];
+    std::erase_if(live, [&](const Live& l) { return l.last < t.first; });
+    std::sort(live.begin(), live.end(),
+              [](const Live& a, const Live& b) { return a.offset < b.offset; });
+    size_t size = align_up(static_cast<size_t>(t.rows * t.cols) * sizeof(float));
+    size_t off = 0;
+    for (const Live& l : live) {
+      if (off + size <= l.offset) break;
+      off = std::max(off, l.offset + l.size);
+    }
+    t.offset = off;
+    live.push_back({off, size, t.last});
+    arena = std::max(arena, off + size);
+  }
+  return arena;
+}
+
+float* Graph::ptr(TensorId t, void* arena) const {
+  if (t < 0) return nullptr;
+  const Tensor& ten = tensors_[t];
+  return ten.external ? ten.external
+                      : reinterpret_cast<float*>(static_cast<char*>(arena) + ten.offset);
+}
+
+void Graph::execute(Backend& be, void* arena, size_t begin, size_t end) const {
+  end = std::min(end, nodes_.size());
+  for (size_t i = begin; i < end; ++i) {
+    const Node& n = nodes_[i];
+    float* out = ptr(n.out, arena);
+    const float* a = ptr(n.a, arena);
+    const Tensor& to = tensors_[n.out];
+    switch (n.op) {
+      case Op::kGetRows:
+        be.get_rows(*n.weight, n.ints, to.rows, out);
+        break;
+      case Op::kMatMul:
+        be.matmul(*n.weight, a, to.rows, out);
+        break;
+      case Op::kRmsNorm:
+        be.rmsnorm(a, n.vec, to.rows, to.cols, n.f, out);
+        break;
+      case Op::kRope:
+        be.rope(out, n.ints, to.rows, n.p[0], n.p[1], n.p[2], n.f);
+        break;
+      case Op::kAttention: {
+        AttentionArgs args;
+        args.q = a;
+        args.q_pos = n.ints;
+        args.n_q = to.rows;
+        args.k = ptr(n.b, arena);
+        args.v = ptr(n.c, arena);
+        args.n_kv = n.p[0];
+        args.n_head = n.p[1];
+        args.n_head_kv = n.p[2];
+        args.head_dim = n.p[3];
+        args.scale = 1.0f / std::sqrt(static_cast<float>(n.p[3]));
+        args.out = out;
+        be.attention(args);
+        break;
+      }
+      case Op::kSiluMul:
+        be.silu_mul(a, ptr(n.b, arena), to.rows * to.cols, out);
+        break;
+      case Op::kAdd:
+        be.add(out, a, to.rows * to.cols, out);
+        break;
+      case Op::kGatherRows:
+        be.gather_rows(a, to.cols, n.ints, to.rows, out);
+        break;
+      case Op::kScatterRows:
+        be.scatter_rows(a, to.cols, n.ints, tensors_[n.a].rows, out);
+        break;
+    }
+  }
+}
+
+}  // namespace cb

@@ -1,0 +1,89 @@
+// A minimal compute graph.  Model code describes a forward pass as a list of
+// ops over 2-D f32 tensors; plan() assigns every intermediate tensor a slot in
+// one reusable arena (tensors whose lifetimes do not overlap share memory);
+// execute() runs the ops, in order, on a Backend.  The node list is the
+// schedule: there is no reordering, so a caller can run a range of nodes (one
+// layer) and do other work in between (the CacheBlend pipeline does).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace cb {
+
+using TensorId = int32_t;
+
+class Graph {
+ public:
+  // A tensor whose memory the caller owns (inputs, outputs, KV caches).
+  TensorId external(float* data, int64_t rows, int64_t cols);
+
+  // Each op returns its output tensor (placed in the arena) unless noted.
+  TensorId get_rows(const WeightView& w, const int32_t* ids, int64_t n);
+  TensorId matmul(const WeightView& w, TensorId x);
+  void matmul_into(const WeightView& w, TensorId x, TensorId out);
+  TensorId rmsnorm(TensorId x, const float* weight, float eps);
+  // In place on x (n_heads heads of head_dim per row).
+  void rope(TensorId x, const int32_t* pos, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
+            float freq_base);
+  // Queries x positions over the first n_kv rows of k / v (see AttentionArgs).
+  TensorId attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId v, int64_t n_kv,
+                     int64_t n_head, int64_t n_head_kv, int64_t head_dim);
+  TensorId silu_mul(TensorId gate, TensorId up);
+  void add_into(TensorId dst, TensorId src);  // dst += src
+  TensorId gather_rows(TensorId src, const int32_t* idx, int64_t n);
+  void scatter_rows(TensorId src, const int32_t* idx, TensorId dst);  // dst[idx[r]] = src[r]
+
+  // Assigns arena offsets; returns the arena size in bytes.  Call once after
+  // the last op is added.
+  size_t plan();
+  // Runs nodes [begin, end) with arena memory from plan().
+  void execute(Backend& be, void* arena, size_t begin = 0, size_t end = SIZE_MAX) const;
+
+  size_t n_nodes() const { return nodes_.size(); }
+  int64_t rows(TensorId t) const { return tensors_[t].rows; }
+  int64_t cols(TensorId t) const { return tensors_[t].cols; }
+
+ private:
+  enum class Op : uint8_t {
+    kGetRows,
+    kMatMul,
+    kRmsNorm,
+    kRope,
+    kAttention,
+    kSiluMul,
+    kAdd,
+    kGatherRows,
+    kScatterRows
+  };
+  struct Tensor {
+    int64_t rows = 0, cols = 0;
+    float* external = nullptr;
+    size_t offset = 0;
+    int32_t first = -1, last = -1;  // node indices that produce / last touch it
+  };
+  struct Node {
+    Op op;
+    TensorId out = -1, a = -1, b = -1, c = -1;
+    const WeightView* weight = nullptr;
+    const float* vec = nullptr;
+    const int32_t* ints = nullptr;
+    int64_t p[4] = {0, 0, 0, 0};
+    float f = 0.0f;
+  };
+
+  TensorId new_tensor(int64_t rows, int64_t cols);
+  Node& push(Op op, TensorId out, TensorId a = -1, TensorId b = -1, TensorId c = -1);
+  float* ptr(TensorId t, void* arena) const;
+
+  std::vector<Tensor> tensors_;
+  std::vector<Node> nodes_;
+  // WeightViews are copied in so callers may pass temporaries.
+  std::vector<std::unique_ptr<WeightView>> weights_;
+};
+
+}  // namespace cb

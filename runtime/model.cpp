@@ -1,0 +1,132 @@
+#include "runtime/model.h"
+
+#include <xxhash.h>
+
+#include <cstdio>
+
+#include "kernels/cpu/dequantize.h"
+#include "platform/error.h"
+#include "runtime/tokenizer/vocab_gguf.h"
+
+namespace cb {
+namespace {
+
+std::string shape_text(const GgufTensor& t) {
+  std::string s = "[";
+  for (size_t i = 0; i < t.dims.size(); ++i) s += (i ? ", " : "") + std::to_string(t.dims[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+const float* Model::f32_vector(const std::string& name, int64_t n) {
+  const GgufTensor* t = gguf_.find_tensor(name);
+  if (!t) fail(ErrorCode::kFormat, "model is missing tensor '" + name + "'");
+  if (t->dims.size() != 1 || t->dims[0] != n)
+    fail(ErrorCode::kFormat, "tensor '" + name + "' has shape " + shape_text(*t) + ", expected [" +
+                                 std::to_string(n) + "]");
+  if (t->type == DType::F32) return static_cast<const float*>(t->data);
+  // Norm weights are tiny; converting them once keeps every kernel on f32.
+  owned_.emplace_back(static_cast<size_t>(n));
+  dequantize_row(t->type, t->data, owned_.back().data(), n);
+  return owned_.back().data();
+}
+
+WeightView Model::matrix(const std::string& name, int64_t n_in, int64_t n_out) {
+  const GgufTensor* t = gguf_.find_tensor(name);
+  if (!t) fail(ErrorCode::kFormat, "model is missing tensor '" + name + "'");
+  if (t->dims.size() != 2 || t->dims[0] != n_in || t->dims[1] != n_out)
+    fail(ErrorCode::kFormat, "tensor '" + name + "' has shape " + shape_text(*t) + ", expected [" +
+                                 std::to_string(n_in) + ", " + std::to_string(n_out) + "]");
+  return WeightView{t->data, t->type, n_in, n_out};
+}
+
+std::unique_ptr<Model> Model::load(const std::string& path) {
+  std::unique_ptr<Model> m(new Model(GgufFile::open(path)));
+  const GgufFile& f = m->gguf_;
+  try {
+    std::string arch = f.get_string("general.architecture").value_or("");
+    if (arch != "llama")
+      fail(ErrorCode::kUnsupported, "unsupported architecture '" + arch + "' (supported: llama)");
+    auto req = [&](const std::string& key) -> int64_t {
+      auto v = f.get_int(key);
+      if (!v) fail(ErrorCode::kFormat, "missing metadata '" + key + "'");
+      if (*v <= 0 || *v > (int64_t{1} << 24))
+        fail(ErrorCode::kFormat, "metadata '" + key + "' out of range: " + std::to_string(*v));
+      return *v;
+    };
+    LlamaHparams& hp = m->hp_;
+    hp.n_layer = req("llama.block_count");
+    hp.n_embd = req("llama.embedding_length");
+    hp.n_ff = req("llama.feed_forward_length");
+    hp.n_head = req("llama.attention.head_count");
+    hp.n_head_kv =
+        f.has("llama.attention.head_count_kv") ? req("llama.attention.head_count_kv") : hp.n_head;
+    hp.n_ctx_train = req("llama.context_length");
+    if (hp.n_embd % hp.n_head != 0 || hp.n_head % hp.n_head_kv != 0)
+      fail(ErrorCode::kFormat, "head counts do not divide the embedding size");
+    hp.head_dim = f.has("llama.attention.key_length") ? req("llama.attention.key_length")
+                                                      : hp.n_embd / hp.n_head;
+    if (f.has("llama.attention.value_length") && req("llama.attention.value_length") != hp.head_dim)
+      fail(ErrorCode::kUnsupported, "key and value head sizes differ");
+    hp.rot_dim =
+        f.has("llama.rope.dimension_count") ? req("llama.rope.dimension_count") : hp.head_dim;
+    if (hp.rot_dim > hp.head_dim || hp.rot_dim % 2 != 0 || hp.head_dim % 2 != 0)
+      fail(ErrorCode::kFormat, "invalid RoPE dimension count");
+    hp.rope_freq_base = static_cast<float>(f.get_float("llama.rope.freq_base").value_or(10000.0));
+    hp.rms_eps =
+        static_cast<float>(f.get_float("llama.attention.layer_norm_rms_epsilon").value_or(1e-5));
+    if (!(hp.rope_freq_base > 0) || !(hp.rms_eps > 0))
+      fail(ErrorCode::kFormat, "invalid RoPE base or RMS epsilon");
+    std::string scaling = f.get_string("llama.rope.scaling.type").value_or("none");
+    if ((scaling != "none" && f.get_float("llama.rope.scaling.factor").value_or(1.0) != 1.0) ||
+        f.find_tensor("rope_freqs.weight"))
+      fail(ErrorCode::kUnsupported, "RoPE scaling ('" + scaling + "') is not supported yet");
+
+    const GgufTensor* emb = f.find_tensor("token_embd.weight");
+    if (!emb || emb->dims.size() != 2)
+      fail(ErrorCode::kFormat, "model is missing a 2-D 'token_embd.weight'");
+    hp.n_vocab = emb->dims[1];
+    m->tok_embd_ = m->matrix("token_embd.weight", hp.n_embd, hp.n_vocab);
+    m->output_ = f.find_tensor("output.weight") ? m->matrix("output.weight", hp.n_embd, hp.n_vocab)
+                                                : m->tok_embd_;
+    m->output_norm_ = m->f32_vector("output_norm.weight", hp.n_embd);
+
+    const int64_t q_dim = hp.n_head * hp.head_dim;
+    for (int64_t l = 0; l < hp.n_layer; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      LayerWeights w;
+      w.attn_norm = m->f32_vector(p + "attn_norm.weight", hp.n_embd);
+      w.wq = m->matrix(p + "attn_q.weight", hp.n_embd, q_dim);
+      w.wk = m->matrix(p + "attn_k.weight", hp.n_embd, hp.kv_dim());
+      w.wv = m->matrix(p + "attn_v.weight", hp.n_embd, hp.kv_dim());
+      w.wo = m->matrix(p + "attn_output.weight", q_dim, hp.n_embd);
+      w.ffn_norm = m->f32_vector(p + "ffn_norm.weight", hp.n_embd);
+      w.w_gate = m->matrix(p + "ffn_gate.weight", hp.n_embd, hp.n_ff);
+      w.w_up = m->matrix(p + "ffn_up.weight", hp.n_embd, hp.n_ff);
+      w.w_down = m->matrix(p + "ffn_down.weight", hp.n_ff, hp.n_embd);
+      m->layers_.push_back(w);
+    }
+
+    m->tokenizer_ = std::make_unique<Tokenizer>(read_tokenizer_vocab(f));
+    if (m->tokenizer_->n_vocab() > hp.n_vocab)
+      fail(ErrorCode::kFormat, "tokenizer has more tokens than the embedding matrix");
+    m->name_ = f.get_string("general.name").value_or(path);
+  } catch (const Error& e) {
+    throw Error(e.code(), path + ": " + e.what());
+  }
+  return m;
+}
+
+const std::string& Model::fingerprint() const {
+  std::call_once(fingerprint_once_, [this] {
+    XXH128_hash_t h = XXH3_128bits(gguf_.base(), gguf_.size());
+    char buf[33];
+    std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                  static_cast<unsigned long long>(h.low64));
+    fingerprint_ = buf;
+  });
+  return fingerprint_;
+}
+
+}  // namespace cb

@@ -1,0 +1,80 @@
+// A Llama-family model loaded from GGUF: hyper-parameters from the llama.*
+// keys, weights used in place from the mapping, and the tokenizer.  Nothing
+// here is specific to one model; the file's metadata is authoritative.
+//
+// A Model is immutable after load and may be shared by many sessions on many
+// threads.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "runtime/gguf/gguf_file.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+namespace cb {
+
+struct LlamaHparams {
+  int64_t n_layer = 0;
+  int64_t n_embd = 0;
+  int64_t n_ff = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;  // n_embd / n_head unless the file says otherwise
+  int64_t rot_dim = 0;   // llama.rope.dimension_count (defaults to head_dim)
+  int64_t n_vocab = 0;
+  int64_t n_ctx_train = 0;
+  float rope_freq_base = 10000.0f;
+  float rms_eps = 1e-5f;
+
+  int64_t kv_dim() const { return n_head_kv * head_dim; }
+};
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;  // n_embd
+  WeightView wq, wk, wv, wo;
+  const float* ffn_norm = nullptr;  // n_embd
+  WeightView w_gate, w_up, w_down;
+};
+
+class Model {
+ public:
+  // Throws cb::Error: kIo, kFormat, kUnsupported (architecture, tensor type).
+  static std::unique_ptr<Model> load(const std::string& path);
+
+  const LlamaHparams& hparams() const { return hp_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const GgufFile& gguf() const { return gguf_; }
+  const std::string& name() const { return name_; }
+  const std::string& path() const { return gguf_.path(); }
+
+  const WeightView& token_embd() const { return tok_embd_; }
+  const WeightView& output() const { return output_; }  // token_embd when tied
+  const float* output_norm() const { return output_norm_; }
+  const std::vector<LayerWeights>& layers() const { return layers_; }
+
+  // Stable 128-bit hash (hex) of all file bytes (metadata and tensor data):
+  // the model's identity in chunk-cache keys.  Computed on first use.
+  const std::string& fingerprint() const;
+
+ private:
+  explicit Model(GgufFile f) : gguf_(std::move(f)) {}
+  const float* f32_vector(const std::string& name, int64_t n);
+  WeightView matrix(const std::string& name, int64_t n_in, int64_t n_out);
+
+  GgufFile gguf_;
+  LlamaHparams hp_;
+  std::string name_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  WeightView tok_embd_, output_;
+  const float* output_norm_ = nullptr;
+  std::vector<LayerWeights> layers_;
+  std::vector<std::vector<float>> owned_;  // norm weights converted to f32
+  mutable std::once_flag fingerprint_once_;
+  mutable std::string fingerprint_;
+};
+
+}  // namespace cb

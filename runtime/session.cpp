@@ -1,0 +1,118 @@
+#include "runtime/session.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "platform/error.h"
+#include "runtime/graph.h"
+
+namespace cb {
+
+Session::Session(const Model& model, const SessionOptions& opts)
+    : model_(model), backend_(make_cpu_backend(opts.n_threads, opts.kernels)) {
+  const LlamaHparams& hp = model.hparams();
+  n_ctx_ = opts.n_ctx > 0 ? opts.n_ctx : std::min<int64_t>(hp.n_ctx_train, 4096);
+  if (opts.n_ctx < 0 || n_ctx_ > hp.n_ctx_train)
+    fail(ErrorCode::kInvalidArgument, "context size " + std::to_string(opts.n_ctx) +
+                                          " is outside 1.." + std::to_string(hp.n_ctx_train) +
+                                          " (the model's training context)");
+  if (opts.n_batch <= 0) fail(ErrorCode::kInvalidArgument, "batch size must be positive");
+  n_batch_ = std::min(opts.n_batch, n_ctx_);
+
+  for (const LayerWeights& w : model.layers()) {
+    LayerWeights p = w;
+    for (WeightView* v : {&p.wq, &p.wk, &p.wv, &p.wo, &p.w_gate, &p.w_up, &p.w_down})
+      *v = backend_->prepare_weight(*v);
+    layers_.push_back(p);
+  }
+  tok_embd_ = backend_->prepare_weight(model.token_embd());
+  output_ = backend_->prepare_weight(model.output());
+
+  const size_t kv_bytes = static_cast<size_t>(n_ctx_ * hp.kv_dim()) * sizeof(float);
+  try {
+    for (int64_t l = 0; l < hp.n_layer; ++l) {
+      k_cache_.push_back(static_cast<float*>(backend_->alloc_buffer(kv_bytes)));
+      v_cache_.push_back(static_cast<float*>(backend_->alloc_buffer(kv_bytes)));
+    }
+  } catch (...) {
+    for (float* p : k_cache_) backend_->free_buffer(p);
+    for (float* p : v_cache_) backend_->free_buffer(p);
+    throw;
+  }
+  logits_.resize(static_cast<size_t>(hp.n_vocab));
+}
+
+Session::~Session() {
+  for (float* p : k_cache_) backend_->free_buffer(p);
+  for (float* p : v_cache_) backend_->free_buffer(p);
+  if (arena_) backend_->free_buffer(arena_);
+}
+
+void Session::truncate(int64_t n) {
+  if (n < 0 || n > n_past_) fail(ErrorCode::kInvalidArgument, "truncate beyond the session length");
+  n_past_ = n;
+}
+
+std::span<const float> Session::prefill(std::span<const int32_t> tokens) {
+  if (tokens.empty()) fail(ErrorCode::kInvalidArgument, "no tokens to process");
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n > n_ctx_ - n_past_)
+    fail(ErrorCode::kContextOverflow,
+         "prompt of " + std::to_string(n) + " tokens does not fit: " + std::to_string(n_past_) +
+             " of " + std::to_string(n_ctx_) + " context positions are used");
+  const int64_t n_vocab = model_.hparams().n_vocab;
+  for (int32_t t : tokens)
+    if (t < 0 || t >= n_vocab)
+      fail(ErrorCode::kInvalidArgument,
+           "token id " + std::to_string(t) + " is outside 0.." + std::to_string(n_vocab - 1));
+  for (int64_t i = 0; i < n; i += n_batch_)
+    forward_batch(tokens.data() + i, std::min(n_batch_, n - i));
+  return logits_;
+}
+
+// One forward pass over n tokens at positions n_past_.. ; writes their K/V
+// into the cache and the last token's logits into logits_.
+void Session::forward_batch(const int32_t* tokens, int64_t n) {
+  const LlamaHparams& hp = model_.hparams();
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  std::iota(pos.begin(), pos.end(), static_cast<int32_t>(n_past_));
+  const int32_t last_row = static_cast<int32_t>(n - 1);
+  const int64_t n_kv = n_past_ + n;
+
+  Graph g;
+  TensorId x = g.get_rows(tok_embd_, tokens, n);
+  for (int64_t l = 0; l < hp.n_layer; ++l) {
+    const LayerWeights& w = layers_[static_cast<size_t>(l)];
+    TensorId h = g.rmsnorm(x, w.attn_norm, hp.rms_eps);
+    TensorId q = g.matmul(w.wq, h);
+    TensorId k = g.matmul(w.wk, h);
+    TensorId v = g.matmul(w.wv, h);
+    g.rope(q, pos.data(), hp.n_head, hp.head_dim, hp.rot_dim, hp.rope_freq_base);
+    g.rope(k, pos.data(), hp.n_head_kv, hp.head_dim, hp.rot_dim, hp.rope_freq_base);
+    TensorId kc = g.external(k_cache_[l], n_ctx_, hp.kv_dim());
+    TensorId vc = g.external(v_cache_[l], n_ctx_, hp.kv_dim());
+    g.scatter_rows(k, pos.data(), kc);
+    g.scatter_rows(v, pos.data(), vc);
+    TensorId a = g.attention(q, pos.data(), kc, vc, n_kv, hp.n_head, hp.n_head_kv, hp.head_dim);
+    g.add_into(x, g.matmul(w.wo, a));
+    TensorId h2 = g.rmsnorm(x, w.ffn_norm, hp.rms_eps);
+    TensorId m = g.silu_mul(g.matmul(w.w_gate, h2), g.matmul(w.w_up, h2));
+    g.add_into(x, g.matmul(w.w_down, m));
+  }
+  // Only the last row's logits are needed: normalise and project just it.
+  TensorId last = g.gather_rows(x, &last_row, 1);
+  TensorId hn = g.rmsnorm(last, model_.output_norm(), hp.rms_eps);
+  g.matmul_into(output_, hn, g.external(logits_.data(), 1, hp.n_vocab));
+
+  size_t need = g.plan();
+  if (need > arena_bytes_) {
+    if (arena_) backend_->free_buffer(arena_);
+    arena_ = nullptr;
+    arena_ = backend_->alloc_buffer(need);
+    arena_bytes_ = need;
+  }
+  g.execute(*backend_, arena_);
+  n_past_ += n;
+}
+
+}  // namespace cb

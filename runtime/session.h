@@ -1,0 +1,67 @@
+// A session: one conversation's KV cache over a shared Model, and the
+// forward pass that fills it.  Not thread-safe: one thread drives a session
+// at a time; different sessions may run concurrently on one Model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "runtime/model.h"
+
+namespace cb {
+
+struct SessionOptions {
+  int64_t n_ctx = 0;      // 0: min(model's training context, 4096)
+  int n_threads = 0;      // 0: all cores
+  int64_t n_batch = 512;  // tokens per forward chunk (bounds activation memory)
+  CpuKernelLevel kernels = CpuKernelLevel::kAuto;
+};
+
+class Session {
+ public:
+  // Throws cb::Error(kInvalidArgument) for n_ctx beyond the model's context,
+  // kOutOfMemory when the KV cache cannot be allocated.
+  Session(const Model& model, const SessionOptions& opts);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Appends `tokens` at positions n_past().. and returns the logits of the
+  // last one (n_vocab floats, valid until the next call).  Throws
+  // kContextOverflow if they do not fit (the session is left unchanged) and
+  // kInvalidArgument for an empty span or an id outside the vocabulary.
+  std::span<const float> prefill(std::span<const int32_t> tokens);
+  std::span<const float> decode(int32_t token) { return prefill({&token, 1}); }
+
+  int64_t n_past() const { return n_past_; }
+  int64_t n_ctx() const { return n_ctx_; }
+  // Forgets everything after the first n tokens (n <= n_past()).
+  void truncate(int64_t n);
+  const Model& model() const { return model_; }
+  Backend& backend() { return *backend_; }
+
+  // The layer's KV cache: n_ctx rows of kv_dim floats, row j = position j.
+  // K is stored after RoPE.
+  float* k_cache(int64_t layer) { return k_cache_[layer]; }
+  float* v_cache(int64_t layer) { return v_cache_[layer]; }
+
+ private:
+  void forward_batch(const int32_t* tokens, int64_t n);
+
+  const Model& model_;
+  std::unique_ptr<Backend> backend_;
+  int64_t n_ctx_ = 0;
+  int64_t n_batch_ = 0;
+  int64_t n_past_ = 0;
+  std::vector<float*> k_cache_, v_cache_;
+  std::vector<LayerWeights> layers_;  // backend-prepared views
+  WeightView tok_embd_, output_;
+  void* arena_ = nullptr;
+  size_t arena_bytes_ = 0;
+  std::vector<float> logits_;
+};
+
+}  // namespace cb

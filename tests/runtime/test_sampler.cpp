@@ -1,0 +1,62 @@
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "platform/error.h"
+#include "runtime/sampler.h"
+
+namespace cb {
+namespace {
+
+TEST(Sampler, GreedyPicksTheMaximumAndLowestIdOnTies) {
+  std::vector<float> l = {0.1f, 3.0f, -1.0f, 3.0f};
+  EXPECT_EQ(argmax(l), 1);
+  Sampler s({});
+  EXPECT_EQ(s.sample(l), 1);
+}
+
+TEST(Sampler, SeededSamplingIsReproducible) {
+  std::vector<float> l = {1.0f, 1.1f, 0.9f, 1.05f, 0.2f};
+  SamplerOptions o{.temperature = 1.0f, .seed = 42};
+  Sampler a(o), b(o);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(l), b.sample(l));
+}
+
+TEST(Sampler, TopKOnlyDrawsFromTheKBest) {
+  std::vector<float> l = {5.0f, 4.9f, 0.0f, 4.8f, -2.0f};
+  Sampler s({.temperature = 5.0f, .top_k = 2, .seed = 1});
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 400; ++i) ++seen[s.sample(l)];
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_GT(seen[0], 0);
+  EXPECT_GT(seen[1], 0);
+}
+
+TEST(Sampler, TopPKeepsTheSmallestNucleus) {
+  // Probabilities ~ {0.64, 0.24, 0.09, 0.03}: top_p 0.8 keeps two tokens.
+  std::vector<float> l = {3.0f, 2.0f, 1.0f, 0.0f};
+  Sampler s({.temperature = 1.0f, .top_p = 0.8f, .seed = 3});
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 1000; ++i) ++seen[s.sample(l)];
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_GT(seen[0], seen[1]);
+}
+
+TEST(Sampler, TemperatureFollowsTheSoftmax) {
+  std::vector<float> l = {0.0f, std::log(3.0f)};  // p = 1/4, 3/4
+  Sampler s({.temperature = 1.0f, .seed = 7});
+  int ones = 0;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ones += s.sample(l);
+  EXPECT_NEAR(ones / double(n), 0.75, 0.02);
+}
+
+TEST(Sampler, RejectsBadOptions) {
+  EXPECT_THROW(Sampler({.top_p = 0.0f}), Error);
+  EXPECT_THROW(Sampler({.top_p = 1.5f}), Error);
+  EXPECT_THROW(Sampler({.temperature = NAN}), Error);
+  EXPECT_THROW(argmax({}), Error);
+}
+
+}  // namespace
+}  // namespace cb
