@@ -97,7 +97,7 @@ struct Value {
 
 void skip_value(Cursor& c, GgufType t, int depth);
 
-void skip_array(Cursor& c, int depth, GgufType* elem_out, uint64_t* count_out) {
+void skip_array(Cursor& c, int depth, GgufType* elem_out, uint64_t* count_out, size_t* data_out) {
   uint32_t et = c.read<uint32_t>("array type");
   if (!valid_type(et)) bad("unknown array element type " + std::to_string(et));
   uint64_t count = c.read<uint64_t>("array length");
@@ -106,6 +106,7 @@ void skip_array(Cursor& c, int depth, GgufType* elem_out, uint64_t* count_out) {
   if (count > c.remaining() / min_value_size(elem)) bad("array length exceeds file size");
   if (elem_out) *elem_out = elem;
   if (count_out) *count_out = count;
+  if (data_out) *data_out = c.pos();
   if (elem == GgufType::kString || elem == GgufType::kArray) {
     for (uint64_t i = 0; i < count; ++i) skip_value(c, elem, depth + 1);
   } else {
@@ -118,7 +119,7 @@ void skip_value(Cursor& c, GgufType t, int depth) {
   if (t == GgufType::kString) {
     c.read_string("string");
   } else if (t == GgufType::kArray) {
-    skip_array(c, depth, nullptr, nullptr);
+    skip_array(c, depth, nullptr, nullptr, nullptr);
   } else {
     c.skip(min_value_size(t), "value");
   }
@@ -215,12 +216,7 @@ void GgufFile::Impl::parse_all() {
     if (!valid_type(t)) bad("key '" + key + "' has unknown type " + std::to_string(t));
     Value v{static_cast<GgufType>(t)};
     if (v.type == GgufType::kArray) {
-      skip_array(c, 0, &v.elem_type, &v.count);
-      // Arrays of fixed-size elements are read in place later: remember where
-      // the first element is (the array header is 12 bytes).
-      v.offset = c.pos() - (v.elem_type == GgufType::kString || v.elem_type == GgufType::kArray
-                                ? 0
-                                : v.count * min_value_size(v.elem_type));
+      skip_array(c, 0, &v.elem_type, &v.count, &v.offset);
     } else {
       v.offset = c.pos();
       skip_value(c, v.type, 0);

@@ -58,6 +58,10 @@ class Tokenizer {
   // add_special: prepend BOS / append EOS as the vocab says.
   // parse_special: text such as "<|im_start|>" becomes its control token.
   // Never fails on any byte sequence (invalid UTF-8 is encoded byte-wise).
+  // A byte for which a byte-level vocabulary has no token at all becomes its
+  // unknown token if it has a genuine one, else it is dropped (llama.cpp
+  // drops it too); SmolLM2 lacks 21 such bytes (0x04, 0xC0, 0xFF, ...), so
+  // decode(encode(s)) == s holds for every s without them.
   std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const;
   // Concatenated pieces.  Control tokens render as their text when
   // render_special is true and as nothing otherwise.  Ids out of range throw

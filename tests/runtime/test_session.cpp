@@ -131,7 +131,7 @@ TEST(Model, RejectsFilesThatAreNotLlamaModels) {
   no_tensors.kv_str("general.architecture", "llama");
   for (const char* k : {"llama.block_count", "llama.embedding_length", "llama.feed_forward_length",
                         "llama.attention.head_count", "llama.context_length"})
-    no_tensors.kv_u32(k, 4);
+    no_tensors.kv_u32(k, std::string(k) == "llama.attention.head_count" ? 2 : 8);
   expect_error(no_tensors, ErrorCode::kFormat, "token_embd.weight");
 }
 

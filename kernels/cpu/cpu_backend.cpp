@@ -1,0 +1,196 @@
+// The CPU backend: validates arguments, splits each op over the thread pool
+// and runs either the AVX2 kernels or the scalar reference kernels on each
+// slice.  The kernel level is fixed when the backend is created.
+//
+// Numerics (both levels): activations stay f32 and all accumulation is f32;
+// nothing quantizes activations, so the logits track a float64 reference to
+// a relative L2 of 1e-3 (see ops_avx2.h).
+#include <mimalloc.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/ops_avx2.h"
+#include "kernels/cpu/reference_ops.h"
+#include "platform/cpu_features.h"
+#include "platform/error.h"
+#include "platform/thread_pool.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define CB_HAVE_AVX2_KERNELS 1
+#else
+#define CB_HAVE_AVX2_KERNELS 0
+#endif
+
+namespace cb {
+namespace {
+
+enum class Level { kScalar, kAvx2 };
+
+bool avx2_usable() {
+  const CpuFeatures& f = cpu_features();
+  return CB_HAVE_AVX2_KERNELS && f.avx2 && f.fma && f.f16c;
+}
+
+Level resolve(CpuKernelLevel level) {
+  switch (level) {
+    case CpuKernelLevel::kScalar:
+      return Level::kScalar;
+    case CpuKernelLevel::kAvx2:
+      if (!avx2_usable()) {
+        fail(ErrorCode::kUnsupported,
+             "AVX2 kernels requested, but this CPU or build lacks "
+             "AVX2+FMA+F16C");
+      }
+      return Level::kAvx2;
+    case CpuKernelLevel::kAuto:
+      break;
+  }
+  return avx2_usable() ? Level::kAvx2 : Level::kScalar;
+}
+
+// Below this many multiply-adds (or element operations) a task is not worth
+// waking another thread for: a dispatch costs around a microsecond.
+constexpr int64_t kMinWorkPerTask = 32 * 1024;
+
+void check(bool ok, const char* what) {
+  if (!ok) fail(ErrorCode::kInvalidArgument, std::string("cpu backend: ") + what);
+}
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(int n_threads, Level level) : pool_(n_threads), level_(level) {}
+
+  const char* name() const override { return level_ == Level::kAvx2 ? "cpu-avx2" : "cpu-scalar"; }
+
+  void* alloc_buffer(size_t bytes) override {
+    void* p = mi_malloc_aligned(bytes == 0 ? 1 : bytes, 64);
+    if (p == nullptr) {
+      fail(ErrorCode::kOutOfMemory, "cannot allocate " + std::to_string(bytes) + " bytes");
+    }
+    return p;
+  }
+  void free_buffer(void* p) override { mi_free(p); }
+  WeightView prepare_weight(const WeightView& host) override { return host; }
+
+  void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
+    check(n_rows >= 0 && w.n_in >= 0 && w.n_out >= 0, "matmul: negative size");
+    check(w.n_in % dtype_block_elems(w.type) == 0, "matmul: n_in is not a whole number of blocks");
+    if (n_rows == 0 || w.n_out == 0) return;
+    // Split by output columns (weight rows): each thread streams its own
+    // share of the weight, the dominant memory traffic.  Groups of 4
+    // columns match the GEMM micro-kernel.
+    const int64_t work = n_rows * w.n_out * w.n_in;
+    split(w.n_out, tasks_for(work), n_rows == 1 ? 1 : 4, [&](int64_t o0, int64_t o1) {
+#if CB_HAVE_AVX2_KERNELS
+      if (level_ == Level::kAvx2) return avx2::matmul(w, x, n_rows, y, o0, o1);
+#endif
+      ref::matmul(w, x, n_rows, y, o0, o1);
+    });
+  }
+
+  void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override {
+    check(n >= 0, "get_rows: negative count");
+    split(n, tasks_for(n * w.n_in), 1,
+          [&](int64_t r0, int64_t r1) { ref::get_rows(w, ids + r0, r1 - r0, out + r0 * w.n_in); });
+  }
+
+  void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
+               float* out) override {
+    check(n_rows >= 0 && dim > 0, "rmsnorm: bad shape");
+    split(n_rows, tasks_for(n_rows * dim), 1, [&](int64_t r0, int64_t r1) {
+#if CB_HAVE_AVX2_KERNELS
+      if (level_ == Level::kAvx2)
+        return avx2::rmsnorm(x + r0 * dim, weight, r1 - r0, dim, eps, out + r0 * dim);
+#endif
+      ref::rmsnorm(x + r0 * dim, weight, r1 - r0, dim, eps, out + r0 * dim);
+    });
+  }
+
+  void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
+            int64_t rot_dim, float freq_base) override {
+    check(n_rows >= 0 && n_heads > 0 && head_dim > 0, "rope: bad shape");
+    check(rot_dim >= 0 && rot_dim <= head_dim && rot_dim % 2 == 0,
+          "rope: rot_dim must be even and at most head_dim");
+    const int64_t row = n_heads * head_dim;
+    // The angles cost a sin and a cos per pair and row; count them heavily.
+    split(n_rows, tasks_for(n_rows * (row + 16 * rot_dim)), 1, [&](int64_t r0, int64_t r1) {
+      ref::rope(x + r0 * row, pos + r0, r1 - r0, n_heads, head_dim, rot_dim, freq_base);
+    });
+  }
+
+  void attention(const AttentionArgs& a) override {
+    check(a.n_q >= 0 && a.n_kv >= 0 && a.head_dim > 0, "attention: bad shape");
+    check(a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0,
+          "attention: n_head must be a multiple of n_head_kv");
+    // One task per (query row, head); rows at later positions see more keys,
+    // and the pool's dynamic hand-out balances that.
+    pool_.parallel_for(a.n_q * a.n_head, [&](int64_t task, int) {
+      const int64_t qi = task / a.n_head, h = task % a.n_head;
+#if CB_HAVE_AVX2_KERNELS
+      if (level_ == Level::kAvx2) return avx2::attention_one(a, qi, h);
+#endif
+      ref::attention_one(a, qi, h);
+    });
+  }
+
+  void silu_mul(const float* gate, const float* up, int64_t n, float* out) override {
+    split(n, tasks_for(8 * n), 8, [&](int64_t i0, int64_t i1) {
+#if CB_HAVE_AVX2_KERNELS
+      if (level_ == Level::kAvx2) return avx2::silu_mul(gate + i0, up + i0, i1 - i0, out + i0);
+#endif
+      ref::silu_mul(gate + i0, up + i0, i1 - i0, out + i0);
+    });
+  }
+
+  void add(const float* a, const float* b, int64_t n, float* out) override {
+    split(n, tasks_for(n), 8, [&](int64_t i0, int64_t i1) {
+#if CB_HAVE_AVX2_KERNELS
+      if (level_ == Level::kAvx2) return avx2::add(a + i0, b + i0, i1 - i0, out + i0);
+#endif
+      ref::add(a + i0, b + i0, i1 - i0, out + i0);
+    });
+  }
+
+  void gather_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
+                   float* dst) override {
+    ref::gather_rows(src, row_len, idx, n, dst);
+  }
+
+  void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
+                    float* dst) override {
+    ref::scatter_rows(src, row_len, idx, n, dst);
+  }
+
+ private:
+  int64_t tasks_for(int64_t work) const {
+    return std::clamp<int64_t>(work / kMinWorkPerTask, 1, pool_.size());
+  }
+
+  // Calls fn(begin, end) on up to n_tasks contiguous slices of [0, n), each
+  // a multiple of `align` long except the last.
+  template <class F>
+  void split(int64_t n, int64_t n_tasks, int64_t align, F&& fn) {
+    if (n <= 0) return;
+    const int64_t per_task = (n + n_tasks - 1) / n_tasks;
+    const int64_t chunk = (per_task + align - 1) / align * align;
+    const int64_t tasks = (n + chunk - 1) / chunk;
+    pool_.parallel_for(tasks, [&](int64_t t, int) { fn(t * chunk, std::min(n, (t + 1) * chunk)); });
+  }
+
+  ThreadPool pool_;
+  Level level_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuKernelLevel level) {
+  return std::make_unique<CpuBackend>(n_threads, resolve(level));
+}
+
+const char* cpu_kernel_level_name() {
+  return resolve(CpuKernelLevel::kAuto) == Level::kAvx2 ? "avx2" : "scalar";
+}
+
+}  // namespace cb

@@ -1,0 +1,40 @@
+// The AVX2+FMA+F16C kernels.  Declared in plain C++ so the dispatching code
+// (compiled for the baseline ISA) can call them; defined in *_avx2.cpp files
+// that CMake compiles with -mavx2 -mfma -mf16c.  Call them only after
+// cpu_features() reports avx2, fma and f16c.  Same contracts as the
+// functions of the same name in reference_ops.h.
+//
+// Linkage rule for the AVX2 files: nothing they define or include may be an
+// ordinary `inline` function or template shared with baseline code (std
+// containers, std math wrappers).  The linker keeps one copy of such a
+// function, possibly the AVX-encoded one, which would crash a CPU without
+// AVX.  So their helpers have internal linkage (`static inline` or an
+// anonymous namespace), math goes through __builtin_*, buffers are malloc'd.
+//
+// Numerics: activations stay f32 and every sum accumulates in f32 (no
+// activation quantization), so the model's logits stay within a relative L2
+// of 1e-3 of a float64 reference; the only differences from cb::ref are
+// summation order, FMA contraction and a polynomial exp (~1e-7 relative).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/backend.h"
+
+namespace cb::avx2 {
+
+// Output columns [o_begin, o_end).  n_rows == 1 is a fused dequantize+dot
+// GEMV; n_rows > 1 dequantizes a tile of weight rows once into a per-thread
+// f32 buffer and multiplies it by every activation row.
+void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y, int64_t o_begin,
+            int64_t o_end);
+
+// Online softmax over blocks of keys; one query row, one head.
+void attention_one(const AttentionArgs& a, int64_t qi, int64_t head);
+
+void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
+             float* out);
+void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+void add(const float* a, const float* b, int64_t n, float* out);
+
+}  // namespace cb::avx2

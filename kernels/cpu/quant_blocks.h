@@ -1,0 +1,83 @@
+// On-disk block layouts of the quantized GGUF types, byte for byte as ggml
+// writes them.  A row of n elements is n / block_elems consecutive blocks.
+// Scales are binary16 stored as raw bits (platform/half.h).  All members are at
+// even offsets and GGUF aligns tensor data to at least 8 bytes, so reading
+// rows through these structs is aligned.
+#pragma once
+
+#include <cstdint>
+
+namespace cb {
+
+inline constexpr int kQK = 32;    // elements per Q4_0 / Q4_1 / Q8_0 block
+inline constexpr int kQKK = 256;  // elements per K-quant super-block
+
+// x[i] = (q[i] - 8) * d.  Byte j holds element j in its low nibble and
+// element j + 16 in its high nibble.
+struct BlockQ4_0 {
+  uint16_t d;
+  uint8_t qs[kQK / 2];
+};
+
+// x[i] = q[i] * d + m, nibbles arranged as in Q4_0.
+struct BlockQ4_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qs[kQK / 2];
+};
+
+// x[i] = q[i] * d.
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t qs[kQK];
+};
+
+// 8 sub-blocks of 32 elements; sub-block s has a 6-bit scale sc[s] and a
+// 6-bit min m[s] packed into `scales` (see q4k_scale_min), and
+// x = (d * sc[s]) * q - (dmin * m[s]).  The 4-bit quants come in 4 chunks of
+// 32 bytes: chunk c holds sub-block 2c in the low nibbles and sub-block
+// 2c + 1 in the high nibbles.
+struct BlockQ4_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qs[kQKK / 2];
+};
+
+// 16 groups of 16 elements; element e has the signed 6-bit quant
+// q = (4 low bits from ql) | (2 high bits from qh) - 32 and
+// x = (d * scales[e / 16]) * q.  Each half of 128 elements uses 64 bytes of
+// ql and 32 bytes of qh; within a half, for l < 32:
+//   element l      : ql[l]      low nibble,  qh[l] bits 0-1
+//   element l + 32 : ql[l + 32] low nibble,  qh[l] bits 2-3
+//   element l + 64 : ql[l]      high nibble, qh[l] bits 4-5
+//   element l + 96 : ql[l + 32] high nibble, qh[l] bits 6-7
+struct BlockQ6_K {
+  uint8_t ql[kQKK / 2];
+  uint8_t qh[kQKK / 4];
+  int8_t scales[kQKK / 16];
+  uint16_t d;
+};
+
+static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ6_K) == 210);
+
+// Scale and min of Q4_K sub-block s (0..7).  Bytes 0-3 hold the 6-bit scales
+// of sub-blocks 0-3 and bytes 4-7 their mins; sub-blocks 4-7 keep their low
+// 4 bits in the nibbles of bytes 8-11 (scale low, min high) and their top
+// 2 bits in the spare top bits of bytes 0-3 (scales) and 4-7 (mins).
+// `static inline`: the AVX2 kernels use it too (see ops_avx2.h).
+static inline void q4k_scale_min(const uint8_t* scales, int s, uint8_t* sc, uint8_t* m) {
+  if (s < 4) {
+    *sc = scales[s] & 63u;
+    *m = scales[s + 4] & 63u;
+  } else {
+    *sc = static_cast<uint8_t>((scales[s + 4] & 0x0Fu) | ((scales[s - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((scales[s + 4] >> 4) | ((scales[s] >> 6) << 4));
+  }
+}
+
+}  // namespace cb

@@ -1,0 +1,23 @@
+// What the CPU we run on can execute, detected once at first use.  Kernel
+// dispatch (kernels/cpu) consults this before calling any code compiled for
+// an instruction set beyond the baseline.
+#pragma once
+
+namespace cb {
+
+struct CpuFeatures {
+  bool avx2 = false;
+  bool fma = false;
+  bool f16c = false;
+  bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512vl = false;
+};
+
+// Cached after the first call; thread-safe.  All false on non-x86 builds.
+const CpuFeatures& cpu_features();
+
+// Number of hardware threads (at least 1).
+int cpu_hardware_threads();
+
+}  // namespace cb

@@ -1,0 +1,181 @@
+// attention against a float64 softmax: causal mask by global position, query
+// rows that are an arbitrary subset of positions in arbitrary order, GQA,
+// head sizes with SIMD tails, and key counts that cross the kernel's blocks.
+//
+// Tolerance: 1e-5 absolute on outputs of magnitude ~1 (V ~ N(0,1)).  The f32
+// paths are off by ~1e-7 (score rounding, a ~1e-7 polynomial exp); an
+// off-by-one in the mask or a wrong KV head changes outputs by ~1e-2.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernel_test_util.h"
+#include "kernels/cpu/ops_avx2.h"
+#include "kernels/cpu/reference_ops.h"
+
+namespace cb {
+namespace {
+
+struct Case {
+  int64_t n_head, n_head_kv, head_dim, n_kv;
+  std::vector<int32_t> q_pos;
+};
+
+struct Data {
+  std::vector<float> q, k, v;
+  AttentionArgs args(const Case& c, float* out) const {
+    AttentionArgs a;
+    a.q = q.data();
+    a.n_q = static_cast<int64_t>(c.q_pos.size());
+    a.q_pos = c.q_pos.data();
+    a.k = k.data();
+    a.v = v.data();
+    a.n_kv = c.n_kv;
+    a.n_head = c.n_head;
+    a.n_head_kv = c.n_head_kv;
+    a.head_dim = c.head_dim;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    a.out = out;
+    return a;
+  }
+};
+
+Data make_data(std::mt19937& rng, const Case& c) {
+  const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
+  return {test::random_floats(rng, n_q * c.n_head * c.head_dim, 1.5f),
+          test::random_floats(rng, c.n_kv * c.n_head_kv * c.head_dim, 1.5f),
+          test::random_floats(rng, c.n_kv * c.n_head_kv * c.head_dim)};
+}
+
+std::vector<double> attention_f64(const Case& c, const Data& d) {
+  const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
+  const int64_t hd = c.head_dim, group = c.n_head / c.n_head_kv;
+  const double scale = 1.0f / std::sqrt(static_cast<float>(hd));  // as the args
+  std::vector<double> out(n_q * c.n_head * hd, 0.0);
+  for (int64_t i = 0; i < n_q; ++i) {
+    const int64_t n_keys = std::min<int64_t>(c.q_pos[i] + 1, c.n_kv);
+    for (int64_t h = 0; h < c.n_head; ++h) {
+      const int64_t g = h / group;
+      std::vector<double> s(n_keys);
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < n_keys; ++j) {
+        double dot = 0.0;
+        for (int64_t e = 0; e < hd; ++e) {
+          dot += static_cast<double>(d.q[(i * c.n_head + h) * hd + e]) *
+                 d.k[(j * c.n_head_kv + g) * hd + e];
+        }
+        s[j] = dot * scale;
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0.0;
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (int64_t j = 0; j < n_keys; ++j) {
+        for (int64_t e = 0; e < hd; ++e) {
+          out[(i * c.n_head + h) * hd + e] += s[j] / sum * d.v[(j * c.n_head_kv + g) * hd + e];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<double>& want,
+                  const char* what) {
+  double worst = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
+  }
+  EXPECT_LE(worst, 1e-5) << what;
+}
+
+std::vector<Case> cases() {
+  return {
+      // SmolLM2 geometry; a subset of positions in arbitrary order, one past
+      // the cache (sees only n_kv keys), keys crossing 32-key blocks.
+      {9, 3, 64, 70, {69, 0, 33, 5, 31, 32, 64, 100, 12}},
+      {4, 4, 20, 40, {39, 1, 17, 0}},   // no GQA; head size with a tail of 4
+      {6, 2, 40, 33, {32, 31, 2, 30}},  // head size not a multiple of 16
+      {2, 1, 128, 1000, {999, 517}},    // long context, wide heads
+  };
+}
+
+TEST(Attention, ReferenceMatchesFloat64) {
+  std::mt19937 rng(11);
+  for (const Case& c : cases()) {
+    const Data d = make_data(rng, c);
+    std::vector<float> out(d.q.size(), NAN);
+    ref::attention(d.args(c, out.data()));
+    expect_close(out, attention_f64(c, d), "ref");
+  }
+}
+
+TEST(Attention, Avx2MatchesFloat64) {
+  if (!test::avx2_available()) GTEST_SKIP() << "no AVX2+FMA+F16C on this CPU";
+  std::mt19937 rng(12);
+  for (const Case& c : cases()) {
+    const Data d = make_data(rng, c);
+    std::vector<float> out(d.q.size(), NAN);
+    const AttentionArgs a = d.args(c, out.data());
+    for (int64_t i = 0; i < a.n_q; ++i) {
+      for (int64_t h = 0; h < a.n_head; ++h) avx2::attention_one(a, i, h);
+    }
+    expect_close(out, attention_f64(c, d), "avx2");
+  }
+}
+
+// Keys after a query's position must not matter: change them and compare.
+TEST(Attention, MaskedKeysAreIgnored) {
+  std::mt19937 rng(13);
+  const Case c{4, 2, 32, 50, {20, 3}};
+  Data d = make_data(rng, c);
+  std::vector<CpuKernelLevel> levels = {CpuKernelLevel::kScalar};
+  if (test::avx2_available()) levels.push_back(CpuKernelLevel::kAvx2);
+  for (CpuKernelLevel level : levels) {
+    auto be = make_cpu_backend(2, level);
+    std::vector<float> before(d.q.size()), after(d.q.size());
+    be->attention(d.args(c, before.data()));
+    Data changed = d;
+    for (size_t i = 21 * c.n_head_kv * c.head_dim; i < changed.k.size(); ++i) {
+      changed.k[i] = 100.0f;
+      changed.v[i] = -100.0f;
+    }
+    be->attention(changed.args(c, after.data()));
+    EXPECT_TRUE(test::bitwise_equal(before, after));
+  }
+}
+
+TEST(Attention, BackendIndependentOfThreadCount) {
+  std::mt19937 rng(14);
+  const Case c = cases()[0];
+  const Data d = make_data(rng, c);
+  std::vector<CpuKernelLevel> levels = {CpuKernelLevel::kScalar};
+  if (test::avx2_available()) levels.push_back(CpuKernelLevel::kAvx2);
+  for (CpuKernelLevel level : levels) {
+    std::vector<float> first;
+    for (int threads : {1, 2, 3}) {
+      std::vector<float> out(d.q.size());
+      make_cpu_backend(threads, level)->attention(d.args(c, out.data()));
+      if (threads == 1) {
+        first = out;
+        expect_close(out, attention_f64(c, d), "backend");
+      } else {
+        EXPECT_TRUE(test::bitwise_equal(out, first)) << threads;
+      }
+    }
+  }
+}
+
+TEST(Attention, RejectsBadHeadGrouping) {
+  auto be = make_cpu_backend(1, CpuKernelLevel::kScalar);
+  AttentionArgs a;
+  a.n_head = 9;
+  a.n_head_kv = 2;
+  a.head_dim = 64;
+  EXPECT_THROW(be->attention(a), Error);
+}
+
+}  // namespace
+}  // namespace cb

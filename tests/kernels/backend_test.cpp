@@ -1,0 +1,60 @@
+// Backend plumbing: memory, weight preparation, names, kernel level choice.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "kernel_test_util.h"
+
+namespace cb {
+namespace {
+
+TEST(CpuBackend, AllocatesAligned) {
+  auto be = make_cpu_backend(1);
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{100}, size_t{1} << 20}) {
+    void* p = be->alloc_buffer(bytes);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+    if (bytes > 0) std::memset(p, 0xAB, bytes);
+    be->free_buffer(p);
+  }
+  be->free_buffer(nullptr);
+}
+
+TEST(CpuBackend, OutOfMemoryIsAnError) {
+  auto be = make_cpu_backend(1);
+  try {
+    be->alloc_buffer(std::numeric_limits<size_t>::max() / 2);
+    FAIL() << "expected kOutOfMemory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+  }
+}
+
+TEST(CpuBackend, PrepareWeightIsIdentity) {
+  auto be = make_cpu_backend(1);
+  const int dummy = 0;
+  const WeightView w{&dummy, DType::Q4_K, 256, 3};
+  const WeightView p = be->prepare_weight(w);
+  EXPECT_EQ(p.data, w.data);
+  EXPECT_EQ(p.type, w.type);
+  EXPECT_EQ(p.n_in, w.n_in);
+  EXPECT_EQ(p.n_out, w.n_out);
+}
+
+TEST(CpuBackend, KernelLevelNames) {
+  const std::string level = cpu_kernel_level_name();
+  EXPECT_EQ(level, test::avx2_available() ? "avx2" : "scalar");
+  EXPECT_STREQ(make_cpu_backend(1, CpuKernelLevel::kScalar)->name(), "cpu-scalar");
+  if (test::avx2_available()) {
+    EXPECT_STREQ(make_cpu_backend(1, CpuKernelLevel::kAvx2)->name(), "cpu-avx2");
+    EXPECT_STREQ(make_cpu_backend(1)->name(), "cpu-avx2");
+  } else {
+    EXPECT_THROW(make_cpu_backend(1, CpuKernelLevel::kAvx2), Error);
+  }
+}
+
+}  // namespace
+}  // namespace cb

@@ -1,0 +1,124 @@
+// Shared helpers for the kernel tests: random weights of every type, float64
+// references, and error measures.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/bf16.h"
+#include "kernels/cpu/dequantize.h"
+#include "platform/cpu_features.h"
+#include "platform/error.h"
+#include "platform/half.h"
+
+namespace cb::test {
+
+inline constexpr DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,
+                                      DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K};
+
+inline bool avx2_available() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx2 && f.fma && f.f16c;
+}
+
+inline std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// A weight of n_out rows x n_in elements: random quant bytes with the f16
+// scale fields set to magnitudes in [1e-3, 1e-1] so values stay moderate.
+inline std::vector<uint8_t> random_weight(std::mt19937& rng, DType t, int64_t n_out, int64_t n_in) {
+  const size_t bytes = dtype_row_bytes(t, n_in) * static_cast<size_t>(n_out);
+  std::vector<uint8_t> data(bytes);
+  const int64_t n = n_out * n_in;
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  switch (t) {
+    case DType::F32:
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = normal(rng);
+        std::memcpy(data.data() + 4 * i, &v, 4);
+      }
+      return data;
+    case DType::F16:
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = normal(rng);
+        const uint16_t h = t == DType::F16 ? f32_to_f16(v) : f32_to_bf16(v);
+        std::memcpy(data.data() + 2 * i, &h, 2);
+      }
+      return data;
+    default:
+      break;
+  }
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : data) b = static_cast<uint8_t>(byte(rng));
+  std::vector<size_t> scale_offsets;
+  switch (t) {
+    case DType::Q4_0:
+    case DType::Q8_0:
+      scale_offsets = {0};
+      break;
+    case DType::Q4_1:
+    case DType::Q4_K:
+      scale_offsets = {0, 2};
+      break;
+    case DType::Q6_K:
+      scale_offsets = {208};
+      break;
+    default:
+      break;
+  }
+  std::uniform_real_distribution<float> exponent(-3.0f, -1.0f);
+  const size_t block_bytes = dtype_block_bytes(t);
+  for (size_t off = 0; off < bytes; off += block_bytes) {
+    for (size_t s : scale_offsets) {
+      const float sign = byte(rng) < 128 ? -1.0f : 1.0f;
+      const uint16_t h = f32_to_f16(sign * std::pow(10.0f, exponent(rng)));
+      std::memcpy(data.data() + off + s, &h, 2);
+    }
+  }
+  return data;
+}
+
+inline std::vector<float> dequantize_all(const WeightView& w) {
+  std::vector<float> out(static_cast<size_t>(w.n_out * w.n_in));
+  const size_t row_bytes = dtype_row_bytes(w.type, w.n_in);
+  for (int64_t o = 0; o < w.n_out; ++o) {
+    dequantize_row(w.type, static_cast<const uint8_t*>(w.data) + o * row_bytes,
+                   out.data() + o * w.n_in, w.n_in);
+  }
+  return out;
+}
+
+// y64[r][o] = sum_i W[o][i] x[r][i] in float64, and the matching scale
+// sum_i |W[o][i] x[r][i]| that bounds any f32 summation error.
+inline void matmul_f64(const std::vector<float>& wf, int64_t n_out, int64_t n_in, const float* x,
+                       int64_t n_rows, std::vector<double>* y, std::vector<double>* abs_sum) {
+  y->assign(static_cast<size_t>(n_rows * n_out), 0.0);
+  abs_sum->assign(static_cast<size_t>(n_rows * n_out), 0.0);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int64_t o = 0; o < n_out; ++o) {
+      double s = 0.0, a = 0.0;
+      for (int64_t i = 0; i < n_in; ++i) {
+        const double p = static_cast<double>(wf[o * n_in + i]) * x[r * n_in + i];
+        s += p;
+        a += std::fabs(p);
+      }
+      (*y)[r * n_out + o] = s;
+      (*abs_sum)[r * n_out + o] = a;
+    }
+  }
+}
+
+inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace cb::test
