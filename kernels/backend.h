@@ -80,6 +80,10 @@ class Backend {
   // dst[r] = src[idx[r]]   (rows of row_len floats)
   virtual void gather_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
                            float* dst) = 0;
+  // CacheBlend's KV deviation: out[r] = sum_j (a[r][j] - b[r][j])^2 over rows
+  // of row_len floats.
+  virtual void row_sq_diff(const float* a, const float* b, int64_t n_rows, int64_t row_len,
+                           float* out) = 0;
   // dst[idx[r]] = src[r]
   virtual void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
                             float* dst) = 0;

@@ -48,6 +48,11 @@ Session::~Session() {
   if (arena_) backend_->free_buffer(arena_);
 }
 
+void Session::set_n_past(int64_t n) {
+  if (n < 0 || n > n_ctx_) fail(ErrorCode::kInvalidArgument, "session length outside the context");
+  n_past_ = n;
+}
+
 void Session::truncate(int64_t n) {
   if (n < 0 || n > n_past_) fail(ErrorCode::kInvalidArgument, "truncate beyond the session length");
   n_past_ = n;

@@ -48,6 +48,15 @@ class Session {
   float* k_cache(int64_t layer) { return k_cache_[layer]; }
   float* v_cache(int64_t layer) { return v_cache_[layer]; }
 
+  // For code that fills the KV cache by other means than prefill() (the
+  // CacheBlend fusor): the backend-prepared weights, the logits buffer, and
+  // a way to declare rows [0, n) of every layer valid.
+  const std::vector<LayerWeights>& layer_weights() const { return layers_; }
+  const WeightView& token_embd() const { return tok_embd_; }
+  const WeightView& output() const { return output_; }
+  std::span<float> logits_buffer() { return logits_; }
+  void set_n_past(int64_t n);
+
  private:
   void forward_batch(const int32_t* tokens, int64_t n);
 

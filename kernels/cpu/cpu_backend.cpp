@@ -163,6 +163,14 @@ class CpuBackend final : public Backend {
     ref::scatter_rows(src, row_len, idx, n, dst);
   }
 
+  void row_sq_diff(const float* a, const float* b, int64_t n_rows, int64_t row_len,
+                   float* out) override {
+    check(n_rows >= 0 && row_len >= 0, "row_sq_diff: negative size");
+    split(n_rows, tasks_for(n_rows * row_len), 1, [&](int64_t r0, int64_t r1) {
+      ref::row_sq_diff(a + r0 * row_len, b + r0 * row_len, r1 - r0, row_len, out + r0);
+    });
+  }
+
  private:
   int64_t tasks_for(int64_t work) const {
     return std::clamp<int64_t>(work / kMinWorkPerTask, 1, pool_.size());

@@ -140,4 +140,15 @@ void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t
   }
 }
 
+void row_sq_diff(const float* a, const float* b, int64_t n_rows, int64_t row_len, float* out) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < row_len; ++j) {
+      const double d = static_cast<double>(a[r * row_len + j]) - b[r * row_len + j];
+      sum += d * d;
+    }
+    out[r] = static_cast<float>(sum);
+  }
+}
+
 }  // namespace cb::ref

@@ -44,5 +44,7 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void add(const float* a, const float* b, int64_t n, float* out);
 void gather_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n, float* dst);
 void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n, float* dst);
+// out[r] = sum_j (a[r][j] - b[r][j])^2, accumulated in double.
+void row_sq_diff(const float* a, const float* b, int64_t n_rows, int64_t row_len, float* out);
 
 }  // namespace cb::ref

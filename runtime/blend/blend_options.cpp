@@ -1,0 +1,53 @@
+#include "runtime/blend/blend_options.h"
+
+#include <cmath>
+#include <string>
+
+#include "platform/error.h"
+
+namespace cb {
+
+const char* blend_mode_name(BlendMode m) {
+  switch (m) {
+    case BlendMode::kFull:
+      return "full";
+    case BlendMode::kPrefix:
+      return "prefix";
+    case BlendMode::kReuse:
+      return "reuse";
+    case BlendMode::kBlend:
+      return "blend";
+  }
+  return "?";
+}
+
+std::optional<BlendMode> parse_blend_mode(std::string_view name) {
+  for (BlendMode m : {BlendMode::kFull, BlendMode::kPrefix, BlendMode::kReuse, BlendMode::kBlend})
+    if (name == blend_mode_name(m)) return m;
+  return std::nullopt;
+}
+
+void validate_blend_options(const BlendOptions& opts, int64_t n_layer) {
+  if (opts.mode != BlendMode::kBlend) return;
+  if (opts.schedule.empty())
+    fail(ErrorCode::kInvalidArgument, "blend needs at least one check layer");
+  int64_t prev_layer = -1;
+  float prev_ratio = 1.0f;
+  for (const CheckLayer& c : opts.schedule) {
+    if (c.layer < 0 || c.layer >= n_layer)
+      fail(ErrorCode::kInvalidArgument, "check layer " + std::to_string(c.layer) +
+                                            " does not exist (the model has layers 0.." +
+                                            std::to_string(n_layer - 1) + ")");
+    if (c.layer <= prev_layer)
+      fail(ErrorCode::kInvalidArgument, "check layers must be in increasing order");
+    if (!(c.ratio >= 0.0f && c.ratio <= 1.0f) || std::isnan(c.ratio))
+      fail(ErrorCode::kInvalidArgument,
+           "recompute ratio " + std::to_string(c.ratio) + " is outside [0, 1]");
+    if (c.ratio > prev_ratio)
+      fail(ErrorCode::kInvalidArgument, "ratios must not grow along the schedule");
+    prev_layer = c.layer;
+    prev_ratio = c.ratio;
+  }
+}
+
+}  // namespace cb

@@ -1,0 +1,361 @@
+// The fused prefill.  Each layer runs in two steps over the rows R carried at
+// that layer (global positions, ascending):
+//   1. norm and Q/K/V projections of R;
+//   2. RoPE, K/V written to the cache at R's positions, attention of R's
+//      queries over all n keys (causal by global position), output
+//      projection and FFN of R.
+// Before step 2 every cached chunk's KV of the layer is loaded into the
+// cache (K rotated to its global position), so rows outside R attend and are
+// attended with their cached KV.  At a check layer, between the steps, the
+// fresh V of R's reused rows is compared with the cached V, and R narrows to
+// the most deviating ones plus every uncached row.
+#include "runtime/blend/fusor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "platform/error.h"
+#include "runtime/blend/hkvd.h"
+#include "runtime/graph.h"
+
+namespace cb {
+
+bool MemoryChunkSource::fetch_layer(int64_t layer, float* k, float* v) {
+  if (layer < 0 || layer >= kv_.shape.n_layers) return false;
+  const size_t n = static_cast<size_t>(kv_.shape.layer_floats());
+  std::memcpy(k, kv_.k.data() + layer * n, n * sizeof(float));
+  std::memcpy(v, kv_.v.data() + layer * n, n * sizeof(float));
+  return true;
+}
+
+double FusionStats::computed_fraction() const {
+  if (n_tokens == 0 || rows_per_layer.empty()) return 0.0;
+  double rows = std::accumulate(rows_per_layer.begin(), rows_per_layer.end(), 0.0);
+  return rows / (static_cast<double>(n_tokens) * static_cast<double>(rows_per_layer.size()));
+}
+
+namespace {
+
+// One fused forward over a request of n tokens in session s.
+class FusedForward {
+ public:
+  FusedForward(Session& s, std::span<const int32_t> tokens)
+      : s_(s),
+        hp_(s.model().hparams()),
+        be_(s.backend()),
+        tokens_(tokens),
+        n_(static_cast<int64_t>(tokens.size())) {}
+
+  // Rows computed at layer 0 (ascending positions).
+  std::vector<int32_t> rows;
+  // Per position: the cached source covering it (null if none) and its
+  // offset inside that chunk.
+  struct Cached {
+    ChunkLayerSource* src;
+    int32_t begin, len;  // positions
+  };
+  std::vector<Cached> cached;
+  std::vector<uint8_t> is_cached;  // per position
+  // Check-layer schedule (blend only) and the count the ratios refer to.
+  std::vector<CheckLayer> schedule;
+  int64_t n_reused = 0;
+  // When set, the chunk rows [capture_begin, n) of K before RoPE and of V
+  // are copied here for every layer.
+  cache::ChunkKV* capture = nullptr;
+  int32_t capture_begin = 0;
+  std::vector<int64_t> rows_per_layer;
+
+  // Runs all layers; returns false if a cached chunk could not be read (its
+  // index is in failed_chunk) so the caller can retry without it.
+  bool run(bool want_logits);
+  size_t failed_chunk = 0;
+
+ private:
+  bool load_cached_layer(int64_t layer);    // false: a chunk failed (failed_chunk)
+  void project(int64_t layer);              // step 1
+  void select(int64_t layer, float ratio);  // check layer
+  void attend_and_ffn(int64_t layer);       // step 2
+  void run_graph(Graph& g);
+  void resize_buffers();
+
+  Session& s_;
+  const LlamaHparams& hp_;
+  Backend& be_;
+  std::span<const int32_t> tokens_;
+  int64_t n_;
+  std::vector<float> x_, q_, k_, v_;  // rows.size() x dim each
+};
+
+void FusedForward::run_graph(Graph& g) {
+  // Arena memory is small here (one layer's intermediates), so a local
+  // buffer per graph keeps this code free of the session's arena.
+  size_t need = g.plan();
+  std::vector<float> arena(need / sizeof(float) + 16);
+  g.execute(be_, arena.data());
+}
+
+void FusedForward::resize_buffers() {
+  const size_t r = rows.size();
+  q_.resize(r * static_cast<size_t>(hp_.n_head * hp_.head_dim));
+  k_.resize(r * static_cast<size_t>(hp_.kv_dim()));
+  v_.resize(r * static_cast<size_t>(hp_.kv_dim()));
+}
+
+bool FusedForward::load_cached_layer(int64_t layer) {
+  const int64_t kv_dim = hp_.kv_dim();
+  float* kc = s_.k_cache(layer);
+  float* vc = s_.v_cache(layer);
+  std::vector<int32_t> pos;
+  for (size_t c = 0; c < cached.size(); ++c) {
+    const Cached& ch = cached[c];
+    float* kdst = kc + static_cast<int64_t>(ch.begin) * kv_dim;
+    float* vdst = vc + static_cast<int64_t>(ch.begin) * kv_dim;
+    if (!ch.src->fetch_layer(layer, kdst, vdst)) {
+      failed_chunk = c;
+      return false;
+    }
+    pos.resize(static_cast<size_t>(ch.len));
+    std::iota(pos.begin(), pos.end(), ch.begin);
+    be_.rope(kdst, pos.data(), ch.len, hp_.n_head_kv, hp_.head_dim, hp_.rot_dim,
+             hp_.rope_freq_base);
+  }
+  return true;
+}
+
+void FusedForward::project(int64_t layer) {
+  const LayerWeights& w = s_.layer_weights()[static_cast<size_t>(layer)];
+  const int64_t r = static_cast<int64_t>(rows.size());
+  Graph g;
+  TensorId x = g.external(x_.data(), r, hp_.n_embd);
+  TensorId h = g.rmsnorm(x, w.attn_norm, hp_.rms_eps);
+  g.matmul_into(w.wq, h, g.external(q_.data(), r, hp_.n_head * hp_.head_dim));
+  g.matmul_into(w.wk, h, g.external(k_.data(), r, hp_.kv_dim()));
+  g.matmul_into(w.wv, h, g.external(v_.data(), r, hp_.kv_dim()));
+  run_graph(g);
+  if (capture) {
+    // Rows are all positions here (capture runs a plain prefill); keep the
+    // chunk's part, K still un-rotated.
+    const int64_t kv_dim = hp_.kv_dim();
+    const size_t off = static_cast<size_t>(capture_begin * kv_dim);
+    const size_t len = static_cast<size_t>((n_ - capture_begin) * kv_dim);
+    std::memcpy(capture->k_layer(static_cast<int>(layer)), k_.data() + off, len * sizeof(float));
+    std::memcpy(capture->v_layer(static_cast<int>(layer)), v_.data() + off, len * sizeof(float));
+  }
+}
+
+void FusedForward::select(int64_t layer, float ratio) {
+  const int64_t kv_dim = hp_.kv_dim();
+  // Candidates: the reused rows still carried.  The last position is always
+  // kept: its logits are the request's output.
+  std::vector<int32_t> cand;  // indices into rows
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (is_cached[rows[i]] && rows[i] != n_ - 1) cand.push_back(static_cast<int32_t>(i));
+  const int64_t k = std::min<int64_t>(static_cast<int64_t>(std::llround(ratio * n_reused)),
+                                      static_cast<int64_t>(cand.size()));
+  std::vector<int32_t> keep_idx;  // indices into rows, ascending
+  if (k < static_cast<int64_t>(cand.size())) {
+    // Deviation of fresh V (in v_, row i) from the cached V (in the cache at
+    // position rows[i]; the cached layer was loaded before this step).
+    std::vector<float> fresh(cand.size() * static_cast<size_t>(kv_dim));
+    std::vector<float> old(fresh.size());
+    std::vector<int32_t> cand_pos(cand.size());
+    for (size_t j = 0; j < cand.size(); ++j) cand_pos[j] = rows[cand[j]];
+    be_.gather_rows(v_.data(), kv_dim, cand.data(), static_cast<int64_t>(cand.size()),
+                    fresh.data());
+    be_.gather_rows(s_.v_cache(layer), kv_dim, cand_pos.data(), static_cast<int64_t>(cand.size()),
+                    old.data());
+    std::vector<float> dev(cand.size());
+    be_.row_sq_diff(fresh.data(), old.data(), static_cast<int64_t>(cand.size()), kv_dim,
+                    dev.data());
+    std::vector<int32_t> top = select_hkvd_tokens(dev, k);
+    std::vector<uint8_t> chosen(rows.size(), 0);
+    for (int32_t t : top) chosen[cand[t]] = 1;
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (!is_cached[rows[i]] || rows[i] == n_ - 1 || chosen[i])
+        keep_idx.push_back(static_cast<int32_t>(i));
+  } else {
+    return;  // every candidate stays
+  }
+  const int64_t r = static_cast<int64_t>(keep_idx.size());
+  auto narrow = [&](std::vector<float>& buf, int64_t dim) {
+    std::vector<float> out(static_cast<size_t>(r * dim));
+    be_.gather_rows(buf.data(), dim, keep_idx.data(), r, out.data());
+    buf.swap(out);
+  };
+  narrow(x_, hp_.n_embd);
+  narrow(q_, hp_.n_head * hp_.head_dim);
+  narrow(k_, hp_.kv_dim());
+  narrow(v_, hp_.kv_dim());
+  std::vector<int32_t> new_rows(static_cast<size_t>(r));
+  for (int64_t i = 0; i < r; ++i) new_rows[i] = rows[keep_idx[i]];
+  rows.swap(new_rows);
+}
+
+void FusedForward::attend_and_ffn(int64_t layer) {
+  const LayerWeights& w = s_.layer_weights()[static_cast<size_t>(layer)];
+  const int64_t r = static_cast<int64_t>(rows.size());
+  const int64_t q_dim = hp_.n_head * hp_.head_dim;
+  Graph g;
+  TensorId x = g.external(x_.data(), r, hp_.n_embd);
+  TensorId q = g.external(q_.data(), r, q_dim);
+  TensorId k = g.external(k_.data(), r, hp_.kv_dim());
+  TensorId v = g.external(v_.data(), r, hp_.kv_dim());
+  g.rope(q, rows.data(), hp_.n_head, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base);
+  g.rope(k, rows.data(), hp_.n_head_kv, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base);
+  TensorId kc = g.external(s_.k_cache(layer), s_.n_ctx(), hp_.kv_dim());
+  TensorId vc = g.external(s_.v_cache(layer), s_.n_ctx(), hp_.kv_dim());
+  g.scatter_rows(k, rows.data(), kc);
+  g.scatter_rows(v, rows.data(), vc);
+  TensorId a = g.attention(q, rows.data(), kc, vc, n_, hp_.n_head, hp_.n_head_kv, hp_.head_dim);
+  g.add_into(x, g.matmul(w.wo, a));
+  TensorId h2 = g.rmsnorm(x, w.ffn_norm, hp_.rms_eps);
+  TensorId m = g.silu_mul(g.matmul(w.w_gate, h2), g.matmul(w.w_up, h2));
+  g.add_into(x, g.matmul(w.w_down, m));
+  run_graph(g);
+}
+
+bool FusedForward::run(bool want_logits) {
+  x_.resize(rows.size() * static_cast<size_t>(hp_.n_embd));
+  {
+    std::vector<int32_t> ids(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) ids[i] = tokens_[rows[i]];
+    be_.get_rows(s_.token_embd(), ids.data(), static_cast<int64_t>(ids.size()), x_.data());
+  }
+  size_t next_check = 0;
+  for (int64_t l = 0; l < hp_.n_layer; ++l) {
+    if (!load_cached_layer(l)) return false;
+    resize_buffers();
+    project(l);
+    if (next_check < schedule.size() && schedule[next_check].layer == l)
+      select(l, schedule[next_check++].ratio);
+    rows_per_layer.push_back(static_cast<int64_t>(rows.size()));
+    attend_and_ffn(l);
+  }
+  if (want_logits) {
+    // rows is ascending and always holds n-1: its hidden state is the last.
+    Graph g;
+    TensorId last = g.external(x_.data() + (rows.size() - 1) * hp_.n_embd, 1, hp_.n_embd);
+    TensorId hn = g.rmsnorm(last, s_.model().output_norm(), hp_.rms_eps);
+    g.matmul_into(s_.output(), hn, g.external(s_.logits_buffer().data(), 1, hp_.n_vocab));
+    run_graph(g);
+  }
+  return true;
+}
+
+void check_request(Session& s, int64_t n) {
+  if (s.n_past() != 0) fail(ErrorCode::kInvalidArgument, "fusion needs an empty session");
+  if (n == 0) fail(ErrorCode::kInvalidArgument, "the request has no tokens");
+  if (n > s.n_ctx())
+    fail(ErrorCode::kContextOverflow, "request of " + std::to_string(n) +
+                                          " tokens does not fit the context of " +
+                                          std::to_string(s.n_ctx()));
+}
+
+}  // namespace
+
+std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segments,
+                                    const BlendOptions& opts, FusionStats* stats) {
+  const LlamaHparams& hp = s.model().hparams();
+  validate_blend_options(opts, hp.n_layer);
+  if (segments.empty()) fail(ErrorCode::kInvalidArgument, "no segments to fuse");
+  std::vector<int32_t> tokens;
+  for (const Segment& seg : segments)
+    tokens.insert(tokens.end(), seg.tokens.begin(), seg.tokens.end());
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  check_request(s, n);
+  const auto t0 = std::chrono::steady_clock::now();
+
+  FusionStats local;
+  FusionStats& st = stats ? *stats : local;
+  st = FusionStats{};
+  st.n_tokens = n;
+
+  if (opts.mode == BlendMode::kFull) {
+    auto logits = s.prefill(tokens);
+    st.rows_per_layer.assign(static_cast<size_t>(hp.n_layer), n);
+    st.final_rows.resize(static_cast<size_t>(n));
+    std::iota(st.final_rows.begin(), st.final_rows.end(), 0);
+    st.compute_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return logits;
+  }
+
+  // Which segments' cached KV this mode uses.  A chunk that fails to load is
+  // dropped from the set and the request runs again (it is then computed).
+  std::vector<uint8_t> use(segments.size(), 0);
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& seg = segments[i];
+    if (!seg.cached || seg.tokens.empty()) continue;
+    // Prefix caching: only the leading run of segments whose KV was computed
+    // after exactly the tokens before them; the rest is computed.
+    if (opts.mode == BlendMode::kPrefix && !seg.exact_prefix) break;
+    use[i] = 1;
+  }
+
+  for (;;) {
+    FusedForward f(s, tokens);
+    f.is_cached.assign(static_cast<size_t>(n), 0);
+    int32_t pos = 0;
+    std::vector<size_t> seg_of_cached;
+    for (size_t i = 0; i < segments.size(); ++i) {
+      const int32_t len = static_cast<int32_t>(segments[i].tokens.size());
+      if (use[i]) {
+        f.cached.push_back({segments[i].cached, pos, len});
+        seg_of_cached.push_back(i);
+        std::fill(f.is_cached.begin() + pos, f.is_cached.begin() + pos + len, 1);
+        f.n_reused += len;
+      }
+      pos += len;
+    }
+    // The last token's logits are the output: it is always computed.
+    if (f.is_cached[n - 1]) --f.n_reused;
+    const bool blend = opts.mode == BlendMode::kBlend;
+    for (int32_t p = 0; p < n; ++p)
+      if (blend || !f.is_cached[p] || p == n - 1) f.rows.push_back(p);
+    if (blend) f.schedule = opts.schedule;
+    if (f.run(true)) {
+      st.n_reused = f.n_reused;
+      st.rows_per_layer = std::move(f.rows_per_layer);
+      st.final_rows = std::move(f.rows);
+      break;
+    }
+    use[seg_of_cached[f.failed_chunk]] = 0;
+    ++st.chunks_recomputed;
+  }
+  s.set_n_past(n);
+  st.compute_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return s.logits_buffer();
+}
+
+cache::ChunkKV precompute_chunk_kv(Session& scratch, std::span<const int32_t> head,
+                                   std::span<const int32_t> chunk) {
+  if (chunk.empty()) fail(ErrorCode::kInvalidArgument, "cannot precompute an empty chunk");
+  std::vector<int32_t> tokens(head.begin(), head.end());
+  tokens.insert(tokens.end(), chunk.begin(), chunk.end());
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  check_request(scratch, n);
+  const int64_t n_vocab = scratch.model().hparams().n_vocab;
+  for (int32_t t : tokens)
+    if (t < 0 || t >= n_vocab)
+      fail(ErrorCode::kInvalidArgument,
+           "token id " + std::to_string(t) + " is outside the vocabulary");
+  const LlamaHparams& hp = scratch.model().hparams();
+  cache::ChunkKV kv(
+      cache::KvShape{static_cast<int32_t>(hp.n_layer), static_cast<int32_t>(chunk.size()),
+                     static_cast<int32_t>(hp.n_head_kv), static_cast<int32_t>(hp.head_dim)});
+  FusedForward f(scratch, tokens);
+  f.is_cached.assign(static_cast<size_t>(n), 0);
+  f.rows.resize(static_cast<size_t>(n));
+  std::iota(f.rows.begin(), f.rows.end(), 0);
+  f.capture = &kv;
+  f.capture_begin = static_cast<int32_t>(head.size());
+  f.run(false);
+  scratch.set_n_past(0);
+  return kv;
+}
+
+}  // namespace cb

@@ -1,0 +1,247 @@
+// The identities CacheBlend's fusion must satisfy (DESIGN.md §4), on the real
+// model: r = 1 is full prefill, r = 0 is full reuse, prefix caching is exact,
+// a stored chunk re-positioned by RoPE equals the chunk computed in place.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "runtime/sampler.h"
+
+#include "platform/error.h"
+#include "runtime/blend/fusor.h"
+#include "runtime/blend/hkvd.h"
+#include "runtime/model.h"
+#include "tests/runtime/model_path.h"
+
+namespace cb {
+namespace {
+
+const Model& model() {
+  static std::unique_ptr<Model> m = Model::load(test::model_path());
+  return *m;
+}
+
+std::vector<int32_t> tok(const std::string& s) {
+  return model().tokenizer().encode(s, false, true);
+}
+
+double rel_l2(std::span<const float> a, std::span<const float> b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// A small RAG request: head P, three chunks, question suffix.
+struct Request {
+  std::vector<int32_t> head =
+      tok("<|im_start|>system\nAnswer from the documents.<|im_end|>\n"
+          "<|im_start|>user\n");
+  std::vector<std::vector<int32_t>> chunks = {
+      tok("Ada Lovelace worked with Charles Babbage on the Analytical Engine in London. "),
+      tok("The Analytical Engine was a mechanical general-purpose computer design. "),
+      tok("Babbage was born in 1791 and lived most of his life in Marylebone. ")};
+  std::vector<int32_t> suffix =
+      tok("Where did the person Ada worked with live?<|im_end|>\n<|im_start|>assistant\n");
+
+  std::vector<int32_t> all() const {
+    std::vector<int32_t> t = head;
+    for (const auto& c : chunks) t.insert(t.end(), c.begin(), c.end());
+    t.insert(t.end(), suffix.begin(), suffix.end());
+    return t;
+  }
+};
+
+class FusorTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    Session scratch(model(), {.n_ctx = 512, .n_threads = 2});
+    for (const auto& c : req.chunks) kv.push_back(precompute_chunk_kv(scratch, req.head, c));
+    for (const auto& k : kv) sources.push_back(std::make_unique<MemoryChunkSource>(k));
+  }
+  std::vector<Segment> segments() {
+    std::vector<Segment> s = {{req.head}};
+    for (size_t i = 0; i < req.chunks.size(); ++i)
+      s.push_back({req.chunks[i], sources[i].get(), /*exact_prefix=*/i == 0});
+    s.push_back({req.suffix});
+    return s;
+  }
+  std::vector<float> fused(const BlendOptions& o, FusionStats* st = nullptr) {
+    Session s(model(), {.n_ctx = 512, .n_threads = 2});
+    auto segs = segments();
+    auto l = fuse_prefill(s, segs, o, st);
+    return {l.begin(), l.end()};
+  }
+  std::vector<float> full() {
+    Session s(model(), {.n_ctx = 512, .n_threads = 2});
+    auto l = s.prefill(req.all());
+    return {l.begin(), l.end()};
+  }
+
+  Request req;
+  std::vector<cache::ChunkKV> kv;
+  std::vector<std::unique_ptr<MemoryChunkSource>> sources;
+};
+
+TEST_F(FusorTest, RatioOneReproducesFullPrefill) {
+  FusionStats st;
+  auto b = fused({BlendMode::kBlend, {{1, 1.0f}}}, &st);
+  EXPECT_LE(rel_l2(b, full()), 1e-4);
+  EXPECT_DOUBLE_EQ(st.computed_fraction(), 1.0);
+}
+
+TEST_F(FusorTest, PrefixModeEqualsFullPrefill) {
+  FusionStats st;
+  auto p = fused({BlendMode::kPrefix, {}}, &st);
+  EXPECT_LE(rel_l2(p, full()), 1e-4);
+  EXPECT_EQ(st.n_reused, static_cast<int64_t>(req.chunks[0].size()));
+}
+
+TEST_F(FusorTest, RatioZeroEqualsReuse) {
+  FusionStats sb, sr;
+  auto b = fused({BlendMode::kBlend, {{1, 0.0f}}}, &sb);
+  auto r = fused({BlendMode::kReuse, {}}, &sr);
+  EXPECT_LE(rel_l2(b, r), 1e-4);
+  EXPECT_EQ(sb.final_rows, sr.final_rows);
+  // Reuse differs from full prefill: chunks never attended to each other.
+  EXPECT_GT(rel_l2(r, full()), 1e-3);
+}
+
+TEST_F(FusorTest, BlendIsBetweenReuseAndFull) {
+  auto f = full();
+  FusionStats st;
+  auto b = fused({}, &st);  // default: [(1, 0.15)]
+  auto r = fused({BlendMode::kReuse, {}});
+  EXPECT_LT(rel_l2(b, f), rel_l2(r, f));
+  const int64_t uncached = static_cast<int64_t>(req.head.size() + req.suffix.size());
+  EXPECT_EQ(st.rows_per_layer[0], st.n_tokens);
+  EXPECT_EQ(st.rows_per_layer[1], uncached + std::llround(0.15 * st.n_reused));
+}
+
+TEST_F(FusorTest, SelectedSetHoldsEveryUncachedToken) {
+  for (float r : {0.0f, 0.05f, 0.3f}) {
+    FusionStats st;
+    fused({BlendMode::kBlend, {{1, 0.5f}, {3, r}}}, &st);
+    std::vector<uint8_t> in(static_cast<size_t>(st.n_tokens), 0);
+    for (int32_t p : st.final_rows) in[p] = 1;
+    const int64_t n_head = static_cast<int64_t>(req.head.size());
+    for (int64_t p = 0; p < n_head; ++p) EXPECT_TRUE(in[p]) << "head position " << p;
+    for (int64_t p = st.n_tokens - static_cast<int64_t>(req.suffix.size()); p < st.n_tokens; ++p)
+      EXPECT_TRUE(in[p]) << "suffix position " << p;
+    // Gradual filtering narrows: layer 1 keeps 50 %, layer 3 keeps r.
+    EXPECT_GE(st.rows_per_layer[1], st.rows_per_layer[3]);
+  }
+}
+
+TEST_F(FusorTest, StoredLayer0KeyRotatedEqualsKeyComputedInPlace) {
+  Session s(model(), {.n_ctx = 512, .n_threads = 2});
+  s.prefill(req.all());
+  const int64_t kv_dim = model().hparams().kv_dim();
+  const LlamaHparams& hp = model().hparams();
+  // Chunk 2 sits after the head and chunks 0 and 1.
+  const int64_t p0 =
+      static_cast<int64_t>(req.head.size() + req.chunks[0].size() + req.chunks[1].size());
+  const int64_t len = static_cast<int64_t>(req.chunks[2].size());
+  std::vector<float> k(kv[2].k.begin(), kv[2].k.begin() + len * kv_dim);
+  std::vector<int32_t> pos(static_cast<size_t>(len));
+  for (int64_t i = 0; i < len; ++i) pos[i] = static_cast<int32_t>(p0 + i);
+  s.backend().rope(k.data(), pos.data(), len, hp.n_head_kv, hp.head_dim, hp.rot_dim,
+                   hp.rope_freq_base);
+  const float* in_place_k = s.k_cache(0) + p0 * kv_dim;
+  const float* in_place_v = s.v_cache(0) + p0 * kv_dim;
+  for (int64_t i = 0; i < len * kv_dim; ++i) {
+    ASSERT_NEAR(k[i], in_place_k[i], 1e-4f * (1.0f + std::fabs(in_place_k[i]))) << i;
+    ASSERT_NEAR(kv[2].v[i], in_place_v[i], 1e-4f * (1.0f + std::fabs(in_place_v[i]))) << i;
+  }
+}
+
+TEST_F(FusorTest, GenerationContinuesFromTheFusedCache) {
+  Session a(model(), {.n_ctx = 512, .n_threads = 2});
+  auto segs = segments();
+  auto la = fuse_prefill(a, segs, {BlendMode::kBlend, {{1, 1.0f}}});
+  Session b(model(), {.n_ctx = 512, .n_threads = 2});
+  auto lb = b.prefill(req.all());
+  ASSERT_EQ(argmax(la), argmax(lb));
+  int32_t t = argmax(lb);
+  EXPECT_LE(rel_l2(a.decode(t), b.decode(t)), 1e-4);
+}
+
+// A chunk whose KV cannot be read mid-request is computed instead: the
+// result equals fusing with that chunk uncached.
+class FailingSource final : public ChunkLayerSource {
+ public:
+  FailingSource(ChunkLayerSource& inner, int64_t fail_at) : inner_(inner), fail_at_(fail_at) {}
+  bool fetch_layer(int64_t layer, float* k, float* v) override {
+    return layer < fail_at_ && inner_.fetch_layer(layer, k, v);
+  }
+
+ private:
+  ChunkLayerSource& inner_;
+  int64_t fail_at_;
+};
+
+TEST_F(FusorTest, UnreadableChunkIsRecomputed) {
+  FailingSource broken(*sources[1], 7);
+  auto segs = segments();
+  segs[2].cached = &broken;
+  Session s(model(), {.n_ctx = 512, .n_threads = 2});
+  FusionStats st;
+  auto got = fuse_prefill(s, segs, {}, &st);
+  std::vector<float> g(got.begin(), got.end());
+  EXPECT_EQ(st.chunks_recomputed, 1);
+  segs[2].cached = nullptr;
+  Session s2(model(), {.n_ctx = 512, .n_threads = 2});
+  auto want = fuse_prefill(s2, segs, {});
+  EXPECT_LE(rel_l2(g, want), 1e-6);
+}
+
+TEST_F(FusorTest, BadRequestsAreClearErrors) {
+  Session s(model(), {.n_ctx = 64, .n_threads = 1});
+  auto segs = segments();
+  EXPECT_THROW(fuse_prefill(s, {}, {}), Error);
+  try {
+    fuse_prefill(s, segs, {});  // ~80 tokens into a 64-token context
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kContextOverflow);
+  }
+  Session big(model(), {.n_ctx = 512, .n_threads = 1});
+  for (BlendOptions bad :
+       {BlendOptions{BlendMode::kBlend, {{1, 1.5f}}}, BlendOptions{BlendMode::kBlend, {{1, -0.1f}}},
+        BlendOptions{BlendMode::kBlend, {{model().hparams().n_layer, 0.1f}}},
+        BlendOptions{BlendMode::kBlend, {{3, 0.1f}, {1, 0.05f}}},
+        BlendOptions{BlendMode::kBlend, {{1, 0.1f}, {3, 0.2f}}},
+        BlendOptions{BlendMode::kBlend, {}}}) {
+    EXPECT_THROW(fuse_prefill(big, segs, bad), Error);
+    EXPECT_EQ(big.n_past(), 0);
+  }
+  Session small(model(), {.n_ctx = 8, .n_threads = 1});
+  EXPECT_THROW(precompute_chunk_kv(small, req.head, req.chunks[0]),
+               Error);  // chunk over the context
+}
+
+TEST(Hkvd, PicksExactlyTheKLargestWithDeterministicTies) {
+  std::vector<float> d = {0.5f, 3.0f, 1.0f, 3.0f, 0.0f, 2.0f, 3.0f};
+  EXPECT_EQ(select_hkvd_tokens(d, 2), (std::vector<int32_t>{1, 3}));
+  EXPECT_EQ(select_hkvd_tokens(d, 3), (std::vector<int32_t>{1, 3, 6}));
+  EXPECT_EQ(select_hkvd_tokens(d, 4), (std::vector<int32_t>{1, 3, 5, 6}));
+  EXPECT_EQ(select_hkvd_tokens(d, 0), (std::vector<int32_t>{}));
+  EXPECT_EQ(select_hkvd_tokens(d, 99).size(), d.size());
+  std::mt19937 rng(5);
+  std::vector<float> r(1000);
+  for (float& v : r) v = static_cast<float>(rng() % 50);
+  auto top = select_hkvd_tokens(r, 100);
+  float min_in = 1e9f;
+  for (int32_t i : top) min_in = std::min(min_in, r[i]);
+  int64_t larger_outside = 0;
+  for (size_t i = 0; i < r.size(); ++i)
+    if (!std::binary_search(top.begin(), top.end(), static_cast<int32_t>(i)) && r[i] > min_in)
+      ++larger_outside;
+  EXPECT_EQ(larger_outside, 0);
+}
+
+}  // namespace
+}  // namespace cb
