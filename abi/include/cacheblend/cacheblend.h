@@ -1,0 +1,365 @@
+/*
+ * cacheblend.h -- the public C API of cacheblend-rt, an on-device LLM
+ * inference runtime for Llama-family GGUF models.
+ *
+ * This header is C99 and is the only file an application needs.  Everything
+ * is reached through opaque handles that are created and destroyed
+ * explicitly.
+ *
+ * ERROR HANDLING
+ *   Every fallible function returns a cb_status.  CB_OK (0) is success; any
+ *   other value is an error and the function's out-parameters are then left
+ *   unchanged unless the function's documentation says otherwise.  On error
+ *   a readable message is stored for the calling thread and can be read with
+ *   cb_last_error() until the next failing call on the same thread.  A call
+ *   that succeeds clears it to "".  cb_status_string() gives a fixed text for
+ *   each status code.  No C++ exception ever leaves this library; NULL
+ *   handles, NULL strings and NULL out-parameters are reported as
+ *   CB_ERR_INVALID_ARGUMENT, never as a crash.  A handle that has already
+ *   been freed cannot be detected: using one is undefined behaviour, as with
+ *   free().
+ *
+ * STRINGS
+ *   Text is UTF-8.  Strings returned as `const char*` are owned by the
+ *   library: do not free them.  Each function says how long they stay valid.
+ *   Functions that produce text or token arrays write into caller buffers
+ *   with the "size query" pattern described at cb_tokenize().
+ *
+ * OPTIONS STRUCTS
+ *   Every options struct starts with `size_t struct_size`.  Always fill one
+ *   with its *_init() function (which sets struct_size = sizeof(struct) and
+ *   every field to its default) and then change the fields you care about.
+ *   The library accepts the struct sizes of this and of earlier header
+ *   versions; an unknown struct_size gives CB_ERR_INVALID_ARGUMENT.  Passing
+ *   NULL instead of an options struct means "all defaults".
+ *
+ * THREADING
+ *   A cb_model is immutable after loading: it may be shared by any number of
+ *   sessions used concurrently on different threads, and the functions that
+ *   take a `const cb_model*` may be called from any thread at any time.  A
+ *   cb_session is used by one thread at a time (calls on one session must be
+ *   serialized by the caller); different sessions may run in parallel.
+ *   cb_last_error() is per thread.
+ *
+ * LIFETIMES
+ *   cb_model_load() -> cb_model_free(); cb_session_create() ->
+ *   cb_session_free().  A session keeps its model alive: cb_model_free() may
+ *   be called while sessions still exist, and the model's memory is released
+ *   when the last of them is freed.
+ */
+#ifndef CACHEBLEND_CACHEBLEND_H
+#define CACHEBLEND_CACHEBLEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#if defined(CB_BUILDING_SHARED)
+#define CB_API __declspec(dllexport)
+#elif defined(CB_USING_SHARED)
+#define CB_API __declspec(dllimport)
+#else
+#define CB_API
+#endif
+#elif defined(__GNUC__) || defined(__clang__)
+#define CB_API __attribute__((visibility("default")))
+#else
+#define CB_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                    */
+/* ------------------------------------------------------------------------ */
+
+#define CB_VERSION_MAJOR 0
+#define CB_VERSION_MINOR 1
+#define CB_VERSION_PATCH 0
+#define CB_VERSION_STRING "0.1.0"
+/* MAJOR * 10000 + MINOR * 100 + PATCH */
+#define CB_VERSION_NUMBER (CB_VERSION_MAJOR * 10000 + CB_VERSION_MINOR * 100 + CB_VERSION_PATCH)
+
+/* The library's version string ("0.1.0"), static.  Compare with
+ * CB_VERSION_STRING to detect a header/library mismatch.  Thread-safe. */
+CB_API const char* cb_version(void);
+/* The library's CB_VERSION_NUMBER.  Thread-safe. */
+CB_API int cb_version_number(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status codes and errors                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef enum cb_status {
+  CB_OK = 0,
+  CB_ERR_INVALID_ARGUMENT = 1, /* NULL handle/string, bad option value, bad struct_size */
+  CB_ERR_IO = 2,               /* a file could not be opened, read, written or mapped */
+  CB_ERR_FORMAT = 3,           /* a malformed file (GGUF model, cache blob) */
+  CB_ERR_UNSUPPORTED = 4,      /* well-formed but not supported (tensor type, backend) */
+  CB_ERR_OUT_OF_MEMORY = 5,    /* an allocation failed */
+  CB_ERR_CONTEXT_OVERFLOW = 6, /* the tokens do not fit in the session's context */
+  CB_ERR_CANCELLED = 7,        /* the caller's callback asked to stop */
+  CB_ERR_BUFFER_TOO_SMALL = 8, /* a caller buffer is too small; the size needed is reported */
+  CB_ERR_INTERNAL = 9          /* a bug in the library; please report it */
+} cb_status;
+
+/* A fixed English text for `status` ("invalid argument", ...); static, never
+ * NULL (unknown values give "unknown status").  Thread-safe. */
+CB_API const char* cb_status_string(cb_status status);
+
+/* The message of the last failed call on the calling thread, or "" if the
+ * last call succeeded.  Never NULL.  The pointer stays valid until the next
+ * call into the library on the same thread; copy it to keep it. */
+CB_API const char* cb_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Model                                                                      */
+/* ------------------------------------------------------------------------ */
+
+typedef struct cb_model cb_model;
+
+typedef enum cb_backend {
+  CB_BACKEND_AUTO = 0, /* the best available: currently always the CPU */
+  CB_BACKEND_CPU = 1,
+  CB_BACKEND_CUDA = 2 /* not available yet: cb_model_load gives CB_ERR_UNSUPPORTED */
+} cb_backend;
+
+typedef struct cb_model_options {
+  size_t struct_size;
+  /* Default number of compute threads for sessions of this model that do
+   * not set their own; 0 (default) = all CPU cores. */
+  int32_t n_threads;
+  cb_backend backend; /* default CB_BACKEND_AUTO */
+} cb_model_options;
+
+/* Fills `opts` with defaults (struct_size included).  NULL is ignored. */
+CB_API void cb_model_options_init(cb_model_options* opts);
+
+/* Loads a GGUF model (memory-mapped; the file must not change while the
+ * model is loaded).  `opts` may be NULL for defaults.  On success *out_model
+ * receives a new model; free it with cb_model_free().
+ * Errors: CB_ERR_INVALID_ARGUMENT (NULL path/out_model, bad options),
+ * CB_ERR_IO (cannot open/map), CB_ERR_FORMAT (malformed file),
+ * CB_ERR_UNSUPPORTED (architecture, tensor type, backend),
+ * CB_ERR_OUT_OF_MEMORY.  Thread-safe. */
+CB_API cb_status cb_model_load(const char* path, const cb_model_options* opts,
+                               cb_model** out_model);
+
+/* Releases the caller's reference to the model; its memory goes when the
+ * last session created from it is freed too.  NULL is ignored.  Must not
+ * race with other calls that use the same handle. */
+CB_API void cb_model_free(cb_model* model);
+
+typedef struct cb_model_info {
+  size_t struct_size; /* set by the caller (cb_model_info_init) */
+  int32_t n_layer;
+  int32_t n_embd;
+  int32_t n_head;
+  int32_t n_head_kv;
+  int32_t head_dim;
+  int32_t n_ff;
+  int32_t n_vocab;
+  int32_t n_ctx_train; /* the context length the model was trained with */
+  uint64_t file_size;  /* bytes */
+  /* The following strings are owned by the model: valid until
+   * cb_model_free(model). */
+  const char* name;         /* general.name, or the file name */
+  const char* architecture; /* "llama" */
+  const char* backend;      /* "cpu" */
+  const char* kernels;      /* CPU kernel level in use: "avx2", "scalar", ... */
+} cb_model_info;
+
+/* Sets info->struct_size and zeroes the rest.  NULL is ignored. */
+CB_API void cb_model_info_init(cb_model_info* info);
+
+/* Fills `info` (whose struct_size the caller sets) with the model's
+ * hyper-parameters and identity.  Thread-safe. */
+CB_API cb_status cb_model_get_info(const cb_model* model, cb_model_info* info);
+
+/* ------------------------------------------------------------------------ */
+/* Tokens and text                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Pass as a text length to mean "the text is NUL-terminated". */
+#define CB_NUL_TERMINATED ((size_t)-1)
+
+/* Converts UTF-8 text to token ids.
+ *   text, text_len  the text; text_len may be CB_NUL_TERMINATED.  Any byte
+ *                   sequence is accepted (invalid UTF-8 is encoded
+ *                   byte-wise).  text may be NULL only when text_len is 0.
+ *   add_special     non-zero: add BOS/EOS as the model's metadata says.
+ *   parse_special   non-zero: control-token text such as "<|im_start|>"
+ *                   becomes its token (use it for chat-formatted text).
+ *   tokens, capacity  the output array.
+ *   n_tokens        receives the number of tokens the text needs (always set
+ *                   unless the call fails for another reason).
+ * Size query: with tokens == NULL and capacity == 0 the call only reports
+ * *n_tokens and returns CB_OK.  Otherwise, if capacity < *n_tokens, nothing
+ * is written and CB_ERR_BUFFER_TOO_SMALL is returned.  Thread-safe. */
+CB_API cb_status cb_tokenize(const cb_model* model, const char* text, size_t text_len,
+                             int add_special, int parse_special, int32_t* tokens, size_t capacity,
+                             size_t* n_tokens);
+
+/* Converts token ids back to UTF-8 bytes (the concatenation of the tokens'
+ * pieces; it may end in an incomplete UTF-8 sequence).  Control tokens are
+ * rendered as their text when render_special is non-zero, else as nothing.
+ * buf receives the bytes plus a terminating NUL, so it needs *out_len + 1
+ * bytes; *out_len receives the length without the NUL.  Same size-query
+ * rule as cb_tokenize (buf == NULL, capacity == 0).  An id outside the
+ * vocabulary gives CB_ERR_INVALID_ARGUMENT.  Thread-safe. */
+CB_API cb_status cb_detokenize(const cb_model* model, const int32_t* tokens, size_t n_tokens,
+                               int render_special, char* buf, size_t capacity, size_t* out_len);
+
+/* The bytes of one token, with the same buffer rules as cb_detokenize. */
+CB_API cb_status cb_token_to_piece(const cb_model* model, int32_t token, int render_special,
+                                   char* buf, size_t capacity, size_t* out_len);
+
+/* Special tokens: the id, or -1 when the model has none (or model is NULL). */
+CB_API int32_t cb_token_bos(const cb_model* model);
+CB_API int32_t cb_token_eos(const cb_model* model);
+/* Non-zero when `token` ends a generation (EOS, end-of-turn, ...). */
+CB_API int cb_token_is_end_of_generation(const cb_model* model, int32_t token);
+
+typedef struct cb_chat_message {
+  const char* role;    /* "system", "user", "assistant", ... */
+  const char* content; /* NUL-terminated UTF-8 */
+} cb_chat_message;
+
+/* Formats a conversation with the model's chat template (currently ChatML:
+ * "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then
+ * "<|im_start|>assistant\n" when add_assistant_header is non-zero).  The
+ * result is text to pass to cb_tokenize with parse_special set.  Buffer rules
+ * as for cb_detokenize.  n_messages may be 0 (messages may then be NULL).
+ * Thread-safe. */
+CB_API cb_status cb_chat_format(const cb_model* model, const cb_chat_message* messages,
+                                size_t n_messages, int add_assistant_header, char* buf,
+                                size_t capacity, size_t* out_len);
+
+/* ------------------------------------------------------------------------ */
+/* Session                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct cb_session cb_session;
+
+typedef struct cb_session_options {
+  size_t struct_size;
+  /* Context length in tokens (size of the KV cache).  0 (default): the
+   * smaller of the model's training context and 4096.  Larger than the
+   * training context: CB_ERR_INVALID_ARGUMENT. */
+  int32_t n_ctx;
+  /* Compute threads; 0 (default): the model's n_threads option. */
+  int32_t n_threads;
+  /* Tokens per forward chunk during prefill (bounds activation memory);
+   * 0 (default): 512. */
+  int32_t n_batch;
+} cb_session_options;
+
+/* Fills `opts` with defaults.  NULL is ignored. */
+CB_API void cb_session_options_init(cb_session_options* opts);
+
+/* Creates a session (an empty KV cache) on `model`.  `opts` may be NULL.
+ * The session holds a reference to the model.  Thread-safe with respect to
+ * the model (many threads may create sessions on one model). */
+CB_API cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
+                                   cb_session** out_session);
+
+/* Frees the session (and the model, if it was released and this was its last
+ * session).  NULL is ignored. */
+CB_API void cb_session_free(cb_session* session);
+
+/* Appends tokens to the session's context (runs the forward pass over them).
+ * n_tokens must be > 0.  If they do not fit, CB_ERR_CONTEXT_OVERFLOW is
+ * returned and the session is unchanged.  An id outside the vocabulary gives
+ * CB_ERR_INVALID_ARGUMENT. */
+CB_API cb_status cb_session_prefill(cb_session* session, const int32_t* tokens, size_t n_tokens);
+
+/* Number of tokens in the session's context (0 for NULL). */
+CB_API int32_t cb_session_n_past(const cb_session* session);
+/* The session's context length (0 for NULL). */
+CB_API int32_t cb_session_n_ctx(const cb_session* session);
+/* Forgets the whole context (n_past becomes 0); keeps the allocation. */
+CB_API cb_status cb_session_reset(cb_session* session);
+
+/* ------------------------------------------------------------------------ */
+/* Sampling and generation                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct cb_sampling_options {
+  size_t struct_size;
+  float temperature; /* <= 0 (default 0): greedy, the most likely token */
+  int32_t top_k;     /* <= 0 (default): no top-k cut */
+  float top_p;       /* in (0, 1]; 1 (default): no nucleus cut */
+  uint64_t seed;     /* random seed (default 0); same seed, same output */
+} cb_sampling_options;
+
+/* Fills `opts` with defaults (greedy).  NULL is ignored. */
+CB_API void cb_sampling_options_init(cb_sampling_options* opts);
+
+typedef struct cb_generate_options {
+  size_t struct_size;
+  int32_t max_tokens; /* tokens to generate at most (default 256); 0: prefill only */
+  /* Non-zero (default 1): stop at the model's end-of-generation tokens
+   * (EOS, end of turn); that token is neither reported nor kept. */
+  int32_t stop_at_end_of_generation;
+  /* Sampling; NULL (default) means greedy.  Read during the call only. */
+  const cb_sampling_options* sampling;
+} cb_generate_options;
+
+/* Fills `opts` with defaults.  NULL is ignored. */
+CB_API void cb_generate_options_init(cb_generate_options* opts);
+
+/* Called once per generated token, on the thread that called cb_generate.
+ * `piece` holds the token's bytes (piece_len of them, followed by a NUL); it
+ * may be an incomplete UTF-8 sequence that later pieces complete, and is
+ * valid only during the call.  Return 0 to continue, non-zero to stop:
+ * cb_generate then returns CB_ERR_CANCELLED (the token just reported is kept
+ * in the session).  The callback must not call into the same session. */
+typedef int (*cb_token_callback)(int32_t token, const char* piece, size_t piece_len,
+                                 void* user_data);
+
+typedef enum cb_stop_reason {
+  CB_STOP_NONE = 0,              /* an error before generation started */
+  CB_STOP_MAX_TOKENS = 1,        /* max_tokens were generated */
+  CB_STOP_END_OF_GENERATION = 2, /* the model produced an end-of-generation token */
+  CB_STOP_CONTEXT_FULL = 3,      /* the session's context is full */
+  CB_STOP_CANCELLED = 4          /* the callback returned non-zero */
+} cb_stop_reason;
+
+typedef struct cb_generate_stats {
+  size_t struct_size;  /* set by the caller (cb_generate_stats_init) */
+  int32_t n_prompt;    /* prompt tokens processed by this call */
+  int32_t n_generated; /* tokens reported to the callback */
+  double ttft_ms;      /* call start -> first generated token chosen */
+  double prefill_ms;   /* forward pass over the prompt */
+  double decode_ms;    /* forward passes over generated tokens, plus sampling */
+  double tok_s;        /* decode speed: generated-token forward passes per second */
+  cb_stop_reason stop_reason;
+} cb_generate_stats;
+
+/* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */
+CB_API void cb_generate_stats_init(cb_generate_stats* stats);
+
+/* Appends `prompt` to the session and generates up to max_tokens tokens,
+ * reporting each to `callback` (may be NULL) as it is chosen.
+ *   prompt, n_prompt  may be empty (NULL, 0) when the session already holds
+ *                     tokens: generation then continues from them.
+ *   opts              may be NULL for defaults.
+ *   stats             may be NULL; otherwise filled (struct_size set by the
+ *                     caller) on success and on CB_ERR_CANCELLED.
+ * The session then holds the prompt and every reported token, so a later
+ * call continues the conversation.  (The last reported token enters the KV
+ * cache at the start of the next prefill/generate call; cb_session_n_past
+ * already counts it.)  Generation stops early, with CB_OK, when the context
+ * is full.  A prompt that does not fit gives CB_ERR_CONTEXT_OVERFLOW and
+ * leaves the session unchanged.  The session's thread only. */
+CB_API cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_prompt,
+                             const cb_generate_options* opts, cb_token_callback callback,
+                             void* user_data, cb_generate_stats* stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CACHEBLEND_CACHEBLEND_H */

@@ -1,0 +1,656 @@
+// The C API: a thin layer over runtime/ that turns C calls into C++ calls and
+// every exception into a status code plus a thread-local message.  Nothing
+// here computes anything itself.
+#include "cacheblend/cacheblend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <new>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "platform/error.h"
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+#ifndef CB_PROJECT_VERSION
+#error "CB_PROJECT_VERSION must be defined by the build"
+#endif
+
+static_assert(std::string_view(CB_PROJECT_VERSION) == CB_VERSION_STRING,
+              "cacheblend.h CB_VERSION_* disagree with the project version in CMakeLists.txt");
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Errors
+
+thread_local char g_last_error[1024] = "";
+
+void set_message(std::string_view msg) noexcept {
+  size_t n = std::min(msg.size(), sizeof(g_last_error) - 1);
+  // Do not cut a UTF-8 sequence in half.
+  if (n < msg.size())
+    while (n > 0 && (static_cast<unsigned char>(msg[n]) & 0xC0) == 0x80) --n;
+  std::memcpy(g_last_error, msg.data(), n);
+  g_last_error[n] = '\0';
+}
+
+// Thrown inside this file only: a ready-made status + message.
+struct ApiError {
+  cb_status status;
+  const char* message;
+};
+
+cb_status from_code(cb::ErrorCode c) noexcept {
+  switch (c) {
+    case cb::ErrorCode::kInvalidArgument:
+      return CB_ERR_INVALID_ARGUMENT;
+    case cb::ErrorCode::kIo:
+      return CB_ERR_IO;
+    case cb::ErrorCode::kFormat:
+      return CB_ERR_FORMAT;
+    case cb::ErrorCode::kUnsupported:
+      return CB_ERR_UNSUPPORTED;
+    case cb::ErrorCode::kOutOfMemory:
+      return CB_ERR_OUT_OF_MEMORY;
+    case cb::ErrorCode::kContextOverflow:
+      return CB_ERR_CONTEXT_OVERFLOW;
+    case cb::ErrorCode::kCancelled:
+      return CB_ERR_CANCELLED;
+    case cb::ErrorCode::kInternal:
+      return CB_ERR_INTERNAL;
+  }
+  return CB_ERR_INTERNAL;
+}
+
+cb_status fail_with(cb_status s, const char* fn, std::string_view what,
+                    std::string_view prefix = {}) noexcept {
+  try {
+    std::string m = std::string(fn) + ": " + std::string(prefix) + std::string(what);
+    set_message(m);
+  } catch (...) {
+    set_message(what);
+  }
+  return s;
+}
+
+// Runs `body` (which returns cb_status) with every exception mapped to a
+// status and a message prefixed with the entry point's name.
+template <class F>
+cb_status guard(const char* fn, F&& body) noexcept {
+  g_last_error[0] = '\0';
+  try {
+    return body();
+  } catch (const ApiError& e) {
+    return fail_with(e.status, fn, e.message);
+  } catch (const cb::Error& e) {
+    return fail_with(from_code(e.code()), fn, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail_with(CB_ERR_OUT_OF_MEMORY, fn, "out of memory");
+  } catch (const std::exception& e) {
+    return fail_with(CB_ERR_INTERNAL, fn, e.what(), "internal error: ");
+  } catch (...) {
+    return fail_with(CB_ERR_INTERNAL, fn, "internal error: unknown exception");
+  }
+}
+
+[[noreturn]] void invalid(const char* message) {
+  throw ApiError{CB_ERR_INVALID_ARGUMENT, message};
+}
+
+void require(bool ok, const char* message) {
+  if (!ok) invalid(message);
+}
+
+// Options structs: struct_size must be one this library knows.  Version 1 of
+// each struct is the current one; when a struct grows, its old size stays
+// accepted and the fields it lacks keep their defaults.
+template <class T>
+T read_options(const T* user, void (*init)(T*), size_t min_size, const char* what) {
+  T out;
+  init(&out);
+  if (user == nullptr) return out;
+  if (user->struct_size < min_size || user->struct_size > sizeof(T))
+    throw ApiError{CB_ERR_INVALID_ARGUMENT, what};
+  std::memcpy(static_cast<void*>(&out), user, user->struct_size);
+  out.struct_size = sizeof(T);
+  return out;
+}
+
+// Output structs: same rule; returns how many bytes the caller's struct has.
+template <class T>
+size_t output_size(const T* user, size_t min_size, const char* what) {
+  require(user != nullptr, what);
+  if (user->struct_size < min_size || user->struct_size > sizeof(T))
+    throw ApiError{CB_ERR_INVALID_ARGUMENT, what};
+  return user->struct_size;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Copies bytes into a caller buffer with the size-query rule of the header.
+cb_status write_text(std::string_view text, char* buf, size_t capacity, size_t* out_len) {
+  *out_len = text.size();
+  if (buf == nullptr && capacity == 0) return CB_OK;
+  require(buf != nullptr, "buffer is NULL but capacity is not 0");
+  if (capacity < text.size() + 1)
+    throw ApiError{CB_ERR_BUFFER_TOO_SMALL,
+                   "buffer too small (the size needed is in the length out-parameter, plus 1 for "
+                   "the terminating NUL)"};
+  std::memcpy(buf, text.data(), text.size());
+  buf[text.size()] = '\0';
+  return CB_OK;
+}
+
+std::string basename_of(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+int32_t clamp_i32(int64_t v) {
+  return static_cast<int32_t>(std::clamp<int64_t>(v, std::numeric_limits<int32_t>::min(),
+                                                  std::numeric_limits<int32_t>::max()));
+}
+
+// The shared part of a model handle: sessions hold it too, so the model
+// outlives cb_model_free while sessions use it.
+struct ModelState {
+  std::unique_ptr<cb::Model> model;
+  int32_t n_threads = 0;
+  std::string name, architecture, backend, kernels;
+};
+
+}  // namespace
+
+struct cb_model {
+  std::shared_ptr<ModelState> state;
+};
+
+struct cb_session {
+  std::shared_ptr<ModelState> state;  // declared first: destroyed after `session`
+  std::unique_ptr<cb::Session> session;
+  std::vector<float> logits;  // of the last token in the KV cache (after cb_session_prefill)
+  bool has_logits = false;
+  int32_t pending = -1;  // last generated token, not yet in the KV cache
+};
+
+namespace {
+
+const cb::Model& model_of(const cb_model* m) {
+  require(m != nullptr && m->state && m->state->model, "model is NULL");
+  return *m->state->model;
+}
+
+// The session's KV-cache length plus the pending token.
+int64_t total_past(const cb_session* s) {
+  return s->session->n_past() + (s->pending >= 0 ? 1 : 0);
+}
+
+// Feeds the pending token (if any) and then `tokens` to the session, as one
+// forward call.  Checks the context first so the session stays unchanged on
+// overflow.  Returns the logits of the last token.
+std::span<const float> feed(cb_session* s, std::span<const int32_t> tokens) {
+  const int64_t n = static_cast<int64_t>(tokens.size()) + (s->pending >= 0 ? 1 : 0);
+  const int64_t n_ctx = s->session->n_ctx();
+  if (n > n_ctx - s->session->n_past())
+    throw cb::Error(cb::ErrorCode::kContextOverflow,
+                    std::to_string(tokens.size()) +
+                        " tokens do not fit in the context: " + std::to_string(total_past(s)) +
+                        " of " + std::to_string(n_ctx) + " positions are used");
+  s->has_logits = false;
+  if (s->pending < 0) return s->session->prefill(tokens);
+  std::vector<int32_t> all;
+  all.reserve(tokens.size() + 1);
+  all.push_back(s->pending);
+  all.insert(all.end(), tokens.begin(), tokens.end());
+  auto logits = s->session->prefill(all);
+  s->pending = -1;
+  return logits;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Version and errors
+
+extern "C" {
+
+const char* cb_version(void) {
+  return CB_VERSION_STRING;
+}
+int cb_version_number(void) {
+  return CB_VERSION_NUMBER;
+}
+
+const char* cb_status_string(cb_status status) {
+  switch (status) {
+    case CB_OK:
+      return "ok";
+    case CB_ERR_INVALID_ARGUMENT:
+      return "invalid argument";
+    case CB_ERR_IO:
+      return "input/output error";
+    case CB_ERR_FORMAT:
+      return "malformed file";
+    case CB_ERR_UNSUPPORTED:
+      return "unsupported";
+    case CB_ERR_OUT_OF_MEMORY:
+      return "out of memory";
+    case CB_ERR_CONTEXT_OVERFLOW:
+      return "context overflow";
+    case CB_ERR_CANCELLED:
+      return "cancelled";
+    case CB_ERR_BUFFER_TOO_SMALL:
+      return "buffer too small";
+    case CB_ERR_INTERNAL:
+      return "internal error";
+  }
+  return "unknown status";
+}
+
+const char* cb_last_error(void) {
+  return g_last_error;
+}
+
+// ---------------------------------------------------------------------------
+// Model
+
+void cb_model_options_init(cb_model_options* opts) {
+  if (opts == nullptr) return;
+  std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
+  opts->n_threads = 0;
+  opts->backend = CB_BACKEND_AUTO;
+}
+
+cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model** out_model) {
+  return guard("cb_model_load", [&] {
+    require(out_model != nullptr, "out_model is NULL");
+    require(path != nullptr, "path is NULL");
+    require(path[0] != '\0', "path is empty");
+    const cb_model_options o = read_options(
+        opts, cb_model_options_init, sizeof(cb_model_options),
+        "cb_model_options.struct_size is not a known size (use cb_model_options_init)");
+    require(o.n_threads >= 0, "n_threads must be >= 0");
+    switch (static_cast<int>(o.backend)) {
+      case CB_BACKEND_AUTO:
+      case CB_BACKEND_CPU:
+        break;
+      case CB_BACKEND_CUDA:
+        throw ApiError{CB_ERR_UNSUPPORTED,
+                       "the CUDA backend is not available in this build; use CB_BACKEND_CPU or "
+                       "CB_BACKEND_AUTO"};
+      default:
+        invalid("unknown backend value");
+    }
+    auto state = std::make_shared<ModelState>();
+    state->model = cb::Model::load(path);
+    state->n_threads = o.n_threads;
+    state->name = state->model->name().empty() ? basename_of(path) : state->model->name();
+    state->architecture =
+        state->model->gguf().get_string("general.architecture").value_or(std::string("llama"));
+    state->backend = "cpu";
+    state->kernels = cb::cpu_kernel_level_name();
+    auto handle = std::make_unique<cb_model>();
+    handle->state = std::move(state);
+    *out_model = handle.release();
+    return CB_OK;
+  });
+}
+
+void cb_model_free(cb_model* model) {
+  delete model;
+}
+
+void cb_model_info_init(cb_model_info* info) {
+  if (info == nullptr) return;
+  std::memset(static_cast<void*>(info), 0, sizeof(*info));
+  info->struct_size = sizeof(*info);
+}
+
+cb_status cb_model_get_info(const cb_model* model, cb_model_info* info) {
+  return guard("cb_model_get_info", [&] {
+    const cb::Model& m = model_of(model);
+    const size_t size = output_size(
+        info, sizeof(cb_model_info),
+        "info is NULL or info->struct_size is not a known size (use cb_model_info_init)");
+    const cb::LlamaHparams& hp = m.hparams();
+    const ModelState& st = *model->state;
+    cb_model_info out;
+    cb_model_info_init(&out);
+    out.n_layer = clamp_i32(hp.n_layer);
+    out.n_embd = clamp_i32(hp.n_embd);
+    out.n_head = clamp_i32(hp.n_head);
+    out.n_head_kv = clamp_i32(hp.n_head_kv);
+    out.head_dim = clamp_i32(hp.head_dim);
+    out.n_ff = clamp_i32(hp.n_ff);
+    out.n_vocab = clamp_i32(hp.n_vocab);
+    out.n_ctx_train = clamp_i32(hp.n_ctx_train);
+    out.file_size = static_cast<uint64_t>(m.gguf().size());
+    out.name = st.name.c_str();
+    out.architecture = st.architecture.c_str();
+    out.backend = st.backend.c_str();
+    out.kernels = st.kernels.c_str();
+    std::memcpy(static_cast<void*>(info), &out, size);
+    info->struct_size = size;
+    return CB_OK;
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Tokens and text
+
+cb_status cb_tokenize(const cb_model* model, const char* text, size_t text_len, int add_special,
+                      int parse_special, int32_t* tokens, size_t capacity, size_t* n_tokens) {
+  return guard("cb_tokenize", [&] {
+    const cb::Model& m = model_of(model);
+    require(n_tokens != nullptr, "n_tokens is NULL");
+    require(text != nullptr || text_len == 0, "text is NULL");
+    if (text_len == CB_NUL_TERMINATED) text_len = std::strlen(text);
+    const std::string_view sv =
+        text_len == 0 ? std::string_view() : std::string_view(text, text_len);
+    const std::vector<int32_t> ids = m.tokenizer().encode(sv, add_special != 0, parse_special != 0);
+    *n_tokens = ids.size();
+    if (tokens == nullptr && capacity == 0) return CB_OK;
+    require(tokens != nullptr, "tokens is NULL but capacity is not 0");
+    if (capacity < ids.size())
+      throw ApiError{CB_ERR_BUFFER_TOO_SMALL,
+                     "token buffer too small (the count needed is in *n_tokens)"};
+    std::copy(ids.begin(), ids.end(), tokens);
+    return CB_OK;
+  });
+}
+
+cb_status cb_detokenize(const cb_model* model, const int32_t* tokens, size_t n_tokens,
+                        int render_special, char* buf, size_t capacity, size_t* out_len) {
+  return guard("cb_detokenize", [&] {
+    const cb::Model& m = model_of(model);
+    require(out_len != nullptr, "out_len is NULL");
+    require(tokens != nullptr || n_tokens == 0, "tokens is NULL");
+    const int32_t n_vocab = m.tokenizer().n_vocab();
+    for (size_t i = 0; i < n_tokens; ++i)
+      if (tokens[i] < 0 || tokens[i] >= n_vocab)
+        throw cb::Error(cb::ErrorCode::kInvalidArgument,
+                        "token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                            " is outside 0.." + std::to_string(n_vocab - 1));
+    const std::string text =
+        n_tokens == 0
+            ? std::string()
+            : m.tokenizer().decode(std::span<const int32_t>(tokens, n_tokens), render_special != 0);
+    return write_text(text, buf, capacity, out_len);
+  });
+}
+
+cb_status cb_token_to_piece(const cb_model* model, int32_t token, int render_special, char* buf,
+                            size_t capacity, size_t* out_len) {
+  return guard("cb_token_to_piece", [&] {
+    const cb::Model& m = model_of(model);
+    require(out_len != nullptr, "out_len is NULL");
+    const int32_t n_vocab = m.tokenizer().n_vocab();
+    if (token < 0 || token >= n_vocab)
+      throw cb::Error(
+          cb::ErrorCode::kInvalidArgument,
+          "token id " + std::to_string(token) + " is outside 0.." + std::to_string(n_vocab - 1));
+    return write_text(m.tokenizer().token_to_piece(token, render_special != 0), buf, capacity,
+                      out_len);
+  });
+}
+
+int32_t cb_token_bos(const cb_model* model) {
+  if (model == nullptr || !model->state || !model->state->model) return -1;
+  return model->state->model->tokenizer().bos_id();
+}
+
+int32_t cb_token_eos(const cb_model* model) {
+  if (model == nullptr || !model->state || !model->state->model) return -1;
+  return model->state->model->tokenizer().eos_id();
+}
+
+int cb_token_is_end_of_generation(const cb_model* model, int32_t token) {
+  if (model == nullptr || !model->state || !model->state->model) return 0;
+  try {
+    const cb::Tokenizer& t = model->state->model->tokenizer();
+    if (token < 0 || token >= t.n_vocab()) return 0;
+    return t.is_end_of_generation(token) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+cb_status cb_chat_format(const cb_model* model, const cb_chat_message* messages, size_t n_messages,
+                         int add_assistant_header, char* buf, size_t capacity, size_t* out_len) {
+  return guard("cb_chat_format", [&] {
+    (void)model_of(model);  // the template will come from the model's metadata
+    require(out_len != nullptr, "out_len is NULL");
+    require(messages != nullptr || n_messages == 0, "messages is NULL");
+    std::vector<cb::ChatMessage> msgs;
+    msgs.reserve(n_messages);
+    for (size_t i = 0; i < n_messages; ++i) {
+      require(messages[i].role != nullptr, "a message's role is NULL");
+      require(messages[i].content != nullptr, "a message's content is NULL");
+      msgs.push_back({messages[i].role, messages[i].content});
+    }
+    return write_text(cb::format_chatml(msgs, add_assistant_header != 0), buf, capacity, out_len);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Session
+
+void cb_session_options_init(cb_session_options* opts) {
+  if (opts == nullptr) return;
+  std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
+}
+
+cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
+                            cb_session** out_session) {
+  return guard("cb_session_create", [&] {
+    (void)model_of(model);
+    require(out_session != nullptr, "out_session is NULL");
+    const cb_session_options o = read_options(
+        opts, cb_session_options_init, sizeof(cb_session_options),
+        "cb_session_options.struct_size is not a known size (use cb_session_options_init)");
+    require(o.n_ctx >= 0, "n_ctx must be >= 0 (0: the default)");
+    require(o.n_threads >= 0, "n_threads must be >= 0 (0: the model's default)");
+    require(o.n_batch >= 0, "n_batch must be >= 0 (0: the default)");
+    cb::SessionOptions so;
+    so.n_ctx = o.n_ctx;
+    so.n_threads = o.n_threads > 0 ? o.n_threads : model->state->n_threads;
+    if (o.n_batch > 0) so.n_batch = o.n_batch;
+    auto handle = std::make_unique<cb_session>();
+    handle->state = model->state;
+    handle->session = std::make_unique<cb::Session>(*model->state->model, so);
+    *out_session = handle.release();
+    return CB_OK;
+  });
+}
+
+void cb_session_free(cb_session* session) {
+  delete session;
+}
+
+cb_status cb_session_prefill(cb_session* session, const int32_t* tokens, size_t n_tokens) {
+  return guard("cb_session_prefill", [&] {
+    require(session != nullptr, "session is NULL");
+    require(tokens != nullptr, "tokens is NULL");
+    require(n_tokens > 0, "n_tokens is 0");
+    auto logits = feed(session, std::span<const int32_t>(tokens, n_tokens));
+    session->logits.assign(logits.begin(), logits.end());
+    session->has_logits = true;
+    return CB_OK;
+  });
+}
+
+int32_t cb_session_n_past(const cb_session* session) {
+  return session == nullptr ? 0 : clamp_i32(total_past(session));
+}
+
+int32_t cb_session_n_ctx(const cb_session* session) {
+  return session == nullptr ? 0 : clamp_i32(session->session->n_ctx());
+}
+
+cb_status cb_session_reset(cb_session* session) {
+  return guard("cb_session_reset", [&] {
+    require(session != nullptr, "session is NULL");
+    session->session->truncate(0);
+    session->pending = -1;
+    session->has_logits = false;
+    return CB_OK;
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Sampling and generation
+
+void cb_sampling_options_init(cb_sampling_options* opts) {
+  if (opts == nullptr) return;
+  std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
+  opts->temperature = 0.0f;
+  opts->top_k = 0;
+  opts->top_p = 1.0f;
+  opts->seed = 0;
+}
+
+void cb_generate_options_init(cb_generate_options* opts) {
+  if (opts == nullptr) return;
+  std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
+  opts->max_tokens = 256;
+  opts->stop_at_end_of_generation = 1;
+  opts->sampling = nullptr;
+}
+
+void cb_generate_stats_init(cb_generate_stats* stats) {
+  if (stats == nullptr) return;
+  std::memset(static_cast<void*>(stats), 0, sizeof(*stats));
+  stats->struct_size = sizeof(*stats);
+}
+
+cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_prompt,
+                      const cb_generate_options* opts, cb_token_callback callback, void* user_data,
+                      cb_generate_stats* stats) {
+  return guard("cb_generate", [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    require(session != nullptr, "session is NULL");
+    require(prompt != nullptr || n_prompt == 0, "prompt is NULL");
+    const size_t stats_size =
+        stats == nullptr
+            ? 0
+            : output_size(stats, sizeof(cb_generate_stats),
+                          "stats->struct_size is not a known size (use cb_generate_stats_init)");
+    const cb_generate_options o = read_options(
+        opts, cb_generate_options_init, sizeof(cb_generate_options),
+        "cb_generate_options.struct_size is not a known size (use cb_generate_options_init)");
+    require(o.max_tokens >= 0, "max_tokens must be >= 0");
+    const cb_sampling_options so = read_options(
+        o.sampling, cb_sampling_options_init, sizeof(cb_sampling_options),
+        "cb_sampling_options.struct_size is not a known size (use cb_sampling_options_init)");
+    cb::SamplerOptions sopt;
+    sopt.temperature = so.temperature;
+    sopt.top_k = so.top_k;
+    sopt.top_p = so.top_p;
+    sopt.seed = so.seed;
+    cb::Sampler sampler(sopt);  // validates the values
+
+    cb::Session& s = *session->session;
+    const cb::Tokenizer& tok = session->state->model->tokenizer();
+    cb_generate_stats st;
+    cb_generate_stats_init(&st);
+    auto publish = [&] {
+      if (stats != nullptr) {
+        std::memcpy(static_cast<void*>(stats), &st, stats_size);
+        stats->struct_size = stats_size;
+      }
+    };
+
+    // Prompt.
+    std::span<const float> logits;
+    if (n_prompt > 0 || session->pending >= 0) {
+      const auto tp = std::chrono::steady_clock::now();
+      logits = feed(session, std::span<const int32_t>(prompt, n_prompt));
+      st.prefill_ms = ms_since(tp);
+    } else {
+      require(session->has_logits,
+              "the prompt is empty and the session holds no tokens to continue from");
+      logits = session->logits;
+    }
+    st.n_prompt = static_cast<int32_t>(n_prompt);
+    st.ttft_ms = ms_since(t0);
+
+    // Generation.
+    double decode_ms = 0.0;
+    int32_t n_decode = 0;
+    std::string piece;
+    cb_status result = CB_OK;
+    for (;;) {
+      if (st.n_generated >= o.max_tokens) {
+        st.stop_reason = CB_STOP_MAX_TOKENS;
+        break;
+      }
+      const auto ts = std::chrono::steady_clock::now();
+      const int32_t t = sampler.sample(logits);
+      if (n_decode > 0 || st.n_generated > 0) decode_ms += ms_since(ts);
+      if (o.stop_at_end_of_generation && tok.is_end_of_generation(t)) {
+        st.stop_reason = CB_STOP_END_OF_GENERATION;
+        break;
+      }
+      if (s.n_past() >= s.n_ctx()) {
+        st.stop_reason = CB_STOP_CONTEXT_FULL;
+        break;
+      }
+      if (st.n_generated == 0) st.ttft_ms = ms_since(t0);
+      ++st.n_generated;
+      session->pending = t;
+      if (callback != nullptr) {
+        piece = tok.token_to_piece(t);
+        if (callback(t, piece.c_str(), piece.size(), user_data) != 0) {
+          st.stop_reason = CB_STOP_CANCELLED;
+          result = CB_ERR_CANCELLED;
+          break;
+        }
+      }
+      if (st.n_generated >= o.max_tokens) {
+        st.stop_reason = CB_STOP_MAX_TOKENS;
+        break;
+      }
+      const auto td = std::chrono::steady_clock::now();
+      logits = s.decode(t);
+      session->pending = -1;
+      decode_ms += ms_since(td);
+      ++n_decode;
+    }
+    st.decode_ms = decode_ms;
+    st.tok_s = decode_ms > 0.0 ? n_decode * 1000.0 / decode_ms : 0.0;
+    // Keep the logits of the last token in the KV cache so that a call with
+    // an empty prompt can continue; with a pending token they are not needed.
+    if (session->pending < 0) {
+      if (logits.data() != session->logits.data())
+        session->logits.assign(logits.begin(), logits.end());
+      session->has_logits = true;
+    } else {
+      session->has_logits = false;
+    }
+    publish();
+    if (result == CB_ERR_CANCELLED)
+      return fail_with(CB_ERR_CANCELLED, "cb_generate",
+                       "generation cancelled by the token callback after " +
+                           std::to_string(st.n_generated) + " tokens");
+    return result;
+  });
+}
+
+}  // extern "C"

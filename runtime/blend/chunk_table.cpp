@@ -1,0 +1,74 @@
+#include "runtime/blend/chunk_table.h"
+
+#include <cstring>
+
+namespace cb {
+namespace {
+
+std::string serialize(const cache::ChunkKey& key) {
+  std::string s;
+  for (const std::string* part : {&key.model_fingerprint, &key.chunk_head, &key.ns}) {
+    s += std::to_string(part->size());
+    s += ':';
+    s += *part;
+  }
+  s += key.codec ? cache::codec_name(*key.codec) : "-";
+  s += ':';
+  const size_t off = s.size();
+  s.resize(off + key.tokens.size() * sizeof(int32_t));
+  std::memcpy(s.data() + off, key.tokens.data(), key.tokens.size() * sizeof(int32_t));
+  return s;
+}
+
+// Keeps the entry alive while a request reads it.
+class SharedChunkSource final : public ChunkLayerSource {
+ public:
+  explicit SharedChunkSource(std::shared_ptr<const cache::ChunkKV> kv)
+      : kv_(std::move(kv)), reader_(*kv_) {}
+  bool fetch_layer(int64_t layer, float* k, float* v) override {
+    return reader_.fetch_layer(layer, k, v);
+  }
+
+ private:
+  std::shared_ptr<const cache::ChunkKV> kv_;
+  MemoryChunkSource reader_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChunkLayerSource> MemoryChunkTable::find(const cache::ChunkKey& key) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(serialize(key));
+  if (it == entries_.end()) return nullptr;
+  return std::make_unique<SharedChunkSource>(it->second);
+}
+
+void MemoryChunkTable::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
+  auto entry = std::make_shared<const cache::ChunkKV>(std::move(kv));
+  const size_t n = (entry->k.size() + entry->v.size()) * sizeof(float);
+  std::lock_guard lock(mu_);
+  auto [it, inserted] = entries_.try_emplace(serialize(key), entry);
+  if (!inserted) {
+    bytes_ -= (it->second->k.size() + it->second->v.size()) * sizeof(float);
+    it->second = entry;
+  }
+  bytes_ += n;
+}
+
+size_t MemoryChunkTable::size() const {
+  std::lock_guard lock(mu_);
+  return entries_.size();
+}
+
+size_t MemoryChunkTable::bytes() const {
+  std::lock_guard lock(mu_);
+  return bytes_;
+}
+
+void MemoryChunkTable::clear() {
+  std::lock_guard lock(mu_);
+  entries_.clear();
+  bytes_ = 0;
+}
+
+}  // namespace cb

@@ -1,0 +1,91 @@
+#include "runtime/blend/rag_request.h"
+
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "platform/error.h"
+
+namespace cb {
+
+std::vector<int32_t> RagPrompt::tokens() const {
+  std::vector<int32_t> t = head;
+  for (const auto& c : chunks) t.insert(t.end(), c.begin(), c.end());
+  t.insert(t.end(), suffix.begin(), suffix.end());
+  return t;
+}
+
+RagPrompt build_rag_prompt(const Tokenizer& tok, std::string_view system_prompt,
+                           std::span<const std::string> chunk_texts, std::string_view question) {
+  RagPrompt p;
+  std::string head =
+      "<|im_start|>system\n" + std::string(system_prompt) + "<|im_end|>\n<|im_start|>user\n";
+  p.head = tok.encode(head, false, true);
+  // Chunk text is data, not markup: special-token text inside a document
+  // stays plain text.
+  for (const std::string& c : chunk_texts) p.chunks.push_back(tok.encode(c + "\n\n", false, false));
+  p.suffix = tok.encode("Question: ", false, false);
+  auto q = tok.encode(question, false, false);
+  p.suffix.insert(p.suffix.end(), q.begin(), q.end());
+  auto tail = tok.encode("<|im_end|>\n<|im_start|>assistant\n", false, true);
+  p.suffix.insert(p.suffix.end(), tail.begin(), tail.end());
+  return p;
+}
+
+const char* chunk_head_name(ChunkHead h) {
+  return h == ChunkHead::kNone ? "none" : "prompt";
+}
+
+std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvStore* store,
+                                   const RagPrefillOptions& opts, RagPrefillStats* stats) {
+  RagPrefillStats local;
+  RagPrefillStats& st = stats ? *stats : local;
+  st = RagPrefillStats{};
+  const std::vector<int32_t> head_tokens =
+      opts.chunk_head == ChunkHead::kPrompt ? prompt.head : std::vector<int32_t>{};
+  std::vector<Segment> segments;
+  segments.push_back({prompt.head});
+  std::vector<std::unique_ptr<ChunkLayerSource>> sources;
+  std::vector<cache::ChunkKV> computed;  // kept alive for the sources below
+  computed.reserve(prompt.chunks.size());
+
+  if (opts.blend.mode != BlendMode::kFull) {
+    if (!store) fail(ErrorCode::kInvalidArgument, "mode needs a chunk cache");
+    // The cache key names the head by content, so a changed system prompt
+    // never serves KV computed after another one.
+    char head_id[40];
+    std::snprintf(head_id, sizeof head_id, "%s:%016llx", chunk_head_name(opts.chunk_head),
+                  static_cast<unsigned long long>(
+                      XXH3_64bits(head_tokens.data(), head_tokens.size() * sizeof(int32_t))));
+    for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+      const auto& chunk = prompt.chunks[i];
+      if (chunk.empty()) continue;
+      cache::ChunkKey key{s.model().fingerprint(), head_id, std::nullopt, chunk, opts.ns};
+      std::unique_ptr<ChunkLayerSource> src = store->find(key);
+      if (src) {
+        ++st.cache_hits;
+      } else {
+        ++st.cache_misses;
+        const auto t0 = std::chrono::steady_clock::now();
+        computed.push_back(precompute_chunk_kv(s, head_tokens, chunk));
+        st.precompute_ms +=
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
+        store->put(key, computed.back());
+        src = std::make_unique<MemoryChunkSource>(computed.back());
+      }
+      sources.push_back(std::move(src));
+      // Only the first chunk follows exactly its head, and only when the
+      // head is the request's own P.
+      segments.push_back(
+          {chunk, sources.back().get(), i == 0 && opts.chunk_head == ChunkHead::kPrompt});
+    }
+  } else {
+    for (const auto& chunk : prompt.chunks) segments.push_back({chunk});
+  }
+  segments.push_back({prompt.suffix});
+  return fuse_prefill(s, segments, opts.blend, &st.fusion);
+}
+
+}  // namespace cb

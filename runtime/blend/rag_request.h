@@ -1,0 +1,58 @@
+// A retrieval-augmented request as the fusor sees it: the prompt head P, the
+// retrieved chunks (each tokenized on its own, so the request's tokens are
+// exactly their concatenation) and the suffix S; and the prefill that looks
+// every chunk's KV up in a ChunkKvStore, computes and stores the missing
+// ones, then fuses.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/blend/chunk_table.h"
+#include "runtime/blend/fusor.h"
+#include "runtime/session.h"
+
+namespace cb {
+
+struct RagPrompt {
+  std::vector<int32_t> head;                 // P: system turn + start of the user turn
+  std::vector<std::vector<int32_t>> chunks;  // C_1..C_N
+  std::vector<int32_t> suffix;               // S: question + assistant header
+  std::vector<int32_t> tokens() const;       // P + C_1 + ... + C_N + S
+};
+
+// ChatML layout:  P = system turn + "<|im_start|>user\n";  each chunk is its
+// text followed by a blank line;  S = "Question: ...<|im_end|>\n" +
+// "<|im_start|>assistant\n".
+RagPrompt build_rag_prompt(const Tokenizer& tok, std::string_view system_prompt,
+                           std::span<const std::string> chunk_texts, std::string_view question);
+
+// The tokens a chunk's KV is precomputed after (DESIGN.md §4, "chunk head").
+enum class ChunkHead {
+  kNone,    // the chunk alone, from position 0
+  kPrompt,  // the request's prompt head P
+};
+const char* chunk_head_name(ChunkHead h);
+
+struct RagPrefillOptions {
+  BlendOptions blend;
+  ChunkHead chunk_head = ChunkHead::kPrompt;
+  std::string ns;  // cache namespace
+};
+
+struct RagPrefillStats {
+  FusionStats fusion;
+  int64_t cache_hits = 0;
+  int64_t cache_misses = 0;
+  double precompute_ms = 0.0;  // computing missing chunks' KV
+};
+
+// Prefills the empty session `s` with the request and returns the last
+// token's logits.  `store` may be null in full mode.  Chunks missing from the
+// store are computed (in `s`, before the fusion) and stored.
+std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvStore* store,
+                                   const RagPrefillOptions& opts, RagPrefillStats* stats = nullptr);
+
+}  // namespace cb

@@ -1,0 +1,505 @@
+/* The public API used from plain C99 (compiled with -std=c99 -pedantic
+ * -Werror): loads the real model, tokenizes, answers a chat question
+ * greedily, and checks that misuse yields the right status and a message
+ * rather than a crash.  The model path comes from $CB_MODEL or
+ * CB_DEFAULT_MODEL.  Also runs two sessions of one model on two threads.  Prints "N passed, N
+ * failed"; exit status 1 on failure. */
+#define _POSIX_C_SOURCE 200809L
+#include <cacheblend/cacheblend.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef CB_DEFAULT_MODEL
+#define CB_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#endif
+
+static int g_passed = 0;
+static int g_failed = 0;
+
+#define CHECK(cond)                                                   \
+  do {                                                                \
+    if (cond) {                                                       \
+      ++g_passed;                                                     \
+    } else {                                                          \
+      ++g_failed;                                                     \
+      fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                 \
+  } while (0)
+
+/* An error status with a non-empty message. */
+#define CHECK_ERR(expr, expected)                                                                \
+  do {                                                                                           \
+    cb_status s_ = (expr);                                                                       \
+    if (s_ == (expected) && cb_last_error()[0] != '\0') {                                        \
+      ++g_passed;                                                                                \
+    } else {                                                                                     \
+      ++g_failed;                                                                                \
+      fprintf(stderr, "FAIL %s:%d: %s gave %d (%s), expected %d; message \"%s\"\n", __FILE__,    \
+              __LINE__, #expr, (int)s_, cb_status_string(s_), (int)(expected), cb_last_error()); \
+    }                                                                                            \
+  } while (0)
+
+#define CHECK_OK(expr)                                                                         \
+  do {                                                                                         \
+    cb_status s_ = (expr);                                                                     \
+    if (s_ == CB_OK && cb_last_error()[0] == '\0') {                                           \
+      ++g_passed;                                                                              \
+    } else {                                                                                   \
+      ++g_failed;                                                                              \
+      fprintf(stderr, "FAIL %s:%d: %s gave %d (%s): %s\n", __FILE__, __LINE__, #expr, (int)s_, \
+              cb_status_string(s_), cb_last_error());                                          \
+    }                                                                                          \
+  } while (0)
+
+/* Collects generated text; cancels after `cancel_after` tokens if > 0. */
+typedef struct {
+  char text[4096];
+  size_t len;
+  int n_tokens;
+  int cancel_after;
+} collector;
+
+static int collect(int32_t token, const char* piece, size_t piece_len, void* user) {
+  collector* c = (collector*)user;
+  (void)token;
+  if (c->len + piece_len < sizeof(c->text)) {
+    memcpy(c->text + c->len, piece, piece_len);
+    c->len += piece_len;
+    c->text[c->len] = '\0';
+  }
+  ++c->n_tokens;
+  return c->cancel_after > 0 && c->n_tokens >= c->cancel_after;
+}
+
+static void test_version_and_status(void) {
+  int s;
+  CHECK(strcmp(cb_version(), CB_VERSION_STRING) == 0);
+  CHECK(cb_version_number() == CB_VERSION_NUMBER);
+  for (s = CB_OK; s <= CB_ERR_INTERNAL; ++s) {
+    const char* text = cb_status_string((cb_status)s);
+    CHECK(text != NULL && text[0] != '\0');
+  }
+  CHECK(strcmp(cb_status_string((cb_status)12345), "unknown status") == 0);
+  CHECK(cb_last_error() != NULL);
+}
+
+static void test_load_errors(const char* path) {
+  cb_model* m = NULL;
+  cb_model_options mo;
+
+  CHECK_ERR(cb_model_load(NULL, NULL, &m), CB_ERR_INVALID_ARGUMENT);
+  CHECK(m == NULL);
+  CHECK_ERR(cb_model_load(path, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_model_load("", NULL, &m), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_model_load("/nonexistent/dir/model.gguf", NULL, &m), CB_ERR_IO);
+  CHECK(m == NULL);
+
+  cb_model_options_init(&mo);
+  CHECK(mo.struct_size == sizeof(mo));
+  mo.struct_size = 0;
+  CHECK_ERR(cb_model_load(path, &mo, &m), CB_ERR_INVALID_ARGUMENT);
+  mo.struct_size = sizeof(mo) + 64; /* a header from the future */
+  CHECK_ERR(cb_model_load(path, &mo, &m), CB_ERR_INVALID_ARGUMENT);
+
+  cb_model_options_init(&mo);
+  mo.backend = CB_BACKEND_CUDA;
+  CHECK_ERR(cb_model_load(path, &mo, &m), CB_ERR_UNSUPPORTED);
+  CHECK(strstr(cb_last_error(), "CUDA") != NULL);
+  cb_model_options_init(&mo);
+  mo.n_threads = -1;
+  CHECK_ERR(cb_model_load(path, &mo, &m), CB_ERR_INVALID_ARGUMENT);
+  CHECK(m == NULL);
+
+  /* NULL handles elsewhere: errors or harmless defaults, never a crash. */
+  cb_model_free(NULL);
+  cb_session_free(NULL);
+  CHECK(cb_session_n_past(NULL) == 0);
+  CHECK(cb_session_n_ctx(NULL) == 0);
+  CHECK(cb_token_bos(NULL) == -1);
+  CHECK(cb_token_eos(NULL) == -1);
+  CHECK(cb_token_is_end_of_generation(NULL, 0) == 0);
+  CHECK_ERR(cb_session_prefill(NULL, NULL, 0), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_session_reset(NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_generate(NULL, NULL, 0, NULL, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  {
+    size_t n = 0;
+    cb_model_info info;
+    cb_model_info_init(&info);
+    CHECK_ERR(cb_tokenize(NULL, "hi", CB_NUL_TERMINATED, 1, 0, NULL, 0, &n),
+              CB_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(cb_model_get_info(NULL, &info), CB_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(cb_session_create(NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  }
+}
+
+static void test_model_info(cb_model* m) {
+  cb_model_info info;
+  cb_model_info_init(&info);
+  CHECK_OK(cb_model_get_info(m, &info));
+  CHECK(info.n_layer > 0 && info.n_embd > 0 && info.n_head > 0 && info.n_head_kv > 0);
+  CHECK(info.n_head % info.n_head_kv == 0);
+  CHECK(info.n_vocab > 0 && info.n_ctx_train > 0 && info.file_size > 0);
+  CHECK(info.name != NULL && info.name[0] != '\0');
+  CHECK(info.kernels != NULL && info.kernels[0] != '\0');
+  CHECK(info.backend != NULL && strcmp(info.backend, "cpu") == 0);
+  printf(
+      "model: %s (%s), %d layers, embd %d, heads %d/%d, vocab %d, ctx %d, %llu bytes, "
+      "kernels %s\n",
+      info.name, info.architecture, info.n_layer, info.n_embd, info.n_head, info.n_head_kv,
+      info.n_vocab, info.n_ctx_train, (unsigned long long)info.file_size, info.kernels);
+
+  info.struct_size = 3;
+  CHECK_ERR(cb_model_get_info(m, &info), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_model_get_info(m, NULL), CB_ERR_INVALID_ARGUMENT);
+}
+
+static void test_tokens(cb_model* m) {
+  const char* text = "Hello, world! Caf\xc3\xa9 123";
+  int32_t ids[64];
+  int32_t one[1];
+  size_t n = 0, n2 = 0, len = 0;
+  char buf[256];
+  char tiny[2];
+
+  CHECK_OK(cb_tokenize(m, text, CB_NUL_TERMINATED, 0, 0, NULL, 0, &n));
+  CHECK(n > 1 && n < 64);
+  CHECK_OK(cb_tokenize(m, text, strlen(text), 0, 0, ids, 64, &n2));
+  CHECK(n2 == n);
+  CHECK_ERR(cb_tokenize(m, text, CB_NUL_TERMINATED, 0, 0, one, 1, &n2), CB_ERR_BUFFER_TOO_SMALL);
+  CHECK(n2 == n);
+  CHECK_ERR(cb_tokenize(m, NULL, 5, 0, 0, ids, 64, &n2), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_tokenize(m, text, CB_NUL_TERMINATED, 0, 0, ids, 64, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_OK(cb_tokenize(m, NULL, 0, 0, 0, NULL, 0, &n2));
+  CHECK(n2 == 0);
+  /* Invalid UTF-8 is accepted (byte-wise). */
+  CHECK_OK(cb_tokenize(m,
+                       "a\xff\xfe"
+                       "b",
+                       CB_NUL_TERMINATED, 0, 0, ids + 32, 32, &n2));
+
+  /* Round trip. */
+  CHECK_OK(cb_detokenize(m, ids, n, 0, NULL, 0, &len));
+  CHECK(len == strlen(text));
+  CHECK_OK(cb_detokenize(m, ids, n, 0, buf, sizeof buf, &len));
+  CHECK(strcmp(buf, text) == 0);
+  CHECK_ERR(cb_detokenize(m, ids, n, 0, tiny, sizeof tiny, &len), CB_ERR_BUFFER_TOO_SMALL);
+  CHECK(len == strlen(text));
+  one[0] = -5;
+  CHECK_ERR(cb_detokenize(m, one, 1, 0, buf, sizeof buf, &len), CB_ERR_INVALID_ARGUMENT);
+  one[0] = 1 << 30;
+  CHECK_ERR(cb_detokenize(m, one, 1, 0, buf, sizeof buf, &len), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_token_to_piece(m, 1 << 30, 0, buf, sizeof buf, &len), CB_ERR_INVALID_ARGUMENT);
+  CHECK_OK(cb_token_to_piece(m, ids[0], 0, buf, sizeof buf, &len));
+  CHECK(len > 0 && strncmp(buf, text, len) == 0);
+  CHECK(cb_token_eos(m) >= 0);
+}
+
+/* Formats and tokenizes a ChatML question; returns the token count. */
+static size_t chat_prompt(cb_model* m, const char* question, int32_t* ids, size_t cap) {
+  cb_chat_message msg;
+  char buf[1024];
+  size_t len = 0, n = 0;
+  msg.role = "user";
+  msg.content = question;
+  CHECK_OK(cb_chat_format(m, &msg, 1, 1, NULL, 0, &len));
+  CHECK(len < sizeof buf);
+  CHECK_OK(cb_chat_format(m, &msg, 1, 1, buf, sizeof buf, &len));
+  CHECK(strstr(buf, "<|im_start|>user\n") != NULL);
+  CHECK(strstr(buf, "<|im_start|>assistant\n") != NULL);
+  CHECK_OK(cb_tokenize(m, buf, len, 1, 1, ids, cap, &n));
+  return n;
+}
+
+static void test_chat_format_errors(cb_model* m) {
+  cb_chat_message msg;
+  char buf[8];
+  size_t len = 0;
+  msg.role = NULL;
+  msg.content = "x";
+  CHECK_ERR(cb_chat_format(m, &msg, 1, 1, NULL, 0, &len), CB_ERR_INVALID_ARGUMENT);
+  msg.role = "user";
+  msg.content = NULL;
+  CHECK_ERR(cb_chat_format(m, &msg, 1, 1, NULL, 0, &len), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chat_format(m, NULL, 1, 1, NULL, 0, &len), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chat_format(NULL, &msg, 1, 1, NULL, 0, &len), CB_ERR_INVALID_ARGUMENT);
+  msg.content = "a long enough message";
+  CHECK_ERR(cb_chat_format(m, &msg, 1, 1, buf, sizeof buf, &len), CB_ERR_BUFFER_TOO_SMALL);
+  CHECK(len > sizeof buf);
+}
+
+static void test_generate(cb_model* m) {
+  int32_t ids[256];
+  size_t n;
+  cb_session* s = NULL;
+  cb_session_options so;
+  cb_generate_options go;
+  cb_generate_stats st;
+  collector c;
+  int32_t n_past_after;
+
+  n = chat_prompt(m, "What is the capital of France?", ids, 256);
+  CHECK(n > 5);
+
+  cb_session_options_init(&so);
+  so.n_threads = 2;
+  CHECK_OK(cb_session_create(m, &so, &s));
+  CHECK(s != NULL);
+  if (s == NULL) return;
+  CHECK(cb_session_n_past(s) == 0);
+  CHECK(cb_session_n_ctx(s) > 0);
+
+  cb_generate_options_init(&go);
+  go.max_tokens = 16;
+  cb_generate_stats_init(&st);
+  memset(&c, 0, sizeof c);
+  CHECK_OK(cb_generate(s, ids, n, &go, collect, &c, &st));
+  printf("answer: %s\n", c.text);
+  printf(
+      "stats: n_prompt %d, n_generated %d, ttft %.1f ms, prefill %.1f ms, decode %.1f ms, "
+      "%.1f tok/s, stop %d\n",
+      st.n_prompt, st.n_generated, st.ttft_ms, st.prefill_ms, st.decode_ms, st.tok_s,
+      (int)st.stop_reason);
+  CHECK(strstr(c.text, "Paris") != NULL);
+  CHECK(st.n_prompt == (int32_t)n);
+  CHECK(st.n_generated == c.n_tokens && st.n_generated > 0 && st.n_generated <= 16);
+  CHECK(st.ttft_ms > 0.0 && st.prefill_ms > 0.0 && st.ttft_ms >= st.prefill_ms);
+  CHECK(st.stop_reason == CB_STOP_MAX_TOKENS || st.stop_reason == CB_STOP_END_OF_GENERATION);
+  n_past_after = cb_session_n_past(s);
+  CHECK(n_past_after == (int32_t)n + st.n_generated);
+
+  /* Deterministic: the same greedy run again gives the same text. */
+  {
+    collector c2;
+    memset(&c2, 0, sizeof c2);
+    CHECK_OK(cb_session_reset(s));
+    CHECK(cb_session_n_past(s) == 0);
+    CHECK_OK(cb_generate(s, ids, n, &go, collect, &c2, NULL));
+    CHECK(strcmp(c.text, c2.text) == 0);
+  }
+
+  /* Cancel from the callback after 3 tokens. */
+  CHECK_OK(cb_session_reset(s));
+  memset(&c, 0, sizeof c);
+  c.cancel_after = 3;
+  cb_generate_stats_init(&st);
+  CHECK_ERR(cb_generate(s, ids, n, &go, collect, &c, &st), CB_ERR_CANCELLED);
+  CHECK(c.n_tokens == 3 && st.n_generated == 3 && st.stop_reason == CB_STOP_CANCELLED);
+  CHECK(cb_session_n_past(s) == (int32_t)n + 3);
+  /* ... and continue from there with an empty prompt. */
+  memset(&c, 0, sizeof c);
+  go.max_tokens = 2;
+  CHECK_OK(cb_generate(s, NULL, 0, &go, collect, &c, NULL));
+  CHECK(c.n_tokens >= 1 && c.n_tokens <= 2);
+
+  /* Sampling with a seed is reproducible. */
+  {
+    cb_sampling_options samp;
+    collector a, b;
+    cb_sampling_options_init(&samp);
+    samp.temperature = 0.8f;
+    samp.top_k = 40;
+    samp.top_p = 0.95f;
+    samp.seed = 42;
+    go.max_tokens = 8;
+    go.sampling = &samp;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    CHECK_OK(cb_session_reset(s));
+    CHECK_OK(cb_generate(s, ids, n, &go, collect, &a, NULL));
+    CHECK_OK(cb_session_reset(s));
+    CHECK_OK(cb_generate(s, ids, n, &go, collect, &b, NULL));
+    CHECK(strcmp(a.text, b.text) == 0);
+    samp.top_p = 1.5f;
+    CHECK_ERR(cb_generate(s, ids, n, &go, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+    samp.top_p = 0.9f;
+    samp.struct_size = 1;
+    CHECK_ERR(cb_generate(s, ids, n, &go, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+    go.sampling = NULL;
+  }
+
+  /* Misuse on a live session. */
+  CHECK_OK(cb_session_reset(s));
+  CHECK_ERR(cb_generate(s, NULL, 0, &go, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_generate(s, NULL, 4, &go, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_session_prefill(s, ids, 0), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_session_prefill(s, NULL, 3), CB_ERR_INVALID_ARGUMENT);
+  go.struct_size = 0;
+  CHECK_ERR(cb_generate(s, ids, n, &go, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  cb_generate_options_init(&go);
+  go.max_tokens = -1;
+  CHECK_ERR(cb_generate(s, ids, n, &go, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  cb_generate_options_init(&go);
+  cb_generate_stats_init(&st);
+  st.struct_size = 2;
+  CHECK_ERR(cb_generate(s, ids, n, &go, NULL, NULL, &st), CB_ERR_INVALID_ARGUMENT);
+  {
+    int32_t bad[2];
+    bad[0] = ids[0];
+    bad[1] = 1 << 30;
+    CHECK_ERR(cb_session_prefill(s, bad, 2), CB_ERR_INVALID_ARGUMENT);
+    CHECK(cb_session_n_past(s) == 0);
+  }
+  /* Prefill then generate with an empty prompt continues from it. */
+  CHECK_OK(cb_session_prefill(s, ids, n));
+  CHECK(cb_session_n_past(s) == (int32_t)n);
+  memset(&c, 0, sizeof c);
+  go.max_tokens = 16;
+  CHECK_OK(cb_generate(s, NULL, 0, &go, collect, &c, NULL));
+  CHECK(strstr(c.text, "Paris") != NULL);
+
+  cb_session_free(s);
+}
+
+static void test_context_limits(cb_model* m) {
+  cb_session* s = NULL;
+  cb_session_options so;
+  cb_generate_options go;
+  cb_generate_stats st;
+  int32_t ids[256];
+  size_t n;
+  cb_model_info info;
+
+  cb_model_info_init(&info);
+  CHECK_OK(cb_model_get_info(m, &info));
+
+  cb_session_options_init(&so);
+  so.n_ctx = info.n_ctx_train + 1;
+  CHECK_ERR(cb_session_create(m, &so, &s), CB_ERR_INVALID_ARGUMENT);
+  so.n_ctx = 1 << 30;
+  CHECK_ERR(cb_session_create(m, &so, &s), CB_ERR_INVALID_ARGUMENT);
+  so.n_ctx = -1;
+  CHECK_ERR(cb_session_create(m, &so, &s), CB_ERR_INVALID_ARGUMENT);
+  CHECK(s == NULL);
+  cb_session_options_init(&so);
+  so.struct_size = sizeof(so) - 1;
+  CHECK_ERR(cb_session_create(m, &so, &s), CB_ERR_INVALID_ARGUMENT);
+
+  /* A prompt longer than the context. */
+  n = chat_prompt(m, "What is the capital of France? Please answer in one word.", ids, 256);
+  cb_session_options_init(&so);
+  so.n_ctx = 8;
+  so.n_threads = 2;
+  CHECK_OK(cb_session_create(m, &so, &s));
+  if (s == NULL) return;
+  CHECK(cb_session_n_ctx(s) == 8);
+  CHECK(n > 8);
+  cb_generate_options_init(&go);
+  go.max_tokens = 4;
+  CHECK_ERR(cb_generate(s, ids, n, &go, NULL, NULL, NULL), CB_ERR_CONTEXT_OVERFLOW);
+  CHECK(cb_session_n_past(s) == 0);
+  CHECK_ERR(cb_session_prefill(s, ids, n), CB_ERR_CONTEXT_OVERFLOW);
+  CHECK(cb_session_n_past(s) == 0);
+
+  /* Generation stops cleanly when the context fills up. */
+  cb_generate_options_init(&go);
+  go.max_tokens = 100;
+  go.stop_at_end_of_generation = 0;
+  cb_generate_stats_init(&st);
+  CHECK_OK(cb_generate(s, ids, 5, &go, NULL, NULL, &st));
+  CHECK(st.stop_reason == CB_STOP_CONTEXT_FULL);
+  CHECK(st.n_generated == 3);
+  CHECK(cb_session_n_past(s) == 8);
+  CHECK_ERR(cb_session_prefill(s, ids, 1), CB_ERR_CONTEXT_OVERFLOW);
+  cb_session_free(s);
+}
+
+/* The session keeps the model alive after cb_model_free. */
+static void test_lifetime(const char* path) {
+  cb_model* m = NULL;
+  cb_session* s = NULL;
+  int32_t ids[64];
+  size_t n = 0;
+  cb_session_options so;
+  cb_generate_options go;
+  CHECK_OK(cb_model_load(path, NULL, &m));
+  if (m == NULL) return;
+  CHECK_OK(cb_tokenize(m, "Once upon a time", CB_NUL_TERMINATED, 1, 0, ids, 64, &n));
+  cb_session_options_init(&so);
+  so.n_ctx = 64;
+  so.n_threads = 2;
+  CHECK_OK(cb_session_create(m, &so, &s));
+  cb_model_free(m);
+  if (s == NULL) return;
+  cb_generate_options_init(&go);
+  go.max_tokens = 4;
+  CHECK_OK(cb_generate(s, ids, n, &go, NULL, NULL, NULL));
+  cb_session_free(s);
+}
+
+/* One model, two sessions, two threads: both get the greedy answer. */
+typedef struct {
+  cb_model* model;
+  const int32_t* ids;
+  size_t n;
+  collector out;
+  cb_status status;
+} worker;
+
+static void* run_worker(void* arg) {
+  worker* w = (worker*)arg;
+  cb_session* s = NULL;
+  cb_session_options so;
+  cb_generate_options go;
+  cb_session_options_init(&so);
+  so.n_ctx = 128;
+  so.n_threads = 1;
+  w->status = cb_session_create(w->model, &so, &s);
+  if (w->status != CB_OK) return NULL;
+  cb_generate_options_init(&go);
+  go.max_tokens = 8;
+  w->status = cb_generate(s, w->ids, w->n, &go, collect, &w->out, NULL);
+  cb_session_free(s);
+  return NULL;
+}
+
+static void test_threads(cb_model* m) {
+  int32_t ids[256];
+  worker w[2];
+  pthread_t th[2];
+  int i, started[2];
+  size_t n = chat_prompt(m, "What is the capital of France?", ids, 256);
+  for (i = 0; i < 2; ++i) {
+    memset(&w[i], 0, sizeof w[i]);
+    w[i].model = m;
+    w[i].ids = ids;
+    w[i].n = n;
+    w[i].status = CB_ERR_INTERNAL;
+    started[i] = pthread_create(&th[i], NULL, run_worker, &w[i]) == 0;
+    CHECK(started[i]);
+  }
+  for (i = 0; i < 2; ++i)
+    if (started[i]) pthread_join(th[i], NULL);
+  CHECK(w[0].status == CB_OK && w[1].status == CB_OK);
+  CHECK(strstr(w[0].out.text, "Paris") != NULL);
+  CHECK(strcmp(w[0].out.text, w[1].out.text) == 0);
+}
+
+int main(void) {
+  const char* path = getenv("CB_MODEL");
+  cb_model* m = NULL;
+  cb_model_options mo;
+  if (path == NULL || path[0] == '\0') path = CB_DEFAULT_MODEL;
+  printf("cacheblend %s, model %s\n", cb_version(), path);
+
+  test_version_and_status();
+  test_load_errors(path);
+
+  cb_model_options_init(&mo);
+  mo.n_threads = 2;
+  CHECK_OK(cb_model_load(path, &mo, &m));
+  if (m != NULL) {
+    test_model_info(m);
+    test_tokens(m);
+    test_chat_format_errors(m);
+    test_generate(m);
+    test_context_limits(m);
+    test_threads(m);
+    cb_model_free(m);
+    test_lifetime(path);
+  }
+
+  printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
