@@ -27,6 +27,15 @@ std::optional<BlendMode> parse_blend_mode(std::string_view name) {
   return std::nullopt;
 }
 
+std::vector<CheckLayer> default_blend_schedule() {
+  // Filled element by element: a braced list of aggregates here trips a
+  // GCC 12 -Wmaybe-uninitialized false positive in every includer.
+  std::vector<CheckLayer> s(1);
+  s[0].layer = 1;
+  s[0].ratio = 0.15f;
+  return s;
+}
+
 void validate_blend_options(const BlendOptions& opts, int64_t n_layer) {
   if (opts.mode != BlendMode::kBlend) return;
   if (opts.schedule.empty())

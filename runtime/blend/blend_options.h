@@ -25,11 +25,14 @@ struct CheckLayer {
   float ratio = 0.15f;
 };
 
+// [(1, 0.15)]: one check at layer 1, keeping 15 % of the reused tokens.
+std::vector<CheckLayer> default_blend_schedule();
+
 struct BlendOptions {
   BlendMode mode = BlendMode::kBlend;
   // Layers before the first check run a full prefill.  Layers must increase
   // and ratios must not: gradual filtering only narrows the set.
-  std::vector<CheckLayer> schedule = {{1, 0.15f}};
+  std::vector<CheckLayer> schedule = default_blend_schedule();
 };
 
 // Throws cb::Error(kInvalidArgument) with the reason when the options cannot

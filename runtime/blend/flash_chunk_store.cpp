@@ -1,0 +1,34 @@
+#include "runtime/blend/flash_chunk_store.h"
+
+namespace cb {
+namespace {
+
+class FlashChunkSource final : public ChunkLayerSource {
+ public:
+  FlashChunkSource(std::shared_ptr<cache::ChunkStore> store, cache::ChunkHandle handle)
+      : store_(std::move(store)), handle_(std::move(handle)) {}
+  bool fetch_layer(int64_t layer, float* k, float* v) override {
+    // A corrupt or truncated segment is dropped by the store and reported as
+    // false: the fusor then computes the chunk instead.
+    return layer < handle_.n_layers() &&
+           store_->fetch_layer(handle_, static_cast<int>(layer), k, v);
+  }
+
+ private:
+  std::shared_ptr<cache::ChunkStore> store_;
+  cache::ChunkHandle handle_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChunkLayerSource> FlashChunkStore::find(const cache::ChunkKey& key) {
+  std::optional<cache::ChunkHandle> h = store_->lookup(key);
+  if (!h) return nullptr;
+  return std::make_unique<FlashChunkSource>(store_, std::move(*h));
+}
+
+void FlashChunkStore::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
+  store_->put_async(key, std::move(kv));
+}
+
+}  // namespace cb

@@ -1,0 +1,27 @@
+// The fusor's ChunkKvStore over the chunk-KV store on flash (cache/): lookups
+// read the SQLite index, layers are read (and decoded) one at a time as the
+// fusor asks for them, and new chunks are written back asynchronously so a
+// miss never waits for the disk.
+#pragma once
+
+#include <memory>
+
+#include "cache/chunk_store.h"
+#include "runtime/blend/chunk_table.h"
+
+namespace cb {
+
+class FlashChunkStore final : public ChunkKvStore {
+ public:
+  explicit FlashChunkStore(std::shared_ptr<cache::ChunkStore> store) : store_(std::move(store)) {}
+  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) override;
+  // Queued for write-back; dropped (and counted in the store's stats) when
+  // the queue is full, since the request already has the KV it needs.
+  void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
+  cache::ChunkStore& store() { return *store_; }
+
+ private:
+  std::shared_ptr<cache::ChunkStore> store_;
+};
+
+}  // namespace cb
