@@ -1,5 +1,7 @@
 #include "platform/half.h"
 
+#include "platform/cpu_features.h"
+
 #include <bit>
 #include <cstring>
 
@@ -94,8 +96,7 @@ __attribute__((target("f16c,avx"))) void to_f32_f16c(const char* src, float* dst
 }
 
 bool have_f16c() {
-  static const bool ok = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-  return ok;
+  return cpu_features().f16c;
 }
 
 }  // namespace

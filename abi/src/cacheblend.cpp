@@ -17,6 +17,9 @@
 
 #include "kernels/backend.h"
 #include "platform/error.h"
+#include "runtime/blend/blend_options.h"
+#include "runtime/blend/chunk_table.h"
+#include "runtime/blend/rag_request.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -176,6 +179,10 @@ struct ModelState {
 
 struct cb_model {
   std::shared_ptr<ModelState> state;
+};
+
+struct cb_chunk_cache {
+  cb::MemoryChunkTable table;
 };
 
 struct cb_session {
@@ -502,6 +509,20 @@ int32_t cb_session_n_ctx(const cb_session* session) {
   return session == nullptr ? 0 : clamp_i32(session->session->n_ctx());
 }
 
+cb_status cb_session_logits(const cb_session* session, const float** logits, size_t* n_vocab) {
+  return guard("cb_session_logits", [&] {
+    require(session != nullptr, "session is NULL");
+    require(logits != nullptr, "logits is NULL");
+    require(n_vocab != nullptr, "n_vocab is NULL");
+    require(session->has_logits,
+            "the session has no logits to give: prefill it first (after generation the last "
+            "token is pending until the next call)");
+    *logits = session->logits.data();
+    *n_vocab = session->logits.size();
+    return CB_OK;
+  });
+}
+
 cb_status cb_session_reset(cb_session* session) {
   return guard("cb_session_reset", [&] {
     require(session != nullptr, "session is NULL");
@@ -650,6 +671,231 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
                        "generation cancelled by the token callback after " +
                            std::to_string(st.n_generated) + " tokens");
     return result;
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Retrieval-augmented prefill
+
+cb_status cb_chunk_cache_create(cb_chunk_cache** out_cache) {
+  return guard("cb_chunk_cache_create", [&] {
+    require(out_cache != nullptr, "out_cache is NULL");
+    *out_cache = new cb_chunk_cache();
+    return CB_OK;
+  });
+}
+
+void cb_chunk_cache_free(cb_chunk_cache* cache) {
+  delete cache;
+}
+
+void cb_chunk_cache_stats_init(cb_chunk_cache_stats* stats) {
+  if (stats == nullptr) return;
+  std::memset(static_cast<void*>(stats), 0, sizeof(*stats));
+  stats->struct_size = sizeof(*stats);
+}
+
+cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_stats* stats) {
+  return guard("cb_chunk_cache_get_stats", [&] {
+    require(cache != nullptr, "cache is NULL");
+    const size_t size = output_size(
+        stats, sizeof(cb_chunk_cache_stats),
+        "stats is NULL or stats->struct_size is not a known size (use cb_chunk_cache_stats_init)");
+    cb_chunk_cache_stats out;
+    cb_chunk_cache_stats_init(&out);
+    out.n_entries = cache->table.size();
+    out.bytes = cache->table.bytes();
+    std::memcpy(static_cast<void*>(stats), &out, size);
+    stats->struct_size = size;
+    return CB_OK;
+  });
+}
+
+cb_status cb_chunk_cache_clear(cb_chunk_cache* cache) {
+  return guard("cb_chunk_cache_clear", [&] {
+    require(cache != nullptr, "cache is NULL");
+    cache->table.clear();
+    return CB_OK;
+  });
+}
+
+const char* cb_mode_name(cb_mode mode) {
+  switch (mode) {
+    case CB_MODE_FULL:
+      return "full";
+    case CB_MODE_PREFIX:
+      return "prefix";
+    case CB_MODE_REUSE:
+      return "reuse";
+    case CB_MODE_BLEND:
+      return "blend";
+  }
+  return "unknown";
+}
+
+void cb_rag_options_init(cb_rag_options* opts) {
+  if (opts == nullptr) return;
+  std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
+  opts->mode = CB_MODE_BLEND;
+  opts->ratio = 0.15f;
+  opts->schedule = nullptr;
+  opts->n_schedule = 0;
+  opts->chunk_head = CB_CHUNK_HEAD_PROMPT;
+  opts->system_prompt = nullptr;
+  opts->cache_namespace = nullptr;
+}
+
+void cb_rag_stats_init(cb_rag_stats* stats) {
+  if (stats == nullptr) return;
+  std::memset(static_cast<void*>(stats), 0, sizeof(*stats));
+  stats->struct_size = sizeof(*stats);
+}
+
+cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char* const* chunk_texts,
+                         size_t n_chunks, const char* question, const cb_rag_options* opts,
+                         cb_rag_stats* stats) {
+  return guard("cb_rag_prefill", [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    require(session != nullptr, "session is NULL");
+    require(chunk_texts != nullptr || n_chunks == 0, "chunk_texts is NULL");
+    require(n_chunks > 0,
+            "no chunks: a request without documents is a plain prompt (use cb_generate)");
+    for (size_t i = 0; i < n_chunks; ++i)
+      if (chunk_texts[i] == nullptr)
+        throw cb::Error(cb::ErrorCode::kInvalidArgument,
+                        "chunk_texts[" + std::to_string(i) + "] is NULL");
+    require(question != nullptr, "question is NULL");
+    const size_t stats_size =
+        stats == nullptr
+            ? 0
+            : output_size(stats, sizeof(cb_rag_stats),
+                          "stats->struct_size is not a known size (use cb_rag_stats_init)");
+    const cb_rag_options o =
+        read_options(opts, cb_rag_options_init, sizeof(cb_rag_options),
+                     "cb_rag_options.struct_size is not a known size (use cb_rag_options_init)");
+    require(o.schedule != nullptr || o.n_schedule == 0, "schedule is NULL but n_schedule is not 0");
+    require(total_past(session) == 0,
+            "the session is not empty (reset the session first with cb_session_reset)");
+
+    cb::RagPrefillOptions ro;
+    switch (static_cast<int>(o.mode)) {
+      case CB_MODE_FULL:
+        ro.blend.mode = cb::BlendMode::kFull;
+        break;
+      case CB_MODE_PREFIX:
+        ro.blend.mode = cb::BlendMode::kPrefix;
+        break;
+      case CB_MODE_REUSE:
+        ro.blend.mode = cb::BlendMode::kReuse;
+        break;
+      case CB_MODE_BLEND:
+        ro.blend.mode = cb::BlendMode::kBlend;
+        break;
+      default:
+        invalid("unknown mode value (use a cb_mode)");
+    }
+    switch (static_cast<int>(o.chunk_head)) {
+      case CB_CHUNK_HEAD_PROMPT:
+        ro.chunk_head = cb::ChunkHead::kPrompt;
+        break;
+      case CB_CHUNK_HEAD_NONE:
+        ro.chunk_head = cb::ChunkHead::kNone;
+        break;
+      default:
+        invalid("unknown chunk_head value (use a cb_chunk_head)");
+    }
+    ro.blend.schedule.clear();
+    if (o.n_schedule == 0) {
+      ro.blend.schedule.push_back({1, o.ratio});
+    } else {
+      for (size_t i = 0; i < o.n_schedule; ++i)
+        ro.blend.schedule.push_back({o.schedule[i].layer, o.schedule[i].ratio});
+    }
+    if (ro.blend.mode != cb::BlendMode::kFull)
+      require(cache != nullptr, "cache is NULL (only CB_MODE_FULL runs without a chunk cache)");
+    if (o.cache_namespace != nullptr) ro.ns = o.cache_namespace;
+
+    cb::Session& s = *session->session;
+    const cb::Model& model = *session->state->model;
+    // The options are checked before any work, in every mode (a bad ratio
+    // is the caller's bug even where it is not used).
+    {
+      cb::BlendOptions check = ro.blend;
+      check.mode = cb::BlendMode::kBlend;
+      cb::validate_blend_options(check, model.hparams().n_layer);
+    }
+
+    std::vector<std::string> texts;
+    texts.reserve(n_chunks);
+    for (size_t i = 0; i < n_chunks; ++i) texts.emplace_back(chunk_texts[i]);
+    const char* system =
+        o.system_prompt != nullptr ? o.system_prompt : "Answer the question using the documents.";
+    const cb::RagPrompt prompt = cb::build_rag_prompt(model.tokenizer(), system, texts, question);
+
+    // Sizes against the context before any work, with the reason.
+    const int64_t n_ctx = s.n_ctx();
+    const int64_t head_len =
+        ro.chunk_head == cb::ChunkHead::kPrompt ? static_cast<int64_t>(prompt.head.size()) : 0;
+    for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+      const int64_t len = static_cast<int64_t>(prompt.chunks[i].size());
+      if (len + head_len > n_ctx)
+        throw cb::Error(
+            cb::ErrorCode::kContextOverflow,
+            "chunk " + std::to_string(i) + " is " + std::to_string(len) + " tokens long" +
+                (head_len > 0 ? " (plus a " + std::to_string(head_len) + "-token chunk head)"
+                              : std::string()) +
+                ", more than the session's context of " + std::to_string(n_ctx) + " tokens");
+    }
+    int64_t n_total = static_cast<int64_t>(prompt.head.size() + prompt.suffix.size());
+    for (const auto& c : prompt.chunks) n_total += static_cast<int64_t>(c.size());
+    if (n_total > n_ctx)
+      throw cb::Error(cb::ErrorCode::kContextOverflow,
+                      "the request is " + std::to_string(n_total) + " tokens (prompt head " +
+                          std::to_string(prompt.head.size()) + ", " + std::to_string(n_chunks) +
+                          " chunks, question " + std::to_string(prompt.suffix.size()) +
+                          "), more than the session's context of " + std::to_string(n_ctx) +
+                          " tokens");
+
+    session->has_logits = false;
+    cb::RagPrefillStats rs;
+    std::span<const float> logits;
+    try {
+      logits = cb::rag_prefill(s, prompt, cache != nullptr ? &cache->table : nullptr, ro, &rs);
+    } catch (...) {
+      s.truncate(0);  // whatever happened, the session is left empty
+      throw;
+    }
+    session->logits.assign(logits.begin(), logits.end());
+    session->has_logits = true;
+    session->pending = -1;
+
+    if (stats != nullptr) {
+      cb_rag_stats out;
+      cb_rag_stats_init(&out);
+      out.n_tokens = clamp_i32(rs.fusion.n_tokens);
+      out.n_reused = clamp_i32(rs.fusion.n_reused);
+      out.cache_hits = clamp_i32(rs.cache_hits);
+      out.cache_misses = clamp_i32(rs.cache_misses);
+      out.chunks_recomputed = clamp_i32(rs.fusion.chunks_recomputed);
+      out.precompute_ms = rs.precompute_ms;
+      out.fuse_ms = rs.fusion.compute_ms;
+      out.computed_fraction = rs.fusion.computed_fraction();
+      switch (ro.blend.mode) {
+        case cb::BlendMode::kFull:
+          out.ratio = 1.0f;
+          break;
+        case cb::BlendMode::kBlend:
+          out.ratio = ro.blend.schedule.front().ratio;
+          break;
+        default:
+          out.ratio = 0.0f;
+      }
+      out.total_ms = ms_since(t0);
+      std::memcpy(static_cast<void*>(stats), &out, stats_size);
+      stats->struct_size = stats_size;
+    }
+    return CB_OK;
   });
 }
 

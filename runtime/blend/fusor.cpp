@@ -4,9 +4,10 @@
 //   2. RoPE, K/V written to the cache at R's positions, attention of R's
 //      queries over all n keys (causal by global position), output
 //      projection and FFN of R.
-// Before step 2 every cached chunk's KV of the layer is loaded into the
-// cache (K rotated to its global position), so rows outside R attend and are
-// attended with their cached KV.  At a check layer, between the steps, the
+// Before step 1 every cached chunk's KV of the layer is in the cache (K
+// rotated to its global position), so rows outside R attend and are attended
+// with their cached KV; the layer pipeline loads it, ahead of time when it
+// runs on its own thread.  At a check layer, between the steps, the
 // fresh V of R's reused rows is compared with the cached V, and R narrows to
 // the most deviating ones plus every uncached row.
 #include "runtime/blend/fusor.h"
@@ -19,6 +20,7 @@
 
 #include "platform/error.h"
 #include "runtime/blend/hkvd.h"
+#include "runtime/blend/layer_pipeline.h"
 #include "runtime/graph.h"
 
 namespace cb {
@@ -29,6 +31,11 @@ bool MemoryChunkSource::fetch_layer(int64_t layer, float* k, float* v) {
   std::memcpy(k, kv_.k.data() + layer * n, n * sizeof(float));
   std::memcpy(v, kv_.v.data() + layer * n, n * sizeof(float));
   return true;
+}
+
+uint64_t MemoryChunkSource::layer_bytes(int64_t layer) const {
+  if (layer < 0 || layer >= kv_.shape.n_layers) return 0;
+  return 2 * static_cast<uint64_t>(kv_.shape.layer_floats()) * sizeof(float);
 }
 
 double FusionStats::computed_fraction() const {
@@ -51,13 +58,9 @@ class FusedForward {
 
   // Rows computed at layer 0 (ascending positions).
   std::vector<int32_t> rows;
-  // Per position: the cached source covering it (null if none) and its
-  // offset inside that chunk.
-  struct Cached {
-    ChunkLayerSource* src;
-    int32_t begin, len;  // positions
-  };
-  std::vector<Cached> cached;
+  // The cached chunks, in position order.
+  std::vector<CachedChunkRef> cached;
+  PipelineOptions pipeline;
   std::vector<uint8_t> is_cached;  // per position
   // Check-layer schedule (blend only) and the count the ratios refer to.
   std::vector<CheckLayer> schedule;
@@ -67,6 +70,8 @@ class FusedForward {
   cache::ChunkKV* capture = nullptr;
   int32_t capture_begin = 0;
   std::vector<int64_t> rows_per_layer;
+  std::vector<double> layer_ms;  // compute time per layer, load waits excluded
+  PipelineLoadStats load_stats;  // after run()
 
   // Runs all layers; returns false if a cached chunk could not be read (its
   // index is in failed_chunk) so the caller can retry without it.
@@ -74,7 +79,7 @@ class FusedForward {
   size_t failed_chunk = 0;
 
  private:
-  bool load_cached_layer(int64_t layer);    // false: a chunk failed (failed_chunk)
+  bool layers(LayerPipeline& loads);
   void project(int64_t layer);              // step 1
   void select(int64_t layer, float ratio);  // check layer
   void attend_and_ffn(int64_t layer);       // step 2
@@ -87,14 +92,23 @@ class FusedForward {
   std::span<const int32_t> tokens_;
   int64_t n_;
   std::vector<float> x_, q_, k_, v_;  // rows.size() x dim each
+  struct BufferFree {
+    Backend* be;
+    void operator()(void* p) const { be->free_buffer(p); }
+  };
+  std::unique_ptr<void, BufferFree> arena_{nullptr, BufferFree{&be_}};
+  size_t arena_bytes_ = 0;
 };
 
 void FusedForward::run_graph(Graph& g) {
-  // Arena memory is small here (one layer's intermediates), so a local
-  // buffer per graph keeps this code free of the session's arena.
-  size_t need = g.plan();
-  std::vector<float> arena(need / sizeof(float) + 16);
-  g.execute(be_, arena.data());
+  // One arena for the whole request, grown on demand: a layer's
+  // intermediates are dead once its graph has run.
+  const size_t need = g.plan();
+  if (need > arena_bytes_) {
+    arena_.reset(be_.alloc_buffer(need));
+    arena_bytes_ = need;
+  }
+  g.execute(be_, arena_.get());
 }
 
 void FusedForward::resize_buffers() {
@@ -102,27 +116,6 @@ void FusedForward::resize_buffers() {
   q_.resize(r * static_cast<size_t>(hp_.n_head * hp_.head_dim));
   k_.resize(r * static_cast<size_t>(hp_.kv_dim()));
   v_.resize(r * static_cast<size_t>(hp_.kv_dim()));
-}
-
-bool FusedForward::load_cached_layer(int64_t layer) {
-  const int64_t kv_dim = hp_.kv_dim();
-  float* kc = s_.k_cache(layer);
-  float* vc = s_.v_cache(layer);
-  std::vector<int32_t> pos;
-  for (size_t c = 0; c < cached.size(); ++c) {
-    const Cached& ch = cached[c];
-    float* kdst = kc + static_cast<int64_t>(ch.begin) * kv_dim;
-    float* vdst = vc + static_cast<int64_t>(ch.begin) * kv_dim;
-    if (!ch.src->fetch_layer(layer, kdst, vdst)) {
-      failed_chunk = c;
-      return false;
-    }
-    pos.resize(static_cast<size_t>(ch.len));
-    std::iota(pos.begin(), pos.end(), ch.begin);
-    be_.rope(kdst, pos.data(), ch.len, hp_.n_head_kv, hp_.head_dim, hp_.rot_dim,
-             hp_.rope_freq_base);
-  }
-  return true;
 }
 
 void FusedForward::project(int64_t layer) {
@@ -217,6 +210,26 @@ void FusedForward::attend_and_ffn(int64_t layer) {
   run_graph(g);
 }
 
+bool FusedForward::layers(LayerPipeline& loads) {
+  size_t next_check = 0;
+  for (int64_t l = 0; l < hp_.n_layer; ++l) {
+    if (!loads.synchronize(l)) {
+      failed_chunk = loads.failed_chunk();
+      return false;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    resize_buffers();
+    project(l);
+    if (next_check < schedule.size() && schedule[next_check].layer == l)
+      select(l, schedule[next_check++].ratio);
+    rows_per_layer.push_back(static_cast<int64_t>(rows.size()));
+    attend_and_ffn(l);
+    layer_ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return true;
+}
+
 bool FusedForward::run(bool want_logits) {
   x_.resize(rows.size() * static_cast<size_t>(hp_.n_embd));
   {
@@ -224,15 +237,14 @@ bool FusedForward::run(bool want_logits) {
     for (size_t i = 0; i < rows.size(); ++i) ids[i] = tokens_[rows[i]];
     be_.get_rows(s_.token_embd(), ids.data(), static_cast<int64_t>(ids.size()), x_.data());
   }
-  size_t next_check = 0;
-  for (int64_t l = 0; l < hp_.n_layer; ++l) {
-    if (!load_cached_layer(l)) return false;
-    resize_buffers();
-    project(l);
-    if (next_check < schedule.size() && schedule[next_check].layer == l)
-      select(l, schedule[next_check++].ratio);
-    rows_per_layer.push_back(static_cast<int64_t>(rows.size()));
-    attend_and_ffn(l);
+  {
+    // The loader starts as soon as the pipeline exists and is joined when it
+    // goes out of scope, also when a layer throws.
+    LayerPipeline loads(s_, cached, pipeline);
+    const bool ok = layers(loads);
+    loads.finish();
+    load_stats = loads.stats();
+    if (!ok) return false;
   }
   if (want_logits) {
     // rows is ascending and always holds n-1: its hidden state is the last.
@@ -257,7 +269,8 @@ void check_request(Session& s, int64_t n) {
 }  // namespace
 
 std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segments,
-                                    const BlendOptions& opts, FusionStats* stats) {
+                                    const BlendOptions& opts, FusionStats* stats,
+                                    const PipelineOptions& pipeline) {
   const LlamaHparams& hp = s.model().hparams();
   validate_blend_options(opts, hp.n_layer);
   if (segments.empty()) fail(ErrorCode::kInvalidArgument, "no segments to fuse");
@@ -272,16 +285,21 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
   FusionStats& st = stats ? *stats : local;
   st = FusionStats{};
   st.n_tokens = n;
+  st.pipelined = pipeline.enabled;
 
   if (opts.mode == BlendMode::kFull) {
     auto logits = s.prefill(tokens);
     st.rows_per_layer.assign(static_cast<size_t>(hp.n_layer), n);
     st.final_rows.resize(static_cast<size_t>(n));
     std::iota(st.final_rows.begin(), st.final_rows.end(), 0);
+    st.ratio = 1.0;
     st.compute_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    st.recompute_ms = st.compute_ms;
     return logits;
   }
+  const bool blend = opts.mode == BlendMode::kBlend;
+  st.ratio = !blend ? 0.0 : opts.schedule.empty() ? 1.0 : opts.schedule.back().ratio;
 
   // Which segments' cached KV this mode uses.  A chunk that fails to load is
   // dropped from the set and the request runs again (it is then computed).
@@ -312,14 +330,20 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
     }
     // The last token's logits are the output: it is always computed.
     if (f.is_cached[n - 1]) --f.n_reused;
-    const bool blend = opts.mode == BlendMode::kBlend;
+    f.pipeline = pipeline;
     for (int32_t p = 0; p < n; ++p)
       if (blend || !f.is_cached[p] || p == n - 1) f.rows.push_back(p);
     if (blend) f.schedule = opts.schedule;
-    if (f.run(true)) {
+    const bool ok = f.run(true);
+    st.bytes_read += f.load_stats.bytes_read;
+    st.load_ms += f.load_stats.load_ms();
+    st.blocked_ms += f.load_stats.blocked_ms;
+    for (double ms : f.layer_ms) st.recompute_ms += ms;
+    if (ok) {
       st.n_reused = f.n_reused;
       st.rows_per_layer = std::move(f.rows_per_layer);
       st.final_rows = std::move(f.rows);
+      st.layer_ms = std::move(f.layer_ms);
       break;
     }
     use[seg_of_cached[f.failed_chunk]] = 0;

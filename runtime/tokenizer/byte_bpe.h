@@ -21,12 +21,11 @@ class ByteLevelBpe {
   // concatenation being tokens (in the byte-to-unicode spelling); anything
   // else throws cb::Error(kFormat).  `fallback_id` is emitted for a byte the
   // vocabulary has no token for (-1: the byte is dropped, as llama.cpp does).
-  ByteLevelBpe(const TokenIndex& index, const std::vector<std::string>& merges,
-               bool ignore_merges, int32_t fallback_id);
+  ByteLevelBpe(const TokenIndex& index, const std::vector<std::string>& merges, bool ignore_merges,
+               int32_t fallback_id);
 
   // Appends the tokens of one pre-tokenized word (raw bytes, non-empty).
-  void encode_word(std::string_view word, const TokenIndex& index,
-                   std::vector<int32_t>& out) const;
+  void encode_word(std::string_view word, const TokenIndex& index, std::vector<int32_t>& out) const;
 
   // The byte-to-unicode spelling of raw bytes, as tokens are stored.
   static std::string to_token_text(std::string_view bytes);

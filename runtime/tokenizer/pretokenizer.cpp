@@ -12,15 +12,25 @@ namespace {
 
 using Ends = std::vector<uint32_t>;  // end unit index of each piece, in order
 
-bool is_letter(const DecodedText& t, uint32_t i) { return t.classes[i] & kClassLetter; }
-bool is_number(const DecodedText& t, uint32_t i) { return t.classes[i] & kClassNumber; }
-bool is_space(const DecodedText& t, uint32_t i) { return t.classes[i] & kClassWhitespace; }
+bool is_letter(const DecodedText& t, uint32_t i) {
+  return t.classes[i] & kClassLetter;
+}
+bool is_number(const DecodedText& t, uint32_t i) {
+  return t.classes[i] & kClassNumber;
+}
+bool is_space(const DecodedText& t, uint32_t i) {
+  return t.classes[i] & kClassWhitespace;
+}
 bool is_other(const DecodedText& t, uint32_t i) {
   return !(t.classes[i] & (kClassLetter | kClassNumber | kClassWhitespace));
 }
-bool is_cr_lf(const DecodedText& t, uint32_t i) { return t.units[i] == '\r' || t.units[i] == '\n'; }
+bool is_cr_lf(const DecodedText& t, uint32_t i) {
+  return t.units[i] == '\r' || t.units[i] == '\n';
+}
 
-uint32_t ascii_lower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + ('a' - 'A') : c; }
+uint32_t ascii_lower(uint32_t c) {
+  return (c >= 'A' && c <= 'Z') ? c + ('a' - 'A') : c;
+}
 
 // Length of the contraction 's|'t|'re|'ve|'m|'ll|'d at `pos`, or 0.
 uint32_t contraction(const DecodedText& t, uint32_t pos, uint32_t end, bool ignore_case) {
@@ -191,8 +201,8 @@ void apply_step(SplitStep step, const DecodedText& t, uint32_t begin, uint32_t e
 PreTokenizerSpec pre_tokenizer_spec(const std::string& pre) {
   using S = SplitStep;
   // llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEFAULT.
-  const PreTokenizerSpec kDefault{{S::kPunctuationRuns, S::kGpt2, S::kNumberRuns, S::kDigitTriples},
-                                  false, false};
+  const PreTokenizerSpec kDefault{
+      {S::kPunctuationRuns, S::kGpt2, S::kNumberRuns, S::kDigitTriples}, false, false};
   if (pre.empty()) {
     static std::once_flag warned;
     std::call_once(warned, [] {

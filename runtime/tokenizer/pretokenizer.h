@@ -34,7 +34,7 @@ enum class SplitStep : uint8_t {
 
 struct PreTokenizerSpec {
   std::vector<SplitStep> steps;
-  bool ignore_merges = false;  // a word that is itself a token skips BPE (Llama 3)
+  bool ignore_merges = false;    // a word that is itself a token skips BPE (Llama 3)
   bool add_bos_default = false;  // llama.cpp's add_bos when the file does not say
 };
 

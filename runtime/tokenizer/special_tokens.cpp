@@ -9,8 +9,9 @@ namespace cb::tok {
 
 int32_t find_eot_by_text(const std::vector<std::string>& tokens) {
   static constexpr std::array<std::string_view, 9> kEotTexts = {
-      "<|im_end|>", "<|eot_id|>", "<|end|>",  "<end_of_turn>", "<|end_of_text|>",
-      "<EOT>",      "_<EOT>",     "<end_of_utterance>", "<|endoftext|>",
+      "<|im_end|>",    "<|eot_id|>",         "<|end|>",
+      "<end_of_turn>", "<|end_of_text|>",    "<EOT>",
+      "_<EOT>",        "<end_of_utterance>", "<|endoftext|>",
   };
   for (const std::string_view text : kEotTexts) {
     const auto it = std::find(tokens.begin(), tokens.end(), text);
@@ -21,8 +22,8 @@ int32_t find_eot_by_text(const std::vector<std::string>& tokens) {
 
 bool is_end_of_generation_text(std::string_view text) {
   static constexpr std::array<std::string_view, 10> kEogTexts = {
-      "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-      "<EOT>",      "_<EOT>",     "<|end_of_text|>", "<end_of_utterance>",
+      "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",   "<|endoftext|>",
+      "<|eom_id|>", "<EOT>",      "_<EOT>",  "<|end_of_text|>", "<end_of_utterance>",
   };
   return std::find(kEogTexts.begin(), kEogTexts.end(), text) != kEogTexts.end();
 }

@@ -29,9 +29,9 @@ void check_id(int32_t id, size_t n, const char* what) {
 // The byte a SentencePiece byte token "<0xXX>" stands for.
 uint8_t parse_byte_token(const std::string& text, size_t id) {
   unsigned value = 0;
-  const bool ok = text.size() == 6 && text.compare(0, 3, "<0x") == 0 && text[5] == '>' &&
-                  std::from_chars(text.data() + 3, text.data() + 5, value, 16).ptr ==
-                      text.data() + 5;
+  const bool ok =
+      text.size() == 6 && text.compare(0, 3, "<0x") == 0 && text[5] == '>' &&
+      std::from_chars(text.data() + 3, text.data() + 5, value, 16).ptr == text.data() + 5;
   if (!ok) {
     fail(ErrorCode::kFormat,
          "tokenizer: byte token " + std::to_string(id) + " '" + text + "' is not <0xXX>");
@@ -106,8 +106,8 @@ Tokenizer::Impl::Impl(TokenizerVocab v) : vocab(std::move(v)) {
   if (n == 0) fail(ErrorCode::kFormat, "tokenizer: empty vocabulary");
   if (n > static_cast<size_t>(INT32_MAX)) fail(ErrorCode::kFormat, "tokenizer: vocabulary too big");
   if (!vocab.scores.empty() && vocab.scores.size() != n) {
-    fail(ErrorCode::kFormat, "tokenizer: " + std::to_string(vocab.scores.size()) +
-                                 " scores for " + std::to_string(n) + " tokens");
+    fail(ErrorCode::kFormat, "tokenizer: " + std::to_string(vocab.scores.size()) + " scores for " +
+                                 std::to_string(n) + " tokens");
   }
   if (!vocab.token_types.empty() && vocab.token_types.size() != n) {
     fail(ErrorCode::kFormat, "tokenizer: " + std::to_string(vocab.token_types.size()) +
@@ -128,8 +128,8 @@ Tokenizer::Impl::Impl(TokenizerVocab v) : vocab(std::move(v)) {
   if (types.empty()) types.assign(n, static_cast<int32_t>(TokenType::kNormal));
   for (size_t i = 0; i < n; ++i) {
     if (types[i] < 0 || types[i] > static_cast<int32_t>(TokenType::kByte)) {
-      fail(ErrorCode::kFormat, "tokenizer: token " + std::to_string(i) + " has type " +
-                                   std::to_string(types[i]));
+      fail(ErrorCode::kFormat,
+           "tokenizer: token " + std::to_string(i) + " has type " + std::to_string(types[i]));
     }
   }
   // End-of-generation tokens: EOS, EOT and the usual end-of-turn texts.
@@ -203,7 +203,9 @@ std::string_view Tokenizer::Impl::piece(int32_t id, bool render_special) const {
 }
 
 Tokenizer::Tokenizer(TokenizerVocab vocab) : impl_(new Impl(std::move(vocab))) {}
-Tokenizer::~Tokenizer() { delete impl_; }
+Tokenizer::~Tokenizer() {
+  delete impl_;
+}
 Tokenizer::Tokenizer(Tokenizer&& other) noexcept : impl_(std::exchange(other.impl_, nullptr)) {}
 Tokenizer& Tokenizer::operator=(Tokenizer&& other) noexcept {
   if (this != &other) {
@@ -269,9 +271,15 @@ std::string Tokenizer::token_to_piece(int32_t id, bool render_special) const {
   return std::string(impl_->piece(id, render_special));
 }
 
-int32_t Tokenizer::n_vocab() const { return static_cast<int32_t>(impl_->vocab.tokens.size()); }
-int32_t Tokenizer::bos_id() const { return impl_->vocab.bos_id; }
-int32_t Tokenizer::eos_id() const { return impl_->vocab.eos_id; }
+int32_t Tokenizer::n_vocab() const {
+  return static_cast<int32_t>(impl_->vocab.tokens.size());
+}
+int32_t Tokenizer::bos_id() const {
+  return impl_->vocab.bos_id;
+}
+int32_t Tokenizer::eos_id() const {
+  return impl_->vocab.eos_id;
+}
 
 bool Tokenizer::is_end_of_generation(int32_t id) const {
   const auto& eog = impl_->eog_ids;

@@ -145,7 +145,9 @@ uint8_t unit_class(uint32_t unit) {
   return class_from_unicode(unit);
 }
 
-uint32_t byte_to_unicode(uint8_t byte) { return byte_maps().to_unicode[byte]; }
+uint32_t byte_to_unicode(uint8_t byte) {
+  return byte_maps().to_unicode[byte];
+}
 
 int unicode_to_byte(uint32_t cp) {
   const auto& m = byte_maps();

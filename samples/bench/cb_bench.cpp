@@ -3,6 +3,8 @@
 //   cb_bench generate --prompt TEXT [--chat] --max-tokens N   text and speed
 //   cb_bench prefill  --tokens N [--repeat K]                  prefill speed
 //   cb_bench decode   --tokens N [--ctx N]                     decode speed
+//   cb_bench ttft     --chunks N --chunk-tokens T ...          RAG TTFT per mode
+//   cb_bench quality  --dataset FILE ...                       RAG answer quality per mode
 //
 // With --json every subcommand prints one JSON object per line (DESIGN.md §6).
 // Exit status: 0 success, 1 runtime error, 2 usage error.
@@ -11,16 +13,24 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <chrono>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <map>
 #include <new>
+#include <nlohmann/json.hpp>
+#include <numeric>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -45,6 +55,34 @@ const char* const kUsage =
     "  decode --tokens N [--ctx C] [--repeat K]\n"
     "      decode speed: N greedy tokens after a prompt of C tokens (default 16);\n"
     "      median of K runs (default 1).\n"
+    "  ttft --chunks N --chunk-tokens T [--query-tokens Q] [--ratio R[,R2,...]]\n"
+    "       [--modes full,prefix,reuse,blend] [--repeat K] [--chunk-head prompt|none]\n"
+    "       [--codec f32]\n"
+    "      time to first token of a RAG request of N distinct chunks of about T\n"
+    "      tokens each (cut from a built-in English text) and a question of about\n"
+    "      Q tokens (default 32).  The chunk cache is warmed first (one untimed\n"
+    "      blend request computes every chunk), so timed runs find their chunks in\n"
+    "      RAM, as in deployment.  Each mode (blend: each ratio, default 0.15) runs\n"
+    "      K times (default 3) on a reset session; TTFT = the RAG prefill plus\n"
+    "      sampling the first token; the median is reported.\n"
+    "  quality --dataset FILE [--limit N] [--max-chunks K] [--ratio R]\n"
+    "          [--modes full,prefix,reuse,blend] [--chunk-head prompt|none]\n"
+    "          [--max-tokens M] [--codec f32] [--show]\n"
+    "      answer quality on a dataset: a JSON list of {question, answers[],\n"
+    "      ctxs[{title, text}]} (e.g. shared/data/musique_dev.json); each ctx is one\n"
+    "      chunk (title + newline + text), the first K of them (default all); the\n"
+    "      first N examples (default all).  Per example, full prefill runs first\n"
+    "      (the reference; always run), then the other modes, on a reset session\n"
+    "      and one shared chunk cache.  Greedy answers of at most M tokens\n"
+    "      (default 12), stopped at end of generation or a newline.  Per mode:\n"
+    "      f1 (SQuAD token F1 against the best gold answer), fidelity_f1 (F1\n"
+    "      against full prefill's answer), top1_agree and kl_first (the first\n"
+    "      token's argmax and KL(full || mode) against full prefill) and the\n"
+    "      median TTFT.  TTFT is always taken on a cached run: a mode whose run\n"
+    "      had to compute missing chunks is run again and that run is measured\n"
+    "      (and scored; the answer is the same).  Progress goes to stderr; --show\n"
+    "      prints every answer there too.\n"
+    "      --codec: only f32 (chunk KV in RAM) until the chunk store lands.\n"
     "\n"
     "common options:\n"
     "  --model PATH     GGUF model (default: $CB_MODEL, else\n"
@@ -52,7 +90,8 @@ const char* const kUsage =
     "  --threads N      compute threads (default: the number of CPU cores available\n"
     "                   to this process)\n"
     "  --n-ctx N        session context size in tokens (default: what the command\n"
-    "                   needs; generate: min(model context, 4096))\n"
+    "                   needs, at most the model's context; generate: min(model\n"
+    "                   context, 4096))\n"
     "  --json           print one JSON object per line instead of text\n"
     "  --help           this text\n"
     "\n"
@@ -98,21 +137,30 @@ Args parse_args(int argc, char** argv) {
        {"--prompt", "--system", "--max-tokens", "--temperature", "--top-k", "--top-p", "--seed"}},
       {"prefill", {"--tokens", "--repeat"}},
       {"decode", {"--tokens", "--ctx", "--repeat"}},
+      {"ttft",
+       {"--chunks", "--chunk-tokens", "--query-tokens", "--ratio", "--modes", "--repeat",
+        "--chunk-head", "--codec", "--storage-mbps"}},
+      {"quality",
+       {"--dataset", "--limit", "--max-chunks", "--ratio", "--modes", "--chunk-head",
+        "--max-tokens", "--codec"}},
   };
   static const std::map<std::string, std::set<std::string>> kSwitches = {
       {"generate", {"--chat", "--json", "--help"}},
       {"prefill", {"--json", "--help"}},
       {"decode", {"--json", "--help"}},
+      {"ttft", {"--json", "--help"}},
+      {"quality", {"--json", "--help", "--show"}},
   };
   Args a;
-  if (argc < 2) usage_error("no command given (generate, prefill or decode)");
+  if (argc < 2) usage_error("no command given (generate, prefill, decode, ttft or quality)");
   a.command = argv[1];
   if (a.command == "--help" || a.command == "-h" || a.command == "help") {
     a.command = "help";
     return a;
   }
   if (!kValueFlags.count(a.command))
-    usage_error("unknown command '" + a.command + "' (expected generate, prefill or decode)");
+    usage_error("unknown command '" + a.command +
+                "' (expected generate, prefill, decode, ttft or quality)");
   const auto& values = kValueFlags.at(a.command);
   const auto& switches = kSwitches.at(a.command);
   for (int i = 2; i < argc; ++i) {
@@ -293,10 +341,11 @@ std::string kernels_name(const Model& model) {
   return info.kernels;
 }
 
-cbs::JsonObject header(const char* bench, const Common& c, const Model& model) {
+cbs::JsonObject header(const char* bench, const Common& c, const Model& model,
+                       const char* mode = "full") {
   cbs::JsonObject o;
   o.add("bench", bench)
-      .add("mode", "full")
+      .add("mode", mode)
       .add("threads", static_cast<int64_t>(c.threads))
       .add("model", c.model_path)
       .add("model_name", model_name(model))
@@ -536,6 +585,651 @@ int cmd_decode(const Args& a) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------
+// RAG requests: shared by ttft and quality
+
+struct ChunkCache {
+  cb_chunk_cache* c = nullptr;
+  ~ChunkCache() { cb_chunk_cache_free(c); }
+};
+
+int model_n_ctx_train(const Model& model) {
+  cb_model_info info;
+  cb_model_info_init(&info);
+  check(cb_model_get_info(model.m, &info), "cannot read the model's info");
+  return info.n_ctx_train;
+}
+
+std::vector<cb_mode> parse_modes(const Args& a, const char* def) {
+  auto it = a.values.find("--modes");
+  const std::string list = it == a.values.end() ? def : it->second;
+  std::vector<cb_mode> modes;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = list.find(',', start);
+    const std::string name = list.substr(start, comma == std::string::npos ? comma : comma - start);
+    bool found = false;
+    for (int m = CB_MODE_FULL; m <= CB_MODE_BLEND; ++m)
+      if (name == cb_mode_name(static_cast<cb_mode>(m))) {
+        if (std::find(modes.begin(), modes.end(), static_cast<cb_mode>(m)) != modes.end())
+          usage_error("option --modes: '" + name + "' is listed twice");
+        modes.push_back(static_cast<cb_mode>(m));
+        found = true;
+      }
+    if (!found)
+      usage_error("option --modes: unknown mode '" + name +
+                  "' (expected a comma-separated list of full, prefix, reuse, blend)");
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return modes;
+}
+
+std::vector<float> parse_ratios(const Args& a, bool allow_list) {
+  auto it = a.values.find("--ratio");
+  if (it == a.values.end()) return {0.15f};
+  const std::string& list = it->second;
+  if (list == "auto")
+    usage_error(
+        "option --ratio: 'auto' arrives with the loading controller; give a number in "
+        "[0, 1]");
+  std::vector<float> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = list.find(',', start);
+    const std::string item = list.substr(start, comma == std::string::npos ? comma : comma - start);
+    errno = 0;
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+      usage_error("option --ratio: '" + item + "' is not a number");
+    if (v < 0.0 || v > 1.0) usage_error("option --ratio: " + item + " is outside [0, 1]");
+    out.push_back(static_cast<float>(v));
+    if (comma == std::string::npos) break;
+    if (!allow_list) usage_error("option --ratio takes one number here");
+    start = comma + 1;
+  }
+  return out;
+}
+
+cb_chunk_head parse_chunk_head(const Args& a) {
+  auto it = a.values.find("--chunk-head");
+  if (it == a.values.end() || it->second == "prompt") return CB_CHUNK_HEAD_PROMPT;
+  if (it->second == "none") return CB_CHUNK_HEAD_NONE;
+  usage_error("option --chunk-head: '" + it->second + "' is not prompt or none");
+}
+
+const char* chunk_head_label(cb_chunk_head h) {
+  return h == CB_CHUNK_HEAD_NONE ? "none" : "prompt";
+}
+
+// Chunk KV lives in RAM (f32) until the flash store and its codecs land.
+void check_codec(const Args& a) {
+  auto it = a.values.find("--codec");
+  if (it != a.values.end() && it->second != "f32")
+    usage_error("option --codec: '" + it->second +
+                "' is not available: codecs arrive with the chunk store (only f32, chunk KV in "
+                "RAM, for now)");
+  if (a.values.count("--storage-mbps"))
+    usage_error(
+        "option --storage-mbps: the storage throttle arrives with the chunk store "
+        "(chunks are held in RAM for now)");
+}
+
+// Runs one RAG prefill on the reset session; throws on failure with the
+// library's message (context overflow named plainly).
+void rag_prefill(const Session& session, const ChunkCache& cache,
+                 const std::vector<const char*>& chunks, const std::string& question,
+                 const cb_rag_options& ro, cb_rag_stats& st) {
+  check(cb_session_reset(session.s), "cannot reset the session");
+  cb_rag_stats_init(&st);
+  const cb_status s =
+      cb_rag_prefill(session.s, cache.c, chunks.data(), chunks.size(), question.c_str(), &ro, &st);
+  if (s == CB_ERR_CONTEXT_OVERFLOW)
+    runtime_error(std::string("the request does not fit the context: ") + cb_last_error() +
+                  " (raise --n-ctx or use fewer/shorter chunks)");
+  check(s, std::string("RAG prefill (") + cb_mode_name(ro.mode) + ") failed");
+}
+
+// A float option value as the decimal it was given as (0.15, not 0.150000006).
+double ratio_value(float r) {
+  return std::round(static_cast<double>(r) * 1e6) / 1e6;
+}
+
+using Clock = std::chrono::steady_clock;
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// ---------------------------------------------------------------------------
+// ttft
+
+// Varied English prose: the pool chunks are cut from.
+const char* const kPool[] = {
+    "The old lighthouse stood at the edge of the harbor for more than a century. Every evening "
+    "the keeper climbed the spiral stairs, trimmed the wick and polished the great lens until it "
+    "shone. Ships coming home through the fog counted the seconds between flashes and knew where "
+    "they were.",
+    "Sourdough bread depends on a culture of wild yeast and lactic acid bacteria. Bakers feed the "
+    "starter with flour and water, wait until it doubles, and mix a small portion into the dough. "
+    "A long, cool fermentation gives the crumb its open texture and the crust its slight sourness.",
+    "In 1859 a solar storm lit up the night sky so brightly that gold miners in the Rocky "
+    "Mountains woke and began making breakfast. Telegraph lines sparked, some operators received "
+    "shocks, and a few stations kept sending messages with their batteries disconnected.",
+    "The committee met on a rainy Tuesday to review the budget for the new library wing. The "
+    "architect presented three designs: one in glass and steel, one in brick to match the town "
+    "hall, and a cheaper timber frame that could be finished before the winter.",
+    "Octopuses have three hearts and blue blood. Two of the hearts pump blood through the gills, "
+    "while the third circulates it to the rest of the body. Most of their neurons are in their "
+    "arms, which can taste and touch and react even when separated from the brain.",
+    "The railway reached the valley in the spring of 1887. Within ten years the village had a "
+    "post office, two hotels and a school, and farmers could send fresh milk to the city every "
+    "morning. The old coaching road was soon overgrown with nettles and wild roses.",
+    "A compiler translates source code into machine instructions in several stages. The parser "
+    "builds a syntax tree, the optimizer rewrites it into faster but equivalent forms, and the "
+    "code generator assigns registers and emits the instructions the processor will execute.",
+    "During the long drought the river dropped so low that the ruins of a drowned village "
+    "appeared: stone walls, a church tower and the arches of a bridge that had been under water "
+    "for forty years. Families who had once lived there came back to walk its streets again.",
+    "Chess players use opening books, but the middle game rewards imagination. A knight on an "
+    "outpost, a pawn that cramps the enemy position or an open file for a rook can decide a game "
+    "long before any piece is captured.",
+    "The volunteers counted birds along the coast every January. They recorded ducks, geese, "
+    "gulls and waders, noted the weather and the tide, and sent their sheets to the society, "
+    "which has kept the same survey going without a break since 1952.",
+};
+constexpr size_t kPoolSize = sizeof(kPool) / sizeof(kPool[0]);
+
+const char* const kQueryPool =
+    "Using the documents above, explain what the keeper of the lighthouse did every evening, "
+    "how sourdough bread gets its texture, what happened during the solar storm of 1859, which "
+    "designs the architect presented, why octopuses have three hearts, and how the railway "
+    "changed the village in the valley";
+
+// `text` (repeated as needed) cut to n tokens and turned back into text.
+std::string text_of_tokens(const Model& model, const std::string& text, size_t n) {
+  std::vector<int32_t> ids = tokenize(model, text, false, false);
+  if (ids.empty()) runtime_error("the benchmark text tokenizes to nothing");
+  const std::vector<int32_t> unit = ids;
+  while (ids.size() < n) ids.insert(ids.end(), unit.begin(), unit.end());
+  ids.resize(n);
+  size_t len = 0;
+  check(cb_detokenize(model.m, ids.data(), ids.size(), 0, nullptr, 0, &len), "cannot detokenize");
+  std::vector<char> buf(len + 1);
+  check(cb_detokenize(model.m, ids.data(), ids.size(), 0, buf.data(), buf.size(), &len),
+        "cannot detokenize");
+  return std::string(buf.data(), len);
+}
+
+// Chunk i: "Document i." then the pool's paragraphs from paragraph i on.
+std::string bench_chunk(const Model& model, size_t i, size_t n_tokens) {
+  std::string text = "Document " + std::to_string(i + 1) + ". ";
+  for (size_t k = 0; k < kPoolSize; ++k) {
+    text += kPool[(i + k) % kPoolSize];
+    text += ' ';
+  }
+  return text_of_tokens(model, text, n_tokens);
+}
+
+struct TtftRow {
+  cb_mode mode;
+  float ratio_opt;  // the ratio asked for (blend)
+  double ttft_ms, compute_ms;
+  std::vector<double> runs;
+  cb_rag_stats st;  // of the last run
+};
+
+int cmd_ttft(const Args& a) {
+  if (!a.values.count("--chunks")) usage_error("ttft needs --chunks N");
+  if (!a.values.count("--chunk-tokens")) usage_error("ttft needs --chunk-tokens T");
+  const int n_chunks = static_cast<int>(parse_int(a, "--chunks", 0, 1, 4096));
+  const int chunk_tokens = static_cast<int>(parse_int(a, "--chunk-tokens", 0, 1, 1 << 20));
+  const int query_tokens = static_cast<int>(parse_int(a, "--query-tokens", 32, 1, 1 << 20));
+  const int repeat = static_cast<int>(parse_int(a, "--repeat", 3, 1, 1000));
+  const std::vector<float> ratios = parse_ratios(a, true);
+  const std::vector<cb_mode> modes = parse_modes(a, "full,prefix,reuse,blend");
+  const cb_chunk_head head = parse_chunk_head(a);
+  check_codec(a);
+  const Common c = common_options(a);
+
+  Model model;
+  load_model(c, model);
+  const int n_ctx_train = model_n_ctx_train(model);
+  const long long need_min = static_cast<long long>(n_chunks) * chunk_tokens + query_tokens;
+  if (need_min > n_ctx_train)
+    runtime_error("the request needs at least " + std::to_string(need_min) +
+                  " tokens, more than the model's context of " + std::to_string(n_ctx_train));
+
+  std::vector<std::string> texts;
+  for (int i = 0; i < n_chunks; ++i)
+    texts.push_back(bench_chunk(model, static_cast<size_t>(i), static_cast<size_t>(chunk_tokens)));
+  std::vector<const char*> chunks;
+  for (const auto& t : texts) chunks.push_back(t.c_str());
+  const std::string question =
+      text_of_tokens(model, kQueryPool, static_cast<size_t>(std::max(1, query_tokens - 1))) + "?";
+
+  // Room for the request: the chunks as tokenized, the question, and the
+  // prompt's fixed parts (system turn, separators, assistant header).
+  long long need = static_cast<long long>(tokenize(model, question, false, false).size()) + 96;
+  for (const auto& t : texts)
+    need += static_cast<long long>(tokenize(model, t, false, false).size()) + 4;
+  const int n_ctx =
+      c.n_ctx > 0 ? c.n_ctx : static_cast<int>(std::min<long long>(need, n_ctx_train));
+
+  Session session;
+  create_session(model, c.threads, n_ctx, session);
+  ChunkCache cache;
+  check(cb_chunk_cache_create(&cache.c), "cannot create the chunk cache");
+
+  cb_rag_options ro;
+  cb_rag_options_init(&ro);
+  ro.chunk_head = head;
+  cb_rag_stats st;
+  // Warm the cache (and every page of the weights): untimed.
+  ro.mode = CB_MODE_BLEND;
+  ro.ratio = ratios.front();
+  rag_prefill(session, cache, chunks, question, ro, st);
+
+  cb_generate_options go;
+  cb_generate_options_init(&go);
+  go.max_tokens = 1;
+  std::vector<TtftRow> rows;
+  for (cb_mode mode : modes) {
+    const std::vector<float> rs = mode == CB_MODE_BLEND ? ratios : std::vector<float>{ratios[0]};
+    for (float r : rs) {
+      TtftRow row{};
+      row.mode = mode;
+      row.ratio_opt = r;
+      ro.mode = mode;
+      ro.ratio = r;
+      std::vector<double> compute;
+      for (int k = 0; k < repeat; ++k) {
+        check(cb_session_reset(session.s), "cannot reset the session");
+        const auto t0 = Clock::now();
+        rag_prefill(session, cache, chunks, question, ro, st);
+        check(cb_generate(session.s, nullptr, 0, &go, nullptr, nullptr, nullptr),
+              "cannot sample the first token");
+        const auto t1 = Clock::now();
+        row.runs.push_back(ms_between(t0, t1));
+        compute.push_back(st.fuse_ms);
+      }
+      row.ttft_ms = median(row.runs);
+      row.compute_ms = median(compute);
+      row.st = st;
+      rows.push_back(row);
+    }
+  }
+
+  double full_ms = 0.0;
+  for (const auto& r : rows)
+    if (r.mode == CB_MODE_FULL) full_ms = r.ttft_ms;
+  if (c.json) {
+    for (const auto& r : rows) {
+      cbs::JsonObject o = header("ttft", c, model, cb_mode_name(r.mode));
+      o.add("ttft_ms", r.ttft_ms)
+          .add("load_ms", 0.0)
+          .add("compute_ms", r.compute_ms)
+          .add("ratio", ratio_value(r.st.ratio))
+          .add("bytes_read", int64_t{0})
+          .add("n_ctx", r.st.n_tokens)
+          .add("computed_fraction", r.st.computed_fraction)
+          .add("cache_hits", r.st.cache_hits)
+          .add("cache_misses", r.st.cache_misses)
+          .add("n_reused", r.st.n_reused)
+          .add("chunks", static_cast<int64_t>(n_chunks))
+          .add("chunk_tokens", static_cast<int64_t>(chunk_tokens))
+          .add("query_tokens", static_cast<int64_t>(query_tokens))
+          .add("chunk_head", chunk_head_label(head))
+          .add("codec", "f32")
+          .add("repeat", static_cast<int64_t>(repeat))
+          .add("stat", "median")
+          .add("ttft_ms_runs", r.runs);
+      if (full_ms > 0.0)
+        o.add("ttft_vs_full", r.ttft_ms / full_ms);
+      else
+        o.add_null("ttft_vs_full");
+      std::printf("%s\n", o.str().c_str());
+    }
+  } else {
+    std::printf(
+        "ttft: %d chunks x %d tokens, question %d tokens, request %d tokens; %s (%s), "
+        "%d threads; chunk head %s, chunk KV in RAM (f32); median of %d\n",
+        n_chunks, chunk_tokens, query_tokens, rows.empty() ? 0 : rows[0].st.n_tokens,
+        model_name(model).c_str(), kernels_name(model).c_str(), c.threads, chunk_head_label(head),
+        repeat);
+    std::printf("%-7s %6s %10s %11s %9s %5s %7s %8s\n", "mode", "ratio", "ttft_ms", "compute_ms",
+                "computed", "hits", "misses", "vs_full");
+    for (const auto& r : rows) {
+      char vs[32] = "-";
+      if (full_ms > 0.0) std::snprintf(vs, sizeof vs, "%.3f", r.ttft_ms / full_ms);
+      std::printf("%-7s %6.2f %10.1f %11.1f %9.3f %5d %7d %8s\n", cb_mode_name(r.mode),
+                  static_cast<double>(r.st.ratio), r.ttft_ms, r.compute_ms, r.st.computed_fraction,
+                  r.st.cache_hits, r.st.cache_misses, vs);
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// quality
+
+struct Example {
+  std::string question;
+  std::vector<std::string> answers;
+  std::vector<std::string> chunks;  // title + "\n" + text
+};
+
+std::vector<Example> load_dataset(const std::string& path, size_t limit, size_t max_chunks) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) runtime_error("cannot open dataset '" + path + "': " + std::strerror(errno));
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    runtime_error("dataset '" + path + "' is not valid JSON: " + e.what());
+  }
+  auto bad = [&](size_t i, const std::string& what) {
+    runtime_error("dataset '" + path + "': example " + std::to_string(i) + ": " + what +
+                  " (expected {question, answers[], ctxs[{title, text}]})");
+  };
+  if (!doc.is_array()) runtime_error("dataset '" + path + "': the top level is not a list");
+  std::vector<Example> out;
+  for (size_t i = 0; i < doc.size() && out.size() < limit; ++i) {
+    const nlohmann::json& e = doc[i];
+    if (!e.is_object()) bad(i, "not an object");
+    Example ex;
+    if (!e.contains("question") || !e["question"].is_string()) bad(i, "'question' is not a string");
+    ex.question = e["question"].get<std::string>();
+    if (!e.contains("answers") || !e["answers"].is_array() || e["answers"].empty())
+      bad(i, "'answers' is not a non-empty list");
+    for (const auto& ans : e["answers"]) {
+      if (!ans.is_string()) bad(i, "an answer is not a string");
+      ex.answers.push_back(ans.get<std::string>());
+    }
+    if (!e.contains("ctxs") || !e["ctxs"].is_array() || e["ctxs"].empty())
+      bad(i, "'ctxs' is not a non-empty list");
+    for (const auto& ctx : e["ctxs"]) {
+      if (ex.chunks.size() >= max_chunks) break;
+      if (!ctx.is_object() || !ctx.contains("text") || !ctx["text"].is_string())
+        bad(i, "a ctx has no 'text' string");
+      std::string title;
+      if (ctx.contains("title")) {
+        if (!ctx["title"].is_string()) bad(i, "a ctx's 'title' is not a string");
+        title = ctx["title"].get<std::string>();
+      }
+      ex.chunks.push_back(title.empty() ? ctx["text"].get<std::string>()
+                                        : title + "\n" + ctx["text"].get<std::string>());
+    }
+    out.push_back(std::move(ex));
+  }
+  if (out.empty()) runtime_error("dataset '" + path + "' has no examples");
+  return out;
+}
+
+// SQuAD answer normalization: lowercase, no punctuation, no articles
+// (a, an, the), whitespace collapsed; returned as its words.
+std::vector<std::string> normalized_words(const std::string& s) {
+  std::string t;
+  for (unsigned char ch : s) {
+    if (ch < 0x80 && std::ispunct(ch)) continue;
+    t += ch < 0x80 ? static_cast<char>(std::tolower(ch)) : static_cast<char>(ch);
+  }
+  std::vector<std::string> words;
+  size_t i = 0;
+  while (i < t.size()) {
+    while (i < t.size() && std::isspace(static_cast<unsigned char>(t[i]))) ++i;
+    size_t j = i;
+    while (j < t.size() && !std::isspace(static_cast<unsigned char>(t[j]))) ++j;
+    if (j > i) {
+      std::string w = t.substr(i, j - i);
+      if (w != "a" && w != "an" && w != "the") words.push_back(std::move(w));
+    }
+    i = j;
+  }
+  return words;
+}
+
+// Token-overlap F1 of two answers (SQuAD); 1 when both normalize to nothing.
+double answer_f1(const std::string& prediction, const std::string& reference) {
+  const std::vector<std::string> p = normalized_words(prediction);
+  const std::vector<std::string> r = normalized_words(reference);
+  if (p.empty() || r.empty()) return p.empty() && r.empty() ? 1.0 : 0.0;
+  std::map<std::string, int> count;
+  for (const auto& w : r) ++count[w];
+  int same = 0;
+  for (const auto& w : p) {
+    auto it = count.find(w);
+    if (it != count.end() && it->second > 0) {
+      --it->second;
+      ++same;
+    }
+  }
+  if (same == 0) return 0.0;
+  const double precision = static_cast<double>(same) / static_cast<double>(p.size());
+  const double recall = static_cast<double>(same) / static_cast<double>(r.size());
+  return 2.0 * precision * recall / (precision + recall);
+}
+
+// KL(P || Q) of the softmax distributions of two logit vectors, in double.
+double kl_softmax(const std::vector<float>& p_logits, const std::vector<float>& q_logits) {
+  auto log_sum_exp = [](const std::vector<float>& v) {
+    double mx = -INFINITY;
+    for (float x : v) mx = std::max(mx, static_cast<double>(x));
+    double sum = 0.0;
+    for (float x : v) sum += std::exp(static_cast<double>(x) - mx);
+    return mx + std::log(sum);
+  };
+  const double lp = log_sum_exp(p_logits), lq = log_sum_exp(q_logits);
+  double kl = 0.0;
+  for (size_t i = 0; i < p_logits.size(); ++i) {
+    const double a = static_cast<double>(p_logits[i]) - lp;
+    const double b = static_cast<double>(q_logits[i]) - lq;
+    kl += std::exp(a) * (a - b);
+  }
+  return std::max(0.0, kl);
+}
+
+int32_t argmax_of(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// Collects an answer; stops at the first newline (keeping the text before it).
+struct AnswerState {
+  std::string text;
+};
+
+int on_answer_token(int32_t, const char* piece, size_t len, void* user) {
+  auto* st = static_cast<AnswerState*>(user);
+  const std::string_view p(piece, len);
+  const size_t nl = p.find('\n');
+  st->text.append(p.substr(0, nl));
+  return nl != std::string_view::npos;
+}
+
+struct ModeResult {
+  std::string answer;
+  std::vector<float> logits;  // first token's
+  double ttft_ms = 0.0;
+  cb_rag_stats st{};
+};
+
+// One mode on one example: RAG prefill (again if it had to compute chunks,
+// so that the measured run is a cached one), first-token logits, answer.
+ModeResult run_mode(const Session& session, const ChunkCache& cache, const Example& ex,
+                    const cb_rag_options& ro, int max_tokens) {
+  std::vector<const char*> chunks;
+  for (const auto& c : ex.chunks) chunks.push_back(c.c_str());
+  ModeResult r;
+  auto t0 = Clock::now();
+  rag_prefill(session, cache, chunks, ex.question, ro, r.st);
+  auto t1 = Clock::now();
+  if (ro.mode != CB_MODE_FULL && r.st.cache_misses > 0) {
+    t0 = Clock::now();
+    rag_prefill(session, cache, chunks, ex.question, ro, r.st);
+    t1 = Clock::now();
+    if (r.st.cache_misses > 0) runtime_error("chunks computed in one run were missing in the next");
+  }
+  const float* logits = nullptr;
+  size_t n_vocab = 0;
+  check(cb_session_logits(session.s, &logits, &n_vocab), "cannot read the logits");
+  r.logits.assign(logits, logits + n_vocab);
+
+  cb_generate_options go;
+  cb_generate_options_init(&go);
+  go.max_tokens = max_tokens;
+  cb_generate_stats gs;
+  cb_generate_stats_init(&gs);
+  AnswerState ans;
+  const cb_status s = cb_generate(session.s, nullptr, 0, &go, on_answer_token, &ans, &gs);
+  if (s != CB_ERR_CANCELLED) check(s, "generation failed");
+  r.answer = ans.text;
+  // TTFT: the prefill plus choosing the first token (gs.ttft_ms: the
+  // generation call's start to its first token, which is only sampling).
+  r.ttft_ms = ms_between(t0, t1) + gs.ttft_ms;
+  return r;
+}
+
+struct ModeTotals {
+  std::vector<double> f1, fidelity, ttft, compute, computed_fraction;
+  int agree = 0;
+  double kl_sum = 0.0;
+  float ratio = 0.0f;
+};
+
+double mean(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+int cmd_quality(const Args& a) {
+  auto it = a.values.find("--dataset");
+  if (it == a.values.end() || it->second.empty()) usage_error("quality needs --dataset FILE");
+  const std::string path = it->second;
+  const long long limit = parse_int(a, "--limit", 0, 1, 1LL << 40);
+  const long long max_chunks = parse_int(a, "--max-chunks", 0, 1, 1LL << 20);
+  const float ratio = parse_ratios(a, false).front();
+  const std::vector<cb_mode> modes = parse_modes(a, "full,prefix,reuse,blend");
+  const cb_chunk_head head = parse_chunk_head(a);
+  const int max_tokens = static_cast<int>(parse_int(a, "--max-tokens", 12, 1, 4096));
+  const bool show = a.switches.count("--show") > 0;
+  check_codec(a);
+  const Common c = common_options(a);
+
+  const std::vector<Example> examples =
+      load_dataset(path, limit > 0 ? static_cast<size_t>(limit) : SIZE_MAX,
+                   max_chunks > 0 ? static_cast<size_t>(max_chunks) : SIZE_MAX);
+  Model model;
+  load_model(c, model);
+  const int n_ctx_train = model_n_ctx_train(model);
+
+  // Context for the longest request: chunks and question as tokenized, the
+  // prompt's fixed parts, and the answer.
+  long long need = 0;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    long long n =
+        static_cast<long long>(tokenize(model, examples[i].question, false, false).size()) + 128 +
+        max_tokens;
+    for (const auto& ch : examples[i].chunks)
+      n += static_cast<long long>(tokenize(model, ch, false, false).size()) + 4;
+    if (c.n_ctx == 0 && n > n_ctx_train)
+      runtime_error("example " + std::to_string(i) + " needs about " + std::to_string(n) +
+                    " tokens, more than the model's context of " + std::to_string(n_ctx_train) +
+                    " (use --max-chunks)");
+    need = std::max(need, n);
+  }
+  const int n_ctx =
+      c.n_ctx > 0 ? c.n_ctx : static_cast<int>(std::min<long long>(need, n_ctx_train));
+  Session session;
+  create_session(model, c.threads, n_ctx, session);
+  ChunkCache cache;
+  check(cb_chunk_cache_create(&cache.c), "cannot create the chunk cache");
+
+  // Full prefill first (the reference), then the other modes.
+  std::vector<cb_mode> run_order = {CB_MODE_FULL};
+  for (cb_mode m : modes)
+    if (m != CB_MODE_FULL) run_order.push_back(m);
+  std::map<cb_mode, ModeTotals> totals;
+
+  cb_rag_options ro;
+  cb_rag_options_init(&ro);
+  ro.ratio = ratio;
+  ro.chunk_head = head;
+  ro.system_prompt =
+      "Answer the question using the documents. Reply with only the answer, at most five words.";
+  const auto start = Clock::now();
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const Example& ex = examples[i];
+    ModeResult full;
+    for (cb_mode m : run_order) {
+      ro.mode = m;
+      ModeResult r = run_mode(session, cache, ex, ro, max_tokens);
+      ModeTotals& t = totals[m];
+      double f1 = 0.0;
+      for (const auto& gold : ex.answers) f1 = std::max(f1, answer_f1(r.answer, gold));
+      if (m == CB_MODE_FULL) full = r;
+      t.f1.push_back(f1);
+      t.fidelity.push_back(answer_f1(r.answer, full.answer));
+      t.agree += argmax_of(r.logits) == argmax_of(full.logits);
+      t.kl_sum += kl_softmax(full.logits, r.logits);
+      t.ttft.push_back(r.ttft_ms);
+      t.compute.push_back(r.st.fuse_ms);
+      t.computed_fraction.push_back(r.st.computed_fraction);
+      t.ratio = r.st.ratio;
+      if (show)
+        std::fprintf(stderr, "  %-6s f1 %.2f  ttft %7.1f ms  answer: %s\n", cb_mode_name(m), f1,
+                     r.ttft_ms, r.answer.c_str());
+    }
+    const double elapsed = ms_between(start, Clock::now()) / 1000.0;
+    const double eta =
+        elapsed / static_cast<double>(i + 1) * static_cast<double>(examples.size() - i - 1);
+    std::fprintf(stderr, "quality: example %zu/%zu done, %.1f s elapsed, ETA %.0f s%s%s\n", i + 1,
+                 examples.size(), elapsed, eta, show ? "; gold: " : "",
+                 show ? ex.answers.front().c_str() : "");
+    std::fflush(stderr);
+  }
+
+  const double n = static_cast<double>(examples.size());
+  if (c.json) {
+    for (cb_mode m : modes) {
+      const ModeTotals& t = totals[m];
+      cbs::JsonObject o = header("quality", c, model, cb_mode_name(m));
+      o.add("n", static_cast<int64_t>(examples.size()))
+          .add("f1", mean(t.f1))
+          .add("fidelity_f1", mean(t.fidelity))
+          .add("top1_agree", t.agree / n)
+          .add("kl_first", t.kl_sum / n)
+          .add("ttft_ms_median", median(t.ttft))
+          .add("compute_ms_median", median(t.compute))
+          .add("computed_fraction", mean(t.computed_fraction))
+          .add("ratio", ratio_value(t.ratio))
+          .add("chunk_head", chunk_head_label(head))
+          .add("codec", "f32")
+          .add("max_tokens", static_cast<int64_t>(max_tokens))
+          .add("dataset", path);
+      if (max_chunks > 0)
+        o.add("max_chunks", static_cast<int64_t>(max_chunks));
+      else
+        o.add_null("max_chunks");
+      std::printf("%s\n", o.str().c_str());
+    }
+  } else {
+    std::printf(
+        "quality: %zu examples of %s, %s chunks each; %s (%s), %d threads; chunk head "
+        "%s, chunk KV in RAM (f32); TTFT on cached runs\n",
+        examples.size(), path.c_str(),
+        max_chunks > 0 ? ("at most " + std::to_string(max_chunks)).c_str() : "all",
+        model_name(model).c_str(), kernels_name(model).c_str(), c.threads, chunk_head_label(head));
+    std::printf("%-7s %6s %6s %12s %10s %9s %14s %9s\n", "mode", "ratio", "f1", "fidelity_f1",
+                "top1_agree", "kl_first", "ttft_ms(med)", "computed");
+    for (cb_mode m : modes) {
+      const ModeTotals& t = totals[m];
+      std::printf("%-7s %6.2f %6.3f %12.3f %10.3f %9.4f %14.1f %9.3f\n", cb_mode_name(m),
+                  static_cast<double>(t.ratio), mean(t.f1), mean(t.fidelity), t.agree / n,
+                  t.kl_sum / n, median(t.ttft), mean(t.computed_fraction));
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -547,6 +1241,8 @@ int main(int argc, char** argv) {
     }
     if (a.command == "generate") return cmd_generate(a);
     if (a.command == "prefill") return cmd_prefill(a);
+    if (a.command == "ttft") return cmd_ttft(a);
+    if (a.command == "quality") return cmd_quality(a);
     return cmd_decode(a);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "cb_bench: error: %s (see cb_bench --help)\n", e.message.c_str());

@@ -2,10 +2,12 @@
  * -Werror): loads the real model, tokenizes, answers a chat question
  * greedily, and checks that misuse yields the right status and a message
  * rather than a crash.  The model path comes from $CB_MODEL or
- * CB_DEFAULT_MODEL.  Also runs two sessions of one model on two threads.  Prints "N passed, N
+ * CB_DEFAULT_MODEL.  Also runs two sessions of one model on two threads, and
+ * retrieval-augmented prefills (cb_rag_prefill) in every mode.  Prints "N passed, N
  * failed"; exit status 1 on failure. */
 #define _POSIX_C_SOURCE 200809L
 #include <cacheblend/cacheblend.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,11 +61,12 @@ typedef struct {
   size_t len;
   int n_tokens;
   int cancel_after;
+  int32_t first_token;
 } collector;
 
 static int collect(int32_t token, const char* piece, size_t piece_len, void* user) {
   collector* c = (collector*)user;
-  (void)token;
+  if (c->n_tokens == 0) c->first_token = token;
   if (c->len + piece_len < sizeof(c->text)) {
     memcpy(c->text + c->len, piece, piece_len);
     c->len += piece_len;
@@ -476,6 +479,324 @@ static void test_threads(cb_model* m) {
   CHECK(strcmp(w[0].out.text, w[1].out.text) == 0);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Retrieval-augmented prefill                                                */
+
+/* The answer is in the second chunk, whose cached KV (computed without the
+ * first chunk before it) is what blending has to correct. */
+static const char* const kRagChunks[2] = {
+    "The museum opens at nine in the morning and closes at five in the evening.",
+    "The secret code of the vault is 4721. Only the bank manager knows it."};
+static const char* const kRagQuestion = "What is the secret code of the vault?";
+
+/* One RAG request on the reset session `s`, then greedy generation of up
+ * to 12 tokens into `out`; the first-token logits are copied to `logits`
+ * (n_vocab floats) when not NULL. */
+static cb_status rag_answer(cb_session* s, cb_chunk_cache* cache, const cb_rag_options* ro,
+                            cb_rag_stats* st, collector* out, float* logits, int32_t n_vocab) {
+  cb_generate_options go;
+  cb_status status;
+  memset(out, 0, sizeof *out);
+  if (cb_session_reset(s) != CB_OK) return CB_ERR_INTERNAL;
+  status = cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, ro, st);
+  if (status != CB_OK) return status;
+  if (logits != NULL) {
+    const float* l = NULL;
+    size_t n = 0;
+    status = cb_session_logits(s, &l, &n);
+    if (status != CB_OK) return status;
+    if (n != (size_t)n_vocab) return CB_ERR_INTERNAL;
+    memcpy(logits, l, n * sizeof(float));
+  }
+  cb_generate_options_init(&go);
+  go.max_tokens = 12;
+  return cb_generate(s, NULL, 0, &go, collect, out, NULL);
+}
+
+static int32_t argmax(const float* v, int32_t n) {
+  int32_t i, best = 0;
+  for (i = 1; i < n; ++i)
+    if (v[i] > v[best]) best = i;
+  return best;
+}
+
+/* ||a - b|| / ||b|| */
+static double rel_l2(const float* a, const float* b, int32_t n) {
+  double num = 0.0, den = 0.0;
+  int32_t i;
+  for (i = 0; i < n; ++i) {
+    num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    den += (double)b[i] * b[i];
+  }
+  return den > 0.0 ? sqrt(num / den) : 1.0;
+}
+
+static void test_rag(cb_model* m) {
+  cb_model_info info;
+  cb_chunk_cache* cache = NULL;
+  cb_chunk_cache_stats cs;
+  cb_session* s = NULL;
+  cb_session_options so;
+  cb_rag_options ro;
+  cb_rag_stats st, st_full;
+  collector c, c_full;
+  float *l_full = NULL, *l_mode = NULL;
+  const float* lp = NULL;
+  size_t nv = 0;
+  cb_check_layer sched[2];
+
+  cb_model_info_init(&info);
+  CHECK_OK(cb_model_get_info(m, &info));
+  CHECK(strcmp(cb_mode_name(CB_MODE_BLEND), "blend") == 0);
+  CHECK(strcmp(cb_mode_name(CB_MODE_FULL), "full") == 0);
+  CHECK(strcmp(cb_mode_name((cb_mode)99), "unknown") == 0);
+
+  CHECK_ERR(cb_chunk_cache_create(NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_OK(cb_chunk_cache_create(&cache));
+  cb_session_options_init(&so);
+  so.n_threads = 2;
+  so.n_ctx = 512;
+  CHECK_OK(cb_session_create(m, &so, &s));
+  l_full = (float*)malloc((size_t)info.n_vocab * sizeof(float));
+  l_mode = (float*)malloc((size_t)info.n_vocab * sizeof(float));
+  if (cache == NULL || s == NULL || l_full == NULL || l_mode == NULL) goto done;
+
+  cb_rag_options_init(&ro);
+  CHECK(ro.struct_size == sizeof ro && ro.mode == CB_MODE_BLEND && ro.ratio == 0.15f);
+  CHECK(ro.chunk_head == CB_CHUNK_HEAD_PROMPT && ro.schedule == NULL && ro.n_schedule == 0);
+  CHECK_ERR(cb_session_logits(s, &lp, &nv), CB_ERR_INVALID_ARGUMENT); /* nothing yet */
+
+  /* FULL (the reference), without a cache. */
+  ro.mode = CB_MODE_FULL;
+  cb_rag_stats_init(&st_full);
+  CHECK_OK(rag_answer(s, NULL, &ro, &st_full, &c_full, l_full, info.n_vocab));
+  printf("rag full:  \"%s\" (%d tokens, %.1f ms)\n", c_full.text, st_full.n_tokens,
+         st_full.fuse_ms);
+  CHECK(strstr(c_full.text, "4721") != NULL);
+  CHECK(st_full.n_tokens > 30 && st_full.n_reused == 0 && st_full.cache_hits == 0 &&
+        st_full.cache_misses == 0);
+  CHECK(st_full.ratio == 1.0f && fabs(st_full.computed_fraction - 1.0) < 1e-9);
+  CHECK(st_full.fuse_ms > 0.0 && st_full.total_ms >= st_full.fuse_ms);
+
+  /* BLEND: first call computes both chunks, the second finds them. */
+  ro.mode = CB_MODE_BLEND;
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c, l_mode, info.n_vocab));
+  printf("rag blend: \"%s\" (reused %d, computed %.3f, precompute %.1f ms, fuse %.1f ms)\n", c.text,
+         st.n_reused, st.computed_fraction, st.precompute_ms, st.fuse_ms);
+  CHECK(strstr(c.text, "4721") != NULL);
+  CHECK(st.cache_misses == 2 && st.cache_hits == 0 && st.precompute_ms > 0.0);
+  CHECK(st.n_tokens == st_full.n_tokens && st.n_reused > 0 && st.n_reused < st.n_tokens);
+  CHECK(st.ratio == 0.15f && st.computed_fraction > 0.0 && st.computed_fraction < 1.0);
+  CHECK(cb_session_n_past(s) == st.n_tokens + c.n_tokens);
+  cb_chunk_cache_stats_init(&cs);
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 2 && cs.bytes > 0);
+
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c, l_mode, info.n_vocab));
+  CHECK(strstr(c.text, "4721") != NULL);
+  CHECK(st.cache_misses == 0 && st.cache_hits == 2 && st.precompute_ms == 0.0);
+  CHECK(argmax(l_mode, info.n_vocab) == argmax(l_full, info.n_vocab));
+
+  /* The logits after a prefill are those generation starts from. */
+  CHECK_OK(cb_session_reset(s));
+  CHECK_OK(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL));
+  CHECK(cb_session_n_past(s) == st.n_tokens);
+  CHECK_OK(cb_session_logits(s, &lp, &nv));
+  CHECK(nv == (size_t)info.n_vocab);
+  {
+    cb_generate_options go;
+    collector one;
+    int32_t first = -1;
+    cb_generate_options_init(&go);
+    go.max_tokens = 1;
+    memset(&one, 0, sizeof one);
+    first = argmax(lp, info.n_vocab);
+    CHECK_OK(cb_generate(s, NULL, 0, &go, collect, &one, NULL));
+    CHECK(one.n_tokens == 1 && one.first_token == first); /* greedy: their argmax */
+    CHECK(cb_session_n_past(s) == st.n_tokens + 1);
+    /* A token is pending: no logits to give. */
+    CHECK_ERR(cb_session_logits(s, &lp, &nv), CB_ERR_INVALID_ARGUMENT);
+  }
+
+  /* BLEND at ratio 1 reproduces FULL; PREFIX is exact. */
+  ro.ratio = 1.0f;
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c, l_mode, info.n_vocab));
+  CHECK(rel_l2(l_mode, l_full, info.n_vocab) < 1e-3);
+  CHECK(strcmp(c.text, c_full.text) == 0);
+  ro.ratio = 0.15f;
+  ro.mode = CB_MODE_PREFIX;
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c, l_mode, info.n_vocab));
+  printf("rag prefix: \"%s\" (reused %d, computed %.3f)\n", c.text, st.n_reused,
+         st.computed_fraction);
+  CHECK(st.cache_misses == 0 && st.n_reused > 0 && st.ratio == 0.0f);
+  CHECK(rel_l2(l_mode, l_full, info.n_vocab) < 1e-3);
+  CHECK(strcmp(c.text, c_full.text) == 0);
+
+  /* REUSE: every chunk reused, nothing recomputed but head and question. */
+  ro.mode = CB_MODE_REUSE;
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c, NULL, 0));
+  printf("rag reuse: \"%s\" (reused %d, computed %.3f)\n", c.text, st.n_reused,
+         st.computed_fraction);
+  CHECK(st.cache_hits == 2 && st.cache_misses == 0 && st.ratio == 0.0f);
+  CHECK(st.computed_fraction < 1.0 && st.n_reused > 0);
+
+  /* Gradual filtering. */
+  ro.mode = CB_MODE_BLEND;
+  sched[0].layer = 1;
+  sched[0].ratio = 0.3f;
+  sched[1].layer = 3;
+  sched[1].ratio = 0.15f;
+  ro.schedule = sched;
+  ro.n_schedule = 2;
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c, NULL, 0));
+  printf("rag blend [(1,0.3),(3,0.15)]: \"%s\" (computed %.3f)\n", c.text, st.computed_fraction);
+  CHECK(strstr(c.text, "4721") != NULL);
+  CHECK(st.ratio == 0.3f && st.cache_misses == 0);
+  ro.schedule = NULL;
+  ro.n_schedule = 0;
+
+  /* Another namespace or chunk head does not see these entries. */
+  ro.cache_namespace = "another-app";
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c, NULL, 0));
+  CHECK(st.cache_misses == 2 && st.cache_hits == 0);
+  ro.cache_namespace = NULL;
+  ro.chunk_head = CB_CHUNK_HEAD_NONE;
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c, NULL, 0));
+  CHECK(st.cache_misses == 2 && st.cache_hits == 0);
+  ro.chunk_head = CB_CHUNK_HEAD_PROMPT;
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 6);
+
+  /* Invalid UTF-8 in a chunk and in the question is tokenized byte-wise. */
+  {
+    const char* odd[2] = {"caf\xc3 \xff\xfe broken \xe2\x82 bytes", "\xc0\xaf plain"};
+    CHECK_OK(cb_session_reset(s));
+    CHECK_OK(cb_rag_prefill(s, cache, odd, 2, "what \xff?", &ro, NULL));
+  }
+
+  /* Misuse. */
+  CHECK_OK(cb_session_reset(s));
+  CHECK_ERR(cb_rag_prefill(NULL, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_rag_prefill(s, cache, NULL, 2, kRagQuestion, &ro, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 0, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(cb_last_error(), "no chunks") != NULL);
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, NULL, &ro, NULL), CB_ERR_INVALID_ARGUMENT);
+  {
+    const char* with_null[2] = {"a chunk", NULL};
+    CHECK_ERR(cb_rag_prefill(s, cache, with_null, 2, kRagQuestion, &ro, NULL),
+              CB_ERR_INVALID_ARGUMENT);
+  }
+  CHECK_ERR(cb_rag_prefill(s, NULL, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT); /* BLEND needs a cache */
+  ro.ratio = 1.5f;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(cb_last_error(), "ratio") != NULL);
+  ro.ratio = -0.1f;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  ro.mode = CB_MODE_FULL; /* checked in every mode */
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  ro.mode = CB_MODE_BLEND;
+  ro.ratio = (float)NAN;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  ro.ratio = 0.15f;
+  sched[1].layer = info.n_layer; /* one past the last layer */
+  ro.schedule = sched;
+  ro.n_schedule = 2;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(cb_last_error(), "layer") != NULL);
+  sched[1].layer = 3;
+  sched[1].ratio = 0.5f; /* grows along the schedule */
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  ro.schedule = NULL; /* with n_schedule 2 */
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  cb_rag_options_init(&ro);
+  ro.mode = (cb_mode)17;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  cb_rag_options_init(&ro);
+  ro.chunk_head = (cb_chunk_head)9;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  cb_rag_options_init(&ro);
+  ro.struct_size = 4;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  cb_rag_stats_init(&st);
+  st.struct_size = 1;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, NULL, &st),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK(cb_session_n_past(s) == 0);
+  /* A session that is not empty. */
+  CHECK_OK(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, NULL, NULL));
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, NULL, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(cb_last_error(), "reset the session") != NULL);
+  CHECK_ERR(cb_session_logits(NULL, &lp, &nv), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_session_logits(s, NULL, &nv), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_session_logits(s, &lp, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_get_stats(NULL, &cs), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_get_stats(cache, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_clear(NULL), CB_ERR_INVALID_ARGUMENT);
+  cb_chunk_cache_free(NULL);
+
+  /* Longer than the context: one chunk, then the whole request. */
+  {
+    cb_session* small = NULL;
+    char long_chunk[2048];
+    const char* one[1];
+    const char* many[3];
+    size_t i;
+    cb_session_options_init(&so);
+    so.n_threads = 2;
+    so.n_ctx = 80;
+    CHECK_OK(cb_session_create(m, &so, &small));
+    long_chunk[0] = '\0';
+    for (i = 0; i < 30; ++i) strcat(long_chunk, "The river flows to the sea. ");
+    one[0] = long_chunk;
+    if (small != NULL) {
+      cb_rag_options_init(&ro);
+      CHECK_ERR(cb_rag_prefill(small, cache, one, 1, kRagQuestion, &ro, NULL),
+                CB_ERR_CONTEXT_OVERFLOW);
+      CHECK(strstr(cb_last_error(), "chunk 0") != NULL);
+      CHECK(cb_session_n_past(small) == 0);
+      many[0] = kRagChunks[0];
+      many[1] = kRagChunks[1];
+      many[2] = kRagChunks[1];
+      CHECK_ERR(cb_rag_prefill(small, cache, many, 3, kRagQuestion, &ro, NULL),
+                CB_ERR_CONTEXT_OVERFLOW);
+      CHECK(strstr(cb_last_error(), "request") != NULL);
+      ro.mode = CB_MODE_FULL;
+      CHECK_ERR(cb_rag_prefill(small, NULL, many, 3, kRagQuestion, &ro, NULL),
+                CB_ERR_CONTEXT_OVERFLOW);
+      CHECK(cb_session_n_past(small) == 0);
+      /* ... and the session still works. */
+      CHECK_OK(cb_rag_prefill(small, NULL, kRagChunks, 1, kRagQuestion, &ro, NULL));
+      cb_session_free(small);
+    }
+  }
+
+  CHECK_OK(cb_chunk_cache_clear(cache));
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 0 && cs.bytes == 0);
+
+done:
+  free(l_full);
+  free(l_mode);
+  cb_session_free(s);
+  cb_chunk_cache_free(cache);
+}
+
 int main(void) {
   const char* path = getenv("CB_MODEL");
   cb_model* m = NULL;
@@ -496,6 +817,7 @@ int main(void) {
     test_generate(m);
     test_context_limits(m);
     test_threads(m);
+    test_rag(m);
     cb_model_free(m);
     test_lifetime(path);
   }

@@ -4,7 +4,8 @@
   test_cb_bench.py --bench build/bin/cb_bench --model models/X.gguf
 
 $CB_MODEL, when set, overrides --model.  Checks the chat answer, the --json
-output, and that bad input (truncated / wrong-magic / absurd model files, a
+output (generate, prefill, decode, ttft, quality on a tiny dataset written
+here), and that bad input (truncated / wrong-magic / absurd model files, a
 prompt longer than the context, a missing file, bad flags) gives a one-line
 "cb_bench: error: " message and exit status 1 (2 for usage errors), never a
 crash.  Prints "N passed, N failed"; exit status 1 on any failure.
@@ -52,6 +53,138 @@ def expect_error(bench, args, what, code=1, must_contain=None, env=None):
           and (must_contain is None or must_contain.lower() in lines[0].lower()))
     check(ok, what, describe(rc, out, err))
     return err
+
+def json_lines(out):
+    """The JSON objects of stdout, one per line, or None if any line is not one."""
+    try:
+        objs = [json.loads(l) for l in out.splitlines() if l.strip()]
+    except ValueError:
+        return None
+    return objs if all(isinstance(o, dict) for o in objs) else None
+
+
+NUM = (int, float)
+TTFT_FIELDS = {"bench": str, "mode": str, "threads": int, "model": str, "ttft_ms": NUM,
+               "load_ms": NUM, "compute_ms": NUM, "ratio": NUM, "bytes_read": int, "n_ctx": int,
+               "computed_fraction": NUM, "cache_hits": int, "cache_misses": int}
+QUALITY_FIELDS = {"bench": str, "mode": str, "threads": int, "model": str, "n": int, "f1": NUM,
+                  "fidelity_f1": NUM, "top1_agree": NUM, "kl_first": NUM,
+                  "ttft_ms_median": NUM}
+
+# Two examples whose answers are in the second chunk, facts the default model
+# states correctly after a full prefill.
+TINY_DATASET = [
+    {"question": "What is the secret code of the vault?", "answers": ["4721"],
+     "ctxs": [{"title": "Museum",
+               "text": "The museum opens at nine in the morning and closes at five in the "
+                       "evening."},
+              {"title": "Vault",
+               "text": "The secret code of the vault is 4721. Only the bank manager knows it."}]},
+    {"question": "What is the capital of France?", "answers": ["Paris"],
+     "ctxs": [{"title": "Rivers",
+               "text": "The Seine flows through northern France into the English Channel."},
+              {"title": "France", "text": "Paris is the capital and largest city of France."}]},
+]
+
+
+def missing_fields(obj, fields):
+    return [k for k, t in fields.items()
+            if not isinstance(obj.get(k), t) or isinstance(obj.get(k), bool)]
+
+
+def test_rag(bench, common):
+    # ttft --json: one line per mode, with the contract's fields.
+    rc, out, err = run(bench, ["ttft", "--chunks", "2", "--chunk-tokens", "64", "--repeat", "1",
+                               "--json"] + common)
+    objs = json_lines(out)
+    check(rc == 0 and objs is not None and [o.get("mode") for o in objs]
+          == ["full", "prefix", "reuse", "blend"], "ttft --json: a line per mode",
+          describe(rc, out, err))
+    if rc == 0 and objs:
+        by_mode = {o.get("mode"): o for o in objs}
+        bad = {o.get("mode"): missing_fields(o, TTFT_FIELDS) for o in objs}
+        check(not any(bad.values()), "ttft --json fields", str(bad))
+        ok = all(o.get("bench") == "ttft" and o.get("threads") == 2 and o.get("ttft_ms", 0) > 0
+                 and o.get("cache_misses") == 0 and o.get("n_ctx", 0) > 2 * 64 for o in objs)
+        check(ok, "ttft: positive TTFT, cached chunks, request length", out)
+        full, blend, reuse = by_mode.get("full", {}), by_mode.get("blend", {}), by_mode.get("reuse", {})
+        check(full.get("ratio") == 1 and full.get("computed_fraction") == 1
+              and full.get("cache_hits") == 0 and blend.get("ratio") == 0.15
+              and blend.get("cache_hits") == 2
+              and 0 < reuse.get("computed_fraction", 1) < blend.get("computed_fraction", 0) < 1,
+              "ttft: ratios, hits and computed fractions per mode", out)
+    # Several ratios and the table.
+    rc, out, err = run(bench, ["ttft", "--chunks", "2", "--chunk-tokens", "32", "--repeat", "1",
+                               "--modes", "full,blend", "--ratio", "0,1"] + common)
+    check(rc == 0 and "vs_full" in out and out.count("blend") >= 2, "ttft table with two ratios",
+          describe(rc, out, err))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "tiny.json")
+        with open(data, "w") as f:
+            json.dump(TINY_DATASET, f)
+        rc, out, err = run(bench, ["quality", "--dataset", data, "--json"] + common)
+        objs = json_lines(out)
+        check(rc == 0 and objs is not None and [o.get("mode") for o in objs]
+              == ["full", "prefix", "reuse", "blend"], "quality --json: a line per mode",
+              describe(rc, out, err))
+        if rc == 0 and objs:
+            bad = {o.get("mode"): missing_fields(o, QUALITY_FIELDS) for o in objs}
+            check(not any(bad.values()), "quality --json fields", str(bad))
+            full = objs[0]
+            check(full.get("n") == 2 and full.get("f1", 0) > 0 and full.get("fidelity_f1") == 1
+                  and full.get("top1_agree") == 1 and full.get("kl_first") == 0,
+                  "quality: full answers (f1 > 0) and is its own reference", str(full))
+            check(all(o.get("bench") == "quality" and o.get("n") == 2
+                      and 0 <= o.get("f1", -1) <= 1 and 0 <= o.get("fidelity_f1", -1) <= 1
+                      and 0 <= o.get("top1_agree", -1) <= 1 and o.get("kl_first", -1) >= 0
+                      and o.get("ttft_ms_median", 0) > 0 for o in objs),
+                  "quality: metric ranges", out)
+            check("example 2/2" in err, "quality: progress on stderr", err[-400:])
+
+        # Runtime errors (exit 1): the dataset.
+        expect_error(bench, ["quality", "--dataset", os.path.join(tmp, "absent.json")] + common,
+                     "quality: missing dataset file", must_contain="absent.json")
+        bad_json = os.path.join(tmp, "bad.json")
+        with open(bad_json, "w") as f:
+            f.write('[{"question": "x", ')
+        expect_error(bench, ["quality", "--dataset", bad_json] + common, "quality: invalid JSON",
+                     must_contain="not valid JSON")
+        wrong = os.path.join(tmp, "wrong.json")
+        with open(wrong, "w") as f:
+            json.dump([{"question": "x", "answers": ["y"], "ctxs": [{"title": 3}]}], f)
+        expect_error(bench, ["quality", "--dataset", wrong] + common,
+                     "quality: wrong dataset structure", must_contain="example 0")
+
+        # Usage errors (exit 2).
+        q = ["quality", "--dataset", data]
+        expect_error(bench, ["quality"] + common, "quality without --dataset", code=2,
+                     must_contain="--dataset")
+        expect_error(bench, q + ["--codec", "q8"] + common, "quality --codec q8", code=2,
+                     must_contain="chunk store")
+        expect_error(bench, q + ["--max-tokens", "0"] + common, "quality --max-tokens 0", code=2)
+        expect_error(bench, q + ["--ratio", "0.1,0.2"] + common, "quality with two ratios",
+                     code=2, must_contain="--ratio")
+        expect_error(bench, q + ["--limit", "x"] + common, "quality --limit x", code=2)
+    t = ["ttft", "--chunks", "2", "--chunk-tokens", "16"]
+    expect_error(bench, ["ttft", "--chunk-tokens", "16"] + common, "ttft without --chunks",
+                 code=2, must_contain="--chunks")
+    expect_error(bench, t + ["--ratio", "1.5"] + common, "ttft --ratio 1.5", code=2,
+                 must_contain="[0, 1]")
+    expect_error(bench, t + ["--ratio", "0.1,x"] + common, "ttft --ratio 0.1,x", code=2)
+    expect_error(bench, t + ["--ratio", "auto"] + common, "ttft --ratio auto", code=2,
+                 must_contain="auto")
+    expect_error(bench, t + ["--modes", "full,bogus"] + common, "ttft --modes with a bad mode",
+                 code=2, must_contain="bogus")
+    expect_error(bench, t + ["--chunk-head", "bos"] + common, "ttft --chunk-head bos", code=2)
+    expect_error(bench, t + ["--chunks", "0"] + common, "ttft --chunks 0", code=2)
+    expect_error(bench, t + ["--codec", "q4"] + common, "ttft --codec q4", code=2,
+                 must_contain="chunk store")
+    # Runtime errors (exit 1): a request longer than the context.
+    expect_error(bench, ["ttft", "--chunks", "64", "--chunk-tokens", "512"] + common,
+                 "ttft request over the model's context", must_contain="context")
+    expect_error(bench, t + ["--n-ctx", "40", "--repeat", "1"] + common,
+                 "ttft request over --n-ctx", must_contain="context")
 
 
 def main():
@@ -104,9 +237,12 @@ def main():
     rc, out, err = run(bench, ["prefill", "--tokens", "16", "--repeat", "1"] + common)
     check(rc == 0 and "tok/s" in out, "prefill prints a table", describe(rc, out, err))
 
+    test_rag(bench, common)
+
     # Help and usage errors (exit 2).
     rc, out, err = run(bench, ["--help"])
-    check(rc == 0 and "generate" in out and "--threads" in out, "--help", describe(rc, out, err))
+    check(rc == 0 and "generate" in out and "--threads" in out and "ttft" in out
+          and "quality" in out, "--help", describe(rc, out, err))
     expect_error(bench, [], "no command", code=2)
     expect_error(bench, ["frobnicate"], "unknown command", code=2, must_contain="frobnicate")
     expect_error(bench, ["generate", "--prompt", "x", "--bogus"] + common, "unknown flag", code=2,

@@ -43,9 +43,12 @@
  *
  * LIFETIMES
  *   cb_model_load() -> cb_model_free(); cb_session_create() ->
- *   cb_session_free().  A session keeps its model alive: cb_model_free() may
- *   be called while sessions still exist, and the model's memory is released
- *   when the last of them is freed.
+ *   cb_session_free(); cb_chunk_cache_create() -> cb_chunk_cache_free().  A
+ *   session keeps its model alive: cb_model_free() may be called while
+ *   sessions still exist, and the model's memory is released when the last of
+ *   them is freed.  A chunk cache is independent of models and sessions (its
+ *   entries are keyed by the model's fingerprint); it must outlive every call
+ *   that uses it.
  */
 #ifndef CACHEBLEND_CACHEBLEND_H
 #define CACHEBLEND_CACHEBLEND_H
@@ -282,6 +285,17 @@ CB_API int32_t cb_session_n_ctx(const cb_session* session);
 /* Forgets the whole context (n_past becomes 0); keeps the allocation. */
 CB_API cb_status cb_session_reset(cb_session* session);
 
+/* The logits of the last token in the session's KV cache (n_vocab floats),
+ * available after cb_session_prefill(), after cb_rag_prefill() and after a
+ * cb_generate() whose last token entered the KV cache (max_tokens 0, an
+ * end-of-generation stop, a full context).  When none are available (empty
+ * session, or the last generated token is still pending: see cb_generate)
+ * the call gives CB_ERR_INVALID_ARGUMENT.
+ * *logits points into the session: valid until the next call on the
+ * session.  The session's thread only. */
+CB_API cb_status cb_session_logits(const cb_session* session, const float** logits,
+                                   size_t* n_vocab);
+
 /* ------------------------------------------------------------------------ */
 /* Sampling and generation                                                    */
 /* ------------------------------------------------------------------------ */
@@ -357,6 +371,152 @@ CB_API void cb_generate_stats_init(cb_generate_stats* stats);
 CB_API cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_prompt,
                              const cb_generate_options* opts, cb_token_callback callback,
                              void* user_data, cb_generate_stats* stats);
+
+/* ------------------------------------------------------------------------ */
+/* Retrieval-augmented prefill (CacheBlend)                                   */
+/* ------------------------------------------------------------------------ */
+
+/* A cache of text chunks' KV (the precomputed keys and values of each chunk,
+ * prefilled on its own after a fixed chunk head), held in RAM in float32.
+ * Entries are keyed by the model's fingerprint, the chunk head, the chunk's
+ * token ids and a namespace, so one cache may serve several models and never
+ * serves one namespace's chunks to another.  It grows until cleared (no
+ * eviction yet).  Thread-safe: any number of sessions, on any threads, may
+ * use one cache at the same time, and the stats/clear functions may be
+ * called concurrently with them (an entry in use by a request stays valid
+ * for that request even if cleared meanwhile). */
+typedef struct cb_chunk_cache cb_chunk_cache;
+
+/* Creates an empty cache; free it with cb_chunk_cache_free().  Errors:
+ * CB_ERR_INVALID_ARGUMENT (NULL out_cache), CB_ERR_OUT_OF_MEMORY. */
+CB_API cb_status cb_chunk_cache_create(cb_chunk_cache** out_cache);
+
+/* Frees the cache and its entries.  NULL is ignored.  Must not race with
+ * other calls that use the same cache. */
+CB_API void cb_chunk_cache_free(cb_chunk_cache* cache);
+
+typedef struct cb_chunk_cache_stats {
+  size_t struct_size; /* set by the caller (cb_chunk_cache_stats_init) */
+  uint64_t n_entries; /* chunks held */
+  uint64_t bytes;     /* bytes of KV held */
+} cb_chunk_cache_stats;
+
+/* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */
+CB_API void cb_chunk_cache_stats_init(cb_chunk_cache_stats* stats);
+
+/* Fills `stats` (whose struct_size the caller sets).  Thread-safe. */
+CB_API cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_stats* stats);
+
+/* Removes every entry.  Thread-safe. */
+CB_API cb_status cb_chunk_cache_clear(cb_chunk_cache* cache);
+
+/* How a request's KV cache is built. */
+typedef enum cb_mode {
+  CB_MODE_FULL = 0,   /* plain prefill of every token: exact, slowest; needs no cache */
+  CB_MODE_PREFIX = 1, /* reuse the first chunk's cached KV (exact, with the PROMPT head);
+                       * compute the rest */
+  CB_MODE_REUSE = 2,  /* reuse every chunk's cached KV, re-positioned; compute only the
+                       * prompt head and the question: fastest, no cross-attention */
+  CB_MODE_BLEND = 3   /* CacheBlend: reuse every chunk and recompute the tokens whose
+                       * KV deviates most (a `ratio` of them) from the check layer on */
+} cb_mode;
+
+/* The mode's name: "full", "prefix", "reuse", "blend"; "unknown" for other
+ * values.  Static.  Thread-safe. */
+CB_API const char* cb_mode_name(cb_mode mode);
+
+/* What each chunk's KV is precomputed after (part of the cache key). */
+typedef enum cb_chunk_head {
+  CB_CHUNK_HEAD_PROMPT = 0, /* the request's prompt head (system turn + start of the
+                             * user turn); default */
+  CB_CHUNK_HEAD_NONE = 1    /* nothing: the chunk alone from position 0 */
+} cb_chunk_head;
+
+/* A check layer of selective recompute: at `layer` the KV deviation of the
+ * reused tokens still being computed is measured and the top `ratio` of all
+ * reused tokens (a fraction in [0, 1]) are kept for the later layers.
+ * Layers before the first check layer are computed for every token. */
+typedef struct cb_check_layer {
+  int32_t layer;
+  float ratio;
+} cb_check_layer;
+
+typedef struct cb_rag_options {
+  size_t struct_size;
+  cb_mode mode; /* default CB_MODE_BLEND */
+  /* Recompute ratio in [0, 1] (default 0.15) for BLEND when no schedule is
+   * given: the schedule is then [(1, ratio)].  Checked in every mode. */
+  float ratio;
+  /* Optional check-layer schedule (gradual filtering), e.g.
+   * [(1, 0.30), (3, 0.15)]: layers strictly increasing and existing in the
+   * model, ratios in [0, 1] and not increasing.  NULL / 0 (default): use
+   * `ratio`.  Read during the call only. */
+  const cb_check_layer* schedule;
+  size_t n_schedule;
+  cb_chunk_head chunk_head; /* default CB_CHUNK_HEAD_PROMPT */
+  /* The system turn's text; NULL (default): "Answer the question using the
+   * documents."  Part of the prompt head, hence of the cache key with the
+   * PROMPT chunk head. */
+  const char* system_prompt;
+  /* Cache namespace; NULL (default) or "": the default namespace. */
+  const char* cache_namespace;
+} cb_rag_options;
+
+/* Fills `opts` with defaults.  NULL is ignored. */
+CB_API void cb_rag_options_init(cb_rag_options* opts);
+
+typedef struct cb_rag_stats {
+  size_t struct_size;        /* set by the caller (cb_rag_stats_init) */
+  int32_t n_tokens;          /* tokens in the request (head + chunks + question) */
+  int32_t n_reused;          /* tokens whose cached KV was used */
+  int32_t cache_hits;        /* chunks found in the cache */
+  int32_t cache_misses;      /* chunks computed (and stored) by this call */
+  int32_t chunks_recomputed; /* cached chunks that could not be read and were computed */
+  double precompute_ms;      /* computing the missing chunks' KV */
+  double fuse_ms;            /* building the request's KV and last logits */
+  double total_ms;           /* the whole call */
+  /* Fraction of a full prefill's per-layer token work that the fusion did
+   * (1 for FULL). */
+  double computed_fraction;
+  /* The recompute ratio used at the first check layer: 1 for FULL, 0 for
+   * PREFIX and REUSE (no selective recompute), the schedule's first ratio
+   * for BLEND. */
+  float ratio;
+} cb_rag_stats;
+
+/* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */
+CB_API void cb_rag_stats_init(cb_rag_stats* stats);
+
+/* Prefills the empty `session` with a retrieval-augmented request:
+ *   [system turn + "<|im_start|>user\n"] + chunk_1 + ... + chunk_N +
+ *   ["Question: " question "<|im_end|>\n<|im_start|>assistant\n"]
+ * (ChatML; each chunk is its text followed by a blank line, tokenized on its
+ * own; text in chunks and question is never parsed as control tokens).
+ * Chunks missing from `cache` are computed and stored first (in modes other
+ * than FULL); then the request's KV is built as `opts->mode` says.
+ *   session     must be empty (a new session or one after cb_session_reset).
+ *   cache       the chunk cache; may be NULL only in CB_MODE_FULL.
+ *   chunk_texts n_chunks >= 1 NUL-terminated UTF-8 strings (any bytes are
+ *               accepted; invalid UTF-8 is tokenized byte-wise).  A request
+ *               without documents is not a RAG request: use cb_generate().
+ *   question    NUL-terminated UTF-8.
+ *   opts        may be NULL for defaults (BLEND at ratio 0.15).
+ *   stats       may be NULL; otherwise filled on success.
+ * Afterwards the session holds the request (cb_session_n_past() is its
+ * length), cb_session_logits() gives the last position's logits, and
+ * cb_generate(session, NULL, 0, ...) generates the answer from them without
+ * running anything again.
+ * Errors: CB_ERR_INVALID_ARGUMENT (NULL arguments, no chunks, a session that
+ * is not empty, bad options: unknown mode or chunk head, ratio outside
+ * [0, 1], a schedule naming a layer the model lacks, NULL cache outside
+ * FULL), CB_ERR_CONTEXT_OVERFLOW (a chunk or the whole request longer than
+ * the session's context).  On error the session is left empty (chunks
+ * computed before the error may remain in the cache).  The session's thread
+ * only; the cache may be shared with other threads. */
+CB_API cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache,
+                                const char* const* chunk_texts, size_t n_chunks,
+                                const char* question, const cb_rag_options* opts,
+                                cb_rag_stats* stats);
 
 #ifdef __cplusplus
 }

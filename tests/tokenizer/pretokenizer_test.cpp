@@ -1,0 +1,135 @@
+// The pre-tokenizer splits, checked against the regex semantics they
+// implement (expected words written out by hand from the regexes).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "platform/error.h"
+#include "runtime/tokenizer/pretokenizer.h"
+#include "runtime/tokenizer/unicode.h"
+
+namespace cb::tok {
+namespace {
+
+std::vector<std::string> words(const std::string& pre, std::string_view text) {
+  const PreTokenizer p(pre_tokenizer_spec(pre).steps);
+  std::vector<std::pair<uint32_t, uint32_t>> ranges;
+  p.split(text, ranges);
+  std::vector<std::string> out;
+  size_t covered = 0;
+  for (const auto& [b, e] : ranges) {
+    EXPECT_EQ(b, covered) << "words must tile the text";
+    EXPECT_LT(b, e) << "no empty words";
+    covered = e;
+    out.emplace_back(text.substr(b, e - b));
+  }
+  EXPECT_EQ(covered, text.size());
+  return out;
+}
+
+using W = std::vector<std::string>;
+
+TEST(PreTokenizerGpt2, LettersSpacesAndContractions) {
+  EXPECT_EQ(words("gpt2", "Hello world's  end\n\n"),
+            (W{"Hello", " world", "'s", " ", " end", "\n\n"}));
+  // Contractions are case-sensitive in the GPT-2 regex.
+  EXPECT_EQ(words("gpt2", "DON'T don't"), (W{"DON", "'", "T", " don", "'t"}));
+  EXPECT_EQ(words("gpt2", "we're they've I'll"), (W{"we", "'re", " they", "'ve", " I", "'ll"}));
+}
+
+TEST(PreTokenizerGpt2, NumbersPunctuationAndWhitespaceRuns) {
+  EXPECT_EQ(words("gpt2", "In 2024, $3.14!"), (W{"In", " 2024", ",", " $", "3", ".", "14", "!"}));
+  // \s+(?!\S): the last space of a run joins the next word; a run at the
+  // end of the text stays whole; a single tab before a word stands alone.
+  EXPECT_EQ(words("gpt2", "a   b  "), (W{"a", "  ", " b", "  "}));
+  EXPECT_EQ(words("gpt2", "a\tb"), (W{"a", "\t", "b"}));
+  EXPECT_EQ(words("gpt2", "x \t\ty"), (W{"x", " \t", "\t", "y"}));
+}
+
+TEST(PreTokenizerGpt2, UnicodeClasses) {
+  // Letters with accents, CJK (letters), U+3000 (whitespace), ² (a number).
+  EXPECT_EQ(words("gpt2", "Café 日本\u3000x²"), (W{"Café", " 日本", "\u3000", "x", "²"}));
+  // Emoji are "other": a run of them, with an optional leading space.
+  EXPECT_EQ(words("gpt2", "hi 😀😀!"), (W{"hi", " 😀😀!"}));
+}
+
+TEST(PreTokenizerGpt2, InvalidUtf8BytesAreOtherCharacters) {
+  EXPECT_EQ(words("gpt2",
+                  "ab\xFF"
+                  "cd"),
+            (W{"ab", "\xFF", "cd"}));
+  EXPECT_EQ(words("gpt2", "a \xC3\x28"), (W{
+                                             "a",
+                                             " \xC3(",
+                                         }));
+  // A truncated sequence at the end.
+  EXPECT_EQ(words("gpt2", "x\xE6\x97"), (W{"x", "\xE6\x97"}));
+}
+
+TEST(PreTokenizerSmollm, DigitsAreSplitFirst) {
+  EXPECT_EQ(words("smollm", "abc 123"), (W{"abc", " ", "1", "2", "3"}));
+  EXPECT_EQ(words("smollm", "v2.0"), (W{"v", "2", ".", "0"}));
+  // The digit split ends the piece, so "  " before a digit stays together.
+  EXPECT_EQ(words("smollm", "a  1"), (W{"a", "  ", "1"}));
+}
+
+TEST(PreTokenizerLlama3, Rules) {
+  EXPECT_EQ(words("llama3", "DON'T stop"), (W{"DON", "'T", " stop"}));
+  EXPECT_EQ(words("llama3", "1234567"), (W{"123", "456", "7"}));
+  EXPECT_EQ(words("llama3", "a\n\n b"), (W{"a", "\n\n", " b"}));
+  EXPECT_EQ(words("llama3", "hello!!\n\nx"), (W{"hello", "!!\n\n", "x"}));
+  // [^\r\n\p{L}\p{N}]?\p{L}+ lets punctuation lead a word.
+  EXPECT_EQ(words("llama3", "(hello) 42"), (W{"(hello", ")", " ", "42"}));
+  EXPECT_EQ(words("llama-bpe", "  \t\n  x"), (W{"  \t\n", " ", " x"}));
+}
+
+TEST(PreTokenizerDefault, LlamaCppDefaultSequence) {
+  EXPECT_EQ(words("default", "a+b=12345"), (W{"a", "+", "b", "=", "123", "45"}));
+  EXPECT_EQ(words("default", "x, y"), (W{"x", ",", " y"}));
+}
+
+TEST(PreTokenizerSpec, NamesAndErrors) {
+  EXPECT_TRUE(pre_tokenizer_spec("llama-bpe").ignore_merges);
+  EXPECT_TRUE(pre_tokenizer_spec("llama3").add_bos_default);
+  EXPECT_FALSE(pre_tokenizer_spec("smollm").ignore_merges);
+  EXPECT_FALSE(pre_tokenizer_spec("smollm").add_bos_default);
+  try {
+    pre_tokenizer_spec("no-such-pre");
+    FAIL() << "unknown pre-tokenizer accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("no-such-pre"), std::string::npos);
+  }
+}
+
+TEST(Utf8, StrictDecoding) {
+  uint32_t cp = 0;
+  EXPECT_EQ(utf8_sequence("\xC3\xA9", 0, &cp), 2u);
+  EXPECT_EQ(cp, 0xE9u);
+  EXPECT_EQ(utf8_sequence("\xF0\x9F\x98\x80", 0, &cp), 4u);
+  EXPECT_EQ(cp, 0x1F600u);
+  EXPECT_EQ(utf8_sequence("\xC0\x80", 0, &cp), 0u);          // overlong
+  EXPECT_EQ(utf8_sequence("\xED\xA0\x80", 0, &cp), 0u);      // surrogate
+  EXPECT_EQ(utf8_sequence("\xF4\x90\x80\x80", 0, &cp), 0u);  // above U+10FFFF
+  EXPECT_EQ(utf8_sequence("\xE6\x97", 0, &cp), 0u);          // truncated
+  EXPECT_EQ(utf8_sequence("\x80", 0, &cp), 0u);              // lone continuation
+}
+
+TEST(Utf8, ByteMappingIsABijectionOntoPrintableCharacters) {
+  std::vector<bool> seen(324, false);
+  for (int b = 0; b < 256; ++b) {
+    const uint32_t cp = byte_to_unicode(static_cast<uint8_t>(b));
+    ASSERT_LT(cp, seen.size());
+    EXPECT_FALSE(seen[cp]);
+    seen[cp] = true;
+    EXPECT_EQ(unicode_to_byte(cp), b);
+    EXPECT_EQ(unit_class(cp) & kClassWhitespace, 0) << "byte " << b << " maps to whitespace";
+  }
+  EXPECT_EQ(byte_to_unicode(' '), 0x120u);   // the familiar "Ġ"
+  EXPECT_EQ(byte_to_unicode('\n'), 0x10Au);  // "Ċ"
+  EXPECT_EQ(byte_to_unicode('a'), static_cast<uint32_t>('a'));
+}
+
+}  // namespace
+}  // namespace cb::tok
