@@ -2,10 +2,12 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
 #include "platform/error.h"
+#include "runtime/blend/flash_chunk_store.h"
 
 namespace cb {
 
@@ -85,7 +87,48 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvS
     for (const auto& chunk : prompt.chunks) segments.push_back({chunk});
   }
   segments.push_back({prompt.suffix});
-  return fuse_prefill(s, segments, opts.blend, &st.fusion);
+  if (!opts.controller || opts.blend.mode != BlendMode::kBlend)
+    return fuse_prefill(s, segments, opts.blend, &st.fusion, opts.pipeline);
+
+  RequestShape shape;
+  shape.n_layers = s.model().hparams().n_layer;
+  shape.first_check_layer = opts.blend.schedule.empty() ? 1 : opts.blend.schedule.front().layer;
+  for (const Segment& seg : segments) {
+    shape.n_tokens += static_cast<int64_t>(seg.tokens.size());
+    if (!seg.cached) continue;
+    shape.n_reused += static_cast<int64_t>(seg.tokens.size());
+    uint64_t bytes = 0;
+    for (int64_t l = 0; l < shape.n_layers; ++l) bytes += seg.cached->layer_bytes(l);
+    const std::optional<cache::Codec> codec = seg.cached->codec();
+    // Computed chunks (no codec) are plain floats in RAM: no storage tier.
+    const std::string tier = codec ? opts.storage_tier : std::string();
+    const double per_layer = static_cast<double>(bytes) / static_cast<double>(shape.n_layers);
+    auto part = std::find_if(shape.loads.begin(), shape.loads.end(), [&](const LayerLoadPart& p) {
+      return p.tier == tier && p.codec == codec;
+    });
+    if (part == shape.loads.end()) {
+      shape.loads.push_back({tier, codec, per_layer});
+    } else {
+      part->bytes_per_layer += per_layer;
+    }
+  }
+  // The fusor always computes the last token, cached or not.
+  for (auto seg = segments.rbegin(); seg != segments.rend(); ++seg) {
+    if (seg->tokens.empty()) continue;
+    if (seg->cached) --shape.n_reused;
+    break;
+  }
+  const RatioChoice choice = opts.controller->choose_ratio(shape);
+  BlendOptions blend = opts.blend;
+  blend.schedule = schedule_with_ratio(blend.schedule, choice.ratio);
+  auto* flash = dynamic_cast<FlashChunkStore*>(store);
+  const cache::StoreStats before = flash ? flash->store().stats() : cache::StoreStats{};
+  auto logits = fuse_prefill(s, segments, blend, &st.fusion, opts.pipeline);
+  if (st.fusion.chunks_recomputed == 0) opts.controller->observe_fusion(shape, st.fusion);
+  if (flash) opts.controller->observe_store(opts.storage_tier, before, flash->store().stats());
+  st.shape = std::move(shape);
+  st.choice = choice;
+  return logits;
 }
 
 }  // namespace cb

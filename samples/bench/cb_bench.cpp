@@ -939,7 +939,10 @@ std::vector<Example> load_dataset(const std::string& path, size_t limit, size_t 
     if (!e.is_object()) bad(i, "not an object");
     Example ex;
     if (!e.contains("question") || !e["question"].is_string()) bad(i, "'question' is not a string");
-    ex.question = e["question"].get<std::string>();
+    // The short-answer instruction goes right after the question, where a
+    // small model follows it (in the system prompt alone it mostly restates
+    // the question).
+    ex.question = e["question"].get<std::string>() + "\nAnswer in at most five words.";
     if (!e.contains("answers") || !e["answers"].is_array() || e["answers"].empty())
       bad(i, "'answers' is not a non-empty list");
     for (const auto& ans : e["answers"]) {
