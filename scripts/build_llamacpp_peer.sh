@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Builds the llama.cpp "peer" (the reference implementation the benchmarks and
+# the golden files are compared against) from the llama.cpp sources vendored in
+# the pinned llama-cpp-python sdist.  Idempotent: every step is skipped when done.
+#
+#   scripts/build_llamacpp_peer.sh           build; print the llama-bench path
+#   scripts/build_llamacpp_peer.sh --libdir  build; print the dir holding libllama.so
+#   scripts/build_llamacpp_peer.sh --bench [llama-bench args...]
+#                                            build, then run llama-bench on the model
+#                                            (default: -t 2 -p 512,2048 -n 128 -r 5 --prio 2;
+#                                            raised priority so that other jobs on a shared
+#                                            machine disturb it less) and write
+#                                            build/peer/llama-bench.json
+#
+# The sdist is cached in ${CB_CACHE_DIR:-~/.cache/cacheblend-rt}/sdist; sources go
+# to build/peer/src, the build to build/peer/build (CPU only, -march=native,
+# Release, shared libraries so llama-cpp-python can load the same libllama).
+# llama-quantize is built too: regen_goldens.sh uses it to make an F32 copy of the
+# model for the exact check of the float64 reference.
+# CB_PEER_JOBS (default 2) sets the build parallelism.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=../tests/oracle/pins.sh
+source "$ROOT/tests/oracle/pins.sh"
+CACHE_DIR="${CB_CACHE_DIR:-$HOME/.cache/cacheblend-rt}"
+PEER_DIR="$ROOT/build/peer"
+SRC="$PEER_DIR/src"
+BLD="$PEER_DIR/build"
+JOBS="${CB_PEER_JOBS:-2}"
+MODEL="${CB_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+V="$CB_PIN_LLAMA_CPP_PYTHON"
+SDIST_NAME="llama_cpp_python-$V.tar.gz"
+
+log() { echo "build_llamacpp_peer: $*" >&2; }
+
+fetch_sdist() {
+  local sdist="$CACHE_DIR/sdist/$SDIST_NAME"
+  if [ ! -s "$sdist" ]; then
+    mkdir -p "$CACHE_DIR/sdist"
+    log "downloading llama-cpp-python==$V sdist from PyPI"
+    python3 -m pip download -q --no-binary :all: --no-deps --no-build-isolation \
+      -d "$CACHE_DIR/sdist" "llama-cpp-python==$V" 2>/dev/null \
+    || python3 -m pip download -q --no-binary :all: --no-deps -d "$CACHE_DIR/sdist" "llama-cpp-python==$V"
+  fi
+  [ -s "$sdist" ] || { log "sdist $sdist not found after download"; exit 1; }
+  echo "$sdist"
+}
+
+extract_src() {
+  local stamp="$SRC/.cb-extracted-$V"
+  [ -f "$stamp" ] && return 0
+  local sdist; sdist="$(fetch_sdist)"
+  log "extracting vendored llama.cpp into $SRC"
+  rm -rf "$SRC" "$SRC.tmp"
+  mkdir -p "$SRC.tmp"
+  tar -xzf "$sdist" -C "$SRC.tmp" --strip-components=3 "llama_cpp_python-$V/vendor/llama.cpp"
+  mv "$SRC.tmp" "$SRC"
+  touch "$stamp"
+  rm -rf "$BLD"   # new sources: configure from scratch
+}
+
+configure() {
+  local stamp="$BLD/.cb-configured-$V"
+  [ -f "$stamp" ] && [ -f "$BLD/CMakeCache.txt" ] && return 0
+  log "configuring llama.cpp ($CB_PIN_LLAMA_CPP_COMMIT) in $BLD"
+  local gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  cmake -S "$SRC" -B "$BLD" "${gen[@]}" \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=ON \
+    -DGGML_NATIVE=ON -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF \
+    -DGGML_RPC=OFF -DGGML_BACKEND_DL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_COMMIT="$CB_PIN_LLAMA_CPP_COMMIT" >"$PEER_DIR/configure.log" 2>&1 \
+    || { log "cmake configure failed, see $PEER_DIR/configure.log"; tail -30 "$PEER_DIR/configure.log" >&2; exit 1; }
+  touch "$stamp"
+}
+
+build() {
+  # cmake --build is a no-op when everything is up to date.
+  local t
+  for t in llama-bench llama-completion llama-quantize libllama.so; do
+    if [ ! -e "$BLD/bin/$t" ]; then
+      log "building llama-bench, llama-completion, llama-quantize, libllama (-j$JOBS; ~5 min on 2 idle cores)"
+      break
+    fi
+  done
+  cmake --build "$BLD" --target llama-bench llama-completion llama-quantize llama -j "$JOBS" >"$PEER_DIR/build.log" 2>&1 \
+    || { log "build failed, see $PEER_DIR/build.log"; tail -30 "$PEER_DIR/build.log" >&2; exit 1; }
+}
+
+run_bench() {
+  [ -f "$MODEL" ] || { log "model $MODEL not found (run scripts/setup.sh model)"; exit 1; }
+  local args=("$@")
+  [ ${#args[@]} -gt 0 ] || args=(-t 2 -p 512,2048 -n 128 -r 5 --prio 2)
+  local out="$PEER_DIR/llama-bench.json"
+  log "running llama-bench -m $MODEL ${args[*]} -o json"
+  "$BLD/bin/llama-bench" -m "$MODEL" "${args[@]}" -o json >"$out.tmp"
+  mv "$out.tmp" "$out"
+  log "wrote $out"
+  python3 - "$out" <<'PY' >&2
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    kind = f"pp{r['n_prompt']}" if r['n_gen'] == 0 else f"tg{r['n_gen']}"
+    med = sorted(r['samples_ts'])[len(r['samples_ts']) // 2]
+    print(f"  {kind:>8}: {r['avg_ts']:9.2f} ± {r['stddev_ts']:.2f} tok/s (median {med:.2f})  threads={r['n_threads']} "
+          f"commit={r.get('build_commit')} cpu={r.get('cpu_info')}")
+PY
+}
+
+mode="path"
+case "${1:-}" in
+  --bench) mode="bench"; shift ;;
+  --libdir) mode="libdir"; shift ;;
+  "") ;;
+  -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+  *) log "unknown argument $1"; exit 2 ;;
+esac
+
+mkdir -p "$PEER_DIR" "$CACHE_DIR"
+# One build at a time (several sessions share the checkout); the lock lives in
+# the cache so that deleting build/ cannot break it.
+exec 9>"$CACHE_DIR/.peer-build.lock"
+if ! flock -n 9; then
+  log "another build_llamacpp_peer.sh is running; waiting for it"
+  flock 9
+fi
+extract_src
+configure
+build
+case "$mode" in
+  bench) run_bench "$@"; echo "$PEER_DIR/llama-bench.json" ;;
+  libdir) echo "$BLD/bin" ;;
+  *) echo "$BLD/bin/llama-bench" ;;
+esac

@@ -1,0 +1,36 @@
+# Python oracles, included by tests/CMakeLists.txt.
+#
+#   oracle_reference_logits  float64 NumPy reference forward pass (tests/oracle/
+#                            reference_forward.py) over tests/golden/reference_prompts.json
+#                            into ${CMAKE_BINARY_DIR}/oracle/reference; fixture
+#                            `reference_logits` for the C++ tests that compare against it.
+#   oracle_golden_fresh      tests/golden/llamacpp.json was generated from the model in use.
+#
+# The oracle venv (numpy + gguf, pinned) lives in ${CB_CACHE_DIR:-~/.cache/cacheblend-rt}/venv,
+# created by scripts/oracle_venv.sh on first use.  llama-cpp-python is not needed here: the
+# llama.cpp goldens are committed files (scripts/regen_goldens.sh regenerates them).
+# CB_MODEL in the test environment overrides the model, as everywhere.
+
+find_program(CB_BASH bash)
+find_package(Python3 COMPONENTS Interpreter)
+set(CB_ORACLE_DIR ${PROJECT_SOURCE_DIR}/tests/oracle)
+set(CB_GOLDEN_DIR ${PROJECT_SOURCE_DIR}/tests/golden)
+set(CB_REFERENCE_DIR ${CMAKE_BINARY_DIR}/oracle/reference)
+
+if(CB_BASH)
+  add_test(NAME oracle_reference_logits
+           COMMAND ${CB_BASH} ${CB_ORACLE_DIR}/run_reference.sh ${CB_DEFAULT_MODEL} ${CB_REFERENCE_DIR})
+  set_tests_properties(oracle_reference_logits PROPERTIES
+    FIXTURES_SETUP reference_logits
+    LABELS oracle
+    TIMEOUT 900)
+else()
+  message(WARNING "bash not found: oracle_reference_logits is not defined")
+endif()
+
+if(Python3_Interpreter_FOUND)
+  add_test(NAME oracle_golden_fresh
+           COMMAND ${Python3_EXECUTABLE} ${CB_ORACLE_DIR}/check_golden_fresh.py ${CB_DEFAULT_MODEL}
+                   ${CB_GOLDEN_DIR}/llamacpp.json ${CB_GOLDEN_DIR}/reference_prompts.json)
+  set_tests_properties(oracle_golden_fresh PROPERTIES LABELS oracle TIMEOUT 120)
+endif()
