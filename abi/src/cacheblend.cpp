@@ -19,6 +19,7 @@
 #include "platform/error.h"
 #include "runtime/blend/blend_options.h"
 #include "runtime/blend/chunk_table.h"
+#include "runtime/blend/flash_chunk_store.h"
 #include "runtime/blend/rag_request.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
@@ -182,7 +183,9 @@ struct cb_model {
 };
 
 struct cb_chunk_cache {
-  cb::MemoryChunkTable table;
+  cb::MemoryChunkTable table;                  // chunks in RAM, unless ...
+  std::unique_ptr<cb::FlashChunkStore> flash;  // ... the cache lives on flash
+  cb::ChunkKvStore& kv() { return flash ? static_cast<cb::ChunkKvStore&>(*flash) : table; }
 };
 
 struct cb_session {
@@ -685,7 +688,64 @@ cb_status cb_chunk_cache_create(cb_chunk_cache** out_cache) {
   });
 }
 
+void cb_store_options_init(cb_store_options* opts) {
+  if (opts == nullptr) return;
+  std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
+  const cb::cache::StoreOptions d;
+  opts->capacity_bytes = d.capacity_bytes;
+  opts->codec = static_cast<cb_codec>(d.codec);
+  opts->read_bytes_per_sec = d.read_bytes_per_sec;
+  opts->busy_timeout_ms = d.busy_timeout_ms;
+}
+
+cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
+                              cb_chunk_cache** out_cache) {
+  return guard("cb_chunk_cache_open", [&] {
+    require(out_cache != nullptr, "out_cache is NULL");
+    *out_cache = nullptr;
+    require(dir != nullptr && *dir != '\0', "dir is NULL or empty");
+    cb_store_options o;
+    cb_store_options_init(&o);
+    if (opts != nullptr) {
+      const size_t size = output_size(
+          opts, sizeof(cb_store_options),
+          "cb_store_options.struct_size is not a known size (use cb_store_options_init)");
+      std::memcpy(static_cast<void*>(&o), opts, size);
+    }
+    require(o.codec == CB_CODEC_F16 || o.codec == CB_CODEC_Q8 || o.codec == CB_CODEC_Q4,
+            "unknown codec (use CB_CODEC_F16, CB_CODEC_Q8 or CB_CODEC_Q4)");
+    require(o.capacity_bytes > 0, "capacity_bytes must be positive");
+    require(o.busy_timeout_ms >= 0, "busy_timeout_ms must not be negative");
+    cb::cache::StoreOptions so;
+    so.capacity_bytes = o.capacity_bytes;
+    so.codec = static_cast<cb::cache::Codec>(o.codec);
+    so.read_bytes_per_sec = o.read_bytes_per_sec;
+    so.busy_timeout_ms = o.busy_timeout_ms;
+    auto cache = std::make_unique<cb_chunk_cache>();
+    cache->flash = std::make_unique<cb::FlashChunkStore>(
+        std::shared_ptr<cb::cache::ChunkStore>(cb::cache::ChunkStore::open(dir, so)));
+    *out_cache = cache.release();
+    return CB_OK;
+  });
+}
+
+cb_status cb_chunk_cache_flush(cb_chunk_cache* cache) {
+  return guard("cb_chunk_cache_flush", [&] {
+    require(cache != nullptr, "cache is NULL");
+    if (cache->flash) cache->flash->store().flush();
+    return CB_OK;
+  });
+}
+
 void cb_chunk_cache_free(cb_chunk_cache* cache) {
+  if (cache == nullptr) return;
+  // Pending write-backs finish before the store closes; a failure here has
+  // nowhere to be reported, and the entries it concerns are simply absent.
+  try {
+    if (cache->flash) cache->flash->store().flush();
+  } catch (...) {
+  }
   delete cache;
 }
 
@@ -703,8 +763,19 @@ cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_s
         "stats is NULL or stats->struct_size is not a known size (use cb_chunk_cache_stats_init)");
     cb_chunk_cache_stats out;
     cb_chunk_cache_stats_init(&out);
-    out.n_entries = cache->table.size();
-    out.bytes = cache->table.bytes();
+    if (cache->flash) {
+      const cb::cache::StoreStats st = cache->flash->store().stats();
+      out.n_entries = st.entries;
+      out.bytes = st.bytes;
+      out.hits = st.hits;
+      out.misses = st.misses;
+      out.evictions = st.evictions;
+      out.corrupt_drops = st.corrupt_drops;
+      out.bytes_read = st.bytes_read;
+    } else {
+      out.n_entries = cache->table.size();
+      out.bytes = cache->table.bytes();
+    }
     std::memcpy(static_cast<void*>(stats), &out, size);
     stats->struct_size = size;
     return CB_OK;
@@ -714,7 +785,11 @@ cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_s
 cb_status cb_chunk_cache_clear(cb_chunk_cache* cache) {
   return guard("cb_chunk_cache_clear", [&] {
     require(cache != nullptr, "cache is NULL");
-    cache->table.clear();
+    if (cache->flash) {
+      cache->flash->store().clear();
+    } else {
+      cache->table.clear();
+    }
     return CB_OK;
   });
 }
@@ -861,7 +936,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     cb::RagPrefillStats rs;
     std::span<const float> logits;
     try {
-      logits = cb::rag_prefill(s, prompt, cache != nullptr ? &cache->table : nullptr, ro, &rs);
+      logits = cb::rag_prefill(s, prompt, cache != nullptr ? &cache->kv() : nullptr, ro, &rs);
     } catch (...) {
       s.truncate(0);  // whatever happened, the session is left empty
       throw;

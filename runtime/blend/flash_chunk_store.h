@@ -19,6 +19,7 @@ class FlashChunkStore final : public ChunkKvStore {
   // the queue is full, since the request already has the KV it needs.
   void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
   cache::ChunkStore& store() { return *store_; }
+  const cache::ChunkStore& store() const { return *store_; }
 
  private:
   std::shared_ptr<cache::ChunkStore> store_;

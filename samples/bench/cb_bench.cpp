@@ -11,6 +11,7 @@
 #include <cacheblend/cacheblend.h>
 #include <sched.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -23,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <new>
@@ -57,7 +59,7 @@ const char* const kUsage =
     "      median of K runs (default 1).\n"
     "  ttft --chunks N --chunk-tokens T [--query-tokens Q] [--ratio R[,R2,...]]\n"
     "       [--modes full,prefix,reuse,blend] [--repeat K] [--chunk-head prompt|none]\n"
-    "       [--codec f32]\n"
+    "       [--codec f32|f16|q8|q4] [--store DIR] [--storage-mbps B]\n"
     "      time to first token of a RAG request of N distinct chunks of about T\n"
     "      tokens each (cut from a built-in English text) and a question of about\n"
     "      Q tokens (default 32).  The chunk cache is warmed first (one untimed\n"
@@ -67,7 +69,7 @@ const char* const kUsage =
     "      sampling the first token; the median is reported.\n"
     "  quality --dataset FILE [--limit N] [--max-chunks K] [--ratio R]\n"
     "          [--modes full,prefix,reuse,blend] [--chunk-head prompt|none]\n"
-    "          [--max-tokens M] [--codec f32] [--show]\n"
+    "          [--max-tokens M] [--codec C] [--store DIR] [--show]\n"
     "      answer quality on a dataset: a JSON list of {question, answers[],\n"
     "      ctxs[{title, text}]} (e.g. shared/data/musique_dev.json); each ctx is one\n"
     "      chunk (title + newline + text), the first K of them (default all); the\n"
@@ -82,7 +84,9 @@ const char* const kUsage =
     "      had to compute missing chunks is run again and that run is measured\n"
     "      (and scored; the answer is the same).  Progress goes to stderr; --show\n"
     "      prints every answer there too.\n"
-    "      --codec: only f32 (chunk KV in RAM) until the chunk store lands.\n"
+    "      --codec f32 (default: chunk KV in RAM) | f16 | q8 | q4 (chunk KV in a\n"
+    "      chunk store on flash: --store DIR, else a temporary directory removed at\n"
+    "      exit); --storage-mbps B caps the store's reads at B MB/s (slow flash).\n"
     "\n"
     "common options:\n"
     "  --model PATH     GGUF model (default: $CB_MODEL, else\n"
@@ -139,10 +143,10 @@ Args parse_args(int argc, char** argv) {
       {"decode", {"--tokens", "--ctx", "--repeat"}},
       {"ttft",
        {"--chunks", "--chunk-tokens", "--query-tokens", "--ratio", "--modes", "--repeat",
-        "--chunk-head", "--codec", "--storage-mbps"}},
+        "--chunk-head", "--codec", "--storage-mbps", "--store"}},
       {"quality",
        {"--dataset", "--limit", "--max-chunks", "--ratio", "--modes", "--chunk-head",
-        "--max-tokens", "--codec"}},
+        "--max-tokens", "--codec", "--storage-mbps", "--store"}},
   };
   static const std::map<std::string, std::set<std::string>> kSwitches = {
       {"generate", {"--chat", "--json", "--help"}},
@@ -590,7 +594,15 @@ int cmd_decode(const Args& a) {
 
 struct ChunkCache {
   cb_chunk_cache* c = nullptr;
-  ~ChunkCache() { cb_chunk_cache_free(c); }
+  std::string dir;          // the store's directory, if on flash
+  bool remove_dir = false;  // a temporary directory of ours
+  ~ChunkCache() {
+    cb_chunk_cache_free(c);
+    if (remove_dir) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  }
 };
 
 int model_n_ctx_train(const Model& model) {
@@ -663,17 +675,57 @@ const char* chunk_head_label(cb_chunk_head h) {
   return h == CB_CHUNK_HEAD_NONE ? "none" : "prompt";
 }
 
-// Chunk KV lives in RAM (f32) until the flash store and its codecs land.
-void check_codec(const Args& a) {
+// Where chunk KV lives: RAM (f32, the default) or a chunk store on flash
+// (--codec f16|q8|q4, --store DIR or a temporary directory removed at exit,
+// --storage-mbps capping its read throughput to emulate slow flash).
+std::string open_chunk_cache(const Args& a, ChunkCache& cache) {
   auto it = a.values.find("--codec");
-  if (it != a.values.end() && it->second != "f32")
-    usage_error("option --codec: '" + it->second +
-                "' is not available: codecs arrive with the chunk store (only f32, chunk KV in "
-                "RAM, for now)");
-  if (a.values.count("--storage-mbps"))
-    usage_error(
-        "option --storage-mbps: the storage throttle arrives with the chunk store "
-        "(chunks are held in RAM for now)");
+  const std::string codec = it == a.values.end() ? "f32" : it->second;
+  const bool throttled = a.values.count("--storage-mbps") != 0;
+  if (codec == "f32" && !throttled && !a.values.count("--store")) {
+    const std::string codec = open_chunk_cache(a, cache);
+    return "f32";
+  }
+  cb_store_options so;
+  cb_store_options_init(&so);
+  if (codec == "f16") {
+    so.codec = CB_CODEC_F16;
+  } else if (codec == "q8") {
+    so.codec = CB_CODEC_Q8;
+  } else if (codec == "q4") {
+    so.codec = CB_CODEC_Q4;
+  } else {
+    usage_error("option --codec: '" + codec + "' is not one of f32 (RAM), f16, q8, q4");
+  }
+  if (throttled) {
+    const double mbps = parse_double(a, "--storage-mbps", 0.0, 0.001, 1e6);
+    so.read_bytes_per_sec = static_cast<uint64_t>(mbps * 1e6);
+  }
+  auto dir = a.values.find("--store");
+  if (dir != a.values.end()) {
+    cache.dir = dir->second;
+  } else {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/cb_bench_store.XXXXXX";
+    if (::mkdtemp(templ.data()) == nullptr)
+      runtime_error("cannot create a temporary store directory in " + templ);
+    cache.dir = templ;
+    cache.remove_dir = true;
+  }
+  check(cb_chunk_cache_open(cache.dir.c_str(), &so, &cache.c),
+        "cannot open the chunk store in '" + cache.dir + "'");
+  return codec;
+}
+
+uint64_t cache_bytes_read(const ChunkCache& cache) {
+  cb_chunk_cache_stats st;
+  cb_chunk_cache_stats_init(&st);
+  check(cb_chunk_cache_get_stats(cache.c, &st), "cannot read the chunk cache's stats");
+  return st.bytes_read;
+}
+
+std::string cache_label(const std::string& codec) {
+  return codec == "f32" ? "chunk KV in RAM (f32)" : "chunk KV on flash (" + codec + ")";
 }
 
 // Runs one RAG prefill on the reset session; throws on failure with the
@@ -776,7 +828,8 @@ struct TtftRow {
   float ratio_opt;  // the ratio asked for (blend)
   double ttft_ms, compute_ms;
   std::vector<double> runs;
-  cb_rag_stats st;  // of the last run
+  cb_rag_stats st;          // of the last run
+  uint64_t bytes_read = 0;  // from the chunk store, last run (0 in RAM)
 };
 
 int cmd_ttft(const Args& a) {
@@ -789,7 +842,6 @@ int cmd_ttft(const Args& a) {
   const std::vector<float> ratios = parse_ratios(a, true);
   const std::vector<cb_mode> modes = parse_modes(a, "full,prefix,reuse,blend");
   const cb_chunk_head head = parse_chunk_head(a);
-  check_codec(a);
   const Common c = common_options(a);
 
   Model model;
@@ -819,7 +871,7 @@ int cmd_ttft(const Args& a) {
   Session session;
   create_session(model, c.threads, n_ctx, session);
   ChunkCache cache;
-  check(cb_chunk_cache_create(&cache.c), "cannot create the chunk cache");
+  const std::string codec = open_chunk_cache(a, cache);
 
   cb_rag_options ro;
   cb_rag_options_init(&ro);
@@ -829,6 +881,7 @@ int cmd_ttft(const Args& a) {
   ro.mode = CB_MODE_BLEND;
   ro.ratio = ratios.front();
   rag_prefill(session, cache, chunks, question, ro, st);
+  check(cb_chunk_cache_flush(cache.c), "cannot flush the chunk cache");
 
   cb_generate_options go;
   cb_generate_options_init(&go);
@@ -845,11 +898,13 @@ int cmd_ttft(const Args& a) {
       std::vector<double> compute;
       for (int k = 0; k < repeat; ++k) {
         check(cb_session_reset(session.s), "cannot reset the session");
+        const uint64_t read0 = cache_bytes_read(cache);
         const auto t0 = Clock::now();
         rag_prefill(session, cache, chunks, question, ro, st);
         check(cb_generate(session.s, nullptr, 0, &go, nullptr, nullptr, nullptr),
               "cannot sample the first token");
         const auto t1 = Clock::now();
+        row.bytes_read = cache_bytes_read(cache) - read0;
         row.runs.push_back(ms_between(t0, t1));
         compute.push_back(st.fuse_ms);
       }
@@ -870,7 +925,7 @@ int cmd_ttft(const Args& a) {
           .add("load_ms", 0.0)
           .add("compute_ms", r.compute_ms)
           .add("ratio", ratio_value(r.st.ratio))
-          .add("bytes_read", int64_t{0})
+          .add("bytes_read", static_cast<int64_t>(r.bytes_read))
           .add("n_ctx", r.st.n_tokens)
           .add("computed_fraction", r.st.computed_fraction)
           .add("cache_hits", r.st.cache_hits)
@@ -880,7 +935,7 @@ int cmd_ttft(const Args& a) {
           .add("chunk_tokens", static_cast<int64_t>(chunk_tokens))
           .add("query_tokens", static_cast<int64_t>(query_tokens))
           .add("chunk_head", chunk_head_label(head))
-          .add("codec", "f32")
+          .add("codec", codec)
           .add("repeat", static_cast<int64_t>(repeat))
           .add("stat", "median")
           .add("ttft_ms_runs", r.runs);
@@ -893,10 +948,10 @@ int cmd_ttft(const Args& a) {
   } else {
     std::printf(
         "ttft: %d chunks x %d tokens, question %d tokens, request %d tokens; %s (%s), "
-        "%d threads; chunk head %s, chunk KV in RAM (f32); median of %d\n",
+        "%d threads; chunk head %s, %s; median of %d\n",
         n_chunks, chunk_tokens, query_tokens, rows.empty() ? 0 : rows[0].st.n_tokens,
         model_name(model).c_str(), kernels_name(model).c_str(), c.threads, chunk_head_label(head),
-        repeat);
+        cache_label(codec).c_str(), repeat);
     std::printf("%-7s %6s %10s %11s %9s %5s %7s %8s\n", "mode", "ratio", "ttft_ms", "compute_ms",
                 "computed", "hits", "misses", "vs_full");
     for (const auto& r : rows) {
@@ -1067,6 +1122,8 @@ ModeResult run_mode(const Session& session, const ChunkCache& cache, const Examp
   rag_prefill(session, cache, chunks, ex.question, ro, r.st);
   auto t1 = Clock::now();
   if (ro.mode != CB_MODE_FULL && r.st.cache_misses > 0) {
+    // A store writes new chunks back asynchronously: wait for them.
+    check(cb_chunk_cache_flush(cache.c), "cannot flush the chunk cache");
     t0 = Clock::now();
     rag_prefill(session, cache, chunks, ex.question, ro, r.st);
     t1 = Clock::now();
@@ -1114,7 +1171,6 @@ int cmd_quality(const Args& a) {
   const cb_chunk_head head = parse_chunk_head(a);
   const int max_tokens = static_cast<int>(parse_int(a, "--max-tokens", 12, 1, 4096));
   const bool show = a.switches.count("--show") > 0;
-  check_codec(a);
   const Common c = common_options(a);
 
   const std::vector<Example> examples =
@@ -1144,7 +1200,7 @@ int cmd_quality(const Args& a) {
   Session session;
   create_session(model, c.threads, n_ctx, session);
   ChunkCache cache;
-  check(cb_chunk_cache_create(&cache.c), "cannot create the chunk cache");
+  const std::string codec = open_chunk_cache(a, cache);
 
   // Full prefill first (the reference), then the other modes.
   std::vector<cb_mode> run_order = {CB_MODE_FULL};
@@ -1205,7 +1261,7 @@ int cmd_quality(const Args& a) {
           .add("computed_fraction", mean(t.computed_fraction))
           .add("ratio", ratio_value(t.ratio))
           .add("chunk_head", chunk_head_label(head))
-          .add("codec", "f32")
+          .add("codec", codec)
           .add("max_tokens", static_cast<int64_t>(max_tokens))
           .add("dataset", path);
       if (max_chunks > 0)
@@ -1217,10 +1273,11 @@ int cmd_quality(const Args& a) {
   } else {
     std::printf(
         "quality: %zu examples of %s, %s chunks each; %s (%s), %d threads; chunk head "
-        "%s, chunk KV in RAM (f32); TTFT on cached runs\n",
+        "%s, %s; TTFT on cached runs\n",
         examples.size(), path.c_str(),
         max_chunks > 0 ? ("at most " + std::to_string(max_chunks)).c_str() : "all",
-        model_name(model).c_str(), kernels_name(model).c_str(), c.threads, chunk_head_label(head));
+        model_name(model).c_str(), kernels_name(model).c_str(), c.threads, chunk_head_label(head),
+        cache_label(codec).c_str());
     std::printf("%-7s %6s %6s %12s %10s %9s %14s %9s\n", "mode", "ratio", "f1", "fidelity_f1",
                 "top1_agree", "kl_first", "ttft_ms(med)", "computed");
     for (cb_mode m : modes) {

@@ -531,6 +531,65 @@ static double rel_l2(const float* a, const float* b, int32_t n) {
   return den > 0.0 ? sqrt(num / den) : 1.0;
 }
 
+/* The chunk cache on flash: a miss is computed and written back, the next
+ * request reads it from the store and answers the same; bad options are
+ * refused. */
+static void test_rag_store(cb_model* m) {
+  char dir[] = "/tmp/cb_c_api_store.XXXXXX";
+  cb_chunk_cache* cache = NULL;
+  cb_store_options so;
+  cb_session_options sess_o;
+  cb_session* s = NULL;
+  cb_rag_options ro;
+  cb_rag_stats st;
+  cb_chunk_cache_stats cs;
+  collector c1, c2;
+  char cmd[128];
+
+  CHECK(mkdtemp(dir) != NULL);
+  cb_store_options_init(&so);
+  CHECK(so.struct_size == sizeof so && so.codec == CB_CODEC_Q8 && so.capacity_bytes > 0);
+  CHECK_ERR(cb_chunk_cache_open(NULL, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, NULL), CB_ERR_INVALID_ARGUMENT);
+  so.codec = (cb_codec)9;
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  CHECK(cache == NULL);
+  so.codec = CB_CODEC_Q8;
+  so.struct_size = 3;
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_open("/proc/no_such_dir/store", NULL, &cache), CB_ERR_IO);
+  CHECK(strlen(cb_last_error()) > 0);
+  cb_store_options_init(&so);
+  CHECK_OK(cb_chunk_cache_open(dir, &so, &cache));
+  CHECK_ERR(cb_chunk_cache_flush(NULL), CB_ERR_INVALID_ARGUMENT);
+
+  cb_session_options_init(&sess_o);
+  sess_o.n_threads = 2;
+  sess_o.n_ctx = 512;
+  CHECK_OK(cb_session_create(m, &sess_o, &s));
+  cb_rag_options_init(&ro);
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c1, NULL, 0));
+  CHECK(st.cache_misses == 2 && st.cache_hits == 0);
+  CHECK_OK(cb_chunk_cache_flush(cache));
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c2, NULL, 0));
+  CHECK(st.cache_hits == 2 && st.cache_misses == 0);
+  CHECK(strstr(c2.text, "4721") != NULL);
+  cb_chunk_cache_stats_init(&cs);
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 2 && cs.hits >= 2 && cs.bytes_read > 0 && cs.corrupt_drops == 0);
+  CHECK_OK(cb_chunk_cache_clear(cache));
+  cb_chunk_cache_stats_init(&cs);
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 0);
+
+  cb_session_free(s);
+  cb_chunk_cache_free(cache);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
 static void test_rag(cb_model* m) {
   cb_model_info info;
   cb_chunk_cache* cache = NULL;
@@ -818,6 +877,7 @@ int main(void) {
     test_context_limits(m);
     test_threads(m);
     test_rag(m);
+    test_rag_store(m);
     cb_model_free(m);
     test_lifetime(path);
   }

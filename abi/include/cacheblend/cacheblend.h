@@ -395,10 +395,48 @@ CB_API cb_status cb_chunk_cache_create(cb_chunk_cache** out_cache);
  * other calls that use the same cache. */
 CB_API void cb_chunk_cache_free(cb_chunk_cache* cache);
 
+/* How a chunk cache on flash encodes KV (recorded per entry). */
+typedef enum cb_codec {
+  CB_CODEC_F16 = 1, /* binary16: exact up to f16 rounding; 2 bytes per value */
+  CB_CODEC_Q8 = 2,  /* int8 per (token, head) with a scale, then zstd: ~0.46x of f16 */
+  CB_CODEC_Q4 = 3   /* 4-bit: K per channel, V per (token, head), then zstd: ~0.29x of f16 */
+} cb_codec;
+
+typedef struct cb_store_options {
+  size_t struct_size;
+  uint64_t capacity_bytes;     /* default 4 GiB; least recently used entries go first */
+  cb_codec codec;              /* default CB_CODEC_Q8 */
+  uint64_t read_bytes_per_sec; /* 0 (default): no cap; else emulates slow flash */
+  int32_t busy_timeout_ms;     /* default 5000: waiting on another process's lock */
+} cb_store_options;
+
+/* Sets opts->struct_size and the defaults.  NULL is ignored. */
+CB_API void cb_store_options_init(cb_store_options* opts);
+
+/* Opens the chunk cache kept on flash in directory `dir` (created if needed):
+ * an SQLite index plus one blob per chunk, one compressed segment per layer,
+ * checksummed.  New chunks are written back asynchronously; a damaged or
+ * missing blob is a miss and its chunk is computed again.  Several processes
+ * may open one directory.  Free with cb_chunk_cache_free() (which waits for
+ * pending writes).  Errors: CB_ERR_INVALID_ARGUMENT (NULLs, bad options),
+ * CB_ERR_IO (cannot create or lock the directory), CB_ERR_FORMAT (a
+ * damaged index that cannot be rebuilt). */
+CB_API cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
+                                     cb_chunk_cache** out_cache);
+
+/* Waits until every chunk queued for write-back is on flash.  A no-op for a
+ * cache in RAM.  Thread-safe. */
+CB_API cb_status cb_chunk_cache_flush(cb_chunk_cache* cache);
+
 typedef struct cb_chunk_cache_stats {
-  size_t struct_size; /* set by the caller (cb_chunk_cache_stats_init) */
-  uint64_t n_entries; /* chunks held */
-  uint64_t bytes;     /* bytes of KV held */
+  size_t struct_size;     /* set by the caller (cb_chunk_cache_stats_init) */
+  uint64_t n_entries;     /* chunks held */
+  uint64_t bytes;         /* bytes of KV held (encoded size on flash) */
+  uint64_t hits;          /* flash only: lookups that found the chunk */
+  uint64_t misses;        /* flash only: lookups that did not */
+  uint64_t evictions;     /* flash only: entries removed for capacity */
+  uint64_t corrupt_drops; /* flash only: damaged entries found and removed */
+  uint64_t bytes_read;    /* flash only: bytes read from blobs */
 } cb_chunk_cache_stats;
 
 /* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */
