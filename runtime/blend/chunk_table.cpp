@@ -28,6 +28,7 @@ class SharedChunkSource final : public ChunkLayerSource {
   bool fetch_layer(int64_t layer, float* k, float* v) override {
     return reader_.fetch_layer(layer, k, v);
   }
+  uint64_t layer_bytes(int64_t layer) const override { return reader_.layer_bytes(layer); }
 
  private:
   std::shared_ptr<const cache::ChunkKV> kv_;

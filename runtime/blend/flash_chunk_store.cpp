@@ -13,6 +13,11 @@ class FlashChunkSource final : public ChunkLayerSource {
     return layer < handle_.n_layers() &&
            store_->fetch_layer(handle_, static_cast<int>(layer), k, v);
   }
+  uint64_t layer_bytes(int64_t layer) const override {
+    return layer >= 0 && layer < handle_.n_layers() ? handle_.layer_bytes(static_cast<int>(layer))
+                                                    : 0;
+  }
+  std::optional<cache::Codec> codec() const override { return handle_.codec(); }
 
  private:
   std::shared_ptr<cache::ChunkStore> store_;

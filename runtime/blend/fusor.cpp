@@ -337,6 +337,7 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
     const bool ok = f.run(true);
     st.bytes_read += f.load_stats.bytes_read;
     st.load_ms += f.load_stats.load_ms();
+    st.fetch_ms += f.load_stats.fetch_ms;
     st.blocked_ms += f.load_stats.blocked_ms;
     for (double ms : f.layer_ms) st.recompute_ms += ms;
     if (ok) {

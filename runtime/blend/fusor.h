@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -24,7 +25,14 @@ class ChunkLayerSource {
   // Writes layer `layer`'s K (before RoPE) and V, n_tokens x kv_dim floats
   // each.  Returns false if they cannot be read (corrupt, evicted): the
   // fusor then computes the chunk instead.
+  // May be called from the fusor's loader thread (layer_pipeline.h), one
+  // call at a time per source.
   virtual bool fetch_layer(int64_t layer, float* k, float* v) = 0;
+  // What fetch_layer(layer) reads, without reading it: stored bytes (0:
+  // unknown) and their codec (none: plain floats already in RAM).  The
+  // loading controller's T_load input and the per-request bytes_read.
+  virtual uint64_t layer_bytes(int64_t /*layer*/) const { return 0; }
+  virtual std::optional<cache::Codec> codec() const { return std::nullopt; }
 };
 
 // A ChunkLayerSource over KV held in memory.
@@ -32,6 +40,7 @@ class MemoryChunkSource final : public ChunkLayerSource {
  public:
   explicit MemoryChunkSource(const cache::ChunkKV& kv) : kv_(kv) {}
   bool fetch_layer(int64_t layer, float* k, float* v) override;
+  uint64_t layer_bytes(int64_t layer) const override;
 
  private:
   const cache::ChunkKV& kv_;
@@ -46,13 +55,39 @@ struct Segment {
   bool exact_prefix = false;
 };
 
+// How the fusion gets the cached chunks' layers (layer_pipeline.h).
+struct PipelineOptions {
+  // true: a loader thread loads later layers while a layer computes; false:
+  // each layer is loaded just before it computes (the serial baseline).
+  // Both give bitwise identical results.
+  bool enabled = true;
+  // How many layers the loader may be ahead of the layer computing; <= 0:
+  // no bound (every layer has its place in the KV cache already).
+  int64_t max_layers_ahead = 0;
+};
+
 struct FusionStats {
   int64_t n_tokens = 0;
   int64_t n_reused = 0;                 // tokens whose cached KV was used
   std::vector<int64_t> rows_per_layer;  // tokens computed at each layer
   std::vector<int32_t> final_rows;      // positions computed at the last layer
   int64_t chunks_recomputed = 0;        // cached chunks that could not be read
+  // The fusion's wall time, loads and restarts included: its share of TTFT.
+  // (Named before the pipeline existed; recompute_ms is the compute alone.)
   double compute_ms = 0.0;
+  // Ratio of the last check layer (1 in full mode, 0 in reuse and prefix).
+  double ratio = 0.0;
+  bool pipelined = false;
+  // Over every attempt of the request (a restart after a failed chunk
+  // loads again):
+  uint64_t bytes_read = 0;    // stored bytes of cached layers loaded
+  double load_ms = 0.0;       // loader busy time: read + decode + RoPE of cached K
+  double fetch_ms = 0.0;      // its read + decode part (fetch_layer)
+  double blocked_ms = 0.0;    // the compute side waiting for loads (serial: all of load_ms)
+  double recompute_ms = 0.0;  // computing layers, waits excluded
+  // Compute time of each layer of the successful attempt (waits excluded),
+  // for refreshing the compute cost model.
+  std::vector<double> layer_ms;
   // Fraction of a full prefill's per-layer row work that was done.
   double computed_fraction() const;
 };
@@ -64,7 +99,8 @@ struct FusionStats {
 // empty, chunk KV of the wrong shape), kContextOverflow (request longer than
 // the session's context).
 std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segments,
-                                    const BlendOptions& opts, FusionStats* stats = nullptr);
+                                    const BlendOptions& opts, FusionStats* stats = nullptr,
+                                    const PipelineOptions& pipeline = {});
 
 // A chunk's KV: prefill of head + chunk in the empty session `scratch`
 // (left empty again), keeping the chunk's rows of K before RoPE and of V.

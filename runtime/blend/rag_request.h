@@ -12,6 +12,7 @@
 
 #include "runtime/blend/chunk_table.h"
 #include "runtime/blend/fusor.h"
+#include "runtime/blend/loading_controller.h"
 #include "runtime/session.h"
 
 namespace cb {
@@ -40,6 +41,17 @@ struct RagPrefillOptions {
   BlendOptions blend;
   ChunkHead chunk_head = ChunkHead::kPrompt;
   std::string ns;  // cache namespace
+  PipelineOptions pipeline;
+  // Auto ratio (`--ratio auto`): in blend mode the controller chooses the
+  // ratio from the bytes this request loads and the calibrated costs, and
+  // it replaces the schedule's last ratio (schedule_with_ratio).  The
+  // request's timings then refresh the controller's calibration (the store's
+  // counters too, when `store` is a FlashChunkStore).  Null: the schedule's
+  // ratios as given.
+  LoadingController* controller = nullptr;
+  // The controller's name for the storage tier `store` reads from.  Chunks
+  // computed in this request are read from RAM whatever the tier.
+  std::string storage_tier;
 };
 
 struct RagPrefillStats {
@@ -47,6 +59,9 @@ struct RagPrefillStats {
   int64_t cache_hits = 0;
   int64_t cache_misses = 0;
   double precompute_ms = 0.0;  // computing missing chunks' KV
+  // What the controller saw and chose (auto ratio only).
+  std::optional<RequestShape> shape;
+  std::optional<RatioChoice> choice;
 };
 
 // Prefills the empty session `s` with the request and returns the last

@@ -1,0 +1,109 @@
+// The layerwise load pipeline (DESIGN.md §4): while the fusor computes layer
+// i, a loader thread reads and decodes layer i+1 (and further) of every
+// cached chunk and RoPE-rotates its K, so storage time hides behind compute.
+//
+// Where loads go: straight into the session's KV cache rows of the chunk,
+// not into staging buffers.  That is race-free because the two sides never
+// touch the same layer at once: the compute side reads or writes layer l's
+// cache only after synchronize(l) has returned, and from then on the loader
+// never writes layer l again (it only moves to later layers).  The cache
+// already holds every layer, so staging would cost a copy and memory for
+// nothing.  (A backend whose KV cache is not host memory would need staging;
+// today's fusor makes the same host-memory assumption.)
+//
+// How far ahead: PipelineOptions::max_layers_ahead bounds the look-ahead
+// (1 = classic double buffering).  The default is no bound: the first
+// layers compute every row (layer 0 before the first check) and take many
+// times longer than later ones, and an unbounded loader uses that time to
+// get ahead instead of idling, so TTFT approaches max(load, compute).
+//
+// RoPE runs on the session's backend (the op the fusor used before the
+// pipeline existed), so pipelined and serial fusion are bitwise identical.
+// The CPU backend serializes ops issued from different threads on its pool.
+//
+// Errors: a chunk whose fetch_layer returns false or throws is reported by
+// synchronize() as failed (for the fusor's restart with that chunk
+// computed); other loader errors are rethrown by synchronize().  The loader
+// thread is always stopped and joined by finish() or the destructor, also
+// when the compute side leaves early by an exception.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "runtime/blend/fusor.h"
+
+namespace cb {
+
+// A cached chunk's place in the request.
+struct CachedChunkRef {
+  ChunkLayerSource* src = nullptr;
+  int32_t begin = 0;  // first global position
+  int32_t len = 0;    // tokens
+};
+
+struct PipelineLoadStats {
+  uint64_t bytes_read = 0;  // stored bytes, per the sources' layer_bytes()
+  double fetch_ms = 0.0;    // in fetch_layer: read + decode (+ throttle waits)
+  double rope_ms = 0.0;     // rotating the loaded K
+  double blocked_ms = 0.0;  // the compute side waiting in synchronize()
+  int64_t layers_loaded = 0;
+  double load_ms() const { return fetch_ms + rope_ms; }  // the loader's busy time
+};
+
+class LayerPipeline {
+ public:
+  // Starts the loader thread when opts.enabled and there are chunks.  The
+  // session, the chunks' sources and the session's cache must outlive it.
+  LayerPipeline(Session& s, std::vector<CachedChunkRef> chunks, const PipelineOptions& opts);
+  ~LayerPipeline();
+  LayerPipeline(const LayerPipeline&) = delete;
+  LayerPipeline& operator=(const LayerPipeline&) = delete;
+
+  // Returns once layer `layer` of every chunk is in the session's KV cache
+  // (K rotated to its global position), loading it here when the pipeline
+  // is off.  Layers must be asked for in increasing order.  false: chunk
+  // failed_chunk() could not be read at this or an earlier layer; the
+  // loader has stopped.
+  bool synchronize(int64_t layer);
+  size_t failed_chunk() const { return failed_chunk_; }
+
+  // Stops and joins the loader; the stats are final afterwards.
+  void finish();
+  const PipelineLoadStats& stats() const { return stats_; }
+
+ private:
+  enum class LoadResult { kOk, kFailed, kStopped };
+  LoadResult load_layer(int64_t layer, PipelineLoadStats& st, size_t& failed);
+  void loader_main();
+
+  Session& s_;
+  std::vector<CachedChunkRef> chunks_;
+  PipelineOptions opts_;
+  int64_t n_layers_;
+  // Set before the loader starts (thread_ itself is written by the
+  // constructor while the loader may already run, so it is not read there).
+  bool threaded_;
+  std::vector<int32_t> pos_;  // used by whichever single thread loads
+
+  // Shared with the loader thread, guarded by mu_.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t loaded_ = 0;     // layers [0, loaded_) are complete
+  int64_t consumer_ = -1;  // the last layer synchronize() was asked for
+  bool failed_ = false;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  PipelineLoadStats loader_stats_;
+
+  size_t failed_chunk_ = 0;
+  PipelineLoadStats stats_;  // compute side's copy (blocked time; the rest at finish)
+  bool finished_ = false;
+  std::thread thread_;
+};
+
+}  // namespace cb

@@ -1,0 +1,288 @@
+// The loading controller's arithmetic on synthetic cost models, the cost-model
+// fit, and the calibration's persistence and refresh.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include <unistd.h>
+
+#include "platform/error.h"
+#include "runtime/blend/loading_controller.h"
+#include "runtime/model.h"
+#include "runtime/session.h"
+#include "tests/runtime/model_path.h"
+
+namespace cb {
+namespace {
+
+namespace fs = std::filesystem;
+
+// 1000 tokens, 900 reused, 10 layers, check at layer 1; a layer costs
+// 0.1 ms per row and nothing else, so
+//   T_recompute(r) = T(1000) + 9 * T(100 + 900 r) = 0.19 + 0.81 r  seconds.
+Calibration synthetic() {
+  Calibration cal;
+  cal.compute = CalibratedCompute{{1e-4, 0.0, 0.0}};
+  cal.tiers = {{{"sd", 1e6, 0}}, {{"flash", 1e8, 1}}, {{"ram", 0.0, 2}}};
+  return cal;
+}
+
+RequestShape shape_with(double bytes_per_layer, const std::string& tier,
+                        std::optional<cache::Codec> codec = std::nullopt) {
+  RequestShape s;
+  s.n_tokens = 1000;
+  s.n_reused = 900;
+  s.n_layers = 10;
+  s.first_check_layer = 1;
+  s.loads = {{tier, codec, bytes_per_layer}};
+  return s;
+}
+
+TEST(LoadingController, RecomputeModelSumsFullAndSelectedLayers) {
+  LoadingController c(synthetic());
+  auto s = shape_with(0, "sd");
+  EXPECT_NEAR(c.predict_compute_s(s, 0.0), 0.19, 1e-12);
+  EXPECT_NEAR(c.predict_compute_s(s, 1.0), 1.0, 1e-12);
+  // 59500 bytes per layer at 1 MB/s over 10 layers.
+  EXPECT_NEAR(c.predict_load_s(shape_with(59500, "sd")), 0.595, 1e-12);
+}
+
+TEST(LoadingController, FastStorageUsesTheQualityFloor) {
+  LoadingController c(synthetic());
+  for (const char* tier : {"ram", "flash"}) {
+    RatioChoice r = c.choose_ratio(shape_with(1000, tier));
+    EXPECT_TRUE(r.calibrated);
+    EXPECT_LT(r.r_star, 0.15) << tier;
+    EXPECT_DOUBLE_EQ(r.ratio, 0.15) << tier;
+  }
+  LoadingController other_floor(synthetic(), {.r_min = 0.05});
+  EXPECT_DOUBLE_EQ(other_floor.choose_ratio(shape_with(1000, "flash")).ratio, 0.05);
+}
+
+TEST(LoadingController, SlowStorageRaisesTheRatioToHideTheLoad) {
+  LoadingController c(synthetic());
+  // Load 0.595 s = T_recompute(0.5).
+  RatioChoice r = c.choose_ratio(shape_with(59500, "sd"));
+  EXPECT_NEAR(r.ratio, 0.5, 1e-9);
+  EXPECT_NEAR(r.compute_s, r.load_s, 1e-9);
+  // Slower storage (more bytes on the same tier): r grows monotonically.
+  double last = r.ratio;
+  for (double bytes : {70000.0, 80000.0, 90000.0}) {
+    double next = c.choose_ratio(shape_with(bytes, "sd")).ratio;
+    EXPECT_GT(next, last);
+    last = next;
+  }
+}
+
+TEST(LoadingController, RatioClampsAtOne) {
+  LoadingController c(synthetic());
+  RatioChoice r = c.choose_ratio(shape_with(1e6, "sd"));  // 10 s of loads
+  EXPECT_GT(r.r_star, 1.0);
+  EXPECT_DOUBLE_EQ(r.ratio, 1.0);
+  EXPECT_NEAR(r.compute_s, 1.0, 1e-12);
+}
+
+TEST(LoadingController, DecodeCostCountsAsLoad) {
+  Calibration cal = synthetic();
+  cal.decode = {{cache::Codec::kQ8, 0.5e-6}};  // 0.5 us per stored byte
+  LoadingController c(cal);
+  // 29750 bytes: 0.02975 s read + 0.014875 s decode per layer... on "sd".
+  auto s = shape_with(29750, "sd", cache::Codec::kQ8);
+  EXPECT_NEAR(c.predict_load_s(s), 10 * (0.02975 + 0.014875), 1e-12);
+  // A codec without a decode entry costs only its read.
+  EXPECT_NEAR(c.predict_load_s(shape_with(29750, "sd", cache::Codec::kQ4)), 0.2975, 1e-12);
+}
+
+TEST(LoadingController, UncalibratedComputeFallsBackToTheFloor) {
+  Calibration cal = synthetic();
+  cal.compute.reset();
+  LoadingController c(cal);
+  RatioChoice r = c.choose_ratio(shape_with(1e6, "sd"));
+  EXPECT_FALSE(r.calibrated);
+  EXPECT_DOUBLE_EQ(r.ratio, 0.15);
+  EXPECT_FALSE(c.cheapest_hidden_tier(shape_with(1, "sd"), 0.15).has_value());
+}
+
+TEST(LoadingController, NothingReusedNeedsNoRatio) {
+  LoadingController c(synthetic());
+  auto s = shape_with(59500, "sd");
+  s.n_reused = 0;
+  EXPECT_DOUBLE_EQ(c.choose_ratio(s).ratio, 0.15);
+  s.n_reused = 2000;  // more than the request
+  EXPECT_THROW(c.choose_ratio(s), Error);
+}
+
+TEST(LoadingController, CheapestTierWhoseLoadStaysHidden) {
+  LoadingController c(synthetic());
+  auto s = shape_with(59500, "");  // tier ignored: each candidate is tried
+  // r = 0.15: compute 0.3115 s; the SD card needs 0.595 s, flash 0.006 s.
+  auto t = c.cheapest_hidden_tier(s, 0.15);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->tier.name, "flash");
+  EXPECT_TRUE(t->hidden);
+  // r = 0.6: compute 0.676 s hides even the SD card, the cheapest.
+  t = c.cheapest_hidden_tier(s, 0.6);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->tier.name, "sd");
+  EXPECT_NEAR(t->load_s, 0.595, 1e-12);
+  // Without RAM and with loads nothing hides: the fastest tier, not hidden.
+  Calibration cal = synthetic();
+  cal.tiers.pop_back();
+  LoadingController no_ram(cal);
+  t = no_ram.cheapest_hidden_tier(shape_with(1e9, ""), 0.15);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->tier.name, "flash");
+  EXPECT_FALSE(t->hidden);
+}
+
+TEST(LoadingController, ScheduleWithRatioKeepsGradualFiltering) {
+  std::vector<CheckLayer> paper = {{1, 0.30f}, {3, 0.15f}};
+  auto a = schedule_with_ratio(paper, 0.2);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_FLOAT_EQ(a[0].ratio, 0.30f);
+  EXPECT_FLOAT_EQ(a[1].ratio, 0.2f);
+  auto b = schedule_with_ratio(paper, 0.5);
+  EXPECT_FLOAT_EQ(b[0].ratio, 0.5f);
+  EXPECT_FLOAT_EQ(b[1].ratio, 0.5f);
+  validate_blend_options({BlendMode::kBlend, b}, 30);
+  auto c = schedule_with_ratio({}, 0.4);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].layer, 1);
+}
+
+TEST(CostModel, FitRecoversCoefficientsAndStaysNonnegative) {
+  const ComputeCost truth{2e-5, 3e-9, 4e-4};
+  std::vector<LayerTiming> samples;
+  for (double rows : {8.0, 64.0, 256.0})
+    for (double keys : {4.0, 300.0, 1000.0})
+      samples.push_back({rows, keys, truth.layer_seconds(rows, keys)});
+  ComputeCost fit = fit_compute_cost(samples);
+  EXPECT_NEAR(fit.per_row_s, truth.per_row_s, 1e-12);
+  EXPECT_NEAR(fit.per_row_key_s, truth.per_row_key_s, 1e-15);
+  EXPECT_NEAR(fit.per_layer_s, truth.per_layer_s, 1e-10);
+  // Data an unconstrained fit would explain with a negative overhead.
+  std::vector<LayerTiming> odd = {{10, 0, 0.0009}, {20, 0, 0.0021}, {40, 0, 0.0041}};
+  ComputeCost c = fit_compute_cost(odd);
+  EXPECT_GE(c.per_layer_s, 0.0);
+  EXPECT_GE(c.per_row_key_s, 0.0);
+  EXPECT_GT(c.per_row_s, 0.0);
+  EXPECT_THROW(fit_compute_cost({}), Error);
+}
+
+class CalibrationDbTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir = fs::path(testing::TempDir()) / ("calib_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    path = (dir / "calibration.sqlite").string();
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  fs::path dir;
+  std::string path;
+  // Fingerprints are raw bytes, NULs included.
+  const std::string model{"fp\0\x01\xff", 5};
+};
+
+TEST_F(CalibrationDbTest, RoundTripSurvivesReopen) {
+  Calibration cal = synthetic();
+  cal.decode = {{cache::Codec::kQ8, 3e-9, 4, false}, {cache::Codec::kF16, 1e-9, 0, true}};
+  cal.compute->observations = 7;
+  {
+    auto db = CalibrationDb::open(path);
+    db->save("dev-a", model, cal);
+    Calibration other = synthetic();
+    other.compute->cost.per_row_s = 9.0;
+    db->save("dev-b", model, other);
+  }
+  auto db = CalibrationDb::open(path);
+  Calibration got = db->load("dev-a", model);
+  // Loaded in (cost_rank, name) and codec-name order.
+  std::sort(cal.decode.begin(), cal.decode.end(), [](auto& a, auto& b) {
+    return std::string(cache::codec_name(a.codec)) < cache::codec_name(b.codec);
+  });
+  EXPECT_EQ(got, cal);
+  EXPECT_DOUBLE_EQ(db->load("dev-b", model).compute->cost.per_row_s, 9.0);
+  // Another model on the same device shares the tiers, not the costs.
+  Calibration none = db->load("dev-a", "another model");
+  EXPECT_FALSE(none.compute);
+  EXPECT_TRUE(none.decode.empty());
+  EXPECT_EQ(none.tiers.size(), 3u);
+  EXPECT_THROW(CalibrationDb::open((dir / "no" / "such" / "dir.sqlite").string()), Error);
+}
+
+TEST_F(CalibrationDbTest, RefreshMovesTheEstimateAndOverridesWin) {
+  Calibration cal = synthetic();
+  cal.decode = {{cache::Codec::kQ8, 2e-9}};
+  // Observed twice the predicted time; alpha 0.5 moves halfway: x1.5.
+  std::vector<LayerTiming> obs = {{100, 50, 2 * 1e-2}};
+  refresh_compute(cal, obs, 0.5);
+  EXPECT_NEAR(cal.compute->cost.per_row_s, 1.5e-4, 1e-15);
+  EXPECT_EQ(cal.compute->observations, 1);
+  refresh_decode(cal, cache::Codec::kQ8, 1000, 4e-6, 0.5);  // 4 ns/byte observed
+  EXPECT_NEAR(cal.find_decode(cache::Codec::kQ8)->s_per_byte, 3e-9, 1e-18);
+  // Read time per byte is averaged: 1 us/byte (1 MB/s) and 3 us/byte -> 2.
+  refresh_read(cal, "sd", 1000, 3e-3, 0.5);
+  EXPECT_NEAR(cal.find_tier("sd")->tier.read_bytes_per_s, 5e5, 1e-6);
+  auto db = CalibrationDb::open(path);
+  db->save("dev", model, cal);
+
+  // The caller pins explicit coefficients: refreshes leave them alone.
+  Calibration pinned = db->load("dev", model);
+  pinned.compute = CalibratedCompute{{5e-5, 1e-9, 0.0}, 0, true};
+  pinned.set_tier({{"sd", 2e6, 0}, 0, true});
+  db->save("dev", model, pinned);
+  Calibration again = db->load("dev", model);
+  refresh_compute(again, obs, 0.5);
+  refresh_read(again, "sd", 1000, 1.0, 0.5);
+  EXPECT_EQ(again.compute->cost, (ComputeCost{5e-5, 1e-9, 0.0}));
+  EXPECT_DOUBLE_EQ(again.find_tier("sd")->tier.read_bytes_per_s, 2e6);
+  EXPECT_THROW(refresh_compute(again, obs, 0.0), Error);
+}
+
+TEST(LoadingController, ObserveStoreRefreshesReadAndDecode) {
+  Calibration cal = synthetic();
+  cal.decode = {{cache::Codec::kQ8, 2e-9}};
+  LoadingController c(cal, {.refresh_alpha = 1.0});
+  cache::StoreStats before, after;
+  after.bytes_read = 1'000'000;
+  after.read_ns = 250'000'000;  // 4 MB/s
+  const int q8 = static_cast<int>(cache::Codec::kQ8);
+  after.codec[q8].layers = 10;
+  after.codec[q8].decode_ns = 5'000'000;  // 5 ns per stored byte
+  c.observe_store("sd", before, after);
+  Calibration got = c.calibration();
+  EXPECT_NEAR(got.find_tier("sd")->tier.read_bytes_per_s, 4e6, 1e-3);
+  EXPECT_NEAR(got.find_decode(cache::Codec::kQ8)->s_per_byte, 5e-9, 1e-18);
+  EXPECT_EQ(got.find_tier("flash")->tier.read_bytes_per_s, 1e8);
+}
+
+TEST(ComputeProbe, MeasuresTheModelAndIsStoredOnce) {
+  static std::unique_ptr<Model> m = Model::load(test::model_path());
+  Session s(*m, {.n_ctx = 256, .n_threads = 2});
+  const ComputeProbe probe{{8, 32}, {0, 128}, 1};
+  std::vector<LayerTiming> samples;
+  ComputeCost c = probe_compute_cost(s, probe, &samples);
+  EXPECT_EQ(samples.size(), 4u);
+  EXPECT_TRUE(c.valid());
+  EXPECT_EQ(s.n_past(), 0);
+  // More rows never predict less time (all coefficients are >= 0).
+  EXPECT_GE(c.layer_seconds(64, 100), c.layer_seconds(8, 100));
+
+  const fs::path dir = fs::path(testing::TempDir()) / ("probe_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto db = CalibrationDb::open((dir / "calibration.sqlite").string());
+  const std::string dev = default_device_id(s.backend().name(), 2);
+  EXPECT_NE(dev.find(s.backend().name()), std::string::npos);
+  Calibration first = load_or_probe_compute(*db, dev, s, probe);
+  ASSERT_TRUE(first.compute);
+  // The second call finds the stored measurement instead of probing again.
+  Calibration second = load_or_probe_compute(*db, dev, s, probe);
+  EXPECT_EQ(second.compute, first.compute);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace cb
