@@ -8,7 +8,9 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <span>
 #include <string>
@@ -18,8 +20,10 @@
 #include "kernels/backend.h"
 #include "platform/error.h"
 #include "runtime/blend/blend_options.h"
+#include "runtime/blend/calibration.h"
 #include "runtime/blend/chunk_table.h"
 #include "runtime/blend/flash_chunk_store.h"
+#include "runtime/blend/loading_controller.h"
 #include "runtime/blend/rag_request.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
@@ -186,6 +190,12 @@ struct cb_chunk_cache {
   cb::MemoryChunkTable table;                  // chunks in RAM, unless ...
   std::unique_ptr<cb::FlashChunkStore> flash;  // ... the cache lives on flash
   cb::ChunkKvStore& kv() { return flash ? static_cast<cb::ChunkKvStore&>(*flash) : table; }
+
+  // Auto ratio (flash only): calibration saved beside the store, one
+  // controller per (device, model), created at first use.
+  std::mutex auto_mu;
+  std::unique_ptr<cb::CalibrationDb> calibration_db;
+  std::map<std::string, std::unique_ptr<cb::LoadingController>> controllers;
 };
 
 struct cb_session {
@@ -193,7 +203,8 @@ struct cb_session {
   std::unique_ptr<cb::Session> session;
   std::vector<float> logits;  // of the last token in the KV cache (after cb_session_prefill)
   bool has_logits = false;
-  int32_t pending = -1;  // last generated token, not yet in the KV cache
+  int32_t pending = -1;   // last generated token, not yet in the KV cache
+  int32_t n_threads = 0;  // as created (0: all cores); part of the device id
 };
 
 namespace {
@@ -482,6 +493,7 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
     if (o.n_batch > 0) so.n_batch = o.n_batch;
     auto handle = std::make_unique<cb_session>();
     handle->state = model->state;
+    handle->n_threads = so.n_threads;
     handle->session = std::make_unique<cb::Session>(*model->state->model, so);
     *out_session = handle.release();
     return CB_OK;
@@ -819,6 +831,8 @@ void cb_rag_options_init(cb_rag_options* opts) {
   opts->chunk_head = CB_CHUNK_HEAD_PROMPT;
   opts->system_prompt = nullptr;
   opts->cache_namespace = nullptr;
+  opts->pipeline = 1;
+  opts->auto_ratio = 0;
 }
 
 void cb_rag_stats_init(cb_rag_stats* stats) {
@@ -890,6 +904,12 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     if (ro.blend.mode != cb::BlendMode::kFull)
       require(cache != nullptr, "cache is NULL (only CB_MODE_FULL runs without a chunk cache)");
     if (o.cache_namespace != nullptr) ro.ns = o.cache_namespace;
+    ro.pipeline.enabled = o.pipeline != 0;
+    if (o.auto_ratio != 0) {
+      require(ro.blend.mode == cb::BlendMode::kBlend, "auto_ratio needs CB_MODE_BLEND");
+      require(cache != nullptr && cache->flash,
+              "auto_ratio needs a chunk cache on flash (cb_chunk_cache_open)");
+    }
 
     cb::Session& s = *session->session;
     const cb::Model& model = *session->state->model;
@@ -935,8 +955,34 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     session->has_logits = false;
     cb::RagPrefillStats rs;
     std::span<const float> logits;
+    std::unique_lock<std::mutex> auto_lock;
+    std::string device;
     try {
+      if (o.auto_ratio != 0) {
+        // Serialized per cache: the controller learns from each request.
+        auto_lock = std::unique_lock<std::mutex>(cache->auto_mu);
+        if (!cache->calibration_db)
+          cache->calibration_db =
+              cb::CalibrationDb::open(cache->flash->store().dir() + "/calibration.sqlite");
+        device = cb::default_device_id(s.backend().name(), session->n_threads);
+        auto& ctrl = cache->controllers[device + "/" + model.fingerprint()];
+        if (!ctrl) {
+          // The compute probe runs in this (still empty) session: sized to
+          // its context (rows x prefix lengths must fit).
+          cb::ComputeProbe probe;
+          const int64_t room = s.n_ctx();
+          probe.rows = {std::max<int64_t>(1, std::min<int64_t>(16, room / 8)),
+                        std::max<int64_t>(2, std::min<int64_t>(96, room / 4))};
+          probe.contexts = {0, std::max<int64_t>(1, std::min<int64_t>(512, room - probe.rows[1]))};
+          ctrl = std::make_unique<cb::LoadingController>(
+              cb::load_or_probe_compute(*cache->calibration_db, device, s, probe));
+        }
+        ro.controller = ctrl.get();
+        ro.storage_tier = "flash";
+      }
       logits = cb::rag_prefill(s, prompt, cache != nullptr ? &cache->kv() : nullptr, ro, &rs);
+      if (ro.controller)
+        cache->calibration_db->save(device, model.fingerprint(), ro.controller->calibration());
     } catch (...) {
       s.truncate(0);  // whatever happened, the session is left empty
       throw;
@@ -961,11 +1007,17 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
           out.ratio = 1.0f;
           break;
         case cb::BlendMode::kBlend:
-          out.ratio = ro.blend.schedule.front().ratio;
+          out.ratio =
+              rs.choice ? static_cast<float>(rs.choice->ratio) : ro.blend.schedule.front().ratio;
           break;
         default:
           out.ratio = 0.0f;
       }
+      out.pipelined = rs.fusion.pipelined ? 1 : 0;
+      out.bytes_read = rs.fusion.bytes_read;
+      out.load_ms = rs.fusion.load_ms;
+      out.blocked_ms = rs.fusion.blocked_ms;
+      out.recompute_ms = rs.fusion.recompute_ms;
       out.total_ms = ms_since(t0);
       std::memcpy(static_cast<void*>(stats), &out, stats_size);
       stats->struct_size = stats_size;

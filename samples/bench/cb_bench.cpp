@@ -57,9 +57,9 @@ const char* const kUsage =
     "  decode --tokens N [--ctx C] [--repeat K]\n"
     "      decode speed: N greedy tokens after a prompt of C tokens (default 16);\n"
     "      median of K runs (default 1).\n"
-    "  ttft --chunks N --chunk-tokens T [--query-tokens Q] [--ratio R[,R2,...]]\n"
+    "  ttft --chunks N --chunk-tokens T [--query-tokens Q] [--ratio R|auto[,R2,...]]\n"
     "       [--modes full,prefix,reuse,blend] [--repeat K] [--chunk-head prompt|none]\n"
-    "       [--codec f32|f16|q8|q4] [--store DIR] [--storage-mbps B]\n"
+    "       [--codec f32|f16|q8|q4] [--store DIR] [--storage-mbps B] [--pipeline on|off]\n"
     "      time to first token of a RAG request of N distinct chunks of about T\n"
     "      tokens each (cut from a built-in English text) and a question of about\n"
     "      Q tokens (default 32).  The chunk cache is warmed first (one untimed\n"
@@ -143,7 +143,7 @@ Args parse_args(int argc, char** argv) {
       {"decode", {"--tokens", "--ctx", "--repeat"}},
       {"ttft",
        {"--chunks", "--chunk-tokens", "--query-tokens", "--ratio", "--modes", "--repeat",
-        "--chunk-head", "--codec", "--storage-mbps", "--store"}},
+        "--chunk-head", "--codec", "--storage-mbps", "--store", "--pipeline"}},
       {"quality",
        {"--dataset", "--limit", "--max-chunks", "--ratio", "--modes", "--chunk-head",
         "--max-tokens", "--codec", "--storage-mbps", "--store"}},
@@ -637,19 +637,38 @@ std::vector<cb_mode> parse_modes(const Args& a, const char* def) {
   return modes;
 }
 
+// --ratio auto: the loading controller picks the ratio (needs a store).
+constexpr float kAutoRatio = -1.0f;
+
+// Sets the ratio fields of `ro` from a parse_ratios value.
+void set_ratio(cb_rag_options& ro, float r) {
+  ro.auto_ratio = r == kAutoRatio ? 1 : 0;
+  ro.ratio = r == kAutoRatio ? 0.15f : r;
+}
+
+bool parse_pipeline(const Args& a) {
+  auto it = a.values.find("--pipeline");
+  if (it == a.values.end() || it->second == "on") return true;
+  if (it->second == "off") return false;
+  usage_error("option --pipeline: '" + it->second + "' is not on or off");
+}
+
 std::vector<float> parse_ratios(const Args& a, bool allow_list) {
   auto it = a.values.find("--ratio");
   if (it == a.values.end()) return {0.15f};
   const std::string& list = it->second;
-  if (list == "auto")
-    usage_error(
-        "option --ratio: 'auto' arrives with the loading controller; give a number in "
-        "[0, 1]");
   std::vector<float> out;
   size_t start = 0;
   for (;;) {
     const size_t comma = list.find(',', start);
     const std::string item = list.substr(start, comma == std::string::npos ? comma : comma - start);
+    if (item == "auto") {  // the loading controller chooses (kAutoRatio)
+      out.push_back(kAutoRatio);
+      if (comma == std::string::npos) break;
+      if (!allow_list) usage_error("option --ratio takes one value here");
+      start = comma + 1;
+      continue;
+    }
     errno = 0;
     char* end = nullptr;
     const double v = std::strtod(item.c_str(), &end);
@@ -683,7 +702,7 @@ std::string open_chunk_cache(const Args& a, ChunkCache& cache) {
   const std::string codec = it == a.values.end() ? "f32" : it->second;
   const bool throttled = a.values.count("--storage-mbps") != 0;
   if (codec == "f32" && !throttled && !a.values.count("--store")) {
-    const std::string codec = open_chunk_cache(a, cache);
+    check(cb_chunk_cache_create(&cache.c), "cannot create the chunk cache");
     return "f32";
   }
   cb_store_options so;
@@ -715,13 +734,6 @@ std::string open_chunk_cache(const Args& a, ChunkCache& cache) {
   check(cb_chunk_cache_open(cache.dir.c_str(), &so, &cache.c),
         "cannot open the chunk store in '" + cache.dir + "'");
   return codec;
-}
-
-uint64_t cache_bytes_read(const ChunkCache& cache) {
-  cb_chunk_cache_stats st;
-  cb_chunk_cache_stats_init(&st);
-  check(cb_chunk_cache_get_stats(cache.c, &st), "cannot read the chunk cache's stats");
-  return st.bytes_read;
 }
 
 std::string cache_label(const std::string& codec) {
@@ -828,8 +840,8 @@ struct TtftRow {
   float ratio_opt;  // the ratio asked for (blend)
   double ttft_ms, compute_ms;
   std::vector<double> runs;
-  cb_rag_stats st;          // of the last run
-  uint64_t bytes_read = 0;  // from the chunk store, last run (0 in RAM)
+  cb_rag_stats st;  // of the last run
+  double load_ms = 0.0, blocked_ms = 0.0;
 };
 
 int cmd_ttft(const Args& a) {
@@ -877,39 +889,47 @@ int cmd_ttft(const Args& a) {
   cb_rag_options_init(&ro);
   ro.chunk_head = head;
   cb_rag_stats st;
+  ro.pipeline = parse_pipeline(a) ? 1 : 0;
   // Warm the cache (and every page of the weights): untimed.
   ro.mode = CB_MODE_BLEND;
-  ro.ratio = ratios.front();
+  set_ratio(ro, 0.15f);
   rag_prefill(session, cache, chunks, question, ro, st);
   check(cb_chunk_cache_flush(cache.c), "cannot flush the chunk cache");
+  if (std::find(ratios.begin(), ratios.end(), kAutoRatio) != ratios.end()) {
+    // The controller's first-use probe (and a first refresh) stay untimed.
+    set_ratio(ro, kAutoRatio);
+    rag_prefill(session, cache, chunks, question, ro, st);
+  }
 
   cb_generate_options go;
   cb_generate_options_init(&go);
   go.max_tokens = 1;
   std::vector<TtftRow> rows;
   for (cb_mode mode : modes) {
-    const std::vector<float> rs = mode == CB_MODE_BLEND ? ratios : std::vector<float>{ratios[0]};
+    const std::vector<float> rs = mode == CB_MODE_BLEND ? ratios : std::vector<float>{0.15f};
     for (float r : rs) {
       TtftRow row{};
       row.mode = mode;
       row.ratio_opt = r;
       ro.mode = mode;
-      ro.ratio = r;
-      std::vector<double> compute;
+      set_ratio(ro, r);
+      std::vector<double> compute, load, blocked;
       for (int k = 0; k < repeat; ++k) {
         check(cb_session_reset(session.s), "cannot reset the session");
-        const uint64_t read0 = cache_bytes_read(cache);
         const auto t0 = Clock::now();
         rag_prefill(session, cache, chunks, question, ro, st);
         check(cb_generate(session.s, nullptr, 0, &go, nullptr, nullptr, nullptr),
               "cannot sample the first token");
         const auto t1 = Clock::now();
-        row.bytes_read = cache_bytes_read(cache) - read0;
         row.runs.push_back(ms_between(t0, t1));
-        compute.push_back(st.fuse_ms);
+        compute.push_back(st.recompute_ms);
+        load.push_back(st.load_ms);
+        blocked.push_back(st.blocked_ms);
       }
       row.ttft_ms = median(row.runs);
       row.compute_ms = median(compute);
+      row.load_ms = median(load);
+      row.blocked_ms = median(blocked);
       row.st = st;
       rows.push_back(row);
     }
@@ -922,10 +942,13 @@ int cmd_ttft(const Args& a) {
     for (const auto& r : rows) {
       cbs::JsonObject o = header("ttft", c, model, cb_mode_name(r.mode));
       o.add("ttft_ms", r.ttft_ms)
-          .add("load_ms", 0.0)
+          .add("load_ms", r.load_ms)
           .add("compute_ms", r.compute_ms)
+          .add("blocked_ms", r.blocked_ms)
           .add("ratio", ratio_value(r.st.ratio))
-          .add("bytes_read", static_cast<int64_t>(r.bytes_read))
+          .add("ratio_mode", r.ratio_opt == kAutoRatio ? "auto" : "fixed")
+          .add("pipeline", r.st.pipelined != 0)
+          .add("bytes_read", static_cast<int64_t>(r.st.bytes_read))
           .add("n_ctx", r.st.n_tokens)
           .add("computed_fraction", r.st.computed_fraction)
           .add("cache_hits", r.st.cache_hits)
@@ -952,13 +975,16 @@ int cmd_ttft(const Args& a) {
         n_chunks, chunk_tokens, query_tokens, rows.empty() ? 0 : rows[0].st.n_tokens,
         model_name(model).c_str(), kernels_name(model).c_str(), c.threads, chunk_head_label(head),
         cache_label(codec).c_str(), repeat);
-    std::printf("%-7s %6s %10s %11s %9s %5s %7s %8s\n", "mode", "ratio", "ttft_ms", "compute_ms",
-                "computed", "hits", "misses", "vs_full");
+    std::printf("%-7s %6s %10s %11s %9s %10s %9s %5s %7s %8s\n", "mode", "ratio", "ttft_ms",
+                "compute_ms", "load_ms", "blocked_ms", "computed", "hits", "misses", "vs_full");
     for (const auto& r : rows) {
       char vs[32] = "-";
       if (full_ms > 0.0) std::snprintf(vs, sizeof vs, "%.3f", r.ttft_ms / full_ms);
-      std::printf("%-7s %6.2f %10.1f %11.1f %9.3f %5d %7d %8s\n", cb_mode_name(r.mode),
-                  static_cast<double>(r.st.ratio), r.ttft_ms, r.compute_ms, r.st.computed_fraction,
+      char ratio[16];
+      std::snprintf(ratio, sizeof ratio, r.ratio_opt == kAutoRatio ? "a%.2f" : "%.2f",
+                    static_cast<double>(r.st.ratio));
+      std::printf("%-7s %6s %10.1f %11.1f %9.1f %10.1f %9.3f %5d %7d %8s\n", cb_mode_name(r.mode),
+                  ratio, r.ttft_ms, r.compute_ms, r.load_ms, r.blocked_ms, r.st.computed_fraction,
                   r.st.cache_hits, r.st.cache_misses, vs);
     }
   }
@@ -1210,7 +1236,7 @@ int cmd_quality(const Args& a) {
 
   cb_rag_options ro;
   cb_rag_options_init(&ro);
-  ro.ratio = ratio;
+  set_ratio(ro, ratio);
   ro.chunk_head = head;
   ro.system_prompt =
       "Answer the question using the documents. Reply with only the answer, at most five words.";

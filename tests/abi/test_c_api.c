@@ -576,6 +576,23 @@ static void test_rag_store(cb_model* m) {
   CHECK_OK(rag_answer(s, cache, &ro, &st, &c2, NULL, 0));
   CHECK(st.cache_hits == 2 && st.cache_misses == 0);
   CHECK(strstr(c2.text, "4721") != NULL);
+  CHECK(st.pipelined == 1 && st.bytes_read > 0);
+  /* The same request without the loader thread gives the same answer. */
+  ro.pipeline = 0;
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c1, NULL, 0));
+  CHECK(st.pipelined == 0 && strcmp(c1.text, c2.text) == 0);
+  /* Auto ratio: the controller's choice is at least r_min = 0.15. */
+  ro.pipeline = 1;
+  ro.auto_ratio = 1;
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c1, NULL, 0));
+  CHECK(st.ratio >= 0.15f && st.ratio <= 1.0f);
+  ro.mode = CB_MODE_REUSE;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  ro.mode = CB_MODE_BLEND;
+  ro.auto_ratio = 0;
   cb_chunk_cache_stats_init(&cs);
   CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
   CHECK(cs.n_entries == 2 && cs.hits >= 2 && cs.bytes_read > 0 && cs.corrupt_drops == 0);

@@ -498,6 +498,18 @@ typedef struct cb_rag_options {
   const char* system_prompt;
   /* Cache namespace; NULL (default) or "": the default namespace. */
   const char* cache_namespace;
+  /* 1 (default): a loader thread reads and decodes layer i+1 of the cached
+   * chunks while layer i computes; 0: the same work, one after the other.
+   * Results are identical either way. */
+  int32_t pipeline;
+  /* 1: BLEND only, with a chunk cache on flash: the loading controller
+   * picks the ratio so that recompute time matches the time to load the
+   * chunks (never below 0.15), from cost models measured on this device
+   * (a short probe at first use, saved in DIR/calibration.sqlite and
+   * refreshed from every request's timings).  The schedule's first layer
+   * is kept; `ratio` is ignored.  0 (default): use `ratio` / `schedule`.
+   * Requests with auto_ratio on one cache are serialized. */
+  int32_t auto_ratio;
 } cb_rag_options;
 
 /* Fills `opts` with defaults.  NULL is ignored. */
@@ -518,8 +530,13 @@ typedef struct cb_rag_stats {
   double computed_fraction;
   /* The recompute ratio used at the first check layer: 1 for FULL, 0 for
    * PREFIX and REUSE (no selective recompute), the schedule's first ratio
-   * for BLEND. */
+   * for BLEND (the controller's choice with auto_ratio). */
   float ratio;
+  int32_t pipelined;   /* 1 if loads overlapped compute */
+  uint64_t bytes_read; /* stored bytes of cached KV layers loaded */
+  double load_ms;      /* loader busy time: read + decode + RoPE of cached K */
+  double blocked_ms;   /* compute waiting for loads (serial: all of load_ms) */
+  double recompute_ms; /* computing layers, waits excluded */
 } cb_rag_stats;
 
 /* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */
