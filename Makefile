@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 FUZZ_SECONDS ?= 30
 MODEL       ?= $(if $(CB_MODEL),$(CB_MODEL),models/SmolLM2-135M-Instruct.Q4_1.gguf)
 
-.PHONY: all setup build test test-unit test-asan test-fuzz demo peer clean
+.PHONY: all setup build test test-asan test-fuzz test-arm demo peer clean
 
 all: build
 
@@ -20,11 +20,13 @@ build: setup
 	@cmake --build $(BUILD) -j$(JOBS)
 
 # The whole suite: release build (unit, integration on the real model, C ABI,
-# oracles), then the unit tests under ASan+UBSan, then bounded fuzzing.
+# oracles), then the suite under ASan+UBSan, bounded fuzzing, and the kernel
+# tests cross-built for aarch64 (NEON) and run under qemu-user.
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 	@$(MAKE) --no-print-directory test-asan
 	@$(MAKE) --no-print-directory test-fuzz
+	@$(MAKE) --no-print-directory test-arm
 
 test-asan: setup
 	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCB_SANITIZE=ON >/dev/null
@@ -36,6 +38,9 @@ test-fuzz: setup
 	  -DCB_FUZZ=ON -DCB_SANITIZE=ON -DCB_BUILD_TESTS=ON >/dev/null
 	@cmake --build $(BUILD_FUZZ) -j$(JOBS) --target fuzz_gguf fuzz_tokenizer
 	@bash scripts/run_fuzzers.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
+
+test-arm:
+	@bash scripts/test_arm_kernels.sh build-arm64
 
 demo: build
 	@$(BUILD)/bin/cb_bench --model $(MODEL) generate --chat \

@@ -93,6 +93,7 @@ enum class CpuKernelLevel {
   kAuto,    // best the CPU supports (chosen once, at first use)
   kScalar,  // the reference kernels
   kAvx2,    // AVX2 + FMA + F16C
+  kNeon,    // AArch64 Advanced SIMD
 };
 
 // The CPU backend, running its ops on `n_threads` threads (0 = all cores).
@@ -100,7 +101,7 @@ std::unique_ptr<Backend> make_cpu_backend(int n_threads,
                                           CpuKernelLevel level = CpuKernelLevel::kAuto);
 
 // Name of the kernel level a CPU backend created with kAuto would use on this
-// machine ("avx2", "scalar"), for benchmarks to report.
+// machine ("avx2", "neon", "scalar"), for benchmarks to report.
 const char* cpu_kernel_level_name();
 
 }  // namespace cb

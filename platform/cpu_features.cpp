@@ -2,6 +2,11 @@
 
 #include <thread>
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -26,6 +31,13 @@ CpuFeatures detect() {
   f.avx512f = __builtin_cpu_supports("avx512f");
   f.avx512bw = __builtin_cpu_supports("avx512bw");
   f.avx512vl = __builtin_cpu_supports("avx512vl");
+#endif
+#if defined(__aarch64__)
+  f.neon = true;  // part of the AArch64 baseline
+#if defined(__linux__)
+  const unsigned long hwcap = getauxval(AT_HWCAP);
+  f.dotprod = (hwcap & HWCAP_ASIMDDP) != 0;
+#endif
 #endif
   return f;
 }

@@ -12,9 +12,14 @@ struct CpuFeatures {
   bool avx512f = false;
   bool avx512bw = false;
   bool avx512vl = false;
+  // AArch64: Advanced SIMD (always present there) and the int8 dot-product
+  // instructions (SDOT/UDOT, Armv8.2-A's optional FEAT_DotProd).
+  bool neon = false;
+  bool dotprod = false;
 };
 
-// Cached after the first call; thread-safe.  All false on non-x86 builds.
+// Cached after the first call; thread-safe.  The x86 fields are false on
+// other CPUs and the Arm fields false on non-Arm ones.
 const CpuFeatures& cpu_features();
 
 // Number of hardware threads (at least 1).

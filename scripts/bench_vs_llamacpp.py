@@ -33,10 +33,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prefill", default="512,2048")
     ap.add_argument("--decode", type=int, default=128)
+    ap.add_argument("--cb-bench", default=os.path.join(ROOT, "build/bin/cb_bench"),
+                    help="the cb_bench binary to measure (default: build/bin/cb_bench)")
     ap.add_argument("--model", default=os.environ.get("CB_MODEL", os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf")))
     args = ap.parse_args()
 
-    cb = os.path.join(ROOT, "build/bin/cb_bench")
+    cb = args.cb_bench
     peer = subprocess.run(["bash", os.path.join(ROOT, "scripts/build_llamacpp_peer.sh")], check=True,
                           capture_output=True, text=True).stdout.strip().splitlines()[-1]
     peer_env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(peer))

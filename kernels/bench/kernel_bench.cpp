@@ -1,11 +1,16 @@
 // kernel_bench: throughput sanity check of the CPU kernels (not a test).
 //
 //   kernel_bench [--threads N] [--level auto|scalar|avx2] [--n-in K] [--n-out N]
-//                [--rows R]... [--type Q4_1]...
+//                [--rows R]... [--type Q4_1]... [--attn-kv N]...
 //
 // Prints one line per (type, rows): milliseconds per matmul and GFLOP/s
 // (2 * rows * n_in * n_out flops), plus the cost of an empty parallel_for.
 // Defaults: SmolLM2's FFN up-projection (576 -> 1536), Q4_1, rows 1 and 512.
+// --attn-kv N adds attention with SmolLM2's geometry (9 heads, 3 KV heads,
+// head size 64): a prefill batch of 512 queries at positions N-512..N-1 and
+// a single decode query at N-1 (GFLOP/s count 4 * head_dim flops per
+// visible (query, head, key)).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -92,6 +97,7 @@ int main(int argc, char** argv) {
   int64_t n_in = 576, n_out = 1536;
   std::vector<int64_t> rows;
   std::vector<cb::DType> types;
+  std::vector<int64_t> attn_kv;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -108,6 +114,8 @@ int main(int argc, char** argv) {
       n_out = std::atoll(v);
     } else if (a == "--rows") {
       rows.push_back(std::atoll(v));
+    } else if (a == "--attn-kv") {
+      attn_kv.push_back(std::atoll(v));
     } else if (a == "--level") {
       const std::string l = v;
       level = l == "scalar" ? cb::CpuKernelLevel::kScalar
@@ -141,6 +149,43 @@ int main(int argc, char** argv) {
       std::printf("matmul %-5s rows %4lld: %9.3f ms  %7.2f GFLOP/s  (%7.2f GFLOP per CPU-second)\n",
                   cb::dtype_name(t), static_cast<long long>(r), tm.wall * 1e3, gflop / tm.wall,
                   gflop / tm.cpu);
+    }
+  }
+  for (int64_t n_kv : attn_kv) {
+    const int64_t n_head = 9, n_head_kv = 3, hd = 64;
+    std::mt19937 rng(2);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> k(n_kv * n_head_kv * hd), v(k.size());
+    for (float& e : k) e = dist(rng);
+    for (float& e : v) e = dist(rng);
+    for (int64_t n_q : {std::min<int64_t>(512, n_kv), int64_t{1}}) {
+      std::vector<float> q(n_q * n_head * hd), out(q.size());
+      for (float& e : q) e = dist(rng);
+      std::vector<int32_t> pos(n_q);
+      double visible = 0.0;
+      for (int64_t i = 0; i < n_q; ++i) {
+        pos[i] = static_cast<int32_t>(n_kv - n_q + i);
+        visible += static_cast<double>(pos[i] + 1);
+      }
+      cb::AttentionArgs a;
+      a.q = q.data();
+      a.q_pos = pos.data();
+      a.n_q = n_q;
+      a.k = k.data();
+      a.v = v.data();
+      a.n_kv = n_kv;
+      a.n_head = n_head;
+      a.n_head_kv = n_head_kv;
+      a.head_dim = hd;
+      a.scale = 0.125f;
+      a.out = out.data();
+      const Timing tm = time_per_call([&] { backend->attention(a); }, 0.5);
+      const double gflop = 4.0 * static_cast<double>(hd * n_head) * visible * 1e-9;
+      std::printf(
+          "attention n_kv %5lld n_q %4lld: %9.3f ms  %7.2f GFLOP/s  (%7.2f GFLOP per "
+          "CPU-second)\n",
+          static_cast<long long>(n_kv), static_cast<long long>(n_q), tm.wall * 1e3, gflop / tm.wall,
+          gflop / tm.cpu);
     }
   }
   cb::ThreadPool pool(threads);

@@ -1,10 +1,28 @@
-// AVX2 attention for one (query row, head): online softmax over blocks of
-// kBlock keys.  Scores of a block are computed first, the running maximum is
-// updated once per block (rescaling the partial output only when it grows),
-// and the block's exponentials are evaluated 8 at a time.  K and V are read
-// in place: GQA maps the query head to its KV head by index, nothing is
-// copied.
+// AVX2 attention, tiled: a tile is a block of query rows times the query
+// heads of one KV head (GQA: the heads of a group read the same K/V, so a
+// tile of 10 queries x 3 heads has 30 rows sharing every K/V load).  Keys go
+// by blocks of kKeyBlock with an online softmax per row:
+//  1. the block's keys are transposed once into kt[d][j] (head_dim x 32),
+//  2. scores S = Q K^T for six rows at a time: per d, 2 loads of kt and
+//     6 broadcasts feed 12 FMAs into 12 registers holding 6 x 16 scores,
+//  3. per row: the causal mask (key j visible iff j <= q_pos), the block
+//     maximum, the rescale of what was accumulated (only when the maximum
+//     grows), and the exponentials 8 at a time,
+//  4. O += P V for six rows at a time: per key, 2 loads of the V row and 6
+//     broadcasts feed 12 FMAs on 6 x 16 output dims held in registers.
+// So each K/V block is read from memory once per tile instead of once per
+// (query, head), and K/V are read in place (no per-head copies).
+//
+// A row's result depends only on its own query, the keys and the key-block
+// boundaries (multiples of kKeyBlock from 0), not on which tile holds it or
+// on its partner row: every lane runs the same chain of FMAs in the same
+// order in the 6-row and the shorter row groups.  (Keys past a row's
+// position but inside the tile's range get a weight of exactly 0; K/V rows
+// below n_kv are therefore expected to be finite, as every written cache row
+// is.)
 #include <cmath>
+#include <cstdlib>
+#include <new>
 
 #include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/reference_ops.h"
@@ -13,99 +31,298 @@
 namespace cb::avx2 {
 namespace {
 
-constexpr int64_t kBlock = 32;
-// The partial output lives on the stack; larger heads (none in practice)
-// take the reference path.
-constexpr int64_t kMaxHeadDim = 512;
+constexpr int64_t kKeyBlock = 32;
+constexpr int64_t kMaxRows = 64;  // rows (query x head) per pass over the keys
+// Larger heads (none in practice) take the reference path.
+constexpr int64_t kMaxHeadDim = 256;
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+// Per-thread scratch: the transposed key block, the scores / weights of
+// every row for one key block, and the rows' partial outputs.  Internal
+// linkage and no std containers: see the linkage rule in ops_avx2.h.
+struct Scratch {
+  float* kt = nullptr;  // kMaxHeadDim x kKeyBlock
+  float* s = nullptr;   // kMaxRows x kKeyBlock
+  float* o = nullptr;   // kMaxRows x kMaxHeadDim
+  Scratch() {
+    kt = static_cast<float*>(std::aligned_alloc(64, kMaxHeadDim * kKeyBlock * sizeof(float)));
+    s = static_cast<float*>(std::aligned_alloc(64, kMaxRows * kKeyBlock * sizeof(float)));
+    o = static_cast<float*>(std::aligned_alloc(64, kMaxRows * kMaxHeadDim * sizeof(float)));
+    if (kt == nullptr || s == nullptr || o == nullptr) {
+      release();
+      throw std::bad_alloc();
+    }
   }
-  for (; i + 8 <= n; i += 8) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  ~Scratch() { release(); }
+  void release() {
+    std::free(kt);
+    std::free(s);
+    std::free(o);
   }
-  float s = hsum(_mm256_add_ps(acc0, acc1));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
+};
+
+Scratch& scratch() {
+  thread_local Scratch buffers;
+  return buffers;
 }
 
-// y = y * a + p * v  over n elements.
-inline void scale_axpy(float* y, float a, float p, const float* v, int64_t n) {
-  const __m256 va = _mm256_set1_ps(a), vp = _mm256_set1_ps(p);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(v + i),
-                                            _mm256_mul_ps(va, _mm256_loadu_ps(y + i))));
+// kt[d * kKeyBlock + j] = k[j * ld + d] for j < nb, d < hd; columns nb..31 zero.
+void transpose_keys(const float* k, int64_t ld, int64_t nb, int64_t hd, float* kt) {
+  if (nb < kKeyBlock) {
+    for (int64_t d = 0; d < hd; ++d) {
+      for (int64_t j = nb; j < kKeyBlock; ++j) kt[d * kKeyBlock + j] = 0.0f;
+    }
   }
-  for (; i < n; ++i) y[i] = y[i] * a + p * v[i];
+  int64_t j = 0;
+  for (; j + 8 <= nb; j += 8) {
+    const float* src = k + j * ld;
+    int64_t d = 0;
+    for (; d + 8 <= hd; d += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld + d);
+      const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+      const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+      const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+      const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+      const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+      const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+      const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+      const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+      float* dst = kt + d * kKeyBlock + j;
+      _mm256_storeu_ps(dst + 0 * kKeyBlock, _mm256_permute2f128_ps(u0, u4, 0x20));
+      _mm256_storeu_ps(dst + 1 * kKeyBlock, _mm256_permute2f128_ps(u1, u5, 0x20));
+      _mm256_storeu_ps(dst + 2 * kKeyBlock, _mm256_permute2f128_ps(u2, u6, 0x20));
+      _mm256_storeu_ps(dst + 3 * kKeyBlock, _mm256_permute2f128_ps(u3, u7, 0x20));
+      _mm256_storeu_ps(dst + 4 * kKeyBlock, _mm256_permute2f128_ps(u0, u4, 0x31));
+      _mm256_storeu_ps(dst + 5 * kKeyBlock, _mm256_permute2f128_ps(u1, u5, 0x31));
+      _mm256_storeu_ps(dst + 6 * kKeyBlock, _mm256_permute2f128_ps(u2, u6, 0x31));
+      _mm256_storeu_ps(dst + 7 * kKeyBlock, _mm256_permute2f128_ps(u3, u7, 0x31));
+    }
+    for (; d < hd; ++d) {
+      for (int64_t i = 0; i < 8; ++i) kt[d * kKeyBlock + j + i] = src[i * ld + d];
+    }
+  }
+  for (; j < nb; ++j) {
+    for (int64_t d = 0; d < hd; ++d) kt[d * kKeyBlock + j] = k[j * ld + d];
+  }
 }
 
-inline void axpy(float* y, float p, const float* v, int64_t n) {
-  const __m256 vp = _mm256_set1_ps(p);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(v + i), _mm256_loadu_ps(y + i)));
+// Scores of MR rows against the transposed key block:
+// s[r * kKeyBlock + j] = sum_d q[r][d] * kt[d][j], one half of 16 keys at a
+// time so the 2 x MR accumulators stay in registers (per d: 2 loads of kt,
+// MR broadcasts, 2 * MR FMAs).
+template <int MR>
+void scores_rows(const float* const* q, const float* kt, int64_t hd, float* s) {
+  for (int64_t half = 0; half < kKeyBlock; half += 16) {
+    __m256 acc0[MR], acc1[MR];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; ++d) {
+      const __m256 k0 = _mm256_load_ps(kt + d * kKeyBlock + half);
+      const __m256 k1 = _mm256_load_ps(kt + d * kKeyBlock + half + 8);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const __m256 x = _mm256_broadcast_ss(q[r] + d);
+        acc0[r] = _mm256_fmadd_ps(x, k0, acc0[r]);
+        acc1[r] = _mm256_fmadd_ps(x, k1, acc1[r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      _mm256_store_ps(s + r * kKeyBlock + half, acc0[r]);
+      _mm256_store_ps(s + r * kKeyBlock + half + 8, acc1[r]);
+    }
   }
-  for (; i < n; ++i) y[i] += p * v[i];
+}
+
+// o[r] = o[r] * carry[r] + sum_{j < nj} p[r][j] * v_j for MR rows of hd
+// dims (row stride hd), v_j = v + j * ld; p rows are kKeyBlock apart.  Per
+// key: 2 loads of the V row, MR broadcasts, 2 * MR FMAs on 16 dims at a
+// time.  Each output lane is the same chain (scale, then one FMA per key
+// in order) whatever MR is; a row whose weights end before nj gets FMAs
+// with exactly 0, which leave it unchanged.
+template <int MR>
+void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t nj, const float* v,
+             int64_t ld) {
+  int64_t d = 0;
+  for (; d + 16 <= hd; d += 16) {
+    __m256 acc0[MR], acc1[MR];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m256 c = _mm256_set1_ps(carry[r]);
+      acc0[r] = _mm256_mul_ps(_mm256_loadu_ps(o + r * hd + d), c);
+      acc1[r] = _mm256_mul_ps(_mm256_loadu_ps(o + r * hd + d + 8), c);
+    }
+    for (int64_t j = 0; j < nj; ++j) {
+      const __m256 v0 = _mm256_loadu_ps(v + j * ld + d);
+      const __m256 v1 = _mm256_loadu_ps(v + j * ld + d + 8);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const __m256 x = _mm256_broadcast_ss(p + r * kKeyBlock + j);
+        acc0[r] = _mm256_fmadd_ps(x, v0, acc0[r]);
+        acc1[r] = _mm256_fmadd_ps(x, v1, acc1[r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      _mm256_storeu_ps(o + r * hd + d, acc0[r]);
+      _mm256_storeu_ps(o + r * hd + d + 8, acc1[r]);
+    }
+  }
+  for (; d + 8 <= hd; d += 8) {
+    for (int r = 0; r < MR; ++r) {
+      __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(o + r * hd + d), _mm256_set1_ps(carry[r]));
+      for (int64_t j = 0; j < nj; ++j) {
+        acc = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * kKeyBlock + j),
+                              _mm256_loadu_ps(v + j * ld + d), acc);
+      }
+      _mm256_storeu_ps(o + r * hd + d, acc);
+    }
+  }
+  for (; d < hd; ++d) {
+    for (int r = 0; r < MR; ++r) {
+      float acc = o[r * hd + d] * carry[r];
+      for (int64_t j = 0; j < nj; ++j)
+        acc = __builtin_fmaf(p[r * kKeyBlock + j], v[j * ld + d], acc);
+      o[r * hd + d] = acc;
+    }
+  }
+}
+
+constexpr int kRowGroup = 6;
+using ScoresFn = void (*)(const float* const*, const float*, int64_t, float*);
+using PvFn = void (*)(float*, int64_t, const float*, const float*, int64_t, const float*, int64_t);
+constexpr ScoresFn kScores[kRowGroup + 1] = {nullptr,        scores_rows<1>, scores_rows<2>,
+                                             scores_rows<3>, scores_rows<4>, scores_rows<5>,
+                                             scores_rows<6>};
+constexpr PvFn kPv[kRowGroup + 1] = {nullptr,    pv_rows<1>, pv_rows<2>, pv_rows<3>,
+                                     pv_rows<4>, pv_rows<5>, pv_rows<6>};
+
+// Turns the raw scores s[0..32) of a row with `live` visible keys of this
+// block into softmax weights against the row's running maximum (updated),
+// masked to exactly 0 past `live`; returns the factor that rescales what
+// the row accumulated so far, and adds the weights to *denom.
+float softmax_block(float* s, int64_t live, float scale, float* running_max, float* denom) {
+  const __m256 lane = _mm256_castsi256_ps(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256 vscale = _mm256_set1_ps(scale);
+  const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+  __m256 masks[4];
+  __m256 vmax = neg_inf;
+  for (int i = 0; i < 4; ++i) {
+    masks[i] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+        _mm256_set1_epi32(static_cast<int>(live - 8 * i)), _mm256_castps_si256(lane)));
+    const __m256 x =
+        _mm256_blendv_ps(neg_inf, _mm256_mul_ps(_mm256_load_ps(s + 8 * i), vscale), masks[i]);
+    _mm256_store_ps(s + 8 * i, x);
+    vmax = _mm256_max_ps(vmax, x);
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float block_max = _mm_cvtss_f32(m4);
+  float carry = 1.0f;
+  if (block_max > *running_max) {
+    carry = __builtin_expf(*running_max - block_max);  // 0 on the first block
+    *running_max = block_max;
+  }
+  const __m256 vm = _mm256_set1_ps(*running_max);
+  __m256 vsum = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_load_ps(s + 8 * i), vm)), masks[i]);
+    _mm256_store_ps(s + 8 * i, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  *denom = *denom * carry + hsum(vsum);
+  return carry;
+}
+
+// One pass over the keys for n_rows <= kMaxRows rows: row r is query
+// q_begin + r / nh, head h_begin + r % nh.
+void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t h_begin,
+                    int64_t nh, Scratch& sc) {
+  const int64_t hd = a.head_dim;
+  const int64_t q_stride = a.n_head * hd;
+  const int64_t kv_stride = a.n_head_kv * hd;
+  const int64_t kv_head = h_begin / (a.n_head / a.n_head_kv);
+  const float* kbase = a.k + kv_head * hd;
+  const float* vbase = a.v + kv_head * hd;
+  const int64_t n_rows = nq * nh;
+
+  const float* qrow[kMaxRows];
+  int64_t n_keys[kMaxRows];  // visible keys of each row
+  float running_max[kMaxRows], denom[kMaxRows], carry[kMaxRows];
+  int64_t live[kMaxRows];
+  int64_t keys_needed = 0;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t qi = q_begin + r / nh, h = h_begin + r % nh;
+    qrow[r] = a.q + qi * q_stride + h * hd;
+    const int64_t last = static_cast<int64_t>(a.q_pos[qi]);
+    n_keys[r] = last + 1 < a.n_kv ? (last + 1 > 0 ? last + 1 : 0) : a.n_kv;
+    keys_needed = n_keys[r] > keys_needed ? n_keys[r] : keys_needed;
+    running_max[r] = -INFINITY;
+    denom[r] = 0.0f;
+    for (int64_t d = 0; d < hd; ++d) sc.o[r * hd + d] = 0.0f;
+  }
+
+  for (int64_t j0 = 0; j0 < keys_needed; j0 += kKeyBlock) {
+    const int64_t nb = keys_needed - j0 < kKeyBlock ? keys_needed - j0 : kKeyBlock;
+    const float* kb = kbase + j0 * kv_stride;
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const int64_t l = n_keys[r] - j0;
+      live[r] = l < 0 ? 0 : (l < nb ? l : nb);
+    }
+    // Scores.
+    transpose_keys(kb, kv_stride, nb, hd, sc.kt);
+    const float* vb = vbase + j0 * kv_stride;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += kRowGroup) {
+      const int64_t mr = n_rows - r0 < kRowGroup ? n_rows - r0 : kRowGroup;
+      int64_t nj = 0;
+      for (int64_t r = r0; r < r0 + mr; ++r) nj = live[r] > nj ? live[r] : nj;
+      if (nj == 0) continue;
+      float* s = sc.s + r0 * kKeyBlock;
+      kScores[mr](qrow + r0, sc.kt, hd, s);
+      for (int64_t r = r0; r < r0 + mr; ++r) {
+        float* sr = sc.s + r * kKeyBlock;
+        if (live[r] > 0) {
+          carry[r] = softmax_block(sr, live[r], a.scale, &running_max[r], &denom[r]);
+        } else {  // no visible key in this block: leave the row unchanged
+          carry[r] = 1.0f;
+          for (int64_t j = 0; j < kKeyBlock; ++j) sr[j] = 0.0f;
+        }
+      }
+      kPv[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, kv_stride);
+    }
+  }
+
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t qi = q_begin + r / nh, h = h_begin + r % nh;
+    float* out = a.out + qi * q_stride + h * hd;
+    const float inv = denom[r] > 0.0f ? 1.0f / denom[r] : 0.0f;  // no visible key -> zeros
+    for (int64_t d = 0; d < hd; ++d) out[d] = sc.o[r * hd + d] * inv;
+  }
 }
 
 }  // namespace
 
-void attention_one(const AttentionArgs& a, int64_t qi, int64_t head) {
-  const int64_t hd = a.head_dim;
-  if (hd > kMaxHeadDim) return ref::attention_one(a, qi, head);
-  const int64_t q_stride = a.n_head * hd;
-  const int64_t kv_stride = a.n_head_kv * hd;
-  const int64_t kv_head = head / (a.n_head / a.n_head_kv);
-  const float* q = a.q + qi * q_stride + head * hd;
-  const float* k = a.k + kv_head * hd;
-  const float* v = a.v + kv_head * hd;
-  float* out = a.out + qi * q_stride + head * hd;
-  const int64_t last = static_cast<int64_t>(a.q_pos[qi]);
-  const int64_t n_keys = last + 1 < a.n_kv ? last + 1 : a.n_kv;
-
-  alignas(32) float acc[kMaxHeadDim];
-  for (int64_t d = 0; d < hd; ++d) acc[d] = 0.0f;
-  float running_max = -INFINITY;
-  float denom = 0.0f;
-
-  for (int64_t j0 = 0; j0 < n_keys; j0 += kBlock) {
-    const int64_t nb = n_keys - j0 < kBlock ? n_keys - j0 : kBlock;
-    alignas(32) float p[kBlock];
-    float block_max = -INFINITY;
-    for (int64_t j = 0; j < nb; ++j) {
-      p[j] = dot(q, k + (j0 + j) * kv_stride, hd) * a.scale;
-      block_max = p[j] > block_max ? p[j] : block_max;
+void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int64_t h_begin,
+                    int64_t h_end) {
+  const int64_t nh = h_end - h_begin;
+  if (q_begin >= q_end || nh <= 0) return;
+  if (a.head_dim > kMaxHeadDim || nh > kMaxRows) {
+    for (int64_t qi = q_begin; qi < q_end; ++qi) {
+      for (int64_t h = h_begin; h < h_end; ++h) ref::attention_one(a, qi, h);
     }
-    // Rescale what was accumulated so far only when the maximum grows.
-    float carry = 1.0f;
-    if (block_max > running_max) {
-      carry = __builtin_expf(running_max - block_max);  // 0 on the first block
-      running_max = block_max;
-    }
-    const __m256 vmax = _mm256_set1_ps(running_max);
-    __m256 vsum = _mm256_setzero_ps();
-    for (int64_t j = 0; j < nb; j += 8) {
-      // Lanes past the last key are masked to exactly 0.
-      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-      const __m256 live = _mm256_castsi256_ps(
-          _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(nb - j)), lane));
-      const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_load_ps(p + j), vmax)), live);
-      _mm256_store_ps(p + j, e);
-      vsum = _mm256_add_ps(vsum, e);
-    }
-    denom = denom * carry + hsum(vsum);
-    const float* vb = v + j0 * kv_stride;
-    scale_axpy(acc, carry, p[0], vb, hd);
-    for (int64_t j = 1; j < nb; ++j) axpy(acc, p[j], vb + j * kv_stride, hd);
+    return;
   }
+  Scratch& sc = scratch();
+  const int64_t q_step = kMaxRows / nh;
+  for (int64_t q0 = q_begin; q0 < q_end; q0 += q_step) {
+    const int64_t nq = q_end - q0 < q_step ? q_end - q0 : q_step;
+    attention_rows(a, q0, nq, h_begin, nh, sc);
+  }
+}
 
-  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;  // no visible key -> zeros
-  for (int64_t d = 0; d < hd; ++d) out[d] = acc[d] * inv;
+void attention_one(const AttentionArgs& a, int64_t qi, int64_t head) {
+  attention_tile(a, qi, qi + 1, head, head + 1);
 }
 
 }  // namespace cb::avx2

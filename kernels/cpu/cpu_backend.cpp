@@ -1,10 +1,11 @@
 // The CPU backend: validates arguments, splits each op over the thread pool
-// and runs either the AVX2 kernels or the scalar reference kernels on each
-// slice.  The kernel level is fixed when the backend is created.
+// and runs the AVX2 kernels (x86-64), the NEON kernels (AArch64) or the
+// scalar reference kernels on each slice.  The kernel level is fixed when
+// the backend is created.
 //
-// Numerics (both levels): activations stay f32 and all accumulation is f32;
+// Numerics (every level): activations stay f32 and all accumulation is f32;
 // nothing quantizes activations, so the logits track a float64 reference to
-// a relative L2 of 1e-3 (see ops_avx2.h).
+// a relative L2 of 1e-3 (see ops_avx2.h, ops_neon.h).
 #include <mimalloc.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/ops_avx2.h"
+#include "kernels/cpu/ops_neon.h"
 #include "kernels/cpu/reference_ops.h"
 #include "platform/cpu_features.h"
 #include "platform/error.h"
@@ -22,15 +24,24 @@
 #else
 #define CB_HAVE_AVX2_KERNELS 0
 #endif
+#if defined(__aarch64__)
+#define CB_HAVE_NEON_KERNELS 1
+#else
+#define CB_HAVE_NEON_KERNELS 0
+#endif
 
 namespace cb {
 namespace {
 
-enum class Level { kScalar, kAvx2 };
+enum class Level { kScalar, kAvx2, kNeon };
 
 bool avx2_usable() {
   const CpuFeatures& f = cpu_features();
   return CB_HAVE_AVX2_KERNELS && f.avx2 && f.fma && f.f16c;
+}
+
+bool neon_usable() {
+  return CB_HAVE_NEON_KERNELS && cpu_features().neon;
 }
 
 Level resolve(CpuKernelLevel level) {
@@ -44,15 +55,34 @@ Level resolve(CpuKernelLevel level) {
              "AVX2+FMA+F16C");
       }
       return Level::kAvx2;
+    case CpuKernelLevel::kNeon:
+      if (!neon_usable()) {
+        fail(ErrorCode::kUnsupported,
+             "NEON kernels requested, but this is not an AArch64 CPU or build");
+      }
+      return Level::kNeon;
     case CpuKernelLevel::kAuto:
       break;
   }
-  return avx2_usable() ? Level::kAvx2 : Level::kScalar;
+  if (avx2_usable()) return Level::kAvx2;
+  if (neon_usable()) return Level::kNeon;
+  return Level::kScalar;
 }
 
 // Below this many multiply-adds (or element operations) a task is not worth
 // waking another thread for: a dispatch costs around a microsecond.
 constexpr int64_t kMinWorkPerTask = 32 * 1024;
+
+// A matmul is cut into up to this many slices per thread.  The pool hands
+// slices out dynamically, so when a thread is descheduled (a busy device,
+// more runnable threads than cores) the others take over its share instead
+// of waiting for one big slice; slices are whole 16-column panels, so the
+// extra cost is a few atomic increments.
+constexpr int64_t kMatmulTasksPerThread = 4;
+
+// Rows (query x head) of one attention task: with SmolLM2's 3 heads per KV
+// head, 10 queries x 3 heads.
+constexpr int64_t kAttentionTileRows = 32;
 
 void check(bool ok, const char* what) {
   if (!ok) fail(ErrorCode::kInvalidArgument, std::string("cpu backend: ") + what);
@@ -62,7 +92,17 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(int n_threads, Level level) : pool_(n_threads), level_(level) {}
 
-  const char* name() const override { return level_ == Level::kAvx2 ? "cpu-avx2" : "cpu-scalar"; }
+  const char* name() const override {
+    switch (level_) {
+      case Level::kAvx2:
+        return "cpu-avx2";
+      case Level::kNeon:
+        return "cpu-neon";
+      case Level::kScalar:
+        break;
+    }
+    return "cpu-scalar";
+  }
 
   void* alloc_buffer(size_t bytes) override {
     void* p = mi_malloc_aligned(bytes == 0 ? 1 : bytes, 64);
@@ -79,12 +119,16 @@ class CpuBackend final : public Backend {
     check(w.n_in % dtype_block_elems(w.type) == 0, "matmul: n_in is not a whole number of blocks");
     if (n_rows == 0 || w.n_out == 0) return;
     // Split by output columns (weight rows): each thread streams its own
-    // share of the weight, the dominant memory traffic.  Groups of 4
-    // columns match the GEMM micro-kernel.
+    // share of the weight, the dominant memory traffic.  Slices of 16
+    // columns match the GEMM's panels and keep the threads' outputs in
+    // separate cache lines.
     const int64_t work = n_rows * w.n_out * w.n_in;
-    split(w.n_out, tasks_for(work), n_rows == 1 ? 1 : 4, [&](int64_t o0, int64_t o1) {
+    split(w.n_out, tasks_for(work, kMatmulTasksPerThread), 16, [&](int64_t o0, int64_t o1) {
 #if CB_HAVE_AVX2_KERNELS
       if (level_ == Level::kAvx2) return avx2::matmul(w, x, n_rows, y, o0, o1);
+#endif
+#if CB_HAVE_NEON_KERNELS
+      if (level_ == Level::kNeon) return neon::matmul(w, x, n_rows, y, o0, o1);
 #endif
       ref::matmul(w, x, n_rows, y, o0, o1);
     });
@@ -103,6 +147,10 @@ class CpuBackend final : public Backend {
 #if CB_HAVE_AVX2_KERNELS
       if (level_ == Level::kAvx2)
         return avx2::rmsnorm(x + r0 * dim, weight, r1 - r0, dim, eps, out + r0 * dim);
+#endif
+#if CB_HAVE_NEON_KERNELS
+      if (level_ == Level::kNeon)
+        return neon::rmsnorm(x + r0 * dim, weight, r1 - r0, dim, eps, out + r0 * dim);
 #endif
       ref::rmsnorm(x + r0 * dim, weight, r1 - r0, dim, eps, out + r0 * dim);
     });
@@ -124,14 +172,32 @@ class CpuBackend final : public Backend {
     check(a.n_q >= 0 && a.n_kv >= 0 && a.head_dim > 0, "attention: bad shape");
     check(a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0,
           "attention: n_head must be a multiple of n_head_kv");
+    if (level_ != Level::kScalar) {
+      // Tiles of (a block of query rows) x (the query heads of one KV
+      // head), so each K/V block is loaded once for the whole tile.  The
+      // tiling depends on the shape only, never on the thread count.  Tasks
+      // go from the last query block to the first: with ascending positions
+      // the longest come first, and the pool's dynamic hand-out balances
+      // the rest.
+      const int64_t group = a.n_head / a.n_head_kv;
+      const int64_t q_block = std::max<int64_t>(1, kAttentionTileRows / group);
+      const int64_t n_qb = (a.n_q + q_block - 1) / q_block;
+      pool_.parallel_for(n_qb * a.n_head_kv, [&](int64_t task, int) {
+        const int64_t qb = n_qb - 1 - task / a.n_head_kv, g = task % a.n_head_kv;
+        const int64_t q0 = qb * q_block, q1 = std::min(a.n_q, (qb + 1) * q_block);
+#if CB_HAVE_AVX2_KERNELS
+        if (level_ == Level::kAvx2) avx2::attention_tile(a, q0, q1, g * group, (g + 1) * group);
+#endif
+#if CB_HAVE_NEON_KERNELS
+        if (level_ == Level::kNeon) neon::attention_tile(a, q0, q1, g * group, (g + 1) * group);
+#endif
+      });
+      return;
+    }
     // One task per (query row, head); rows at later positions see more keys,
     // and the pool's dynamic hand-out balances that.
     pool_.parallel_for(a.n_q * a.n_head, [&](int64_t task, int) {
-      const int64_t qi = task / a.n_head, h = task % a.n_head;
-#if CB_HAVE_AVX2_KERNELS
-      if (level_ == Level::kAvx2) return avx2::attention_one(a, qi, h);
-#endif
-      ref::attention_one(a, qi, h);
+      ref::attention_one(a, task / a.n_head, task % a.n_head);
     });
   }
 
@@ -139,6 +205,9 @@ class CpuBackend final : public Backend {
     split(n, tasks_for(8 * n), 8, [&](int64_t i0, int64_t i1) {
 #if CB_HAVE_AVX2_KERNELS
       if (level_ == Level::kAvx2) return avx2::silu_mul(gate + i0, up + i0, i1 - i0, out + i0);
+#endif
+#if CB_HAVE_NEON_KERNELS
+      if (level_ == Level::kNeon) return neon::silu_mul(gate + i0, up + i0, i1 - i0, out + i0);
 #endif
       ref::silu_mul(gate + i0, up + i0, i1 - i0, out + i0);
     });
@@ -148,6 +217,9 @@ class CpuBackend final : public Backend {
     split(n, tasks_for(n), 8, [&](int64_t i0, int64_t i1) {
 #if CB_HAVE_AVX2_KERNELS
       if (level_ == Level::kAvx2) return avx2::add(a + i0, b + i0, i1 - i0, out + i0);
+#endif
+#if CB_HAVE_NEON_KERNELS
+      if (level_ == Level::kNeon) return neon::add(a + i0, b + i0, i1 - i0, out + i0);
 #endif
       ref::add(a + i0, b + i0, i1 - i0, out + i0);
     });
@@ -172,8 +244,8 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  int64_t tasks_for(int64_t work) const {
-    return std::clamp<int64_t>(work / kMinWorkPerTask, 1, pool_.size());
+  int64_t tasks_for(int64_t work, int64_t per_thread = 1) const {
+    return std::clamp<int64_t>(work / kMinWorkPerTask, 1, per_thread * pool_.size());
   }
 
   // Calls fn(begin, end) on up to n_tasks contiguous slices of [0, n), each
@@ -198,7 +270,15 @@ std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuKernelLevel level) {
 }
 
 const char* cpu_kernel_level_name() {
-  return resolve(CpuKernelLevel::kAuto) == Level::kAvx2 ? "avx2" : "scalar";
+  switch (resolve(CpuKernelLevel::kAuto)) {
+    case Level::kAvx2:
+      return "avx2";
+    case Level::kNeon:
+      return "neon";
+    case Level::kScalar:
+      break;
+  }
+  return "scalar";
 }
 
 }  // namespace cb

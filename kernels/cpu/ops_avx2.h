@@ -29,7 +29,12 @@ namespace cb::avx2 {
 void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y, int64_t o_begin,
             int64_t o_end);
 
-// Online softmax over blocks of keys; one query row, one head.
+// Query rows [q_begin, q_end) x query heads [h_begin, h_end); the heads must
+// share one KV head (lie in one GQA group).  Tiled over blocks of keys with
+// an online softmax; each K/V block is loaded once for all rows of the tile.
+void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int64_t h_begin,
+                    int64_t h_end);
+// One query row, one head (a tile of one row).
 void attention_one(const AttentionArgs& a, int64_t qi, int64_t head);
 
 void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "kernel_test_util.h"
-#include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/reference_ops.h"
 
 namespace cb {
@@ -112,17 +111,60 @@ TEST(Attention, ReferenceMatchesFloat64) {
   }
 }
 
-TEST(Attention, Avx2MatchesFloat64) {
-  if (!test::avx2_available()) GTEST_SKIP() << "no AVX2+FMA+F16C on this CPU";
+TEST(Attention, SimdMatchesFloat64) {
+  const test::SimdKernels* simd = test::simd_kernels();
+  if (simd == nullptr) GTEST_SKIP() << "no SIMD kernels for this CPU";
   std::mt19937 rng(12);
   for (const Case& c : cases()) {
     const Data d = make_data(rng, c);
     std::vector<float> out(d.q.size(), NAN);
     const AttentionArgs a = d.args(c, out.data());
     for (int64_t i = 0; i < a.n_q; ++i) {
-      for (int64_t h = 0; h < a.n_head; ++h) avx2::attention_one(a, i, h);
+      for (int64_t h = 0; h < a.n_head; ++h) simd->attention_tile(a, i, i + 1, h, h + 1);
     }
-    expect_close(out, attention_f64(c, d), "avx2");
+    expect_close(out, attention_f64(c, d), simd->name);
+  }
+}
+
+// The tiled kernel: tiles of several query rows x the heads of one KV head,
+// in every tiling, must match float64 and give bit-identical rows whatever
+// the tiling (a row's result may not depend on its neighbours).
+TEST(Attention, SimdTilesMatchFloat64AndEachOther) {
+  const test::SimdKernels* simd = test::simd_kernels();
+  if (simd == nullptr) GTEST_SKIP() << "no SIMD kernels for this CPU";
+  std::mt19937 rng(15);
+  std::vector<Case> all = cases();
+  // A prefill-like batch: 45 consecutive positions after 60 cached ones.
+  Case prefill{8, 2, 72, 105, {}};  // head size with an 8-wide tail
+  for (int32_t p = 60; p < 105; ++p) prefill.q_pos.push_back(p);
+  all.push_back(prefill);
+  all.push_back({3, 1, 13, 77, {76, 40, 3, 64, 65, 10, 0, 31, 32}});  // scalar dim tail
+  for (const Case& c : all) {
+    const Data d = make_data(rng, c);
+    const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
+    const int64_t group = c.n_head / c.n_head_kv;
+    const std::vector<double> want = attention_f64(c, d);
+    std::vector<float> first;
+    for (int64_t q_block : {int64_t{1}, int64_t{4}, int64_t{7}, n_q}) {
+      for (bool whole_group : {true, false}) {
+        std::vector<float> out(d.q.size(), NAN);
+        const AttentionArgs a = d.args(c, out.data());
+        const int64_t heads = whole_group ? group : 1;
+        for (int64_t q0 = 0; q0 < n_q; q0 += q_block) {
+          for (int64_t h0 = 0; h0 < c.n_head; h0 += heads) {
+            simd->attention_tile(a, q0, std::min(n_q, q0 + q_block), h0, h0 + heads);
+          }
+        }
+        expect_close(out, want, "tiles");
+        if (first.empty()) {
+          first = out;
+        } else {
+          EXPECT_TRUE(test::bitwise_equal(out, first))
+              << "q_block " << q_block << " whole_group " << whole_group;
+        }
+        if (HasFailure()) return;
+      }
+    }
   }
 }
 
@@ -131,9 +173,7 @@ TEST(Attention, MaskedKeysAreIgnored) {
   std::mt19937 rng(13);
   const Case c{4, 2, 32, 50, {20, 3}};
   Data d = make_data(rng, c);
-  std::vector<CpuKernelLevel> levels = {CpuKernelLevel::kScalar};
-  if (test::avx2_available()) levels.push_back(CpuKernelLevel::kAvx2);
-  for (CpuKernelLevel level : levels) {
+  for (CpuKernelLevel level : test::all_levels()) {
     auto be = make_cpu_backend(2, level);
     std::vector<float> before(d.q.size()), after(d.q.size());
     be->attention(d.args(c, before.data()));
@@ -151,9 +191,7 @@ TEST(Attention, BackendIndependentOfThreadCount) {
   std::mt19937 rng(14);
   const Case c = cases()[0];
   const Data d = make_data(rng, c);
-  std::vector<CpuKernelLevel> levels = {CpuKernelLevel::kScalar};
-  if (test::avx2_available()) levels.push_back(CpuKernelLevel::kAvx2);
-  for (CpuKernelLevel level : levels) {
+  for (CpuKernelLevel level : test::all_levels()) {
     std::vector<float> first;
     for (int threads : {1, 2, 3}) {
       std::vector<float> out(d.q.size());

@@ -45,14 +45,17 @@ TEST(CpuBackend, PrepareWeightIsIdentity) {
 }
 
 TEST(CpuBackend, KernelLevelNames) {
+  const test::SimdKernels* simd = test::simd_kernels();
   const std::string level = cpu_kernel_level_name();
-  EXPECT_EQ(level, test::avx2_available() ? "avx2" : "scalar");
+  EXPECT_EQ(level, simd ? simd->name : "scalar");
   EXPECT_STREQ(make_cpu_backend(1, CpuKernelLevel::kScalar)->name(), "cpu-scalar");
-  if (test::avx2_available()) {
-    EXPECT_STREQ(make_cpu_backend(1, CpuKernelLevel::kAvx2)->name(), "cpu-avx2");
-    EXPECT_STREQ(make_cpu_backend(1)->name(), "cpu-avx2");
-  } else {
-    EXPECT_THROW(make_cpu_backend(1, CpuKernelLevel::kAvx2), Error);
+  EXPECT_EQ(std::string(make_cpu_backend(1)->name()), "cpu-" + level);
+  for (CpuKernelLevel l : {CpuKernelLevel::kAvx2, CpuKernelLevel::kNeon}) {
+    if (simd != nullptr && simd->level == l) {
+      EXPECT_EQ(std::string(make_cpu_backend(1, l)->name()), "cpu-" + level);
+    } else {
+      EXPECT_THROW(make_cpu_backend(1, l), Error);
+    }
   }
 }
 

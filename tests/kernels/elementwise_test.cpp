@@ -6,16 +6,13 @@
 #include <vector>
 
 #include "kernel_test_util.h"
-#include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/reference_ops.h"
 
 namespace cb {
 namespace {
 
 std::vector<CpuKernelLevel> levels() {
-  std::vector<CpuKernelLevel> l = {CpuKernelLevel::kScalar};
-  if (test::avx2_available()) l.push_back(CpuKernelLevel::kAvx2);
-  return l;
+  return test::all_levels();
 }
 
 // Tolerance 1e-5 relative: the f32 sum of squares of `dim` positive terms is

@@ -15,6 +15,12 @@
 #include "platform/error.h"
 #include "platform/half.h"
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include "kernels/cpu/ops_avx2.h"
+#elif defined(__aarch64__)
+#include "kernels/cpu/ops_neon.h"
+#endif
+
 namespace cb::test {
 
 inline constexpr DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,
@@ -23,6 +29,36 @@ inline constexpr DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DTy
 inline bool avx2_available() {
   const CpuFeatures& f = cpu_features();
   return f.avx2 && f.fma && f.f16c;
+}
+
+// The SIMD kernel set this build and CPU can run: AVX2 on x86-64, NEON on
+// AArch64 (null when there is none), so one test covers whichever exists.
+struct SimdKernels {
+  const char* name;  // as cpu_kernel_level_name() reports it
+  CpuKernelLevel level;
+  void (*matmul)(const WeightView& w, const float* x, int64_t n_rows, float* y, int64_t o_begin,
+                 int64_t o_end);
+  void (*attention_tile)(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int64_t h_begin,
+                         int64_t h_end);
+};
+
+inline const SimdKernels* simd_kernels() {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const SimdKernels k{"avx2", CpuKernelLevel::kAvx2, &avx2::matmul, &avx2::attention_tile};
+  return avx2_available() ? &k : nullptr;
+#elif defined(__aarch64__)
+  static const SimdKernels k{"neon", CpuKernelLevel::kNeon, &neon::matmul, &neon::attention_tile};
+  return cpu_features().neon ? &k : nullptr;
+#else
+  return nullptr;
+#endif
+}
+
+// The scalar level and, where there is one, the SIMD level.
+inline std::vector<CpuKernelLevel> all_levels() {
+  std::vector<CpuKernelLevel> l = {CpuKernelLevel::kScalar};
+  if (const SimdKernels* k = simd_kernels()) l.push_back(k->level);
+  return l;
 }
 
 inline std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scale = 1.0f) {

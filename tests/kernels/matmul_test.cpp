@@ -1,9 +1,13 @@
-// matmul: the scalar reference against a float64 loop, the AVX2 kernels
-// against the reference, and thread-count independence of the backend.
+// matmul: the scalar reference against a float64 loop, the SIMD kernels
+// (AVX2 or NEON) against the reference, and thread-count independence of the
+// backend.  Shapes cover odd lengths and tails: n_in not a multiple of the
+// SIMD width, n_in long enough to be cut into unequal k-blocks (> 768),
+// n_out not a multiple of the 16-column panels, and row counts that leave
+// partial 6-row micro-tiles.
 //
 // Tolerance: |y - y_exact| <= 1e-5 * sum_i |w_i x_i|.  An f32 dot product of
 // n terms has a worst-case error of about n * 6e-8 times that sum and a
-// typical one of sqrt(n) * 6e-8 (< 2e-6 for the n <= 768 used here); a wrong
+// typical one of sqrt(n) * 6e-8 (< 3e-6 for the n <= 1792 used here); a wrong
 // or missing block shows up at ~1/n of the sum, far above the bound.
 #include <gtest/gtest.h>
 
@@ -13,7 +17,6 @@
 #include <vector>
 
 #include "kernel_test_util.h"
-#include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/reference_ops.h"
 
 namespace cb {
@@ -26,11 +29,11 @@ constexpr double kRelTol = 1e-5;
 std::vector<int64_t> n_in_cases(DType t) {
   switch (dtype_block_elems(t)) {
     case 1:
-      return {1, 13, 40, 300};  // odd lengths exercise the scalar tails
+      return {1, 13, 40, 300, 1001};  // odd lengths exercise the scalar tails
     case 32:
-      return {32, 96, 576};
+      return {32, 96, 576, 1568};
     default:
-      return {256, 768};
+      return {256, 768, 1792};
   }
 }
 
@@ -64,8 +67,9 @@ TEST(Matmul, ReferenceMatchesFloat64) {
   }
 }
 
-TEST(Matmul, Avx2MatchesReferenceAndFloat64) {
-  if (!test::avx2_available()) GTEST_SKIP() << "no AVX2+FMA+F16C on this CPU";
+TEST(Matmul, SimdMatchesReferenceAndFloat64) {
+  const test::SimdKernels* simd = test::simd_kernels();
+  if (simd == nullptr) GTEST_SKIP() << "no SIMD kernels for this CPU";
   std::mt19937 rng(2);
   for (DType t : kAllTypes) {
     for (int64_t n_in : n_in_cases(t)) {
@@ -84,13 +88,13 @@ TEST(Matmul, Avx2MatchesReferenceAndFloat64) {
           ref::matmul(w, x.data(), n_rows, y_ref.data());
           // Two uneven column slices, as the backend would hand to threads.
           const int64_t cut = n_out / 3;
-          avx2::matmul(w, x.data(), n_rows, y_fast.data(), 0, cut);
-          avx2::matmul(w, x.data(), n_rows, y_fast.data(), cut, n_out);
-          expect_close(y_fast, exact, abs_sum, what + " avx2 vs f64");
+          simd->matmul(w, x.data(), n_rows, y_fast.data(), 0, cut);
+          simd->matmul(w, x.data(), n_rows, y_fast.data(), cut, n_out);
+          expect_close(y_fast, exact, abs_sum, what + " simd vs f64");
           std::vector<double> ref_as_exact(y_ref.begin(), y_ref.end());
           // Both are within 1e-5 of exact, so within 2e-5 of each other.
           for (double& s : abs_sum) s *= 2.0;
-          expect_close(y_fast, ref_as_exact, abs_sum, what + " avx2 vs ref");
+          expect_close(y_fast, ref_as_exact, abs_sum, what + " simd vs ref");
           if (HasFailure()) return;
         }
       }
@@ -103,9 +107,7 @@ TEST(Matmul, Avx2MatchesReferenceAndFloat64) {
 // count, at both kernel levels, for GEMV and GEMM alike.
 TEST(Matmul, BackendIndependentOfThreadCount) {
   std::mt19937 rng(3);
-  std::vector<CpuKernelLevel> levels = {CpuKernelLevel::kScalar};
-  if (test::avx2_available()) levels.push_back(CpuKernelLevel::kAvx2);
-  for (CpuKernelLevel level : levels) {
+  for (CpuKernelLevel level : test::all_levels()) {
     for (DType t : {DType::Q4_1, DType::Q6_K, DType::F16}) {
       const int64_t n_in = 512, n_out = 193;
       std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
@@ -137,7 +139,8 @@ TEST(Matmul, BackendIndependentOfThreadCount) {
 // A model-sized shape through the backend, to exercise whole tiles and the
 // per-thread buffers.
 TEST(Matmul, ModelShapeQ4_1) {
-  if (!test::avx2_available()) GTEST_SKIP() << "no AVX2+FMA+F16C on this CPU";
+  const test::SimdKernels* simd = test::simd_kernels();
+  if (simd == nullptr) GTEST_SKIP() << "no SIMD kernels for this CPU";
   std::mt19937 rng(4);
   const int64_t n_in = 576, n_out = 1536, n_rows = 40;
   std::vector<uint8_t> wd = test::random_weight(rng, DType::Q4_1, n_out, n_in);
@@ -145,7 +148,7 @@ TEST(Matmul, ModelShapeQ4_1) {
   const std::vector<float> x = test::random_floats(rng, n_rows * n_in);
   std::vector<double> exact, abs_sum;
   test::matmul_f64(test::dequantize_all(w), n_out, n_in, x.data(), n_rows, &exact, &abs_sum);
-  auto be = make_cpu_backend(2, CpuKernelLevel::kAvx2);
+  auto be = make_cpu_backend(2, simd->level);
   std::vector<float> y(n_rows * n_out);
   be->matmul(w, x.data(), n_rows, y.data());
   expect_close(y, exact, abs_sum, "gemm");

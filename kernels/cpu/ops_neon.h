@@ -1,0 +1,37 @@
+// The NEON kernels for 64-bit Arm (AArch64, where Advanced SIMD is part of
+// the baseline ISA).  Declared in plain C++; defined in *_neon.cpp files,
+// which CMake compiles only for aarch64 targets.  Same contracts as the
+// functions of the same name in reference_ops.h and ops_avx2.h.
+//
+// Numerics: as the AVX2 kernels — activations stay f32 and every sum
+// accumulates in f32, so the model's logits stay within a relative L2 of
+// 1e-3 of a float64 reference.  The dot-product instructions (SDOT/UDOT,
+// detected as cpu_features().dotprod) multiply int8 by int8, so they would
+// need activations quantized to int8; int16 activations already moved
+// SmolLM2's logits by 8e-4 relative L2 (its activations have outliers), so
+// int8 ones would break that bar and the kernels use f32 FMA (FMLA) only.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/backend.h"
+
+namespace cb::neon {
+
+// Output columns [o_begin, o_end).  n_rows == 1: GEMV (fused for Q4_0, Q4_1
+// and Q8_0, through a dequantized row for the other types); n_rows > 1: a
+// packed, register-tiled GEMM (6 rows x 16 columns per micro-tile).
+void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y, int64_t o_begin,
+            int64_t o_end);
+
+// Query rows [q_begin, q_end) x query heads [h_begin, h_end) of one KV head;
+// tiled with an online softmax as avx2::attention_tile.
+void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int64_t h_begin,
+                    int64_t h_end);
+
+void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
+             float* out);
+void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+void add(const float* a, const float* b, int64_t n, float* out);
+
+}  // namespace cb::neon
