@@ -160,8 +160,8 @@ def test_rag(bench, common):
         q = ["quality", "--dataset", data]
         expect_error(bench, ["quality"] + common, "quality without --dataset", code=2,
                      must_contain="--dataset")
-        expect_error(bench, q + ["--codec", "q8"] + common, "quality --codec q8", code=2,
-                     must_contain="chunk store")
+        expect_error(bench, q + ["--codec", "q3"] + common, "quality --codec q3", code=2,
+                     must_contain="q3")
         expect_error(bench, q + ["--max-tokens", "0"] + common, "quality --max-tokens 0", code=2)
         expect_error(bench, q + ["--ratio", "0.1,0.2"] + common, "quality with two ratios",
                      code=2, must_contain="--ratio")
@@ -172,14 +172,28 @@ def test_rag(bench, common):
     expect_error(bench, t + ["--ratio", "1.5"] + common, "ttft --ratio 1.5", code=2,
                  must_contain="[0, 1]")
     expect_error(bench, t + ["--ratio", "0.1,x"] + common, "ttft --ratio 0.1,x", code=2)
-    expect_error(bench, t + ["--ratio", "auto"] + common, "ttft --ratio auto", code=2,
-                 must_contain="auto")
+    # Auto ratio needs a chunk store on flash (the controller reads its tiers).
+    expect_error(bench, t + ["--ratio", "auto", "--repeat", "1"] + common,
+                 "ttft --ratio auto without a store", must_contain="flash")
+    expect_error(bench, t + ["--pipeline", "maybe"] + common, "ttft --pipeline maybe", code=2)
     expect_error(bench, t + ["--modes", "full,bogus"] + common, "ttft --modes with a bad mode",
                  code=2, must_contain="bogus")
     expect_error(bench, t + ["--chunk-head", "bos"] + common, "ttft --chunk-head bos", code=2)
     expect_error(bench, t + ["--chunks", "0"] + common, "ttft --chunks 0", code=2)
-    expect_error(bench, t + ["--codec", "q4"] + common, "ttft --codec q4", code=2,
-                 must_contain="chunk store")
+    expect_error(bench, t + ["--codec", "q4", "--storage-mbps", "0"] + common,
+                 "ttft --storage-mbps 0", code=2)
+    # Chunk KV on flash with a lossy codec and a read cap, the ratio chosen by
+    # the loading controller: every blend run is served from the store.
+    rc, out, err = run(bench, t + ["--codec", "q4", "--storage-mbps", "50", "--ratio", "0.15,auto",
+                                   "--modes", "blend", "--repeat", "1", "--json"] + common)
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    check(rc == 0 and len(rows) == 2, "ttft --codec q4 --ratio 0.15,auto", err)
+    for r in rows:
+        check(r.get("codec") == "q4" and r.get("bytes_read", 0) > 0 and r.get("cache_misses") == 0,
+              "ttft on flash reads the chunks from the store", str(r))
+    if len(rows) == 2:
+        check(rows[1].get("ratio_mode") == "auto" and 0.15 <= rows[1].get("ratio", 0) <= 1.0,
+              "auto ratio within [r_min, 1]", str(rows[1]))
     # Runtime errors (exit 1): a request longer than the context.
     expect_error(bench, ["ttft", "--chunks", "64", "--chunk-tokens", "512"] + common,
                  "ttft request over the model's context", must_contain="context")
