@@ -13,18 +13,10 @@ namespace cb {
 namespace {
 
 const Model& model() {
-  static std::unique_ptr<Model> m = Model::load(test::model_path());
-  return *m;
+  return test::shared_model();
 }
 
-double rel_l2(std::span<const float> a, std::span<const float> b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
+using test::rel_l2;
 
 std::vector<int32_t> prompt_ids() {
   return model().tokenizer().encode(
