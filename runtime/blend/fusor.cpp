@@ -46,6 +46,10 @@ double FusionStats::computed_fraction() const {
 
 namespace {
 
+// Rows per batch inside a fused layer, as Session::prefill's default batch:
+// a layer's intermediates for 512 rows (~3 MB for the FFN) stay in cache.
+constexpr int64_t kRowBatch = 512;
+
 // One fused forward over a request of n tokens in session s.
 class FusedForward {
  public:
@@ -121,13 +125,18 @@ void FusedForward::resize_buffers() {
 void FusedForward::project(int64_t layer) {
   const LayerWeights& w = s_.layer_weights()[static_cast<size_t>(layer)];
   const int64_t r = static_cast<int64_t>(rows.size());
-  Graph g;
-  TensorId x = g.external(x_.data(), r, hp_.n_embd);
-  TensorId h = g.rmsnorm(x, w.attn_norm, hp_.rms_eps);
-  g.matmul_into(w.wq, h, g.external(q_.data(), r, hp_.n_head * hp_.head_dim));
-  g.matmul_into(w.wk, h, g.external(k_.data(), r, hp_.kv_dim()));
-  g.matmul_into(w.wv, h, g.external(v_.data(), r, hp_.kv_dim()));
-  run_graph(g);
+  const int64_t q_dim = hp_.n_head * hp_.head_dim, kv_dim = hp_.kv_dim();
+  // Row batches keep the intermediates cache-sized (rows are independent here).
+  for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
+    const int64_t b = std::min(kRowBatch, r - r0);
+    Graph g;
+    TensorId x = g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd);
+    TensorId h = g.rmsnorm(x, w.attn_norm, hp_.rms_eps);
+    g.matmul_into(w.wq, h, g.external(q_.data() + r0 * q_dim, b, q_dim));
+    g.matmul_into(w.wk, h, g.external(k_.data() + r0 * kv_dim, b, kv_dim));
+    g.matmul_into(w.wv, h, g.external(v_.data() + r0 * kv_dim, b, kv_dim));
+    run_graph(g);
+  }
   if (capture) {
     // Rows are all positions here (capture runs a plain prefill); keep the
     // chunk's part, K still un-rotated.
@@ -190,24 +199,36 @@ void FusedForward::select(int64_t layer, float ratio) {
 void FusedForward::attend_and_ffn(int64_t layer) {
   const LayerWeights& w = s_.layer_weights()[static_cast<size_t>(layer)];
   const int64_t r = static_cast<int64_t>(rows.size());
-  const int64_t q_dim = hp_.n_head * hp_.head_dim;
-  Graph g;
-  TensorId x = g.external(x_.data(), r, hp_.n_embd);
-  TensorId q = g.external(q_.data(), r, q_dim);
-  TensorId k = g.external(k_.data(), r, hp_.kv_dim());
-  TensorId v = g.external(v_.data(), r, hp_.kv_dim());
-  g.rope(q, rows.data(), hp_.n_head, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base);
-  g.rope(k, rows.data(), hp_.n_head_kv, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base);
-  TensorId kc = g.external(s_.k_cache(layer), s_.n_ctx(), hp_.kv_dim());
-  TensorId vc = g.external(s_.v_cache(layer), s_.n_ctx(), hp_.kv_dim());
-  g.scatter_rows(k, rows.data(), kc);
-  g.scatter_rows(v, rows.data(), vc);
-  TensorId a = g.attention(q, rows.data(), kc, vc, n_, hp_.n_head, hp_.n_head_kv, hp_.head_dim);
-  g.add_into(x, g.matmul(w.wo, a));
-  TensorId h2 = g.rmsnorm(x, w.ffn_norm, hp_.rms_eps);
-  TensorId m = g.silu_mul(g.matmul(w.w_gate, h2), g.matmul(w.w_up, h2));
-  g.add_into(x, g.matmul(w.w_down, m));
-  run_graph(g);
+  const int64_t q_dim = hp_.n_head * hp_.head_dim, kv_dim = hp_.kv_dim();
+  // First every carried row's K and V go into the cache, so that the
+  // attention below may then run in row batches: a query only needs keys at
+  // or before its position, all of which are in place.
+  {
+    Graph g;
+    TensorId q = g.external(q_.data(), r, q_dim);
+    TensorId k = g.external(k_.data(), r, kv_dim);
+    TensorId v = g.external(v_.data(), r, kv_dim);
+    g.rope(q, rows.data(), hp_.n_head, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base);
+    g.rope(k, rows.data(), hp_.n_head_kv, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base);
+    g.scatter_rows(k, rows.data(), g.external(s_.k_cache(layer), s_.n_ctx(), kv_dim));
+    g.scatter_rows(v, rows.data(), g.external(s_.v_cache(layer), s_.n_ctx(), kv_dim));
+    run_graph(g);
+  }
+  for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
+    const int64_t b = std::min(kRowBatch, r - r0);
+    Graph g;
+    TensorId x = g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd);
+    TensorId q = g.external(q_.data() + r0 * q_dim, b, q_dim);
+    TensorId kc = g.external(s_.k_cache(layer), s_.n_ctx(), kv_dim);
+    TensorId vc = g.external(s_.v_cache(layer), s_.n_ctx(), kv_dim);
+    TensorId a =
+        g.attention(q, rows.data() + r0, kc, vc, n_, hp_.n_head, hp_.n_head_kv, hp_.head_dim);
+    g.add_into(x, g.matmul(w.wo, a));
+    TensorId h2 = g.rmsnorm(x, w.ffn_norm, hp_.rms_eps);
+    TensorId m = g.silu_mul(g.matmul(w.w_gate, h2), g.matmul(w.w_up, h2));
+    g.add_into(x, g.matmul(w.w_down, m));
+    run_graph(g);
+  }
 }
 
 bool FusedForward::layers(LayerPipeline& loads) {
