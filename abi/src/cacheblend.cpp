@@ -144,6 +144,17 @@ size_t output_size(const T* user, size_t min_size, const char* what) {
   return user->struct_size;
 }
 
+// The integer a caller stored in a C enum field.  C lets any int live there;
+// in C++ loading an enum outside its range is undefined, so the bytes are
+// read as an int and validated before they become an enum.
+template <typename E>
+int enum_value(const E& field) {
+  static_assert(sizeof(E) == sizeof(int));
+  int v;
+  std::memcpy(&v, &field, sizeof v);
+  return v;
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -305,7 +316,7 @@ cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model
         opts, cb_model_options_init, sizeof(cb_model_options),
         "cb_model_options.struct_size is not a known size (use cb_model_options_init)");
     require(o.n_threads >= 0, "n_threads must be >= 0");
-    switch (static_cast<int>(o.backend)) {
+    switch (enum_value(o.backend)) {
       case CB_BACKEND_AUTO:
       case CB_BACKEND_CPU:
         break;
@@ -725,13 +736,14 @@ cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
           "cb_store_options.struct_size is not a known size (use cb_store_options_init)");
       std::memcpy(static_cast<void*>(&o), opts, size);
     }
-    require(o.codec == CB_CODEC_F16 || o.codec == CB_CODEC_Q8 || o.codec == CB_CODEC_Q4,
+    const int codec = enum_value(o.codec);
+    require(codec == CB_CODEC_F16 || codec == CB_CODEC_Q8 || codec == CB_CODEC_Q4,
             "unknown codec (use CB_CODEC_F16, CB_CODEC_Q8 or CB_CODEC_Q4)");
     require(o.capacity_bytes > 0, "capacity_bytes must be positive");
     require(o.busy_timeout_ms >= 0, "busy_timeout_ms must not be negative");
     cb::cache::StoreOptions so;
     so.capacity_bytes = o.capacity_bytes;
-    so.codec = static_cast<cb::cache::Codec>(o.codec);
+    so.codec = static_cast<cb::cache::Codec>(codec);
     so.read_bytes_per_sec = o.read_bytes_per_sec;
     so.busy_timeout_ms = o.busy_timeout_ms;
     auto cache = std::make_unique<cb_chunk_cache>();
@@ -807,7 +819,7 @@ cb_status cb_chunk_cache_clear(cb_chunk_cache* cache) {
 }
 
 const char* cb_mode_name(cb_mode mode) {
-  switch (mode) {
+  switch (enum_value(mode)) {
     case CB_MODE_FULL:
       return "full";
     case CB_MODE_PREFIX:
@@ -868,7 +880,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
             "the session is not empty (reset the session first with cb_session_reset)");
 
     cb::RagPrefillOptions ro;
-    switch (static_cast<int>(o.mode)) {
+    switch (enum_value(o.mode)) {
       case CB_MODE_FULL:
         ro.blend.mode = cb::BlendMode::kFull;
         break;
@@ -884,7 +896,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
       default:
         invalid("unknown mode value (use a cb_mode)");
     }
-    switch (static_cast<int>(o.chunk_head)) {
+    switch (enum_value(o.chunk_head)) {
       case CB_CHUNK_HEAD_PROMPT:
         ro.chunk_head = cb::ChunkHead::kPrompt;
         break;
