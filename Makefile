@@ -43,7 +43,7 @@ test-arm:
 	@bash scripts/test_arm_kernels.sh build-arm64
 
 demo: build
-	@$(BUILD)/bin/cb_bench --model $(MODEL) generate --chat \
+	@$(BUILD)/bin/cb_bench generate --model $(MODEL) --chat \
 	  --prompt "What is the capital of France?" --max-tokens 32
 
 # llama.cpp built from the llama-cpp-python sdist, for side-by-side benchmarks.
