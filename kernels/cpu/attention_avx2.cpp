@@ -77,25 +77,7 @@ void transpose_keys(const float* k, int64_t ld, int64_t nb, int64_t hd, float* k
     const float* src = k + j * ld;
     int64_t d = 0;
     for (; d + 8 <= hd; d += 8) {
-      __m256 r[8];
-      for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld + d);
-      const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-      const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-      const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-      const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-      const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-      const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-      const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-      const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-      float* dst = kt + d * kKeyBlock + j;
-      _mm256_storeu_ps(dst + 0 * kKeyBlock, _mm256_permute2f128_ps(u0, u4, 0x20));
-      _mm256_storeu_ps(dst + 1 * kKeyBlock, _mm256_permute2f128_ps(u1, u5, 0x20));
-      _mm256_storeu_ps(dst + 2 * kKeyBlock, _mm256_permute2f128_ps(u2, u6, 0x20));
-      _mm256_storeu_ps(dst + 3 * kKeyBlock, _mm256_permute2f128_ps(u3, u7, 0x20));
-      _mm256_storeu_ps(dst + 4 * kKeyBlock, _mm256_permute2f128_ps(u0, u4, 0x31));
-      _mm256_storeu_ps(dst + 5 * kKeyBlock, _mm256_permute2f128_ps(u1, u5, 0x31));
-      _mm256_storeu_ps(dst + 6 * kKeyBlock, _mm256_permute2f128_ps(u2, u6, 0x31));
-      _mm256_storeu_ps(dst + 7 * kKeyBlock, _mm256_permute2f128_ps(u3, u7, 0x31));
+      transpose8(src + d, ld, kt + d * kKeyBlock + j, kKeyBlock);
     }
     for (; d < hd; ++d) {
       for (int64_t i = 0; i < 8; ++i) kt[d * kKeyBlock + j + i] = src[i * ld + d];
