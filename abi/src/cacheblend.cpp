@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -216,12 +217,84 @@ struct cb_session {
   bool has_logits = false;
   int32_t pending = -1;   // last generated token, not yet in the KV cache
   int32_t n_threads = 0;  // as created (0: all cores); part of the device id
+  // Inside cb_generate: the token callback must not use the session, and a
+  // cb_session_free from it is carried out when cb_generate returns.
+  bool generating = false;
+  bool free_requested = false;
 };
 
 namespace {
 
+// ---------------------------------------------------------------------------
+// Live handles
+
+// Every handle the library has given out and not taken back, by type.  Entry
+// points look a handle up here before touching it, so a freed handle, a
+// second free, or a pointer that is not a handle of that type (another
+// handle type cast, garbage) is refused instead of read.  Not detectable: a
+// freed handle whose address the allocator gave to a new handle of the same
+// type (the old pointer then names the new handle), and a free racing with
+// another call on the same handle.
+enum class HandleKind { kModel, kSession, kCache };
+
+class LiveHandles {
+ public:
+  void add(HandleKind k, const void* p) {
+    std::lock_guard lock(mu_);
+    sets_[index(k)].insert(p);
+  }
+  // false: `p` was not live (already freed, or never a handle of this kind).
+  bool remove(HandleKind k, const void* p) {
+    std::lock_guard lock(mu_);
+    return sets_[index(k)].erase(p) > 0;
+  }
+  bool contains(HandleKind k, const void* p) const {
+    std::lock_guard lock(mu_);
+    return sets_[index(k)].count(p) > 0;
+  }
+
+ private:
+  static size_t index(HandleKind k) { return static_cast<size_t>(k); }
+  mutable std::mutex mu_;
+  std::unordered_set<const void*> sets_[3];
+};
+
+LiveHandles& live_handles() {
+  // Never destroyed: an app may free handles from its own static destructors
+  // or atexit handlers, which can run after ours would have.
+  static LiveHandles* handles = new LiveHandles();
+  return *handles;
+}
+
+bool is_live(const cb_model* m) {
+  return m != nullptr && live_handles().contains(HandleKind::kModel, m);
+}
+bool is_live(const cb_session* s) {
+  return s != nullptr && live_handles().contains(HandleKind::kSession, s);
+}
+bool is_live(const cb_chunk_cache* c) {
+  return c != nullptr && live_handles().contains(HandleKind::kCache, c);
+}
+
+// The handle checks of the entry points: NULL, not live, and (sessions) in
+// use by the cb_generate whose token callback is calling.
+void check_model(const cb_model* m) {
+  require(m != nullptr, "model is NULL");
+  require(is_live(m), "model handle is not live (freed, or not a cb_model)");
+}
+void check_session(const cb_session* s) {
+  require(s != nullptr, "session is NULL");
+  require(is_live(s), "session handle is not live (freed, or not a cb_session)");
+  require(!s->generating,
+          "the session is generating: its token callback must not call into the same session");
+}
+void check_cache(const cb_chunk_cache* c) {
+  require(c != nullptr, "cache is NULL");
+  require(is_live(c), "cache handle is not live (freed, or not a cb_chunk_cache)");
+}
+
 const cb::Model& model_of(const cb_model* m) {
-  require(m != nullptr && m->state && m->state->model, "model is NULL");
+  check_model(m);
   return *m->state->model;
 }
 
@@ -250,6 +323,56 @@ std::span<const float> feed(cb_session* s, std::span<const int32_t> tokens) {
   auto logits = s->session->prefill(all);
   s->pending = -1;
   return logits;
+}
+
+// The fields of cb_rag_options that decide a chunk's cache key.  One parser
+// for cb_rag_prefill, cb_chunk_cache_add and cb_chunk_cache_contains, so an
+// ingest step and a later request always agree on the key.
+struct ChunkKeyOptions {
+  cb::ChunkHead head = cb::ChunkHead::kPrompt;
+  std::string system_prompt;
+  std::string ns;
+};
+
+constexpr const char* kDefaultSystemPrompt = "Answer the question using the documents.";
+
+ChunkKeyOptions chunk_key_options(const cb_rag_options& o) {
+  ChunkKeyOptions k;
+  switch (enum_value(o.chunk_head)) {
+    case CB_CHUNK_HEAD_PROMPT:
+      k.head = cb::ChunkHead::kPrompt;
+      break;
+    case CB_CHUNK_HEAD_NONE:
+      k.head = cb::ChunkHead::kNone;
+      break;
+    default:
+      invalid("unknown chunk_head value (use a cb_chunk_head)");
+  }
+  k.system_prompt = o.system_prompt != nullptr ? o.system_prompt : kDefaultSystemPrompt;
+  if (o.cache_namespace != nullptr) k.ns = o.cache_namespace;
+  return k;
+}
+
+cb_rag_options read_rag_options(const cb_rag_options* opts) {
+  return read_options(opts, cb_rag_options_init, sizeof(cb_rag_options),
+                      "cb_rag_options.struct_size is not a known size (use cb_rag_options_init)");
+}
+
+// A chunk as cb_rag_prefill would see it: its tokens, the tokens its KV is
+// computed after, and its cache key.
+struct ChunkEntry {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> head;
+  cb::cache::ChunkKey key;
+};
+
+ChunkEntry chunk_entry(const cb::Model& model, const char* chunk_text, const cb_rag_options* opts) {
+  const ChunkKeyOptions ko = chunk_key_options(read_rag_options(opts));
+  ChunkEntry e;
+  e.tokens = cb::rag_chunk_tokens(model.tokenizer(), chunk_text);
+  e.head = cb::chunk_head_tokens(ko.head, cb::rag_prompt_head(model.tokenizer(), ko.system_prompt));
+  e.key = cb::chunk_cache_key(model, ko.head, e.head, e.tokens, ko.ns);
+  return e;
 }
 
 }  // namespace
@@ -337,12 +460,16 @@ cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model
     state->kernels = cb::cpu_kernel_level_name();
     auto handle = std::make_unique<cb_model>();
     handle->state = std::move(state);
+    live_handles().add(HandleKind::kModel, handle.get());
     *out_model = handle.release();
     return CB_OK;
   });
 }
 
 void cb_model_free(cb_model* model) {
+  // A handle that is not live (a second free, not a model) is ignored: it
+  // must not be touched.  Sessions keep the model's state alive.
+  if (model == nullptr || !live_handles().remove(HandleKind::kModel, model)) return;
   delete model;
 }
 
@@ -441,17 +568,17 @@ cb_status cb_token_to_piece(const cb_model* model, int32_t token, int render_spe
 }
 
 int32_t cb_token_bos(const cb_model* model) {
-  if (model == nullptr || !model->state || !model->state->model) return -1;
+  if (!is_live(model)) return -1;
   return model->state->model->tokenizer().bos_id();
 }
 
 int32_t cb_token_eos(const cb_model* model) {
-  if (model == nullptr || !model->state || !model->state->model) return -1;
+  if (!is_live(model)) return -1;
   return model->state->model->tokenizer().eos_id();
 }
 
 int cb_token_is_end_of_generation(const cb_model* model, int32_t token) {
-  if (model == nullptr || !model->state || !model->state->model) return 0;
+  if (!is_live(model)) return 0;
   try {
     const cb::Tokenizer& t = model->state->model->tokenizer();
     if (token < 0 || token >= t.n_vocab()) return 0;
@@ -506,18 +633,26 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
     handle->state = model->state;
     handle->n_threads = so.n_threads;
     handle->session = std::make_unique<cb::Session>(*model->state->model, so);
+    live_handles().add(HandleKind::kSession, handle.get());
     *out_session = handle.release();
     return CB_OK;
   });
 }
 
 void cb_session_free(cb_session* session) {
+  if (session == nullptr || !live_handles().remove(HandleKind::kSession, session)) return;
+  // Called from the token callback of a cb_generate on this session: that
+  // call is still using it and deletes it when it returns.
+  if (session->generating) {
+    session->free_requested = true;
+    return;
+  }
   delete session;
 }
 
 cb_status cb_session_prefill(cb_session* session, const int32_t* tokens, size_t n_tokens) {
   return guard("cb_session_prefill", [&] {
-    require(session != nullptr, "session is NULL");
+    check_session(session);
     require(tokens != nullptr, "tokens is NULL");
     require(n_tokens > 0, "n_tokens is 0");
     auto logits = feed(session, std::span<const int32_t>(tokens, n_tokens));
@@ -528,16 +663,16 @@ cb_status cb_session_prefill(cb_session* session, const int32_t* tokens, size_t 
 }
 
 int32_t cb_session_n_past(const cb_session* session) {
-  return session == nullptr ? 0 : clamp_i32(total_past(session));
+  return is_live(session) ? clamp_i32(total_past(session)) : 0;
 }
 
 int32_t cb_session_n_ctx(const cb_session* session) {
-  return session == nullptr ? 0 : clamp_i32(session->session->n_ctx());
+  return is_live(session) ? clamp_i32(session->session->n_ctx()) : 0;
 }
 
 cb_status cb_session_logits(const cb_session* session, const float** logits, size_t* n_vocab) {
   return guard("cb_session_logits", [&] {
-    require(session != nullptr, "session is NULL");
+    check_session(session);
     require(logits != nullptr, "logits is NULL");
     require(n_vocab != nullptr, "n_vocab is NULL");
     require(session->has_logits,
@@ -551,7 +686,7 @@ cb_status cb_session_logits(const cb_session* session, const float** logits, siz
 
 cb_status cb_session_reset(cb_session* session) {
   return guard("cb_session_reset", [&] {
-    require(session != nullptr, "session is NULL");
+    check_session(session);
     session->session->truncate(0);
     session->pending = -1;
     session->has_logits = false;
@@ -592,7 +727,7 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
                       cb_generate_stats* stats) {
   return guard("cb_generate", [&] {
     const auto t0 = std::chrono::steady_clock::now();
-    require(session != nullptr, "session is NULL");
+    check_session(session);
     require(prompt != nullptr || n_prompt == 0, "prompt is NULL");
     const size_t stats_size =
         stats == nullptr
@@ -623,6 +758,20 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
         stats->struct_size = stats_size;
       }
     };
+
+    // The token callback runs inside this call: meanwhile the session refuses
+    // other calls (check_session), and a cb_session_free from the callback
+    // is carried out here, on the way out, once nothing uses the session.
+    struct GeneratingScope {
+      cb_session* session;
+      explicit GeneratingScope(cb_session* s) : session(s) { session->generating = true; }
+      ~GeneratingScope() {
+        session->generating = false;
+        if (session->free_requested) delete session;
+      }
+      GeneratingScope(const GeneratingScope&) = delete;
+      GeneratingScope& operator=(const GeneratingScope&) = delete;
+    } generating(session);
 
     // Prompt.
     std::span<const float> logits;
@@ -664,7 +813,7 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
       session->pending = t;
       if (callback != nullptr) {
         piece = tok.token_to_piece(t);
-        if (callback(t, piece.c_str(), piece.size(), user_data) != 0) {
+        if (callback(t, piece.c_str(), piece.size(), user_data) != 0 || session->free_requested) {
           st.stop_reason = CB_STOP_CANCELLED;
           result = CB_ERR_CANCELLED;
           break;
@@ -694,7 +843,9 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
     publish();
     if (result == CB_ERR_CANCELLED)
       return fail_with(CB_ERR_CANCELLED, "cb_generate",
-                       "generation cancelled by the token callback after " +
+                       (session->free_requested
+                            ? "the token callback freed the session; generation stopped after "
+                            : "generation cancelled by the token callback after ") +
                            std::to_string(st.n_generated) + " tokens");
     return result;
   });
@@ -706,7 +857,9 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
 cb_status cb_chunk_cache_create(cb_chunk_cache** out_cache) {
   return guard("cb_chunk_cache_create", [&] {
     require(out_cache != nullptr, "out_cache is NULL");
-    *out_cache = new cb_chunk_cache();
+    auto cache = std::make_unique<cb_chunk_cache>();
+    live_handles().add(HandleKind::kCache, cache.get());
+    *out_cache = cache.release();
     return CB_OK;
   });
 }
@@ -749,6 +902,7 @@ cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
     auto cache = std::make_unique<cb_chunk_cache>();
     cache->flash = std::make_unique<cb::FlashChunkStore>(
         std::shared_ptr<cb::cache::ChunkStore>(cb::cache::ChunkStore::open(dir, so)));
+    live_handles().add(HandleKind::kCache, cache.get());
     *out_cache = cache.release();
     return CB_OK;
   });
@@ -756,14 +910,14 @@ cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
 
 cb_status cb_chunk_cache_flush(cb_chunk_cache* cache) {
   return guard("cb_chunk_cache_flush", [&] {
-    require(cache != nullptr, "cache is NULL");
+    check_cache(cache);
     if (cache->flash) cache->flash->store().flush();
     return CB_OK;
   });
 }
 
 void cb_chunk_cache_free(cb_chunk_cache* cache) {
-  if (cache == nullptr) return;
+  if (cache == nullptr || !live_handles().remove(HandleKind::kCache, cache)) return;
   // Pending write-backs finish before the store closes; a failure here has
   // nowhere to be reported, and the entries it concerns are simply absent.
   try {
@@ -781,7 +935,7 @@ void cb_chunk_cache_stats_init(cb_chunk_cache_stats* stats) {
 
 cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_stats* stats) {
   return guard("cb_chunk_cache_get_stats", [&] {
-    require(cache != nullptr, "cache is NULL");
+    check_cache(cache);
     const size_t size = output_size(
         stats, sizeof(cb_chunk_cache_stats),
         "stats is NULL or stats->struct_size is not a known size (use cb_chunk_cache_stats_init)");
@@ -808,7 +962,7 @@ cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_s
 
 cb_status cb_chunk_cache_clear(cb_chunk_cache* cache) {
   return guard("cb_chunk_cache_clear", [&] {
-    require(cache != nullptr, "cache is NULL");
+    check_cache(cache);
     if (cache->flash) {
       cache->flash->store().clear();
     } else {
@@ -847,6 +1001,82 @@ void cb_rag_options_init(cb_rag_options* opts) {
   opts->auto_ratio = 0;
 }
 
+cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const char* chunk_text,
+                             const cb_rag_options* opts, int32_t* out_computed,
+                             int32_t* out_n_tokens) {
+  return guard("cb_chunk_cache_add", [&] {
+    check_session(session);
+    check_cache(cache);
+    require(chunk_text != nullptr, "chunk_text is NULL");
+    require(total_past(session) == 0,
+            "the session is not empty (reset the session first with cb_session_reset)");
+    cb::Session& s = *session->session;
+    const ChunkEntry e = chunk_entry(*session->state->model, chunk_text, opts);
+    const int64_t n_ctx = s.n_ctx();
+    const int64_t len = static_cast<int64_t>(e.tokens.size());
+    const int64_t head_len = static_cast<int64_t>(e.head.size());
+    if (len + head_len > n_ctx)
+      throw cb::Error(
+          cb::ErrorCode::kContextOverflow,
+          "the chunk is " + std::to_string(len) + " tokens long" +
+              (head_len > 0 ? " (plus a " + std::to_string(head_len) + "-token chunk head)"
+                            : std::string()) +
+              ", more than the session's context of " + std::to_string(n_ctx) + " tokens");
+    int32_t computed = 0;
+    // rag_prefill skips empty chunks, so there is nothing to store for one
+    // (the trailing blank line makes that impossible today).
+    if (!e.tokens.empty() && !cache->kv().find(e.key)) {
+      session->has_logits = false;
+      cb::cache::ChunkKV kv;
+      try {
+        kv = cb::precompute_chunk_kv(s, e.head, e.tokens);
+      } catch (...) {
+        s.truncate(0);  // the session is left empty whatever happened
+        throw;
+      }
+      if (cache->flash) {
+        // Written now, not queued like a request's misses: an ingest step
+        // adds many chunks quickly and must not lose any to a full
+        // write-back queue, and the chunk must be found right after.
+        cb::cache::PutResult put;
+        try {
+          put = cache->flash->store().put(e.key, kv.view());
+        } catch (const cb::Error& err) {
+          // The store refuses values its codec cannot hold (inf, NaN, beyond
+          // f16): not the caller's argument, so not INVALID_ARGUMENT.
+          if (err.code() != cb::ErrorCode::kInvalidArgument) throw;
+          throw cb::Error(cb::ErrorCode::kUnsupported,
+                          std::string("the chunk's KV cannot be stored on flash: ") + err.what());
+        }
+        if (put == cb::cache::PutResult::kNoRoom)
+          throw ApiError{CB_ERR_IO,
+                         "the chunk does not fit in the cache on flash (larger than its "
+                         "capacity_bytes, or every other entry is pinned)"};
+      } else {
+        cache->table.put(e.key, std::move(kv));
+      }
+      computed = 1;
+    }
+    if (out_computed != nullptr) *out_computed = computed;
+    if (out_n_tokens != nullptr) *out_n_tokens = clamp_i32(len);
+    return CB_OK;
+  });
+}
+
+cb_status cb_chunk_cache_contains(const cb_model* model, cb_chunk_cache* cache,
+                                  const char* chunk_text, const cb_rag_options* opts,
+                                  int32_t* out_found) {
+  return guard("cb_chunk_cache_contains", [&] {
+    const cb::Model& m = model_of(model);
+    check_cache(cache);
+    require(chunk_text != nullptr, "chunk_text is NULL");
+    require(out_found != nullptr, "out_found is NULL");
+    const ChunkEntry e = chunk_entry(m, chunk_text, opts);
+    *out_found = !e.tokens.empty() && cache->kv().find(e.key) != nullptr ? 1 : 0;
+    return CB_OK;
+  });
+}
+
 void cb_rag_stats_init(cb_rag_stats* stats) {
   if (stats == nullptr) return;
   std::memset(static_cast<void*>(stats), 0, sizeof(*stats));
@@ -858,7 +1088,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
                          cb_rag_stats* stats) {
   return guard("cb_rag_prefill", [&] {
     const auto t0 = std::chrono::steady_clock::now();
-    require(session != nullptr, "session is NULL");
+    check_session(session);
     require(chunk_texts != nullptr || n_chunks == 0, "chunk_texts is NULL");
     require(n_chunks > 0,
             "no chunks: a request without documents is a plain prompt (use cb_generate)");
@@ -872,9 +1102,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
             ? 0
             : output_size(stats, sizeof(cb_rag_stats),
                           "stats->struct_size is not a known size (use cb_rag_stats_init)");
-    const cb_rag_options o =
-        read_options(opts, cb_rag_options_init, sizeof(cb_rag_options),
-                     "cb_rag_options.struct_size is not a known size (use cb_rag_options_init)");
+    const cb_rag_options o = read_rag_options(opts);
     require(o.schedule != nullptr || o.n_schedule == 0, "schedule is NULL but n_schedule is not 0");
     require(total_past(session) == 0,
             "the session is not empty (reset the session first with cb_session_reset)");
@@ -896,16 +1124,9 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
       default:
         invalid("unknown mode value (use a cb_mode)");
     }
-    switch (enum_value(o.chunk_head)) {
-      case CB_CHUNK_HEAD_PROMPT:
-        ro.chunk_head = cb::ChunkHead::kPrompt;
-        break;
-      case CB_CHUNK_HEAD_NONE:
-        ro.chunk_head = cb::ChunkHead::kNone;
-        break;
-      default:
-        invalid("unknown chunk_head value (use a cb_chunk_head)");
-    }
+    const ChunkKeyOptions key_opts = chunk_key_options(o);
+    ro.chunk_head = key_opts.head;
+    ro.ns = key_opts.ns;
     ro.blend.schedule.clear();
     if (o.n_schedule == 0) {
       ro.blend.schedule.push_back({1, o.ratio});
@@ -915,12 +1136,13 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     }
     if (ro.blend.mode != cb::BlendMode::kFull)
       require(cache != nullptr, "cache is NULL (only CB_MODE_FULL runs without a chunk cache)");
-    if (o.cache_namespace != nullptr) ro.ns = o.cache_namespace;
+    if (cache != nullptr) check_cache(cache);
     ro.pipeline.enabled = o.pipeline != 0;
     if (o.auto_ratio != 0) {
       require(ro.blend.mode == cb::BlendMode::kBlend, "auto_ratio needs CB_MODE_BLEND");
       require(cache != nullptr && cache->flash,
               "auto_ratio needs a chunk cache on flash (cb_chunk_cache_open)");
+      ro.min_ratio = o.ratio;  // the quality floor
     }
 
     cb::Session& s = *session->session;
@@ -936,9 +1158,8 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     std::vector<std::string> texts;
     texts.reserve(n_chunks);
     for (size_t i = 0; i < n_chunks; ++i) texts.emplace_back(chunk_texts[i]);
-    const char* system =
-        o.system_prompt != nullptr ? o.system_prompt : "Answer the question using the documents.";
-    const cb::RagPrompt prompt = cb::build_rag_prompt(model.tokenizer(), system, texts, question);
+    const cb::RagPrompt prompt =
+        cb::build_rag_prompt(model.tokenizer(), key_opts.system_prompt, texts, question);
 
     // Sizes against the context before any work, with the reason.
     const int64_t n_ctx = s.n_ctx();

@@ -78,8 +78,10 @@ void refresh_decode(Calibration& cal, cache::Codec codec, double bytes, double s
   check_alpha(alpha);
   if (bytes <= 0.0 || seconds < 0.0) return;
   const CalibratedDecode* d = cal.find_decode(codec);
-  if (!d || d->pinned) return;
-  CalibratedDecode u = *d;
+  if (d && d->pinned) return;
+  // A codec never measured before starts from this observation: the first
+  // request that decodes it is its calibration probe.
+  CalibratedDecode u = d ? *d : CalibratedDecode{codec, seconds / bytes, 0, false};
   u.s_per_byte = ema(u.s_per_byte, seconds / bytes, alpha);
   ++u.observations;
   cal.set_decode(u);
@@ -88,9 +90,13 @@ void refresh_decode(Calibration& cal, cache::Codec codec, double bytes, double s
 void refresh_read(Calibration& cal, const std::string& tier, double bytes, double seconds,
                   double alpha) {
   check_alpha(alpha);
+  if (bytes <= 0.0 || seconds <= 0.0) return;
   const CalibratedTier* t = cal.find_tier(tier);
-  if (!t || t->pinned || bytes <= 0.0 || seconds <= 0.0) return;
-  CalibratedTier u = *t;
+  if (t && t->pinned) return;
+  // A tier never measured starts from this observation (cost rank 0 until
+  // the caller ranks it): otherwise an uncalibrated store would count as
+  // free to read forever and the controller would never raise r.
+  CalibratedTier u = t ? *t : CalibratedTier{{tier, bytes / seconds, 0}, 0, false};
   // Averaged as time per byte, not bytes per second: T_load is linear in
   // the former, so a mix of fast and slow reads averages to the right time.
   const double old_spb = u.tier.read_bytes_per_s > 0.0 ? 1.0 / u.tier.read_bytes_per_s : 0.0;

@@ -63,8 +63,10 @@ struct Calibration {
 };
 
 // Refreshes from real timings with an exponential moving average: the new
-// value is (1 - alpha) * old + alpha * observed.  Pinned entries and
-// uncalibrated ones (nothing to refresh) are left alone; alpha is in (0, 1].
+// value is (1 - alpha) * old + alpha * observed.  Pinned entries are left
+// alone; alpha is in (0, 1].  A storage tier or codec seen for the first time
+// is created from the observation (the first request is its probe); a
+// compute model must come from the probe (one request cannot fit it).
 //
 // Compute: one request's layers cannot determine three coefficients, so the
 // observation moves their common scale: the ratio of observed to predicted

@@ -23,6 +23,8 @@ LoadingController::LoadingController(Calibration cal, LoadingControllerOptions o
     fail(ErrorCode::kInvalidArgument, "r_min must be in [0, 1]");
   if (!(opts_.refresh_alpha > 0.0 && opts_.refresh_alpha <= 1.0))
     fail(ErrorCode::kInvalidArgument, "refresh_alpha must be in (0, 1]");
+  if (!(opts_.hide_margin >= 0.0 && opts_.hide_margin < 1.0))
+    fail(ErrorCode::kInvalidArgument, "hide_margin must be in [0, 1)");
 }
 
 Calibration LoadingController::calibration() const {
@@ -90,27 +92,36 @@ double LoadingController::predict_compute_s(const RequestShape& shape, double ra
   return compute_s_locked(shape, ratio);
 }
 
-RatioChoice LoadingController::choose_ratio(const RequestShape& shape) const {
+RatioChoice LoadingController::choose_ratio(const RequestShape& shape,
+                                            std::optional<double> r_min) const {
   check_shape(shape);
+  const double floor = r_min.value_or(opts_.r_min);
+  if (!(floor >= 0.0 && floor <= 1.0)) fail(ErrorCode::kInvalidArgument, "r_min must be in [0, 1]");
   std::lock_guard lock(mu_);
   RatioChoice out;
   out.load_s = load_s_locked(shape, nullptr);
   out.calibrated = cal_.compute && cal_.compute->cost.valid();
   if (!out.calibrated) {
-    out.r_star = out.ratio = opts_.r_min;
+    out.r_star = out.ratio = floor;
     return out;
   }
   // T_recompute is linear in r: C(r) = C(0) + r * slope.
   const double c0 = compute_s_locked(shape, 0.0);
   const double slope = compute_s_locked(shape, 1.0) - c0;
   if (slope > 0.0) {
-    out.r_star = (out.load_s - c0) / slope;
+    out.r_star = ((1.0 - opts_.hide_margin) * out.load_s - c0) / slope;
   } else {
     // Nothing to recompute (no reused tokens, or every layer is before the
     // first check): r changes nothing.
     out.r_star = 0.0;
   }
-  out.ratio = std::clamp(std::max(opts_.r_min, out.r_star), 0.0, 1.0);
+  out.ratio = std::clamp(std::max(floor, out.r_star), 0.0, 1.0);
+  // Past the point where even recomputing everything hides nothing, reads
+  // only add time: recompute every token instead.
+  if (shape.n_reused > 0 && out.load_s > c0 + slope) {
+    out.skip_loads = true;
+    out.ratio = 1.0;
+  }
   out.compute_s = compute_s_locked(shape, out.ratio);
   return out;
 }
@@ -124,7 +135,7 @@ std::optional<TierChoice> LoadingController::cheapest_hidden_tier(const RequestS
   std::vector<TierChoice> options;
   for (const CalibratedTier& t : cal_.tiers) {
     const double load = load_s_locked(shape, &t.tier.name);
-    options.push_back({t.tier, load, compute, load <= compute});
+    options.push_back({t.tier, load, compute, (1.0 - opts_.hide_margin) * load <= compute});
   }
   std::sort(options.begin(), options.end(), [](const TierChoice& a, const TierChoice& b) {
     if (a.tier.cost_rank != b.tier.cost_rank) return a.tier.cost_rank < b.tier.cost_rank;

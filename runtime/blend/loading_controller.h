@@ -2,7 +2,11 @@
 // ratio r so that recomputing hides the time to load the cached KV, from
 // the bytes the request reads and the device's calibrated costs:
 //
-//   r = clamp(max(r_min, r*), 0, 1)   where   T_recompute(r*) = T_load
+//   r = clamp(max(r_min, r*), 0, 1)   where   T_recompute(r*) = (1 - m) T_load
+//
+// with a small margin m (LoadingControllerOptions::hide_margin).  When the
+// loads would take longer than recomputing every token, T_load >
+// T_recompute(1), the request skips the cache and is a full prefill.
 //
 // T_load = sum over layers and stored parts of bytes / read_throughput(tier)
 // + bytes * decode_cost(codec); T_recompute(r) = sum over layers of the
@@ -38,6 +42,12 @@ namespace cb {
 struct LoadingControllerOptions {
   double r_min = 0.15;         // the smallest ratio with negligible quality loss
   double refresh_alpha = 0.2;  // weight of a new observation in the moving averages
+  // r* is chosen so that recompute takes (1 - hide_margin) of the load time,
+  // not all of it: the prediction errs on a busy device, and the pipeline
+  // has a tail (the last layer computes after its load arrives).  Too high
+  // an r costs TTFT one for one; too low only leaves a little fidelity
+  // unbought.  In [0, 1).
+  double hide_margin = 0.1;
 };
 
 // Bytes a request reads per layer from one place.
@@ -57,18 +67,22 @@ struct RequestShape {
 };
 
 struct RatioChoice {
-  double ratio = 0.0;       // to use: clamp(max(r_min, r_star), 0, 1)
-  double r_star = 0.0;      // where predicted recompute = predicted load (unclamped)
+  double ratio = 0.0;  // to use: clamp(max(r_min, r_star), 0, 1)
+  // Where predicted recompute = (1 - hide_margin) x predicted load (unclamped).
+  double r_star = 0.0;
   double load_s = 0.0;      // predicted load time, all layers
   double compute_s = 0.0;   // predicted compute time at `ratio`, all layers
   bool calibrated = false;  // false: no compute model yet; ratio = r_min
+  // Loading is predicted slower than recomputing every token: the request
+  // should not read the cache at all (a full prefill; ratio = 1).
+  bool skip_loads = false;
 };
 
 struct TierChoice {
   StorageTier tier;
   double load_s = 0.0;     // predicted load from this tier, all layers
   double compute_s = 0.0;  // predicted compute at the given ratio
-  bool hidden = false;     // load_s <= compute_s
+  bool hidden = false;     // (1 - hide_margin) x load_s <= compute_s
 };
 
 // The schedule with its last check layer's ratio set to r; an earlier check
@@ -89,7 +103,9 @@ class LoadingController {
   double predict_load_s(const RequestShape& shape) const;
   double predict_compute_s(const RequestShape& shape, double ratio) const;
 
-  RatioChoice choose_ratio(const RequestShape& shape) const;
+  // r_min: this request's floor instead of the options' (kInvalidArgument
+  // outside [0, 1]).
+  RatioChoice choose_ratio(const RequestShape& shape, std::optional<double> r_min = {}) const;
 
   // For a fixed ratio: of the calibrated tiers, the cheapest (lowest
   // cost_rank; ties: faster) from which the request's loads (shape.loads,

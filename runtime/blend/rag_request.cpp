@@ -21,12 +21,8 @@ std::vector<int32_t> RagPrompt::tokens() const {
 RagPrompt build_rag_prompt(const Tokenizer& tok, std::string_view system_prompt,
                            std::span<const std::string> chunk_texts, std::string_view question) {
   RagPrompt p;
-  std::string head =
-      "<|im_start|>system\n" + std::string(system_prompt) + "<|im_end|>\n<|im_start|>user\n";
-  p.head = tok.encode(head, false, true);
-  // Chunk text is data, not markup: special-token text inside a document
-  // stays plain text.
-  for (const std::string& c : chunk_texts) p.chunks.push_back(tok.encode(c + "\n\n", false, false));
+  p.head = rag_prompt_head(tok, system_prompt);
+  for (const std::string& c : chunk_texts) p.chunks.push_back(rag_chunk_tokens(tok, c));
   p.suffix = tok.encode("Question: ", false, false);
   auto q = tok.encode(question, false, false);
   p.suffix.insert(p.suffix.end(), q.begin(), q.end());
@@ -35,8 +31,36 @@ RagPrompt build_rag_prompt(const Tokenizer& tok, std::string_view system_prompt,
   return p;
 }
 
+std::vector<int32_t> rag_prompt_head(const Tokenizer& tok, std::string_view system_prompt) {
+  const std::string head =
+      "<|im_start|>system\n" + std::string(system_prompt) + "<|im_end|>\n<|im_start|>user\n";
+  return tok.encode(head, false, true);
+}
+
+std::vector<int32_t> rag_chunk_tokens(const Tokenizer& tok, std::string_view chunk_text) {
+  // Chunk text is data, not markup: special-token text inside a document
+  // stays plain text.
+  return tok.encode(std::string(chunk_text) + "\n\n", false, false);
+}
+
 const char* chunk_head_name(ChunkHead h) {
   return h == ChunkHead::kNone ? "none" : "prompt";
+}
+
+std::vector<int32_t> chunk_head_tokens(ChunkHead h, std::span<const int32_t> prompt_head) {
+  if (h != ChunkHead::kPrompt) return {};
+  return {prompt_head.begin(), prompt_head.end()};
+}
+
+cache::ChunkKey chunk_cache_key(const Model& model, ChunkHead h,
+                                std::span<const int32_t> head_tokens,
+                                std::span<const int32_t> chunk, const std::string& ns) {
+  char head_id[40];
+  std::snprintf(head_id, sizeof head_id, "%s:%016llx", chunk_head_name(h),
+                static_cast<unsigned long long>(
+                    XXH3_64bits(head_tokens.data(), head_tokens.size() * sizeof(int32_t))));
+  return cache::ChunkKey{model.fingerprint(), head_id, std::nullopt,
+                         std::vector<int32_t>(chunk.begin(), chunk.end()), ns};
 }
 
 std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvStore* store,
@@ -44,8 +68,7 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvS
   RagPrefillStats local;
   RagPrefillStats& st = stats ? *stats : local;
   st = RagPrefillStats{};
-  const std::vector<int32_t> head_tokens =
-      opts.chunk_head == ChunkHead::kPrompt ? prompt.head : std::vector<int32_t>{};
+  const std::vector<int32_t> head_tokens = chunk_head_tokens(opts.chunk_head, prompt.head);
   std::vector<Segment> segments;
   segments.push_back({prompt.head});
   std::vector<std::unique_ptr<ChunkLayerSource>> sources;
@@ -54,16 +77,11 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvS
 
   if (opts.blend.mode != BlendMode::kFull) {
     if (!store) fail(ErrorCode::kInvalidArgument, "mode needs a chunk cache");
-    // The cache key names the head by content, so a changed system prompt
-    // never serves KV computed after another one.
-    char head_id[40];
-    std::snprintf(head_id, sizeof head_id, "%s:%016llx", chunk_head_name(opts.chunk_head),
-                  static_cast<unsigned long long>(
-                      XXH3_64bits(head_tokens.data(), head_tokens.size() * sizeof(int32_t))));
     for (size_t i = 0; i < prompt.chunks.size(); ++i) {
       const auto& chunk = prompt.chunks[i];
       if (chunk.empty()) continue;
-      cache::ChunkKey key{s.model().fingerprint(), head_id, std::nullopt, chunk, opts.ns};
+      const cache::ChunkKey key =
+          chunk_cache_key(s.model(), opts.chunk_head, head_tokens, chunk, opts.ns);
       std::unique_ptr<ChunkLayerSource> src = store->find(key);
       if (src) {
         ++st.cache_hits;
@@ -118,9 +136,10 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvS
     if (seg->cached) --shape.n_reused;
     break;
   }
-  const RatioChoice choice = opts.controller->choose_ratio(shape);
+  const RatioChoice choice = opts.controller->choose_ratio(shape, opts.min_ratio);
   BlendOptions blend = opts.blend;
   blend.schedule = schedule_with_ratio(blend.schedule, choice.ratio);
+  if (choice.skip_loads) blend.mode = BlendMode::kFull;
   auto* flash = dynamic_cast<FlashChunkStore*>(store);
   const cache::StoreStats before = flash ? flash->store().stats() : cache::StoreStats{};
   auto logits = fuse_prefill(s, segments, blend, &st.fusion, opts.pipeline);

@@ -13,6 +13,7 @@
 #include "runtime/blend/chunk_table.h"
 #include "runtime/blend/fusor.h"
 #include "runtime/blend/loading_controller.h"
+#include "runtime/model.h"
 #include "runtime/session.h"
 
 namespace cb {
@@ -29,6 +30,12 @@ struct RagPrompt {
 // "<|im_start|>assistant\n".
 RagPrompt build_rag_prompt(const Tokenizer& tok, std::string_view system_prompt,
                            std::span<const std::string> chunk_texts, std::string_view question);
+// The two pieces of build_rag_prompt that decide a chunk's cache key, for
+// callers that precompute or look up one chunk outside a request (an app's
+// ingest step): they must tokenize exactly as a request does, or the chunk
+// would never be found.
+std::vector<int32_t> rag_prompt_head(const Tokenizer& tok, std::string_view system_prompt);
+std::vector<int32_t> rag_chunk_tokens(const Tokenizer& tok, std::string_view chunk_text);
 
 // The tokens a chunk's KV is precomputed after (DESIGN.md §4, "chunk head").
 enum class ChunkHead {
@@ -36,6 +43,18 @@ enum class ChunkHead {
   kPrompt,  // the request's prompt head P
 };
 const char* chunk_head_name(ChunkHead h);
+
+// The tokens a chunk's KV is precomputed after: the prompt head P for
+// kPrompt, nothing for kNone.
+std::vector<int32_t> chunk_head_tokens(ChunkHead h, std::span<const int32_t> prompt_head);
+
+// The key of a chunk's KV in a ChunkKvStore.  `head_tokens` are the
+// chunk_head_tokens(); they are named by content in the key, so a changed
+// system prompt never serves KV computed after another one.  rag_prefill
+// uses this, and so must anything else that stores or finds chunks.
+cache::ChunkKey chunk_cache_key(const Model& model, ChunkHead h,
+                                std::span<const int32_t> head_tokens,
+                                std::span<const int32_t> chunk, const std::string& ns);
 
 struct RagPrefillOptions {
   BlendOptions blend;
@@ -49,6 +68,9 @@ struct RagPrefillOptions {
   // counters too, when `store` is a FlashChunkStore).  Null: the schedule's
   // ratios as given.
   LoadingController* controller = nullptr;
+  // The floor of the controller's ratio for this request; none: the
+  // controller's own r_min.
+  std::optional<double> min_ratio;
   // The controller's name for the storage tier `store` reads from.  Chunks
   // computed in this request are read from RAM whatever the tier.
   std::string storage_tier;

@@ -30,7 +30,8 @@ if(bad)
   message(FATAL_ERROR "libcacheblend exports symbols outside the API:\n  ${bad_text}")
 endif()
 foreach(required cb_version cb_last_error cb_model_load cb_session_create cb_generate
-                 cb_session_logits cb_chunk_cache_create cb_rag_prefill)
+                 cb_session_logits cb_chunk_cache_create cb_rag_prefill cb_chunk_cache_add
+                 cb_chunk_cache_contains)
   if(NOT out MATCHES "[ \n]${required}\n")
     message(FATAL_ERROR "${required} is not exported from ${LIB}")
   endif()

@@ -3,8 +3,10 @@
  * greedily, and checks that misuse yields the right status and a message
  * rather than a crash.  The model path comes from $CB_MODEL or
  * CB_DEFAULT_MODEL.  Also runs two sessions of one model on two threads, and
- * retrieval-augmented prefills (cb_rag_prefill) in every mode.  Prints "N passed, N
- * failed"; exit status 1 on failure. */
+ * retrieval-augmented prefills (cb_rag_prefill) in every mode, chunks
+ * precomputed with cb_chunk_cache_add, and handles used after free, freed
+ * twice or of the wrong type.  Prints "N passed, N failed"; exit status 1 on
+ * failure. */
 #define _POSIX_C_SOURCE 200809L
 #include <cacheblend/cacheblend.h>
 #include <math.h>
@@ -607,6 +609,365 @@ static void test_rag_store(cb_model* m) {
   CHECK(system(cmd) == 0);
 }
 
+/* Precomputing chunks from text (an ingest step): what cb_chunk_cache_add
+ * stores is what cb_rag_prefill finds with the same options, in RAM and on
+ * flash; other options (namespace, system prompt, chunk head) do not see it. */
+static void test_chunk_cache_add(cb_model* m) {
+  char dir[] = "/tmp/cb_c_api_add.XXXXXX";
+  char cmd[128];
+  char text[64], with_blank[160];
+  int made_dir = 0;
+  cb_chunk_cache* cache = NULL;
+  cb_session* s = NULL;
+  cb_session* small = NULL;
+  cb_session_options so;
+  cb_rag_options ro, other;
+  cb_rag_stats st;
+  cb_chunk_cache_stats cs;
+  collector c;
+  int32_t computed = -1, n_tok = -1, found = -1, ids[64];
+  size_t n = 0, i;
+  char* long_chunk;
+
+  cb_session_options_init(&so);
+  so.n_ctx = 512;
+  so.n_threads = 2;
+  CHECK_OK(cb_session_create(m, &so, &s));
+  CHECK_OK(cb_chunk_cache_create(&cache));
+  if (s == NULL || cache == NULL) goto done;
+  cb_rag_options_init(&ro);
+
+  /* RAM: absent, added (computed once), then found. */
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], &ro, &found));
+  CHECK(found == 0);
+  CHECK_OK(cb_chunk_cache_add(s, cache, kRagChunks[0], &ro, &computed, &n_tok));
+  CHECK(computed == 1);
+  CHECK(cb_session_n_past(s) == 0);
+  /* The chunk's tokens are its text plus a blank line, tokenized as data. */
+  snprintf(with_blank, sizeof with_blank, "%s\n\n", kRagChunks[0]);
+  CHECK_OK(cb_tokenize(m, with_blank, CB_NUL_TERMINATED, 0, 0, ids, 64, &n));
+  CHECK(n > 0 && n_tok == (int32_t)n);
+  snprintf(text, sizeof text, "%.40s", kRagChunks[0]);
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], NULL, &found));
+  CHECK(found == 1);
+  computed = -1;
+  CHECK_OK(cb_chunk_cache_add(s, cache, kRagChunks[0], NULL, &computed, NULL));
+  CHECK(computed == 0);
+  CHECK_OK(cb_chunk_cache_add(s, cache, kRagChunks[1], &ro, NULL, NULL));
+  cb_chunk_cache_stats_init(&cs);
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 2);
+  /* A prefix of a chunk is another chunk. */
+  CHECK_OK(cb_chunk_cache_contains(m, cache, text, &ro, &found));
+  CHECK(found == 0);
+
+  /* Each part of the key separates entries. */
+  other = ro;
+  other.cache_namespace = "tenant-b";
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], &other, &found));
+  CHECK(found == 0);
+  other = ro;
+  other.system_prompt = "You are a terse assistant.";
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], &other, &found));
+  CHECK(found == 0);
+  other = ro;
+  other.chunk_head = CB_CHUNK_HEAD_NONE;
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], &other, &found));
+  CHECK(found == 0);
+  /* The default namespace is both NULL and "". */
+  other = ro;
+  other.cache_namespace = "";
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], &other, &found));
+  CHECK(found == 1);
+
+  /* The request finds both chunks and answers from them. */
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c, NULL, 0));
+  CHECK(st.cache_hits == 2 && st.cache_misses == 0);
+  CHECK(strstr(c.text, "4721") != NULL);
+
+  /* With another chunk head and namespace: added there, found there. */
+  other = ro;
+  other.chunk_head = CB_CHUNK_HEAD_NONE;
+  other.cache_namespace = "tenant-b";
+  CHECK_OK(cb_session_reset(s));
+  for (i = 0; i < 2; ++i) {
+    computed = -1;
+    CHECK_OK(cb_chunk_cache_add(s, cache, kRagChunks[i], &other, &computed, NULL));
+    CHECK(computed == 1);
+  }
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &other, &st, &c, NULL, 0));
+  CHECK(st.cache_hits == 2 && st.cache_misses == 0);
+
+  /* Misuse. */
+  CHECK_OK(cb_session_reset(s));
+  CHECK_ERR(cb_chunk_cache_add(NULL, cache, kRagChunks[0], NULL, NULL, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_add(s, NULL, kRagChunks[0], NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_add(s, cache, NULL, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_contains(NULL, cache, kRagChunks[0], NULL, &found),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_contains(m, NULL, kRagChunks[0], NULL, &found), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_contains(m, cache, NULL, NULL, &found), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_contains(m, cache, kRagChunks[0], NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  other = ro;
+  other.struct_size = 5;
+  CHECK_ERR(cb_chunk_cache_add(s, cache, "new chunk", &other, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_contains(m, cache, kRagChunks[0], &other, &found),
+            CB_ERR_INVALID_ARGUMENT);
+  other = ro;
+  other.chunk_head = (cb_chunk_head)7;
+  CHECK_ERR(cb_chunk_cache_add(s, cache, "new chunk", &other, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  /* A session that is not empty; outputs untouched on error. */
+  CHECK_OK(cb_tokenize(m, "Hello", CB_NUL_TERMINATED, 0, 0, ids, 64, &n));
+  CHECK_OK(cb_session_prefill(s, ids, n));
+  computed = -7;
+  CHECK_ERR(cb_chunk_cache_add(s, cache, "new chunk", NULL, &computed, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK(computed == -7);
+  CHECK_OK(cb_session_reset(s));
+  /* A chunk (plus its head) longer than the context: nothing stored, the
+   * session stays empty and usable. */
+  cb_session_options_init(&so);
+  so.n_ctx = 48;
+  so.n_threads = 2;
+  CHECK_OK(cb_session_create(m, &so, &small));
+  long_chunk = (char*)malloc(2000);
+  if (small != NULL && long_chunk != NULL) {
+    long_chunk[0] = '\0';
+    for (i = 0; i < 40; ++i) strcat(long_chunk, "The vault is closed. ");
+    CHECK_ERR(cb_chunk_cache_add(small, cache, long_chunk, NULL, NULL, NULL),
+              CB_ERR_CONTEXT_OVERFLOW);
+    CHECK(cb_session_n_past(small) == 0);
+    CHECK_OK(cb_chunk_cache_contains(m, cache, long_chunk, NULL, &found));
+    CHECK(found == 0);
+    /* A short chunk without a chunk head fits. */
+    other = ro;
+    other.chunk_head = CB_CHUNK_HEAD_NONE;
+    CHECK_OK(cb_chunk_cache_add(small, cache, "A short chunk.", &other, &computed, &n_tok));
+    CHECK(computed == 1 && n_tok > 0 && cb_session_n_past(small) == 0);
+  }
+  free(long_chunk);
+  cb_session_free(small);
+
+  /* Flash: added chunks are written at once, survive closing the cache, and
+   * are hits for the request; contains counts as a lookup in the stats. */
+  cb_chunk_cache_free(cache);
+  cache = NULL;
+  made_dir = mkdtemp(dir) != NULL;
+  CHECK(made_dir);
+  if (!made_dir) goto done;
+  CHECK_OK(cb_chunk_cache_open(dir, NULL, &cache));
+  if (cache == NULL) goto done;
+  for (i = 0; i < 2; ++i) {
+    computed = -1;
+    CHECK_OK(cb_chunk_cache_add(s, cache, kRagChunks[i], &ro, &computed, NULL));
+    CHECK(computed == 1);
+    CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[i], &ro, &found));
+    CHECK(found == 1);
+  }
+  CHECK_OK(cb_chunk_cache_flush(cache));
+  cb_chunk_cache_free(cache);
+  cache = NULL;
+  CHECK_OK(cb_chunk_cache_open(dir, NULL, &cache));
+  if (cache == NULL) goto done;
+  cb_chunk_cache_stats_init(&cs);
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 2 && cs.hits == 0 && cs.misses == 0);
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[1], &ro, &found));
+  CHECK(found == 1);
+  CHECK_OK(cb_chunk_cache_contains(m, cache, "not ingested", &ro, &found));
+  CHECK(found == 0);
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.hits == 1 && cs.misses == 1);
+  computed = -1;
+  CHECK_OK(cb_chunk_cache_add(s, cache, kRagChunks[0], &ro, &computed, NULL));
+  CHECK(computed == 0);
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c, NULL, 0));
+  CHECK(st.cache_hits == 2 && st.cache_misses == 0 && st.bytes_read > 0);
+  CHECK(strstr(c.text, "4721") != NULL);
+
+done:
+  cb_session_free(s);
+  cb_chunk_cache_free(cache);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (made_dir) CHECK(system(cmd) == 0);
+}
+
+/* A token callback that misuses its own session: calls into it (refused)
+ * and frees it after `free_at` tokens (carried out when cb_generate
+ * returns). */
+typedef struct {
+  cb_session* session;
+  int n_tokens;
+  int free_at;
+  cb_status reentry;
+  int reentry_message_ok;
+} misuse_ctx;
+
+static int misuse_session(int32_t token, const char* piece, size_t piece_len, void* user) {
+  misuse_ctx* c = (misuse_ctx*)user;
+  (void)token;
+  (void)piece;
+  (void)piece_len;
+  ++c->n_tokens;
+  if (c->n_tokens == 1) {
+    c->reentry = cb_session_reset(c->session);
+    c->reentry_message_ok = strstr(cb_last_error(), "callback") != NULL;
+  }
+  if (c->n_tokens == c->free_at) cb_session_free(c->session);
+  return 0;
+}
+
+#define CHECK_NOT_LIVE(expr)                            \
+  do {                                                  \
+    CHECK_ERR(expr, CB_ERR_INVALID_ARGUMENT);           \
+    CHECK(strstr(cb_last_error(), "not live") != NULL); \
+  } while (0)
+
+/* Handles that are freed, freed twice, or of another type are refused with
+ * CB_ERR_INVALID_ARGUMENT and never touched (ASan would see it); a second
+ * free is ignored.  `m` is the suite's model; another one is loaded (and
+ * freed) from `path`. */
+static void test_handles(cb_model* m, const char* path) {
+  cb_model* m2 = NULL;
+  cb_model* dead_m = NULL;
+  cb_session* s = NULL;
+  cb_session* dead_s = NULL;
+  cb_chunk_cache* c = NULL;
+  cb_chunk_cache* dead_c = NULL;
+  cb_session_options so;
+  cb_generate_options go;
+  cb_generate_stats gs;
+  cb_model_info info;
+  cb_chunk_cache_stats cs;
+  misuse_ctx ctx;
+  const float* logits = NULL;
+  size_t n = 0, nv = 0;
+  int32_t ids[64], found = -1;
+  int not_a_handle = 0;
+  char buf[64];
+  char* question;
+
+  cb_session_options_init(&so);
+  so.n_ctx = 96;
+  so.n_threads = 2;
+  cb_generate_options_init(&go);
+  go.max_tokens = 2;
+  cb_model_info_init(&info);
+  cb_chunk_cache_stats_init(&cs);
+  CHECK_OK(cb_tokenize(m, "Once upon a time", CB_NUL_TERMINATED, 1, 0, ids, 64, &n));
+  CHECK_OK(cb_session_create(m, &so, &s));
+  CHECK_OK(cb_chunk_cache_create(&c));
+  if (s == NULL || c == NULL) goto done;
+
+  /* A freed session. */
+  CHECK_OK(cb_session_create(m, &so, &dead_s));
+  cb_session_free(dead_s);
+  CHECK_NOT_LIVE(cb_session_reset(dead_s));
+  CHECK_NOT_LIVE(cb_session_prefill(dead_s, ids, n));
+  CHECK_NOT_LIVE(cb_generate(dead_s, ids, n, &go, NULL, NULL, NULL));
+  CHECK_NOT_LIVE(cb_session_logits(dead_s, &logits, &nv));
+  CHECK_NOT_LIVE(cb_rag_prefill(dead_s, c, kRagChunks, 2, kRagQuestion, NULL, NULL));
+  CHECK_NOT_LIVE(cb_chunk_cache_add(dead_s, c, kRagChunks[0], NULL, NULL, NULL));
+  CHECK(cb_session_n_past(dead_s) == 0 && cb_session_n_ctx(dead_s) == 0);
+  cb_session_free(dead_s); /* a second free is ignored */
+
+  /* A freed chunk cache. */
+  CHECK_OK(cb_chunk_cache_create(&dead_c));
+  cb_chunk_cache_free(dead_c);
+  CHECK_NOT_LIVE(cb_chunk_cache_clear(dead_c));
+  CHECK_NOT_LIVE(cb_chunk_cache_flush(dead_c));
+  CHECK_NOT_LIVE(cb_chunk_cache_get_stats(dead_c, &cs));
+  CHECK_NOT_LIVE(cb_chunk_cache_contains(m, dead_c, kRagChunks[0], NULL, &found));
+  CHECK_NOT_LIVE(cb_chunk_cache_add(s, dead_c, kRagChunks[0], NULL, NULL, NULL));
+  CHECK_NOT_LIVE(cb_rag_prefill(s, dead_c, kRagChunks, 2, kRagQuestion, NULL, NULL));
+  CHECK(cb_session_n_past(s) == 0);
+  cb_chunk_cache_free(dead_c);
+
+  /* A freed model that no session holds. */
+  CHECK_OK(cb_model_load(path, NULL, &dead_m));
+  cb_model_free(dead_m);
+  CHECK_NOT_LIVE(cb_model_get_info(dead_m, &info));
+  CHECK_NOT_LIVE(cb_tokenize(dead_m, "hi", CB_NUL_TERMINATED, 1, 0, ids, 64, &n));
+  CHECK_NOT_LIVE(cb_detokenize(dead_m, ids, 1, 0, buf, sizeof buf, &n));
+  CHECK_NOT_LIVE(cb_token_to_piece(dead_m, ids[0], 0, buf, sizeof buf, &n));
+  CHECK_NOT_LIVE(cb_chat_format(dead_m, NULL, 0, 1, buf, sizeof buf, &n));
+  CHECK_NOT_LIVE(cb_session_create(dead_m, &so, &dead_s));
+  CHECK_NOT_LIVE(cb_chunk_cache_contains(dead_m, c, kRagChunks[0], NULL, &found));
+  CHECK(cb_token_bos(dead_m) == -1 && cb_token_eos(dead_m) == -1);
+  CHECK(cb_token_is_end_of_generation(dead_m, 0) == 0);
+  cb_model_free(dead_m);
+
+  /* Another handle type, or no handle at all, where a handle is expected;
+   * a free of one is ignored and the real handles still work. */
+  CHECK_NOT_LIVE(cb_model_get_info((cb_model*)s, &info));
+  CHECK_NOT_LIVE(cb_tokenize((const cb_model*)c, "hi", CB_NUL_TERMINATED, 1, 0, ids, 64, &n));
+  CHECK_NOT_LIVE(cb_session_reset((cb_session*)m));
+  CHECK_NOT_LIVE(cb_session_prefill((cb_session*)c, ids, 1));
+  CHECK_NOT_LIVE(cb_chunk_cache_clear((cb_chunk_cache*)m));
+  CHECK_NOT_LIVE(cb_chunk_cache_get_stats((cb_chunk_cache*)s, &cs));
+  CHECK_NOT_LIVE(cb_session_reset((cb_session*)&not_a_handle));
+  CHECK(cb_session_n_ctx((cb_session*)m) == 0);
+  cb_session_free((cb_session*)m);
+  cb_model_free((cb_model*)s);
+  cb_chunk_cache_free((cb_chunk_cache*)m);
+  cb_model_free((cb_model*)&not_a_handle);
+  CHECK_OK(cb_model_get_info(m, &info));
+  CHECK(cb_session_n_ctx(s) == 96);
+  CHECK_OK(cb_chunk_cache_get_stats(c, &cs));
+
+  /* A question longer than the context: refused before any work. */
+  question = (char*)malloc(4000);
+  if (question != NULL) {
+    size_t i;
+    question[0] = '\0';
+    for (i = 0; i < 60; ++i) strcat(question, "Why is the sky blue? ");
+    CHECK_ERR(cb_rag_prefill(s, c, kRagChunks, 1, question, NULL, NULL), CB_ERR_CONTEXT_OVERFLOW);
+    CHECK(strstr(cb_last_error(), "question") != NULL);
+    CHECK(cb_session_n_past(s) == 0);
+    free(question);
+  }
+
+  /* The model freed by the app while a session holds it: the handle is dead
+   * for the app, the session works on. */
+  CHECK_OK(cb_model_load(path, NULL, &m2));
+  if (m2 != NULL) {
+    cb_session* s2 = NULL;
+    CHECK_OK(cb_session_create(m2, &so, &s2));
+    cb_model_free(m2);
+    CHECK_NOT_LIVE(cb_session_create(m2, &so, &dead_s));
+    CHECK_NOT_LIVE(cb_model_get_info(m2, &info));
+    if (s2 != NULL) {
+      CHECK_OK(cb_generate(s2, ids, 3, &go, NULL, NULL, NULL));
+      CHECK_OK(cb_session_reset(s2));
+      CHECK_OK(cb_chunk_cache_add(s2, c, kRagChunks[0], NULL, NULL, NULL));
+      /* The session's callback calls into the session (refused), then
+       * frees it: generation stops there, and the handle is dead. */
+      memset(&ctx, 0, sizeof ctx);
+      ctx.session = s2;
+      ctx.free_at = 2;
+      ctx.reentry = CB_OK;
+      go.max_tokens = 8;
+      go.stop_at_end_of_generation = 0;
+      cb_generate_stats_init(&gs);
+      CHECK_ERR(cb_generate(s2, ids, n, &go, misuse_session, &ctx, &gs), CB_ERR_CANCELLED);
+      CHECK(strstr(cb_last_error(), "freed") != NULL);
+      CHECK(ctx.reentry == CB_ERR_INVALID_ARGUMENT && ctx.reentry_message_ok);
+      CHECK(ctx.n_tokens == 2 && gs.n_generated == 2 && gs.stop_reason == CB_STOP_CANCELLED);
+      CHECK(cb_session_n_ctx(s2) == 0);
+      CHECK_NOT_LIVE(cb_session_reset(s2));
+      cb_session_free(s2); /* already freed: ignored */
+    }
+  }
+
+done:
+  cb_session_free(s);
+  cb_chunk_cache_free(c);
+}
+
 static void test_rag(cb_model* m) {
   cb_model_info info;
   cb_chunk_cache* cache = NULL;
@@ -895,6 +1256,8 @@ int main(void) {
     test_threads(m);
     test_rag(m);
     test_rag_store(m);
+    test_chunk_cache_add(m);
+    test_handles(m, path);
     cb_model_free(m);
     test_lifetime(path);
   }

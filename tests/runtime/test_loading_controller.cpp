@@ -58,10 +58,13 @@ TEST(LoadingController, FastStorageUsesTheQualityFloor) {
   }
   LoadingController other_floor(synthetic(), {.r_min = 0.05});
   EXPECT_DOUBLE_EQ(other_floor.choose_ratio(shape_with(1000, "flash")).ratio, 0.05);
+  // A request may set its own floor.
+  EXPECT_DOUBLE_EQ(c.choose_ratio(shape_with(1000, "flash"), 0.3).ratio, 0.3);
+  EXPECT_THROW(c.choose_ratio(shape_with(1000, "flash"), 1.5), Error);
 }
 
 TEST(LoadingController, SlowStorageRaisesTheRatioToHideTheLoad) {
-  LoadingController c(synthetic());
+  LoadingController c(synthetic(), {.hide_margin = 0.0});
   // Load 0.595 s = T_recompute(0.5).
   RatioChoice r = c.choose_ratio(shape_with(59500, "sd"));
   EXPECT_NEAR(r.ratio, 0.5, 1e-9);
@@ -75,11 +78,28 @@ TEST(LoadingController, SlowStorageRaisesTheRatioToHideTheLoad) {
   }
 }
 
-TEST(LoadingController, RatioClampsAtOne) {
+TEST(LoadingController, MarginLeavesSlackForTheTail) {
+  LoadingController c(synthetic(), {.hide_margin = 0.2});
+  // Load 0.595 s: recompute aims at 0.8 x 0.595 = 0.476 s = T_recompute(0.353).
+  RatioChoice r = c.choose_ratio(shape_with(59500, "sd"));
+  EXPECT_NEAR(r.ratio, (0.476 - 0.19) / 0.81, 1e-9);
+  EXPECT_NEAR(r.compute_s, 0.8 * r.load_s, 1e-9);
+  EXPECT_FALSE(r.skip_loads);
+  EXPECT_THROW(LoadingController(synthetic(), {.hide_margin = 1.0}), Error);
+}
+
+TEST(LoadingController, RatioClampsAtOneAndSlowerLoadsAreSkipped) {
   LoadingController c(synthetic());
-  RatioChoice r = c.choose_ratio(shape_with(1e6, "sd"));  // 10 s of loads
+  // 0.95 s of loads: hidden below r = 1 (T_recompute(1) = 1 s), aiming at
+  // 0.9 x 0.95 s with the default margin...
+  RatioChoice r = c.choose_ratio(shape_with(95000, "sd"));
+  EXPECT_NEAR(r.ratio, (0.855 - 0.19) / 0.81, 1e-9);
+  EXPECT_FALSE(r.skip_loads);
+  // ... 10 s of loads: recomputing everything (1 s) beats reading at all.
+  r = c.choose_ratio(shape_with(1e6, "sd"));
   EXPECT_GT(r.r_star, 1.0);
   EXPECT_DOUBLE_EQ(r.ratio, 1.0);
+  EXPECT_TRUE(r.skip_loads);
   EXPECT_NEAR(r.compute_s, 1.0, 1e-12);
 }
 
@@ -282,6 +302,40 @@ TEST(ComputeProbe, MeasuresTheModelAndIsStoredOnce) {
   Calibration second = load_or_probe_compute(*db, dev, s, probe);
   EXPECT_EQ(second.compute, first.compute);
   fs::remove_all(dir);
+}
+
+TEST(LoadingController, FirstObservationCalibratesAnUnknownTier) {
+  // Only the compute model is known (the C API's state after the first-use
+  // probe): the first request measures the store, and the next one, now
+  // seeing slow reads, recomputes more than r_min to hide them.
+  Calibration cal;
+  cal.compute = CalibratedCompute{{1e-4, 1e-8, 1e-3}, 0, false};
+  LoadingController c(cal, {.hide_margin = 0.0});
+  RequestShape shape;
+  shape.n_tokens = 4000;
+  shape.n_reused = 3900;
+  shape.n_layers = 30;
+  shape.loads = {{"flash", cache::Codec::kQ8, 0.5e6}};
+  EXPECT_DOUBLE_EQ(c.choose_ratio(shape).ratio, 0.15);  // reads look free
+  cache::StoreStats before, after;
+  after.bytes_read = 45'000'000;
+  after.read_ns = 22'500'000'000;  // 2 MB/s
+  const int q8 = static_cast<int>(cache::Codec::kQ8);
+  after.codec[q8].layers = 240;
+  after.codec[q8].decode_ns = 90'000'000;  // 2 ns per stored byte
+  c.observe_store("flash", before, after);
+  Calibration got = c.calibration();
+  ASSERT_NE(got.find_tier("flash"), nullptr);
+  EXPECT_NEAR(got.find_tier("flash")->tier.read_bytes_per_s, 2e6, 1e-3);
+  EXPECT_EQ(got.find_tier("flash")->observations, 1);
+  ASSERT_NE(got.find_decode(cache::Codec::kQ8), nullptr);
+  EXPECT_NEAR(got.find_decode(cache::Codec::kQ8)->s_per_byte, 2e-9, 1e-18);
+  const RatioChoice r = c.choose_ratio(shape);
+  EXPECT_NEAR(r.load_s, 30 * 0.5e6 * (1 / 2e6 + 2e-9), 1e-6);
+  // 7.5 s of loads against ~0.9 s of compute at r = 0 and ~13.6 s more at r = 1.
+  EXPECT_GT(r.ratio, 0.3);
+  EXPECT_LT(r.ratio, 1.0);
+  EXPECT_NEAR(r.compute_s, r.load_s, 1e-6 * r.load_s);
 }
 
 }  // namespace

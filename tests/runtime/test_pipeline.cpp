@@ -267,13 +267,19 @@ TEST_F(PipelineTest, AutoRatioFollowsTheStorageTier) {
   EXPECT_EQ(after.compute->observations, 1);
   EXPECT_NE(after.compute->cost, cal.compute->cost);
   EXPECT_EQ(after.find_tier("fast")->observations, 1);
-  EXPECT_TRUE(after.find_decode(cache::Codec::kQ8) == nullptr);  // never calibrated
+  // The codec, never calibrated, is measured by its first request.
+  ASSERT_TRUE(after.find_decode(cache::Codec::kQ8) != nullptr);
+  EXPECT_EQ(after.find_decode(cache::Codec::kQ8)->observations, 1);
+  EXPECT_GT(after.find_decode(cache::Codec::kQ8)->s_per_byte, 0.0);
 
-  // At 1 byte/s nothing can hide the load: r = 1, which is full prefill.
+  // At 1 byte/s nothing can hide the load: r = 1, and since reading would
+  // only add time, nothing is read (a full prefill).
   RagPrefillOptions slow = fast;
   slow.storage_tier = "glacial";
   const auto at_one = rag(flash, slow, &st);
   EXPECT_DOUBLE_EQ(st.choice->ratio, 1.0);
+  EXPECT_TRUE(st.choice->skip_loads);
+  EXPECT_EQ(st.fusion.bytes_read, 0u);
   Session full(model(), {.n_ctx = 256, .n_threads = 2});
   EXPECT_LE(rel_l2(at_one, full.prefill(prompt.tokens())), 1e-4);
 }

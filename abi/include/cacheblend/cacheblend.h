@@ -15,9 +15,16 @@
  *   that succeeds clears it to "".  cb_status_string() gives a fixed text for
  *   each status code.  No C++ exception ever leaves this library; NULL
  *   handles, NULL strings and NULL out-parameters are reported as
- *   CB_ERR_INVALID_ARGUMENT, never as a crash.  A handle that has already
- *   been freed cannot be detected: using one is undefined behaviour, as with
- *   free().
+ *   CB_ERR_INVALID_ARGUMENT, never as a crash.  The library keeps a registry
+ *   of the handles it has given out and checks every handle before using
+ *   it, so a handle that has been freed, or a pointer that is not a handle
+ *   of the expected type (a cb_session* cast to cb_model*, garbage), gives
+ *   CB_ERR_INVALID_ARGUMENT with a message saying the handle is not live;
+ *   functions without a status return their documented "NULL" value for
+ *   it.  This is a safety net, not a guarantee: a freed handle whose address
+ *   has been reused for a new handle of the same type is taken for the new
+ *   one, and a free racing with another call on the same handle is
+ *   undefined behaviour.
  *
  * STRINGS
  *   Text is UTF-8.  Strings returned as `const char*` are owned by the
@@ -38,17 +45,25 @@
  *   sessions used concurrently on different threads, and the functions that
  *   take a `const cb_model*` may be called from any thread at any time.  A
  *   cb_session is used by one thread at a time (calls on one session must be
- *   serialized by the caller); different sessions may run in parallel.
- *   cb_last_error() is per thread.
+ *   serialized by the caller); different sessions may run in parallel.  A
+ *   cb_chunk_cache may be used by any number of threads at once.  Freeing a
+ *   handle must not race with any other call that uses it.  Token callbacks
+ *   run on the thread that called cb_generate.  cb_last_error() is per
+ *   thread.
  *
  * LIFETIMES
  *   cb_model_load() -> cb_model_free(); cb_session_create() ->
- *   cb_session_free(); cb_chunk_cache_create() -> cb_chunk_cache_free().  A
- *   session keeps its model alive: cb_model_free() may be called while
- *   sessions still exist, and the model's memory is released when the last of
- *   them is freed.  A chunk cache is independent of models and sessions (its
- *   entries are keyed by the model's fingerprint); it must outlive every call
- *   that uses it.
+ *   cb_session_free(); cb_chunk_cache_create() or cb_chunk_cache_open() ->
+ *   cb_chunk_cache_free().  Every free function ignores NULL and a handle
+ *   that is not live (so a second free is harmless).  A session keeps its
+ *   model alive: cb_model_free() may be called while sessions still exist;
+ *   the cb_model* handle is dead from then on (cb_session_create and the
+ *   model functions refuse it), while the sessions go on working, and the
+ *   model's memory is released when the last of them is freed.  A chunk
+ *   cache is independent of models and sessions (its entries are keyed by the
+ *   model's fingerprint); it must outlive every call that uses it.  Pointers
+ *   the library returns (strings, logits) are owned by the library; each
+ *   function says how long they stay valid.
  */
 #ifndef CACHEBLEND_CACHEBLEND_H
 #define CACHEBLEND_CACHEBLEND_H
@@ -150,9 +165,12 @@ CB_API void cb_model_options_init(cb_model_options* opts);
 CB_API cb_status cb_model_load(const char* path, const cb_model_options* opts,
                                cb_model** out_model);
 
-/* Releases the caller's reference to the model; its memory goes when the
- * last session created from it is freed too.  NULL is ignored.  Must not
- * race with other calls that use the same handle. */
+/* Releases the caller's reference to the model and makes the handle dead
+ * (later calls with it give CB_ERR_INVALID_ARGUMENT); its memory goes when
+ * the last session created from it is freed too.  The strings of its
+ * cb_model_info become invalid.  NULL and a handle that is not live (a
+ * second free) are ignored.  Must not race with other calls that use the
+ * same handle. */
 CB_API void cb_model_free(cb_model* model);
 
 typedef struct cb_model_info {
@@ -263,26 +281,35 @@ typedef struct cb_session_options {
 CB_API void cb_session_options_init(cb_session_options* opts);
 
 /* Creates a session (an empty KV cache) on `model`.  `opts` may be NULL.
- * The session holds a reference to the model.  Thread-safe with respect to
- * the model (many threads may create sessions on one model). */
+ * The session holds a reference to the model.  On success *out_session
+ * receives the new session; free it with cb_session_free().  Errors:
+ * CB_ERR_INVALID_ARGUMENT (NULL or dead model, NULL out_session, bad
+ * options: struct_size, negative values, n_ctx above the training context),
+ * CB_ERR_OUT_OF_MEMORY.  Thread-safe with respect to the model (many threads
+ * may create sessions on one model). */
 CB_API cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
                                    cb_session** out_session);
 
 /* Frees the session (and the model, if it was released and this was its last
- * session).  NULL is ignored. */
+ * session).  NULL and a handle that is not live (a second free) are
+ * ignored.  Called from the session's own token callback, it makes the
+ * handle dead at once and cb_generate stops after the callback returns,
+ * returns CB_ERR_CANCELLED and then frees the session. */
 CB_API void cb_session_free(cb_session* session);
 
 /* Appends tokens to the session's context (runs the forward pass over them).
  * n_tokens must be > 0.  If they do not fit, CB_ERR_CONTEXT_OVERFLOW is
  * returned and the session is unchanged.  An id outside the vocabulary gives
- * CB_ERR_INVALID_ARGUMENT. */
+ * CB_ERR_INVALID_ARGUMENT.  The session's thread only. */
 CB_API cb_status cb_session_prefill(cb_session* session, const int32_t* tokens, size_t n_tokens);
 
-/* Number of tokens in the session's context (0 for NULL). */
+/* Number of tokens in the session's context (0 for NULL or a dead handle).
+ * May be called from the session's token callback. */
 CB_API int32_t cb_session_n_past(const cb_session* session);
-/* The session's context length (0 for NULL). */
+/* The session's context length (0 for NULL or a dead handle). */
 CB_API int32_t cb_session_n_ctx(const cb_session* session);
-/* Forgets the whole context (n_past becomes 0); keeps the allocation. */
+/* Forgets the whole context (n_past becomes 0); keeps the allocation.  The
+ * session's thread only. */
 CB_API cb_status cb_session_reset(cb_session* session);
 
 /* The logits of the last token in the session's KV cache (n_vocab floats),
@@ -329,7 +356,10 @@ CB_API void cb_generate_options_init(cb_generate_options* opts);
  * may be an incomplete UTF-8 sequence that later pieces complete, and is
  * valid only during the call.  Return 0 to continue, non-zero to stop:
  * cb_generate then returns CB_ERR_CANCELLED (the token just reported is kept
- * in the session).  The callback must not call into the same session. */
+ * in the session).  The callback must not use the same session: such calls
+ * give CB_ERR_INVALID_ARGUMENT (cb_session_n_past/n_ctx excepted), and
+ * cb_session_free is deferred until cb_generate returns (see there).  Other
+ * sessions, models and caches may be used from the callback. */
 typedef int (*cb_token_callback)(int32_t token, const char* piece, size_t piece_len,
                                  void* user_data);
 
@@ -391,7 +421,9 @@ typedef struct cb_chunk_cache cb_chunk_cache;
  * CB_ERR_INVALID_ARGUMENT (NULL out_cache), CB_ERR_OUT_OF_MEMORY. */
 CB_API cb_status cb_chunk_cache_create(cb_chunk_cache** out_cache);
 
-/* Frees the cache and its entries.  NULL is ignored.  Must not race with
+/* Frees the cache: a cache in RAM drops its entries, a cache on flash first
+ * waits for pending write-backs (the entries stay on flash).  NULL and a
+ * handle that is not live (a second free) are ignored.  Must not race with
  * other calls that use the same cache. */
 CB_API void cb_chunk_cache_free(cb_chunk_cache* cache);
 
@@ -418,9 +450,10 @@ CB_API void cb_store_options_init(cb_store_options* opts);
  * checksummed.  New chunks are written back asynchronously; a damaged or
  * missing blob is a miss and its chunk is computed again.  Several processes
  * may open one directory.  Free with cb_chunk_cache_free() (which waits for
- * pending writes).  Errors: CB_ERR_INVALID_ARGUMENT (NULLs, bad options),
- * CB_ERR_IO (cannot create or lock the directory), CB_ERR_FORMAT (a
- * damaged index that cannot be rebuilt). */
+ * pending writes).  On error *out_cache is set to NULL.  Errors:
+ * CB_ERR_INVALID_ARGUMENT (NULLs, bad options), CB_ERR_IO (cannot create or
+ * lock the directory), CB_ERR_FORMAT (a damaged index that cannot be
+ * rebuilt).  Thread-safe. */
 CB_API cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
                                      cb_chunk_cache** out_cache);
 
@@ -503,12 +536,17 @@ typedef struct cb_rag_options {
    * Results are identical either way. */
   int32_t pipeline;
   /* 1: BLEND only, with a chunk cache on flash: the loading controller
-   * picks the ratio so that recompute time matches the time to load the
-   * chunks (never below 0.15), from cost models measured on this device
-   * (a short probe at first use, saved in DIR/calibration.sqlite and
-   * refreshed from every request's timings).  The schedule's first layer
-   * is kept; `ratio` is ignored.  0 (default): use `ratio` / `schedule`.
-   * Requests with auto_ratio on one cache are serialized. */
+   * picks the ratio so that recompute time just fits inside the time to
+   * load the chunks, never below `ratio` (the quality floor; default
+   * 0.15).  Its cost models are measured on this device: a short compute
+   * probe at first use; the store's read speed and decode cost from the
+   * first request that reads it (which runs at the floor); all saved in
+   * DIR/calibration.sqlite and refreshed from every request's timings.
+   * When reading the chunks would take longer than recomputing every
+   * token, nothing is read and the request is a full prefill (ratio 1,
+   * bytes_read 0).  A schedule's check layers are kept; its last ratio is
+   * the controller's.  0 (default): use `ratio` / `schedule`.  Requests
+   * with auto_ratio on one cache are serialized. */
   int32_t auto_ratio;
 } cb_rag_options;
 
@@ -572,6 +610,61 @@ CB_API cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache,
                                 const char* const* chunk_texts, size_t n_chunks,
                                 const char* question, const cb_rag_options* opts,
                                 cb_rag_stats* stats);
+
+/* ------------------------------------------------------------------------ */
+/* Precomputing chunks (a RAG app's ingest step)                             */
+/* ------------------------------------------------------------------------ */
+
+/* Computes the KV of one chunk of text exactly as cb_rag_prefill would
+ * (same tokenization: the text followed by a blank line, never parsed as
+ * control tokens; same chunk head from opts->chunk_head and
+ * opts->system_prompt; same cache key, cache_namespace included) and stores
+ * it in `cache` unless it is already there, so that a later cb_rag_prefill
+ * with the same options finds it (a cache hit).
+ *   session      must be empty (as for cb_rag_prefill); it is used as
+ *                scratch space for the forward pass and is left empty.  Its
+ *                model is the one the KV is computed with.
+ *   cache        a cache in RAM or on flash.  On flash the entry is written
+ *                before the call returns (not queued for write-back), so it
+ *                is on flash and found by cb_chunk_cache_contains at once.
+ *   chunk_text   NUL-terminated UTF-8 (any bytes are accepted).
+ *   opts         may be NULL for defaults; only chunk_head, system_prompt
+ *                and cache_namespace are read (struct_size is checked).
+ *   out_computed may be NULL; receives 1 if the chunk was computed and
+ *                stored by this call, 0 if it was already cached.
+ *   out_n_tokens may be NULL; receives the chunk's token count (its length
+ *                in a request, the chunk head excluded).
+ * The check and the store are not one atomic step: two threads adding the
+ * same chunk at the same time may both compute it (and both report 1); the
+ * cache keeps one entry.  For a cache on flash the lookup
+ * counts in the cache's hits/misses stats and a found entry becomes the most
+ * recently used.
+ * Errors: CB_ERR_INVALID_ARGUMENT (NULL session/cache/chunk_text, a session
+ * that is not empty, bad struct_size or chunk_head), CB_ERR_CONTEXT_OVERFLOW
+ * (the chunk plus its chunk head is longer than the session's context),
+ * CB_ERR_IO (a cache on flash could not write the entry: disk full, or the
+ * entry is larger than the cache's capacity), CB_ERR_UNSUPPORTED (the KV
+ * holds values the flash cache's codec cannot encode, such as infinities).  On error nothing is
+ * stored and the session is left empty.  The session's thread only; the cache may be shared with
+ * other threads. */
+CB_API cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache,
+                                    const char* chunk_text, const cb_rag_options* opts,
+                                    int32_t* out_computed, int32_t* out_n_tokens);
+
+/* Sets *out_found to 1 if the KV of `chunk_text` is in `cache` for `model`,
+ * the chunk head and the namespace that `opts` (may be NULL: defaults) give,
+ * that is if cb_rag_prefill with those options would find it; else 0.
+ * Computes nothing (it tokenizes the text and the chunk head).  Only
+ * chunk_head, system_prompt and cache_namespace are read.  For a cache on
+ * flash this is a real lookup: it counts as a hit or a miss in
+ * cb_chunk_cache_get_stats and a found entry becomes the most recently
+ * used; a chunk that cb_rag_prefill computed may be reported missing until
+ * its write-back finishes (cb_chunk_cache_flush).  Errors:
+ * CB_ERR_INVALID_ARGUMENT (NULL model/cache/chunk_text/out_found, bad
+ * options).  Thread-safe. */
+CB_API cb_status cb_chunk_cache_contains(const cb_model* model, cb_chunk_cache* cache,
+                                         const char* chunk_text, const cb_rag_options* opts,
+                                         int32_t* out_found);
 
 #ifdef __cplusplus
 }
