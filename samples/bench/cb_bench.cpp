@@ -59,17 +59,24 @@ const char* const kUsage =
     "      median of K runs (default 1).\n"
     "  ttft --chunks N --chunk-tokens T [--query-tokens Q] [--ratio R|auto[,R2,...]]\n"
     "       [--modes full,prefix,reuse,blend] [--repeat K] [--chunk-head prompt|none]\n"
-    "       [--codec f32|f16|q8|q4] [--store DIR] [--storage-mbps B] [--pipeline on|off]\n"
+    "       [--codec f32|f16|q8|q4] [--store DIR] [--storage-mbps B[,B2,...]]\n"
+    "       [--pipeline on|off] [--plot FILE.png]\n"
     "      time to first token of a RAG request of N distinct chunks of about T\n"
     "      tokens each (cut from a built-in English text) and a question of about\n"
     "      Q tokens (default 32).  The chunk cache is warmed first (one untimed\n"
     "      blend request computes every chunk), so timed runs find their chunks in\n"
     "      RAM, as in deployment.  Each mode (blend: each ratio, default 0.15) runs\n"
-    "      K times (default 3) on a reset session; TTFT = the RAG prefill plus\n"
-    "      sampling the first token; the median is reported.\n"
-    "  quality --dataset FILE [--limit N] [--max-chunks K] [--ratio R]\n"
+    "      K times (default 3) on a reset session, the runs of all modes and\n"
+    "      ratios interleaved; TTFT = the RAG prefill plus sampling the first\n"
+    "      token; the median is reported.  With --ratio auto, one untimed auto\n"
+    "      request first lets the loading controller calibrate.  Several read caps\n"
+    "      (--storage-mbps 50,200,1000; a chunk store on flash) run every mode and\n"
+    "      ratio once per cap.  --plot FILE.png draws TTFT per mode against the\n"
+    "      read cap (several caps), else against the ratio (several ratios), else\n"
+    "      per mode (needs gnuplot).\n"
+    "  quality --dataset FILE [--limit N] [--max-chunks K] [--ratio R|auto[,R2,...]]\n"
     "          [--modes full,prefix,reuse,blend] [--chunk-head prompt|none]\n"
-    "          [--max-tokens M] [--codec C] [--store DIR] [--show]\n"
+    "          [--max-tokens M] [--codec C] [--store DIR] [--show] [--plot FILE.png]\n"
     "      answer quality on a dataset: a JSON list of {question, answers[],\n"
     "      ctxs[{title, text}]} (e.g. shared/data/musique_dev.json); each ctx is one\n"
     "      chunk (title + newline + text), the first K of them (default all); the\n"
@@ -83,7 +90,9 @@ const char* const kUsage =
     "      median TTFT.  TTFT is always taken on a cached run: a mode whose run\n"
     "      had to compute missing chunks is run again and that run is measured\n"
     "      (and scored; the answer is the same).  Progress goes to stderr; --show\n"
-    "      prints every answer there too.\n"
+    "      prints every answer there too.  With several ratios blend runs at each\n"
+    "      (one line per ratio); --plot FILE.png draws F1 and fidelity F1 per mode\n"
+    "      against the ratio (several ratios) or per mode (needs gnuplot).\n"
     "      --codec f32 (default: chunk KV in RAM) | f16 | q8 | q4 (chunk KV in a\n"
     "      chunk store on flash: --store DIR, else a temporary directory removed at\n"
     "      exit); --storage-mbps B caps the store's reads at B MB/s (slow flash).\n"
@@ -143,10 +152,10 @@ Args parse_args(int argc, char** argv) {
       {"decode", {"--tokens", "--ctx", "--repeat"}},
       {"ttft",
        {"--chunks", "--chunk-tokens", "--query-tokens", "--ratio", "--modes", "--repeat",
-        "--chunk-head", "--codec", "--storage-mbps", "--store", "--pipeline"}},
+        "--chunk-head", "--codec", "--storage-mbps", "--store", "--pipeline", "--plot"}},
       {"quality",
        {"--dataset", "--limit", "--max-chunks", "--ratio", "--modes", "--chunk-head",
-        "--max-tokens", "--codec", "--storage-mbps", "--store"}},
+        "--max-tokens", "--codec", "--storage-mbps", "--store", "--plot"}},
   };
   static const std::map<std::string, std::set<std::string>> kSwitches = {
       {"generate", {"--chat", "--json", "--help"}},
@@ -596,6 +605,7 @@ struct ChunkCache {
   cb_chunk_cache* c = nullptr;
   std::string dir;          // the store's directory, if on flash
   bool remove_dir = false;  // a temporary directory of ours
+  cb_store_options opts{};  // how it was opened, if on flash
   ~ChunkCache() {
     cb_chunk_cache_free(c);
     if (remove_dir) {
@@ -694,13 +704,52 @@ const char* chunk_head_label(cb_chunk_head h) {
   return h == CB_CHUNK_HEAD_NONE ? "none" : "prompt";
 }
 
+// --storage-mbps B[,B2,...]: read caps in MB/s (empty when not given).
+std::vector<double> parse_storage_caps(const Args& a, bool allow_list) {
+  auto it = a.values.find("--storage-mbps");
+  if (it == a.values.end()) return {};
+  std::vector<double> out;
+  const std::string& list = it->second;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = list.find(',', start);
+    const std::string item = list.substr(start, comma == std::string::npos ? comma : comma - start);
+    errno = 0;
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+      usage_error("option --storage-mbps: '" + item + "' is not a number");
+    if (v < 0.001 || v > 1e6)
+      usage_error("option --storage-mbps: " + item + " is outside 0.001..1000000");
+    if (std::find(out.begin(), out.end(), v) != out.end())
+      usage_error("option --storage-mbps: " + item + " is listed twice");
+    out.push_back(v);
+    if (comma == std::string::npos) break;
+    if (!allow_list) usage_error("option --storage-mbps takes one value here");
+    start = comma + 1;
+  }
+  return out;
+}
+
+// Reopens a chunk store on flash with another read cap (MB/s); the chunks
+// already stored stay.
+void reopen_with_cap(ChunkCache& cache, double mbps) {
+  cb_chunk_cache_free(cache.c);
+  cache.c = nullptr;
+  cache.opts.read_bytes_per_sec = static_cast<uint64_t>(mbps * 1e6);
+  check(cb_chunk_cache_open(cache.dir.c_str(), &cache.opts, &cache.c),
+        "cannot open the chunk store in '" + cache.dir + "'");
+}
+
 // Where chunk KV lives: RAM (f32, the default) or a chunk store on flash
 // (--codec f16|q8|q4, --store DIR or a temporary directory removed at exit,
-// --storage-mbps capping its read throughput to emulate slow flash).
-std::string open_chunk_cache(const Args& a, ChunkCache& cache) {
+// --storage-mbps capping its read throughput to emulate slow flash; with a
+// list of caps, the first).
+std::string open_chunk_cache(const Args& a, ChunkCache& cache, bool allow_cap_list = false) {
   auto it = a.values.find("--codec");
   const std::string codec = it == a.values.end() ? "f32" : it->second;
-  const bool throttled = a.values.count("--storage-mbps") != 0;
+  const std::vector<double> caps = parse_storage_caps(a, allow_cap_list);
+  const bool throttled = !caps.empty();
   if (codec == "f32" && !throttled && !a.values.count("--store")) {
     check(cb_chunk_cache_create(&cache.c), "cannot create the chunk cache");
     return "f32";
@@ -716,10 +765,7 @@ std::string open_chunk_cache(const Args& a, ChunkCache& cache) {
   } else {
     usage_error("option --codec: '" + codec + "' is not one of f32 (RAM), f16, q8, q4");
   }
-  if (throttled) {
-    const double mbps = parse_double(a, "--storage-mbps", 0.0, 0.001, 1e6);
-    so.read_bytes_per_sec = static_cast<uint64_t>(mbps * 1e6);
-  }
+  if (throttled) so.read_bytes_per_sec = static_cast<uint64_t>(caps.front() * 1e6);
   auto dir = a.values.find("--store");
   if (dir != a.values.end()) {
     cache.dir = dir->second;
@@ -731,6 +777,7 @@ std::string open_chunk_cache(const Args& a, ChunkCache& cache) {
     cache.dir = templ;
     cache.remove_dir = true;
   }
+  cache.opts = so;
   check(cb_chunk_cache_open(cache.dir.c_str(), &so, &cache.c),
         "cannot open the chunk store in '" + cache.dir + "'");
   return codec;
@@ -763,6 +810,95 @@ double ratio_value(float r) {
 using Clock = std::chrono::steady_clock;
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// ---------------------------------------------------------------------------
+// Plots (--plot FILE.png), drawn by gnuplot
+
+// The --plot path, checked before any work: a benchmark that runs for
+// minutes must not fail at the end for want of gnuplot.
+std::string plot_path(const Args& a) {
+  auto it = a.values.find("--plot");
+  if (it == a.values.end()) return "";
+  const std::string& path = it->second;
+  if (path.size() < 5 || path.substr(path.size() - 4) != ".png")
+    usage_error("option --plot: '" + path + "' is not a .png file name");
+  bool found = false;
+  if (const char* env = std::getenv("PATH")) {
+    const std::string dirs = env;
+    size_t start = 0;
+    while (!found) {
+      const size_t colon = dirs.find(':', start);
+      const std::string dir =
+          dirs.substr(start, colon == std::string::npos ? colon : colon - start);
+      found = ::access(((dir.empty() ? "." : dir) + "/gnuplot").c_str(), X_OK) == 0;
+      if (colon == std::string::npos) break;
+      start = colon + 1;
+    }
+  }
+  if (!found)
+    runtime_error(
+        "--plot needs gnuplot, which is not on the PATH (Debian: apt-get install gnuplot-nox; "
+        "scripts/setup.sh installs it)");
+  return path;
+}
+
+struct PlotSeries {
+  std::string name;
+  std::vector<std::pair<double, double>> points;  // (x, y)
+  bool dashed = false;
+};
+
+struct PlotSpec {
+  std::string title, xlabel, ylabel;
+  bool logx = false;
+  double ymax = 0.0;                    // 0: gnuplot's choice
+  std::vector<std::string> categories;  // x = 0, 1, ... labelled with these
+  std::vector<PlotSeries> series;
+};
+
+// gnuplot string literal (single quotes; a quote is doubled).
+std::string gp_quote(const std::string& s) {
+  std::string out = "'";
+  for (char ch : s) out += ch == '\'' ? std::string("''") : std::string(1, ch);
+  return out + "'";
+}
+
+void draw_plot(const std::string& png, const PlotSpec& spec) {
+  std::string script = "set terminal pngcairo size 960,600 font 'sans,11'\n";
+  script += "set output " + gp_quote(png) + "\n";
+  script += "set title " + gp_quote(spec.title) + " noenhanced\n";
+  script += "set xlabel " + gp_quote(spec.xlabel) + "\nset ylabel " + gp_quote(spec.ylabel) + "\n";
+  script += "set grid\nset key outside right top noenhanced\n";
+  script += spec.ymax > 0 ? "set yrange [0:" + cbs::json_number(spec.ymax) + "]\n"
+                          : std::string("set yrange [0:*]\n");
+  if (spec.logx) script += "set logscale x\n";
+  if (!spec.categories.empty()) {
+    script += "set xrange [-0.5:" + std::to_string(spec.categories.size() - 0.5) + "]\nset xtics (";
+    for (size_t i = 0; i < spec.categories.size(); ++i)
+      script += (i ? ", " : "") + gp_quote(spec.categories[i]) + " " + std::to_string(i);
+    script += ") noenhanced\n";
+  }
+  // Inline data blocks: no temporary files to clean up.
+  for (size_t i = 0; i < spec.series.size(); ++i) {
+    script += "$d" + std::to_string(i) + " << EOD\n";
+    for (const auto& [x, y] : spec.series[i].points)
+      script += cbs::json_number(x) + " " + cbs::json_number(y) + "\n";
+    script += "EOD\n";
+  }
+  script += "plot ";
+  for (size_t i = 0; i < spec.series.size(); ++i)
+    script += std::string(i ? ", " : "") + "$d" + std::to_string(i) +
+              " using 1:2 with linespoints lw 2 pt 7" + (spec.series[i].dashed ? " dt 2" : "") +
+              " title " + gp_quote(spec.series[i].name);
+  script += "\n";
+  FILE* gp = ::popen("gnuplot", "w");
+  if (gp == nullptr) runtime_error(std::string("cannot run gnuplot: ") + std::strerror(errno));
+  std::fwrite(script.data(), 1, script.size(), gp);
+  const int status = ::pclose(gp);
+  if (status != 0)
+    runtime_error("gnuplot failed (status " + std::to_string(status) + ") drawing " + png);
+  std::fprintf(stderr, "plot written to %s\n", png.c_str());
 }
 
 // ---------------------------------------------------------------------------
@@ -837,12 +973,78 @@ std::string bench_chunk(const Model& model, size_t i, size_t n_tokens) {
 
 struct TtftRow {
   cb_mode mode;
-  float ratio_opt;  // the ratio asked for (blend)
+  float ratio_opt;            // the ratio asked for (blend)
+  double storage_mbps = 0.0;  // the store's read cap; 0: none
   double ttft_ms, compute_ms;
   std::vector<double> runs;
   cb_rag_stats st;  // of the last run
   double load_ms = 0.0, blocked_ms = 0.0;
 };
+
+std::string ratio_label(float r) {
+  if (r == kAutoRatio) return "auto";
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(r));
+  return buf;
+}
+
+// TTFT per mode against the read cap (several --storage-mbps), else against
+// the ratio (several --ratio; modes without a ratio are flat lines), else
+// one point per mode.
+void plot_ttft(const std::string& png, const std::vector<TtftRow>& rows,
+               const std::vector<double>& caps, const std::vector<float>& ratios, int n_chunks,
+               int chunk_tokens, int threads) {
+  PlotSpec spec;
+  spec.title = "TTFT, " + std::to_string(n_chunks) + " chunks x " + std::to_string(chunk_tokens) +
+               " tokens, " + std::to_string(threads) + " threads";
+  spec.ylabel = "TTFT (ms, median)";
+  auto series_name = [](const TtftRow& r) {
+    return r.mode == CB_MODE_BLEND ? "blend r=" + ratio_label(r.ratio_opt)
+                                   : std::string(cb_mode_name(r.mode));
+  };
+  auto series_for = [&](const std::string& name) -> PlotSeries& {
+    for (auto& s : spec.series)
+      if (s.name == name) return s;
+    spec.series.push_back({name, {}, false});
+    return spec.series.back();
+  };
+  if (caps.size() > 1) {
+    spec.xlabel = "chunk store read cap (MB/s)";
+    spec.logx = true;
+    for (const auto& r : rows)
+      series_for(series_name(r)).points.push_back({r.storage_mbps, r.ttft_ms});
+  } else if (ratios.size() > 1) {
+    spec.xlabel = "recompute ratio r (blend)";
+    std::vector<double> xs;
+    for (const auto& r : rows)
+      if (r.mode == CB_MODE_BLEND) xs.push_back(static_cast<double>(r.st.ratio));
+    const double lo = xs.empty() ? 0.0 : *std::min_element(xs.begin(), xs.end());
+    const double hi = xs.empty() ? 1.0 : *std::max_element(xs.begin(), xs.end());
+    PlotSeries blend{"blend", {}, false};
+    for (const auto& r : rows) {
+      if (r.mode == CB_MODE_BLEND && r.ratio_opt != kAutoRatio) {
+        blend.points.push_back({static_cast<double>(r.st.ratio), r.ttft_ms});
+      } else if (r.mode == CB_MODE_BLEND) {
+        // The controller's pick, at the ratio it chose.
+        spec.series.push_back(
+            {"blend auto", {{static_cast<double>(r.st.ratio), r.ttft_ms}}, false});
+      } else {
+        spec.series.push_back({cb_mode_name(r.mode), {{lo, r.ttft_ms}, {hi, r.ttft_ms}}, true});
+      }
+    }
+    std::sort(blend.points.begin(), blend.points.end());
+    if (!blend.points.empty()) spec.series.insert(spec.series.begin(), blend);
+  } else {
+    spec.xlabel = "mode";
+    PlotSeries s{"TTFT", {}, false};
+    for (const auto& r : rows) {
+      s.points.push_back({static_cast<double>(spec.categories.size()), r.ttft_ms});
+      spec.categories.push_back(series_name(r));
+    }
+    spec.series.push_back(s);
+  }
+  draw_plot(png, spec);
+}
 
 int cmd_ttft(const Args& a) {
   if (!a.values.count("--chunks")) usage_error("ttft needs --chunks N");
@@ -854,6 +1056,8 @@ int cmd_ttft(const Args& a) {
   const std::vector<float> ratios = parse_ratios(a, true);
   const std::vector<cb_mode> modes = parse_modes(a, "full,prefix,reuse,blend");
   const cb_chunk_head head = parse_chunk_head(a);
+  const std::vector<double> caps = parse_storage_caps(a, true);
+  const std::string plot = plot_path(a);
   const Common c = common_options(a);
 
   Model model;
@@ -883,38 +1087,50 @@ int cmd_ttft(const Args& a) {
   Session session;
   create_session(model, c.threads, n_ctx, session);
   ChunkCache cache;
-  const std::string codec = open_chunk_cache(a, cache);
+  const std::string codec = open_chunk_cache(a, cache, true);
 
   cb_rag_options ro;
   cb_rag_options_init(&ro);
   ro.chunk_head = head;
   cb_rag_stats st;
   ro.pipeline = parse_pipeline(a) ? 1 : 0;
-  // Warm the cache (and every page of the weights): untimed.
-  ro.mode = CB_MODE_BLEND;
-  set_ratio(ro, 0.15f);
-  rag_prefill(session, cache, chunks, question, ro, st);
-  check(cb_chunk_cache_flush(cache.c), "cannot flush the chunk cache");
-  if (std::find(ratios.begin(), ratios.end(), kAutoRatio) != ratios.end()) {
-    // The controller's first-use probe (and a first refresh) stay untimed.
-    set_ratio(ro, kAutoRatio);
-    rag_prefill(session, cache, chunks, question, ro, st);
-  }
-
   cb_generate_options go;
   cb_generate_options_init(&go);
   go.max_tokens = 1;
   std::vector<TtftRow> rows;
-  for (cb_mode mode : modes) {
-    const std::vector<float> rs = mode == CB_MODE_BLEND ? ratios : std::vector<float>{0.15f};
-    for (float r : rs) {
-      TtftRow row{};
-      row.mode = mode;
-      row.ratio_opt = r;
-      ro.mode = mode;
-      set_ratio(ro, r);
-      std::vector<double> compute, load, blocked;
-      for (int k = 0; k < repeat; ++k) {
+  // Every mode and ratio once per read cap (one pass when none is set).
+  const size_t n_caps = std::max<size_t>(1, caps.size());
+  for (size_t ci = 0; ci < n_caps; ++ci) {
+    if (ci > 0) reopen_with_cap(cache, caps[ci]);
+    // Warm the cache (and every page of the weights): untimed.
+    ro.mode = CB_MODE_BLEND;
+    set_ratio(ro, 0.15f);
+    rag_prefill(session, cache, chunks, question, ro, st);
+    check(cb_chunk_cache_flush(cache.c), "cannot flush the chunk cache");
+    if (std::find(ratios.begin(), ratios.end(), kAutoRatio) != ratios.end()) {
+      // The controller's first-use probe (and a first refresh) stay untimed.
+      set_ratio(ro, kAutoRatio);
+      rag_prefill(session, cache, chunks, question, ro, st);
+    }
+    // Repeats are interleaved (every mode and ratio once, then again), so
+    // that a burst of load on a shared machine hits them all alike.
+    const size_t first = rows.size();
+    for (cb_mode mode : modes) {
+      const std::vector<float> rs = mode == CB_MODE_BLEND ? ratios : std::vector<float>{0.15f};
+      for (float r : rs) {
+        TtftRow row{};
+        row.mode = mode;
+        row.ratio_opt = r;
+        row.storage_mbps = caps.empty() ? 0.0 : caps[ci];
+        rows.push_back(row);
+      }
+    }
+    std::vector<std::vector<double>> compute(rows.size()), load(rows.size()), blocked(rows.size());
+    for (int k = 0; k < repeat; ++k) {
+      for (size_t i = first; i < rows.size(); ++i) {
+        TtftRow& row = rows[i];
+        ro.mode = row.mode;
+        set_ratio(ro, row.ratio_opt);
         check(cb_session_reset(session.s), "cannot reset the session");
         const auto t0 = Clock::now();
         rag_prefill(session, cache, chunks, question, ro, st);
@@ -922,24 +1138,29 @@ int cmd_ttft(const Args& a) {
               "cannot sample the first token");
         const auto t1 = Clock::now();
         row.runs.push_back(ms_between(t0, t1));
-        compute.push_back(st.recompute_ms);
-        load.push_back(st.load_ms);
-        blocked.push_back(st.blocked_ms);
+        compute[i].push_back(st.recompute_ms);
+        load[i].push_back(st.load_ms);
+        blocked[i].push_back(st.blocked_ms);
+        row.st = st;
       }
-      row.ttft_ms = median(row.runs);
-      row.compute_ms = median(compute);
-      row.load_ms = median(load);
-      row.blocked_ms = median(blocked);
-      row.st = st;
-      rows.push_back(row);
+    }
+    for (size_t i = first; i < rows.size(); ++i) {
+      rows[i].ttft_ms = median(rows[i].runs);
+      rows[i].compute_ms = median(compute[i]);
+      rows[i].load_ms = median(load[i]);
+      rows[i].blocked_ms = median(blocked[i]);
     }
   }
 
-  double full_ms = 0.0;
-  for (const auto& r : rows)
-    if (r.mode == CB_MODE_FULL) full_ms = r.ttft_ms;
+  // Full prefill's TTFT under the same read cap (0 when not run).
+  auto full_ms_at = [&](double cap) {
+    for (const auto& r : rows)
+      if (r.mode == CB_MODE_FULL && r.storage_mbps == cap) return r.ttft_ms;
+    return 0.0;
+  };
   if (c.json) {
     for (const auto& r : rows) {
+      const double full_ms = full_ms_at(r.storage_mbps);
       cbs::JsonObject o = header("ttft", c, model, cb_mode_name(r.mode));
       o.add("ttft_ms", r.ttft_ms)
           .add("load_ms", r.load_ms)
@@ -962,6 +1183,10 @@ int cmd_ttft(const Args& a) {
           .add("repeat", static_cast<int64_t>(repeat))
           .add("stat", "median")
           .add("ttft_ms_runs", r.runs);
+      if (r.storage_mbps > 0.0)
+        o.add("storage_mbps", r.storage_mbps);
+      else
+        o.add_null("storage_mbps");
       if (full_ms > 0.0)
         o.add("ttft_vs_full", r.ttft_ms / full_ms);
       else
@@ -975,9 +1200,12 @@ int cmd_ttft(const Args& a) {
         n_chunks, chunk_tokens, query_tokens, rows.empty() ? 0 : rows[0].st.n_tokens,
         model_name(model).c_str(), kernels_name(model).c_str(), c.threads, chunk_head_label(head),
         cache_label(codec).c_str(), repeat);
+    if (!caps.empty()) std::printf("%8s ", "MB/s");
     std::printf("%-7s %6s %10s %11s %9s %10s %9s %5s %7s %8s\n", "mode", "ratio", "ttft_ms",
                 "compute_ms", "load_ms", "blocked_ms", "computed", "hits", "misses", "vs_full");
     for (const auto& r : rows) {
+      const double full_ms = full_ms_at(r.storage_mbps);
+      if (!caps.empty()) std::printf("%8g ", r.storage_mbps);
       char vs[32] = "-";
       if (full_ms > 0.0) std::snprintf(vs, sizeof vs, "%.3f", r.ttft_ms / full_ms);
       char ratio[16];
@@ -988,6 +1216,7 @@ int cmd_ttft(const Args& a) {
                   r.st.cache_hits, r.st.cache_misses, vs);
     }
   }
+  if (!plot.empty()) plot_ttft(plot, rows, caps, ratios, n_chunks, chunk_tokens, c.threads);
   return 0;
 }
 
@@ -1192,8 +1421,9 @@ int cmd_quality(const Args& a) {
   const std::string path = it->second;
   const long long limit = parse_int(a, "--limit", 0, 1, 1LL << 40);
   const long long max_chunks = parse_int(a, "--max-chunks", 0, 1, 1LL << 20);
-  const float ratio = parse_ratios(a, false).front();
+  const std::vector<float> ratios = parse_ratios(a, true);
   const std::vector<cb_mode> modes = parse_modes(a, "full,prefix,reuse,blend");
+  const std::string plot = plot_path(a);
   const cb_chunk_head head = parse_chunk_head(a);
   const int max_tokens = static_cast<int>(parse_int(a, "--max-tokens", 12, 1, 4096));
   const bool show = a.switches.count("--show") > 0;
@@ -1228,15 +1458,22 @@ int cmd_quality(const Args& a) {
   ChunkCache cache;
   const std::string codec = open_chunk_cache(a, cache);
 
-  // Full prefill first (the reference), then the other modes.
-  std::vector<cb_mode> run_order = {CB_MODE_FULL};
-  for (cb_mode m : modes)
-    if (m != CB_MODE_FULL) run_order.push_back(m);
-  std::map<cb_mode, ModeTotals> totals;
+  // Full prefill first (the reference), then the other modes, blend once
+  // per ratio.  A run is (mode, index into `ratios`; 0 outside blend).
+  using Run = std::pair<cb_mode, size_t>;
+  std::vector<Run> run_order = {{CB_MODE_FULL, 0}};
+  std::vector<Run> reported;
+  for (cb_mode m : modes) {
+    const size_t n = m == CB_MODE_BLEND ? ratios.size() : 1;
+    for (size_t k = 0; k < n; ++k) {
+      reported.push_back({m, k});
+      if (m != CB_MODE_FULL) run_order.push_back({m, k});
+    }
+  }
+  std::map<Run, ModeTotals> totals;
 
   cb_rag_options ro;
   cb_rag_options_init(&ro);
-  set_ratio(ro, ratio);
   ro.chunk_head = head;
   ro.system_prompt =
       "Answer the question using the documents. Reply with only the answer, at most five words.";
@@ -1244,10 +1481,12 @@ int cmd_quality(const Args& a) {
   for (size_t i = 0; i < examples.size(); ++i) {
     const Example& ex = examples[i];
     ModeResult full;
-    for (cb_mode m : run_order) {
+    for (const Run& run : run_order) {
+      const cb_mode m = run.first;
       ro.mode = m;
+      set_ratio(ro, m == CB_MODE_BLEND ? ratios[run.second] : 0.15f);
       ModeResult r = run_mode(session, cache, ex, ro, max_tokens);
-      ModeTotals& t = totals[m];
+      ModeTotals& t = totals[run];
       double f1 = 0.0;
       for (const auto& gold : ex.answers) f1 = std::max(f1, answer_f1(r.answer, gold));
       if (m == CB_MODE_FULL) full = r;
@@ -1274,8 +1513,9 @@ int cmd_quality(const Args& a) {
 
   const double n = static_cast<double>(examples.size());
   if (c.json) {
-    for (cb_mode m : modes) {
-      const ModeTotals& t = totals[m];
+    for (const Run& run : reported) {
+      const cb_mode m = run.first;
+      const ModeTotals& t = totals[run];
       cbs::JsonObject o = header("quality", c, model, cb_mode_name(m));
       o.add("n", static_cast<int64_t>(examples.size()))
           .add("f1", mean(t.f1))
@@ -1286,6 +1526,8 @@ int cmd_quality(const Args& a) {
           .add("compute_ms_median", median(t.compute))
           .add("computed_fraction", mean(t.computed_fraction))
           .add("ratio", ratio_value(t.ratio))
+          .add("ratio_mode",
+               m == CB_MODE_BLEND && ratios[run.second] == kAutoRatio ? "auto" : "fixed")
           .add("chunk_head", chunk_head_label(head))
           .add("codec", codec)
           .add("max_tokens", static_cast<int64_t>(max_tokens))
@@ -1306,12 +1548,60 @@ int cmd_quality(const Args& a) {
         cache_label(codec).c_str());
     std::printf("%-7s %6s %6s %12s %10s %9s %14s %9s\n", "mode", "ratio", "f1", "fidelity_f1",
                 "top1_agree", "kl_first", "ttft_ms(med)", "computed");
-    for (cb_mode m : modes) {
-      const ModeTotals& t = totals[m];
+    for (const Run& run : reported) {
+      const cb_mode m = run.first;
+      const ModeTotals& t = totals[run];
       std::printf("%-7s %6.2f %6.3f %12.3f %10.3f %9.4f %14.1f %9.3f\n", cb_mode_name(m),
                   static_cast<double>(t.ratio), mean(t.f1), mean(t.fidelity), t.agree / n,
                   t.kl_sum / n, median(t.ttft), mean(t.computed_fraction));
     }
+  }
+  if (!plot.empty()) {
+    // F1 (solid) and fidelity F1 (dashed) per mode: against the ratio when
+    // blend ran at several (the other modes are flat lines), else per mode.
+    PlotSpec spec;
+    spec.title = "answer quality, " + std::to_string(examples.size()) + " examples of " + path;
+    spec.ylabel = "mean F1";
+    spec.ymax = 1.05;  // F1 lies in [0, 1]; a little room keeps 1.0 off the frame
+    std::vector<double> xs;
+    for (const Run& run : reported)
+      if (run.first == CB_MODE_BLEND) xs.push_back(static_cast<double>(totals[run].ratio));
+    if (ratios.size() > 1 && !xs.empty()) {
+      spec.xlabel = "recompute ratio r (blend)";
+      const double lo = *std::min_element(xs.begin(), xs.end());
+      const double hi = *std::max_element(xs.begin(), xs.end());
+      PlotSeries f1{"blend F1", {}, false}, fid{"blend fidelity F1", {}, true};
+      for (const Run& run : reported) {
+        const ModeTotals& t = totals[run];
+        const std::string name = cb_mode_name(run.first);
+        if (run.first == CB_MODE_BLEND) {
+          f1.points.push_back({static_cast<double>(t.ratio), mean(t.f1)});
+          fid.points.push_back({static_cast<double>(t.ratio), mean(t.fidelity)});
+        } else {
+          spec.series.push_back({name + " F1", {{lo, mean(t.f1)}, {hi, mean(t.f1)}}, false});
+          if (run.first != CB_MODE_FULL)  // full is its own reference: always 1
+            spec.series.push_back(
+                {name + " fidelity F1", {{lo, mean(t.fidelity)}, {hi, mean(t.fidelity)}}, true});
+        }
+      }
+      std::sort(f1.points.begin(), f1.points.end());
+      std::sort(fid.points.begin(), fid.points.end());
+      spec.series.insert(spec.series.begin(), {f1, fid});
+    } else {
+      spec.xlabel = "mode";
+      PlotSeries f1{"F1", {}, false}, fid{"fidelity F1", {}, true};
+      for (const Run& run : reported) {
+        const ModeTotals& t = totals[run];
+        const double x = static_cast<double>(spec.categories.size());
+        f1.points.push_back({x, mean(t.f1)});
+        fid.points.push_back({x, mean(t.fidelity)});
+        spec.categories.push_back(run.first == CB_MODE_BLEND
+                                      ? "blend r=" + ratio_label(ratios[run.second])
+                                      : std::string(cb_mode_name(run.first)));
+      }
+      spec.series = {f1, fid};
+    }
+    draw_plot(plot, spec);
   }
   return 0;
 }

@@ -158,6 +158,17 @@ JsonObject& JsonObject::add(std::string_view k, const JsonObject& nested) {
   return *this;
 }
 
+JsonObject& JsonObject::add(std::string_view k, const std::vector<JsonObject>& objects) {
+  key(k);
+  body_ += "[";
+  for (size_t i = 0; i < objects.size(); ++i) {
+    if (i) body_ += ", ";
+    body_ += objects[i].str();
+  }
+  body_ += "]";
+  return *this;
+}
+
 JsonObject& JsonObject::add_null(std::string_view k) {
   key(k);
   body_ += "null";

@@ -30,6 +30,7 @@ class JsonObject {
   JsonObject& add(std::string_view key, const std::vector<int32_t>& values);
   JsonObject& add(std::string_view key, const std::vector<double>& values);
   JsonObject& add(std::string_view key, const JsonObject& nested);
+  JsonObject& add(std::string_view key, const std::vector<JsonObject>& objects);
   JsonObject& add_null(std::string_view key);
 
   // The object as one line of JSON (no trailing newline).

@@ -5,7 +5,8 @@
 
 $CB_MODEL, when set, overrides --model.  Checks the chat answer, the --json
 output (generate, prefill, decode, ttft, quality on a tiny dataset written
-here), and that bad input (truncated / wrong-magic / absurd model files, a
+here), --plot FILE.png for ttft (against the ratio and against a list of read
+caps) and quality (against a list of ratios), and that bad input (truncated / wrong-magic / absurd model files, a
 prompt longer than the context, a missing file, bad flags) gives a one-line
 "cb_bench: error: " message and exit status 1 (2 for usage errors), never a
 crash.  Prints "N passed, N failed"; exit status 1 on any failure.
@@ -92,6 +93,59 @@ def missing_fields(obj, fields):
             if not isinstance(obj.get(k), t) or isinstance(obj.get(k), bool)]
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def is_png(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == PNG_SIGNATURE and os.path.getsize(path) > 1000
+    except OSError:
+        return False
+
+
+def test_plots(bench, common, dataset, tmp):
+    """--plot FILE.png for ttft (vs ratio, vs read cap) and quality (vs ratio)."""
+    if shutil.which("gnuplot") is None:
+        # Without gnuplot the option must say so plainly, before any work.
+        expect_error(bench, ["ttft", "--chunks", "1", "--chunk-tokens", "16", "--plot",
+                             os.path.join(tmp, "x.png")] + common, "--plot without gnuplot",
+                     must_contain="gnuplot")
+        return
+    ttft = ["ttft", "--chunks", "2", "--chunk-tokens", "16", "--query-tokens", "8", "--repeat", "1"]
+    png = os.path.join(tmp, "ttft_ratio.png")
+    rc, out, err = run(bench, ttft + ["--modes", "full,reuse,blend", "--ratio", "0,0.5,1",
+                                      "--plot", png] + common)
+    check(rc == 0 and is_png(png), "ttft --plot: TTFT against the ratio", describe(rc, out, err))
+    png = os.path.join(tmp, "ttft_caps.png")
+    rc, out, err = run(bench, ttft + ["--modes", "full,blend", "--codec", "q8", "--storage-mbps",
+                                      "20,2000", "--json", "--plot", png] + common)
+    rows = json_lines(out) or []
+    check(rc == 0 and is_png(png) and [(r.get("mode"), r.get("storage_mbps")) for r in rows]
+          == [("full", 20), ("blend", 20), ("full", 2000), ("blend", 2000)]
+          and all(r.get("cache_misses") == 0 for r in rows),
+          "ttft --storage-mbps list: every mode per read cap, and its plot",
+          describe(rc, out, err))
+    png = os.path.join(tmp, "quality.png")
+    rc, out, err = run(bench, ["quality", "--dataset", dataset, "--limit", "1", "--modes",
+                               "full,blend", "--ratio", "0,1", "--json", "--plot", png] + common)
+    rows = json_lines(out) or []
+    check(rc == 0 and is_png(png) and [(r.get("mode"), r.get("ratio")) for r in rows]
+          == [("full", 1), ("blend", 0), ("blend", 1)],
+          "quality --ratio list: blend per ratio, and the F1 plot", describe(rc, out, err))
+    # r = 1 recomputes every token: the answer is full prefill's.
+    check(len(rows) == 3 and rows[2].get("fidelity_f1") == 1, "quality: blend at r=1 is full",
+          str(rows))
+    expect_error(bench, ttft + ["--plot", os.path.join(tmp, "x.svg")] + common,
+                 "--plot needs a .png name", code=2, must_contain="png")
+    expect_error(bench, ttft + ["--storage-mbps", "20,x"] + common, "ttft --storage-mbps 20,x",
+                 code=2, must_contain="--storage-mbps")
+    # gnuplot missing: a clear error before any work.
+    expect_error(bench, ttft + ["--plot", os.path.join(tmp, "y.png")] + common,
+                 "--plot without gnuplot on the PATH", must_contain="gnuplot",
+                 env={"PATH": tmp})
+
+
 def test_rag(bench, common):
     # ttft --json: one line per mode, with the contract's fields.
     rc, out, err = run(bench, ["ttft", "--chunks", "2", "--chunk-tokens", "64", "--repeat", "1",
@@ -163,8 +217,9 @@ def test_rag(bench, common):
         expect_error(bench, q + ["--codec", "q3"] + common, "quality --codec q3", code=2,
                      must_contain="q3")
         expect_error(bench, q + ["--max-tokens", "0"] + common, "quality --max-tokens 0", code=2)
-        expect_error(bench, q + ["--ratio", "0.1,0.2"] + common, "quality with two ratios",
+        expect_error(bench, q + ["--ratio", "0.1,x"] + common, "quality --ratio 0.1,x",
                      code=2, must_contain="--ratio")
+        test_plots(bench, common, data, tmp)
         expect_error(bench, q + ["--limit", "x"] + common, "quality --limit x", code=2)
     t = ["ttft", "--chunks", "2", "--chunk-tokens", "16"]
     expect_error(bench, ["ttft", "--chunk-tokens", "16"] + common, "ttft without --chunks",

@@ -1,0 +1,281 @@
+#include "answer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "corpus_db.h"
+#include "json_writer.h"
+
+namespace rag {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Set by SIGINT in chat; the token callback turns it into a cancellation.
+volatile std::sig_atomic_t g_interrupted = 0;
+
+extern "C" void on_sigint(int) {
+  g_interrupted = 1;
+}
+
+struct StreamState {
+  bool stream = false;  // print each piece as it comes
+  bool cancellable = false;
+  std::string text;
+  Clock::time_point first_token;
+  bool got_first = false;
+};
+
+int on_token(int32_t, const char* piece, size_t len, void* user) {
+  auto* st = static_cast<StreamState*>(user);
+  if (!st->got_first) {
+    st->first_token = Clock::now();
+    st->got_first = true;
+  }
+  st->text.append(piece, len);
+  if (st->stream) {
+    std::fwrite(piece, 1, len, stdout);
+    std::fflush(stdout);
+  }
+  return st->cancellable && g_interrupted ? 1 : 0;
+}
+
+struct Result {
+  std::string answer;
+  std::vector<ChunkRecord> sources;
+  double ttft_ms = 0.0;  // from the start of the RAG prefill to the first token
+  double prefill_ms = 0.0;
+  cb_rag_stats rag{};
+  int n_generated = 0;
+  bool cancelled = false;
+};
+
+// The loaded model, the store and a session sized for the requests; kept
+// across the questions of a chat.
+class Assistant {
+ public:
+  Assistant(const CommonOptions& common, const AskOptions& opts)
+      : common_(common), opts_(opts), db_(corpus_db_path(common.store), false) {
+    if (db_.n_chunks() == 0)
+      throw Error("the store " + common.store +
+                  " holds no documents: ingest some first ('rag_assistant --store DIR ingest "
+                  "PATH...')");
+    load_model(common, model_);
+    open_chunk_cache(common.store, cache_);
+    n_ctx_train_ = model_n_ctx_train(model_);
+  }
+
+  std::vector<ChunkRecord> retrieve(const std::string& question) {
+    return db_.search(fts_match_query(question), opts_.top_k);
+  }
+
+  Result answer(const std::string& question, const std::vector<ChunkRecord>& sources, bool stream,
+                bool cancellable) {
+    ensure_session(question, sources);
+    std::vector<const char*> texts;
+    for (const ChunkRecord& c : sources) texts.push_back(c.text.c_str());
+    if (opts_.best_last) std::reverse(texts.begin(), texts.end());
+    cb_rag_options ro = base_rag_options();
+    ro.mode = opts_.mode;
+    ro.ratio = opts_.ratio;
+    ro.auto_ratio = opts_.auto_ratio ? 1 : 0;
+
+    Result r;
+    r.sources = sources;
+    cb_rag_stats_init(&r.rag);
+    check(cb_session_reset(session_.s), "cannot reset the session");
+    const auto t0 = Clock::now();
+    const cb_status s = cb_rag_prefill(session_.s, opts_.mode == CB_MODE_FULL ? nullptr : cache_.c,
+                                       texts.data(), texts.size(), question.c_str(), &ro, &r.rag);
+    if (s == CB_ERR_CONTEXT_OVERFLOW)
+      throw Error(std::string("the question and its documents do not fit the context: ") +
+                  cb_last_error() + " (use a smaller --top-k)");
+    check(s, std::string("RAG prefill (") + cb_mode_name(opts_.mode) + ") failed");
+    const auto t1 = Clock::now();
+
+    cb_generate_options go;
+    cb_generate_options_init(&go);
+    go.max_tokens = opts_.max_tokens;
+    cb_generate_stats gs;
+    cb_generate_stats_init(&gs);
+    StreamState st;
+    st.stream = stream;
+    st.cancellable = cancellable;
+    const cb_status g = cb_generate(session_.s, nullptr, 0, &go, on_token, &st, &gs);
+    if (g != CB_ERR_CANCELLED) check(g, "generation failed");
+    r.cancelled = g == CB_ERR_CANCELLED;
+    r.answer = st.text;
+    r.n_generated = gs.n_generated;
+    r.prefill_ms = ms_between(t0, t1);
+    // TTFT as a user sees it: the request starts, the first token appears.
+    r.ttft_ms = st.got_first ? ms_between(t0, st.first_token) : r.prefill_ms + gs.ttft_ms;
+    return r;
+  }
+
+  const char* mode_name() const { return cb_mode_name(opts_.mode); }
+  int threads() const { return common_.threads; }
+
+ private:
+  // A session large enough for this request (grown, never shrunk).  The
+  // first one also runs a tiny untimed warm-up, so TTFT is that of a
+  // running app and not of the first forward pass's page faults.
+  void ensure_session(const std::string& question, const std::vector<ChunkRecord>& sources) {
+    int need = static_cast<int>(tokenize(model_, question).size()) + 128 + opts_.max_tokens;
+    for (const ChunkRecord& c : sources) need += c.n_tokens + 4;
+    if (need > n_ctx_train_) need = n_ctx_train_;  // cb_rag_prefill reports what overflows
+    if (session_.s != nullptr && cb_session_n_ctx(session_.s) >= need) return;
+    Session fresh;
+    create_session(model_, common_.threads, std::max(need, 512), fresh);
+    std::swap(session_.s, fresh.s);
+    const std::vector<int32_t> warm = tokenize(model_, "Warm-up.");
+    check(cb_session_prefill(session_.s, warm.data(), warm.size()), "warm-up failed");
+    check(cb_session_reset(session_.s), "cannot reset the session");
+  }
+
+  CommonOptions common_;
+  AskOptions opts_;
+  CorpusDb db_;
+  Model model_;
+  ChunkCache cache_;
+  Session session_;
+  int n_ctx_train_ = 0;
+};
+
+std::string ratio_text(const Result& r, const AskOptions& o) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.2f%s", static_cast<double>(r.rag.ratio),
+                o.auto_ratio && o.mode == CB_MODE_BLEND ? " (auto)" : "");
+  return buf;
+}
+
+void print_report(const Result& r, const AskOptions& o, const char* mode, FILE* out) {
+  std::fprintf(out,
+               "\n---\nTTFT %.1f ms (RAG prefill %.1f ms) | mode %s, r = %s | chunk cache: "
+               "%d hit(s), %d miss(es) | %d context tokens, %d answer tokens%s\n",
+               r.ttft_ms, r.prefill_ms, mode, ratio_text(r, o).c_str(), r.rag.cache_hits,
+               r.rag.cache_misses, r.rag.n_tokens, r.n_generated,
+               r.cancelled ? " (cancelled)" : "");
+  std::fprintf(out, "sources:");
+  for (size_t i = 0; i < r.sources.size(); ++i)
+    std::fprintf(out, "%s [%zu] %s #%d", i ? "," : "", i + 1, r.sources[i].display.c_str(),
+                 r.sources[i].index);
+  std::fprintf(out, "\n");
+  std::fflush(out);
+}
+
+std::string no_hits_message(const std::string& question) {
+  return "no document in the store matches the question \"" + question + "\" (try other words)";
+}
+
+}  // namespace
+
+int run_ask(const CommonOptions& common, const AskOptions& opts, const std::string& question) {
+  if (question.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw Error("the question is empty");
+  Assistant a(common, opts);
+  const std::vector<ChunkRecord> sources = a.retrieve(question);
+  if (sources.empty()) throw Error(no_hits_message(question));
+  const Result r = a.answer(question, sources, !opts.json, false);
+  if (opts.json) {
+    std::vector<cbs::JsonObject> src;
+    for (const ChunkRecord& c : r.sources) {
+      cbs::JsonObject s;
+      s.add("id", c.id)
+          .add("file", c.display)
+          .add("chunk", static_cast<int64_t>(c.index))
+          .add("title", c.title)
+          .add("bm25", c.score);
+      src.push_back(std::move(s));
+    }
+    cbs::JsonObject o;
+    o.add("question", question)
+        .add("answer", r.answer)
+        .add("ttft_ms", r.ttft_ms)
+        .add("prefill_ms", r.prefill_ms)
+        .add("ratio", std::round(static_cast<double>(r.rag.ratio) * 1e6) / 1e6)
+        .add("ratio_mode", opts.auto_ratio ? "auto" : "fixed")
+        .add("context_order", opts.best_last ? "best-last" : "best-first")
+        .add("mode", a.mode_name())
+        .add("sources", src)
+        .add("cache_hits", r.rag.cache_hits)
+        .add("cache_misses", r.rag.cache_misses)
+        .add("n_ctx", r.rag.n_tokens)
+        .add("n_reused", r.rag.n_reused)
+        .add("computed_fraction", r.rag.computed_fraction)
+        .add("n_generated", static_cast<int64_t>(r.n_generated))
+        .add("threads", static_cast<int64_t>(a.threads()));
+    std::printf("%s\n", o.str().c_str());
+  } else {
+    print_report(r, opts, a.mode_name(), stdout);
+  }
+  return 0;
+}
+
+int run_chat(const CommonOptions& common, const AskOptions& opts) {
+  // Installed before the model loads, so an early Ctrl-C never kills the
+  // process half-way.  No SA_RESTART: Ctrl-C at the prompt interrupts the
+  // blocking read, which is how the loop learns to exit.
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  Assistant a(common, opts);
+  const bool tty = ::isatty(STDIN_FILENO) != 0;
+  if (tty)
+    std::fprintf(stderr,
+                 "Ask about the documents in %s.  Ctrl-C stops an answer; Ctrl-C or Ctrl-D at "
+                 "the prompt (or 'quit') exits.\n",
+                 common.store.c_str());
+  std::string line;
+  for (;;) {
+    if (g_interrupted) break;  // Ctrl-C while loading or between answers
+    if (tty) {
+      std::fprintf(stderr, "\n> ");
+      std::fflush(stderr);
+    }
+    // Plain stdio: an interrupted read() fails getline with EINTR.
+    char* buf = nullptr;
+    size_t cap = 0;
+    errno = 0;
+    const ssize_t n = ::getline(&buf, &cap, stdin);
+    std::unique_ptr<char, decltype(&std::free)> hold(buf, &std::free);
+    if (n < 0) {
+      if (tty) std::fprintf(stderr, "\n");
+      break;  // EOF, or Ctrl-C at the prompt
+    }
+    g_interrupted = 0;
+    line.assign(buf, static_cast<size_t>(n));
+    while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    if (line == "quit" || line == "exit") break;
+    const std::vector<ChunkRecord> sources = a.retrieve(line);
+    if (sources.empty()) {
+      std::printf("(%s)\n", no_hits_message(line).c_str());
+      std::fflush(stdout);
+      continue;
+    }
+    const Result r = a.answer(line, sources, true, true);
+    if (r.cancelled) {
+      std::printf(" [stopped]");
+      g_interrupted = 0;  // that Ctrl-C was for the answer, not the program
+    }
+    print_report(r, opts, a.mode_name(), stdout);
+  }
+  return 0;
+}
+
+}  // namespace rag

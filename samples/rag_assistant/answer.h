@@ -1,0 +1,32 @@
+// `rag_assistant ask` and `chat`: retrieve, fuse the chunks' KV, answer.
+#pragma once
+
+#include <string>
+
+#include "app.h"
+
+namespace rag {
+
+struct AskOptions {
+  int top_k = 3;
+  cb_mode mode = CB_MODE_BLEND;
+  float ratio = 0.15f;
+  bool auto_ratio = false;  // --ratio auto: the loading controller picks r
+  int max_tokens = 160;     // answer length cap
+  // The best chunk goes last, next to the question (--context-order
+  // best-last, the default) or first (best-first).  Small models lean on
+  // the text nearest the question: with the default 135M model, best-last
+  // turned most wrong answers on the demo corpus into right ones.
+  bool best_last = true;
+  bool json = false;
+};
+
+// One question, answered and reported (streamed unless --json).  Returns the
+// exit status; an Error for no store / empty store / no retrieval hits.
+int run_ask(const CommonOptions& common, const AskOptions& opts, const std::string& question);
+
+// Questions from stdin, one per line, until EOF or Ctrl-C at the prompt;
+// Ctrl-C during an answer stops that answer only.
+int run_chat(const CommonOptions& common, const AskOptions& opts);
+
+}  // namespace rag

@@ -1,0 +1,125 @@
+#include "app.h"
+
+#include <sched.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <thread>
+
+namespace rag {
+namespace {
+
+constexpr const char* kModelRelative = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+// The system turn of every request.  It is part of the prompt head, so it is
+// part of the cache key of every chunk: changing it makes the precomputed
+// KV unreachable (the next ingest computes it again).  The default model
+// (135M parameters) answers best with this short instruction; longer ones
+// about style made its answers worse in our trials.
+constexpr const char* kSystemPrompt = "Answer the question using the documents.";
+
+// Chunks of rag_assistant live in their own namespace so that another app
+// sharing the store directory never gets them (nor they its chunks).
+constexpr const char* kNamespace = "rag_assistant";
+
+bool file_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+}  // namespace
+
+void check(cb_status s, const std::string& what) {
+  if (s == CB_OK) return;
+  const char* detail = cb_last_error();
+  throw Error(what + ": " + (detail[0] ? detail : cb_status_string(s)));
+}
+
+std::string resolve_model_path(const std::string& flag) {
+  if (!flag.empty()) {
+    if (!file_exists(flag)) throw Error("model file not found: " + flag);
+    return flag;
+  }
+  if (const char* env = std::getenv("CB_MODEL"); env != nullptr && env[0] != '\0') {
+    if (!file_exists(env)) throw Error(std::string("model file not found: ") + env + " (CB_MODEL)");
+    return env;
+  }
+  if (file_exists(kModelRelative)) return kModelRelative;
+  // The build tree knows where the sources (and scripts/setup.sh's model)
+  // are, so the binary also works when started from another directory.
+  const std::string built = std::string(RAG_SOURCE_DIR) + "/" + kModelRelative;
+  if (file_exists(built)) return built;
+  throw Error(std::string("no model: CB_MODEL is not set and neither ./") + kModelRelative +
+              " nor " + built +
+              " exists (pass --model PATH, set CB_MODEL, or run "
+              "scripts/setup.sh model)");
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  const unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+void load_model(const CommonOptions& o, Model& model) {
+  cb_model_options mo;
+  cb_model_options_init(&mo);
+  mo.n_threads = o.threads;
+  check(cb_model_load(o.model_path.c_str(), &mo, &model.m),
+        "cannot load the model '" + o.model_path + "'");
+}
+
+void open_chunk_cache(const std::string& store, ChunkCache& cache) {
+  cb_store_options so;
+  cb_store_options_init(&so);
+  check(cb_chunk_cache_open(kv_dir(store).c_str(), &so, &cache.c),
+        "cannot open the chunk KV store in '" + kv_dir(store) + "'");
+}
+
+void create_session(const Model& model, int threads, int n_ctx, Session& session) {
+  cb_session_options so;
+  cb_session_options_init(&so);
+  so.n_threads = threads;
+  so.n_ctx = n_ctx;
+  check(cb_session_create(model.m, &so, &session.s), "cannot create a session");
+}
+
+int model_n_ctx_train(const Model& model) {
+  cb_model_info info;
+  cb_model_info_init(&info);
+  check(cb_model_get_info(model.m, &info), "cannot read the model's info");
+  return info.n_ctx_train;
+}
+
+std::vector<int32_t> tokenize(const Model& model, std::string_view text) {
+  size_t n = 0;
+  // Document text is never parsed for control tokens, as cb_rag_prefill
+  // does not: the counts must match what the request will hold.
+  check(cb_tokenize(model.m, text.data(), text.size(), 0, 0, nullptr, 0, &n), "cannot tokenize");
+  std::vector<int32_t> ids(n);
+  if (n > 0)
+    check(cb_tokenize(model.m, text.data(), text.size(), 0, 0, ids.data(), ids.size(), &n),
+          "cannot tokenize");
+  return ids;
+}
+
+std::string corpus_db_path(const std::string& store) {
+  return store + "/corpus.sqlite";
+}
+
+std::string kv_dir(const std::string& store) {
+  return store + "/kv";
+}
+
+cb_rag_options base_rag_options() {
+  cb_rag_options ro;
+  cb_rag_options_init(&ro);
+  ro.chunk_head = CB_CHUNK_HEAD_PROMPT;
+  ro.system_prompt = kSystemPrompt;
+  ro.cache_namespace = kNamespace;
+  return ro;
+}
+
+}  // namespace rag

@@ -1,0 +1,83 @@
+// What every part of rag_assistant shares: errors, the C API handles with
+// automatic cleanup, the store's layout and the request options that make a
+// chunk's KV cache key (they must be identical at ingest and at ask time, or
+// every precomputed chunk would be a cache miss).
+#pragma once
+
+#include <cacheblend/cacheblend.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rag {
+
+// A user-facing failure: main() prints "rag_assistant: error: MESSAGE" and
+// exits with status 1.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Throws an Error naming `what` and the library's message when s != CB_OK.
+void check(cb_status s, const std::string& what);
+
+struct Model {
+  cb_model* m = nullptr;
+  Model() = default;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+  ~Model() { cb_model_free(m); }
+};
+
+struct Session {
+  cb_session* s = nullptr;
+  Session() = default;
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  ~Session() { cb_session_free(s); }
+};
+
+struct ChunkCache {
+  cb_chunk_cache* c = nullptr;
+  ChunkCache() = default;
+  ChunkCache(const ChunkCache&) = delete;
+  ChunkCache& operator=(const ChunkCache&) = delete;
+  ~ChunkCache() { cb_chunk_cache_free(c); }
+};
+
+// Options every command understands.
+struct CommonOptions {
+  std::string store;       // --store DIR
+  std::string model_path;  // --model, else $CB_MODEL, else the default
+  int threads = 0;         // --threads, else the cores available to us
+};
+
+// The model to load: `flag` (--model) when given, else $CB_MODEL, else
+// models/<default> under the current directory, else the same file in the
+// source tree this binary was built from.  Throws an Error naming what was
+// tried when none exists.
+std::string resolve_model_path(const std::string& flag);
+
+// CPU cores this process may run on.
+int available_cores();
+
+void load_model(const CommonOptions& o, Model& model);
+void open_chunk_cache(const std::string& store, ChunkCache& cache);
+void create_session(const Model& model, int threads, int n_ctx, Session& session);
+int model_n_ctx_train(const Model& model);
+
+std::vector<int32_t> tokenize(const Model& model, std::string_view text);
+
+// The store directory's parts.
+std::string corpus_db_path(const std::string& store);
+std::string kv_dir(const std::string& store);
+
+// The request options shared by ingest (precompute) and ask: chunk head,
+// system prompt and namespace, i.e. everything in a chunk's cache key
+// besides the model and the chunk's tokens.  `mode` and ratio are the
+// caller's to set.
+cb_rag_options base_rag_options();
+
+}  // namespace rag

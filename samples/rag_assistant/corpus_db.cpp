@@ -1,0 +1,237 @@
+#include "corpus_db.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <set>
+
+#include "app.h"
+
+namespace rag {
+namespace {
+
+// Common English words that say nothing about which chunk is relevant; as
+// OR terms they would rank every chunk.
+const std::set<std::string, std::less<>> kStopwords = {
+    "a",    "about", "after", "all",  "also", "an",     "and",   "any",   "are",   "as",
+    "at",   "be",    "been",  "but",  "by",   "can",    "could", "did",   "do",    "does",
+    "for",  "from",  "had",   "has",  "have", "he",     "her",   "his",   "how",   "i",
+    "if",   "in",    "into",  "is",   "it",   "its",    "me",    "my",    "no",    "not",
+    "of",   "on",    "or",    "our",  "she",  "should", "so",    "some",  "tell",  "than",
+    "that", "the",   "their", "them", "then", "there",  "these", "they",  "this",  "those",
+    "to",   "us",    "was",   "we",   "were", "what",   "when",  "where", "which", "who",
+    "whom", "whose", "why",   "will", "with", "would",  "you",   "your",
+};
+
+// A statement with automatic finalization and bound parameters.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) : db_(db) {
+    if (sqlite3_prepare_v2(db, sql, -1, &s_, nullptr) != SQLITE_OK)
+      throw Error(std::string("corpus database: ") + sqlite3_errmsg(db));
+  }
+  ~Stmt() { sqlite3_finalize(s_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+  Stmt& bind(int i, int64_t v) {
+    sqlite3_bind_int64(s_, i, v);
+    return *this;
+  }
+  Stmt& bind(int i, const std::string& v) {
+    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  // True while a row is available.
+  bool step() {
+    const int rc = sqlite3_step(s_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    throw Error(std::string("corpus database: ") + sqlite3_errmsg(db_));
+  }
+  int64_t i64(int col) { return sqlite3_column_int64(s_, col); }
+  double dbl(int col) { return sqlite3_column_double(s_, col); }
+  std::string str(int col) {
+    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s_, col));
+    return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(s_, col))) : std::string();
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* s_ = nullptr;
+};
+
+}  // namespace
+
+std::string fts_match_query(std::string_view question) {
+  std::vector<std::string> words, content;
+  std::string w;
+  auto flush = [&] {
+    if (w.empty()) return;
+    if (std::find(words.begin(), words.end(), w) == words.end()) {
+      words.push_back(w);
+      if (!kStopwords.count(w)) content.push_back(w);
+    }
+    w.clear();
+  };
+  for (char ch : question) {
+    const auto c = static_cast<unsigned char>(ch);
+    // Letters and digits, and any non-ASCII byte (UTF-8 letters of other
+    // scripts); everything else separates words.
+    if (std::isalnum(c) || c >= 0x80)
+      w += static_cast<char>(std::tolower(c));
+    else
+      flush();
+  }
+  flush();
+  const std::vector<std::string>& terms = content.empty() ? words : content;
+  std::string q;
+  for (const std::string& t : terms) {
+    if (!q.empty()) q += " OR ";
+    // A quoted FTS5 string; a '"' would be doubled, but words hold none.
+    q += '"' + t + '"';
+  }
+  return q;
+}
+
+CorpusDb::CorpusDb(const std::string& path, bool create) : path_(path) {
+  if (create) {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    if (ec) throw Error("cannot create the store directory for " + path + ": " + ec.message());
+  } else if (!std::filesystem::exists(path)) {
+    throw Error("no corpus in this store (" + path +
+                " does not exist): run 'rag_assistant --store DIR ingest PATH...' first");
+  }
+  const int flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0);
+  if (sqlite3_open_v2(path.c_str(), &db_, flags, nullptr) != SQLITE_OK) {
+    const std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw Error("cannot open the corpus database " + path + ": " + msg);
+  }
+  sqlite3_busy_timeout(db_, 5000);
+  exec("PRAGMA journal_mode=WAL");
+  exec("PRAGMA foreign_keys=ON");
+  if (create) {
+    exec(
+        "CREATE TABLE IF NOT EXISTS files("
+        " id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL, display TEXT NOT NULL,"
+        " hash TEXT NOT NULL, title TEXT NOT NULL);"
+        "CREATE TABLE IF NOT EXISTS chunks("
+        " id INTEGER PRIMARY KEY,"
+        " file_id INTEGER NOT NULL REFERENCES files(id) ON DELETE CASCADE,"
+        " idx INTEGER NOT NULL, text TEXT NOT NULL, n_tokens INTEGER NOT NULL,"
+        " UNIQUE(file_id, idx));"
+        // The index keeps its own copy of title and text: simpler than an
+        // external-content table kept in sync by triggers, and a corpus of
+        // text is small next to its KV.  Porter stemming lets "leads"
+        // find "lead".
+        "CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5("
+        " title, text, tokenize='porter unicode61');");
+  } else {
+    // An existing file that is not our database says so plainly.
+    Stmt s(db_, "SELECT count(*) FROM sqlite_master WHERE name IN ('files','chunks','chunks_fts')");
+    if (!s.step() || s.i64(0) != 3)
+      throw Error(path + " is not a rag_assistant corpus (run ingest into a new store)");
+  }
+}
+
+CorpusDb::~CorpusDb() {
+  sqlite3_close(db_);
+}
+
+void CorpusDb::exec(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    const std::string msg = err ? err : sqlite3_errmsg(db_);
+    sqlite3_free(err);
+    throw Error("corpus database " + path_ + ": " + msg);
+  }
+}
+
+std::optional<FileRecord> CorpusDb::find_file(const std::string& path) {
+  Stmt s(db_, "SELECT id, path, display, hash FROM files WHERE path = ?1");
+  s.bind(1, path);
+  if (!s.step()) return std::nullopt;
+  return FileRecord{s.i64(0), s.str(1), s.str(2), s.str(3)};
+}
+
+std::vector<FileRecord> CorpusDb::files() {
+  Stmt s(db_, "SELECT id, path, display, hash FROM files ORDER BY id");
+  std::vector<FileRecord> out;
+  while (s.step()) out.push_back({s.i64(0), s.str(1), s.str(2), s.str(3)});
+  return out;
+}
+
+void CorpusDb::replace_file(const FileRecord& file, const std::string& title,
+                            const std::vector<std::pair<std::string, int>>& chunks) {
+  exec("BEGIN IMMEDIATE");
+  try {
+    if (auto old = find_file(file.path)) remove_file(old->id);
+    Stmt ins(db_, "INSERT INTO files(path, display, hash, title) VALUES (?1, ?2, ?3, ?4)");
+    ins.bind(1, file.path).bind(2, file.display).bind(3, file.hash).bind(4, title);
+    ins.step();
+    const int64_t file_id = sqlite3_last_insert_rowid(db_);
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      Stmt c(db_, "INSERT INTO chunks(file_id, idx, text, n_tokens) VALUES (?1, ?2, ?3, ?4)");
+      c.bind(1, file_id)
+          .bind(2, static_cast<int64_t>(i))
+          .bind(3, chunks[i].first)
+          .bind(4, static_cast<int64_t>(chunks[i].second));
+      c.step();
+      const int64_t chunk_id = sqlite3_last_insert_rowid(db_);
+      Stmt f(db_, "INSERT INTO chunks_fts(rowid, title, text) VALUES (?1, ?2, ?3)");
+      f.bind(1, chunk_id).bind(2, title).bind(3, chunks[i].first);
+      f.step();
+    }
+    exec("COMMIT");
+  } catch (...) {
+    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+}
+
+void CorpusDb::remove_file(int64_t file_id) {
+  Stmt f(db_, "DELETE FROM chunks_fts WHERE rowid IN (SELECT id FROM chunks WHERE file_id = ?1)");
+  f.bind(1, file_id);
+  f.step();
+  Stmt d(db_, "DELETE FROM files WHERE id = ?1");  // chunks go by ON DELETE CASCADE
+  d.bind(1, file_id);
+  d.step();
+}
+
+int64_t CorpusDb::n_chunks() {
+  Stmt s(db_, "SELECT count(*) FROM chunks");
+  s.step();
+  return s.i64(0);
+}
+
+std::vector<ChunkRecord> CorpusDb::all_chunks() {
+  Stmt s(db_,
+         "SELECT c.id, c.file_id, c.idx, f.title, c.text, c.n_tokens, f.display"
+         " FROM chunks c JOIN files f ON f.id = c.file_id ORDER BY c.id");
+  std::vector<ChunkRecord> out;
+  while (s.step())
+    out.push_back({s.i64(0), s.i64(1), static_cast<int>(s.i64(2)), s.str(3), s.str(4),
+                   static_cast<int>(s.i64(5)), s.str(6), 0.0});
+  return out;
+}
+
+std::vector<ChunkRecord> CorpusDb::search(const std::string& match, int k) {
+  if (match.empty()) return {};
+  // Title matches weigh double: a file named for a topic is about it.
+  Stmt s(db_,
+         "SELECT c.id, c.file_id, c.idx, f.title, c.text, c.n_tokens, f.display,"
+         " bm25(chunks_fts, 2.0, 1.0) AS score"
+         " FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
+         " JOIN files f ON f.id = c.file_id"
+         " WHERE chunks_fts MATCH ?1 ORDER BY score LIMIT ?2");
+  s.bind(1, match).bind(2, static_cast<int64_t>(k));
+  std::vector<ChunkRecord> out;
+  while (s.step())
+    out.push_back({s.i64(0), s.i64(1), static_cast<int>(s.i64(2)), s.str(3), s.str(4),
+                   static_cast<int>(s.i64(5)), s.str(6), s.dbl(7)});
+  return out;
+}
+
+}  // namespace rag

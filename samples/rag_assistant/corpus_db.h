@@ -1,0 +1,70 @@
+// The document store: an SQLite database holding the ingested files, their
+// chunks' text and an FTS5 full-text index over the chunks (BM25 ranking).
+#pragma once
+
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rag {
+
+struct FileRecord {
+  int64_t id = 0;
+  std::string path;     // canonical absolute path: the file's identity
+  std::string display;  // short name for reports (relative to what was ingested)
+  std::string hash;     // content hash (and chunking settings)
+};
+
+struct ChunkRecord {
+  int64_t id = 0;
+  int64_t file_id = 0;
+  int index = 0;  // position of the chunk in its file, from 0
+  std::string title;
+  std::string text;
+  int n_tokens = 0;
+  std::string display;  // of the file
+  double score = 0.0;   // bm25 (lower is better) for search results
+};
+
+// The FTS5 MATCH expression for a free-text question: its words, lowercased,
+// stopwords dropped (all words kept when nothing else is left), each one
+// quoted as an FTS5 string and ORed.  Quoting makes every input safe: FTS5
+// syntax ("AND", '*', '-', quotes, parentheses) in the question is only
+// ever searched for as text.  Empty when the question has no words.
+std::string fts_match_query(std::string_view question);
+
+class CorpusDb {
+ public:
+  // Opens DIR/corpus.sqlite.  create: make the directory and the database
+  // when missing; otherwise a missing database is an Error that says to
+  // ingest first.
+  CorpusDb(const std::string& path, bool create);
+  ~CorpusDb();
+  CorpusDb(const CorpusDb&) = delete;
+  CorpusDb& operator=(const CorpusDb&) = delete;
+
+  std::optional<FileRecord> find_file(const std::string& path);
+  std::vector<FileRecord> files();
+  // Inserts or replaces the file's record and all of its chunks, atomically.
+  void replace_file(const FileRecord& file, const std::string& title,
+                    const std::vector<std::pair<std::string, int>>& chunks);
+  void remove_file(int64_t file_id);
+
+  int64_t n_chunks();
+  // Every chunk (id order), for the KV precompute.
+  std::vector<ChunkRecord> all_chunks();
+  // The best `k` chunks for the MATCH expression (see fts_match_query), best
+  // first.
+  std::vector<ChunkRecord> search(const std::string& match, int k);
+
+ private:
+  void exec(const char* sql);
+  sqlite3* db_ = nullptr;
+  std::string path_;
+};
+
+}  // namespace rag

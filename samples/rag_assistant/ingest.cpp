@@ -1,0 +1,304 @@
+#include "ingest.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "chunker.h"
+#include "corpus_db.h"
+#include "json_writer.h"
+#include "progress.h"
+
+namespace fs = std::filesystem;
+
+namespace rag {
+namespace {
+
+void warn(const std::string& msg) {
+  std::fprintf(stderr, "rag_assistant: warning: %s\n", msg.c_str());
+}
+
+// The model's tokenizer behind the chunker's interface.
+class ModelTokens final : public TokenCounter {
+ public:
+  explicit ModelTokens(const Model& model) : model_(model) {}
+  size_t count(std::string_view text) const override { return tokenize(model_, text).size(); }
+
+  std::vector<std::string> split(std::string_view text, size_t max_tokens) const override {
+    const std::vector<int32_t> ids = tokenize(model_, text);
+    std::vector<std::string> out;
+    size_t a = 0;
+    while (a < ids.size()) {
+      size_t b = std::min(ids.size(), a + max_tokens);
+      std::string piece = detokenize(ids, a, b);
+      // A byte-level token may hold part of a UTF-8 character; move the cut
+      // back (or, for one huge character, forward) to a character boundary.
+      while (b > a + 1 && !complete_utf8(piece)) piece = detokenize(ids, a, --b);
+      while (b < ids.size() && !complete_utf8(piece)) piece = detokenize(ids, a, ++b);
+      out.push_back(std::move(piece));
+      a = b;
+    }
+    return out;
+  }
+
+ private:
+  std::string detokenize(const std::vector<int32_t>& ids, size_t a, size_t b) const {
+    size_t len = 0;
+    check(cb_detokenize(model_.m, ids.data() + a, b - a, 0, nullptr, 0, &len), "cannot detokenize");
+    std::string s(len + 1, '\0');
+    check(cb_detokenize(model_.m, ids.data() + a, b - a, 0, s.data(), s.size(), &len),
+          "cannot detokenize");
+    s.resize(len);
+    return s;
+  }
+  // False when `s` ends inside a multi-byte UTF-8 sequence.
+  static bool complete_utf8(const std::string& s) {
+    size_t k = 0;  // continuation bytes at the end
+    while (k < s.size() && k < 4 &&
+           (static_cast<unsigned char>(s[s.size() - 1 - k]) & 0xC0) == 0x80)
+      ++k;
+    if (k == s.size()) return k == 0;
+    const auto lead = static_cast<unsigned char>(s[s.size() - 1 - k]);
+    const size_t need = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;
+    return need == k;
+  }
+  const Model& model_;
+};
+
+bool is_text_extension(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext == ".md" || ext == ".markdown" || ext == ".txt" || ext == ".text";
+}
+
+struct Candidate {
+  fs::path path;        // canonical
+  std::string display;  // relative to the argument it came from
+};
+
+// Files named on the command line are taken whatever their extension; in
+// folders only text and Markdown files, hidden entries skipped.
+std::vector<Candidate> collect(const std::vector<std::string>& args, size_t& skipped) {
+  std::vector<Candidate> out;
+  std::set<fs::path> seen;
+  auto add = [&](const fs::path& p, const std::string& display) {
+    std::error_code ec;
+    const fs::path canon = fs::canonical(p, ec);
+    if (ec) {
+      warn("skipping " + p.string() + ": " + ec.message());
+      ++skipped;
+      return;
+    }
+    if (seen.insert(canon).second) out.push_back({canon, display});
+  };
+  for (const std::string& arg : args) {
+    std::error_code ec;
+    const fs::path root(arg);
+    const fs::file_status st = fs::status(root, ec);
+    if (ec || !fs::exists(st)) {
+      warn("skipping " + arg + ": no such file or directory");
+      ++skipped;
+      continue;
+    }
+    if (fs::is_regular_file(st)) {
+      add(root, root.filename().string());
+      continue;
+    }
+    if (!fs::is_directory(st)) {
+      warn("skipping " + arg + ": not a regular file or directory");
+      ++skipped;
+      continue;
+    }
+    // The folder's own name leads the display name ("corpus/a.md").
+    const fs::path base = fs::canonical(root, ec).filename();
+    std::vector<fs::path> files;
+    fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec);
+    if (ec) {
+      warn("skipping " + arg + ": " + ec.message());
+      ++skipped;
+      continue;
+    }
+    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      if (ec) break;
+      const fs::path& p = it->path();
+      if (p.filename().string().rfind('.', 0) == 0) {
+        if (it->is_directory(ec)) it.disable_recursion_pending();
+        continue;
+      }
+      if (it->is_regular_file(ec) && is_text_extension(p)) files.push_back(p);
+    }
+    if (ec) warn("while walking " + arg + ": " + ec.message());
+    std::sort(files.begin(), files.end());  // stable chunk ids across runs
+    for (const fs::path& p : files) add(p, (base / fs::relative(p, root, ec)).string());
+  }
+  return out;
+}
+
+// Reads the file; empty optional (with a warning) when it is unusable.
+std::optional<std::string> read_text_file(const Candidate& c) {
+  std::ifstream in(c.path, std::ios::binary);
+  if (!in) {
+    warn("skipping " + c.display + ": cannot read it (" + std::strerror(errno) + ")");
+    return std::nullopt;
+  }
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) {
+    warn("skipping " + c.display + ": read error");
+    return std::nullopt;
+  }
+  // Text files hold no NUL bytes; images, archives and executables do
+  // within their first bytes.
+  if (data.find('\0') != std::string::npos) {
+    warn("skipping " + c.display + ": a binary file, not text");
+    return std::nullopt;
+  }
+  if (data.find_first_not_of(" \t\r\n\f\v") == std::string::npos) {
+    warn("skipping " + c.display + ": empty");
+    return std::nullopt;
+  }
+  return data;
+}
+
+// A Markdown file's first heading, else the file name without extension.
+std::string title_of(const std::string& text, const fs::path& path) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("# ", 0) == 0) {
+      std::string t = line.substr(2);
+      while (!t.empty() && (t.back() == '\r' || t.back() == ' ')) t.pop_back();
+      if (!t.empty()) return t;
+    }
+  }
+  return path.stem().string();
+}
+
+std::string content_hash(const std::string& data, size_t chunk_tokens) {
+  // The chunking target is part of the hash: re-ingesting with another
+  // --chunk-tokens re-chunks every file.
+  const XXH64_hash_t h = XXH3_64bits_withSeed(data.data(), data.size(), chunk_tokens);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+}  // namespace
+
+int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
+  size_t skipped = 0, unchanged = 0, added = 0, changed = 0, removed = 0;
+  const std::vector<Candidate> candidates = collect(opts.paths, skipped);
+
+  Model model;
+  load_model(common, model);
+  const ModelTokens tokens(model);
+  CorpusDb db(corpus_db_path(common.store), true);
+
+  size_t usable = 0;
+  for (const Candidate& c : candidates) {
+    const std::optional<std::string> data = read_text_file(c);
+    if (!data) {
+      ++skipped;
+      continue;
+    }
+    ++usable;
+    const std::string hash = content_hash(*data, opts.chunk_tokens);
+    const std::optional<FileRecord> old = db.find_file(c.path.string());
+    if (old && old->hash == hash) {
+      ++unchanged;
+      continue;
+    }
+    std::vector<std::pair<std::string, int>> rows;
+    for (Chunk& ch : chunk_text(*data, opts.chunk_tokens, tokens))
+      rows.emplace_back(std::move(ch.text), static_cast<int>(ch.n_tokens));
+    db.replace_file({0, c.path.string(), c.display, hash}, title_of(*data, c.path), rows);
+    ++(old ? changed : added);
+  }
+  if (opts.prune) {
+    for (const FileRecord& f : db.files()) {
+      std::error_code ec;
+      if (!fs::is_regular_file(f.path, ec)) {
+        db.remove_file(f.id);
+        ++removed;
+      }
+    }
+  }
+  if (usable == 0)
+    throw Error(candidates.empty() && skipped == 0
+                    ? "empty corpus: no text or Markdown files (.md, .markdown, .txt, .text) found"
+                    : "nothing to ingest: none of the given paths is a readable, non-empty text "
+                      "file");
+
+  // KV precompute for every chunk the chunk store lacks, whether its file
+  // is new or an earlier ingest was interrupted or the store evicted it.
+  ChunkCache cache;
+  open_chunk_cache(common.store, cache);
+  const cb_rag_options ro = base_rag_options();
+  std::vector<ChunkRecord> todo;
+  const std::vector<ChunkRecord> chunks = db.all_chunks();
+  int max_tokens = 0;
+  for (const ChunkRecord& ch : chunks) {
+    int32_t found = 0;
+    check(cb_chunk_cache_contains(model.m, cache.c, ch.text.c_str(), &ro, &found),
+          "cannot look up a chunk in the KV store");
+    if (!found) {
+      todo.push_back(ch);
+      max_tokens = std::max(max_tokens, ch.n_tokens);
+    }
+  }
+  size_t computed_tokens = 0;
+  if (!todo.empty()) {
+    // Room for the longest chunk, its chunk head (the system turn) and the
+    // blank line cb_rag_prefill adds after each chunk.
+    const int n_ctx = std::min(model_n_ctx_train(model), max_tokens + 256);
+    Session session;
+    create_session(model, common.threads, n_ctx, session);
+    Progress progress("precomputing chunk KV", todo.size());
+    for (size_t i = 0; i < todo.size(); ++i) {
+      int32_t n = 0;
+      const cb_status s =
+          cb_chunk_cache_add(session.s, cache.c, todo[i].text.c_str(), &ro, nullptr, &n);
+      if (s == CB_ERR_CONTEXT_OVERFLOW)
+        throw Error("chunk " + std::to_string(todo[i].index) + " of " + todo[i].display +
+                    " does not fit the model's context (use a smaller --chunk-tokens)");
+      check(s, "cannot precompute the KV of chunk " + std::to_string(todo[i].index) + " of " +
+                   todo[i].display);
+      computed_tokens += static_cast<size_t>(n);
+      progress.update(i + 1, computed_tokens);
+    }
+    progress.finish(todo.size(), computed_tokens);
+  }
+  check(cb_chunk_cache_flush(cache.c), "cannot flush the chunk KV store");
+
+  const int64_t n_chunks = db.n_chunks();
+  if (opts.json) {
+    cbs::JsonObject o;
+    o.add("files_new", static_cast<int64_t>(added))
+        .add("files_changed", static_cast<int64_t>(changed))
+        .add("files_unchanged", static_cast<int64_t>(unchanged))
+        .add("files_removed", static_cast<int64_t>(removed))
+        .add("files_skipped", static_cast<int64_t>(skipped))
+        .add("chunks", n_chunks)
+        .add("kv_computed", static_cast<int64_t>(todo.size()))
+        .add("kv_tokens_computed", static_cast<int64_t>(computed_tokens))
+        .add("store", common.store);
+    std::printf("%s\n", o.str().c_str());
+  } else {
+    std::printf(
+        "ingest: %zu new, %zu changed, %zu unchanged, %zu removed, %zu skipped file(s); "
+        "%lld chunks in the store; chunk KV computed for %zu chunk(s)\n",
+        added, changed, unchanged, removed, skipped, static_cast<long long>(n_chunks), todo.size());
+  }
+  return 0;
+}
+
+}  // namespace rag

@@ -1,0 +1,234 @@
+// rag_assistant: an offline question-answering assistant over local text and
+// Markdown files, written against the public C API only (cacheblend.h).
+//
+//   rag_assistant --store DIR ingest PATH...    chunk, index (FTS5), precompute chunk KV
+//   rag_assistant --store DIR ask "QUESTION"    retrieve (BM25), fuse chunk KV, answer
+//   rag_assistant --store DIR chat              the same, interactively
+//
+// Exit status: 0 success, 1 error, 2 usage error.
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "answer.h"
+#include "app.h"
+#include "ingest.h"
+
+namespace {
+
+const char* const kUsage =
+    "usage: rag_assistant --store DIR <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  ingest PATH... [--chunk-tokens N] [--prune] [--json]\n"
+    "      add text and Markdown files (folders are walked recursively for .md,\n"
+    "      .markdown, .txt, .text) to the store: paragraph-aware chunks of about N\n"
+    "      tokens (default 512) in DIR/corpus.sqlite with a full-text index, and\n"
+    "      each chunk's KV precomputed into DIR/kv.  Unchanged files cost nothing;\n"
+    "      changed ones replace their chunks; --prune drops stored files that no\n"
+    "      longer exist.  Binary, empty or unreadable files are skipped with a\n"
+    "      warning.\n"
+    "  ask QUESTION [--top-k K] [--mode blend|full|reuse|prefix] [--ratio R|auto]\n"
+    "      [--context-order best-last|best-first] [--max-tokens N] [--json]\n"
+    "      retrieve the K best chunks (BM25, default 3), build the request's KV from\n"
+    "      their cached KV (blend: recompute a ratio R of the tokens, default 0.15;\n"
+    "      auto: the loading controller picks R), stream the answer, then report\n"
+    "      TTFT (request start to first token; model load not included), the ratio,\n"
+    "      chunk-cache hits and misses and the sources (best first).  The chunks\n"
+    "      enter the request with the best one last, next to the question, where\n"
+    "      small models look (--context-order best-first: retrieval order).\n"
+    "      --max-tokens caps the answer (default 160).  --json: one JSON object.\n"
+    "  chat [same options as ask, no --json]\n"
+    "      questions from stdin, one per line; each is answered like ask.  Ctrl-C\n"
+    "      stops the current answer; Ctrl-C or Ctrl-D at the prompt exits.\n"
+    "\n"
+    "common options:\n"
+    "  --store DIR     the store (required)\n"
+    "  --model PATH    GGUF model (default: $CB_MODEL, else\n"
+    "                  models/SmolLM2-135M-Instruct.Q4_1.gguf here or in the source tree)\n"
+    "  --threads N     compute threads (default: the CPU cores available)\n"
+    "  --help          this text\n"
+    "\n"
+    "exit status: 0 success, 1 error, 2 usage error\n";
+
+struct UsageError {
+  std::string message;
+};
+
+[[noreturn]] void usage(const std::string& m) {
+  throw UsageError{m};
+}
+
+long parse_long(const std::string& flag, const std::string& s, long lo, long hi) {
+  errno = 0;
+  char* end = nullptr;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno == ERANGE)
+    usage("option " + flag + ": '" + s + "' is not an integer");
+  if (v < lo || v > hi)
+    usage("option " + flag + ": " + s + " is outside " + std::to_string(lo) + ".." +
+          std::to_string(hi));
+  return v;
+}
+
+cb_mode parse_mode(const std::string& s) {
+  for (int m = CB_MODE_FULL; m <= CB_MODE_BLEND; ++m)
+    if (s == cb_mode_name(static_cast<cb_mode>(m))) return static_cast<cb_mode>(m);
+  usage("option --mode: '" + s + "' is not one of blend, full, reuse, prefix");
+}
+
+void parse_ratio(const std::string& s, rag::AskOptions& o) {
+  if (s == "auto") {
+    o.auto_ratio = true;
+    return;
+  }
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+    usage("option --ratio: '" + s + "' is not a number or auto");
+  if (v < 0.0 || v > 1.0) usage("option --ratio: " + s + " is outside [0, 1]");
+  o.ratio = static_cast<float>(v);
+}
+
+int run(int argc, char** argv) {
+  rag::CommonOptions common;
+  rag::IngestOptions ingest;
+  rag::AskOptions ask;
+  std::string command, model_flag;
+  std::vector<std::string> positional;
+  bool threads_given = false, help = false, ratio_given = false;
+  // Which options a command accepts (checked after parsing, when the
+  // command is known: global options may come before or after it).
+  std::vector<std::string> ingest_only, ask_only, ask_chat;
+
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    bool has_inline = false;
+    if (arg.rfind("--", 0) == 0) {
+      const size_t eq = arg.find('=');
+      if (eq != std::string::npos) {
+        value = arg.substr(eq + 1);
+        arg = arg.substr(0, eq);
+        has_inline = true;
+      }
+    }
+    auto next = [&]() -> std::string {
+      if (has_inline) return value;
+      if (i + 1 >= argc) usage("option " + arg + " needs a value");
+      return argv[++i];
+    };
+    auto no_value = [&] {
+      if (has_inline) usage("option " + arg + " takes no value");
+    };
+    if (arg == "--help" || arg == "-h") {
+      help = true;
+    } else if (arg == "--store") {
+      common.store = next();
+      if (common.store.empty()) usage("option --store: empty path");
+    } else if (arg == "--model") {
+      model_flag = next();
+      if (model_flag.empty()) usage("option --model: empty path");
+    } else if (arg == "--threads") {
+      common.threads = static_cast<int>(parse_long(arg, next(), 1, 4096));
+      threads_given = true;
+    } else if (arg == "--chunk-tokens") {
+      ingest.chunk_tokens = static_cast<size_t>(parse_long(arg, next(), 16, 8192));
+      ingest_only.push_back(arg);
+    } else if (arg == "--prune") {
+      no_value();
+      ingest.prune = true;
+      ingest_only.push_back(arg);
+    } else if (arg == "--json") {
+      no_value();
+      ingest.json = ask.json = true;
+      ask_only.push_back(arg);  // and ingest: checked below
+    } else if (arg == "--top-k") {
+      ask.top_k = static_cast<int>(parse_long(arg, next(), 1, 64));
+      ask_chat.push_back(arg);
+    } else if (arg == "--mode") {
+      ask.mode = parse_mode(next());
+      ask_chat.push_back(arg);
+    } else if (arg == "--ratio") {
+      parse_ratio(next(), ask);
+      ratio_given = true;
+      ask_chat.push_back(arg);
+    } else if (arg == "--context-order") {
+      const std::string v = next();
+      if (v != "best-last" && v != "best-first")
+        usage("option --context-order: '" + v + "' is not best-last or best-first");
+      ask.best_last = v == "best-last";
+      ask_chat.push_back(arg);
+    } else if (arg == "--max-tokens") {
+      ask.max_tokens = static_cast<int>(parse_long(arg, next(), 1, 8192));
+      ask_chat.push_back(arg);
+    } else if (arg.rfind("--", 0) == 0) {
+      usage("unknown option '" + arg + "'");
+    } else if (command.empty()) {
+      command = arg;
+    } else {
+      positional.push_back(arg);
+    }
+  }
+  if (help || command == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (command.empty()) usage("no command given (ingest, ask or chat)");
+  if (command != "ingest" && command != "ask" && command != "chat")
+    usage("unknown command '" + command + "' (expected ingest, ask or chat)");
+  if (common.store.empty()) usage("--store DIR is required");
+  if (command != "ingest" && !ingest_only.empty())
+    usage("option " + ingest_only.front() + " is for ingest only");
+  if (command == "ingest" && !ask_chat.empty())
+    usage("option " + ask_chat.front() + " is for ask and chat only");
+  if (command == "chat" && !ask_only.empty()) usage("option --json is not for chat");
+  if (ratio_given && ask.mode != CB_MODE_BLEND)
+    usage("option --ratio applies to --mode blend only");
+  if (ask.auto_ratio && ask.mode != CB_MODE_BLEND)
+    usage("--ratio auto applies to --mode blend only");
+
+  if (!threads_given) common.threads = rag::available_cores();
+  common.model_path = rag::resolve_model_path(model_flag);
+
+  if (command == "ingest") {
+    if (positional.empty()) usage("ingest needs at least one PATH");
+    ingest.paths = positional;
+    return rag::run_ingest(common, ingest);
+  }
+  if (command == "ask") {
+    if (positional.size() != 1)
+      usage(positional.empty() ? "ask needs a QUESTION"
+                               : "ask takes one QUESTION (quote it: ask \"...\")");
+    return rag::run_ask(common, ask, positional[0]);
+  }
+  if (!positional.empty()) usage("chat takes no arguments (questions come from stdin)");
+  return rag::run_chat(common, ask);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "rag_assistant: error: %s (see rag_assistant --help)\n",
+                 e.message.c_str());
+    return 2;
+  } catch (const rag::Error& e) {
+    std::fprintf(stderr, "rag_assistant: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "rag_assistant: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rag_assistant: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""End-to-end test of rag_assistant (DESIGN.md §6) on the demo corpus.
+
+  test_rag_assistant.py --bin build/bin/rag_assistant --corpus samples/rag_assistant/demo_corpus
+                        [--model models/X.gguf]
+
+$CB_MODEL, when set, overrides --model.  In a temporary store: ingest (and
+that re-ingest does no work, a changed file is re-chunked, --prune drops a
+deleted one), a two-document question answered right with --mode blend and
+--mode full with blend's TTFT below full's, answers served from the chunk
+cache, chat over a pipe and Ctrl-C during an answer, and that every user
+error (no store, empty corpus, binary or unreadable files, no retrieval
+hits, bad flags) gives one clear "rag_assistant: error: " line and exit
+status 1 (2 for usage errors).  Prints "N passed, N failed"; exit status 1 on
+any failure.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+PASSED = 0
+FAILED = 0
+
+# Both hops are needed: people.md says where Zofia Brandvold works, offices.md
+# which office has a cat and its name.  The default model answers it right
+# in both modes (see samples/rag_assistant/README.md).
+QUESTION = "What is the name of the office cat in the office where Zofia Brandvold works?"
+ANSWER = "Mochi"
+CHUNK_TOKENS = "48"  # paragraph-sized chunks: what the 135M model reads well
+THREADS = "2"        # the same for every timed run
+
+
+def check(cond, what, detail=""):
+    global PASSED, FAILED
+    if cond:
+        PASSED += 1
+        print(f"ok   {what}")
+    else:
+        FAILED += 1
+        print(f"FAIL {what}" + (f"\n     {detail}" if detail else ""))
+
+
+def describe(rc, out, err):
+    return f"rc={rc}\n     stdout: {out[-800:]!r}\n     stderr: {err[-800:]!r}"
+
+
+class Rag:
+    def __init__(self, binary, model):
+        self.binary = binary
+        self.env = dict(os.environ)
+        self.env.pop("CB_MODEL", None)
+        self.model = ["--model", model] if model else []
+
+    def run(self, args, stdin=None, timeout=300, user=None):
+        p = subprocess.run([self.binary] + self.model + ["--threads", THREADS] + args,
+                           input=stdin, capture_output=True, timeout=timeout, env=self.env,
+                           user=user)
+        return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+    def json(self, args):
+        rc, out, err = self.run(args + ["--json"])
+        try:
+            obj = json.loads(out) if rc == 0 else None
+        except ValueError:
+            obj = None
+        return rc, obj, out, err
+
+    def expect_error(self, args, what, code=1, must_contain=(), stdin=None, user=None):
+        rc, out, err = self.run(args, stdin=stdin, user=user)
+        errors = [l for l in err.splitlines() if l.startswith("rag_assistant: error: ")]
+        ok = (rc == code and len(errors) == 1
+              and all(m.lower() in err.lower() for m in must_contain))
+        check(ok, what, describe(rc, out, err))
+
+
+def test_errors_before_ingest(rag, tmp):
+    store = os.path.join(tmp, "store")
+    rag.expect_error(["--store", os.path.join(tmp, "nowhere"), "ask", "Who is Mochi?"],
+                     "ask before any ingest", must_contain=["ingest"])
+    empty = os.path.join(tmp, "empty_dir")
+    os.makedirs(os.path.join(empty, "sub"))
+    with open(os.path.join(empty, "picture.png"), "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n")
+    rag.expect_error(["--store", store, "ingest", empty], "ingest of a folder without text files",
+                     must_contain=["empty corpus"])
+    binary = os.path.join(tmp, "blob.md")
+    with open(binary, "wb") as f:
+        f.write(b"# looks like text\n\x00\x01\x02\xff binary after all")
+    rag.expect_error(["--store", store, "ingest", binary], "ingest of a binary file only",
+                     must_contain=["binary", "nothing to ingest"])
+    rag.expect_error(["--store", store, "ingest", os.path.join(tmp, "absent.md")],
+                     "ingest of a missing file", must_contain=["absent.md", "nothing to ingest"])
+    # An unreadable file.  Root reads any file, so as root the program runs
+    # as user nobody, in a folder that user may write to.
+    shared = os.path.join(tmp, "shared")
+    os.makedirs(shared)
+    os.chmod(tmp, 0o755)
+    os.chmod(shared, 0o777)
+    locked = os.path.join(shared, "locked.md")
+    with open(locked, "w") as f:
+        f.write("Secret text.\n")
+    os.chmod(locked, 0)
+    rag.expect_error(["--store", os.path.join(shared, "store"), "ingest", locked],
+                     "ingest of an unreadable file", must_contain=["cannot read", "nothing to ingest"],
+                     user=65534 if os.geteuid() == 0 else None)
+    # The failed ingests created the store but put no document in it.
+    rag.expect_error(["--store", store, "ask", QUESTION], "ask on an empty store",
+                     must_contain=["no documents"])
+    # Usage errors (exit status 2).
+    rag.expect_error(["--store", store, "ask", QUESTION, "--mode", "fast"], "ask --mode fast",
+                     code=2, must_contain=["--mode"])
+    rag.expect_error(["--store", store, "ask", QUESTION, "--ratio", "1.5"], "ask --ratio 1.5",
+                     code=2, must_contain=["[0, 1]"])
+    rag.expect_error(["--store", store, "ask", QUESTION, "--mode", "full", "--ratio", "auto"],
+                     "ask --ratio with --mode full", code=2, must_contain=["blend"])
+    rag.expect_error(["ask", QUESTION], "no --store", code=2, must_contain=["--store"])
+    rag.expect_error(["--store", store, "ingest"], "ingest without paths", code=2)
+    rag.expect_error(["--store", store, "ask"], "ask without a question", code=2)
+    rag.expect_error(["--store", store, "fly"], "unknown command", code=2, must_contain=["fly"])
+
+
+def test_ingest(rag, store, corpus):
+    n_files = len([f for f in os.listdir(corpus) if f.endswith((".md", ".txt"))])
+    t0 = time.monotonic()
+    rc, o, out, err = rag.json(["--store", store, "ingest", corpus, "--chunk-tokens", CHUNK_TOKENS])
+    print(f"     first ingest took {time.monotonic() - t0:.1f} s")
+    ok = (o is not None and o.get("files_new") == n_files and o.get("chunks", 0) > n_files
+          and o.get("kv_computed") == o.get("chunks") and o.get("files_skipped") == 0)
+    check(ok, "ingest: every file chunked, every chunk's KV precomputed", describe(rc, out, err))
+    check("precomputing chunk KV" in err and f"{o and o.get('chunks')}/" in err,
+          "ingest: progress on stderr (plain lines when not a terminal)", err[-400:])
+    chunks = o.get("chunks") if o else None
+
+    rc, o, out, err = rag.json(["--store", store, "ingest", corpus, "--chunk-tokens", CHUNK_TOKENS])
+    check(o is not None and o.get("files_unchanged") == n_files and o.get("files_new") == 0
+          and o.get("files_changed") == 0 and o.get("kv_computed") == 0
+          and o.get("chunks") == chunks and "precomputing" not in err,
+          "re-ingest of unchanged files does no work", describe(rc, out, err))
+    return chunks
+
+
+def ask(rag, store, mode):
+    rc, o, out, err = rag.json(["--store", store, "ask", QUESTION, "--mode", mode,
+                                "--max-tokens", "40"])
+    check(o is not None and all(k in o for k in ("answer", "ttft_ms", "ratio", "mode", "sources",
+                                                 "cache_hits", "cache_misses")),
+          f"ask --mode {mode} --json: one object with the contract's fields",
+          describe(rc, out, err))
+    return o or {}
+
+
+def test_ask(rag, store):
+    blend = ask(rag, store, "blend")
+    full = ask(rag, store, "full")
+    for name, o in (("blend", blend), ("full", full)):
+        check(ANSWER.lower() in o.get("answer", "").lower(),
+              f"{name}: the two-document question answered ({ANSWER})", repr(o.get("answer")))
+    files = {s.get("file", "").split("/")[-1] for s in blend.get("sources", [])}
+    check({"people.md", "offices.md"} <= files, "retrieval brings both documents", str(files))
+    check(blend.get("mode") == "blend" and abs(blend.get("ratio", 0) - 0.15) < 1e-6
+          and full.get("mode") == "full" and full.get("ratio") == 1,
+          "mode and ratio reported", f"{blend.get('ratio')} {full.get('ratio')}")
+    check(blend.get("cache_misses") == 0 and blend.get("cache_hits") == len(blend.get("sources", [])),
+          "blend: every chunk's KV came from the store (precomputed at ingest)", str(blend))
+
+    # A second ask: the request is served entirely from the chunk cache.
+    again = ask(rag, store, "blend")
+    check(again.get("cache_misses") == 0 and again.get("cache_hits", 0) > 0
+          and again.get("answer") == blend.get("answer"),
+          "second ask: served from the cache, same answer", str(again))
+
+    # TTFT, same request, same thread count: blend recomputes ~15 % of the
+    # chunk tokens (plus the first two layers), about half of full's work
+    # here.  A busy machine only slows runs down, so blend's best of two runs
+    # is compared with full's run.
+    t_blend = min(blend.get("ttft_ms", 1e9), again.get("ttft_ms", 1e9))
+    t_full = full.get("ttft_ms", 0)
+    print(f"     ttft_ms blend {t_blend:.1f}, full {t_full:.1f} "
+          f"({full.get('n_ctx')} request tokens)")
+    check(0 < t_blend < t_full, "blend's TTFT is below full prefill's",
+          f"blend {t_blend} ms, full {t_full} ms")
+
+    # The text report.
+    rc, out, err = rag.run(["--store", store, "ask", QUESTION])
+    check(rc == 0 and ANSWER.lower() in out.lower() and "TTFT" in out and "sources:" in out
+          and "people.md" in out and "hit(s)" in out, "ask: streamed answer and report",
+          describe(rc, out, err))
+    # Auto ratio: the loading controller's pick (never below 0.15).
+    rc, o, out, err = rag.json(["--store", store, "ask", QUESTION, "--ratio", "auto"])
+    check(o is not None and o.get("ratio_mode") == "auto" and 0.15 <= o.get("ratio", 0) <= 1,
+          "ask --ratio auto", describe(rc, out, err))
+    # Nothing in the corpus matches; FTS5 syntax in a question is only text.
+    rag.expect_error(["--store", store, "ask", "xylophone quasar zeppelin?"],
+                     "a question with no retrieval hits", must_contain=["no document"])
+    rc, o, out, err = rag.json(["--store", store, "ask", 'cat" OR NEAR(( * -Mochi AND', "--top-k",
+                                "1", "--max-tokens", "4"])
+    check(rc == 0 and o is not None and o.get("sources"),
+          "FTS5 syntax in a question never reaches the user", describe(rc, out, err))
+
+
+def test_chat(rag, store):
+    rc, out, err = rag.run(["--store", store, "chat", "--max-tokens", "48"],
+                           stdin=(QUESTION + "\n\nxylophone quasar\nWho leads Project Kestrel?\n")
+                           .encode())
+    check(rc == 0 and out.count("TTFT") == 2 and "no document" in out and ANSWER in out,
+          "chat over a pipe: two answers, a no-hit notice, exit at EOF", describe(rc, out, err))
+
+    # Ctrl-C during an answer stops that answer only; the next is answered.
+    p = subprocess.Popen([rag.binary] + rag.model + ["--threads", THREADS, "--store", store, "chat",
+                          "--max-tokens", "4000", "--mode", "reuse"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=rag.env)
+    p.stdin.write(b"Tell me everything about every project, every office and every person.\n")
+    p.stdin.flush()
+    seen = b""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(seen) < 2:
+        b = p.stdout.read1(1)
+        if not b:
+            break
+        seen += b
+    p.send_signal(signal.SIGINT)
+    try:
+        out, err = p.communicate(input=(QUESTION + "\n").encode(), timeout=300)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    out = (seen + out).decode("utf-8", "replace")
+    err = err.decode("utf-8", "replace")
+    check(p.returncode == 0 and "[stopped]" in out and "(cancelled)" in out
+          and out.count("TTFT") == 2, "chat: Ctrl-C stops the answer, not the program",
+          describe(p.returncode, out, err))
+
+
+def test_updates(rag, store, corpus):
+    # A changed file replaces its chunks (and only its KV is computed); a
+    # deleted one stays until --prune.
+    with open(os.path.join(corpus, "projects.md"), "a") as f:
+        f.write("\n## Lunch\n\nLunch is served at noon in the Fjord Room on Fridays.\n")
+    os.remove(os.path.join(corpus, "old.txt"))
+    rc, o, out, err = rag.json(["--store", store, "ingest", corpus, "--chunk-tokens", CHUNK_TOKENS])
+    check(o is not None and o.get("files_changed") == 1 and o.get("files_removed") == 0
+          and 0 < o.get("kv_computed", 0) <= 2, "a changed file is re-chunked, the rest untouched",
+          describe(rc, out, err))
+    rc, o, out, err = rag.json(["--store", store, "ingest", corpus, "--chunk-tokens", CHUNK_TOKENS,
+                                "--prune"])
+    check(o is not None and o.get("files_removed") == 1 and o.get("kv_computed") == 0,
+          "--prune drops a deleted file", describe(rc, out, err))
+    rc, o, out, err = rag.json(["--store", store, "ask", "When is lunch served on Fridays?",
+                                "--top-k", "1", "--max-tokens", "8"])
+    check(o is not None and o.get("sources", [{}])[0].get("file", "").endswith("projects.md")
+          and o.get("cache_misses") == 0, "the new text is retrieved, its KV cached",
+          describe(rc, out, err))
+    # A binary file among good ones: skipped with a warning, not an error.
+    with open(os.path.join(corpus, "diagram.md"), "wb") as f:
+        f.write(b"\x00\x10 binary")
+    rc, o, out, err = rag.json(["--store", store, "ingest", corpus, "--chunk-tokens", CHUNK_TOKENS])
+    check(rc == 0 and o is not None and o.get("files_skipped") == 1
+          and "warning" in err and "diagram.md" in err, "a binary file is skipped with a warning",
+          describe(rc, out, err))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--corpus", required=True)
+    ap.add_argument("--model", default="")
+    args = ap.parse_args()
+    model = os.environ.get("CB_MODEL") or args.model
+    rag = Rag(args.bin, model)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        test_errors_before_ingest(rag, tmp)
+        # The files the questions read, and a small one to delete later:
+        # a smaller ingest keeps the test quick under ASan.
+        corpus = os.path.join(tmp, "corpus")
+        os.makedirs(corpus)
+        for name in ("people.md", "offices.md", "projects.md"):
+            shutil.copy(os.path.join(args.corpus, name), corpus)
+        with open(os.path.join(corpus, "old.txt"), "w") as f:
+            f.write("The old intranet was switched off in 2019.\n")
+        store = os.path.join(tmp, "store")
+        test_ingest(rag, store, corpus)
+        test_ask(rag, store)
+        test_chat(rag, store)
+        test_updates(rag, store, corpus)
+    print(f"{PASSED} passed, {FAILED} failed ({time.monotonic() - start:.0f} s)")
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+// rag_assistant's model-free parts: the chunker (driven by a word-counting
+// stand-in for the tokenizer) and the FTS5 query built from a question (run
+// against a real FTS5 table, so any syntax error would show).
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <string>
+#include <vector>
+
+#include "chunker.h"
+#include "corpus_db.h"
+
+namespace {
+
+// One "token" per whitespace-separated word; split() cuts between words.
+class WordTokens final : public rag::TokenCounter {
+ public:
+  size_t count(std::string_view text) const override { return words(text).size(); }
+  std::vector<std::string> split(std::string_view text, size_t max_tokens) const override {
+    // Pieces of max_tokens words, each keeping the spaces before its next
+    // word so that the concatenation is the text.
+    std::vector<std::string> out;
+    std::string cur;
+    size_t n = 0, i = 0;
+    while (i < text.size()) {
+      const bool space = text[i] == ' ' || text[i] == '\n';
+      if (!space && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\n')) {
+        if (n == max_tokens) {
+          out.push_back(cur);
+          cur.clear();
+          n = 0;
+        }
+        ++n;
+      }
+      cur += text[i++];
+    }
+    if (!cur.empty()) out.push_back(cur);
+    return out;
+  }
+
+ private:
+  static std::vector<std::string> words(std::string_view s) {
+    std::vector<std::string> w;
+    std::string cur;
+    for (char c : s) {
+      if (c == ' ' || c == '\n' || c == '\t' || c == '\r') {
+        if (!cur.empty()) w.push_back(cur);
+        cur.clear();
+      } else {
+        cur += c;
+      }
+    }
+    if (!cur.empty()) w.push_back(cur);
+    return w;
+  }
+};
+
+std::string join_words(const std::vector<rag::Chunk>& chunks) {
+  std::string all;
+  for (const auto& c : chunks) {
+    for (char ch : c.text) all += (ch == '\n' ? ' ' : ch);
+    all += ' ';
+  }
+  // Collapse runs of spaces: chunking may only move whitespace.
+  std::string out;
+  for (char ch : all)
+    if (ch != ' ' || (!out.empty() && out.back() != ' ')) out += ch;
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+TEST(Chunker, KeepsParagraphsWholeAndPacksThem) {
+  const WordTokens tok;
+  const std::string text = "one two three\n\nfour five\n\nsix seven eight nine\n";
+  const auto chunks = rag::chunk_text(text, 5, tok);
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(chunks[0].text, "one two three\n\nfour five");
+  EXPECT_EQ(chunks[0].n_tokens, 5u);
+  EXPECT_EQ(chunks[1].text, "six seven eight nine");
+}
+
+TEST(Chunker, SplitsLongParagraphsAtSentencesThenWords) {
+  const WordTokens tok;
+  const std::string text = "A b c d. E f g h. I j k l m n o p q r s t.";
+  const auto chunks = rag::chunk_text(text, 4, tok);
+  ASSERT_GE(chunks.size(), 5u);
+  EXPECT_EQ(chunks[0].text, "A b c d.");
+  EXPECT_EQ(chunks[1].text, "E f g h.");
+  for (const auto& c : chunks) EXPECT_LE(c.n_tokens, 4u) << c.text;
+  EXPECT_EQ(join_words(chunks), "A b c d. E f g h. I j k l m n o p q r s t.");
+}
+
+// One "token" per character: a word longer than a chunk must be cut
+// between tokens, the last resort.
+class CharTokens final : public rag::TokenCounter {
+ public:
+  size_t count(std::string_view text) const override { return text.size(); }
+  std::vector<std::string> split(std::string_view text, size_t max_tokens) const override {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < text.size(); i += max_tokens)
+      out.emplace_back(text.substr(i, max_tokens));
+    return out;
+  }
+};
+
+TEST(Chunker, CutsAnOverlongWordBetweenTokens) {
+  const CharTokens tok;
+  const auto chunks = rag::chunk_text("abcdefghij", 3, tok);
+  ASSERT_EQ(chunks.size(), 4u);
+  EXPECT_EQ(chunks[0].text, "abc");
+  EXPECT_EQ(chunks[3].text, "j");
+}
+
+TEST(Chunker, PacksWordsOfAnOverlongLine) {
+  const WordTokens tok;
+  std::string text;
+  for (char d = '0'; d <= '9'; ++d) {
+    text += 'w';
+    text += d;
+    text += ' ';
+  }
+  const auto chunks = rag::chunk_text(text, 3, tok);
+  ASSERT_EQ(chunks.size(), 4u);
+  for (const auto& c : chunks) EXPECT_LE(c.n_tokens, 3u);
+  EXPECT_EQ(join_words(chunks), "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9");
+}
+
+TEST(Chunker, HeadingsStayWithTheTextAfterThem) {
+  const WordTokens tok;
+  const std::string text = "# Title\n\nalpha beta gamma\n\n## Section\n\ndelta epsilon zeta\n";
+  const auto chunks = rag::chunk_text(text, 5, tok);
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(chunks[0].text, "# Title\n\nalpha beta gamma");
+  EXPECT_EQ(chunks[1].text, "## Section\n\ndelta epsilon zeta");
+}
+
+TEST(Chunker, WhitespaceOnlyGivesNothing) {
+  const WordTokens tok;
+  EXPECT_TRUE(rag::chunk_text(" \n\n\t\n", 10, tok).empty());
+  EXPECT_TRUE(rag::chunk_text("", 10, tok).empty());
+}
+
+TEST(FtsQuery, QuotesWordsDropsStopwordsAndOrsThem) {
+  EXPECT_EQ(rag::fts_match_query("Which office does the leader of Project Heron work in?"),
+            "\"office\" OR \"leader\" OR \"project\" OR \"heron\" OR \"work\"");
+  // Only stopwords: they are all there is to search for.
+  EXPECT_EQ(rag::fts_match_query("Who is it?"), "\"who\" OR \"is\" OR \"it\"");
+  EXPECT_EQ(rag::fts_match_query("?? !! --"), "");
+  EXPECT_EQ(rag::fts_match_query("cat cat CAT"), "\"cat\"");
+}
+
+// Every question, however hostile, is a valid MATCH expression.
+TEST(FtsQuery, NeverASyntaxError) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(":memory:", &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "CREATE VIRTUAL TABLE t USING fts5(text, tokenize='porter unicode61');"
+                         "INSERT INTO t VALUES ('the office cat is named Mochi');",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  const char* questions[] = {
+      "cat\" OR NEAR((", "AND OR NOT",           "* ^ - + : ( ) { }",  "name:Mochi",
+      "\"unterminated",  "Ünïcödé café – 東京?", "NEAR(cat mochi, 2)", "a\x01\x02\xff b",
+  };
+  for (const char* q : questions) {
+    const std::string match = rag::fts_match_query(q);
+    if (match.empty()) continue;
+    sqlite3_stmt* s = nullptr;
+    ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT rowid FROM t WHERE t MATCH ?1", -1, &s, nullptr),
+              SQLITE_OK);
+    sqlite3_bind_text(s, 1, match.c_str(), -1, SQLITE_TRANSIENT);
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    }
+    EXPECT_EQ(rc, SQLITE_DONE) << q << " -> " << match << ": " << sqlite3_errmsg(db);
+    sqlite3_finalize(s);
+  }
+  // And the words do find the row.
+  sqlite3_stmt* s = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT count(*) FROM t WHERE t MATCH ?1", -1, &s, nullptr),
+            SQLITE_OK);
+  const std::string match = rag::fts_match_query("What is the cat NAMED?");
+  sqlite3_bind_text(s, 1, match.c_str(), -1, SQLITE_TRANSIENT);
+  ASSERT_EQ(sqlite3_step(s), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(s, 0), 1);
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+}
+
+}  // namespace
