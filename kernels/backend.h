@@ -61,6 +61,18 @@ class Backend {
   // y[r][o] = sum_i W[o][i] * x[r][i]   for r < n_rows, o < w.n_out.
   // x is n_rows x w.n_in, y is n_rows x w.n_out.
   virtual void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y) = 0;
+  // The same product for decode, where the weights are read once per token
+  // and the f32 path is bound by turning them into floats: the backend may
+  // quantize each activation row to int8 in blocks of 32 (one f32 scale per
+  // block, as llama.cpp does) and take integer dot products with the
+  // quantized weights.  That rounds the activations (relative error of an
+  // output about 1e-3 to 1e-2, against ~1e-6 for matmul), so prefill, whose
+  // logits are held to a float64 reference, keeps matmul().  Backends
+  // without such a path, and weight types without an int8 kernel, run
+  // matmul().
+  virtual void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) {
+    matmul(w, x, n_rows, y);
+  }
   // out[r] = dequantized row ids[r] of w (embedding lookup); out is n x w.n_in.
   // Every id must be in [0, w.n_out); the caller checks.
   virtual void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) = 0;

@@ -53,17 +53,19 @@ TensorId Graph::get_rows(const WeightView& w, const int32_t* ids, int64_t n) {
   return out;
 }
 
-void Graph::matmul_into(const WeightView& w, TensorId x, TensorId out) {
+void Graph::matmul_into(const WeightView& w, TensorId x, TensorId out, Precision p) {
   if (tensors_[x].cols != w.n_in || tensors_[out].cols != w.n_out ||
       tensors_[out].rows != tensors_[x].rows)
     fail(ErrorCode::kInternal, "graph: matmul shape mismatch");
   weights_.push_back(std::make_unique<WeightView>(w));
-  push(Op::kMatMul, out, x).weight = weights_.back().get();
+  Node& n = push(Op::kMatMul, out, x);
+  n.weight = weights_.back().get();
+  n.p[0] = p == Precision::kInt8Activations ? 1 : 0;
 }
 
-TensorId Graph::matmul(const WeightView& w, TensorId x) {
+TensorId Graph::matmul(const WeightView& w, TensorId x, Precision p) {
   TensorId out = new_tensor(tensors_[x].rows, w.n_out);
-  matmul_into(w, x, out);
+  matmul_into(w, x, out, p);
   return out;
 }
 
@@ -175,7 +177,11 @@ void Graph::execute(Backend& be, void* arena, size_t begin, size_t end) const {
         be.get_rows(*n.weight, n.ints, to.rows, out);
         break;
       case Op::kMatMul:
-        be.matmul(*n.weight, a, to.rows, out);
+        if (n.p[0] != 0) {
+          be.matmul_q8(*n.weight, a, to.rows, out);
+        } else {
+          be.matmul(*n.weight, a, to.rows, out);
+        }
         break;
       case Op::kRmsNorm:
         be.rmsnorm(a, n.vec, to.rows, to.cols, n.f, out);

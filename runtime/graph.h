@@ -24,8 +24,11 @@ class Graph {
 
   // Each op returns its output tensor (placed in the arena) unless noted.
   TensorId get_rows(const WeightView& w, const int32_t* ids, int64_t n);
-  TensorId matmul(const WeightView& w, TensorId x);
-  void matmul_into(const WeightView& w, TensorId x, TensorId out);
+  // Precision::kInt8Activations runs Backend::matmul_q8 (decode's int8
+  // GEMV); the default keeps f32 activations (Backend::matmul).
+  enum class Precision : uint8_t { kF32, kInt8Activations };
+  TensorId matmul(const WeightView& w, TensorId x, Precision p = Precision::kF32);
+  void matmul_into(const WeightView& w, TensorId x, TensorId out, Precision p = Precision::kF32);
   TensorId rmsnorm(TensorId x, const float* weight, float eps);
   // In place on x (n_heads heads of head_dim per row).
   void rope(TensorId x, const int32_t* pos, int64_t n_heads, int64_t head_dim, int64_t rot_dim,

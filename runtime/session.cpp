@@ -18,6 +18,7 @@ Session::Session(const Model& model, const SessionOptions& opts)
                                           " (the model's training context)");
   if (opts.n_batch <= 0) fail(ErrorCode::kInvalidArgument, "batch size must be positive");
   n_batch_ = std::min(opts.n_batch, n_ctx_);
+  int8_decode_ = opts.int8_decode;
 
   for (const LayerWeights& w : model.layers()) {
     LayerWeights p = w;
@@ -58,7 +59,7 @@ void Session::truncate(int64_t n) {
   n_past_ = n;
 }
 
-std::span<const float> Session::prefill(std::span<const int32_t> tokens) {
+void Session::check_tokens(std::span<const int32_t> tokens) const {
   if (tokens.empty()) fail(ErrorCode::kInvalidArgument, "no tokens to process");
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n > n_ctx_ - n_past_)
@@ -70,14 +71,26 @@ std::span<const float> Session::prefill(std::span<const int32_t> tokens) {
     if (t < 0 || t >= n_vocab)
       fail(ErrorCode::kInvalidArgument,
            "token id " + std::to_string(t) + " is outside 0.." + std::to_string(n_vocab - 1));
+}
+
+std::span<const float> Session::prefill(std::span<const int32_t> tokens) {
+  check_tokens(tokens);
+  const int64_t n = static_cast<int64_t>(tokens.size());
   for (int64_t i = 0; i < n; i += n_batch_)
-    forward_batch(tokens.data() + i, std::min(n_batch_, n - i));
+    forward_batch(tokens.data() + i, std::min(n_batch_, n - i), Graph::Precision::kF32);
+  return logits_;
+}
+
+std::span<const float> Session::decode(int32_t token) {
+  check_tokens({&token, 1});
+  forward_batch(&token, 1,
+                int8_decode_ ? Graph::Precision::kInt8Activations : Graph::Precision::kF32);
   return logits_;
 }
 
 // One forward pass over n tokens at positions n_past_.. ; writes their K/V
 // into the cache and the last token's logits into logits_.
-void Session::forward_batch(const int32_t* tokens, int64_t n) {
+void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision mm) {
   const LlamaHparams& hp = model_.hparams();
   std::vector<int32_t> pos(static_cast<size_t>(n));
   std::iota(pos.begin(), pos.end(), static_cast<int32_t>(n_past_));
@@ -89,9 +102,9 @@ void Session::forward_batch(const int32_t* tokens, int64_t n) {
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     const LayerWeights& w = layers_[static_cast<size_t>(l)];
     TensorId h = g.rmsnorm(x, w.attn_norm, hp.rms_eps);
-    TensorId q = g.matmul(w.wq, h);
-    TensorId k = g.matmul(w.wk, h);
-    TensorId v = g.matmul(w.wv, h);
+    TensorId q = g.matmul(w.wq, h, mm);
+    TensorId k = g.matmul(w.wk, h, mm);
+    TensorId v = g.matmul(w.wv, h, mm);
     g.rope(q, pos.data(), hp.n_head, hp.head_dim, hp.rot_dim, hp.rope_freq_base);
     g.rope(k, pos.data(), hp.n_head_kv, hp.head_dim, hp.rot_dim, hp.rope_freq_base);
     TensorId kc = g.external(k_cache_[l], n_ctx_, hp.kv_dim());
@@ -99,15 +112,15 @@ void Session::forward_batch(const int32_t* tokens, int64_t n) {
     g.scatter_rows(k, pos.data(), kc);
     g.scatter_rows(v, pos.data(), vc);
     TensorId a = g.attention(q, pos.data(), kc, vc, n_kv, hp.n_head, hp.n_head_kv, hp.head_dim);
-    g.add_into(x, g.matmul(w.wo, a));
+    g.add_into(x, g.matmul(w.wo, a, mm));
     TensorId h2 = g.rmsnorm(x, w.ffn_norm, hp.rms_eps);
-    TensorId m = g.silu_mul(g.matmul(w.w_gate, h2), g.matmul(w.w_up, h2));
-    g.add_into(x, g.matmul(w.w_down, m));
+    TensorId m = g.silu_mul(g.matmul(w.w_gate, h2, mm), g.matmul(w.w_up, h2, mm));
+    g.add_into(x, g.matmul(w.w_down, m, mm));
   }
   // Only the last row's logits are needed: normalise and project just it.
   TensorId last = g.gather_rows(x, &last_row, 1);
   TensorId hn = g.rmsnorm(last, model_.output_norm(), hp.rms_eps);
-  g.matmul_into(output_, hn, g.external(logits_.data(), 1, hp.n_vocab));
+  g.matmul_into(output_, hn, g.external(logits_.data(), 1, hp.n_vocab), mm);
 
   size_t need = g.plan();
   if (need > arena_bytes_) {

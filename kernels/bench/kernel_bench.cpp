@@ -10,6 +10,12 @@
 // head size 64): a prefill batch of 512 queries at positions N-512..N-1 and
 // a single decode query at N-1 (GFLOP/s count 4 * head_dim flops per
 // visible (query, head, key)).
+// --peak 1 adds the machine's arithmetic peak on the same threads (x86-64
+// with AVX2+FMA only): f32 FMA (GFLOP/s) and int8 multiply-add through
+// VPMADDUBSW/VPMADDWD (GOP/s, 2 ops per int8 product), from register-only
+// loops with enough independent chains to fill the pipelines.  The GEMM and
+// model-level figures can then be quoted as a fraction of what the cores can
+// do at all.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,7 +27,12 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/backend.h"
+#include "platform/cpu_features.h"
 #include "platform/half.h"
 #include "platform/thread_pool.h"
 
@@ -67,6 +78,69 @@ bool parse_type(const std::string& s, cb::DType* t) {
   return false;
 }
 
+#if defined(__x86_64__)
+// Register-only loops.  Named variables, not arrays, so every accumulator
+// lives in a register; the empty asm statements make the loop-invariant
+// operands opaque so the compiler cannot hoist the multiplies out of the
+// loop.  Returns the flops (or int8 ops) done.
+__attribute__((target("avx2,fma"))) double fma_loop(int64_t iters) {
+  // 10 independent chains hide the FMA latency (4-5 cycles) at 2 per cycle.
+  __m256 c0 = _mm256_set1_ps(0.0f), c1 = _mm256_set1_ps(1.0f), c2 = _mm256_set1_ps(2.0f),
+         c3 = _mm256_set1_ps(3.0f), c4 = _mm256_set1_ps(4.0f), c5 = _mm256_set1_ps(5.0f),
+         c6 = _mm256_set1_ps(6.0f), c7 = _mm256_set1_ps(7.0f), c8 = _mm256_set1_ps(8.0f),
+         c9 = _mm256_set1_ps(9.0f);
+  __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
+  for (int64_t i = 0; i < iters; ++i) {
+    __asm__("" : "+x"(a), "+x"(b));
+    c0 = _mm256_fmadd_ps(c0, a, b);
+    c1 = _mm256_fmadd_ps(c1, a, b);
+    c2 = _mm256_fmadd_ps(c2, a, b);
+    c3 = _mm256_fmadd_ps(c3, a, b);
+    c4 = _mm256_fmadd_ps(c4, a, b);
+    c5 = _mm256_fmadd_ps(c5, a, b);
+    c6 = _mm256_fmadd_ps(c6, a, b);
+    c7 = _mm256_fmadd_ps(c7, a, b);
+    c8 = _mm256_fmadd_ps(c8, a, b);
+    c9 = _mm256_fmadd_ps(c9, a, b);
+  }
+  const __m256 s =
+      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
+                                  _mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7))),
+                    _mm256_add_ps(c8, c9));
+  volatile float sink = _mm256_cvtss_f32(s);
+  (void)sink;
+  return static_cast<double>(iters) * 10 * 8 * 2;
+}
+
+// The int8 step of the decode GEMV: VPMADDUBSW (32 products, pairs summed),
+// VPMADDWD (pairs again, int32), VPADDD; 6 independent chains.
+__attribute__((target("avx2"))) double int8_loop(int64_t iters) {
+  __m256i c0 = _mm256_set1_epi32(0), c1 = _mm256_set1_epi32(1), c2 = _mm256_set1_epi32(2),
+          c3 = _mm256_set1_epi32(3), c4 = _mm256_set1_epi32(4), c5 = _mm256_set1_epi32(5);
+  __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2);
+  const __m256i one = _mm256_set1_epi16(1);
+  // A macro, not a lambda: a lambda would not inherit the target attribute.
+#define CB_INT8_STEP(c)           \
+  __asm__("" : "+x"(a), "+x"(b)); \
+  c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), one))
+  for (int64_t i = 0; i < iters; ++i) {
+    CB_INT8_STEP(c0);
+    CB_INT8_STEP(c1);
+    CB_INT8_STEP(c2);
+    CB_INT8_STEP(c3);
+    CB_INT8_STEP(c4);
+    CB_INT8_STEP(c5);
+  }
+#undef CB_INT8_STEP
+  const __m256i s =
+      _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(c0, c1), _mm256_add_epi32(c2, c3)),
+                       _mm256_add_epi32(c4, c5));
+  volatile int sink = _mm256_cvtsi256_si32(s);
+  (void)sink;
+  return static_cast<double>(iters) * 6 * 32 * 2;
+}
+#endif
+
 struct Timing {
   double wall = 0.0;  // seconds per call
   double cpu = 0.0;   // process CPU seconds per call (all threads, spinning included)
@@ -98,6 +172,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> rows;
   std::vector<cb::DType> types;
   std::vector<int64_t> attn_kv;
+  bool peak = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -114,6 +189,8 @@ int main(int argc, char** argv) {
       n_out = std::atoll(v);
     } else if (a == "--rows") {
       rows.push_back(std::atoll(v));
+    } else if (a == "--peak") {
+      peak = std::atoi(v) != 0;
     } else if (a == "--attn-kv") {
       attn_kv.push_back(std::atoll(v));
     } else if (a == "--level") {
@@ -149,6 +226,17 @@ int main(int argc, char** argv) {
       std::printf("matmul %-5s rows %4lld: %9.3f ms  %7.2f GFLOP/s  (%7.2f GFLOP per CPU-second)\n",
                   cb::dtype_name(t), static_cast<long long>(r), tm.wall * 1e3, gflop / tm.wall,
                   gflop / tm.cpu);
+      if (r <= 4) {
+        // Decode's int8 path; a GEMV reads each weight byte once, so the
+        // weight bytes per second say how close it is to memory bandwidth.
+        const Timing tq = time_per_call([&] { backend->matmul_q8(w, x.data(), r, y.data()); }, 0.5);
+        std::printf(
+            "matmul_q8 %-5s rows %4lld: %6.3f ms  %7.2f GFLOP/s  (%7.2f GFLOP per CPU-second)  "
+            "%6.2f GB/s of weights (f32 path %6.2f GB/s)\n",
+            cb::dtype_name(t), static_cast<long long>(r), tq.wall * 1e3, gflop / tq.wall,
+            gflop / tq.cpu, static_cast<double>(wd.size()) * 1e-9 / tq.wall,
+            static_cast<double>(wd.size()) * 1e-9 / tm.wall);
+      }
     }
   }
   for (int64_t n_kv : attn_kv) {
@@ -189,6 +277,49 @@ int main(int argc, char** argv) {
     }
   }
   cb::ThreadPool pool(threads);
+#if defined(__x86_64__)
+  if (peak && cb::cpu_features().avx2 && cb::cpu_features().fma) {
+    constexpr int64_t kIters = 20 * 1000 * 1000;
+    for (int kind = 0; kind < 2; ++kind) {
+      // Median of 5 so that a descheduled thread does not set the figure.
+      // Also per thread-CPU-second, summed over the threads: what the cores
+      // deliver while they run this process, i.e. the peak of an
+      // unshared machine (wall rates drop when other jobs take the cores).
+      std::vector<double> rates, cpu_rates;
+      for (int rep = 0; rep < 5; ++rep) {
+        std::vector<double> done(static_cast<size_t>(threads), 0.0);
+        std::vector<double> cpu_rate(static_cast<size_t>(threads), 0.0);
+        const auto t0 = Clock::now();
+        pool.parallel_for(threads, [&](int64_t t, int) {
+          timespec c0{}, c1{};
+          clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+          const double d = kind == 0 ? fma_loop(kIters) : int8_loop(kIters);
+          clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+          const double cpu = static_cast<double>(c1.tv_sec - c0.tv_sec) +
+                             1e-9 * static_cast<double>(c1.tv_nsec - c0.tv_nsec);
+          done[static_cast<size_t>(t)] = d;
+          cpu_rate[static_cast<size_t>(t)] = d / cpu;
+        });
+        const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+        double total = 0.0, total_cpu_rate = 0.0;
+        for (int t = 0; t < threads; ++t) {
+          total += done[static_cast<size_t>(t)];
+          total_cpu_rate += cpu_rate[static_cast<size_t>(t)];
+        }
+        rates.push_back(total / sec * 1e-9);
+        cpu_rates.push_back(total_cpu_rate * 1e-9);
+      }
+      std::sort(rates.begin(), rates.end());
+      std::sort(cpu_rates.begin(), cpu_rates.end());
+      const char* unit = kind == 0 ? "GFLOP/s" : "GOP/s";
+      std::printf(
+          "peak %s, %d threads: %.1f %s wall, %.1f %s per thread-CPU-second x %d "
+          "(median of 5)\n",
+          kind == 0 ? "f32 FMA" : "int8 VPMADDUBSW", threads, rates[2], unit, cpu_rates[2], unit,
+          threads);
+    }
+  }
+#endif
   const Timing tm = time_per_call([&] { pool.parallel_for(threads, [](int64_t, int) {}); }, 0.3);
   std::printf("parallel_for(%d empty tasks): %.2f us\n", threads, tm.wall * 1e6);
   return 0;

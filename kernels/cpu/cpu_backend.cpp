@@ -3,13 +3,15 @@
 // scalar reference kernels on each slice.  The kernel level is fixed when
 // the backend is created.
 //
-// Numerics (every level): activations stay f32 and all accumulation is f32;
-// nothing quantizes activations, so the logits track a float64 reference to
-// a relative L2 of 1e-3 (see ops_avx2.h, ops_neon.h).
+// Numerics (every level): matmul keeps activations f32 and all accumulation
+// is f32, so prefill logits track a float64 reference to a relative L2 of
+// 1e-3 (see ops_avx2.h, ops_neon.h); only matmul_q8, which decode asks for,
+// quantizes activations to int8 (see Backend::matmul_q8).
 #include <mimalloc.h>
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/ops_avx2.h"
@@ -84,6 +86,11 @@ constexpr int64_t kMatmulTasksPerThread = 4;
 // head, 10 queries x 3 heads.
 constexpr int64_t kAttentionTileRows = 32;
 
+// matmul_q8 takes the int8 GEMV for at most this many activation rows (the
+// weights are re-read per row; a speculative or multi-sequence decode step
+// is a few rows) and hands larger batches to the exact GEMM.
+constexpr int64_t kMaxQ8Rows = 4;
+
 void check(bool ok, const char* what) {
   if (!ok) fail(ErrorCode::kInvalidArgument, std::string("cpu backend: ") + what);
 }
@@ -131,6 +138,61 @@ class CpuBackend final : public Backend {
       if (level_ == Level::kNeon) return neon::matmul(w, x, n_rows, y, o0, o1);
 #endif
       ref::matmul(w, x, n_rows, y, o0, o1);
+    });
+  }
+
+  void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
+    // Beyond a few rows the packed GEMM (exact, and compute-bound rather
+    // than bound by decoding weights) is the faster path anyway.
+    if (n_rows > kMaxQ8Rows || !ref::gemv_q8_supported(w.type)) return matmul(w, x, n_rows, y);
+    check(n_rows >= 0 && w.n_in >= 0 && w.n_out >= 0, "matmul: negative size");
+    check(w.n_in % dtype_block_elems(w.type) == 0, "matmul: n_in is not a whole number of blocks");
+    if (n_rows == 0 || w.n_out == 0) return;
+    // Quantize once on the calling thread (a few hundred ns per row), then
+    // split the weight by output columns as matmul() does.  The buffer is
+    // per calling thread so that sessions on different threads never share
+    // it.
+    const int64_t nb = w.n_in / 32;
+    thread_local std::vector<BlockQ8A> xq;
+    if (static_cast<int64_t>(xq.size()) < n_rows * nb) xq.resize(static_cast<size_t>(n_rows * nb));
+    for (int64_t r = 0; r < n_rows; ++r) {
+#if CB_HAVE_AVX2_KERNELS
+      if (level_ == Level::kAvx2) {
+        avx2::quantize_q8a(x + r * w.n_in, w.n_in, xq.data() + r * nb);
+        continue;
+      }
+#endif
+#if CB_HAVE_NEON_KERNELS
+      if (level_ == Level::kNeon) {
+        neon::quantize_q8a(x + r * w.n_in, w.n_in, xq.data() + r * nb);
+        continue;
+      }
+#endif
+      ref::quantize_q8a(x + r * w.n_in, w.n_in, xq.data() + r * nb);
+    }
+    const BlockQ8A* xs = xq.data();
+    // Counted like matmul's multiply-adds: an int8 one costs ~0.6 of an f32
+    // one, still far more than a dispatch at these sizes, so every layer
+    // matrix of a small model is split over the threads.
+    const int64_t work = n_rows * w.n_out * w.n_in;
+    split(w.n_out, tasks_for(work, kMatmulTasksPerThread), 16, [&](int64_t o0, int64_t o1) {
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const BlockQ8A* xr = xs + r * nb;
+        float* yr = y + r * w.n_out;
+#if CB_HAVE_AVX2_KERNELS
+        if (level_ == Level::kAvx2) {
+          avx2::gemv_q8(w, xr, yr, o0, o1);
+          continue;
+        }
+#endif
+#if CB_HAVE_NEON_KERNELS
+        if (level_ == Level::kNeon) {
+          neon::gemv_q8(w, xr, yr, o0, o1);
+          continue;
+        }
+#endif
+        ref::gemv_q8(w, xr, yr, o0, o1);
+      }
     });
   }
 

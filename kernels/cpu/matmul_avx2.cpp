@@ -2,7 +2,8 @@
 //
 // Each weight type has a row decoder that turns a range of a weight row into
 // f32 vectors, 32 elements at a time, and hands them to a sink:
-//  * GEMV (decode, n_rows == 1): the sink multiplies the decoded vectors into
+//  * GEMV (n_rows == 1; decode itself uses gemv_q8_avx2.cpp unless asked for
+//    f32): the sink multiplies the decoded vectors into
 //    the activation row at once, so the weight is read exactly once and never
 //    stored (fused dequantize+dot); Q4_0/Q4_1/Q8_0 factor each block's scale
 //    and offset out of the dot product instead (see gemv_blocks).
@@ -437,11 +438,13 @@ void gemm(const WeightView& w, const float* x, int64_t n_rows, float* y, int64_t
 // with the block sums of x computed once per call.  The small integers q
 // convert to f32 exactly, so this stays a pure f32 computation (same error
 // class as the reference: f32 rounding of the sums, ~1e-7 relative) while
-// saving the per-element dequantization FMAs.  Activations are deliberately
-// not quantized: int16 activations per block of 32 were measured to move
-// SmolLM2's logits by up to 8e-4 relative L2 against the float64 reference
-// (its activations have outliers that coarsen every block they sit in), too
-// close to the 1e-3 bar, and int8 (llama.cpp's Q8_1) would be 256x coarser.
+// saving the per-element dequantization FMAs.  This f32 GEMV serves prefill's
+// single-row matmuls (the last token's logits), which are held to the
+// float64 reference: int16 activations per block of 32 were measured to move
+// SmolLM2's logits by up to 8e-4 relative L2 against it (its activations
+// have outliers that coarsen every block they sit in), too close to the
+// 1e-3 bar.  Decode, which has no such bar, takes the int8 GEMV instead
+// (gemv_q8_avx2.cpp, Backend::matmul_q8), as llama.cpp does.
 
 // Per-thread block sums of the activation row (grown on demand; malloc, see
 // the linkage rule in ops_avx2.h).

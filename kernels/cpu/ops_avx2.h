@@ -11,15 +11,17 @@
 // AVX.  So their helpers have internal linkage (`static inline` or an
 // anonymous namespace), math goes through __builtin_*, buffers are malloc'd.
 //
-// Numerics: activations stay f32 and every sum accumulates in f32 (no
-// activation quantization), so the model's logits stay within a relative L2
-// of 1e-3 of a float64 reference; the only differences from cb::ref are
-// summation order, FMA contraction and a polynomial exp (~1e-7 relative).
+// Numerics: matmul keeps activations f32 and every sum accumulates in f32,
+// so the model's logits (prefill) stay within a relative L2 of 1e-3 of a
+// float64 reference; the only differences from cb::ref are summation order,
+// FMA contraction and a polynomial exp (~1e-7 relative).  Only gemv_q8
+// (decode) multiplies int8-quantized activations, by request of the caller.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/quant_blocks.h"
 
 namespace cb::avx2 {
 
@@ -36,6 +38,12 @@ void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int6
                     int64_t h_end);
 // One query row, one head (a tile of one row).
 void attention_one(const AttentionArgs& a, int64_t qi, int64_t head);
+
+// The int8 GEMV of decode (Backend::matmul_q8); same contracts as
+// ref::quantize_q8a (same bytes) and ref::gemv_q8 (same integer sums, f32
+// summation order may differ).
+void quantize_q8a(const float* x, int64_t n, BlockQ8A* out);
+void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int64_t o_end);
 
 void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
              float* out);

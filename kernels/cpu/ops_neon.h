@@ -3,18 +3,19 @@
 // which CMake compiles only for aarch64 targets.  Same contracts as the
 // functions of the same name in reference_ops.h and ops_avx2.h.
 //
-// Numerics: as the AVX2 kernels — activations stay f32 and every sum
-// accumulates in f32, so the model's logits stay within a relative L2 of
-// 1e-3 of a float64 reference.  The dot-product instructions (SDOT/UDOT,
-// detected as cpu_features().dotprod) multiply int8 by int8, so they would
-// need activations quantized to int8; int16 activations already moved
-// SmolLM2's logits by 8e-4 relative L2 (its activations have outliers), so
-// int8 ones would break that bar and the kernels use f32 FMA (FMLA) only.
+// Numerics: as the AVX2 kernels — matmul keeps activations f32 and every
+// sum accumulates in f32, so the model's prefill logits stay within a
+// relative L2 of 1e-3 of a float64 reference.  gemv_q8 (decode) multiplies
+// int8 weights by int8-quantized activations with the baseline widening
+// multiplies (SMULL/SMLAL into int16, SADALP into int32), so it runs on
+// every AArch64 core; SDOT (dot-product extension) would need a second
+// build of the file and is not used.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/quant_blocks.h"
 
 namespace cb::neon {
 
@@ -28,6 +29,12 @@ void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y, int64
 // tiled with an online softmax as avx2::attention_tile.
 void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int64_t h_begin,
                     int64_t h_end);
+
+// The int8 GEMV of decode (Backend::matmul_q8); same contracts as
+// ref::quantize_q8a (same bytes) and ref::gemv_q8 (same integer sums, f32
+// summation order may differ).
+void quantize_q8a(const float* x, int64_t n, BlockQ8A* out);
+void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int64_t o_end);
 
 void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
              float* out);

@@ -59,11 +59,25 @@ struct BlockQ6_K {
   uint16_t d;
 };
 
+// An activation row quantized for the int8 GEMV of decode (not a GGUF type):
+// x[i] ~= qs[i] * d with d = max|x| / 127 over the block and qs[i] the
+// nearest integer to x[i] / d; s = d * sum(qs) carries the block's sum for
+// the weight types with an offset (Q4_1's m, Q4_K's min).  The blocks are
+// 32 elements, the sub-block size of every quantized weight type, so one
+// activation block meets exactly one weight scale (two for Q6_K's groups of
+// 16, which stay integer until the end).  As llama.cpp's Q8_1.
+struct BlockQ8A {
+  float d;
+  float s;
+  int8_t qs[kQK];
+};
+
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ8A) == 40);
 
 // Scale and min of Q4_K sub-block s (0..7).  Bytes 0-3 hold the 6-bit scales
 // of sub-blocks 0-3 and bytes 4-7 their mins; sub-blocks 4-7 keep their low

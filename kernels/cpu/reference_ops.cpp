@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/dequantize.h"
+#include "platform/half.h"
 
 namespace cb::ref {
 namespace {
@@ -33,6 +34,140 @@ void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y, int64
 
 void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y) {
   matmul(w, x, n_rows, y, 0, w.n_out);
+}
+
+bool gemv_q8_supported(DType t) {
+  switch (t) {
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q8_0:
+    case DType::Q4_K:
+    case DType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void quantize_q8a(const float* x, int64_t n, BlockQ8A* out) {
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const float* xb = x + b * kQK;
+    float amax = 0.0f;
+    for (int i = 0; i < kQK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f;
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int i = 0; i < kQK; ++i) {
+      // |x * id| <= 127 (up to rounding of id), so the cast cannot overflow.
+      const int q = static_cast<int>(std::nearbyint(xb[i] * id));
+      out[b].qs[i] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(sum);
+  }
+}
+
+namespace {
+
+// sum(w[i] * x[i]) for i in [0, n), exactly.
+int dot_i8(const int8_t* w, const int8_t* x, int n) {
+  int s = 0;
+  for (int i = 0; i < n; ++i) s += static_cast<int>(w[i]) * static_cast<int>(x[i]);
+  return s;
+}
+
+// The 32 quants of a Q4_0 / Q4_1 block in element order (see BlockQ4_0),
+// minus `bias`.
+void nibbles(const uint8_t* qs, int bias, int8_t* q) {
+  for (int j = 0; j < kQK / 2; ++j) {
+    q[j] = static_cast<int8_t>((qs[j] & 0x0F) - bias);
+    q[j + kQK / 2] = static_cast<int8_t>((qs[j] >> 4) - bias);
+  }
+}
+
+float gemv_q8_row(DType t, const uint8_t* row, const BlockQ8A* x, int64_t n_in) {
+  float acc = 0.0f;
+  int8_t q[kQKK];
+  switch (t) {
+    case DType::Q4_0:
+    case DType::Q4_1: {
+      const bool q41 = t == DType::Q4_1;
+      const size_t bytes = q41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+      for (int64_t b = 0; b < n_in / kQK; ++b) {
+        const uint8_t* blk = row + static_cast<size_t>(b) * bytes;
+        if (q41) {
+          BlockQ4_1 w;
+          std::memcpy(&w, blk, sizeof w);
+          nibbles(w.qs, 0, q);
+          acc += f16_to_f32(w.d) * x[b].d * static_cast<float>(dot_i8(q, x[b].qs, kQK));
+          acc += f16_to_f32(w.m) * x[b].s;
+        } else {
+          BlockQ4_0 w;
+          std::memcpy(&w, blk, sizeof w);
+          nibbles(w.qs, 8, q);
+          acc += f16_to_f32(w.d) * x[b].d * static_cast<float>(dot_i8(q, x[b].qs, kQK));
+        }
+      }
+      return acc;
+    }
+    case DType::Q8_0: {
+      const BlockQ8_0* w = reinterpret_cast<const BlockQ8_0*>(row);
+      for (int64_t b = 0; b < n_in / kQK; ++b)
+        acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot_i8(w[b].qs, x[b].qs, kQK));
+      return acc;
+    }
+    case DType::Q4_K: {
+      const BlockQ4_K* w = reinterpret_cast<const BlockQ4_K*>(row);
+      for (int64_t sb = 0; sb < n_in / kQKK; ++sb) {
+        const float d = f16_to_f32(w[sb].d), dmin = f16_to_f32(w[sb].dmin);
+        for (int j = 0; j < 8; ++j) {  // sub-block j: chunk j / 2, low or high nibbles
+          const uint8_t* qs = w[sb].qs + 32 * (j / 2);
+          for (int l = 0; l < 32; ++l)
+            q[l] = static_cast<int8_t>(j % 2 == 0 ? qs[l] & 0x0F : qs[l] >> 4);
+          uint8_t sc, m;
+          q4k_scale_min(w[sb].scales, j, &sc, &m);
+          const BlockQ8A& xb = x[sb * 8 + j];
+          acc += (d * static_cast<float>(sc)) * xb.d * static_cast<float>(dot_i8(q, xb.qs, kQK));
+          acc -= (dmin * static_cast<float>(m)) * xb.s;
+        }
+      }
+      return acc;
+    }
+    case DType::Q6_K: {
+      const BlockQ6_K* w = reinterpret_cast<const BlockQ6_K*>(row);
+      for (int64_t sb = 0; sb < n_in / kQKK; ++sb) {
+        // The signed quants in element order (layout: see BlockQ6_K).
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* ql = w[sb].ql + 64 * h;
+          const uint8_t* qh = w[sb].qh + 32 * h;
+          int8_t* o = q + 128 * h;
+          for (int l = 0; l < 32; ++l) {
+            o[l] = static_cast<int8_t>(((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) - 32);
+            o[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            o[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            o[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+          }
+        }
+        const float d = f16_to_f32(w[sb].d);
+        for (int j = 0; j < 8; ++j) {
+          const BlockQ8A& xb = x[sb * 8 + j];
+          const int isum = w[sb].scales[2 * j] * dot_i8(q + 32 * j, xb.qs, 16) +
+                           w[sb].scales[2 * j + 1] * dot_i8(q + 32 * j + 16, xb.qs + 16, 16);
+          acc += (d * xb.d) * static_cast<float>(isum);
+        }
+      }
+      return acc;
+    }
+    default:
+      return 0.0f;  // gemv_q8_supported() is false; the backend never calls this
+  }
+}
+
+}  // namespace
+
+void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int64_t o_end) {
+  for (int64_t o = o_begin; o < o_end; ++o) y[o] = gemv_q8_row(w.type, weight_row(w, o), x, w.n_in);
 }
 
 void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) {

@@ -40,14 +40,26 @@ struct SimdKernels {
                  int64_t o_end);
   void (*attention_tile)(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int64_t h_begin,
                          int64_t h_end);
+  void (*quantize_q8a)(const float* x, int64_t n, BlockQ8A* out);
+  void (*gemv_q8)(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int64_t o_end);
 };
 
 inline const SimdKernels* simd_kernels() {
 #if defined(__x86_64__) || defined(_M_X64)
-  static const SimdKernels k{"avx2", CpuKernelLevel::kAvx2, &avx2::matmul, &avx2::attention_tile};
+  static const SimdKernels k{"avx2",
+                             CpuKernelLevel::kAvx2,
+                             &avx2::matmul,
+                             &avx2::attention_tile,
+                             &avx2::quantize_q8a,
+                             &avx2::gemv_q8};
   return avx2_available() ? &k : nullptr;
 #elif defined(__aarch64__)
-  static const SimdKernels k{"neon", CpuKernelLevel::kNeon, &neon::matmul, &neon::attention_tile};
+  static const SimdKernels k{"neon",
+                             CpuKernelLevel::kNeon,
+                             &neon::matmul,
+                             &neon::attention_tile,
+                             &neon::quantize_q8a,
+                             &neon::gemv_q8};
   return cpu_features().neon ? &k : nullptr;
 #else
   return nullptr;

@@ -1,0 +1,188 @@
+// NEON int8 GEMV for decode (the AVX2 version is gemv_q8_avx2.cpp; the
+// contract is ref::gemv_q8's).  Weights are unpacked to signed bytes in
+// registers and multiplied by the int8 activation block with SMULL/SMLAL2
+// (16 products into 8 int16 lanes, each lane the sum of two products, at
+// most 2 * 128 * 127 = 32512, so no overflow) and SADALP (pairwise into
+// int32).  Those are baseline AArch64, so this runs on every core, unlike
+// SDOT.  Each block's integer sum is exact; the scaled block sums accumulate
+// in f32 in block order.
+#include <arm_neon.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/ops_neon.h"
+#include "kernels/cpu/quant_blocks.h"
+#include "platform/half.h"
+
+namespace cb::neon {
+namespace {
+
+// acc + pairwise sums of w[i] * x[i] over 16 bytes.
+inline int32x4_t dot16(int8x16_t w, int8x16_t x, int32x4_t acc) {
+  int16x8_t p = vmull_s8(vget_low_s8(w), vget_low_s8(x));
+  p = vmlal_high_s8(p, w, x);
+  return vpadalq_s16(acc, p);
+}
+
+// sum(w * x) over one 32-element block given as two 16-byte halves.
+inline int32_t dot32(int8x16_t w0, int8x16_t w1, const int8_t* x) {
+  return vaddvq_s32(dot16(w1, vld1q_s8(x + 16), dot16(w0, vld1q_s8(x), vdupq_n_s32(0))));
+}
+
+float row_q8_0(const BlockQ8_0* w, const BlockQ8A* x, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int32_t s = dot32(vld1q_s8(w[b].qs), vld1q_s8(w[b].qs + 16), x[b].qs);
+    acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(s);
+  }
+  return acc;
+}
+
+// Q4_0 / Q4_1 nibbles in element order (low nibbles are elements 0-15),
+// minus `bias`.
+inline void nibbles(const uint8_t* qs, uint8_t bias, int8x16_t* lo, int8x16_t* hi) {
+  const uint8x16_t v = vld1q_u8(qs);
+  const uint8x16_t b = vdupq_n_u8(bias);
+  *lo = vreinterpretq_s8_u8(vsubq_u8(vandq_u8(v, vdupq_n_u8(0x0F)), b));
+  *hi = vreinterpretq_s8_u8(vsubq_u8(vshrq_n_u8(v, 4), b));
+}
+
+float row_q4_0(const BlockQ4_0* w, const BlockQ8A* x, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int8x16_t lo, hi;
+    nibbles(w[b].qs, 8, &lo, &hi);
+    acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot32(lo, hi, x[b].qs));
+  }
+  return acc;
+}
+
+float row_q4_1(const BlockQ4_1* w, const BlockQ8A* x, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int8x16_t lo, hi;
+    nibbles(w[b].qs, 0, &lo, &hi);
+    acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot32(lo, hi, x[b].qs));
+    acc += f16_to_f32(w[b].m) * x[b].s;
+  }
+  return acc;
+}
+
+float row_q4_k(const BlockQ4_K* w, const BlockQ8A* x, int64_t n_super) {
+  const uint8x16_t m4 = vdupq_n_u8(0x0F);
+  float acc = 0.0f;
+  for (int64_t sb = 0; sb < n_super; ++sb) {
+    const float d = f16_to_f32(w[sb].d), dmin = f16_to_f32(w[sb].dmin);
+    for (int c = 0; c < 4; ++c) {  // chunk c: sub-block 2c low nibbles, 2c + 1 high
+      const uint8x16_t v0 = vld1q_u8(w[sb].qs + 32 * c);
+      const uint8x16_t v1 = vld1q_u8(w[sb].qs + 32 * c + 16);
+      for (int half = 0; half < 2; ++half) {
+        const int j = 2 * c + half;
+        const int8x16_t q0 = vreinterpretq_s8_u8(half == 0 ? vandq_u8(v0, m4) : vshrq_n_u8(v0, 4));
+        const int8x16_t q1 = vreinterpretq_s8_u8(half == 0 ? vandq_u8(v1, m4) : vshrq_n_u8(v1, 4));
+        uint8_t sc, m;
+        q4k_scale_min(w[sb].scales, j, &sc, &m);
+        const BlockQ8A& xb = x[8 * sb + j];
+        acc += (d * static_cast<float>(sc)) * xb.d * static_cast<float>(dot32(q0, q1, xb.qs));
+        acc -= (dmin * static_cast<float>(m)) * xb.s;
+      }
+    }
+  }
+  return acc;
+}
+
+float row_q6_k(const BlockQ6_K* w, const BlockQ8A* x, int64_t n_super) {
+  const uint8x16_t m4 = vdupq_n_u8(0x0F), m2 = vdupq_n_u8(0x03);
+  const int8x16_t off = vdupq_n_s8(32);
+  float acc = 0.0f;
+  for (int64_t sb = 0; sb < n_super; ++sb) {
+    const float d = f16_to_f32(w[sb].d);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = w[sb].ql + 64 * h;
+      const uint8_t* qh = w[sb].qh + 32 * h;
+      const int8_t* sc = w[sb].scales + 8 * h;
+      int32_t isum[4] = {0, 0, 0, 0};  // per run of 32 elements
+      for (int j = 0; j < 2; ++j) {    // elements 16j .. 16j + 15 of each run
+        const uint8x16_t la = vld1q_u8(ql + 16 * j), lb = vld1q_u8(ql + 32 + 16 * j);
+        const uint8x16_t hb = vld1q_u8(qh + 16 * j);
+        // The four runs (layout: see BlockQ6_K), as unsigned 6-bit values.
+        const uint8x16_t runs[4] = {
+            vorrq_u8(vandq_u8(la, m4), vshlq_n_u8(vandq_u8(hb, m2), 4)),
+            vorrq_u8(vandq_u8(lb, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), m2), 4)),
+            vorrq_u8(vshrq_n_u8(la, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), m2), 4)),
+            vorrq_u8(vshrq_n_u8(lb, 4), vshlq_n_u8(vshrq_n_u8(hb, 6), 4)),
+        };
+        for (int r = 0; r < 4; ++r) {
+          const int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(runs[r]), off);
+          const int8_t* xq = x[8 * sb + 4 * h + r].qs + 16 * j;
+          isum[r] += sc[2 * r + j] * vaddvq_s32(dot16(q, vld1q_s8(xq), vdupq_n_s32(0)));
+        }
+      }
+      for (int r = 0; r < 4; ++r)
+        acc += (d * x[8 * sb + 4 * h + r].d) * static_cast<float>(isum[r]);
+    }
+  }
+  return acc;
+}
+
+template <class Block, class Row>
+void rows(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int64_t o_end,
+          int64_t n_blocks, Row row) {
+  const size_t row_bytes = dtype_row_bytes(w.type, w.n_in);
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    const Block* b = reinterpret_cast<const Block*>(base + static_cast<size_t>(o) * row_bytes);
+    y[o] = row(b, x, n_blocks);
+  }
+}
+
+}  // namespace
+
+void quantize_q8a(const float* x, int64_t n, BlockQ8A* out) {
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const float* xb = x + b * kQK;
+    float32x4_t v[8];
+    float32x4_t m = vdupq_n_f32(0.0f);
+    for (int j = 0; j < 8; ++j) {
+      v[j] = vld1q_f32(xb + 4 * j);
+      m = vmaxq_f32(m, vabsq_f32(v[j]));
+    }
+    const float amax = vmaxvq_f32(m);
+    // The same f32 operations as ref::quantize_q8a; FCVTNS rounds to
+    // nearest, ties to even, as nearbyint does in the default mode.
+    const float d = amax / 127.0f;
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32x4_t sum = vdupq_n_s32(0);
+    int16x8_t q16[4];
+    for (int j = 0; j < 4; ++j) {
+      const int32x4_t a = vcvtnq_s32_f32(vmulq_n_f32(v[2 * j], id));
+      const int32x4_t c = vcvtnq_s32_f32(vmulq_n_f32(v[2 * j + 1], id));
+      sum = vaddq_s32(sum, vaddq_s32(a, c));
+      q16[j] = vcombine_s16(vmovn_s32(a), vmovn_s32(c));
+    }
+    vst1q_s8(out[b].qs, vcombine_s8(vmovn_s16(q16[0]), vmovn_s16(q16[1])));
+    vst1q_s8(out[b].qs + 16, vcombine_s8(vmovn_s16(q16[2]), vmovn_s16(q16[3])));
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(vaddvq_s32(sum));
+  }
+}
+
+void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int64_t o_end) {
+  const int64_t nb = w.n_in / kQK;
+  switch (w.type) {
+    case DType::Q8_0:
+      return rows<BlockQ8_0>(w, x, y, o_begin, o_end, nb, row_q8_0);
+    case DType::Q4_0:
+      return rows<BlockQ4_0>(w, x, y, o_begin, o_end, nb, row_q4_0);
+    case DType::Q4_1:
+      return rows<BlockQ4_1>(w, x, y, o_begin, o_end, nb, row_q4_1);
+    case DType::Q4_K:
+      return rows<BlockQ4_K>(w, x, y, o_begin, o_end, w.n_in / kQKK, row_q4_k);
+    case DType::Q6_K:
+      return rows<BlockQ6_K>(w, x, y, o_begin, o_end, w.n_in / kQKK, row_q6_k);
+    default:
+      return;  // no int8 kernel (ref::gemv_q8_supported); the backend never calls this
+  }
+}
+
+}  // namespace cb::neon

@@ -1,0 +1,209 @@
+// The int8 GEMV of decode (Backend::matmul_q8): activation quantization,
+// the scalar reference against float64, the SIMD kernels against the
+// reference, and the backend path.
+//
+// Tolerances, and why they can fail:
+//  * Quantization: SIMD and reference produce the same bytes (exact), and
+//    every element is within d / 2 of x (round to nearest).
+//  * The reference, given quantized activations, computes
+//    sum_i w_i * (xq_i * d): the integer parts are exact, so its only error
+//    is f32 rounding of the per-block terms and their running sum, bounded
+//    by 1e-5 * sum_i |w_i * xq_i * d| at these lengths (see matmul_test.cpp).
+//    A wrong nibble order, scale or offset is an error of order one block's
+//    share, i.e. ~1/n_blocks of that sum, far above the bound.
+//  * SIMD vs reference: both within that bound of the float64 value, so
+//    within twice the bound of each other.
+//  * Against the f32 matmul (unquantized activations): at most
+//    sum_i |w_i| * d_i / 2 apart (each activation moved by at most d / 2),
+//    plus the f32 rounding bound.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernel_test_util.h"
+#include "kernels/cpu/reference_ops.h"
+
+namespace cb {
+namespace {
+
+constexpr DType kQ8Types[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K};
+
+// Activations like a model's: mostly small, a few large outliers (which set
+// a block's scale), some exact zeros and one all-zero block.
+std::vector<float> activations(std::mt19937& rng, int64_t n) {
+  std::vector<float> x = test::random_floats(rng, n);
+  std::uniform_int_distribution<int64_t> pick(0, n - 1);
+  for (int i = 0; i < 4; ++i) x[static_cast<size_t>(pick(rng))] *= 40.0f;
+  for (int i = 0; i < 4; ++i) x[static_cast<size_t>(pick(rng))] = 0.0f;
+  if (n >= 64)
+    for (int i = 32; i < 64; ++i) x[static_cast<size_t>(i)] = 0.0f;
+  return x;
+}
+
+std::vector<BlockQ8A> quantize(const std::vector<float>& x) {
+  std::vector<BlockQ8A> q(x.size() / 32);
+  ref::quantize_q8a(x.data(), static_cast<int64_t>(x.size()), q.data());
+  return q;
+}
+
+std::vector<float> dequantize(const std::vector<BlockQ8A>& q) {
+  std::vector<float> x(q.size() * 32);
+  for (size_t b = 0; b < q.size(); ++b)
+    for (int i = 0; i < 32; ++i) x[b * 32 + i] = static_cast<float>(q[b].qs[i]) * q[b].d;
+  return x;
+}
+
+std::vector<int64_t> n_in_cases(DType t) {
+  return dtype_block_elems(t) == 32 ? std::vector<int64_t>{32, 96, 576, 1568}
+                                    : std::vector<int64_t>{256, 768, 1792};
+}
+
+TEST(GemvQ8, QuantizeRoundsToNearestAndSimdGivesSameBytes) {
+  std::mt19937 rng(11);
+  const test::SimdKernels* simd = test::simd_kernels();
+  for (int64_t n : {32, 64, 576, 1536}) {
+    const std::vector<float> x = activations(rng, n);
+    const std::vector<BlockQ8A> q = quantize(x);
+    for (size_t b = 0; b < q.size(); ++b) {
+      float amax = 0.0f;
+      int sum = 0;
+      for (int i = 0; i < 32; ++i) {
+        amax = std::max(amax, std::fabs(x[b * 32 + i]));
+        sum += q[b].qs[i];
+        ASSERT_LE(std::abs(q[b].qs[i]), 127);
+        // Round to nearest: within half a step (plus f32 rounding of x / d).
+        EXPECT_LE(std::fabs(x[b * 32 + i] - q[b].qs[i] * q[b].d), q[b].d * (0.5f + 1e-5f) + 1e-30f)
+            << "n=" << n << " block " << b << " element " << i;
+      }
+      EXPECT_EQ(q[b].d, amax / 127.0f);
+      EXPECT_EQ(q[b].s, q[b].d * static_cast<float>(sum));
+    }
+    if (simd != nullptr) {
+      std::vector<BlockQ8A> qs(q.size());
+      simd->quantize_q8a(x.data(), n, qs.data());
+      EXPECT_EQ(std::memcmp(qs.data(), q.data(), q.size() * sizeof(BlockQ8A)), 0)
+          << simd->name << " n=" << n;
+    }
+  }
+}
+
+// ref::gemv_q8 is the product of the dequantized weight and the
+// dequantized activations, up to f32 rounding.
+TEST(GemvQ8, ReferenceMatchesFloat64OfQuantizedActivations) {
+  std::mt19937 rng(12);
+  for (DType t : kQ8Types) {
+    ASSERT_TRUE(ref::gemv_q8_supported(t));
+    for (int64_t n_in : n_in_cases(t)) {
+      const int64_t n_out = 9;
+      std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
+      const WeightView w{wd.data(), t, n_in, n_out};
+      const std::vector<BlockQ8A> xq = quantize(activations(rng, n_in));
+      const std::vector<float> xd = dequantize(xq);
+      std::vector<double> exact, abs_sum;
+      test::matmul_f64(test::dequantize_all(w), n_out, n_in, xd.data(), 1, &exact, &abs_sum);
+      std::vector<float> y(n_out);
+      ref::gemv_q8(w, xq.data(), y.data(), 0, n_out);
+      for (int64_t o = 0; o < n_out; ++o)
+        EXPECT_NEAR(y[o], exact[o], 1e-5 * abs_sum[o] + 1e-30)
+            << dtype_name(t) << " n_in=" << n_in << " o=" << o;
+    }
+  }
+  EXPECT_FALSE(ref::gemv_q8_supported(DType::F16));
+  EXPECT_FALSE(ref::gemv_q8_supported(DType::F32));
+}
+
+TEST(GemvQ8, SimdMatchesReference) {
+  const test::SimdKernels* simd = test::simd_kernels();
+  if (simd == nullptr) GTEST_SKIP() << "no SIMD kernels for this CPU";
+  std::mt19937 rng(13);
+  for (DType t : kQ8Types) {
+    for (int64_t n_in : n_in_cases(t)) {
+      for (int64_t n_out : {1, 7, 193}) {
+        std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
+        const WeightView w{wd.data(), t, n_in, n_out};
+        const std::vector<BlockQ8A> xq = quantize(activations(rng, n_in));
+        const std::vector<float> xd = dequantize(xq);
+        std::vector<double> exact, abs_sum;
+        test::matmul_f64(test::dequantize_all(w), n_out, n_in, xd.data(), 1, &exact, &abs_sum);
+        std::vector<float> y_ref(n_out), y_simd(n_out, NAN);
+        ref::gemv_q8(w, xq.data(), y_ref.data(), 0, n_out);
+        const int64_t cut = n_out / 3;  // two uneven slices, as threads get them
+        simd->gemv_q8(w, xq.data(), y_simd.data(), 0, cut);
+        simd->gemv_q8(w, xq.data(), y_simd.data(), cut, n_out);
+        for (int64_t o = 0; o < n_out; ++o) {
+          EXPECT_NEAR(y_simd[o], y_ref[o], 2e-5 * abs_sum[o] + 1e-30)
+              << simd->name << " " << dtype_name(t) << " n_in=" << n_in << " o=" << o;
+        }
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+// Through the backend at every level and thread count: within the
+// activation-rounding bound of the exact f32 product, and the same bits
+// whatever the thread count.
+TEST(GemvQ8, BackendWithinRoundingBoundOfF32Matmul) {
+  std::mt19937 rng(14);
+  for (CpuKernelLevel level : test::all_levels()) {
+    for (DType t : kQ8Types) {
+      const int64_t n_in = dtype_block_elems(t) == 32 ? 576 : 768, n_out = 193;
+      std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
+      const WeightView w{wd.data(), t, n_in, n_out};
+      const std::vector<float> wf = test::dequantize_all(w);
+      for (int64_t n_rows : {1, 3}) {
+        const std::vector<float> x = activations(rng, n_rows * n_in);
+        const std::vector<BlockQ8A> xq = quantize(x);
+        std::vector<double> exact, abs_sum;
+        test::matmul_f64(wf, n_out, n_in, x.data(), n_rows, &exact, &abs_sum);
+        std::vector<float> first;
+        for (int threads : {1, 2, 3}) {
+          auto be = make_cpu_backend(threads, level);
+          std::vector<float> y(n_rows * n_out);
+          be->matmul_q8(w, x.data(), n_rows, y.data());
+          if (threads == 1) {
+            first = y;
+          } else {
+            EXPECT_TRUE(test::bitwise_equal(y, first)) << dtype_name(t) << " threads=" << threads;
+          }
+        }
+        for (int64_t r = 0; r < n_rows; ++r) {
+          for (int64_t o = 0; o < n_out; ++o) {
+            double bound = 2e-5 * abs_sum[r * n_out + o];
+            for (int64_t i = 0; i < n_in; ++i)
+              bound += std::fabs(wf[o * n_in + i]) * 0.5 * xq[(r * n_in + i) / 32].d;
+            EXPECT_NEAR(first[r * n_out + o], exact[r * n_out + o], bound)
+                << dtype_name(t) << " row " << r << " o=" << o;
+          }
+        }
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+// Weight types without an int8 kernel, and batches beyond a few rows, take
+// the exact matmul: the same bits as matmul().
+TEST(GemvQ8, FallsBackToMatmulWhereThereIsNoInt8Path) {
+  std::mt19937 rng(15);
+  for (CpuKernelLevel level : test::all_levels()) {
+    auto be = make_cpu_backend(2, level);
+    for (auto [t, n_rows] : {std::pair{DType::F16, int64_t{1}}, std::pair{DType::BF16, int64_t{1}},
+                             std::pair{DType::Q4_1, int64_t{17}}}) {
+      const int64_t n_in = 256, n_out = 40;
+      std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
+      const WeightView w{wd.data(), t, n_in, n_out};
+      const std::vector<float> x = test::random_floats(rng, n_rows * n_in);
+      std::vector<float> a(n_rows * n_out), b(n_rows * n_out);
+      be->matmul(w, x.data(), n_rows, a.data());
+      be->matmul_q8(w, x.data(), n_rows, b.data());
+      EXPECT_TRUE(test::bitwise_equal(a, b)) << dtype_name(t) << " rows=" << n_rows;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cb
