@@ -41,13 +41,17 @@ namespace cb {
 
 struct LoadingControllerOptions {
   double r_min = 0.15;         // the smallest ratio with negligible quality loss
-  double refresh_alpha = 0.2;  // weight of a new observation in the moving averages
+  // Weight of a new observation in the moving averages.  High, because a
+  // device's compute speed moves quickly (other apps, thermal throttling)
+  // and a stale model overshoots r.
+  double refresh_alpha = 0.5;
   // r* is chosen so that recompute takes (1 - hide_margin) of the load time,
-  // not all of it: the prediction errs on a busy device, and the pipeline
+  // not all of it: the prediction errs on a busy device (by up to ~40 % on
+  // the shared 2-core machine of docs/BENCHMARKS.md §8), and the pipeline
   // has a tail (the last layer computes after its load arrives).  Too high
-  // an r costs TTFT one for one; too low only leaves a little fidelity
+  // an r costs TTFT one for one; too low only leaves some fidelity
   // unbought.  In [0, 1).
-  double hide_margin = 0.1;
+  double hide_margin = 0.2;
 };
 
 // Bytes a request reads per layer from one place.

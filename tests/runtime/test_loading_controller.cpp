@@ -91,9 +91,9 @@ TEST(LoadingController, MarginLeavesSlackForTheTail) {
 TEST(LoadingController, RatioClampsAtOneAndSlowerLoadsAreSkipped) {
   LoadingController c(synthetic());
   // 0.95 s of loads: hidden below r = 1 (T_recompute(1) = 1 s), aiming at
-  // 0.9 x 0.95 s with the default margin...
+  // 0.8 x 0.95 s with the default margin...
   RatioChoice r = c.choose_ratio(shape_with(95000, "sd"));
-  EXPECT_NEAR(r.ratio, (0.855 - 0.19) / 0.81, 1e-9);
+  EXPECT_NEAR(r.ratio, (0.76 - 0.19) / 0.81, 1e-9);
   EXPECT_FALSE(r.skip_loads);
   // ... 10 s of loads: recomputing everything (1 s) beats reading at all.
   r = c.choose_ratio(shape_with(1e6, "sd"));
