@@ -60,5 +60,17 @@ install: build
 peer: setup
 	@bash scripts/build_llamacpp_peer.sh
 
+# The CUDA backend and its tests (needs nvcc; the tests skip without a GPU):
+#   make build-cuda && (cd build-cuda && ctest -L cuda)
+# CUDA_ARCHS overrides the target GPUs, e.g. CUDA_ARCHS=89 (see docs/CUDA.md).
+BUILD_CUDA  ?= build-cuda
+CUDA_ARCHS  ?=
+.PHONY: build-cuda
+build-cuda:
+	@bash scripts/setup.sh packages  # the CUDA tests need no model
+	@cmake -S . -B $(BUILD_CUDA) -DCMAKE_BUILD_TYPE=Release -DCB_CUDA=ON \
+	  $(if $(CUDA_ARCHS),-DCMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)") $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD_CUDA) -j$(JOBS) --target cb_kernels_cuda test_cuda cuda_bench
+
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)
