@@ -6,10 +6,50 @@
 #include "platform/error.h"
 #include "runtime/graph.h"
 
+#if CB_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
+
 namespace cb {
 
+bool cuda_backend_compiled() {
+#if CB_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_device_count_or_zero() {
+#if CB_HAVE_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
+namespace {
+
+std::unique_ptr<Backend> make_backend(const SessionOptions& opts) {
+  switch (opts.backend) {
+    case BackendKind::kCpu:
+      return make_cpu_backend(opts.n_threads, opts.kernels);
+    case BackendKind::kCuda:
+#if CB_HAVE_CUDA
+      return make_cuda_backend(opts.device);
+#else
+      fail(ErrorCode::kUnsupported,
+           "the CUDA backend is not compiled into this build (configure with -DCB_CUDA=ON)");
+#endif
+  }
+  // Reached only by a value cast into the enum from outside its range.
+  fail(ErrorCode::kInvalidArgument, "unknown backend kind");
+}
+
+}  // namespace
+
 Session::Session(const Model& model, const SessionOptions& opts)
-    : model_(model), backend_(make_cpu_backend(opts.n_threads, opts.kernels)) {
+    : model_(model), backend_(make_backend(opts)) {
   const LlamaHparams& hp = model.hparams();
   n_ctx_ = opts.n_ctx > 0 ? opts.n_ctx : std::min<int64_t>(hp.n_ctx_train, 4096);
   if (opts.n_ctx < 0 || n_ctx_ > hp.n_ctx_train)

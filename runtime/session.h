@@ -14,6 +14,17 @@
 
 namespace cb {
 
+// Which Backend a session computes on.  kCuda exists only in builds with the
+// CUDA backend (CB_CUDA=ON); elsewhere asking for it throws kUnsupported.
+enum class BackendKind { kCpu, kCuda };
+
+// True when this build contains the CUDA backend (cb_runtime compiled with
+// CB_HAVE_CUDA); says nothing about whether a GPU is present.
+bool cuda_backend_compiled();
+// CUDA devices usable by this process: 0 without the CUDA backend compiled
+// in, without a driver or without a GPU.  Never throws.
+int cuda_device_count_or_zero();
+
 struct SessionOptions {
   int64_t n_ctx = 0;      // 0: min(model's training context, 4096)
   int n_threads = 0;      // 0: all cores
@@ -25,6 +36,11 @@ struct SessionOptions {
   // f32 path's.  false keeps decode on the f32 path, the arithmetic of
   // prefill (for callers and tests that need that identity).
   bool int8_decode = true;
+  // kCuda: every op on CUDA device `device` (n_threads and kernels are then
+  // unused).  The KV cache and activations live in managed memory there, so
+  // the k_cache()/v_cache() pointers stay host-accessible (see docs/CUDA.md).
+  BackendKind backend = BackendKind::kCpu;
+  int device = 0;
 };
 
 class Session {

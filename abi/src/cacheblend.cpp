@@ -189,6 +189,7 @@ int32_t clamp_i32(int64_t v) {
 struct ModelState {
   std::unique_ptr<cb::Model> model;
   int32_t n_threads = 0;
+  cb::BackendKind backend_kind = cb::BackendKind::kCpu;  // for every session of the model
   std::string name, architecture, backend, kernels;
 };
 
@@ -439,14 +440,26 @@ cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model
         opts, cb_model_options_init, sizeof(cb_model_options),
         "cb_model_options.struct_size is not a known size (use cb_model_options_init)");
     require(o.n_threads >= 0, "n_threads must be >= 0");
+    cb::BackendKind kind = cb::BackendKind::kCpu;
     switch (enum_value(o.backend)) {
       case CB_BACKEND_AUTO:
+        // The GPU when there is one: a build with CUDA in it was asked for by
+        // whoever configured it, and a CUDA device outruns the CPU cores.
+        if (cb::cuda_device_count_or_zero() > 0) kind = cb::BackendKind::kCuda;
+        break;
       case CB_BACKEND_CPU:
         break;
       case CB_BACKEND_CUDA:
-        throw ApiError{CB_ERR_UNSUPPORTED,
-                       "the CUDA backend is not available in this build; use CB_BACKEND_CPU or "
-                       "CB_BACKEND_AUTO"};
+        if (!cb::cuda_backend_compiled())
+          throw ApiError{CB_ERR_UNSUPPORTED,
+                         "the CUDA backend is not available in this build (configure with "
+                         "-DCB_CUDA=ON); use CB_BACKEND_CPU or CB_BACKEND_AUTO"};
+        if (cb::cuda_device_count_or_zero() == 0)
+          throw ApiError{CB_ERR_UNSUPPORTED,
+                         "CB_BACKEND_CUDA: no CUDA device is usable by this process (no GPU or "
+                         "no driver); use CB_BACKEND_CPU or CB_BACKEND_AUTO"};
+        kind = cb::BackendKind::kCuda;
+        break;
       default:
         invalid("unknown backend value");
     }
@@ -456,8 +469,9 @@ cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model
     state->name = state->model->name().empty() ? basename_of(path) : state->model->name();
     state->architecture =
         state->model->gguf().get_string("general.architecture").value_or(std::string("llama"));
-    state->backend = "cpu";
-    state->kernels = cb::cpu_kernel_level_name();
+    state->backend_kind = kind;
+    state->backend = kind == cb::BackendKind::kCuda ? "cuda" : "cpu";
+    state->kernels = kind == cb::BackendKind::kCuda ? "cuda" : cb::cpu_kernel_level_name();
     auto handle = std::make_unique<cb_model>();
     handle->state = std::move(state);
     live_handles().add(HandleKind::kModel, handle.get());
@@ -629,6 +643,7 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
     so.n_ctx = o.n_ctx;
     so.n_threads = o.n_threads > 0 ? o.n_threads : model->state->n_threads;
     if (o.n_batch > 0) so.n_batch = o.n_batch;
+    so.backend = model->state->backend_kind;  // device 0: the C API has no device index yet
     auto handle = std::make_unique<cb_session>();
     handle->state = model->state;
     handle->n_threads = so.n_threads;

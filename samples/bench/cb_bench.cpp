@@ -102,6 +102,8 @@ const char* const kUsage =
     "                   models/SmolLM2-135M-Instruct.Q4_1.gguf in the current directory)\n"
     "  --threads N      compute threads (default: the number of CPU cores available\n"
     "                   to this process)\n"
+    "  --backend B      cpu, cuda or auto (default: auto = cuda when the library\n"
+    "                   has CUDA and a GPU is present, else cpu)\n"
     "  --n-ctx N        session context size in tokens (default: what the command\n"
     "                   needs, at most the model's context; generate: min(model\n"
     "                   context, 4096))\n"
@@ -144,7 +146,7 @@ struct Args {
 };
 
 Args parse_args(int argc, char** argv) {
-  static const std::set<std::string> kCommon = {"--model", "--threads", "--n-ctx"};
+  static const std::set<std::string> kCommon = {"--model", "--threads", "--n-ctx", "--backend"};
   static const std::map<std::string, std::set<std::string>> kValueFlags = {
       {"generate",
        {"--prompt", "--system", "--max-tokens", "--temperature", "--top-k", "--top-p", "--seed"}},
@@ -284,6 +286,7 @@ struct Common {
   std::string model_path;
   int threads = 0;
   int n_ctx = 0;
+  cb_backend backend = CB_BACKEND_AUTO;
   bool json = false;
 };
 
@@ -292,6 +295,14 @@ Common common_options(const Args& a) {
   c.threads = static_cast<int>(parse_int(a, "--threads", available_cores(), 1, 4096));
   c.n_ctx = static_cast<int>(parse_int(a, "--n-ctx", 0, 1, 1 << 30));
   c.json = a.switches.count("--json") > 0;
+  if (auto it = a.values.find("--backend"); it != a.values.end()) {
+    if (it->second == "cpu")
+      c.backend = CB_BACKEND_CPU;
+    else if (it->second == "cuda")
+      c.backend = CB_BACKEND_CUDA;
+    else if (it->second != "auto")
+      usage_error("option --backend: expected cpu, cuda or auto, got '" + it->second + "'");
+  }
   if (auto it = a.values.find("--model"); it != a.values.end()) {
     c.model_path = it->second;
     if (c.model_path.empty()) usage_error("option --model: empty path");
@@ -314,6 +325,7 @@ void load_model(const Common& c, Model& model) {
   cb_model_options mo;
   cb_model_options_init(&mo);
   mo.n_threads = c.threads;
+  mo.backend = c.backend;
   model.path = c.model_path;
   check(cb_model_load(c.model_path.c_str(), &mo, &model.m),
         "cannot load model '" + c.model_path + "'");

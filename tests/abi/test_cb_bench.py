@@ -234,6 +234,14 @@ def test_rag(bench, common):
     expect_error(bench, t + ["--modes", "full,bogus"] + common, "ttft --modes with a bad mode",
                  code=2, must_contain="bogus")
     expect_error(bench, t + ["--chunk-head", "bos"] + common, "ttft --chunk-head bos", code=2)
+    expect_error(bench, ["prefill", "--tokens", "8", "--backend", "gpu"] + common,
+                 "--backend gpu", code=2, must_contain="--backend")
+    # CUDA: runs where it is built and a device exists; else one clear error.
+    rc, out, err = run(bench, ["prefill", "--tokens", "8", "--repeat", "1", "--backend", "cuda"]
+                       + common)
+    if rc != 0:
+        expect_error(bench, ["prefill", "--tokens", "8", "--repeat", "1", "--backend", "cuda"]
+                     + common, "--backend cuda without CUDA", must_contain="cuda")
     expect_error(bench, t + ["--chunks", "0"] + common, "ttft --chunks 0", code=2)
     expect_error(bench, t + ["--codec", "q4", "--storage-mbps", "0"] + common,
                  "ttft --storage-mbps 0", code=2)

@@ -139,9 +139,13 @@ CB_API const char* cb_last_error(void);
 typedef struct cb_model cb_model;
 
 typedef enum cb_backend {
-  CB_BACKEND_AUTO = 0, /* the best available: currently always the CPU */
+  /* CUDA (device 0) when the library was built with it (CB_CUDA=ON) and a
+   * CUDA device is present, else the CPU. */
+  CB_BACKEND_AUTO = 0,
   CB_BACKEND_CPU = 1,
-  CB_BACKEND_CUDA = 2 /* not available yet: cb_model_load gives CB_ERR_UNSUPPORTED */
+  /* CUDA device 0.  cb_model_load gives CB_ERR_UNSUPPORTED when the library
+   * was built without CUDA or no CUDA device is usable. */
+  CB_BACKEND_CUDA = 2
 } cb_backend;
 
 typedef struct cb_model_options {
@@ -188,8 +192,8 @@ typedef struct cb_model_info {
    * cb_model_free(model). */
   const char* name;         /* general.name, or the file name */
   const char* architecture; /* "llama" */
-  const char* backend;      /* "cpu" */
-  const char* kernels;      /* CPU kernel level in use: "avx2", "scalar", ... */
+  const char* backend;      /* "cpu" or "cuda" */
+  const char* kernels;      /* CPU kernel level in use: "avx2", "scalar", ...; "cuda" */
 } cb_model_info;
 
 /* Sets info->struct_size and zeroes the rest.  NULL is ignored. */
