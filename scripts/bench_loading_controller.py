@@ -83,11 +83,20 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out-dir", default="docs/bench")
+    ap.add_argument("--from-jsonl", nargs="+", metavar="FILE",
+                    help="no runs: redraw the table and plot from earlier outputs (merged)")
     args = ap.parse_args()
 
     os.makedirs(args.out_dir, exist_ok=True)
     rows, lines = [], []
-    for cap in [float(c) for c in args.caps.split(",")]:
+    if args.from_jsonl:
+        for path in args.from_jsonl:
+            with open(path) as f:
+                lines += [json.loads(line) for line in f if line.strip()]
+        for cap in sorted({r["storage_mbps"] for r in lines}, reverse=True):
+            by = {r["ratio_mode"]: r for r in lines if r["storage_mbps"] == cap}
+            rows.append({"cap": cap, "auto": by["auto"], "fixed": by["fixed"]})
+    for cap in [] if args.from_jsonl else [float(c) for c in args.caps.split(",")]:
         cap_s = f"{cap:g}"
         with tempfile.TemporaryDirectory(prefix="cb-ctrl-") as store:
             print(f"cap {cap_s} MB/s: auto and r = {args.fixed}", file=sys.stderr)
