@@ -171,7 +171,6 @@ float row_q4_k(const BlockQ4_K* w, const BlockQ8A* x, int64_t n_super) {
 }
 
 float row_q6_k(const BlockQ6_K* w, const BlockQ8A* x, int64_t n_super) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i off = _mm256_set1_epi8(32);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < n_super; ++sb) {
@@ -180,20 +179,8 @@ float row_q6_k(const BlockQ6_K* w, const BlockQ8A* x, int64_t n_super) {
       const __m256i l0 = load32(w[sb].ql + 64 * h);
       const __m256i l1 = load32(w[sb].ql + 64 * h + 32);
       const __m256i qh = load32(w[sb].qh + 32 * h);
-      // The four runs of 32 elements of this half (layout: see BlockQ6_K);
-      // the high bits move to bits 4-5 by shifts that cannot carry into a
-      // neighbouring byte because they are masked first.
-      const __m256i runs[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, m4),
-                          _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4)),
-          _mm256_or_si256(_mm256_and_si256(l1, m4),
-                          _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                          _mm256_and_si256(qh, _mm256_set1_epi8(0x30))),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                          _mm256_srli_epi16(
-                              _mm256_and_si256(qh, _mm256_set1_epi8(static_cast<char>(0xC0))), 2)),
-      };
+      __m256i runs[4];
+      unpack_q6_k_runs(l0, l1, qh, runs);
       const int8_t* sc = w[sb].scales + 8 * h;
       for (int r = 0; r < 4; ++r) {
         const BlockQ8A& xb = x[8 * sb + 4 * h + r];

@@ -176,7 +176,6 @@ struct DecodeQ6_K {
   template <class Sink>
   static void decode(const void* row, int64_t k0, int64_t k1, Sink& s) {
     const BlockQ6_K* b = static_cast<const BlockQ6_K*>(row) + k0 / kQKK;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t k = k0; k < k1; k += kQKK, ++b) {
       const float d = half(b->d);
       for (int half_i = 0; half_i < 2; ++half_i) {
@@ -185,21 +184,8 @@ struct DecodeQ6_K {
         const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
         const __m256i qh =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh + 32 * half_i));
-        // The four runs of 32 elements (see BlockQ6_K); the 2 high bits are
-        // moved to bits 4-5 with shifts that never carry across bytes
-        // because the masked bits cannot reach a neighbour.
-        const __m256i runs[4] = {
-            _mm256_or_si256(_mm256_and_si256(l0, m4),
-                            _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4)),
-            _mm256_or_si256(_mm256_and_si256(l1, m4),
-                            _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                            _mm256_and_si256(qh, _mm256_set1_epi8(0x30))),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(static_cast<char>(0xC0))),
-                                  2)),
-        };
+        __m256i runs[4];
+        unpack_q6_k_runs(l0, l1, qh, runs);
         const int8_t* sc = b->scales + 8 * half_i;
         for (int r = 0; r < 4; ++r) {
           const __m256i q = _mm256_sub_epi8(runs[r], _mm256_set1_epi8(32));  // now signed

@@ -75,4 +75,22 @@ static inline void transpose8(const float* src, int64_t lds, float* dst, int64_t
   _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
 
+// One half (128 elements) of a Q6_K super-block as four runs of 32 unsigned
+// 6-bit values (layout: see BlockQ6_K): the low nibbles come from ql (l0 =
+// bytes 0-31, l1 = bytes 32-63 of the half), the two high bits from qh,
+// moved to bits 4-5 by shifts that cannot carry into a neighbouring byte
+// because they are masked first.
+static inline void unpack_q6_k_runs(__m256i l0, __m256i l1, __m256i qh, __m256i runs[4]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  runs[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                            _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4));
+  runs[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                            _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2));
+  runs[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                            _mm256_and_si256(qh, _mm256_set1_epi8(0x30)));
+  runs[3] = _mm256_or_si256(
+      _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+      _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(static_cast<char>(0xC0))), 2));
+}
+
 }  // namespace cb::avx2
