@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -209,6 +211,7 @@ struct cb_chunk_cache {
   std::mutex auto_mu;
   std::unique_ptr<cb::CalibrationDb> calibration_db;
   std::map<std::string, std::unique_ptr<cb::LoadingController>> controllers;
+  double assumed_read_bytes_per_sec = 0.0;  // cb_store_options: 0 = measure
 };
 
 struct cb_session {
@@ -899,8 +902,10 @@ cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
     cb_store_options o;
     cb_store_options_init(&o);
     if (opts != nullptr) {
+      // Callers built before assumed_read_bytes_per_sec existed pass a
+      // smaller struct: still valid, the new field keeps its default.
       const size_t size = output_size(
-          opts, sizeof(cb_store_options),
+          opts, offsetof(cb_store_options, assumed_read_bytes_per_sec),
           "cb_store_options.struct_size is not a known size (use cb_store_options_init)");
       std::memcpy(static_cast<void*>(&o), opts, size);
     }
@@ -909,12 +914,15 @@ cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
             "unknown codec (use CB_CODEC_F16, CB_CODEC_Q8 or CB_CODEC_Q4)");
     require(o.capacity_bytes > 0, "capacity_bytes must be positive");
     require(o.busy_timeout_ms >= 0, "busy_timeout_ms must not be negative");
+    require(std::isfinite(o.assumed_read_bytes_per_sec) && o.assumed_read_bytes_per_sec >= 0.0,
+            "assumed_read_bytes_per_sec must be a finite number >= 0");
     cb::cache::StoreOptions so;
     so.capacity_bytes = o.capacity_bytes;
     so.codec = static_cast<cb::cache::Codec>(codec);
     so.read_bytes_per_sec = o.read_bytes_per_sec;
     so.busy_timeout_ms = o.busy_timeout_ms;
     auto cache = std::make_unique<cb_chunk_cache>();
+    cache->assumed_read_bytes_per_sec = o.assumed_read_bytes_per_sec;
     cache->flash = std::make_unique<cb::FlashChunkStore>(
         std::shared_ptr<cb::cache::ChunkStore>(cb::cache::ChunkStore::open(dir, so)));
     live_handles().add(HandleKind::kCache, cache.get());
@@ -1222,8 +1230,17 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
           probe.rows = {std::max<int64_t>(1, std::min<int64_t>(16, room / 8)),
                         std::max<int64_t>(2, std::min<int64_t>(96, room / 4))};
           probe.contexts = {0, std::max<int64_t>(1, std::min<int64_t>(512, room - probe.rows[1]))};
-          ctrl = std::make_unique<cb::LoadingController>(
-              cb::load_or_probe_compute(*cache->calibration_db, device, s, probe));
+          cb::Calibration cal = cb::load_or_probe_compute(*cache->calibration_db, device, s, probe);
+          // The caller's read speed is pinned (refreshes leave it); without
+          // one, a speed pinned by an earlier caller is measured again.
+          if (cache->assumed_read_bytes_per_sec > 0.0) {
+            cal.set_tier({{"flash", cache->assumed_read_bytes_per_sec, 0}, 0, true});
+          } else if (const cb::CalibratedTier* t = cal.find_tier("flash"); t && t->pinned) {
+            cb::CalibratedTier measured = *t;
+            measured.pinned = false;
+            cal.set_tier(measured);
+          }
+          ctrl = std::make_unique<cb::LoadingController>(std::move(cal));
         }
         ro.controller = ctrl.get();
         ro.storage_tier = "flash";

@@ -10,6 +10,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cacheblend/cacheblend.h>
 #include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -616,6 +617,32 @@ static void test_rag_store(cb_model* m) {
   cb_chunk_cache_stats_init(&cs);
   CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
   CHECK(cs.n_entries == 2 && cs.hits >= 2 && cs.bytes_read > 0 && cs.corrupt_drops == 0);
+
+  /* The caller's read speed overrides the measured one: at an assumed
+   * 1 byte/s, reading could never hide behind recompute, so the controller
+   * recomputes everything and reads nothing.  A struct from before the
+   * field existed is still accepted. */
+  cb_chunk_cache_free(cache);
+  cache = NULL;
+  cb_store_options_init(&so);
+  so.struct_size = offsetof(cb_store_options, assumed_read_bytes_per_sec);
+  CHECK_OK(cb_chunk_cache_open(dir, &so, &cache));
+  cb_chunk_cache_free(cache);
+  cache = NULL;
+  cb_store_options_init(&so);
+  so.assumed_read_bytes_per_sec = -1.0;
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  so.assumed_read_bytes_per_sec = 1.0;
+  CHECK_OK(cb_chunk_cache_open(dir, &so, &cache));
+  ro.auto_ratio = 1;
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c1, NULL, 0));
+  CHECK(st.ratio == 1.0f && st.bytes_read == 0 && st.cache_hits == 2);
+  CHECK(strstr(c1.text, "4721") != NULL);
+  ro.auto_ratio = 0;
+  cb_chunk_cache_stats_init(&cs);
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 2 && cs.hits >= 2 && cs.bytes_read == 0);  /* found, not read */
   CHECK_OK(cb_chunk_cache_clear(cache));
   cb_chunk_cache_stats_init(&cs);
   CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));

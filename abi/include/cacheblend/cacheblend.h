@@ -444,6 +444,11 @@ typedef struct cb_store_options {
   cb_codec codec;              /* default CB_CODEC_Q8 */
   uint64_t read_bytes_per_sec; /* 0 (default): no cap; else emulates slow flash */
   int32_t busy_timeout_ms;     /* default 5000: waiting on another process's lock */
+  /* For auto_ratio: the read speed (bytes per second) the loading controller
+   * assumes for this store instead of measuring it; requests do not refresh
+   * it, and it is kept in DIR/calibration.sqlite as an override until a
+   * cache is opened with 0 here.  0 (default): measured on this device. */
+  double assumed_read_bytes_per_sec;
 } cb_store_options;
 
 /* Sets opts->struct_size and the defaults.  NULL is ignored. */
@@ -543,7 +548,8 @@ typedef struct cb_rag_options {
    * picks the ratio so that recompute time just fits inside the time to
    * load the chunks, never below `ratio` (the quality floor; default
    * 0.15).  Its cost models are measured on this device: a short compute
-   * probe at first use; the store's read speed and decode cost from the
+   * probe at first use; the store's read speed (unless the caller set
+   * cb_store_options.assumed_read_bytes_per_sec) and decode cost from the
    * first request that reads it (which runs at the floor); all saved in
    * DIR/calibration.sqlite and refreshed from every request's timings.
    * When reading the chunks would take longer than recomputing every
