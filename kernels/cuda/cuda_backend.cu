@@ -32,8 +32,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -646,6 +648,7 @@ class CudaBackend final : public Backend {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     for (void* p : weights_) cudaFree(p);
+    drop_mirrors();
     cudaFree(gemm_scratch_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
@@ -665,6 +668,7 @@ class CudaBackend final : public Backend {
       fail(ErrorCode::kOutOfMemory, "cuda backend: cannot allocate " + std::to_string(bytes) +
                                         " bytes of managed memory: " + cudaGetErrorString(e));
     }
+    owned_[reinterpret_cast<uintptr_t>(p)] = bytes == 0 ? 1 : bytes;
     return p;
   }
 
@@ -672,6 +676,7 @@ class CudaBackend final : public Backend {
     if (p == nullptr) return;
     std::lock_guard<std::mutex> lock(mu_);
     use_device();
+    owned_.erase(reinterpret_cast<uintptr_t>(p));
     cuda_check(cudaFree(p), "cudaFree");
   }
 
@@ -695,6 +700,7 @@ class CudaBackend final : public Backend {
       cuda_check(e, "cudaMemcpy (weight upload)");
     }
     weights_.push_back(p);
+    owned_[reinterpret_cast<uintptr_t>(p)] = bytes;
     dev.data = p;
     return dev;
   }
@@ -834,7 +840,7 @@ class CudaBackend final : public Backend {
     const int32_t* didx = c.in(idx, n);
     const float* dsrc = c.in(src, n * row_len);
     // dst must be device-accessible: its extent is not part of the call.
-    check(device_accessible(dst), "scatter_rows: dst must be backend memory");
+    check(accessible(dst), "scatter_rows: dst must be backend memory");
     scatter_rows_kernel<<<grid_for(n * row_len), kEltThreads, 0, stream_>>>(dsrc, row_len, didx, n,
                                                                             dst);
     launch_check("scatter_rows_kernel");
@@ -859,7 +865,7 @@ class CudaBackend final : public Backend {
  private:
   // True when kernels can dereference p: device, managed or registered
   // (pinned) host memory.  Ordinary pageable host memory is "unregistered".
-  static bool device_accessible(const void* p) {
+  static bool device_accessible_slow(const void* p) {
     cudaPointerAttributes attr{};
     if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
       cudaGetLastError();
@@ -867,6 +873,40 @@ class CudaBackend final : public Backend {
     }
     return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged ||
            (attr.type == cudaMemoryTypeHost && attr.devicePointer == p);
+  }
+
+  // True when p lies in a block this backend allocated (alloc_buffer:
+  // managed; prepare_weight: device): no driver call.  Caller holds mu_.
+  bool owned(const void* p) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = owned_.upper_bound(a);
+    if (it == owned_.begin()) return false;
+    --it;
+    return a - it->first < it->second;
+  }
+
+  bool accessible(const void* p) const { return owned(p) || device_accessible_slow(p); }
+
+  // Device mirrors of small read-only host inputs (the RMSNorm weight
+  // vectors from the mmapped model, positions and token ids in
+  // std::vector), keyed by host address and checked against a host copy of
+  // the bytes on every use: a hit costs a memcmp, a changed content is
+  // uploaded again into the same mirror.  So the result is exactly that of
+  // staging every time.  Entries are only dropped at the start of a call
+  // (every earlier call has synchronised, so no queued work reads them).
+  struct Mirror {
+    std::vector<unsigned char> host;  // the bytes the device copy holds
+    void* dev = nullptr;
+    size_t cap = 0;
+  };
+  static constexpr size_t kMirrorMaxBytes = size_t{64} << 10;   // per input
+  static constexpr size_t kMirrorMaxTotal = size_t{64} << 20;   // all mirrors
+  static constexpr size_t kMirrorMaxEntries = 4096;
+
+  void drop_mirrors() {
+    for (auto& [p, m] : mirrors_) cudaFree(m.dev);
+    mirrors_.clear();
+    mirror_bytes_ = 0;
   }
 
   // One backend call: holds the lock, makes host-memory arguments usable on
@@ -877,7 +917,12 @@ class CudaBackend final : public Backend {
   // std::vector); buffers from alloc_buffer() are used in place.
   class Call {
    public:
-    explicit Call(CudaBackend& be) : be_(be), lock_(be.mu_) { be_.use_device(); }
+    explicit Call(CudaBackend& be) : be_(be), lock_(be.mu_) {
+      be_.use_device();
+      if (be_.mirror_bytes_ > kMirrorMaxTotal || be_.mirrors_.size() > kMirrorMaxEntries) {
+        be_.drop_mirrors();
+      }
+    }
     Call(const Call&) = delete;
     Call& operator=(const Call&) = delete;
 
@@ -885,12 +930,14 @@ class CudaBackend final : public Backend {
       // On an exception, wait for queued work before freeing its buffers.
       if (!finished_) cudaStreamSynchronize(be_.stream_);
       for (void* p : temps_) be_.release(p);
+      for (void* p : retired_) cudaFree(p);
     }
 
     template <class T>
     const T* in(const T* p, int64_t n) {
-      if (p == nullptr || n == 0 || device_accessible(p)) return p;
+      if (p == nullptr || n == 0 || be_.accessible(p)) return p;
       const size_t bytes = static_cast<size_t>(n) * sizeof(T);
+      if (bytes <= kMirrorMaxBytes) return static_cast<const T*>(mirror(p, bytes));
       void* d = temp(bytes);
       cuda_check(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, be_.stream_),
                  "cudaMemcpyAsync (stage in)");
@@ -900,7 +947,7 @@ class CudaBackend final : public Backend {
     // An output of n elements; with copy_in it is also an input (in place).
     template <class T>
     T* out(T* p, int64_t n, bool copy_in) {
-      if (p == nullptr || n == 0 || device_accessible(p)) return p;
+      if (p == nullptr || n == 0 || be_.accessible(p)) return p;
       const size_t bytes = static_cast<size_t>(n) * sizeof(T);
       void* d = temp(bytes);
       if (copy_in) {
@@ -915,7 +962,7 @@ class CudaBackend final : public Backend {
     // index, read from idx wherever it lives (cudaMemcpyDefault).
     const float* in_unknown_extent(const float* src, int64_t row_len, const int32_t* idx,
                                    int64_t n) {
-      if (device_accessible(src)) return src;
+      if (be_.accessible(src)) return src;
       std::vector<int32_t> ids(static_cast<size_t>(n));
       cuda_check(cudaMemcpyAsync(ids.data(), idx, static_cast<size_t>(n) * sizeof(int32_t),
                                  cudaMemcpyDefault, be_.stream_),
@@ -942,6 +989,32 @@ class CudaBackend final : public Backend {
       size_t bytes;
     };
 
+    // The device mirror of host input [p, p + bytes), uploaded when its
+    // content differs from what the mirror holds.
+    const void* mirror(const void* p, size_t bytes) {
+      auto it = be_.mirrors_.find(p);
+      if (it == be_.mirrors_.end()) it = be_.mirrors_.emplace(p, Mirror{}).first;
+      Mirror& m = it->second;
+      if (m.host.size() == bytes && std::memcmp(m.host.data(), p, bytes) == 0) return m.dev;
+      m.host.clear();  // stays empty (a miss) if the upload below fails
+      if (m.cap < bytes) {
+        // An earlier argument of this call may use the old copy: free it
+        // after the call's synchronisation.
+        if (m.dev != nullptr) retired_.push_back(m.dev);
+        be_.mirror_bytes_ -= m.cap;
+        m.dev = nullptr;
+        m.cap = 0;
+        cuda_check(cudaMalloc(&m.dev, bytes), "cudaMalloc (mirror)");
+        m.cap = bytes;
+        be_.mirror_bytes_ += bytes;
+      }
+      cuda_check(cudaMemcpyAsync(m.dev, p, bytes, cudaMemcpyHostToDevice, be_.stream_),
+                 "cudaMemcpyAsync (mirror)");
+      m.host.assign(static_cast<const unsigned char*>(p),
+                    static_cast<const unsigned char*>(p) + bytes);
+      return m.dev;
+    }
+
     void* temp(size_t bytes) {
       void* d = be_.acquire(bytes);
       temps_.push_back(d);
@@ -951,6 +1024,7 @@ class CudaBackend final : public Backend {
     CudaBackend& be_;
     std::lock_guard<std::mutex> lock_;
     std::vector<void*> temps_;
+    std::vector<void*> retired_;
     std::vector<Back> backs_;
     bool finished_ = false;
   };
@@ -1029,6 +1103,9 @@ class CudaBackend final : public Backend {
   cublasHandle_t blas_ = nullptr;
   std::mutex mu_;
   std::vector<void*> weights_;
+  std::map<uintptr_t, size_t> owned_;  // start -> bytes of alloc_buffer / prepare_weight blocks
+  std::unordered_map<const void*, Mirror> mirrors_;
+  size_t mirror_bytes_ = 0;
   void* gemm_scratch_ = nullptr;
   size_t gemm_scratch_bytes_ = 0;
 };

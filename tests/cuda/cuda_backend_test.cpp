@@ -411,6 +411,30 @@ TEST_F(Cuda, AcceptsHostMemoryArguments) {
   for (size_t i = 0; i < r.size(); ++i) EXPECT_NEAR(r[i], r_ref[i], 2e-6) << i;
 }
 
+// Small host inputs are mirrored on the device per host address: a mirror
+// must never serve stale bytes when the host memory behind the same pointer
+// changes between calls (positions and norm weights are reused pointers).
+TEST_F(Cuda, HostInputsChangedBetweenCallsAreSeen) {
+  std::mt19937 rng(11);
+  const int64_t dim = 64, n_rows = 2;
+  const std::vector<float> x = test::random_floats(rng, n_rows * dim);
+  std::vector<float> wt = test::random_floats(rng, dim);
+  std::vector<int32_t> pos = {3, 7};
+  for (int round = 0; round < 3; ++round) {
+    std::vector<float> expect(x.size()), got(x.size());
+    ref::rmsnorm(x.data(), wt.data(), n_rows, dim, 1e-6f, expect.data());
+    be_->rmsnorm(x.data(), wt.data(), n_rows, dim, 1e-6f, got.data());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expect[i], 1e-6) << round;
+    std::vector<float> r = x, r_ref = x;
+    ref::rope(r_ref.data(), pos.data(), n_rows, 1, dim, dim, 10000.0f);
+    be_->rope(r.data(), pos.data(), n_rows, 1, dim, dim, 10000.0f);
+    for (size_t i = 0; i < r.size(); ++i) EXPECT_NEAR(r[i], r_ref[i], 2e-6) << round;
+    for (float& v : wt) v *= -1.5f;  // same addresses, new contents
+    pos[0] += 100;
+    pos[1] += 1;
+  }
+}
+
 TEST_F(Cuda, RejectsBadArguments) {
   const WeightView w{nullptr, DType::Q4_0, 33, 1};
   EXPECT_THROW(be_->matmul(w, nullptr, 1, nullptr), Error);
