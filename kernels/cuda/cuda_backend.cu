@@ -899,8 +899,8 @@ class CudaBackend final : public Backend {
     void* dev = nullptr;
     size_t cap = 0;
   };
-  static constexpr size_t kMirrorMaxBytes = size_t{64} << 10;   // per input
-  static constexpr size_t kMirrorMaxTotal = size_t{64} << 20;   // all mirrors
+  static constexpr size_t kMirrorMaxBytes = size_t{64} << 10;  // per input
+  static constexpr size_t kMirrorMaxTotal = size_t{64} << 20;  // all mirrors
   static constexpr size_t kMirrorMaxEntries = 4096;
 
   void drop_mirrors() {

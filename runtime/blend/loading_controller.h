@@ -40,7 +40,7 @@
 namespace cb {
 
 struct LoadingControllerOptions {
-  double r_min = 0.15;         // the smallest ratio with negligible quality loss
+  double r_min = 0.15;  // the smallest ratio with negligible quality loss
   // Weight of a new observation in the moving averages.  High, because a
   // device's compute speed moves quickly (other apps, thermal throttling)
   // and a stale model overshoots r.

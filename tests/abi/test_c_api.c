@@ -10,8 +10,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cacheblend/cacheblend.h>
 #include <math.h>
-#include <stddef.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -642,7 +642,7 @@ static void test_rag_store(cb_model* m) {
   ro.auto_ratio = 0;
   cb_chunk_cache_stats_init(&cs);
   CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
-  CHECK(cs.n_entries == 2 && cs.hits >= 2 && cs.bytes_read == 0);  /* found, not read */
+  CHECK(cs.n_entries == 2 && cs.hits >= 2 && cs.bytes_read == 0); /* found, not read */
   CHECK_OK(cb_chunk_cache_clear(cache));
   cb_chunk_cache_stats_init(&cs);
   CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
