@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "json_writer.h"
+#include "ratio_arg.h"
 
 namespace {
 
@@ -684,20 +685,10 @@ std::vector<float> parse_ratios(const Args& a, bool allow_list) {
   for (;;) {
     const size_t comma = list.find(',', start);
     const std::string item = list.substr(start, comma == std::string::npos ? comma : comma - start);
-    if (item == "auto") {  // the loading controller chooses (kAutoRatio)
-      out.push_back(kAutoRatio);
-      if (comma == std::string::npos) break;
-      if (!allow_list) usage_error("option --ratio takes one value here");
-      start = comma + 1;
-      continue;
-    }
-    errno = 0;
-    char* end = nullptr;
-    const double v = std::strtod(item.c_str(), &end);
-    if (item.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
-      usage_error("option --ratio: '" + item + "' is not a number");
-    if (v < 0.0 || v > 1.0) usage_error("option --ratio: " + item + " is outside [0, 1]");
-    out.push_back(static_cast<float>(v));
+    cbs::RatioArg r;
+    std::string error;
+    if (!cbs::parse_ratio_arg(item, r, error)) usage_error("option --ratio: " + error);
+    out.push_back(r.is_auto ? kAutoRatio : r.value);  // auto: the loading controller chooses
     if (comma == std::string::npos) break;
     if (!allow_list) usage_error("option --ratio takes one number here");
     start = comma + 1;

@@ -18,6 +18,7 @@
 #include "answer.h"
 #include "app.h"
 #include "ingest.h"
+#include "ratio_arg.h"
 
 namespace {
 
@@ -83,17 +84,11 @@ cb_mode parse_mode(const std::string& s) {
 }
 
 void parse_ratio(const std::string& s, rag::AskOptions& o) {
-  if (s == "auto") {
-    o.auto_ratio = true;
-    return;
-  }
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
-    usage("option --ratio: '" + s + "' is not a number or auto");
-  if (v < 0.0 || v > 1.0) usage("option --ratio: " + s + " is outside [0, 1]");
-  o.ratio = static_cast<float>(v);
+  cbs::RatioArg r;
+  std::string error;
+  if (!cbs::parse_ratio_arg(s, r, error)) usage("option --ratio: " + error);
+  o.auto_ratio = r.is_auto;
+  if (!r.is_auto) o.ratio = r.value;
 }
 
 int run(int argc, char** argv) {
