@@ -99,7 +99,53 @@ class Backend {
   // dst[idx[r]] = src[r]
   virtual void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
                             float* dst) = 0;
+  // CacheBlend's HKVD selection: the indices of the k largest of values[0, n),
+  // written to out[0, k) in increasing index order; equal values go to the
+  // lower index, so the choice is deterministic.  0 <= k <= n.  `out` may be
+  // ordinary host memory (k indices are what the host needs next).
+  virtual void top_k(const float* values, int64_t n, int64_t k, int32_t* out);
+
+  // --- Deferred completion ---
+  // Outside a batch every op has finished, and its results are visible to
+  // the host, when it returns.  Between begin_batch() and the matching
+  // end_batch() (they nest; both from the same thread) a backend may return
+  // before an op is done: a GPU backend enqueues the work and end_batch()
+  // of the outermost level waits once for all of it.  So inside a batch the
+  // caller must not touch on the host a buffer from alloc_buffer() that an op
+  // of the batch writes or reads, until end_batch() returns.  Ordinary host
+  // memory passed as an op's input may be reused as soon as the op returns,
+  // and an op whose output is ordinary host memory still completes before it
+  // returns.  Ops from other threads are not part of the batch.  The CPU
+  // backend finishes every op at once, so these do nothing there.
+  virtual void begin_batch() {}
+  virtual void end_batch() {}
+
+  // --- Uploads by a loader thread (the layerwise KV pipeline) ---
+  // True when data loaded on the host should reach this backend's buffers
+  // through host staging memory and upload() (a discrete GPU: page-locked
+  // memory and a DMA copy), false when the host may write straight into
+  // alloc_buffer() memory (the CPU; an integrated GPU such as Jetson, whose
+  // buffers the host maps: zero-copy).
+  virtual bool wants_staged_uploads() const { return false; }
+  // Host memory that upload() copies from at full speed.  Throws
+  // cb::Error(kOutOfMemory) when none is left.
+  virtual void* alloc_host_staging(size_t bytes);
+  virtual void free_host_staging(void* p);
+  // Copies `bytes` from host memory `src` (ideally from alloc_host_staging)
+  // to backend memory `dst`.  A GPU backend enqueues the copy on the calling
+  // thread's own queue, separate from other threads' compute, and returns at
+  // once; the copy is complete, and `src` may be rewritten, when a later op
+  // from the same thread outside a batch returns, or after wait_uploads().
+  virtual void upload(void* dst, const void* src, size_t bytes);
+  // Waits for every upload() the calling thread has issued.  Returns the
+  // time the copies themselves took since the previous call, in ms, as the
+  // backend measured it (GPU events), or 0 when it cannot tell (the CPU,
+  // where upload() is a memcpy and its time is the caller's to measure).
+  virtual double wait_uploads() { return 0.0; }
 };
+
+// Backend::top_k on the host, for host memory (the default implementation).
+void top_k_indices(const float* values, int64_t n, int64_t k, int32_t* out);
 
 enum class CpuKernelLevel {
   kAuto,    // best the CPU supports (chosen once, at first use)

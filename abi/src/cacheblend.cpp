@@ -192,6 +192,7 @@ struct ModelState {
   std::unique_ptr<cb::Model> model;
   int32_t n_threads = 0;
   cb::BackendKind backend_kind = cb::BackendKind::kCpu;  // for every session of the model
+  int device = 0;                                        // the CUDA device, on kCuda
   std::string name, architecture, backend, kernels;
 };
 
@@ -439,28 +440,37 @@ cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model
     require(out_model != nullptr, "out_model is NULL");
     require(path != nullptr, "path is NULL");
     require(path[0] != '\0', "path is empty");
+    // Callers built before `device` existed pass a smaller struct: still
+    // valid, device 0.
     const cb_model_options o = read_options(
-        opts, cb_model_options_init, sizeof(cb_model_options),
+        opts, cb_model_options_init, offsetof(cb_model_options, device),
         "cb_model_options.struct_size is not a known size (use cb_model_options_init)");
     require(o.n_threads >= 0, "n_threads must be >= 0");
+    require(o.device >= 0, "device must be >= 0");
+    const int n_devices = cb::cuda_device_count_or_zero();
     cb::BackendKind kind = cb::BackendKind::kCpu;
     switch (enum_value(o.backend)) {
       case CB_BACKEND_AUTO:
         // The GPU when there is one: a build with CUDA in it was asked for by
         // whoever configured it, and a CUDA device outruns the CPU cores.
-        if (cb::cuda_device_count_or_zero() > 0) kind = cb::BackendKind::kCuda;
+        if (o.device < n_devices) kind = cb::BackendKind::kCuda;
         break;
       case CB_BACKEND_CPU:
         break;
       case CB_BACKEND_CUDA:
         if (!cb::cuda_backend_compiled())
           throw ApiError{CB_ERR_UNSUPPORTED,
-                         "the CUDA backend is not available in this build (configure with "
-                         "-DCB_CUDA=ON); use CB_BACKEND_CPU or CB_BACKEND_AUTO"};
-        if (cb::cuda_device_count_or_zero() == 0)
+                         "the CUDA backend is not available in this build (it was built without "
+                         "nvcc or with -DCB_CUDA=OFF); use CB_BACKEND_CPU or CB_BACKEND_AUTO"};
+        if (n_devices == 0)
           throw ApiError{CB_ERR_UNSUPPORTED,
                          "CB_BACKEND_CUDA: no CUDA device is usable by this process (no GPU or "
                          "no driver); use CB_BACKEND_CPU or CB_BACKEND_AUTO"};
+        if (o.device >= n_devices)
+          throw cb::Error(cb::ErrorCode::kUnsupported,
+                          "CB_BACKEND_CUDA: device " + std::to_string(o.device) +
+                              " does not exist (" + std::to_string(n_devices) + " CUDA device" +
+                              (n_devices == 1 ? "" : "s") + " usable)");
         kind = cb::BackendKind::kCuda;
         break;
       default:
@@ -473,6 +483,7 @@ cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model
     state->architecture =
         state->model->gguf().get_string("general.architecture").value_or(std::string("llama"));
     state->backend_kind = kind;
+    state->device = kind == cb::BackendKind::kCuda ? o.device : 0;
     state->backend = kind == cb::BackendKind::kCuda ? "cuda" : "cpu";
     state->kernels = kind == cb::BackendKind::kCuda ? "cuda" : cb::cpu_kernel_level_name();
     auto handle = std::make_unique<cb_model>();
@@ -646,7 +657,8 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
     so.n_ctx = o.n_ctx;
     so.n_threads = o.n_threads > 0 ? o.n_threads : model->state->n_threads;
     if (o.n_batch > 0) so.n_batch = o.n_batch;
-    so.backend = model->state->backend_kind;  // device 0: the C API has no device index yet
+    so.backend = model->state->backend_kind;
+    so.device = model->state->device;
     auto handle = std::make_unique<cb_session>();
     handle->state = model->state;
     handle->n_threads = so.n_threads;

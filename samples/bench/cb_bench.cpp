@@ -105,6 +105,7 @@ const char* const kUsage =
     "                   to this process)\n"
     "  --backend B      cpu, cuda or auto (default: auto = cuda when the library\n"
     "                   has CUDA and a GPU is present, else cpu)\n"
+    "  --device N       the CUDA device for --backend cuda|auto (default 0)\n"
     "  --n-ctx N        session context size in tokens (default: what the command\n"
     "                   needs, at most the model's context; generate: min(model\n"
     "                   context, 4096))\n"
@@ -147,7 +148,8 @@ struct Args {
 };
 
 Args parse_args(int argc, char** argv) {
-  static const std::set<std::string> kCommon = {"--model", "--threads", "--n-ctx", "--backend"};
+  static const std::set<std::string> kCommon = {"--model", "--threads", "--n-ctx", "--backend",
+                                                "--device"};
   static const std::map<std::string, std::set<std::string>> kValueFlags = {
       {"generate",
        {"--prompt", "--system", "--max-tokens", "--temperature", "--top-k", "--top-p", "--seed"}},
@@ -288,6 +290,7 @@ struct Common {
   int threads = 0;
   int n_ctx = 0;
   cb_backend backend = CB_BACKEND_AUTO;
+  int device = 0;
   bool json = false;
 };
 
@@ -295,6 +298,7 @@ Common common_options(const Args& a) {
   Common c;
   c.threads = static_cast<int>(parse_int(a, "--threads", available_cores(), 1, 4096));
   c.n_ctx = static_cast<int>(parse_int(a, "--n-ctx", 0, 1, 1 << 30));
+  c.device = static_cast<int>(parse_int(a, "--device", 0, 0, 4095));
   c.json = a.switches.count("--json") > 0;
   if (auto it = a.values.find("--backend"); it != a.values.end()) {
     if (it->second == "cpu")
@@ -327,6 +331,7 @@ void load_model(const Common& c, Model& model) {
   cb_model_options_init(&mo);
   mo.n_threads = c.threads;
   mo.backend = c.backend;
+  mo.device = c.device;
   model.path = c.model_path;
   check(cb_model_load(c.model_path.c_str(), &mo, &model.m),
         "cannot load model '" + c.model_path + "'");

@@ -129,6 +129,35 @@ static void test_load_errors(const char* path) {
     }
   }
   cb_model_options_init(&mo);
+  CHECK(mo.device == 0);
+  mo.device = -1;
+  CHECK_ERR(cb_model_load(path, &mo, &m), CB_ERR_INVALID_ARGUMENT);
+  CHECK(m == NULL);
+  /* A device no machine has: CUDA refuses by name, AUTO falls back to the CPU. */
+  cb_model_options_init(&mo);
+  mo.backend = CB_BACKEND_CUDA;
+  mo.device = 4096;
+  CHECK_ERR(cb_model_load(path, &mo, &m), CB_ERR_UNSUPPORTED);
+  CHECK(strstr(cb_last_error(), "CUDA") != NULL);
+  CHECK(m == NULL);
+  mo.backend = CB_BACKEND_AUTO;
+  CHECK_OK(cb_model_load(path, &mo, &m));
+  {
+    cb_model_info mi;
+    cb_model_info_init(&mi);
+    CHECK_OK(cb_model_get_info(m, &mi));
+    CHECK(strcmp(mi.backend, "cpu") == 0);
+  }
+  cb_model_free(m);
+  m = NULL;
+  /* A caller built before `device` existed: its smaller struct means device 0. */
+  cb_model_options_init(&mo);
+  mo.backend = CB_BACKEND_CPU;
+  mo.struct_size = offsetof(cb_model_options, device);
+  CHECK_OK(cb_model_load(path, &mo, &m));
+  cb_model_free(m);
+  m = NULL;
+  cb_model_options_init(&mo);
   mo.n_threads = -1;
   CHECK_ERR(cb_model_load(path, &mo, &m), CB_ERR_INVALID_ARGUMENT);
   CHECK(m == NULL);

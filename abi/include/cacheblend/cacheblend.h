@@ -139,12 +139,14 @@ CB_API const char* cb_last_error(void);
 typedef struct cb_model cb_model;
 
 typedef enum cb_backend {
-  /* CUDA (device 0) when the library was built with it (CB_CUDA=ON) and a
-   * CUDA device is present, else the CPU. */
+  /* CUDA (cb_model_options.device) when the library was built with it (the
+   * build found nvcc, or CB_CUDA=ON) and that CUDA device is present, else
+   * the CPU. */
   CB_BACKEND_AUTO = 0,
   CB_BACKEND_CPU = 1,
-  /* CUDA device 0.  cb_model_load gives CB_ERR_UNSUPPORTED when the library
-   * was built without CUDA or no CUDA device is usable. */
+  /* CUDA device cb_model_options.device.  cb_model_load gives
+   * CB_ERR_UNSUPPORTED when the library was built without CUDA or that
+   * device is not usable. */
   CB_BACKEND_CUDA = 2
 } cb_backend;
 
@@ -154,6 +156,11 @@ typedef struct cb_model_options {
    * not set their own; 0 (default) = all CPU cores. */
   int32_t n_threads;
   cb_backend backend; /* default CB_BACKEND_AUTO */
+  /* The CUDA device (0 .. count-1, CUDA's numbering, which
+   * CUDA_VISIBLE_DEVICES remaps) for CB_BACKEND_CUDA and AUTO; default 0.
+   * Ignored on the CPU.  Added in 0.1.x: a struct that ends before it
+   * (older callers) means device 0. */
+  int32_t device;
 } cb_model_options;
 
 /* Fills `opts` with defaults (struct_size included).  NULL is ignored. */

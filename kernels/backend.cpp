@@ -1,0 +1,48 @@
+// Default implementations of the Backend operations a backend may leave
+// alone: the ones whose host version is already what a CPU backend wants.
+#include "kernels/backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <numeric>
+#include <vector>
+
+#include "platform/error.h"
+
+namespace cb {
+
+void top_k_indices(const float* values, int64_t n, int64_t k, int32_t* out) {
+  if (n < 0 || k < 0 || k > n || (n > 0 && !values) || (k > 0 && !out))
+    fail(ErrorCode::kInvalidArgument, "top_k: bad arguments");
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  // Larger value first, equal values by index.  nth_element is enough: the
+  // selected set, not its internal order, matters, and it is re-sorted.
+  auto larger = [&](int32_t a, int32_t b) {
+    return values[a] > values[b] || (values[a] == values[b] && a < b);
+  };
+  std::nth_element(idx.begin(), idx.begin() + k, idx.end(), larger);
+  std::sort(idx.begin(), idx.begin() + k);
+  std::copy(idx.begin(), idx.begin() + k, out);
+}
+
+void Backend::top_k(const float* values, int64_t n, int64_t k, int32_t* out) {
+  top_k_indices(values, n, k, out);
+}
+
+void* Backend::alloc_host_staging(size_t bytes) {
+  void* p = ::operator new (bytes == 0 ? 1 : bytes, std::align_val_t{64}, std::nothrow);
+  if (!p) fail(ErrorCode::kOutOfMemory, "cannot allocate " + std::to_string(bytes) + " bytes");
+  return p;
+}
+
+void Backend::free_host_staging(void* p) {
+  ::operator delete (p, std::align_val_t{64});
+}
+
+void Backend::upload(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
+}  // namespace cb
