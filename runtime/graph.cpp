@@ -167,57 +167,72 @@ float* Graph::ptr(TensorId t, void* arena) const {
 
 void Graph::execute(Backend& be, void* arena, size_t begin, size_t end) const {
   end = std::min(end, nodes_.size());
-  for (size_t i = begin; i < end; ++i) {
-    const Node& n = nodes_[i];
-    float* out = ptr(n.out, arena);
-    const float* a = ptr(n.a, arena);
-    const Tensor& to = tensors_[n.out];
-    switch (n.op) {
-      case Op::kGetRows:
-        be.get_rows(*n.weight, n.ints, to.rows, out);
-        break;
-      case Op::kMatMul:
-        if (n.p[0] != 0) {
-          be.matmul_q8(*n.weight, a, to.rows, out);
-        } else {
-          be.matmul(*n.weight, a, to.rows, out);
-        }
-        break;
-      case Op::kRmsNorm:
-        be.rmsnorm(a, n.vec, to.rows, to.cols, n.f, out);
-        break;
-      case Op::kRope:
-        be.rope(out, n.ints, to.rows, n.p[0], n.p[1], n.p[2], n.f);
-        break;
-      case Op::kAttention: {
-        AttentionArgs args;
-        args.q = a;
-        args.q_pos = n.ints;
-        args.n_q = to.rows;
-        args.k = ptr(n.b, arena);
-        args.v = ptr(n.c, arena);
-        args.n_kv = n.p[0];
-        args.n_head = n.p[1];
-        args.n_head_kv = n.p[2];
-        args.head_dim = n.p[3];
-        args.scale = 1.0f / std::sqrt(static_cast<float>(n.p[3]));
-        args.out = out;
-        be.attention(args);
-        break;
-      }
-      case Op::kSiluMul:
-        be.silu_mul(a, ptr(n.b, arena), to.rows * to.cols, out);
-        break;
-      case Op::kAdd:
-        be.add(out, a, to.rows * to.cols, out);
-        break;
-      case Op::kGatherRows:
-        be.gather_rows(a, to.cols, n.ints, to.rows, out);
-        break;
-      case Op::kScatterRows:
-        be.scatter_rows(a, to.cols, n.ints, tensors_[n.a].rows, out);
-        break;
+  // One batch for the range: a GPU backend then waits once for all its ops
+  // (a decode token is one synchronisation, not one per op).
+  be.begin_batch();
+  try {
+    for (size_t i = begin; i < end; ++i) run_node(be, nodes_[i], arena);
+  } catch (...) {
+    // The op's error is the one worth reporting; a failing end_batch() after
+    // it usually reports the same fault again.
+    try {
+      be.end_batch();
+    } catch (...) {
     }
+    throw;
+  }
+  be.end_batch();
+}
+
+void Graph::run_node(Backend& be, const Node& n, void* arena) const {
+  float* out = ptr(n.out, arena);
+  const float* a = ptr(n.a, arena);
+  const Tensor& to = tensors_[n.out];
+  switch (n.op) {
+    case Op::kGetRows:
+      be.get_rows(*n.weight, n.ints, to.rows, out);
+      break;
+    case Op::kMatMul:
+      if (n.p[0] != 0) {
+        be.matmul_q8(*n.weight, a, to.rows, out);
+      } else {
+        be.matmul(*n.weight, a, to.rows, out);
+      }
+      break;
+    case Op::kRmsNorm:
+      be.rmsnorm(a, n.vec, to.rows, to.cols, n.f, out);
+      break;
+    case Op::kRope:
+      be.rope(out, n.ints, to.rows, n.p[0], n.p[1], n.p[2], n.f);
+      break;
+    case Op::kAttention: {
+      AttentionArgs args;
+      args.q = a;
+      args.q_pos = n.ints;
+      args.n_q = to.rows;
+      args.k = ptr(n.b, arena);
+      args.v = ptr(n.c, arena);
+      args.n_kv = n.p[0];
+      args.n_head = n.p[1];
+      args.n_head_kv = n.p[2];
+      args.head_dim = n.p[3];
+      args.scale = 1.0f / std::sqrt(static_cast<float>(n.p[3]));
+      args.out = out;
+      be.attention(args);
+      break;
+    }
+    case Op::kSiluMul:
+      be.silu_mul(a, ptr(n.b, arena), to.rows * to.cols, out);
+      break;
+    case Op::kAdd:
+      be.add(out, a, to.rows * to.cols, out);
+      break;
+    case Op::kGatherRows:
+      be.gather_rows(a, to.cols, n.ints, to.rows, out);
+      break;
+    case Op::kScatterRows:
+      be.scatter_rows(a, to.cols, n.ints, tensors_[n.a].rows, out);
+      break;
   }
 }
 

@@ -44,7 +44,11 @@ class Graph {
   // Assigns arena offsets; returns the arena size in bytes.  Call once after
   // the last op is added.
   size_t plan();
-  // Runs nodes [begin, end) with arena memory from plan().
+  // Runs nodes [begin, end) with arena memory from plan(), as one backend
+  // batch (Backend::begin_batch): a GPU backend may still be running the
+  // ops until it returns, so external tensors in backend memory (the KV
+  // cache, the fusor's activations) are for the host to touch only before
+  // the call or after it.
   void execute(Backend& be, void* arena, size_t begin = 0, size_t end = SIZE_MAX) const;
 
   size_t n_nodes() const { return nodes_.size(); }
@@ -82,6 +86,7 @@ class Graph {
   TensorId new_tensor(int64_t rows, int64_t cols);
   Node& push(Op op, TensorId out, TensorId a = -1, TensorId b = -1, TensorId c = -1);
   float* ptr(TensorId t, void* arena) const;
+  void run_node(Backend& be, const Node& n, void* arena) const;
 
   std::vector<Tensor> tensors_;
   std::vector<Node> nodes_;

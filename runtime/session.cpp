@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "platform/error.h"
 #include "runtime/graph.h"
@@ -49,7 +50,11 @@ std::unique_ptr<Backend> make_backend(const SessionOptions& opts) {
 }  // namespace
 
 Session::Session(const Model& model, const SessionOptions& opts)
-    : model_(model), backend_(make_backend(opts)) {
+    : Session(model, opts, make_backend(opts)) {}
+
+Session::Session(const Model& model, const SessionOptions& opts, std::unique_ptr<Backend> backend)
+    : model_(model), backend_(std::move(backend)) {
+  if (!backend_) fail(ErrorCode::kInvalidArgument, "session without a backend");
   const LlamaHparams& hp = model.hparams();
   n_ctx_ = opts.n_ctx > 0 ? opts.n_ctx : std::min<int64_t>(hp.n_ctx_train, 4096);
   if (opts.n_ctx < 0 || n_ctx_ > hp.n_ctx_train)

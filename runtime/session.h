@@ -48,6 +48,9 @@ class Session {
   // Throws cb::Error(kInvalidArgument) for n_ctx beyond the model's context,
   // kOutOfMemory when the KV cache cannot be allocated.
   Session(const Model& model, const SessionOptions& opts);
+  // On `backend` instead of the one opts names (opts.backend, n_threads,
+  // kernels and device are then unused): for tests that wrap a backend.
+  Session(const Model& model, const SessionOptions& opts, std::unique_ptr<Backend> backend);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -69,7 +72,8 @@ class Session {
   Backend& backend() { return *backend_; }
 
   // The layer's KV cache: n_ctx rows of kv_dim floats, row j = position j.
-  // K is stored after RoPE.
+  // K is stored after RoPE.  Backend memory: the host may read or write it
+  // only while no backend batch uses it (not during a Graph::execute).
   float* k_cache(int64_t layer) { return k_cache_[layer]; }
   float* v_cache(int64_t layer) { return v_cache_[layer]; }
 

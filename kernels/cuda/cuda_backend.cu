@@ -19,11 +19,14 @@
 //    computes its angles in f64 and rounds once; attention is an online
 //    (one pass) softmax, so it matches the two-pass reference to rounding.
 //
-// Synchronisation: every op enqueues on the backend's own stream and waits
-// for it before returning, because the runtime's host code reads results
-// (logits, KV deviations) right after a call.  Managed memory is only
-// touched by the host between calls, which is also what devices without
-// concurrent managed access (Jetson) require.
+// Streams and synchronisation (docs/CUDA.md "Synchronisation"): every
+// calling thread gets its own stream (the KV loader thread's uploads and RoPE
+// run beside the compute thread's work).  Outside a batch an op waits for its
+// stream before returning, because the runtime's host code may read results
+// right after a call; between begin_batch() and end_batch() ops only enqueue,
+// except those with an output in host memory.  Host inputs are copied into
+// page-locked memory before their asynchronous upload, so the caller may
+// reuse them as soon as the op returns, as the Backend contract says.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -32,10 +35,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cub/device/device_radix_sort.cuh>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -44,6 +51,18 @@
 #include "platform/error.h"
 
 namespace cb {
+
+// A CUDA event owned by a CudaMark (cuda_backend.h).
+struct CudaEvent {
+  cudaEvent_t ev = nullptr;
+  CudaEvent() = default;
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  ~CudaEvent() {
+    if (ev != nullptr) cudaEventDestroy(ev);
+  }
+};
+
 namespace {
 
 // ---------------------------------------------------------------- errors --
@@ -556,6 +575,26 @@ __global__ void scatter_rows_kernel(const float* __restrict__ src, int64_t row_l
   }
 }
 
+// top_k, step 1: radix-sort keys whose ascending order is the order of
+// top_k_indices (larger value first).  The float's bits are made
+// order-preserving as an unsigned number (negative: every bit flipped;
+// positive: sign bit set) and then complemented.  -0 becomes +0 first,
+// because the reference compares with == and so treats them as equal.  A
+// stable ascending sort of (key, index) then puts equal values in index
+// order: ties go to the lower index.
+__global__ void topk_keys_kernel(const float* __restrict__ v, int64_t n,
+                                 uint32_t* __restrict__ keys, int32_t* __restrict__ idx) {
+  CB_GRID_STRIDE(i, n) {
+    // Zero by its bits: a compare would also match subnormals if the code
+    // were ever built to flush them.
+    uint32_t u = __float_as_uint(v[i]);
+    if ((u << 1) == 0) u = 0;
+    u = (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+    keys[i] = ~u;
+    idx[i] = static_cast<int32_t>(i);
+  }
+}
+
 #undef CB_GRID_STRIDE
 
 constexpr int kEltThreads = 256;
@@ -622,62 +661,250 @@ void dispatch_type(DType t, Args&&... args) {
   fail(ErrorCode::kUnsupported, "cuda backend: unsupported weight type");
 }
 
+// ----------------------------------------------------- per-thread state --
+
+// Device mirrors of small read-only host inputs (the RMSNorm weight vectors
+// from the mmapped model, positions and token ids in std::vector), keyed by
+// host address and checked against a host copy of the bytes on every use: a
+// hit costs a memcmp, a changed content is uploaded again into the same
+// mirror.  So kernels see exactly the bytes the host held at the call, as if
+// they were staged every time.
+struct Mirror {
+  std::vector<unsigned char> host;  // the bytes the device copy holds
+  void* dev = nullptr;
+  size_t cap = 0;
+};
+constexpr size_t kMirrorMaxBytes = size_t{64} << 10;  // per input
+constexpr size_t kMirrorMaxTotal = size_t{64} << 20;  // all mirrors of a thread
+constexpr size_t kMirrorMaxEntries = 4096;
+
+// Page-locked bounce memory, bump-allocated.  Every host input is first
+// copied here by the CPU, then uploaded by an asynchronous copy, and device
+// outputs bound for host memory land here before the CPU copies them out.
+// Why: cudaMemcpyAsync from pageable memory may wait for the stream (which
+// would turn every mirror refresh inside a batch into a synchronisation),
+// and only a CPU copy made before the op returns lets the caller reuse its
+// input at once, whatever the driver does.  Blocks are only reused after the
+// stream that reads them has been synchronised (reset()).
+class PinnedArena {
+ public:
+  PinnedArena() = default;
+  PinnedArena(const PinnedArena&) = delete;
+  PinnedArena& operator=(const PinnedArena&) = delete;
+  ~PinnedArena() { release(); }
+
+  void* get(size_t bytes) {
+    bytes = (bytes + 255) & ~size_t{255};  // keeps every piece 256-byte aligned
+    for (; cur_ < blocks_.size(); ++cur_) {
+      Block& b = blocks_[cur_];
+      if (b.cap - b.used >= bytes) {
+        void* p = b.p + b.used;
+        b.used += bytes;
+        return p;
+      }
+    }
+    Block b;
+    b.cap = std::max(kBlockBytes, bytes);
+    void* p = nullptr;
+    cuda_check(cudaHostAlloc(&p, b.cap, cudaHostAllocDefault), "cudaHostAlloc (bounce memory)");
+    b.p = static_cast<char*>(p);
+    b.used = bytes;
+    blocks_.push_back(b);
+    cur_ = blocks_.size() - 1;
+    return b.p;
+  }
+
+  // Only once nothing queued reads the blocks any more.  A thread that once
+  // staged something large gives that memory back here.
+  void reset() {
+    size_t total = 0;
+    for (const Block& b : blocks_) total += b.cap;
+    if (total > kKeepBytes) release();
+    for (Block& b : blocks_) b.used = 0;
+    cur_ = 0;
+  }
+
+  void release() {
+    for (const Block& b : blocks_) cudaFreeHost(b.p);
+    blocks_.clear();
+    cur_ = 0;
+  }
+
+ private:
+  static constexpr size_t kBlockBytes = size_t{256} << 10;
+  static constexpr size_t kKeepBytes = size_t{16} << 20;
+  struct Block {
+    char* p = nullptr;
+    size_t cap = 0;
+    size_t used = 0;
+  };
+  std::vector<Block> blocks_;
+  size_t cur_ = 0;
+};
+
+// What one calling thread owns: its stream and everything that is only
+// correct because it is ordered on that stream (mirrors, GEMM scratch,
+// bounce memory, cuBLAS handle).  Only the owning thread touches a context
+// (the backend's mutex guards the thread -> context map, not the contents).
+struct ThreadCtx {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;  // created at the thread's first GEMM
+  int depth = 0;                  // begin_batch() nesting
+  void* scratch = nullptr;        // dequantized weight slices for SGEMM
+  size_t scratch_bytes = 0;
+  std::unordered_map<const void*, Mirror> mirrors;
+  size_t mirror_bytes = 0;
+  PinnedArena arena;
+  std::vector<void*> deferred;  // cudaFree after the next synchronisation (no memory pools)
+  struct Upload {
+    cudaEvent_t start, end;
+  };
+  std::vector<Upload> uploads;     // not yet summed by wait_uploads()
+  std::vector<cudaEvent_t> spare;  // recycled timing events
+  double upload_ms = 0.0;          // of uploads already folded out of `uploads`
+};
+
+// The thread -> context map, shared with the thread-exit hook below so a
+// context can be handed to the next new thread when its thread ends (the
+// fusor starts a loader thread per request; without this every request
+// would leave a stream behind).  Its mutex is the backend's lock.
+struct CtxTable {
+  std::mutex mu;
+  std::unordered_map<std::thread::id, ThreadCtx*> by_thread;
+  std::vector<ThreadCtx*> idle;  // their threads have exited
+
+  void thread_exited(std::thread::id id) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = by_thread.find(id);
+    if (it == by_thread.end()) return;
+    idle.push_back(it->second);
+    by_thread.erase(it);
+  }
+};
+
+// Per thread: the tables (backends) this thread has a context in, told when
+// the thread ends.  A backend destroyed earlier has expired its weak_ptr.
+class ThreadExitHook {
+ public:
+  ~ThreadExitHook() {
+    const std::thread::id id = std::this_thread::get_id();
+    for (const auto& w : tables_) {
+      if (auto t = w.lock()) t->thread_exited(id);
+    }
+  }
+  void add(const std::shared_ptr<CtxTable>& t) {
+    tables_.erase(std::remove_if(tables_.begin(), tables_.end(),
+                                 [](const std::weak_ptr<CtxTable>& w) { return w.expired(); }),
+                  tables_.end());
+    tables_.push_back(t);
+  }
+
+ private:
+  std::vector<std::weak_ptr<CtxTable>> tables_;
+};
+thread_local ThreadExitHook t_exit_hook;
+
+// Where a pointer's memory is, for an op argument.
+enum class Where {
+  kBackend,  // usable in place: this backend's blocks, device or managed memory
+  kPinned,   // page-locked host memory the device can address at the same pointer
+  kHost,     // pageable host memory
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const CudaBackendOptions& opts)
-      : device_(device), gemv_max_rows_(std::clamp(opts.gemv_max_rows, 0, kGemvMaxRows)) {
+      : device_(device),
+        gemv_max_rows_(std::clamp(opts.gemv_max_rows, 0, kGemvMaxRows)),
+        table_(std::make_shared<CtxTable>()) {
     cuda_check(cudaSetDevice(device_), "cudaSetDevice");
-    int pools = 0;
+    int pools = 0, integrated = 0, concurrent = 0;
     cuda_check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device_),
                "cudaDeviceGetAttribute");
-    async_alloc_ = pools != 0;
-    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) {
-      cudaStreamDestroy(stream_);
-      fail(ErrorCode::kInternal, "cuda backend: cublasCreate failed");
-    }
-    cublas_check(cublasSetStream(blas_, stream_), "cublasSetStream");
-    // Plain f32 arithmetic (no TF32 tensor cores): see the numerics note at
-    // the top of this file.
-    cublas_check(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    cuda_check(cudaDeviceGetAttribute(&integrated, cudaDevAttrIntegrated, device_),
+               "cudaDeviceGetAttribute");
+    cuda_check(cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, device_),
+               "cudaDeviceGetAttribute");
+    zero_copy_ = opts.zero_copy == CudaZeroCopy::kOn ||
+                 (opts.zero_copy == CudaZeroCopy::kAuto && integrated != 0);
+    // Prefetching a managed destination before a copy only helps where pages
+    // migrate (a discrete GPU with concurrent managed access).
+    prefetch_ = opts.prefetch_uploads && integrated == 0 && concurrent != 0;
+    if (pools != 0) create_pool();
   }
 
   ~CudaBackend() override {
     // Errors cannot be reported from a destructor; the process is usually
     // exiting or the session is being torn down.
     cudaSetDevice(device_);
-    cudaStreamSynchronize(stream_);
+    std::vector<std::unique_ptr<ThreadCtx>> ctxs;
+    {
+      std::lock_guard<std::mutex> lock(table_->mu);
+      ctxs.swap(ctxs_);
+      table_->by_thread.clear();
+      table_->idle.clear();
+    }
+    for (auto& c : ctxs) destroy_ctx(*c);
     for (void* p : weights_) cudaFree(p);
-    drop_mirrors();
-    cudaFree(gemm_scratch_);
-    cublasDestroy(blas_);
-    cudaStreamDestroy(stream_);
+    if (pool_ != nullptr) cudaMemPoolDestroy(pool_);
   }
 
   const char* name() const override { return "cuda"; }
 
+  // ------------------------------------------------------------ memory --
+
   void* alloc_buffer(size_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    const size_t n = bytes == 0 ? 1 : bytes;
     use_device();
     void* p = nullptr;
-    // Managed memory is 256-byte aligned (> the interface's 64).  Any
-    // refusal is reported as out of memory, as the CPU backend does.
-    const cudaError_t e = cudaMallocManaged(&p, bytes == 0 ? 1 : bytes, cudaMemAttachGlobal);
+    cudaError_t e;
+    if (zero_copy_) {
+      // Mapped page-locked host memory: the host and the GPU use the same
+      // pointer (unified addressing), and unlike managed memory the host may
+      // write it while kernels run, which Jetson's managed memory forbids.
+      e = cudaHostAlloc(&p, n, cudaHostAllocMapped | cudaHostAllocPortable);
+      if (e == cudaSuccess) {
+        void* d = nullptr;
+        const cudaError_t e2 = cudaHostGetDevicePointer(&d, p, 0);
+        if (e2 != cudaSuccess || d != p) {
+          cudaGetLastError();
+          cudaFreeHost(p);
+          fail(ErrorCode::kUnsupported,
+               "cuda backend: zero-copy buffers need unified addressing (the device pointer of "
+               "mapped host memory differs from the host pointer)");
+        }
+      }
+    } else {
+      // Managed memory is 256-byte aligned (> the interface's 64).
+      e = cudaMallocManaged(&p, n, cudaMemAttachGlobal);
+    }
+    // Any refusal is reported as out of memory, as the CPU backend does.
     if (e != cudaSuccess || p == nullptr) {
       cudaGetLastError();
-      fail(ErrorCode::kOutOfMemory, "cuda backend: cannot allocate " + std::to_string(bytes) +
-                                        " bytes of managed memory: " + cudaGetErrorString(e));
+      fail(ErrorCode::kOutOfMemory,
+           "cuda backend: cannot allocate " + std::to_string(bytes) +
+               (zero_copy_ ? " bytes of mapped host memory: " : " bytes of managed memory: ") +
+               cudaGetErrorString(e));
     }
-    owned_[reinterpret_cast<uintptr_t>(p)] = bytes == 0 ? 1 : bytes;
+    std::lock_guard<std::mutex> lock(table_->mu);
+    owned_[reinterpret_cast<uintptr_t>(p)] = Block{n, zero_copy_ ? Kind::kMapped : Kind::kManaged};
     return p;
   }
 
   void free_buffer(void* p) override {
     if (p == nullptr) return;
-    std::lock_guard<std::mutex> lock(mu_);
+    Kind kind;
+    {
+      std::lock_guard<std::mutex> lock(table_->mu);
+      auto it = owned_.find(reinterpret_cast<uintptr_t>(p));
+      check(it != owned_.end() && it->second.kind != Kind::kWeight,
+            "free_buffer: not a buffer from this backend's alloc_buffer()");
+      kind = it->second.kind;
+      owned_.erase(it);
+    }
+    // Outside the lock: freeing may wait for the device.
     use_device();
-    owned_.erase(reinterpret_cast<uintptr_t>(p));
-    cuda_check(cudaFree(p), "cudaFree");
+    cuda_check(kind == Kind::kMapped ? cudaFreeHost(p) : cudaFree(p), "cudaFree");
   }
 
   WeightView prepare_weight(const WeightView& host) override {
@@ -690,20 +917,26 @@ class CudaBackend final : public Backend {
       dev.data = nullptr;
       return dev;
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    use_device();
+    ThreadCtx& c = this_thread_ctx();
     void* p = nullptr;
     cuda_check(cudaMalloc(&p, bytes), "cudaMalloc (weight)");
-    const cudaError_t e = cudaMemcpy(p, host.data, bytes, cudaMemcpyDefault);
+    // Waited for on the thread's own stream: a plain cudaMemcpy from
+    // pageable memory may return before its DMA lands, and kernels on other
+    // (non-blocking) streams would not wait for it.
+    cudaError_t e = cudaMemcpyAsync(p, host.data, bytes, cudaMemcpyDefault, c.stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c.stream);
     if (e != cudaSuccess) {
       cudaFree(p);
       cuda_check(e, "cudaMemcpy (weight upload)");
     }
+    std::lock_guard<std::mutex> lock(table_->mu);
     weights_.push_back(p);
-    owned_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    owned_[reinterpret_cast<uintptr_t>(p)] = Block{bytes, Kind::kWeight};
     dev.data = p;
     return dev;
   }
+
+  // --------------------------------------------------------------- ops --
 
   void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
     check(n_rows >= 0 && w.n_in >= 0 && w.n_out >= 0, "matmul: negative size");
@@ -714,12 +947,12 @@ class CudaBackend final : public Backend {
     float* dy = c.out(y, n_rows * w.n_out, false);
     if (w.n_in == 0) {
       cuda_check(
-          cudaMemsetAsync(dy, 0, static_cast<size_t>(n_rows * w.n_out) * sizeof(float), stream_),
+          cudaMemsetAsync(dy, 0, static_cast<size_t>(n_rows * w.n_out) * sizeof(float), c.stream()),
           "cudaMemsetAsync");
     } else if (n_rows <= gemv_max_rows_) {
-      dispatch_type<LaunchGemv>(w.type, w, dx, static_cast<int>(n_rows), dy, stream_);
+      dispatch_type<LaunchGemv>(w.type, w, dx, static_cast<int>(n_rows), dy, c.stream());
     } else {
-      gemm(w, dx, n_rows, dy);
+      gemm(c.ctx(), w, dx, n_rows, dy);
     }
     c.finish();
   }
@@ -730,7 +963,7 @@ class CudaBackend final : public Backend {
     Call c(*this);
     const int32_t* dids = c.in(ids, n);
     float* dout = c.out(out, n * w.n_in, false);
-    dispatch_type<LaunchDequant>(w.type, w, dids, int64_t{0}, n, dout, stream_);
+    dispatch_type<LaunchDequant>(w.type, w, dids, int64_t{0}, n, dout, c.stream());
     c.finish();
   }
 
@@ -743,8 +976,8 @@ class CudaBackend final : public Backend {
     const float* dx = c.in(x, n_rows * dim);
     const float* dw = c.in(weight, dim);
     float* dout = c.out(out, n_rows * dim, false);
-    rmsnorm_kernel<<<static_cast<unsigned>(n_rows), kRowThreads, 0, stream_>>>(dx, dw, dim, eps,
-                                                                               dout);
+    rmsnorm_kernel<<<static_cast<unsigned>(n_rows), kRowThreads, 0, c.stream()>>>(dx, dw, dim, eps,
+                                                                                  dout);
     launch_check("rmsnorm_kernel");
     c.finish();
   }
@@ -759,8 +992,8 @@ class CudaBackend final : public Backend {
     float* dx = c.out(x, n_rows * n_heads * head_dim, true);
     const int32_t* dpos = c.in(pos, n_rows);
     const int64_t total = n_rows * (rot_dim / 2);
-    rope_kernel<<<grid_for(total), kEltThreads, 0, stream_>>>(dx, dpos, n_rows, n_heads, head_dim,
-                                                              rot_dim, freq_base);
+    rope_kernel<<<grid_for(total), kEltThreads, 0, c.stream()>>>(dx, dpos, n_rows, n_heads,
+                                                                 head_dim, rot_dim, freq_base);
     launch_check("rope_kernel");
     c.finish();
   }
@@ -774,6 +1007,7 @@ class CudaBackend final : public Backend {
                                         std::to_string(kMaxHeadDim) + " is not supported");
     }
     if (a.n_q == 0) return;
+    check(a.n_q * a.n_head <= INT32_MAX, "attention: too many query rows x heads");
     Call c(*this);
     AttentionArgs d = a;
     const int64_t q_elems = a.n_q * a.n_head * a.head_dim;
@@ -783,10 +1017,9 @@ class CudaBackend final : public Backend {
     d.k = c.in(a.k, kv_elems);
     d.v = c.in(a.v, kv_elems);
     d.out = c.out(a.out, q_elems, false);
-    check(a.n_q * a.n_head <= INT32_MAX, "attention: too many query rows x heads");
     const size_t smem = static_cast<size_t>(kAttnWarps * (a.head_dim + 2)) * sizeof(float);
-    attention_kernel<<<static_cast<unsigned>(a.n_q * a.n_head), 32 * kAttnWarps, smem, stream_>>>(
-        d, a.n_head / a.n_head_kv);
+    attention_kernel<<<static_cast<unsigned>(a.n_q * a.n_head), 32 * kAttnWarps, smem,
+                       c.stream()>>>(d, a.n_head / a.n_head_kv);
     launch_check("attention_kernel");
     c.finish();
   }
@@ -798,7 +1031,7 @@ class CudaBackend final : public Backend {
     const float* dg = c.in(gate, n);
     const float* du = c.in(up, n);
     float* dout = c.out(out, n, false);
-    silu_mul_kernel<<<grid_for(n), kEltThreads, 0, stream_>>>(dg, du, n, dout);
+    silu_mul_kernel<<<grid_for(n), kEltThreads, 0, c.stream()>>>(dg, du, n, dout);
     launch_check("silu_mul_kernel");
     c.finish();
   }
@@ -810,7 +1043,7 @@ class CudaBackend final : public Backend {
     const float* da = c.in(a, n);
     const float* db = c.in(b, n);
     float* dout = c.out(out, n, false);
-    add_kernel<<<grid_for(n), kEltThreads, 0, stream_>>>(da, db, n, dout);
+    add_kernel<<<grid_for(n), kEltThreads, 0, c.stream()>>>(da, db, n, dout);
     launch_check("add_kernel");
     c.finish();
   }
@@ -820,14 +1053,13 @@ class CudaBackend final : public Backend {
     check(n >= 0 && row_len >= 0, "gather_rows: negative size");
     if (n == 0 || row_len == 0) return;
     Call c(*this);
-    // The source rows are only known on the device (idx may be device
-    // memory), so a host source is staged whole; the runtime passes arena
-    // buffers, which are managed.
+    // A host source's extent is known only from the indices, so it is
+    // staged up to the largest one; the runtime passes backend buffers.
     const int32_t* didx = c.in(idx, n);
     const float* dsrc = c.in_unknown_extent(src, row_len, idx, n);
     float* ddst = c.out(dst, n * row_len, false);
-    gather_rows_kernel<<<grid_for(n * row_len), kEltThreads, 0, stream_>>>(dsrc, row_len, didx, n,
-                                                                           ddst);
+    gather_rows_kernel<<<grid_for(n * row_len), kEltThreads, 0, c.stream()>>>(dsrc, row_len, didx,
+                                                                              n, ddst);
     launch_check("gather_rows_kernel");
     c.finish();
   }
@@ -839,10 +1071,12 @@ class CudaBackend final : public Backend {
     Call c(*this);
     const int32_t* didx = c.in(idx, n);
     const float* dsrc = c.in(src, n * row_len);
-    // dst must be device-accessible: its extent is not part of the call.
-    check(accessible(dst), "scatter_rows: dst must be backend memory");
-    scatter_rows_kernel<<<grid_for(n * row_len), kEltThreads, 0, stream_>>>(dsrc, row_len, didx, n,
-                                                                            dst);
+    // dst's extent is not part of the call, so it cannot be staged: it must
+    // be memory the device writes in place.
+    float* ddst = c.out_in_place(dst);
+    check(ddst != nullptr, "scatter_rows: dst must be backend memory");
+    scatter_rows_kernel<<<grid_for(n * row_len), kEltThreads, 0, c.stream()>>>(dsrc, row_len, didx,
+                                                                               n, ddst);
     launch_check("scatter_rows_kernel");
     c.finish();
   }
@@ -856,213 +1090,537 @@ class CudaBackend final : public Backend {
     const float* da = c.in(a, n_rows * row_len);
     const float* db = c.in(b, n_rows * row_len);
     float* dout = c.out(out, n_rows, false);
-    row_sq_diff_kernel<<<static_cast<unsigned>(n_rows), kRowThreads, 0, stream_>>>(da, db, row_len,
-                                                                                   dout);
+    row_sq_diff_kernel<<<static_cast<unsigned>(n_rows), kRowThreads, 0, c.stream()>>>(
+        da, db, row_len, dout);
     launch_check("row_sq_diff_kernel");
     c.finish();
   }
 
- private:
-  // True when kernels can dereference p: device, managed or registered
-  // (pinned) host memory.  Ordinary pageable host memory is "unregistered".
-  static bool device_accessible_slow(const void* p) {
-    cudaPointerAttributes attr{};
-    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+  // A stable radix sort of (key, index) by the keys of topk_keys_kernel
+  // lists the indices best first with ties in index order; the first k of
+  // them, sorted again, are the answer.  Only k indices cross to the host,
+  // not the n deviations.
+  void top_k(const float* values, int64_t n, int64_t k, int32_t* out) override {
+    check(n >= 0 && k >= 0 && k <= n, "top_k: need 0 <= k <= n");
+    check(n == 0 || values != nullptr, "top_k: values is null");
+    check(k == 0 || out != nullptr, "top_k: out is null");
+    check(n <= INT32_MAX, "top_k: more than 2^31 - 1 values");
+    if (k == 0) return;
+    Call c(*this);
+    const float* dv = c.in(values, n);
+    int32_t* dout = c.out(out, k, false);
+    const int ni = static_cast<int>(n), ki = static_cast<int>(k);
+    size_t sort_bytes = 0, final_bytes = 0;
+    cuda_check(
+        cub::DeviceRadixSort::SortPairs(
+            nullptr, sort_bytes, static_cast<uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+            static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), ni, 0, 32, c.stream()),
+        "cub SortPairs (size)");
+    cuda_check(
+        cub::DeviceRadixSort::SortKeys(nullptr, final_bytes, static_cast<int32_t*>(nullptr),
+                                       static_cast<int32_t*>(nullptr), ki, 0, 32, c.stream()),
+        "cub SortKeys (size)");
+    const size_t arr = (static_cast<size_t>(n) * 4 + 255) & ~size_t{255};
+    char* t = static_cast<char*>(c.temp(4 * arr + std::max(sort_bytes, final_bytes)));
+    uint32_t* keys_in = reinterpret_cast<uint32_t*>(t);
+    uint32_t* keys_out = reinterpret_cast<uint32_t*>(t + arr);
+    int32_t* idx_in = reinterpret_cast<int32_t*>(t + 2 * arr);
+    int32_t* idx_out = reinterpret_cast<int32_t*>(t + 3 * arr);
+    void* work = t + 4 * arr;
+    topk_keys_kernel<<<grid_for(n), kEltThreads, 0, c.stream()>>>(dv, n, keys_in, idx_in);
+    launch_check("topk_keys_kernel");
+    cuda_check(cub::DeviceRadixSort::SortPairs(work, sort_bytes, keys_in, keys_out, idx_in, idx_out,
+                                               ni, 0, 32, c.stream()),
+               "cub SortPairs");
+    cuda_check(
+        cub::DeviceRadixSort::SortKeys(work, final_bytes, idx_out, dout, ki, 0, 32, c.stream()),
+        "cub SortKeys");
+    c.finish();
+  }
+
+  // ----------------------------------------------------------- batches --
+
+  void begin_batch() override { ++this_thread_ctx().depth; }
+
+  void end_batch() override {
+    ThreadCtx& c = this_thread_ctx();
+    check(c.depth > 0, "end_batch without a matching begin_batch on this thread");
+    if (--c.depth == 0) sync(c);
+  }
+
+  // ----------------------------------------------------------- uploads --
+
+  bool wants_staged_uploads() const override { return !zero_copy_; }
+
+  void* alloc_host_staging(size_t bytes) override {
+    use_device();
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable);
+    if (e != cudaSuccess || p == nullptr) {
       cudaGetLastError();
-      return false;
+      fail(ErrorCode::kOutOfMemory,
+           "cuda backend: cannot allocate " + std::to_string(bytes) +
+               " bytes of page-locked staging memory: " + cudaGetErrorString(e));
     }
-    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged ||
-           (attr.type == cudaMemoryTypeHost && attr.devicePointer == p);
+    std::lock_guard<std::mutex> lock(table_->mu);
+    staging_.insert(p);
+    return p;
   }
 
-  // True when p lies in a block this backend allocated (alloc_buffer:
-  // managed; prepare_weight: device): no driver call.  Caller holds mu_.
-  bool owned(const void* p) const {
-    const auto a = reinterpret_cast<uintptr_t>(p);
-    auto it = owned_.upper_bound(a);
-    if (it == owned_.begin()) return false;
-    --it;
-    return a - it->first < it->second;
+  void free_host_staging(void* p) override {
+    if (p == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(table_->mu);
+      check(staging_.erase(p) == 1,
+            "free_host_staging: not memory from this backend's alloc_host_staging()");
+    }
+    use_device();
+    cuda_check(cudaFreeHost(p), "cudaFreeHost");
   }
 
-  bool accessible(const void* p) const { return owned(p) || device_accessible_slow(p); }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    check(dst != nullptr && src != nullptr, "upload: null pointer");
+    ThreadCtx& c = this_thread_ctx();
+    bool managed = false;
+    {
+      std::lock_guard<std::mutex> lock(table_->mu);
+      const auto [start, block] = owned_block(dst);
+      check(block != nullptr && block->kind != Kind::kWeight,
+            "upload: dst must lie in a buffer from alloc_buffer()");
+      check(bytes <= block->bytes - (reinterpret_cast<uintptr_t>(dst) - start),
+            "upload: dst + bytes runs past the end of its buffer");
+      managed = block->kind == Kind::kManaged;
+    }
+    if (managed && prefetch_) {
+      // Pages of a managed buffer last touched by the host live in host
+      // memory, and a copy into them would not be a DMA to the GPU; moving
+      // them first keeps the timed copy a plain host-to-device transfer.
+#if CUDART_VERSION >= 13000
+      cudaMemLocation loc{};
+      loc.type = cudaMemLocationTypeDevice;
+      loc.id = device_;
+      cuda_check(cudaMemPrefetchAsync(dst, bytes, loc, 0, c.stream), "cudaMemPrefetchAsync");
+#else
+      cuda_check(cudaMemPrefetchAsync(dst, bytes, device_, c.stream), "cudaMemPrefetchAsync");
+#endif
+    }
+    ThreadCtx::Upload u{event(c), event(c)};
+    const cudaError_t e1 = cudaEventRecord(u.start, c.stream);
+    const cudaError_t e2 =
+        e1 == cudaSuccess ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c.stream) : e1;
+    const cudaError_t e3 = e2 == cudaSuccess ? cudaEventRecord(u.end, c.stream) : e2;
+    if (e3 != cudaSuccess) {
+      c.spare.push_back(u.start);
+      c.spare.push_back(u.end);
+      cuda_check(e3, "upload (cudaMemcpyAsync)");
+    }
+    c.uploads.push_back(u);
+    // A caller that never asks for the time must not make the list grow
+    // without bound: completed copies are summed and their events reused.
+    if (c.uploads.size() >= 256) fold_uploads(c);
+  }
 
-  // Device mirrors of small read-only host inputs (the RMSNorm weight
-  // vectors from the mmapped model, positions and token ids in
-  // std::vector), keyed by host address and checked against a host copy of
-  // the bytes on every use: a hit costs a memcmp, a changed content is
-  // uploaded again into the same mirror.  So the result is exactly that of
-  // staging every time.  Entries are only dropped at the start of a call
-  // (every earlier call has synchronised, so no queued work reads them).
-  struct Mirror {
-    std::vector<unsigned char> host;  // the bytes the device copy holds
-    void* dev = nullptr;
-    size_t cap = 0;
+  double wait_uploads() override {
+    ThreadCtx& c = this_thread_ctx();
+    if (!c.uploads.empty()) {
+      cuda_check(cudaEventSynchronize(c.uploads.back().end), "upload");
+    }
+    fold_uploads(c);
+    const double ms = c.upload_ms;
+    c.upload_ms = 0.0;
+    return ms;
+  }
+
+  // A GPU timestamp on the calling thread's stream (cuda_mark()).
+  std::shared_ptr<CudaEvent> mark() {
+    ThreadCtx& c = this_thread_ctx();
+    auto e = std::make_shared<CudaEvent>();
+    cuda_check(cudaEventCreate(&e->ev), "cudaEventCreate");
+    cuda_check(cudaEventRecord(e->ev, c.stream), "cudaEventRecord");
+    return e;
+  }
+
+ private:
+  enum class Kind { kManaged, kMapped, kWeight };
+  struct Block {
+    size_t bytes;
+    Kind kind;
   };
-  static constexpr size_t kMirrorMaxBytes = size_t{64} << 10;  // per input
-  static constexpr size_t kMirrorMaxTotal = size_t{64} << 20;  // all mirrors
-  static constexpr size_t kMirrorMaxEntries = 4096;
 
-  void drop_mirrors() {
-    for (auto& [p, m] : mirrors_) cudaFree(m.dev);
-    mirrors_.clear();
-    mirror_bytes_ = 0;
-  }
-
-  // One backend call: holds the lock, makes host-memory arguments usable on
-  // the device (staging copies, copied back for outputs), and ends with the
-  // synchronisation that makes results visible to the host.  The staging
-  // path exists because the runtime passes some small host arrays (norm
-  // vectors from the mmapped model, token ids and positions in
-  // std::vector); buffers from alloc_buffer() are used in place.
+  // One op: makes host arguments usable on the device (mirrors, staging
+  // through bounce memory, outputs copied back), and ends by waiting for the
+  // thread's stream unless inside a batch.  Holds no lock: everything it
+  // touches belongs to the calling thread's context.
   class Call {
    public:
-    explicit Call(CudaBackend& be) : be_(be), lock_(be.mu_) {
-      be_.use_device();
-      if (be_.mirror_bytes_ > kMirrorMaxTotal || be_.mirrors_.size() > kMirrorMaxEntries) {
-        be_.drop_mirrors();
+    explicit Call(CudaBackend& be) : be_(be), ctx_(be.this_thread_ctx()) {
+      if (ctx_.mirror_bytes > kMirrorMaxTotal || ctx_.mirrors.size() > kMirrorMaxEntries) {
+        be_.drop_mirrors(ctx_);
       }
     }
     Call(const Call&) = delete;
     Call& operator=(const Call&) = delete;
+    // Frees are stream-ordered, so they also run after work this call
+    // queued before an exception.
+    ~Call() { release_temps(); }
 
-    ~Call() {
-      // On an exception, wait for queued work before freeing its buffers.
-      if (!finished_) cudaStreamSynchronize(be_.stream_);
-      for (void* p : temps_) be_.release(p);
-      for (void* p : retired_) cudaFree(p);
-    }
+    cudaStream_t stream() const { return ctx_.stream; }
+    ThreadCtx& ctx() { return ctx_; }
 
     template <class T>
     const T* in(const T* p, int64_t n) {
-      if (p == nullptr || n == 0 || be_.accessible(p)) return p;
+      if (p == nullptr || n == 0 || be_.where(p) == Where::kBackend) return p;
       const size_t bytes = static_cast<size_t>(n) * sizeof(T);
       if (bytes <= kMirrorMaxBytes) return static_cast<const T*>(mirror(p, bytes));
       void* d = temp(bytes);
-      cuda_check(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, be_.stream_),
-                 "cudaMemcpyAsync (stage in)");
+      to_device(d, p, bytes);
       return static_cast<const T*>(d);
     }
 
     // An output of n elements; with copy_in it is also an input (in place).
+    // Host memory makes the op complete before it returns, batch or not.
     template <class T>
     T* out(T* p, int64_t n, bool copy_in) {
-      if (p == nullptr || n == 0 || be_.accessible(p)) return p;
+      if (p == nullptr || n == 0) return p;
+      if (T* d = out_in_place(p)) return d;
       const size_t bytes = static_cast<size_t>(n) * sizeof(T);
       void* d = temp(bytes);
-      if (copy_in) {
-        cuda_check(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, be_.stream_),
-                   "cudaMemcpyAsync (stage in)");
-      }
-      backs_.push_back({p, d, bytes});
+      if (copy_in) to_device(d, p, bytes);
+      backs_.push_back({p, d, nullptr, bytes});
+      host_out_ = true;
       return static_cast<T*>(d);
     }
 
+    // p itself when the device can write it (page-locked host memory makes
+    // the op complete before returning), else null.
+    template <class T>
+    T* out_in_place(T* p) {
+      const Where w = be_.where(p);
+      if (w == Where::kPinned) host_out_ = true;
+      return w == Where::kHost ? nullptr : p;
+    }
+
     // A gather source in host memory: its extent is 1 + the largest row
-    // index, read from idx wherever it lives (cudaMemcpyDefault).
+    // index, read from idx wherever it lives.
     const float* in_unknown_extent(const float* src, int64_t row_len, const int32_t* idx,
                                    int64_t n) {
-      if (be_.accessible(src)) return src;
-      std::vector<int32_t> ids(static_cast<size_t>(n));
-      cuda_check(cudaMemcpyAsync(ids.data(), idx, static_cast<size_t>(n) * sizeof(int32_t),
-                                 cudaMemcpyDefault, be_.stream_),
-                 "cudaMemcpyAsync (indices)");
-      cuda_check(cudaStreamSynchronize(be_.stream_), "cudaStreamSynchronize");
-      const int64_t rows = 1 + *std::max_element(ids.begin(), ids.end());
+      if (be_.where(src) == Where::kBackend) return src;
+      const int32_t* hidx = idx;
+      if (be_.where(idx) == Where::kBackend) {
+        // Queued work may still write idx: wait for it (no lock is held).
+        void* b = ctx_.arena.get(static_cast<size_t>(n) * sizeof(int32_t));
+        cuda_check(cudaMemcpyAsync(b, idx, static_cast<size_t>(n) * sizeof(int32_t),
+                                   cudaMemcpyDefault, ctx_.stream),
+                   "cudaMemcpyAsync (indices)");
+        cuda_check(cudaStreamSynchronize(ctx_.stream), "cudaStreamSynchronize");
+        hidx = static_cast<const int32_t*>(b);
+      }
+      const int64_t rows = 1 + static_cast<int64_t>(*std::max_element(hidx, hidx + n));
+      check(rows > 0, "gather_rows: negative row index");
       return in(src, rows * row_len);
     }
 
-    // Copies staged outputs back and waits for everything queued.
+    // Device scratch for this op, freed (stream-ordered) when the op ends.
+    void* temp(size_t bytes) {
+      void* d = be_.dev_alloc(ctx_, bytes, "staging");
+      temps_.push_back(d);
+      return d;
+    }
+
+    // Copies staged outputs back and, outside a batch or for a host output,
+    // waits for everything the thread queued.
     void finish() {
-      for (const Back& b : backs_) {
-        cuda_check(cudaMemcpyAsync(b.host, b.dev, b.bytes, cudaMemcpyDeviceToHost, be_.stream_),
+      for (Back& b : backs_) {
+        b.bounce = ctx_.arena.get(b.bytes);
+        cuda_check(cudaMemcpyAsync(b.bounce, b.dev, b.bytes, cudaMemcpyDeviceToHost, ctx_.stream),
                    "cudaMemcpyAsync (stage out)");
       }
-      cuda_check(cudaStreamSynchronize(be_.stream_), "kernel execution");
-      finished_ = true;
+      release_temps();
+      if (ctx_.depth > 0 && !host_out_) return;  // end_batch() waits
+      cuda_check(cudaStreamSynchronize(ctx_.stream), "kernel execution");
+      for (const Back& b : backs_) std::memcpy(b.host, b.bounce, b.bytes);
+      be_.after_sync(ctx_);
     }
 
    private:
     struct Back {
       void* host;
       const void* dev;
+      void* bounce;
       size_t bytes;
     };
 
+    // Host bytes -> device, through bounce memory (see PinnedArena).
+    void to_device(void* d, const void* h, size_t bytes) {
+      void* b = ctx_.arena.get(bytes);
+      std::memcpy(b, h, bytes);
+      cuda_check(cudaMemcpyAsync(d, b, bytes, cudaMemcpyHostToDevice, ctx_.stream),
+                 "cudaMemcpyAsync (stage in)");
+    }
+
     // The device mirror of host input [p, p + bytes), uploaded when its
-    // content differs from what the mirror holds.
+    // content differs from what the mirror holds.  Rewriting a mirror that
+    // queued kernels still read is safe: the copy is ordered after them on
+    // the same stream.
     const void* mirror(const void* p, size_t bytes) {
-      auto it = be_.mirrors_.find(p);
-      if (it == be_.mirrors_.end()) it = be_.mirrors_.emplace(p, Mirror{}).first;
-      Mirror& m = it->second;
+      Mirror& m = ctx_.mirrors[p];
       if (m.host.size() == bytes && std::memcmp(m.host.data(), p, bytes) == 0) return m.dev;
       m.host.clear();  // stays empty (a miss) if the upload below fails
       if (m.cap < bytes) {
-        // An earlier argument of this call may use the old copy: free it
-        // after the call's synchronisation.
+        // An earlier argument of this very op may use the old copy, and its
+        // kernel is not queued yet: free it when the op ends.
         if (m.dev != nullptr) retired_.push_back(m.dev);
-        be_.mirror_bytes_ -= m.cap;
+        ctx_.mirror_bytes -= m.cap;
         m.dev = nullptr;
         m.cap = 0;
-        cuda_check(cudaMalloc(&m.dev, bytes), "cudaMalloc (mirror)");
+        m.dev = be_.dev_alloc(ctx_, bytes, "mirror");
         m.cap = bytes;
-        be_.mirror_bytes_ += bytes;
+        ctx_.mirror_bytes += bytes;
       }
-      cuda_check(cudaMemcpyAsync(m.dev, p, bytes, cudaMemcpyHostToDevice, be_.stream_),
-                 "cudaMemcpyAsync (mirror)");
+      to_device(m.dev, p, bytes);
       m.host.assign(static_cast<const unsigned char*>(p),
                     static_cast<const unsigned char*>(p) + bytes);
       return m.dev;
     }
 
-    void* temp(size_t bytes) {
-      void* d = be_.acquire(bytes);
-      temps_.push_back(d);
-      return d;
+    void release_temps() {
+      for (void* p : temps_) be_.dev_free(ctx_, p);
+      for (void* p : retired_) be_.dev_free(ctx_, p);
+      temps_.clear();
+      retired_.clear();
     }
 
     CudaBackend& be_;
-    std::lock_guard<std::mutex> lock_;
+    ThreadCtx& ctx_;
     std::vector<void*> temps_;
     std::vector<void*> retired_;
     std::vector<Back> backs_;
-    bool finished_ = false;
+    bool host_out_ = false;
   };
 
   // The device is per host thread in the CUDA runtime; a session may call
   // from any thread, so every entry point selects it.
-  void use_device() { cuda_check(cudaSetDevice(device_), "cudaSetDevice"); }
+  void use_device() const {
+    cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+  }
 
-  // Staging buffers: stream-ordered allocation (cheap after the pool warms
-  // up) where the device supports memory pools, else plain cudaMalloc.
-  void* acquire(size_t bytes) {
-    void* d = nullptr;
-    if (async_alloc_) {
-      cuda_check(cudaMallocAsync(&d, bytes, stream_), "cudaMallocAsync (staging)");
-    } else {
-      cuda_check(cudaMalloc(&d, bytes), "cudaMalloc (staging)");
+  // The calling thread's context: found, or handed over from an exited
+  // thread, or created (a stream per thread).
+  ThreadCtx& this_thread_ctx() {
+    use_device();
+    const std::thread::id id = std::this_thread::get_id();
+    ThreadCtx* c = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(table_->mu);
+      auto it = table_->by_thread.find(id);
+      if (it != table_->by_thread.end()) return *it->second;
+      if (!table_->idle.empty()) {
+        c = table_->idle.back();
+        table_->idle.pop_back();
+        table_->by_thread[id] = c;
+      }
     }
+    if (c != nullptr) {
+      // What the exited thread left queued stays ordered before the new
+      // thread's work on the same stream; only its bookkeeping is reset.
+      c->depth = 0;
+      for (const auto& u : c->uploads) {
+        c->spare.push_back(u.start);
+        c->spare.push_back(u.end);
+      }
+      c->uploads.clear();
+      c->upload_ms = 0.0;
+    } else {
+      auto fresh = std::make_unique<ThreadCtx>();
+      cuda_check(cudaStreamCreateWithFlags(&fresh->stream, cudaStreamNonBlocking),
+                 "cudaStreamCreate");
+      c = fresh.get();
+      std::lock_guard<std::mutex> lock(table_->mu);
+      ctxs_.push_back(std::move(fresh));
+      table_->by_thread[id] = c;
+    }
+    t_exit_hook.add(table_);
+    return *c;
+  }
+
+  void destroy_ctx(ThreadCtx& c) {
+    for (auto& [p, m] : c.mirrors) dev_free(c, m.dev);
+    c.mirrors.clear();
+    dev_free(c, c.scratch);
+    cudaStreamSynchronize(c.stream);
+    for (void* p : c.deferred) cudaFree(p);
+    c.deferred.clear();
+    c.arena.release();
+    for (const auto& u : c.uploads) {
+      cudaEventDestroy(u.start);
+      cudaEventDestroy(u.end);
+    }
+    for (cudaEvent_t e : c.spare) cudaEventDestroy(e);
+    if (c.blas != nullptr) cublasDestroy(c.blas);
+    cudaStreamDestroy(c.stream);
+    cudaGetLastError();
+  }
+
+  // The block of owned_ holding p (its start and record), or {0, null}.
+  // Caller holds the lock.
+  std::pair<uintptr_t, const Block*> owned_block(const void* p) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = owned_.upper_bound(a);
+    if (it == owned_.begin()) return {0, nullptr};
+    --it;
+    if (a - it->first >= it->second.bytes) return {0, nullptr};
+    return {it->first, &it->second};
+  }
+
+  // Blocks this backend allocated are found without a driver call; other
+  // pointers ask the driver once per argument.
+  Where where(const void* p) const {
+    {
+      std::lock_guard<std::mutex> lock(table_->mu);
+      if (owned_block(p).second != nullptr) return Where::kBackend;
+    }
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+      cudaGetLastError();
+      return Where::kHost;
+    }
+    switch (attr.type) {
+      case cudaMemoryTypeDevice:
+      case cudaMemoryTypeManaged:
+        return Where::kBackend;
+      case cudaMemoryTypeHost:
+        return attr.devicePointer == p ? Where::kPinned : Where::kHost;
+      default:
+        return Where::kHost;
+    }
+  }
+
+  // A pool of our own instead of the device's default one: a release
+  // threshold keeps staging memory between synchronisations (the default
+  // pool gives it back to the driver at every one), and no reuse across
+  // streams by inserted dependencies, which would make the compute stream
+  // wait for the loader's.
+  void create_pool() {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device_;
+    if (cudaMemPoolCreate(&pool_, &props) != cudaSuccess) {
+      cudaGetLastError();
+      pool_ = nullptr;  // plain cudaMalloc / deferred cudaFree
+      return;
+    }
+    uint64_t keep = uint64_t{256} << 20;
+    int no = 0;
+    cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep);
+    cudaMemPoolSetAttribute(pool_, cudaMemPoolReuseAllowInternalDependencies, &no);
+    cudaGetLastError();
+  }
+
+  // Device memory used only on c.stream: stream-ordered from the pool where
+  // the device has memory pools, else cudaMalloc.
+  void* dev_alloc(ThreadCtx& c, size_t bytes, const char* what) {
+    void* d = nullptr;
+    const cudaError_t e = pool_ != nullptr
+                              ? cudaMallocFromPoolAsync(&d, bytes == 0 ? 1 : bytes, pool_, c.stream)
+                              : cudaMalloc(&d, bytes == 0 ? 1 : bytes);
+    cuda_check(e, what);
     return d;
   }
 
-  void release(void* d) {
-    if (async_alloc_) {
-      cudaFreeAsync(d, stream_);
+  // Runs after the work already queued on c.stream, so kernels still reading
+  // p are safe; without pools the free waits for the thread's next
+  // synchronisation.
+  void dev_free(ThreadCtx& c, void* p) {
+    if (p == nullptr) return;
+    if (pool_ != nullptr) {
+      if (cudaFreeAsync(p, c.stream) != cudaSuccess) cudaGetLastError();
     } else {
-      cudaFree(d);
+      c.deferred.push_back(p);
     }
+  }
+
+  void drop_mirrors(ThreadCtx& c) {
+    for (auto& [p, m] : c.mirrors) dev_free(c, m.dev);
+    c.mirrors.clear();
+    c.mirror_bytes = 0;
+  }
+
+  // After c.stream has drained: what waited for it can be reused or freed.
+  void after_sync(ThreadCtx& c) {
+    for (void* p : c.deferred) cudaFree(p);
+    c.deferred.clear();
+    c.arena.reset();
+  }
+
+  // Waits for everything the thread queued.  Execution errors of any queued
+  // kernel surface here.
+  void sync(ThreadCtx& c) {
+    cuda_check(cudaStreamSynchronize(c.stream), "kernel execution");
+    after_sync(c);
+  }
+
+  cudaEvent_t event(ThreadCtx& c) {
+    if (!c.spare.empty()) {
+      cudaEvent_t e = c.spare.back();
+      c.spare.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    cuda_check(cudaEventCreate(&e), "cudaEventCreate");
+    return e;
+  }
+
+  // Adds the times of the completed uploads, oldest first, to c.upload_ms
+  // and recycles their events.  Copies complete in stream order, so the
+  // first unfinished one ends the scan.
+  void fold_uploads(ThreadCtx& c) {
+    size_t done = 0;
+    for (; done < c.uploads.size(); ++done) {
+      const ThreadCtx::Upload& u = c.uploads[done];
+      const cudaError_t q = cudaEventQuery(u.end);
+      if (q == cudaErrorNotReady) {
+        cudaGetLastError();
+        break;
+      }
+      cuda_check(q, "upload");
+      float ms = 0.0f;
+      cuda_check(cudaEventElapsedTime(&ms, u.start, u.end), "cudaEventElapsedTime");
+      c.upload_ms += ms;
+      c.spare.push_back(u.start);
+      c.spare.push_back(u.end);
+    }
+    c.uploads.erase(c.uploads.begin(), c.uploads.begin() + static_cast<std::ptrdiff_t>(done));
+  }
+
+  cublasHandle_t blas(ThreadCtx& c) {
+    if (c.blas == nullptr) {
+      cublasHandle_t h = nullptr;
+      if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        fail(ErrorCode::kInternal, "cuda backend: cublasCreate failed");
+      }
+      c.blas = h;
+      cublas_check(cublasSetStream(h, c.stream), "cublasSetStream");
+      // Plain f32 arithmetic (no TF32 tensor cores): see the numerics note
+      // at the top of this file.
+      cublas_check(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    }
+    return c.blas;
   }
 
   // y = x W^T for many rows: W slice by slice to f32, then SGEMM.  In
   // column-major terms (cuBLAS), y^T[o][r] = sum_i W[o][i] x[r][i] is
   // C(n_out x n_rows, ld n_out) = A^T B with A = the weight slice seen as
   // an n_in x rows column-major matrix and B = x as n_in x n_rows.
-  void gemm(const WeightView& w, const float* x, int64_t n_rows, float* y) {
+  void gemm(ThreadCtx& c, const WeightView& w, const float* x, int64_t n_rows, float* y) {
     check(w.n_in <= INT32_MAX && w.n_out <= INT32_MAX && n_rows <= INT32_MAX,
           "matmul: dimension too large for cuBLAS");
     const float one = 1.0f, zero = 0.0f;
+    cublasHandle_t h = blas(c);
     if (w.type == DType::F32) {
-      cublas_check(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n_out),
+      cublas_check(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n_out),
                                static_cast<int>(n_rows), static_cast<int>(w.n_in), &one,
                                static_cast<const float*>(w.data), static_cast<int>(w.n_in), x,
                                static_cast<int>(w.n_in), &zero, y, static_cast<int>(w.n_out)),
@@ -1073,41 +1631,40 @@ class CudaBackend final : public Backend {
     const int64_t slice = std::clamp<int64_t>(
         static_cast<int64_t>(kGemmScratchBytes / sizeof(float)) / row_floats, 1, w.n_out);
     const size_t need = static_cast<size_t>(slice * row_floats) * sizeof(float);
-    if (gemm_scratch_bytes_ < need) {
-      // Every earlier use of the scratch has completed: each call ends with
-      // a synchronisation.
-      cuda_check(cudaFree(gemm_scratch_), "cudaFree (scratch)");
-      gemm_scratch_ = nullptr;
-      gemm_scratch_bytes_ = 0;
-      cuda_check(cudaMalloc(&gemm_scratch_, need), "cudaMalloc (gemm scratch)");
-      gemm_scratch_bytes_ = need;
+    if (c.scratch_bytes < need) {
+      // Queued GEMMs may still read the old scratch: its free is ordered
+      // after them on the stream.
+      dev_free(c, c.scratch);
+      c.scratch = nullptr;
+      c.scratch_bytes = 0;
+      c.scratch = dev_alloc(c, need, "gemm scratch");
+      c.scratch_bytes = need;
     }
-    float* wf = static_cast<float*>(gemm_scratch_);
+    float* wf = static_cast<float*>(c.scratch);
     for (int64_t o0 = 0; o0 < w.n_out; o0 += slice) {
       const int64_t rows = std::min(slice, w.n_out - o0);
       // Same stream: the next slice's dequantization waits for this SGEMM.
       dispatch_type<LaunchDequant>(w.type, w, static_cast<const int32_t*>(nullptr), o0, rows, wf,
-                                   stream_);
-      cublas_check(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
-                               static_cast<int>(n_rows), static_cast<int>(w.n_in), &one, wf,
-                               static_cast<int>(w.n_in), x, static_cast<int>(w.n_in), &zero, y + o0,
-                               static_cast<int>(w.n_out)),
-                   "cublasSgemm");
+                                   c.stream);
+      cublas_check(
+          cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n_rows),
+                      static_cast<int>(w.n_in), &one, wf, static_cast<int>(w.n_in), x,
+                      static_cast<int>(w.n_in), &zero, y + o0, static_cast<int>(w.n_out)),
+          "cublasSgemm");
     }
   }
 
   const int device_;
   const int gemv_max_rows_;
-  bool async_alloc_ = false;
-  cudaStream_t stream_ = nullptr;
-  cublasHandle_t blas_ = nullptr;
-  std::mutex mu_;
+  bool zero_copy_ = false;
+  bool prefetch_ = false;
+  cudaMemPool_t pool_ = nullptr;
+  // table_->mu guards table_'s maps, ctxs_, owned_, staging_ and weights_.
+  std::shared_ptr<CtxTable> table_;
+  std::vector<std::unique_ptr<ThreadCtx>> ctxs_;
+  std::map<uintptr_t, Block> owned_;  // start -> alloc_buffer / prepare_weight blocks
+  std::unordered_set<void*> staging_;
   std::vector<void*> weights_;
-  std::map<uintptr_t, size_t> owned_;  // start -> bytes of alloc_buffer / prepare_weight blocks
-  std::unordered_map<const void*, Mirror> mirrors_;
-  size_t mirror_bytes_ = 0;
-  void* gemm_scratch_ = nullptr;
-  size_t gemm_scratch_bytes_ = 0;
 };
 
 }  // namespace
@@ -1128,6 +1685,22 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const CudaBackendOptions&
                                       std::to_string(n) + " visible)");
   }
   return std::make_unique<CudaBackend>(device, opts);
+}
+
+CudaMark cuda_mark(Backend& be) {
+  auto* cb = dynamic_cast<CudaBackend*>(&be);
+  if (cb == nullptr) fail(ErrorCode::kInvalidArgument, "cuda_mark: not a CUDA backend");
+  return cb->mark();
+}
+
+double cuda_elapsed_ms(const CudaMark& from, const CudaMark& to) {
+  if (!from || !to) fail(ErrorCode::kInvalidArgument, "cuda_elapsed_ms: empty mark");
+  const cudaEvent_t a = from->ev, b = to->ev;
+  cuda_check(cudaEventSynchronize(a), "cudaEventSynchronize");
+  cuda_check(cudaEventSynchronize(b), "cudaEventSynchronize");
+  float ms = 0.0f;
+  cuda_check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+  return ms;
 }
 
 }  // namespace cb

@@ -10,12 +10,29 @@
 
 namespace cb {
 
+// Where alloc_buffer() memory lives.
+enum class CudaZeroCopy {
+  kAuto,  // kOn on an integrated GPU (Jetson: cudaDevAttrIntegrated), else kOff
+  // Mapped page-locked host memory, used by the GPU in place (zero-copy).
+  // The host may write it while kernels run on other buffers, which
+  // managed memory on Jetson forbids; wants_staged_uploads() is false.  On
+  // a discrete GPU every kernel access crosses PCIe: for tests.
+  kOn,
+  // Managed (unified) memory; wants_staged_uploads() is true.
+  kOff,
+};
+
 struct CudaBackendOptions {
   // matmul with at most this many activation rows (decode, a few sequences)
   // runs the GEMV kernel that reads the quantized blocks directly; more rows
   // (prefill) dequantize the weight to f32 and run cuBLAS SGEMM.  Clamped to
   // [0, 8]; tests set 0 or 8 to force one path.
   int gemv_max_rows = 8;
+  CudaZeroCopy zero_copy = CudaZeroCopy::kAuto;
+  // upload() into a managed buffer first prefetches the destination range
+  // to the GPU (discrete GPUs only), so that pages the host touched last are
+  // not written in host memory.  false: for measuring what that costs.
+  bool prefetch_uploads = true;
 };
 
 // Number of CUDA devices this process can use; 0 when there is no driver,
@@ -26,13 +43,24 @@ int cuda_device_count();
 // A backend on CUDA device `device`.  Throws cb::Error(kUnsupported) when
 // the device does not exist or the runtime cannot be initialised.
 //
-// Memory: alloc_buffer() returns CUDA managed (unified) memory, so the host
-// code of the runtime can read and write activations and the KV cache
-// directly; prepare_weight() copies a weight to device memory once, in its
-// quantized layout (freed when the backend is destroyed).  Every op returns
-// only after its results are visible to the host.  Input pointers that are
-// ordinary host memory (mmapped norm vectors, index arrays in std::vector)
-// are accepted and staged to the device; see docs/CUDA.md.
+// Memory: alloc_buffer() returns managed memory (or, zero-copy, mapped host
+// memory), so the runtime's host code can read and write activations and
+// the KV cache directly between batches; prepare_weight() copies a weight to
+// device memory once, in its quantized layout (freed with the backend).
+// Each calling thread has its own CUDA stream; batches (begin_batch) defer
+// completion per thread.  Input pointers in ordinary host memory (mmapped
+// norm vectors, index arrays in std::vector) are accepted and copied; host
+// outputs are copied back before the op returns.  See docs/CUDA.md.
 std::unique_ptr<Backend> make_cuda_backend(int device, const CudaBackendOptions& opts = {});
+
+// GPU timestamps for tools (cuda_bench): cuda_mark() records a CUDA event on
+// the calling thread's stream of a backend from make_cuda_backend() (else
+// kInvalidArgument); it completes when the work the thread queued before it
+// has run.  cuda_elapsed_ms() waits for both marks and returns the time
+// between them; marks of different threads (streams) may be compared.
+struct CudaEvent;
+using CudaMark = std::shared_ptr<CudaEvent>;
+CudaMark cuda_mark(Backend& be);
+double cuda_elapsed_ms(const CudaMark& from, const CudaMark& to);
 
 }  // namespace cb

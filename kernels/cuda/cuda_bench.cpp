@@ -1,14 +1,23 @@
 // Throughput sanity check of the CUDA backend (a tool, not a test):
-//   cuda_bench [device]
+//   cuda_bench [device] [--pipeline] [--layers N] [--ratio R] [--no-prefetch]
 // Times whole backend calls, synchronisation included, because that is what
 // the runtime pays per op: decode GEMV (weight bytes per second), prefill
-// GEMM (dequantize + SGEMM, GFLOP/s) and attention over a long context.
+// GEMM (dequantize + SGEMM, GFLOP/s), attention over a long context, the
+// per-op cost in and out of a batch, top_k, uploads; then the layerwise
+// pipeline's overlap of KV uploads (a loader thread) with layer compute
+// (--pipeline: only that part).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <latch>
+#include <mutex>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -62,12 +71,53 @@ std::vector<uint8_t> random_weight(std::mt19937& rng, cb::DType t, int64_t n_out
   return w;
 }
 
-}  // namespace
+// upload() of 64 MiB: from page-locked staging and from pageable memory,
+// into a buffer the GPU touched last and into one the host wrote last (the
+// managed pages are then in host memory: the prefetch moves them first).
+void run_uploads(cb::Backend& be) {
+  const size_t bytes = size_t{64} << 20;
+  auto* dst = static_cast<unsigned char*>(be.alloc_buffer(bytes));
+  auto* zeros = static_cast<float*>(be.alloc_buffer(bytes));
+  auto* staging = static_cast<unsigned char*>(be.alloc_host_staging(bytes));
+  std::vector<unsigned char> pageable(bytes, 3);
+  std::memset(staging, 5, bytes);
+  std::memset(zeros, 0, bytes);
+  const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
+  auto touch_on_gpu = [&] { be.add(zeros, zeros, n, reinterpret_cast<float*>(dst)); };
+  struct Case {
+    const char* what;
+    const void* src;
+    bool host_touched;
+  };
+  for (const Case& c : {Case{"staging -> GPU-resident", staging, false},
+                        Case{"pageable -> GPU-resident", pageable.data(), false},
+                        Case{"staging -> host-written", staging, true}}) {
+    std::vector<double> copy, wall;
+    for (int rep = 0; rep < 6; ++rep) {
+      touch_on_gpu();
+      if (c.host_touched) std::memset(dst, 1, bytes);
+      const auto t0 = Clock::now();
+      be.upload(dst, c.src, bytes);
+      const double ms = be.wait_uploads();
+      if (rep == 0) continue;  // warm-up
+      wall.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      copy.push_back(ms);
+    }
+    std::sort(copy.begin(), copy.end());
+    std::sort(wall.begin(), wall.end());
+    std::printf("upload 64 MiB %-26s copy %7.2f ms (%5.1f GB/s), call + wait %7.2f ms\n", c.what,
+                copy[copy.size() / 2], static_cast<double>(bytes) / (copy[copy.size() / 2] * 1e6),
+                wall[wall.size() / 2]);
+  }
+  be.free_host_staging(staging);
+  be.free_buffer(dst);
+  be.free_buffer(zeros);
+}
 
-int main(int argc, char** argv) {
-  const int device = argc > 1 ? std::atoi(argv[1]) : 0;
-  try {
-    auto be = cb::make_cuda_backend(device);
+// Single ops, per-op overhead, top_k and uploads.
+void run_kernels(cb::Backend& b) {
+  cb::Backend* be = &b;
+  {
     std::mt19937 rng(1);
     const int64_t n_in = 4096, n_out = 4096;  // a 7B-class projection
     float* x = static_cast<float*>(be->alloc_buffer(512 * n_in * sizeof(float)));
@@ -125,13 +175,318 @@ int main(int argc, char** argv) {
                   static_cast<double>(host.size()) / gemv / 1e9);
       be->free_buffer(y4);
     }
-    // The fixed cost of one op (launch, pointer checks, synchronisation).
+    // The fixed cost of one op (launch, pointer checks, synchronisation),
+    // and inside a batch, where only the last op waits (1000 dependent
+    // adds, one synchronisation).
     const double tiny = time_it(100, [&] { be->add(x, x, 1, y); });
     std::printf("add of 1 element (per-op overhead):            %8.1f us\n", tiny * 1e6);
+    const double batched = time_it(5, [&] {
+      be->begin_batch();
+      for (int i = 0; i < 1000; ++i) be->add(y, x, 1, y);
+      be->end_batch();
+    });
+    std::printf("add of 1 element inside a batch (per op):       %8.2f us\n", batched * 1e3);
+    // HKVD selection: 20000 deviations in backend memory, 15 % of them.
+    {
+      float* dev_sq = static_cast<float*>(be->alloc_buffer(20000 * sizeof(float)));
+      for (int i = 0; i < 20000; ++i) dev_sq[i] = static_cast<float>(rng() % 100000) / 7.0f;
+      std::vector<int32_t> picks(3000);
+      const double tk = time_it(20, [&] { be->top_k(dev_sq, 20000, 3000, picks.data()); });
+      std::printf("top_k 3000 of 20000 (backend values, host out): %8.1f us\n", tk * 1e6);
+      be->free_buffer(dev_sq);
+    }
     for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(k),
                     static_cast<void*>(v), static_cast<void*>(q), static_cast<void*>(o),
                     static_cast<void*>(pos)})
       be->free_buffer(p);
+  }
+  run_uploads(b);
+}
+
+// ------------------------------------------------------------ pipeline --
+
+// A layer of a Llama-style model, for the compute side of the pipeline.
+struct Shape {
+  const char* name;
+  int64_t hidden, n_head, n_head_kv, head_dim, ffn;
+  int64_t q_dim() const { return n_head * head_dim; }
+  int64_t kv_dim() const { return n_head_kv * head_dim; }
+};
+
+struct PipelineOptions {
+  int layers = 8;
+  double ratio = 0.15;  // rows recomputed per layer (CacheBlend's r)
+};
+
+// One configuration: `layers` layers of `tokens` cached tokens.  Per layer
+// the loader uploads K and V (tokens x kv_dim f32 each, from page-locked
+// staging) into the layer's KV cache and rotates K; the compute side runs
+// the layer for ratio * tokens rows (QKV, RoPE, scatter of the new K/V,
+// attention over every token, output projection, FFN) as one batch.
+// Serial: load then compute, layer by layer, on one thread.  Overlapped: the
+// loader thread runs ahead while the main thread computes each layer as
+// soon as it is loaded -- what the runtime's layerwise pipeline does.
+class PipelineBench {
+ public:
+  PipelineBench(cb::Backend& be, const Shape& sh, int64_t tokens, const PipelineOptions& o)
+      : be_(be), sh_(sh), t_(tokens), layers_(o.layers) {
+    rows_ = std::max<int64_t>(1, static_cast<int64_t>(o.ratio * static_cast<double>(tokens)));
+    std::mt19937 rng(7);
+    auto weight = [&](int64_t n_out, int64_t n_in) {
+      const std::vector<uint8_t> h = random_weight(rng, cb::DType::Q4_0, n_out, n_in);
+      return be_.prepare_weight({h.data(), cb::DType::Q4_0, n_in, n_out});
+    };
+    wq_ = weight(sh.q_dim(), sh.hidden);
+    wk_ = weight(sh.kv_dim(), sh.hidden);
+    wv_ = weight(sh.kv_dim(), sh.hidden);
+    wo_ = weight(sh.hidden, sh.q_dim());
+    wg_ = weight(sh.ffn, sh.hidden);
+    wu_ = weight(sh.ffn, sh.hidden);
+    wd_ = weight(sh.hidden, sh.ffn);
+    norm_.assign(static_cast<size_t>(sh.hidden), 1.0f);
+    x0_.resize(static_cast<size_t>(rows_ * sh.hidden));
+    for (float& v : x0_) v = static_cast<float>(rng() % 2001) / 1000.0f - 1.0f;
+    x_ = buf(rows_ * sh.hidden);
+    xn_ = buf(rows_ * sh.hidden);
+    q_ = buf(rows_ * sh.q_dim());
+    kn_ = buf(rows_ * sh.kv_dim());
+    vn_ = buf(rows_ * sh.kv_dim());
+    att_ = buf(rows_ * sh.q_dim());
+    o_ = buf(rows_ * sh.hidden);
+    gate_ = buf(rows_ * sh.ffn);
+    up_ = buf(rows_ * sh.ffn);
+    // The recomputed rows are spread over the context, as HKVD rows are.
+    qpos_.resize(static_cast<size_t>(rows_));
+    for (int64_t i = 0; i < rows_; ++i) qpos_[i] = static_cast<int32_t>((i + 1) * t_ / rows_ - 1);
+    qpos_dev_ = static_cast<int32_t*>(be_.alloc_buffer(qpos_.size() * sizeof(int32_t)));
+    std::memcpy(qpos_dev_, qpos_.data(), qpos_.size() * sizeof(int32_t));
+    kv_pos_.resize(static_cast<size_t>(t_));
+    for (int64_t i = 0; i < t_; ++i) kv_pos_[i] = static_cast<int32_t>(i);
+    for (int l = 0; l < layers_; ++l) {
+      k_.push_back(buf(t_ * sh.kv_dim()));
+      v_.push_back(buf(t_ * sh.kv_dim()));
+    }
+    staging_ = static_cast<float*>(be_.alloc_host_staging(2 * layer_bytes()));
+    for (size_t i = 0; i < 2 * layer_bytes() / sizeof(float); ++i) {
+      staging_[i] = static_cast<float>(rng() % 2001) / 1000.0f - 1.0f;
+    }
+  }
+
+  ~PipelineBench() {
+    for (void* p : bufs_) be_.free_buffer(p);
+    be_.free_buffer(qpos_dev_);
+    be_.free_host_staging(staging_);
+  }
+
+  size_t layer_bytes() const { return static_cast<size_t>(t_ * sh_.kv_dim()) * sizeof(float); }
+
+  struct Times {
+    double wall_ms = 0, gpu_ms = 0, copy_ms = 0, compute_ms = 0, loader_ms = 0;
+  };
+
+  Times serial() {
+    reset();
+    Times t;
+    const auto w0 = Clock::now();
+    const cb::CudaMark m0 = cb::cuda_mark(be_);
+    for (int l = 0; l < layers_; ++l) {
+      const auto l0 = Clock::now();
+      load(l);
+      t.loader_ms += ms_since(l0);
+      t.compute_ms += compute(l);
+    }
+    const cb::CudaMark m1 = cb::cuda_mark(be_);
+    t.gpu_ms = cb::cuda_elapsed_ms(m0, m1);
+    t.wall_ms = ms_since(w0);
+    t.copy_ms = be_.wait_uploads();
+    return t;
+  }
+
+  Times overlapped() {
+    reset();
+    Times t;
+    std::mutex mu;
+    std::condition_variable cv;
+    int loaded = 0;
+    cb::CudaMark start;
+    std::latch go(2);
+    std::thread loader([&] {
+      go.arrive_and_wait();
+      start = cb::cuda_mark(be_);  // the loader's stream, before its first copy
+      const auto l0 = Clock::now();
+      for (int l = 0; l < layers_; ++l) {
+        load(l);  // returns after its rope, which waited for the copies
+        std::lock_guard<std::mutex> lock(mu);
+        loaded = l + 1;
+        cv.notify_one();
+      }
+      t.loader_ms = ms_since(l0);
+      t.copy_ms = be_.wait_uploads();
+    });
+    go.arrive_and_wait();
+    const auto w0 = Clock::now();
+    for (int l = 0; l < layers_; ++l) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return loaded > l; });
+      }
+      t.compute_ms += compute(l);
+    }
+    const cb::CudaMark end = cb::cuda_mark(be_);
+    loader.join();
+    t.wall_ms = ms_since(w0);
+    t.gpu_ms = cb::cuda_elapsed_ms(start, end);
+    return t;
+  }
+
+  int64_t rows() const { return rows_; }
+
+ private:
+  static double ms_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  }
+
+  float* buf(int64_t n) {
+    auto* p = static_cast<float*>(be_.alloc_buffer(static_cast<size_t>(n) * sizeof(float)));
+    bufs_.push_back(p);
+    return p;
+  }
+
+  void reset() { std::memcpy(x_, x0_.data(), x0_.size() * sizeof(float)); }
+
+  // The loader's work for one layer (as runtime/blend/layer_pipeline.cpp).
+  void load(int l) {
+    const size_t bytes = layer_bytes();
+    be_.upload(k_[l], staging_, bytes);
+    be_.upload(v_[l], staging_ + bytes / sizeof(float), bytes);
+    be_.rope(k_[l], kv_pos_.data(), t_, sh_.n_head_kv, sh_.head_dim, sh_.head_dim, 500000.0f);
+  }
+
+  // One layer for rows_ rows as one batch; returns its GPU time (events).
+  double compute(int l) {
+    const Shape& s = sh_;
+    const int64_t r = rows_;
+    const cb::CudaMark m0 = cb::cuda_mark(be_);
+    be_.begin_batch();
+    be_.rmsnorm(x_, norm_.data(), r, s.hidden, 1e-5f, xn_);
+    be_.matmul(wq_, xn_, r, q_);
+    be_.matmul(wk_, xn_, r, kn_);
+    be_.matmul(wv_, xn_, r, vn_);
+    be_.rope(q_, qpos_.data(), r, s.n_head, s.head_dim, s.head_dim, 500000.0f);
+    be_.rope(kn_, qpos_.data(), r, s.n_head_kv, s.head_dim, s.head_dim, 500000.0f);
+    be_.scatter_rows(kn_, s.kv_dim(), qpos_dev_, r, k_[l]);
+    be_.scatter_rows(vn_, s.kv_dim(), qpos_dev_, r, v_[l]);
+    cb::AttentionArgs a;
+    a.q = q_;
+    a.q_pos = qpos_dev_;
+    a.n_q = r;
+    a.k = k_[l];
+    a.v = v_[l];
+    a.n_kv = t_;
+    a.n_head = s.n_head;
+    a.n_head_kv = s.n_head_kv;
+    a.head_dim = s.head_dim;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+    a.out = att_;
+    be_.attention(a);
+    be_.matmul(wo_, att_, r, o_);
+    be_.add(x_, o_, r * s.hidden, x_);
+    be_.rmsnorm(x_, norm_.data(), r, s.hidden, 1e-5f, xn_);
+    be_.matmul(wg_, xn_, r, gate_);
+    be_.matmul(wu_, xn_, r, up_);
+    be_.silu_mul(gate_, up_, r * s.ffn, gate_);
+    be_.matmul(wd_, gate_, r, o_);
+    be_.add(x_, o_, r * s.hidden, x_);
+    const cb::CudaMark m1 = cb::cuda_mark(be_);
+    be_.end_batch();
+    return cb::cuda_elapsed_ms(m0, m1);
+  }
+
+  cb::Backend& be_;
+  Shape sh_;
+  int64_t t_, rows_ = 0;
+  int layers_;
+  cb::WeightView wq_, wk_, wv_, wo_, wg_, wu_, wd_;
+  std::vector<float> norm_, x0_;
+  float *x_, *xn_, *q_, *kn_, *vn_, *att_, *o_, *gate_, *up_;
+  std::vector<int32_t> qpos_, kv_pos_;
+  int32_t* qpos_dev_ = nullptr;
+  std::vector<float*> k_, v_;
+  std::vector<void*> bufs_;
+  float* staging_ = nullptr;
+};
+
+void run_pipeline(cb::Backend& be, const PipelineOptions& o) {
+  // kv_dim 320: SmolLM2-360M's attention (15 heads, 5 KV heads of 64);
+  // kv_dim 1024: Llama 3 8B's (32 heads, 8 KV heads of 128).
+  const Shape shapes[] = {
+      {"kv_dim 320 (hidden 960, 15/5 heads of 64, ffn 2560)", 960, 15, 5, 64, 2560},
+      {"kv_dim 1024 (hidden 4096, 32/8 heads of 128, ffn 14336)", 4096, 32, 8, 128, 14336}};
+  for (const Shape& sh : shapes) {
+    for (int64_t tokens : {4096, 8192}) {
+      PipelineBench pb(be, sh, tokens, o);
+      pb.serial();  // warm-up: memory pools, cuBLAS, first touches
+      pb.overlapped();
+      auto median = [](std::vector<PipelineBench::Times> v) {
+        std::sort(v.begin(), v.end(),
+                  [](const auto& a, const auto& b) { return a.gpu_ms < b.gpu_ms; });
+        return v[v.size() / 2];
+      };
+      std::vector<PipelineBench::Times> ser, ovl;
+      for (int rep = 0; rep < 3; ++rep) {
+        ser.push_back(pb.serial());
+        ovl.push_back(pb.overlapped());
+      }
+      const PipelineBench::Times s = median(ser), v = median(ovl);
+      const double mb = static_cast<double>(2 * pb.layer_bytes()) / 1e6;
+      std::printf(
+          "pipeline %s, %lld tokens, %lld rows (ratio %.2f), %d layers, K+V %.1f MB/layer\n",
+          sh.name, static_cast<long long>(tokens), static_cast<long long>(pb.rows()), o.ratio,
+          o.layers, mb);
+      std::printf(
+          "  serial     %9.2f ms GPU (%9.2f ms wall): copy %8.2f ms (%.1f GB/s), compute %8.2f "
+          "ms\n",
+          s.gpu_ms, s.wall_ms, s.copy_ms, mb * o.layers / s.copy_ms, s.compute_ms);
+      std::printf(
+          "  overlapped %9.2f ms GPU (%9.2f ms wall): copy %8.2f ms (%.1f GB/s), compute %8.2f ms, "
+          "loader busy %8.2f ms\n",
+          v.gpu_ms, v.wall_ms, v.copy_ms, mb * o.layers / v.copy_ms, v.compute_ms, v.loader_ms);
+      std::printf("  overlapped / max(copy, compute) = %.2f   serial / overlapped = %.2f\n",
+                  v.gpu_ms / std::max(v.copy_ms, v.compute_ms), s.gpu_ms / v.gpu_ms);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int device = 0;
+  bool pipeline_only = false;
+  cb::CudaBackendOptions bo;
+  PipelineOptions po;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--pipeline") {
+      pipeline_only = true;
+    } else if (a == "--no-prefetch") {
+      bo.prefetch_uploads = false;
+    } else if (a == "--layers" && i + 1 < argc) {
+      po.layers = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--ratio" && i + 1 < argc) {
+      po.ratio = std::clamp(std::atof(argv[++i]), 0.0, 1.0);
+    } else if (!a.empty() && a[0] != '-') {
+      device = std::atoi(a.c_str());
+    } else {
+      std::fprintf(stderr,
+                   "usage: cuda_bench [device] [--pipeline] [--layers N] [--ratio R] "
+                   "[--no-prefetch]\n");
+      return 2;
+    }
+  }
+  try {
+    auto be = cb::make_cuda_backend(device, bo);
+    if (!pipeline_only) run_kernels(*be);
+    run_pipeline(*be, po);
   } catch (const cb::Error& e) {
     std::fprintf(stderr, "cuda_bench: %s\n", e.what());
     return 1;

@@ -16,10 +16,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
+#include <utility>
 
 #include "platform/error.h"
-#include "runtime/blend/hkvd.h"
 #include "runtime/blend/layer_pipeline.h"
 #include "runtime/graph.h"
 
@@ -45,6 +46,32 @@ double FusionStats::computed_fraction() const {
 }
 
 namespace {
+
+// Floats in backend memory (alloc_buffer), so that a GPU backend computes on
+// them in place: host vectors would be staged over PCIe at every op.  The
+// host touches them only between graphs, outside a batch (the capture copy).
+class BackendFloats {
+ public:
+  explicit BackendFloats(Backend& be) : p_(nullptr, Free{&be}) {}
+  float* data() { return static_cast<float*>(p_.get()); }
+  // At least n floats.  Growing does not keep the contents: every caller
+  // overwrites them.
+  void reserve(size_t n) {
+    if (n <= capacity_) return;
+    p_.reset();  // before the new one: peak memory
+    capacity_ = 0;
+    p_.reset(p_.get_deleter().be->alloc_buffer(n * sizeof(float)));
+    capacity_ = n;
+  }
+
+ private:
+  struct Free {
+    Backend* be;
+    void operator()(void* p) const { be->free_buffer(p); }
+  };
+  std::unique_ptr<void, Free> p_;
+  size_t capacity_ = 0;
+};
 
 // Rows per batch inside a fused layer, as Session::prefill's default batch:
 // a layer's intermediates for 512 rows (~3 MB for the FFN) stay in cache.
@@ -95,31 +122,24 @@ class FusedForward {
   Backend& be_;
   std::span<const int32_t> tokens_;
   int64_t n_;
-  std::vector<float> x_, q_, k_, v_;  // rows.size() x dim each
-  struct BufferFree {
-    Backend* be;
-    void operator()(void* p) const { be->free_buffer(p); }
-  };
-  std::unique_ptr<void, BufferFree> arena_{nullptr, BufferFree{&be_}};
-  size_t arena_bytes_ = 0;
+  // rows.size() x dim each; scratch_ is narrow()'s destination.
+  BackendFloats x_{be_}, q_{be_}, k_{be_}, v_{be_}, scratch_{be_};
+  BackendFloats old_{be_}, dev_{be_};  // select()'s cached V rows and deviations
+  BackendFloats arena_{be_};
 };
 
 void FusedForward::run_graph(Graph& g) {
   // One arena for the whole request, grown on demand: a layer's
   // intermediates are dead once its graph has run.
-  const size_t need = g.plan();
-  if (need > arena_bytes_) {
-    arena_.reset(be_.alloc_buffer(need));
-    arena_bytes_ = need;
-  }
-  g.execute(be_, arena_.get());
+  arena_.reserve((g.plan() + sizeof(float) - 1) / sizeof(float));
+  g.execute(be_, arena_.data());
 }
 
 void FusedForward::resize_buffers() {
   const size_t r = rows.size();
-  q_.resize(r * static_cast<size_t>(hp_.n_head * hp_.head_dim));
-  k_.resize(r * static_cast<size_t>(hp_.kv_dim()));
-  v_.resize(r * static_cast<size_t>(hp_.kv_dim()));
+  q_.reserve(r * static_cast<size_t>(hp_.n_head * hp_.head_dim));
+  k_.reserve(r * static_cast<size_t>(hp_.kv_dim()));
+  v_.reserve(r * static_cast<size_t>(hp_.kv_dim()));
 }
 
 void FusedForward::project(int64_t layer) {
@@ -139,8 +159,8 @@ void FusedForward::project(int64_t layer) {
   }
   if (capture) {
     // Rows are all positions here (capture runs a plain prefill); keep the
-    // chunk's part, K still un-rotated.
-    const int64_t kv_dim = hp_.kv_dim();
+    // chunk's part, K still un-rotated.  The graphs have run to completion,
+    // so the host may read the backend buffers.
     const size_t off = static_cast<size_t>(capture_begin * kv_dim);
     const size_t len = static_cast<size_t>((n_ - capture_begin) * kv_dim);
     std::memcpy(capture->k_layer(static_cast<int>(layer)), k_.data() + off, len * sizeof(float));
@@ -157,35 +177,33 @@ void FusedForward::select(int64_t layer, float ratio) {
     if (is_cached[rows[i]] && rows[i] != n_ - 1) cand.push_back(static_cast<int32_t>(i));
   const int64_t k = std::min<int64_t>(static_cast<int64_t>(std::llround(ratio * n_reused)),
                                       static_cast<int64_t>(cand.size()));
+  const int64_t n_cand = static_cast<int64_t>(cand.size());
+  if (k >= n_cand) return;  // every candidate stays
+  // Deviation of fresh V (in v_, row i) from the cached V (in the cache at
+  // position rows[i]; the cached layer was loaded before this step), in
+  // backend memory up to the k indices the host needs.
+  std::vector<int32_t> cand_pos(cand.size());
+  for (size_t j = 0; j < cand.size(); ++j) cand_pos[j] = rows[cand[j]];
+  // The fresh rows go to scratch_, free until narrow() below.
+  scratch_.reserve(static_cast<size_t>(n_cand * kv_dim));
+  old_.reserve(static_cast<size_t>(n_cand * kv_dim));
+  dev_.reserve(static_cast<size_t>(n_cand));
+  be_.gather_rows(v_.data(), kv_dim, cand.data(), n_cand, scratch_.data());
+  be_.gather_rows(s_.v_cache(layer), kv_dim, cand_pos.data(), n_cand, old_.data());
+  be_.row_sq_diff(scratch_.data(), old_.data(), n_cand, kv_dim, dev_.data());
+  std::vector<int32_t> top(static_cast<size_t>(std::max<int64_t>(k, 0)));
+  be_.top_k(dev_.data(), n_cand, static_cast<int64_t>(top.size()), top.data());
+  std::vector<uint8_t> chosen(rows.size(), 0);
+  for (int32_t t : top) chosen[cand[t]] = 1;
   std::vector<int32_t> keep_idx;  // indices into rows, ascending
-  if (k < static_cast<int64_t>(cand.size())) {
-    // Deviation of fresh V (in v_, row i) from the cached V (in the cache at
-    // position rows[i]; the cached layer was loaded before this step).
-    std::vector<float> fresh(cand.size() * static_cast<size_t>(kv_dim));
-    std::vector<float> old(fresh.size());
-    std::vector<int32_t> cand_pos(cand.size());
-    for (size_t j = 0; j < cand.size(); ++j) cand_pos[j] = rows[cand[j]];
-    be_.gather_rows(v_.data(), kv_dim, cand.data(), static_cast<int64_t>(cand.size()),
-                    fresh.data());
-    be_.gather_rows(s_.v_cache(layer), kv_dim, cand_pos.data(), static_cast<int64_t>(cand.size()),
-                    old.data());
-    std::vector<float> dev(cand.size());
-    be_.row_sq_diff(fresh.data(), old.data(), static_cast<int64_t>(cand.size()), kv_dim,
-                    dev.data());
-    std::vector<int32_t> top = select_hkvd_tokens(dev, k);
-    std::vector<uint8_t> chosen(rows.size(), 0);
-    for (int32_t t : top) chosen[cand[t]] = 1;
-    for (size_t i = 0; i < rows.size(); ++i)
-      if (!is_cached[rows[i]] || rows[i] == n_ - 1 || chosen[i])
-        keep_idx.push_back(static_cast<int32_t>(i));
-  } else {
-    return;  // every candidate stays
-  }
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (!is_cached[rows[i]] || rows[i] == n_ - 1 || chosen[i])
+      keep_idx.push_back(static_cast<int32_t>(i));
   const int64_t r = static_cast<int64_t>(keep_idx.size());
-  auto narrow = [&](std::vector<float>& buf, int64_t dim) {
-    std::vector<float> out(static_cast<size_t>(r * dim));
-    be_.gather_rows(buf.data(), dim, keep_idx.data(), r, out.data());
-    buf.swap(out);
+  auto narrow = [&](BackendFloats& buf, int64_t dim) {
+    scratch_.reserve(static_cast<size_t>(r * dim));
+    be_.gather_rows(buf.data(), dim, keep_idx.data(), r, scratch_.data());
+    std::swap(buf, scratch_);
   };
   narrow(x_, hp_.n_embd);
   narrow(q_, hp_.n_head * hp_.head_dim);
@@ -252,7 +270,7 @@ bool FusedForward::layers(LayerPipeline& loads) {
 }
 
 bool FusedForward::run(bool want_logits) {
-  x_.resize(rows.size() * static_cast<size_t>(hp_.n_embd));
+  x_.reserve(rows.size() * static_cast<size_t>(hp_.n_embd));
   {
     std::vector<int32_t> ids(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) ids[i] = tokens_[rows[i]];
@@ -359,6 +377,7 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
     st.bytes_read += f.load_stats.bytes_read;
     st.load_ms += f.load_stats.load_ms();
     st.fetch_ms += f.load_stats.fetch_ms;
+    st.upload_ms += f.load_stats.upload_ms;
     st.blocked_ms += f.load_stats.blocked_ms;
     for (double ms : f.layer_ms) st.recompute_ms += ms;
     if (ok) {

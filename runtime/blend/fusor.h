@@ -80,9 +80,13 @@ struct FusionStats {
   bool pipelined = false;
   // Over every attempt of the request (a restart after a failed chunk
   // loads again):
-  uint64_t bytes_read = 0;    // stored bytes of cached layers loaded
-  double load_ms = 0.0;       // loader busy time: read + decode + RoPE of cached K
-  double fetch_ms = 0.0;      // its read + decode part (fetch_layer)
+  uint64_t bytes_read = 0;  // stored bytes of cached layers loaded
+  double load_ms = 0.0;     // loader busy time: read + decode + RoPE of cached K
+  double fetch_ms = 0.0;    // its read + decode part (fetch_layer)
+  // GPU time of the staged copies of loaded layers to the backend's KV cache
+  // (Backend::wants_staged_uploads; 0 otherwise).  The copies run beside
+  // the loader's work, so this is not part of load_ms.
+  double upload_ms = 0.0;
   double blocked_ms = 0.0;    // the compute side waiting for loads (serial: all of load_ms)
   double recompute_ms = 0.0;  // computing layers, waits excluded
   // Compute time of each layer of the successful attempt (waits excluded),

@@ -1,5 +1,6 @@
 #include "runtime/blend/layer_pipeline.h"
 
+#include <algorithm>
 #include <chrono>
 #include <numeric>
 
@@ -12,6 +13,20 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+// Waits, when a load ends early (a stop, a failed chunk, an error), for the
+// copies still reading the staging slots, which finish() may free next.
+// Their data is discarded then, so an error of the wait is too.
+struct UploadDrain {
+  Backend* in_flight = nullptr;
+  ~UploadDrain() {
+    if (!in_flight) return;
+    try {
+      in_flight->wait_uploads();
+    } catch (...) {
+    }
+  }
+};
+
 }  // namespace
 
 LayerPipeline::LayerPipeline(Session& s, std::vector<CachedChunkRef> chunks,
@@ -20,7 +35,15 @@ LayerPipeline::LayerPipeline(Session& s, std::vector<CachedChunkRef> chunks,
       chunks_(std::move(chunks)),
       opts_(opts),
       n_layers_(s.model().hparams().n_layer),
-      threaded_(opts.enabled && !chunks_.empty()) {
+      threaded_(opts.enabled && !chunks_.empty()),
+      staging_(nullptr, StagingFree{&s.backend()}) {
+  if (s.backend().wants_staged_uploads() && !chunks_.empty()) {
+    int32_t longest = 0;
+    for (const CachedChunkRef& c : chunks_) longest = std::max(longest, c.len);
+    slot_floats_ =
+        2 * static_cast<size_t>(longest) * static_cast<size_t>(s.model().hparams().kv_dim());
+    staging_.reset(s.backend().alloc_host_staging(2 * slot_floats_ * sizeof(float)));
+  }
   if (threaded_) thread_ = std::thread([this] { loader_main(); });
 }
 
@@ -31,9 +54,11 @@ LayerPipeline::~LayerPipeline() {
 LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadStats& st,
                                                     size_t& failed) {
   const auto& hp = s_.model().hparams();
+  Backend& be = s_.backend();
   const int64_t kv_dim = hp.kv_dim();
   float* kc = s_.k_cache(layer);
   float* vc = s_.v_cache(layer);
+  UploadDrain drain;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     if (threaded_) {
       // Between chunks, so a finish() during a long (throttled) layer waits
@@ -42,11 +67,19 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
       if (stop_) return LoadResult::kStopped;
     }
     const CachedChunkRef& ch = chunks_[c];
+    float* const k_rows = kc + static_cast<int64_t>(ch.begin) * kv_dim;
+    float* const v_rows = vc + static_cast<int64_t>(ch.begin) * kv_dim;
+    const size_t bytes = static_cast<size_t>(ch.len * kv_dim) * sizeof(float);
+    float* k = k_rows;
+    float* v = v_rows;
+    if (staging_) {
+      k = static_cast<float*>(staging_.get()) + (c % 2) * slot_floats_;
+      v = k + static_cast<int64_t>(ch.len) * kv_dim;
+    }
     const auto t0 = Clock::now();
     bool ok = false;
     try {
-      ok = ch.src->fetch_layer(layer, kc + static_cast<int64_t>(ch.begin) * kv_dim,
-                               vc + static_cast<int64_t>(ch.begin) * kv_dim);
+      ok = ch.src->fetch_layer(layer, k, v);
     } catch (...) {
       // A source that throws (I/O error, bad blob) is a chunk that cannot be
       // read, like one that returns false: the request computes it instead.
@@ -58,6 +91,14 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
       return LoadResult::kFailed;
     }
     st.bytes_read += ch.src->layer_bytes(layer);
+    if (staging_) {
+      // The previous chunk's copies ran during this fetch; once they are
+      // done, their slot is free for the next chunk.
+      st.upload_ms += be.wait_uploads();
+      drain.in_flight = &be;
+      be.upload(k_rows, k, bytes);
+      be.upload(v_rows, v, bytes);
+    }
   }
   // One rotation per run of adjacent chunks (usually the whole run of
   // retrieved chunks): RoPE is row-wise, so this equals rotating chunk by
@@ -70,10 +111,15 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
     for (++c; c < chunks_.size() && chunks_[c].begin == end; ++c) end += chunks_[c].len;
     pos_.resize(static_cast<size_t>(end - begin));
     std::iota(pos_.begin(), pos_.end(), begin);
-    s_.backend().rope(kc + static_cast<int64_t>(begin) * kv_dim, pos_.data(), end - begin,
-                      hp.n_head_kv, hp.head_dim, hp.rot_dim, hp.rope_freq_base);
+    be.rope(kc + static_cast<int64_t>(begin) * kv_dim, pos_.data(), end - begin, hp.n_head_kv,
+            hp.head_dim, hp.rot_dim, hp.rope_freq_base);
   }
   st.rope_ms += ms_since(t1);
+  if (staging_) {
+    // The copies completed before the rotation did; this collects their time.
+    st.upload_ms += be.wait_uploads();
+    drain.in_flight = nullptr;
+  }
   ++st.layers_loaded;
   return LoadResult::kOk;
 }
@@ -137,18 +183,21 @@ bool LayerPipeline::synchronize(int64_t layer) {
 void LayerPipeline::finish() {
   if (finished_) return;
   finished_ = true;
-  if (!threaded_) return;
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
+  if (threaded_) {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    // The loader's counters are its own until the join.
+    stats_.bytes_read += loader_stats_.bytes_read;
+    stats_.fetch_ms += loader_stats_.fetch_ms;
+    stats_.rope_ms += loader_stats_.rope_ms;
+    stats_.upload_ms += loader_stats_.upload_ms;
+    stats_.layers_loaded += loader_stats_.layers_loaded;
   }
-  cv_.notify_all();
-  thread_.join();
-  // The loader's counters are its own until the join.
-  stats_.bytes_read += loader_stats_.bytes_read;
-  stats_.fetch_ms += loader_stats_.fetch_ms;
-  stats_.rope_ms += loader_stats_.rope_ms;
-  stats_.layers_loaded += loader_stats_.layers_loaded;
+  staging_.reset();
 }
 
 }  // namespace cb

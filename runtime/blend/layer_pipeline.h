@@ -2,14 +2,20 @@
 // i, a loader thread reads and decodes layer i+1 (and further) of every
 // cached chunk and RoPE-rotates its K, so storage time hides behind compute.
 //
-// Where loads go: straight into the session's KV cache rows of the chunk,
-// not into staging buffers.  That is race-free because the two sides never
-// touch the same layer at once: the compute side reads or writes layer l's
-// cache only after synchronize(l) has returned, and from then on the loader
-// never writes layer l again (it only moves to later layers).  The cache
-// already holds every layer, so staging would cost a copy and memory for
-// nothing.  (A backend whose KV cache is not host memory would need staging;
-// today's fusor makes the same host-memory assumption.)
+// Where loads go: into the session's KV cache rows of the chunk.  That is
+// race-free because the two sides never touch the same layer at once: the
+// compute side reads or writes layer l's cache only after synchronize(l) has
+// returned, and from then on the loader never writes layer l again (it only
+// moves to later layers); the compute side's batches (Graph::execute) touch
+// only layers already handed over.  On a backend that writes its buffers
+// from the host at full speed (the CPU, an integrated GPU), fetch_layer
+// writes the cache rows directly.  On one that wants staged uploads (a
+// discrete GPU), it writes one of two host staging slots (one chunk's K and
+// V of a layer each) and the loader upload()s the slot to the rows; the
+// slots alternate so that the next chunk's fetch runs while the copy is in
+// flight.  The RoPE op that follows, issued by the same thread outside a
+// batch, completes after the copies, so a layer is in place when it is
+// handed over.
 //
 // How far ahead: PipelineOptions::max_layers_ahead bounds the look-ahead
 // (1 = classic double buffering).  The default is no bound: the first
@@ -31,6 +37,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -50,6 +57,7 @@ struct PipelineLoadStats {
   uint64_t bytes_read = 0;  // stored bytes, per the sources' layer_bytes()
   double fetch_ms = 0.0;    // in fetch_layer: read + decode (+ throttle waits)
   double rope_ms = 0.0;     // rotating the loaded K
+  double upload_ms = 0.0;   // staged copies, as the backend timed them (wait_uploads)
   double blocked_ms = 0.0;  // the compute side waiting in synchronize()
   int64_t layers_loaded = 0;
   double load_ms() const { return fetch_ms + rope_ms; }  // the loader's busy time
@@ -59,6 +67,7 @@ class LayerPipeline {
  public:
   // Starts the loader thread when opts.enabled and there are chunks.  The
   // session, the chunks' sources and the session's cache must outlive it.
+  // Throws cb::Error(kOutOfMemory) when staging memory cannot be had.
   LayerPipeline(Session& s, std::vector<CachedChunkRef> chunks, const PipelineOptions& opts);
   ~LayerPipeline();
   LayerPipeline(const LayerPipeline&) = delete;
@@ -89,6 +98,14 @@ class LayerPipeline {
   // constructor while the loader may already run, so it is not read there).
   bool threaded_;
   std::vector<int32_t> pos_;  // used by whichever single thread loads
+  // Staged loads only: two slots of slot_floats_, freed by finish().  Every
+  // copy from them has completed when load_layer() returns.
+  struct StagingFree {
+    Backend* be;
+    void operator()(void* p) const { be->free_host_staging(p); }
+  };
+  std::unique_ptr<void, StagingFree> staging_;
+  size_t slot_floats_ = 0;
 
   // Shared with the loader thread, guarded by mu_.
   std::mutex mu_;

@@ -1,6 +1,8 @@
 // The real model end to end on the CUDA backend, against the CPU backend:
 // prefill logits, greedy decode, and a CacheBlend request (rag_prefill in
-// blend mode over a MemoryChunkTable).  The CPU path is pinned to a float64
+// blend mode over a MemoryChunkTable): its logits, the rows it selected for
+// recomputation and the fused KV cache, with the layerwise pipeline on and
+// off, and decoding after it.  The CPU path is pinned to a float64
 // oracle at 1e-3 relative L2 (tests/integration), so the same bar here says
 // the GPU computes the same model.
 //
@@ -14,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <span>
 #include <string>
@@ -141,6 +144,81 @@ TEST_F(CudaSession, BlendRequestMatchesCpu) {
   EXPECT_LE(ex, 1e-2);
   EXPECT_EQ(argmax(lg), argmax(lc));
   EXPECT_EQ(argmax(lx), argmax(lc));
+}
+
+// The fusion's inner results, not only its logits: the HKVD rows selected
+// at the last check layer (FusionStats::final_rows, chosen on the GPU by
+// top_k over deviations computed there) must be the CPU's, and the fused KV
+// cache must match row for row.  Both sessions fuse the same stored chunks
+// (the CPU computes and stores them, CUDA loads them), so only the fusion
+// differs.  Pipeline on (a loader thread uploading and rotating chunk KV
+// beside the compute batches) and off must agree; then greedy decoding from
+// the fused cache, the same tokens fed to both sessions.
+TEST_F(CudaSession, BlendSelectionAndFusedCacheMatchCpu) {
+  const std::vector<std::string> texts = {
+      "The lighthouse on Kell Island was built in 1862 by the engineer Mara Voss.",
+      "Mara Voss was born in the harbour town of Pellwick and trained in Glasgow.",
+      "Pellwick lies on the northern coast and is known for its herring fleet."};
+  const RagPrompt rp =
+      build_rag_prompt(model().tokenizer(), "Answer from the documents.", texts,
+                       "Where was the builder of the Kell Island lighthouse born?");
+  const LlamaHparams& hp = model().hparams();
+  auto to_vec = [](std::span<const float> l) { return std::vector<float>(l.begin(), l.end()); };
+  for (bool pipelined : {true, false}) {
+    SCOPED_TRACE(pipelined ? "pipeline on" : "pipeline off");
+    RagPrefillOptions ro;
+    ro.blend.mode = BlendMode::kBlend;
+    ro.pipeline.enabled = pipelined;
+    MemoryChunkTable table;
+    Session cpu(model(), opts(BackendKind::kCpu));
+    Session gpu(model(), opts(BackendKind::kCuda));
+    RagPrefillStats sc, sg;
+    std::vector<float> lc = to_vec(rag_prefill(cpu, rp, &table, ro, &sc));
+    std::vector<float> lg = to_vec(rag_prefill(gpu, rp, &table, ro, &sg));
+    EXPECT_EQ(sc.cache_misses, 3);
+    EXPECT_EQ(sg.cache_hits, 3);
+    EXPECT_EQ(sg.fusion.pipelined, pipelined);
+    const double el = test::rel_l2(lg, lc);
+    EXPECT_LE(el, 1e-2);
+    EXPECT_EQ(argmax(lg), argmax(lc)) << "CPU top-2 gap " << top2_gap(lc);
+
+    EXPECT_EQ(sg.fusion.rows_per_layer, sc.fusion.rows_per_layer);
+    const std::vector<int32_t>& rc = sc.fusion.final_rows;
+    const std::vector<int32_t>& rg = sg.fusion.final_rows;
+    std::vector<int32_t> only_cpu, only_gpu;
+    std::set_difference(rc.begin(), rc.end(), rg.begin(), rg.end(), std::back_inserter(only_cpu));
+    std::set_difference(rg.begin(), rg.end(), rc.begin(), rc.end(), std::back_inserter(only_gpu));
+    EXPECT_EQ(rg, rc) << only_cpu.size() << " rows only on the CPU, " << only_gpu.size()
+                      << " only on CUDA, of " << rc.size();
+
+    ASSERT_EQ(gpu.n_past(), cpu.n_past());
+    const size_t n = static_cast<size_t>(cpu.n_past() * hp.kv_dim());
+    double worst_k = 0.0, worst_v = 0.0;
+    for (int64_t l = 0; l < hp.n_layer; ++l) {
+      const double ek = test::rel_l2({gpu.k_cache(l), n}, {cpu.k_cache(l), n});
+      const double ev = test::rel_l2({gpu.v_cache(l), n}, {cpu.v_cache(l), n});
+      EXPECT_LE(ek, 1e-2) << "K of layer " << l;
+      EXPECT_LE(ev, 1e-2) << "V of layer " << l;
+      worst_k = std::max(worst_k, ek);
+      worst_v = std::max(worst_v, ev);
+    }
+    std::printf(
+        "blend (%s): logits rel L2 %.3g; %zu rows recomputed at the last layer (%zu differ); "
+        "fused KV worst layer rel L2 K %.3g V %.3g\n",
+        pipelined ? "pipeline on" : "pipeline off", el, rc.size(),
+        only_cpu.size() + only_gpu.size(), worst_k, worst_v);
+
+    constexpr int kSteps = 6;
+    for (int step = 0; step < kSteps; ++step) {
+      const int32_t t = argmax(lc);
+      lc = to_vec(cpu.decode(t));
+      lg = to_vec(gpu.decode(t));
+      const double e = test::rel_l2(lg, lc);
+      std::printf("  decode after blend, step %d (token %d): rel L2 %.3g\n", step, t, e);
+      EXPECT_LE(e, 1e-2) << "step " << step;
+      EXPECT_EQ(argmax(lg), argmax(lc)) << "step " << step << "; CPU top-2 gap " << top2_gap(lc);
+    }
+  }
 }
 
 }  // namespace

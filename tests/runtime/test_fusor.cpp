@@ -10,8 +10,8 @@
 
 #include "platform/error.h"
 #include "runtime/blend/fusor.h"
-#include "runtime/blend/hkvd.h"
 #include "runtime/model.h"
+#include "tests/runtime/forwarding_backend.h"
 #include "tests/runtime/model_path.h"
 
 namespace cb {
@@ -161,6 +161,28 @@ TEST_F(FusorTest, GenerationContinuesFromTheFusedCache) {
   EXPECT_LE(rel_l2(a.decode(t), b.decode(t)), 1e-4);
 }
 
+// On a GPU an op's activation outside backend memory is staged over PCIe at
+// every call: the fusion keeps all of them in alloc_buffer() memory but the
+// final logits row, and its results are those of the plain CPU backend.
+TEST_F(FusorTest, ActivationsStayInBackendMemory) {
+  auto owned = std::make_unique<test::ForwardingBackend>();
+  test::ForwardingBackend& be = *owned;
+  Session s(model(), {.n_ctx = 512, .n_threads = 2}, std::move(owned));
+  Session plain(model(), {.n_ctx = 512, .n_threads = 2});
+  auto segs = segments();
+  const BlendOptions gradual{BlendMode::kBlend, {{1, 0.5f}, {3, 0.15f}}};
+  const auto got = fuse_prefill(s, segs, gradual);
+  EXPECT_EQ(be.host_args, 1);  // the logits
+  const auto want = fuse_prefill(plain, segs, gradual);
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin(), want.end()));
+  be.host_args = 0;
+  s.truncate(0);
+  const cache::ChunkKV captured = precompute_chunk_kv(s, req.head, req.chunks[2]);
+  EXPECT_EQ(be.host_args, 0);
+  EXPECT_EQ(captured.k, kv[2].k);
+  EXPECT_EQ(captured.v, kv[2].v);
+}
+
 // A chunk whose KV cannot be read mid-request is computed instead: the
 // result equals fusing with that chunk uncached.
 class FailingSource final : public ChunkLayerSource {
@@ -215,13 +237,21 @@ TEST_F(FusorTest, BadRequestsAreClearErrors) {
                Error);  // chunk over the context
 }
 
+// HKVD selection is the backend's top_k (on the CPU, top_k_indices).
+std::vector<int32_t> select_hkvd_tokens(const std::vector<float>& d, int64_t k) {
+  std::vector<int32_t> top(static_cast<size_t>(k));
+  make_cpu_backend(1)->top_k(d.data(), static_cast<int64_t>(d.size()), k, top.data());
+  return top;
+}
+
 TEST(Hkvd, PicksExactlyTheKLargestWithDeterministicTies) {
   std::vector<float> d = {0.5f, 3.0f, 1.0f, 3.0f, 0.0f, 2.0f, 3.0f};
   EXPECT_EQ(select_hkvd_tokens(d, 2), (std::vector<int32_t>{1, 3}));
   EXPECT_EQ(select_hkvd_tokens(d, 3), (std::vector<int32_t>{1, 3, 6}));
   EXPECT_EQ(select_hkvd_tokens(d, 4), (std::vector<int32_t>{1, 3, 5, 6}));
   EXPECT_EQ(select_hkvd_tokens(d, 0), (std::vector<int32_t>{}));
-  EXPECT_EQ(select_hkvd_tokens(d, 99).size(), d.size());
+  EXPECT_EQ(select_hkvd_tokens(d, 7).size(), d.size());
+  EXPECT_THROW(select_hkvd_tokens(d, 8), Error);
   std::mt19937 rng(5);
   std::vector<float> r(1000);
   for (float& v : r) v = static_cast<float>(rng() % 50);

@@ -3,7 +3,9 @@
 #include <cmath>
 #include <random>
 
+#include "platform/error.h"
 #include "runtime/graph.h"
+#include "tests/runtime/forwarding_backend.h"
 
 namespace cb {
 namespace {
@@ -63,6 +65,66 @@ TEST(Graph, ExecutesNodeRanges) {
   EXPECT_EQ(a, (std::vector<float>{11, 22, 33, 44}));
   g.execute(*be, nullptr, 1);
   EXPECT_EQ(a, (std::vector<float>{21, 42, 63, 84}));
+}
+
+// Counts batches, and optionally fails an op and the end of the batch.
+class BatchCountingBackend final : public test::ForwardingBackend {
+ public:
+  BatchCountingBackend() : ForwardingBackend(1) {}
+  void begin_batch() override {
+    ++begins;
+    ++depth;
+  }
+  void end_batch() override {
+    ++ends;
+    --depth;
+    if (fail_end) throw std::runtime_error("end_batch failed too");
+  }
+  void add(const float* a, const float* b, int64_t n, float* out) override {
+    if (fail_add) fail(ErrorCode::kInternal, "add failed");
+    ForwardingBackend::add(a, b, n, out);
+  }
+  int begins = 0, ends = 0, depth = 0, ops_outside = 0;
+  bool fail_add = false, fail_end = false;
+
+ private:
+  void before_op() override { ops_outside += depth == 0; }
+};
+
+TEST(Graph, ExecuteIsOneBatchBalancedAlsoWhenAnOpThrows) {
+  BatchCountingBackend be;
+  std::vector<float> a = {1, 2, 3, 4}, b = {10, 20, 30, 40}, w = {1, 1};
+  Graph g;
+  TensorId ta = g.external(a.data(), 2, 2);
+  g.add_into(ta, g.external(b.data(), 2, 2));
+  g.add_into(ta, g.rmsnorm(ta, w.data(), 1e-5f));
+  std::vector<float> arena(g.plan() / sizeof(float) + 16);
+  g.execute(be, arena.data());
+  EXPECT_EQ(be.begins, 1);
+  EXPECT_EQ(be.ends, 1);
+  EXPECT_EQ(be.ops_outside, 0);
+  g.execute(be, arena.data(), 1, 2);  // a range is one batch too
+  EXPECT_EQ(be.begins, 2);
+  EXPECT_EQ(be.ends, 2);
+
+  // The op's error comes out, the batch is ended, and a second error from
+  // ending it is dropped.
+  be.fail_add = true;
+  for (bool fail_end : {false, true}) {
+    be.fail_end = fail_end;
+    try {
+      g.execute(be, arena.data());
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInternal);
+    }
+    EXPECT_EQ(be.depth, 0);
+    EXPECT_EQ(be.begins, be.ends);
+  }
+  // Without an op error, end_batch()'s own error is reported.
+  be.fail_add = false;
+  EXPECT_THROW(g.execute(be, arena.data()), std::runtime_error);
+  EXPECT_EQ(be.begins, be.ends);
 }
 
 }  // namespace

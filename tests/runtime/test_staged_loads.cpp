@@ -1,0 +1,183 @@
+// Staged KV loads (Backend::wants_staged_uploads, the discrete-GPU path) run
+// on the CPU through a backend that completes its uploads as late as it may:
+// the fusion must equal the direct loads bit for bit (logits, selected rows,
+// KV cache), pipelined or serial, also when a chunk fails to load, and a
+// staging allocation failure must surface as the error it is.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "platform/error.h"
+#include "runtime/blend/fusor.h"
+#include "runtime/blend/rag_request.h"
+#include "tests/runtime/forwarding_backend.h"
+#include "tests/runtime/model_path.h"
+
+namespace cb {
+namespace {
+
+const Model& model() {
+  return test::shared_model();
+}
+
+// Fails (returns false) from layer fail_at on.
+class FailingSource final : public ChunkLayerSource {
+ public:
+  FailingSource(ChunkLayerSource& inner, int64_t fail_at) : inner_(inner), fail_at_(fail_at) {}
+  bool fetch_layer(int64_t layer, float* k, float* v) override {
+    return layer < fail_at_ && inner_.fetch_layer(layer, k, v);
+  }
+
+ private:
+  ChunkLayerSource& inner_;
+  int64_t fail_at_;
+};
+
+// What a fusion leaves behind (stats.final_rows: the selected rows).
+struct Fused {
+  std::vector<float> logits;
+  std::vector<float> kv;  // every layer's K and V rows [0, n)
+  FusionStats stats;
+};
+
+constexpr SessionOptions kOpts{.n_ctx = 256, .n_threads = 2};
+
+class StagedLoadsTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<std::string> texts = {
+        "The lighthouse on Kell Island was built in 1862 by the engineer Mara Voss.",
+        "Mara Voss was born in the harbour town of Pellwick and trained in Glasgow.",
+        "Pellwick lies on the northern coast and is known for its herring fleet."};
+    prompt = build_rag_prompt(model().tokenizer(), "Answer from the documents.", texts,
+                              "Where was the builder of the Kell Island lighthouse born?");
+    Session scratch(model(), kOpts);
+    for (const auto& c : prompt.chunks) kv.push_back(precompute_chunk_kv(scratch, prompt.head, c));
+    for (const auto& k : kv) sources.push_back(std::make_unique<MemoryChunkSource>(k));
+  }
+  std::vector<Segment> segments() {
+    std::vector<Segment> s = {{prompt.head}};
+    for (size_t i = 0; i < prompt.chunks.size(); ++i)
+      s.push_back({prompt.chunks[i], sources[i].get(), i == 0});
+    s.push_back({prompt.suffix});
+    return s;
+  }
+  static Fused fuse(Session& s, std::span<const Segment> segs, const PipelineOptions& p,
+                    const BlendOptions& o = {}) {
+    Fused f;
+    auto l = fuse_prefill(s, segs, o, &f.stats, p);
+    f.logits.assign(l.begin(), l.end());
+    const auto& hp = model().hparams();
+    const int64_t row = hp.kv_dim(), n = s.n_past();
+    for (int64_t layer = 0; layer < hp.n_layer; ++layer) {
+      f.kv.insert(f.kv.end(), s.k_cache(layer), s.k_cache(layer) + n * row);
+      f.kv.insert(f.kv.end(), s.v_cache(layer), s.v_cache(layer) + n * row);
+    }
+    return f;
+  }
+
+  RagPrompt prompt;
+  std::vector<cache::ChunkKV> kv;
+  std::vector<std::unique_ptr<MemoryChunkSource>> sources;
+};
+
+const PipelineOptions kModes[] = {{.enabled = false}, {}, {.enabled = true, .max_layers_ahead = 1}};
+
+std::string mode_name(const PipelineOptions& p) {
+  return !p.enabled ? "serial" : "pipelined, ahead " + std::to_string(p.max_layers_ahead);
+}
+
+// A session on a StagingBackend, which it owns; be stays valid while it lives.
+struct StagedSession {
+  StagedSession() {
+    auto owned = std::make_unique<test::StagingBackend>();
+    be = owned.get();
+    s = std::make_unique<Session>(model(), kOpts, std::move(owned));
+  }
+  test::StagingBackend* be;
+  std::unique_ptr<Session> s;
+};
+
+TEST_F(StagedLoadsTest, StagedEqualsDirectBitwise) {
+  const auto segs = segments();
+  const int64_t copies = 2 * model().hparams().n_layer * static_cast<int64_t>(sources.size());
+  for (const BlendOptions& o : {BlendOptions{}, BlendOptions{BlendMode::kReuse, {}}})
+    for (const PipelineOptions& p : kModes) {
+      SCOPED_TRACE(mode_name(p) + (o.mode == BlendMode::kReuse ? ", reuse" : ", blend"));
+      Session direct(model(), kOpts);
+      const Fused want = fuse(direct, segs, p, o);
+      StagedSession staged;
+      const Fused got = fuse(*staged.s, segs, p, o);
+      EXPECT_EQ(got.logits, want.logits);
+      EXPECT_EQ(got.stats.final_rows, want.stats.final_rows);
+      EXPECT_EQ(got.kv, want.kv);
+      EXPECT_EQ(got.stats.bytes_read, want.stats.bytes_read);
+      // One K and one V copy per chunk and layer, each reported by a wait.
+      EXPECT_EQ(staged.be->uploads, copies);
+      EXPECT_NEAR(got.stats.upload_ms, test::StagingBackend::kMsPerCopy * copies, 1e-9);
+      EXPECT_EQ(want.stats.upload_ms, 0.0);
+      // Staging is allocated once per request and freed by its end.
+      EXPECT_EQ(staged.be->staging_allocs, 1);
+      EXPECT_EQ(staged.be->staging_frees, 1);
+      EXPECT_EQ(staged.be->pending_copies(), 0u);
+      // Decoding goes on from the same cache.
+      const auto a = staged.s->decode(42);
+      const auto b = direct.decode(42);
+      EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+    }
+}
+
+TEST_F(StagedLoadsTest, DirectLoadsNeverStage) {
+  auto owned = std::make_unique<test::ForwardingBackend>();
+  test::ForwardingBackend& be = *owned;
+  Session s(model(), kOpts, std::move(owned));
+  for (const PipelineOptions& p : kModes) {
+    s.truncate(0);
+    fuse(s, segments(), p);
+  }
+  EXPECT_EQ(be.uploads, 0);
+  EXPECT_EQ(be.staging_allocs, 0);
+}
+
+TEST_F(StagedLoadsTest, AChunkFailingToLoadIsComputedAlike) {
+  auto segs = segments();
+  for (int64_t fail_at : {int64_t{0}, int64_t{5}, model().hparams().n_layer - 1})
+    for (const PipelineOptions& p : kModes) {
+      SCOPED_TRACE(mode_name(p) + ", fail at " + std::to_string(fail_at));
+      FailingSource broken(*sources[1], fail_at);
+      segs[2].cached = &broken;
+      Session direct(model(), kOpts);
+      const Fused want = fuse(direct, segs, p);
+      StagedSession staged;
+      const Fused got = fuse(*staged.s, segs, p);
+      EXPECT_EQ(got.stats.chunks_recomputed, 1);
+      EXPECT_EQ(got.logits, want.logits);
+      EXPECT_EQ(got.stats.final_rows, want.stats.final_rows);
+      EXPECT_EQ(got.kv, want.kv);
+      // The failed attempt's staging is freed, with no copy left reading it.
+      EXPECT_EQ(staged.be->staging_allocs, 2);
+      EXPECT_EQ(staged.be->staging_frees, 2);
+      EXPECT_EQ(staged.be->pending_copies(), 0u);
+    }
+}
+
+TEST_F(StagedLoadsTest, StagingAllocationFailureIsReported) {
+  const auto segs = segments();
+  for (const PipelineOptions& p : kModes) {
+    StagedSession staged;
+    staged.be->fail_staging = true;
+    try {
+      fuse(*staged.s, segs, p);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory) << e.what();
+    }
+    // The session is still usable.
+    staged.be->fail_staging = false;
+    EXPECT_EQ(staged.s->n_past(), 0);
+    EXPECT_NO_THROW(fuse(*staged.s, segs, p));
+  }
+}
+
+}  // namespace
+}  // namespace cb
