@@ -13,6 +13,7 @@
 #include "runtime/model.h"
 #include "tests/runtime/forwarding_backend.h"
 #include "tests/runtime/model_path.h"
+#include "tests/runtime/rag_request_fixture.h"
 
 namespace cb {
 namespace {
@@ -185,17 +186,7 @@ TEST_F(FusorTest, ActivationsStayInBackendMemory) {
 
 // A chunk whose KV cannot be read mid-request is computed instead: the
 // result equals fusing with that chunk uncached.
-class FailingSource final : public ChunkLayerSource {
- public:
-  FailingSource(ChunkLayerSource& inner, int64_t fail_at) : inner_(inner), fail_at_(fail_at) {}
-  bool fetch_layer(int64_t layer, float* k, float* v) override {
-    return layer < fail_at_ && inner_.fetch_layer(layer, k, v);
-  }
-
- private:
-  ChunkLayerSource& inner_;
-  int64_t fail_at_;
-};
+using test::FailingSource;
 
 TEST_F(FusorTest, UnreadableChunkIsRecomputed) {
   FailingSource broken(*sources[1], 7);

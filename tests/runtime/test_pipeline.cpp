@@ -18,6 +18,7 @@
 #include "runtime/blend/layer_pipeline.h"
 #include "runtime/blend/rag_request.h"
 #include "tests/runtime/model_path.h"
+#include "tests/runtime/rag_request_fixture.h"
 
 namespace cb {
 namespace {
@@ -30,25 +31,7 @@ const Model& model() {
 
 using test::rel_l2;
 
-// Fails (returns false, or throws) from layer fail_at on.
-class FailingSource final : public ChunkLayerSource {
- public:
-  FailingSource(ChunkLayerSource& inner, int64_t fail_at, bool throws)
-      : inner_(inner), fail_at_(fail_at), throws_(throws) {}
-  bool fetch_layer(int64_t layer, float* k, float* v) override {
-    if (layer >= fail_at_) {
-      if (throws_) throw std::runtime_error("injected read error");
-      return false;
-    }
-    return inner_.fetch_layer(layer, k, v);
-  }
-  uint64_t layer_bytes(int64_t layer) const override { return inner_.layer_bytes(layer); }
-
- private:
-  ChunkLayerSource& inner_;
-  int64_t fail_at_;
-  bool throws_;
-};
+using test::FailingSource;
 
 // Records the highest layer fetched so far.
 class RecordingSource final : public ChunkLayerSource {
@@ -66,30 +49,15 @@ class RecordingSource final : public ChunkLayerSource {
   ChunkLayerSource& inner_;
 };
 
-class PipelineTest : public testing::Test {
+class PipelineTest : public testing::Test, public test::LighthouseRequest {
  protected:
+  PipelineTest() : LighthouseRequest(model()) {}
   void SetUp() override {
-    std::vector<std::string> texts = {
-        "The lighthouse on Kell Island was built in 1862 by the engineer Mara Voss.",
-        "Mara Voss was born in the harbour town of Pellwick and trained in Glasgow.",
-        "Pellwick lies on the northern coast and is known for its herring fleet."};
-    prompt = build_rag_prompt(model().tokenizer(), "Answer from the documents.", texts,
-                              "Where was the builder of the Kell Island lighthouse born?");
-    Session scratch(model(), {.n_ctx = 256, .n_threads = 2});
-    for (const auto& c : prompt.chunks) kv.push_back(precompute_chunk_kv(scratch, prompt.head, c));
-    for (const auto& k : kv) sources.push_back(std::make_unique<MemoryChunkSource>(k));
     dir = fs::path(testing::TempDir()) / ("pipeline_" + std::to_string(::getpid()));
     fs::remove_all(dir);
   }
   void TearDown() override { fs::remove_all(dir); }
 
-  std::vector<Segment> segments() {
-    std::vector<Segment> s = {{prompt.head}};
-    for (size_t i = 0; i < prompt.chunks.size(); ++i)
-      s.push_back({prompt.chunks[i], sources[i].get(), i == 0});
-    s.push_back({prompt.suffix});
-    return s;
-  }
   std::vector<float> fuse(std::span<const Segment> segs, const PipelineOptions& p,
                           FusionStats* st = nullptr, const BlendOptions& o = {}) {
     Session s(model(), {.n_ctx = 256, .n_threads = 2});
@@ -107,9 +75,6 @@ class PipelineTest : public testing::Test {
         cache::ChunkStore::open(dir.string(), {.codec = codec}).release());
   }
 
-  RagPrompt prompt;
-  std::vector<cache::ChunkKV> kv;
-  std::vector<std::unique_ptr<MemoryChunkSource>> sources;
   fs::path dir;
 };
 

@@ -12,6 +12,7 @@
 #include "runtime/blend/rag_request.h"
 #include "tests/runtime/forwarding_backend.h"
 #include "tests/runtime/model_path.h"
+#include "tests/runtime/rag_request_fixture.h"
 
 namespace cb {
 namespace {
@@ -20,18 +21,7 @@ const Model& model() {
   return test::shared_model();
 }
 
-// Fails (returns false) from layer fail_at on.
-class FailingSource final : public ChunkLayerSource {
- public:
-  FailingSource(ChunkLayerSource& inner, int64_t fail_at) : inner_(inner), fail_at_(fail_at) {}
-  bool fetch_layer(int64_t layer, float* k, float* v) override {
-    return layer < fail_at_ && inner_.fetch_layer(layer, k, v);
-  }
-
- private:
-  ChunkLayerSource& inner_;
-  int64_t fail_at_;
-};
+using test::FailingSource;
 
 // What a fusion leaves behind (stats.final_rows: the selected rows).
 struct Fused {
@@ -42,26 +32,9 @@ struct Fused {
 
 constexpr SessionOptions kOpts{.n_ctx = 256, .n_threads = 2};
 
-class StagedLoadsTest : public testing::Test {
+class StagedLoadsTest : public testing::Test, public test::LighthouseRequest {
  protected:
-  void SetUp() override {
-    std::vector<std::string> texts = {
-        "The lighthouse on Kell Island was built in 1862 by the engineer Mara Voss.",
-        "Mara Voss was born in the harbour town of Pellwick and trained in Glasgow.",
-        "Pellwick lies on the northern coast and is known for its herring fleet."};
-    prompt = build_rag_prompt(model().tokenizer(), "Answer from the documents.", texts,
-                              "Where was the builder of the Kell Island lighthouse born?");
-    Session scratch(model(), kOpts);
-    for (const auto& c : prompt.chunks) kv.push_back(precompute_chunk_kv(scratch, prompt.head, c));
-    for (const auto& k : kv) sources.push_back(std::make_unique<MemoryChunkSource>(k));
-  }
-  std::vector<Segment> segments() {
-    std::vector<Segment> s = {{prompt.head}};
-    for (size_t i = 0; i < prompt.chunks.size(); ++i)
-      s.push_back({prompt.chunks[i], sources[i].get(), i == 0});
-    s.push_back({prompt.suffix});
-    return s;
-  }
+  StagedLoadsTest() : LighthouseRequest(model()) {}
   static Fused fuse(Session& s, std::span<const Segment> segs, const PipelineOptions& p,
                     const BlendOptions& o = {}) {
     Fused f;
@@ -75,10 +48,6 @@ class StagedLoadsTest : public testing::Test {
     }
     return f;
   }
-
-  RagPrompt prompt;
-  std::vector<cache::ChunkKV> kv;
-  std::vector<std::unique_ptr<MemoryChunkSource>> sources;
 };
 
 const PipelineOptions kModes[] = {{.enabled = false}, {}, {.enabled = true, .max_layers_ahead = 1}};
