@@ -32,7 +32,8 @@ std::vector<double> read_f64(const std::string& path) {
   return v;
 }
 
-TEST(ReferenceForward, LastLogitsMatchFloat64Reference) {
+// Every reference prompt through a session made with `opts`.
+void expect_reference_logits(const SessionOptions& opts) {
   const std::string dir = CB_BINARY_DIR "/oracle/reference";
   auto prompts = read_json(CB_SOURCE_DIR "/tests/golden/reference_prompts.json");
   auto model = Model::load(test::model_path());
@@ -43,7 +44,7 @@ TEST(ReferenceForward, LastLogitsMatchFloat64Reference) {
     std::vector<double> ref = read_f64(dir + "/" + name + ".logits.f64");
     ASSERT_EQ(ref.size(), static_cast<size_t>(model->hparams().n_vocab)) << name;
 
-    Session s(*model, {.n_ctx = 512, .n_threads = 2});
+    Session s(*model, opts);
     auto logits = s.prefill(ids);
     double num = 0, den = 0;
     size_t ref_top = 0, our_top = 0;
@@ -59,6 +60,18 @@ TEST(ReferenceForward, LastLogitsMatchFloat64Reference) {
     EXPECT_LE(err, 1e-3) << name;
     EXPECT_EQ(our_top, ref_top) << name;
   }
+}
+
+TEST(ReferenceForward, LastLogitsMatchFloat64Reference) {
+  expect_reference_logits({.n_ctx = 512, .n_threads = 2});
+}
+
+// The same bar for the CUDA backend, against the oracle itself rather than
+// through the CPU backend (tests/cuda compares the two).
+TEST(ReferenceForward, CudaLastLogitsMatchFloat64Reference) {
+  if (!cuda_backend_compiled()) GTEST_SKIP() << "this build has no CUDA backend";
+  if (cuda_device_count_or_zero() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  expect_reference_logits({.n_ctx = 512, .backend = BackendKind::kCuda, .device = 0});
 }
 
 }  // namespace
