@@ -1135,7 +1135,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     const size_t stats_size =
         stats == nullptr
             ? 0
-            : output_size(stats, sizeof(cb_rag_stats),
+            : output_size(stats, offsetof(cb_rag_stats, upload_ms),
                           "stats->struct_size is not a known size (use cb_rag_stats_init)");
     const cb_rag_options o = read_rag_options(opts);
     require(o.schedule != nullptr || o.n_schedule == 0, "schedule is NULL but n_schedule is not 0");
@@ -1295,6 +1295,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
       out.load_ms = rs.fusion.load_ms;
       out.blocked_ms = rs.fusion.blocked_ms;
       out.recompute_ms = rs.fusion.recompute_ms;
+      out.upload_ms = rs.fusion.upload_ms;
       out.total_ms = ms_since(t0);
       std::memcpy(static_cast<void*>(stats), &out, stats_size);
       stats->struct_size = stats_size;

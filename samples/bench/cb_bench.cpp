@@ -986,7 +986,7 @@ struct TtftRow {
   double ttft_ms, compute_ms;
   std::vector<double> runs;
   cb_rag_stats st;  // of the last run
-  double load_ms = 0.0, blocked_ms = 0.0;
+  double load_ms = 0.0, blocked_ms = 0.0, upload_ms = 0.0;
 };
 
 std::string ratio_label(float r) {
@@ -1133,7 +1133,8 @@ int cmd_ttft(const Args& a) {
         rows.push_back(row);
       }
     }
-    std::vector<std::vector<double>> compute(rows.size()), load(rows.size()), blocked(rows.size());
+    std::vector<std::vector<double>> compute(rows.size()), load(rows.size()), blocked(rows.size()),
+        upload(rows.size());
     for (int k = 0; k < repeat; ++k) {
       for (size_t i = first; i < rows.size(); ++i) {
         TtftRow& row = rows[i];
@@ -1149,6 +1150,7 @@ int cmd_ttft(const Args& a) {
         compute[i].push_back(st.recompute_ms);
         load[i].push_back(st.load_ms);
         blocked[i].push_back(st.blocked_ms);
+        upload[i].push_back(st.upload_ms);
         row.st = st;
       }
     }
@@ -1157,6 +1159,7 @@ int cmd_ttft(const Args& a) {
       rows[i].compute_ms = median(compute[i]);
       rows[i].load_ms = median(load[i]);
       rows[i].blocked_ms = median(blocked[i]);
+      rows[i].upload_ms = median(upload[i]);
     }
   }
 
@@ -1174,6 +1177,7 @@ int cmd_ttft(const Args& a) {
           .add("load_ms", r.load_ms)
           .add("compute_ms", r.compute_ms)
           .add("blocked_ms", r.blocked_ms)
+          .add("upload_ms", r.upload_ms)
           .add("ratio", ratio_value(r.st.ratio))
           .add("ratio_mode", r.ratio_opt == kAutoRatio ? "auto" : "fixed")
           .add("pipeline", r.st.pipelined != 0)

@@ -542,6 +542,13 @@ static const char* const kRagQuestion = "What is the secret code of the vault?";
 /* One RAG request on the reset session `s`, then greedy generation of up
  * to 12 tokens into `out`; the first-token logits are copied to `logits`
  * (n_vocab floats) when not NULL. */
+/* "cpu" or "cuda": where the model's sessions run. */
+static const char* backend_of(cb_model* m) {
+  cb_model_info info;
+  cb_model_info_init(&info);
+  return cb_model_get_info(m, &info) == CB_OK ? info.backend : "?";
+}
+
 static cb_status rag_answer(cb_session* s, cb_chunk_cache* cache, const cb_rag_options* ro,
                             cb_rag_stats* st, collector* out, float* logits, int32_t n_vocab) {
   cb_generate_options go;
@@ -627,11 +634,18 @@ static void test_rag_store(cb_model* m) {
   CHECK(st.cache_hits == 2 && st.cache_misses == 0);
   CHECK(strstr(c2.text, "4721") != NULL);
   CHECK(st.pipelined == 1 && st.bytes_read > 0);
-  /* The same request without the loader thread gives the same answer. */
+  /* Only a discrete GPU copies loaded KV (upload_ms, timed by the GPU). */
+  CHECK(st.upload_ms >= 0.0);
+  if (strcmp(backend_of(m), "cpu") == 0) CHECK(st.upload_ms == 0.0);
+  /* The same request without the loader thread gives the same answer; a
+   * stats struct from before upload_ms existed is still filled. */
   ro.pipeline = 0;
   cb_rag_stats_init(&st);
+  st.struct_size = offsetof(cb_rag_stats, upload_ms);
+  st.upload_ms = -7.0;
   CHECK_OK(rag_answer(s, cache, &ro, &st, &c1, NULL, 0));
   CHECK(st.pipelined == 0 && strcmp(c1.text, c2.text) == 0);
+  CHECK(st.bytes_read > 0 && st.upload_ms == -7.0);
   /* Auto ratio: the controller's choice is at least r_min = 0.15. */
   ro.pipeline = 1;
   ro.auto_ratio = 1;

@@ -592,6 +592,12 @@ typedef struct cb_rag_stats {
   double load_ms;      /* loader busy time: read + decode + RoPE of cached K */
   double blocked_ms;   /* compute waiting for loads (serial: all of load_ms) */
   double recompute_ms; /* computing layers, waits excluded */
+  /* Copying the loaded KV into the GPU's memory, as the backend timed it
+   * (CUDA events on the loader's stream; it overlaps load_ms and the
+   * compute).  0 on the CPU and on GPUs that share the host's memory
+   * (Jetson), where loads are written in place.  Added in 0.1.x: a struct
+   * that ends before it (older callers) is still accepted. */
+  double upload_ms;
 } cb_rag_stats;
 
 /* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */
