@@ -27,6 +27,7 @@
 #include "runtime/model.h"
 #include "runtime/session.h"
 #include "tests/runtime/model_path.h"
+#include "tests/runtime/rag_request_fixture.h"
 
 namespace cb {
 namespace {
@@ -111,13 +112,7 @@ TEST_F(CudaSession, PrefillAndGreedyDecodeMatchCpu) {
 // managed-memory path too.  Three runs: CPU computing its chunks, CUDA
 // computing its own, and CUDA loading the chunks the CPU stored.
 TEST_F(CudaSession, BlendRequestMatchesCpu) {
-  const std::vector<std::string> texts = {
-      "The lighthouse on Kell Island was built in 1862 by the engineer Mara Voss.",
-      "Mara Voss was born in the harbour town of Pellwick and trained in Glasgow.",
-      "Pellwick lies on the northern coast and is known for its herring fleet."};
-  const RagPrompt rp =
-      build_rag_prompt(model().tokenizer(), "Answer from the documents.", texts,
-                       "Where was the builder of the Kell Island lighthouse born?");
+  const RagPrompt rp = test::lighthouse_prompt(model());
   RagPrefillOptions ro;
   ro.blend.mode = BlendMode::kBlend;
   auto run = [&](BackendKind b, MemoryChunkTable& table, RagPrefillStats& st) {
@@ -155,13 +150,7 @@ TEST_F(CudaSession, BlendRequestMatchesCpu) {
 // beside the compute batches) and off must agree; then greedy decoding from
 // the fused cache, the same tokens fed to both sessions.
 TEST_F(CudaSession, BlendSelectionAndFusedCacheMatchCpu) {
-  const std::vector<std::string> texts = {
-      "The lighthouse on Kell Island was built in 1862 by the engineer Mara Voss.",
-      "Mara Voss was born in the harbour town of Pellwick and trained in Glasgow.",
-      "Pellwick lies on the northern coast and is known for its herring fleet."};
-  const RagPrompt rp =
-      build_rag_prompt(model().tokenizer(), "Answer from the documents.", texts,
-                       "Where was the builder of the Kell Island lighthouse born?");
+  const RagPrompt rp = test::lighthouse_prompt(model());
   const LlamaHparams& hp = model().hparams();
   auto to_vec = [](std::span<const float> l) { return std::vector<float>(l.begin(), l.end()); };
   for (bool pipelined : {true, false}) {

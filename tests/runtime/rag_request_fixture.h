@@ -35,14 +35,18 @@ class FailingSource final : public ChunkLayerSource {
 };
 
 // Facts spread over three documents, so the question needs two of them.
+inline RagPrompt lighthouse_prompt(const Model& model) {
+  const std::vector<std::string> texts = {
+      "The lighthouse on Kell Island was built in 1862 by the engineer Mara Voss.",
+      "Mara Voss was born in the harbour town of Pellwick and trained in Glasgow.",
+      "Pellwick lies on the northern coast and is known for its herring fleet."};
+  return build_rag_prompt(model.tokenizer(), "Answer from the documents.", texts,
+                          "Where was the builder of the Kell Island lighthouse born?");
+}
+
+// lighthouse_prompt() with each chunk's KV precomputed on the CPU.
 struct LighthouseRequest {
-  explicit LighthouseRequest(const Model& model) {
-    const std::vector<std::string> texts = {
-        "The lighthouse on Kell Island was built in 1862 by the engineer Mara Voss.",
-        "Mara Voss was born in the harbour town of Pellwick and trained in Glasgow.",
-        "Pellwick lies on the northern coast and is known for its herring fleet."};
-    prompt = build_rag_prompt(model.tokenizer(), "Answer from the documents.", texts,
-                              "Where was the builder of the Kell Island lighthouse born?");
+  explicit LighthouseRequest(const Model& model) : prompt(lighthouse_prompt(model)) {
     Session scratch(model, {.n_ctx = 256, .n_threads = 2});
     for (const auto& c : prompt.chunks) kv.push_back(precompute_chunk_kv(scratch, prompt.head, c));
     for (const auto& k : kv) sources.push_back(std::make_unique<MemoryChunkSource>(k));
