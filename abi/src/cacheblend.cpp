@@ -447,21 +447,22 @@ cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model
         "cb_model_options.struct_size is not a known size (use cb_model_options_init)");
     require(o.n_threads >= 0, "n_threads must be >= 0");
     require(o.device >= 0, "device must be >= 0");
-    const int n_devices = cb::cuda_device_count_or_zero();
     cb::BackendKind kind = cb::BackendKind::kCpu;
     switch (enum_value(o.backend)) {
       case CB_BACKEND_AUTO:
         // The GPU when there is one: a build with CUDA in it was asked for by
         // whoever configured it, and a CUDA device outruns the CPU cores.
-        if (o.device < n_devices) kind = cb::BackendKind::kCuda;
+        if (o.device < cb::cuda_device_count_or_zero()) kind = cb::BackendKind::kCuda;
         break;
       case CB_BACKEND_CPU:
+        // No device query: it would start the CUDA driver for nothing.
         break;
-      case CB_BACKEND_CUDA:
+      case CB_BACKEND_CUDA: {
         if (!cb::cuda_backend_compiled())
           throw ApiError{CB_ERR_UNSUPPORTED,
                          "the CUDA backend is not available in this build (it was built without "
                          "nvcc or with -DCB_CUDA=OFF); use CB_BACKEND_CPU or CB_BACKEND_AUTO"};
+        const int n_devices = cb::cuda_device_count_or_zero();
         if (n_devices == 0)
           throw ApiError{CB_ERR_UNSUPPORTED,
                          "CB_BACKEND_CUDA: no CUDA device is usable by this process (no GPU or "
@@ -473,6 +474,7 @@ cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model
                               (n_devices == 1 ? "" : "s") + " usable)");
         kind = cb::BackendKind::kCuda;
         break;
+      }
       default:
         invalid("unknown backend value");
     }

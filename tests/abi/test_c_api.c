@@ -91,6 +91,13 @@ static void test_version_and_status(void) {
   CHECK(cb_last_error() != NULL);
 }
 
+/* "cpu" or "cuda": where the model's sessions run. */
+static const char* backend_of(cb_model* m) {
+  cb_model_info info;
+  cb_model_info_init(&info);
+  return cb_model_get_info(m, &info) == CB_OK ? info.backend : "?";
+}
+
 static void test_load_errors(const char* path) {
   cb_model* m = NULL;
   cb_model_options mo;
@@ -116,10 +123,7 @@ static void test_load_errors(const char* path) {
      * (the default build, no device) the refusal names CUDA. */
     cb_status st = cb_model_load(path, &mo, &m);
     if (st == CB_OK) {
-      cb_model_info mi;
-      cb_model_info_init(&mi);
-      CHECK(cb_model_get_info(m, &mi) == CB_OK);
-      CHECK(strcmp(mi.backend, "cuda") == 0);
+      CHECK(strcmp(backend_of(m), "cuda") == 0);
       cb_model_free(m);
       m = NULL;
     } else {
@@ -142,12 +146,7 @@ static void test_load_errors(const char* path) {
   CHECK(m == NULL);
   mo.backend = CB_BACKEND_AUTO;
   CHECK_OK(cb_model_load(path, &mo, &m));
-  {
-    cb_model_info mi;
-    cb_model_info_init(&mi);
-    CHECK_OK(cb_model_get_info(m, &mi));
-    CHECK(strcmp(mi.backend, "cpu") == 0);
-  }
+  CHECK(strcmp(backend_of(m), "cpu") == 0);
   cb_model_free(m);
   m = NULL;
   /* A caller built before `device` existed: its smaller struct means device 0. */
@@ -542,13 +541,6 @@ static const char* const kRagQuestion = "What is the secret code of the vault?";
 /* One RAG request on the reset session `s`, then greedy generation of up
  * to 12 tokens into `out`; the first-token logits are copied to `logits`
  * (n_vocab floats) when not NULL. */
-/* "cpu" or "cuda": where the model's sessions run. */
-static const char* backend_of(cb_model* m) {
-  cb_model_info info;
-  cb_model_info_init(&info);
-  return cb_model_get_info(m, &info) == CB_OK ? info.backend : "?";
-}
-
 static cb_status rag_answer(cb_session* s, cb_chunk_cache* cache, const cb_rag_options* ro,
                             cb_rag_stats* st, collector* out, float* logits, int32_t n_vocab) {
   cb_generate_options go;
