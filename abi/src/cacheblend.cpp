@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -359,7 +360,7 @@ ChunkKeyOptions chunk_key_options(const cb_rag_options& o) {
 }
 
 cb_rag_options read_rag_options(const cb_rag_options* opts) {
-  return read_options(opts, cb_rag_options_init, sizeof(cb_rag_options),
+  return read_options(opts, cb_rag_options_init, offsetof(cb_rag_options, select),
                       "cb_rag_options.struct_size is not a known size (use cb_rag_options_init)");
 }
 
@@ -1023,6 +1024,37 @@ const char* cb_mode_name(cb_mode mode) {
   return "unknown";
 }
 
+namespace {
+
+// The runtime's policy for a cb_select value; none for values outside the
+// enum.
+std::optional<cb::Selection> selection_of(cb_select select) {
+  switch (enum_value(select)) {
+    case CB_SELECT_DEFAULT:
+      return cb::default_selection();
+    case CB_SELECT_HKVD:
+      return cb::Selection::kHkvd;
+    case CB_SELECT_HKVD_KV:
+      return cb::Selection::kHkvdKv;
+    case CB_SELECT_ATTENTION:
+      return cb::Selection::kAttention;
+    case CB_SELECT_LOOKAHEAD:
+      return cb::Selection::kLookahead;
+    case CB_SELECT_RANDOM:
+      return cb::Selection::kRandom;
+    case CB_SELECT_ORACLE:
+      return cb::Selection::kOracle;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* cb_select_name(cb_select select) {
+  const std::optional<cb::Selection> s = selection_of(select);
+  return s ? cb::selection_name(*s) : "unknown";
+}
+
 void cb_rag_options_init(cb_rag_options* opts) {
   if (opts == nullptr) return;
   std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
@@ -1036,6 +1068,11 @@ void cb_rag_options_init(cb_rag_options* opts) {
   opts->cache_namespace = nullptr;
   opts->pipeline = 1;
   opts->auto_ratio = 0;
+  opts->select = CB_SELECT_DEFAULT;
+  opts->sink_tokens = 0;
+  opts->seed = 0;
+  opts->guard_share = 0.0f;
+  opts->guard_max_ratio = 0.5f;
 }
 
 cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const char* chunk_text,
@@ -1171,6 +1208,13 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
       for (size_t i = 0; i < o.n_schedule; ++i)
         ro.blend.schedule.push_back({o.schedule[i].layer, o.schedule[i].ratio});
     }
+    const std::optional<cb::Selection> selection = selection_of(o.select);
+    require(selection.has_value(), "unknown select value (use a cb_select)");
+    ro.blend.selection = *selection;
+    ro.blend.sink_tokens = o.sink_tokens;
+    ro.blend.seed = o.seed;
+    ro.blend.guard_share = o.guard_share;
+    ro.blend.guard_max_ratio = o.guard_max_ratio;
     if (ro.blend.mode != cb::BlendMode::kFull)
       require(cache != nullptr, "cache is NULL (only CB_MODE_FULL runs without a chunk cache)");
     if (cache != nullptr) check_cache(cache);
@@ -1288,6 +1332,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
         case cb::BlendMode::kBlend:
           out.ratio =
               rs.choice ? static_cast<float>(rs.choice->ratio) : ro.blend.schedule.front().ratio;
+          if (rs.fusion.guard_raised) out.ratio = static_cast<float>(rs.fusion.ratio);
           break;
         default:
           out.ratio = 0.0f;
@@ -1298,6 +1343,8 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
       out.blocked_ms = rs.fusion.blocked_ms;
       out.recompute_ms = rs.fusion.recompute_ms;
       out.upload_ms = rs.fusion.upload_ms;
+      out.selected_share = rs.fusion.selected_share;
+      out.guard_raised = rs.fusion.guard_raised ? 1 : 0;
       out.total_ms = ms_since(t0);
       std::memcpy(static_cast<void*>(stats), &out, stats_size);
       stats->struct_size = stats_size;

@@ -22,6 +22,7 @@
 // is.)
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "kernels/cpu/ops_avx2.h"
@@ -305,6 +306,89 @@ void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int6
 
 void attention_one(const AttentionArgs& a, int64_t qi, int64_t head) {
   attention_tile(a, qi, qi + 1, head, head + 1);
+}
+
+namespace {
+int64_t visible_keys(const AttentionArgs& a, int64_t qi) {
+  const int64_t n = static_cast<int64_t>(a.q_pos[qi]) + 1;
+  return n < a.n_kv ? n : a.n_kv;
+}
+}  // namespace
+
+void attention_weight_sums_head(const AttentionArgs& a, int64_t head, float* sums) {
+  const int64_t hd = a.head_dim, n_kv = a.n_kv;
+  if (hd > kMaxHeadDim || a.n_q == 0 || n_kv == 0) {
+    float* w = static_cast<float*>(std::malloc(static_cast<size_t>(n_kv) * sizeof(float)));
+    if (w == nullptr) throw std::bad_alloc();
+    for (int64_t qi = 0; qi < a.n_q; ++qi) {
+      const int64_t n = ref::attention_weights_one(a, qi, head, w);
+      for (int64_t j = 0; j < n; ++j) sums[j] += w[j];
+    }
+    std::free(w);
+    return;
+  }
+  Scratch& sc = scratch();
+  // Whole rows of scores for up to kRowGroup queries, padded to key blocks.
+  const int64_t padded = (n_kv + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+  float* rows = static_cast<float*>(
+      std::aligned_alloc(64, static_cast<size_t>(kRowGroup * padded) * sizeof(float)));
+  if (rows == nullptr) throw std::bad_alloc();
+  const int64_t ld = a.n_head_kv * hd;
+  const float* kbase = a.k + (head / (a.n_head / a.n_head_kv)) * hd;
+  const __m256 vscale = _mm256_set1_ps(a.scale);
+  for (int64_t q0 = 0; q0 < a.n_q; q0 += kRowGroup) {
+    const int mr = static_cast<int>(a.n_q - q0 < kRowGroup ? a.n_q - q0 : kRowGroup);
+    const float* q[kRowGroup];
+    int64_t live = 0;  // keys any row of the group sees
+    for (int r = 0; r < mr; ++r) {
+      q[r] = a.q + (q0 + r) * a.n_head * hd + head * hd;
+      const int64_t seen = visible_keys(a, q0 + r);
+      if (seen > live) live = seen;
+    }
+    for (int64_t j0 = 0; j0 < live; j0 += kKeyBlock) {
+      const int64_t nb = n_kv - j0 < kKeyBlock ? n_kv - j0 : kKeyBlock;
+      transpose_keys(kbase + j0 * ld, ld, nb, hd, sc.kt);
+      kScores[mr](q, sc.kt, hd, sc.s);
+      for (int r = 0; r < mr; ++r)
+        std::memcpy(rows + r * padded + j0, sc.s + r * kKeyBlock, kKeyBlock * sizeof(float));
+    }
+    for (int r = 0; r < mr; ++r) {
+      const int64_t nk = visible_keys(a, q0 + r);
+      if (nk <= 0) continue;
+      float* s = rows + r * padded;
+      __m256 vmax = _mm256_set1_ps(-INFINITY);
+      int64_t j = 0;
+      for (; j + 8 <= nk; j += 8) {
+        const __m256 x = _mm256_mul_ps(_mm256_load_ps(s + j), vscale);
+        _mm256_store_ps(s + j, x);
+        vmax = _mm256_max_ps(vmax, x);
+      }
+      float m = hmax(vmax);
+      for (; j < nk; ++j) {
+        s[j] *= a.scale;
+        m = __builtin_fmaxf(m, s[j]);
+      }
+      const __m256 vm = _mm256_set1_ps(m);
+      __m256 vsum = _mm256_setzero_ps();
+      for (j = 0; j + 8 <= nk; j += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(s + j), vm));
+        _mm256_store_ps(s + j, e);
+        vsum = _mm256_add_ps(vsum, e);
+      }
+      float l = hsum(vsum);
+      for (; j < nk; ++j) {
+        s[j] = __builtin_expf(s[j] - m);
+        l += s[j];
+      }
+      const float inv = 1.0f / l;
+      const __m256 vinv = _mm256_set1_ps(inv);
+      for (j = 0; j + 8 <= nk; j += 8)
+        _mm256_storeu_ps(sums + j,
+                         _mm256_fmadd_ps(_mm256_load_ps(s + j), vinv, _mm256_loadu_ps(sums + j)));
+      for (; j < nk; ++j) sums[j] += s[j] * inv;
+    }
+  }
+  std::free(rows);
 }
 
 }  // namespace cb::avx2

@@ -263,6 +263,31 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void attention_weight_sums(const AttentionArgs& a, float* out) override {
+    check(a.n_q >= 0 && a.n_kv >= 0 && a.head_dim > 0, "attention_weight_sums: bad shape");
+    check(a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0,
+          "attention_weight_sums: n_head must be a multiple of n_head_kv");
+    if (a.n_q == 0 || a.n_kv == 0) return;
+    // One task per head, each summing its rows into its own slice of
+    // `partial`; the slices are added in head order, so the result does not
+    // depend on the thread count.
+    const size_t n_kv = static_cast<size_t>(a.n_kv);
+    std::vector<float> partial(static_cast<size_t>(a.n_head) * n_kv, 0.0f);
+    pool_.parallel_for(a.n_head, [&](int64_t h, int) {
+      float* sum = partial.data() + static_cast<size_t>(h) * n_kv;
+#if CB_HAVE_AVX2_KERNELS
+      if (level_ == Level::kAvx2) return avx2::attention_weight_sums_head(a, h, sum);
+#endif
+      std::vector<float> w(n_kv);
+      for (int64_t qi = 0; qi < a.n_q; ++qi) {
+        const int64_t n = ref::attention_weights_one(a, qi, h, w.data());
+        for (int64_t j = 0; j < n; ++j) sum[j] += w[j];
+      }
+    });
+    for (int64_t h = 0; h < a.n_head; ++h)
+      for (size_t j = 0; j < n_kv; ++j) out[j] += partial[static_cast<size_t>(h) * n_kv + j];
+  }
+
   void silu_mul(const float* gate, const float* up, int64_t n, float* out) override {
     split(n, tasks_for(8 * n), 8, [&](int64_t i0, int64_t i1) {
 #if CB_HAVE_AVX2_KERNELS

@@ -244,6 +244,31 @@ void attention_one(const AttentionArgs& a, int64_t qi, int64_t head) {
   }
 }
 
+int64_t attention_weights_one(const AttentionArgs& a, int64_t qi, int64_t head, float* w) {
+  const int64_t q_stride = a.n_head * a.head_dim;
+  const int64_t kv_stride = a.n_head_kv * a.head_dim;
+  const int64_t kv_head = head / (a.n_head / a.n_head_kv);
+  const float* q = a.q + qi * q_stride + head * a.head_dim;
+  const int64_t n_keys = std::min<int64_t>(static_cast<int64_t>(a.q_pos[qi]) + 1, a.n_kv);
+  if (n_keys <= 0) return 0;
+  float max_score = -INFINITY;
+  for (int64_t j = 0; j < n_keys; ++j) {
+    const float* k = a.k + j * kv_stride + kv_head * a.head_dim;
+    float s = 0.0f;
+    for (int64_t d = 0; d < a.head_dim; ++d) s += q[d] * k[d];
+    w[j] = s * a.scale;
+    max_score = std::max(max_score, w[j]);
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n_keys; ++j) {
+    w[j] = std::exp(w[j] - max_score);
+    sum += w[j];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j < n_keys; ++j) w[j] *= inv;
+  return n_keys;
+}
+
 void attention(const AttentionArgs& a) {
   for (int64_t qi = 0; qi < a.n_q; ++qi) {
     for (int64_t h = 0; h < a.n_head; ++h) attention_one(a, qi, h);

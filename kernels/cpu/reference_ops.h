@@ -60,6 +60,9 @@ void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t
 void attention_one(const AttentionArgs& a, int64_t qi, int64_t head);
 // Every query row and head.
 void attention(const AttentionArgs& a);
+// The softmax weights of query row qi, head `head` over the keys it sees:
+// w[j] for j <= min(q_pos[qi], n_kv - 1); returns how many were written.
+int64_t attention_weights_one(const AttentionArgs& a, int64_t qi, int64_t head, float* w);
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void add(const float* a, const float* b, int64_t n, float* out);

@@ -17,6 +17,14 @@ static inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Maximum of the 8 lanes.
+static inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
 // The lane sums of four vectors, as one 4-lane vector {sum(a), .., sum(d)}.
 static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
   const __m256 ab = _mm256_hadd_ps(a, b);  // a01 a23 b01 b23 | a45 a67 b45 b67

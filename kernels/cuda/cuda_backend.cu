@@ -537,6 +537,54 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
   }
 }
 
+// Attention weight sums, in two kernels so that the sums are deterministic
+// (no atomics): one block of one warp per (query row, head) finds its
+// softmax maximum and normaliser; then one thread per key adds its weight
+// over every (row, head) in a fixed order.
+__device__ __forceinline__ float attn_score(const AttentionArgs& a, int64_t qi, int64_t h,
+                                            int64_t group, int64_t j) {
+  const float* q = a.q + qi * a.n_head * a.head_dim + h * a.head_dim;
+  const float* k = a.k + j * a.n_head_kv * a.head_dim + (h / group) * a.head_dim;
+  float dot = 0.0f;
+  for (int64_t d = 0; d < a.head_dim; ++d) dot += q[d] * k[d];
+  return dot * a.scale;
+}
+
+__global__ void attn_row_stats_kernel(AttentionArgs a, int64_t group, float* m_out,
+                                      float* l_out) {
+  const int64_t qi = blockIdx.x / a.n_head, h = blockIdx.x % a.n_head;
+  const int64_t n_keys = min(static_cast<int64_t>(a.q_pos[qi]) + 1, a.n_kv);
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t j = threadIdx.x; j < n_keys; j += 32) {
+    const float s = attn_score(a, qi, h, group, j);
+    const float m_new = fmaxf(m, s);
+    l = l * expf(m - m_new) + expf(s - m_new);
+    m = m_new;
+  }
+  const float big_m = warp_max(m);
+  l = m == -INFINITY ? 0.0f : l * expf(m - big_m);
+  l = warp_sum(l);
+  if (threadIdx.x == 0) {
+    m_out[blockIdx.x] = big_m;
+    l_out[blockIdx.x] = l;
+  }
+}
+
+__global__ void attn_key_sums_kernel(AttentionArgs a, int64_t group, const float* m,
+                                     const float* l, float* out) {
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= a.n_kv) return;
+  float sum = 0.0f;
+  for (int64_t qi = 0; qi < a.n_q; ++qi) {
+    if (j > a.q_pos[qi]) continue;
+    for (int64_t h = 0; h < a.n_head; ++h) {
+      const int64_t row = qi * a.n_head + h;
+      sum += expf(attn_score(a, qi, h, group, j) - m[row]) / l[row];
+    }
+  }
+  out[j] += sum;
+}
+
 // ------------------------------------------------------ element kernels --
 
 #define CB_GRID_STRIDE(i, n)                                                             \
@@ -1021,6 +1069,30 @@ class CudaBackend final : public Backend {
     attention_kernel<<<static_cast<unsigned>(a.n_q * a.n_head), 32 * kAttnWarps, smem,
                        c.stream()>>>(d, a.n_head / a.n_head_kv);
     launch_check("attention_kernel");
+    c.finish();
+  }
+
+  void attention_weight_sums(const AttentionArgs& a, float* out) override {
+    check(a.n_q >= 0 && a.n_kv >= 0 && a.head_dim > 0, "attention_weight_sums: bad shape");
+    check(a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0,
+          "attention_weight_sums: n_head must be a multiple of n_head_kv");
+    if (a.n_q == 0 || a.n_kv == 0) return;
+    check(a.n_q * a.n_head <= INT32_MAX, "attention_weight_sums: too many query rows x heads");
+    Call c(*this);
+    AttentionArgs d = a;
+    d.q = c.in(a.q, a.n_q * a.n_head * a.head_dim);
+    d.q_pos = c.in(a.q_pos, a.n_q);
+    d.k = c.in(a.k, a.n_kv * a.n_head_kv * a.head_dim);
+    const int64_t rows = a.n_q * a.n_head;
+    float* stats = static_cast<float*>(c.temp(static_cast<size_t>(2 * rows) * sizeof(float)));
+    float* dout = c.out(out, a.n_kv, true);
+    const int64_t group = a.n_head / a.n_head_kv;
+    attn_row_stats_kernel<<<static_cast<unsigned>(rows), 32, 0, c.stream()>>>(d, group, stats,
+                                                                             stats + rows);
+    launch_check("attn_row_stats_kernel");
+    attn_key_sums_kernel<<<grid_for(a.n_kv), kEltThreads, 0, c.stream()>>>(d, group, stats,
+                                                                           stats + rows, dout);
+    launch_check("attn_key_sums_kernel");
     c.finish();
   }
 

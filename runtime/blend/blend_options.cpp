@@ -27,6 +27,35 @@ std::optional<BlendMode> parse_blend_mode(std::string_view name) {
   return std::nullopt;
 }
 
+const char* selection_name(Selection s) {
+  switch (s) {
+    case Selection::kHkvd:
+      return "hkvd";
+    case Selection::kHkvdKv:
+      return "hkvd_kv";
+    case Selection::kAttention:
+      return "attention";
+    case Selection::kLookahead:
+      return "lookahead";
+    case Selection::kRandom:
+      return "random";
+    case Selection::kOracle:
+      return "oracle";
+  }
+  return "?";
+}
+
+std::optional<Selection> parse_selection(std::string_view name) {
+  for (Selection s : {Selection::kHkvd, Selection::kHkvdKv, Selection::kAttention,
+                      Selection::kLookahead, Selection::kRandom, Selection::kOracle})
+    if (name == selection_name(s)) return s;
+  return std::nullopt;
+}
+
+Selection default_selection() {
+  return Selection::kHkvd;
+}
+
 std::vector<CheckLayer> default_blend_schedule() {
   // Filled element by element: a braced list of aggregates here trips a
   // GCC 12 -Wmaybe-uninitialized false positive in every includer.
@@ -57,6 +86,13 @@ void validate_blend_options(const BlendOptions& opts, int64_t n_layer) {
     prev_layer = c.layer;
     prev_ratio = c.ratio;
   }
+  if (opts.sink_tokens < 0 || opts.sink_tokens > (int64_t{1} << 20))
+    fail(ErrorCode::kInvalidArgument,
+         "sink_tokens " + std::to_string(opts.sink_tokens) + " is outside 0..1048576");
+  if (!(opts.guard_share >= 0.0f && opts.guard_share <= 1.0f))
+    fail(ErrorCode::kInvalidArgument, "guard share is outside [0, 1]");
+  if (!(opts.guard_max_ratio >= 0.0f && opts.guard_max_ratio <= 1.0f))
+    fail(ErrorCode::kInvalidArgument, "guard's maximum ratio is outside [0, 1]");
 }
 
 }  // namespace cb

@@ -28,11 +28,39 @@ struct CheckLayer {
 // [(1, 0.15)]: one check at layer 1, keeping 15 % of the reused tokens.
 std::vector<CheckLayer> default_blend_schedule();
 
+// How the reused tokens to recompute are ranked at the first check layer.
+// Later check layers narrow by V deviation (kHkvd).  Every policy keeps the
+// same count, so they compare at equal cost; tokens whose cached KV is
+// exact (a leading chunk computed after the request's own head) are never
+// candidates, since recomputing them changes nothing.
+enum class Selection {
+  kHkvd,       // CacheBlend: squared deviation of fresh from cached V
+  kHkvdKv,     // deviation of K and V, each KV head's share scaled to its mean
+  kAttention,  // attention the question's rows pay each token at the check layer
+  kLookahead,  // a reuse pass first: the question's attention summed over all layers
+  kRandom,     // seeded uniform pick (baseline)
+  kOracle,     // true KV deviation from a full prefill, all layers (study only)
+};
+const char* selection_name(Selection s);
+std::optional<Selection> parse_selection(std::string_view name);
+// The policy used when the caller names none.
+Selection default_selection();
+
 struct BlendOptions {
   BlendMode mode = BlendMode::kBlend;
   // Layers before the first check run a full prefill.  Layers must increase
   // and ratios must not: gradual filtering only narrows the set.
   std::vector<CheckLayer> schedule = default_blend_schedule();
+  Selection selection = default_selection();
+  // The first sink_tokens tokens of every reused chunk are recomputed on top
+  // of the ratio's count (attention sinks, as EPIC does).
+  int64_t sink_tokens = 0;
+  uint64_t seed = 0;  // kRandom
+  // Quality guard: if the tokens kept at the first check layer hold less
+  // than guard_share of the policy's total score, add the next best until
+  // they do or the ratio reaches guard_max_ratio.  0: off.
+  float guard_share = 0.0f;
+  float guard_max_ratio = 0.5f;
 };
 
 // Throws cb::Error(kInvalidArgument) with the reason when the options cannot

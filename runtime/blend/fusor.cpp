@@ -16,12 +16,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
+#include <random>
 #include <utility>
 
 #include "platform/error.h"
 #include "runtime/blend/layer_pipeline.h"
+#include "runtime/blend/selection.h"
 #include "runtime/graph.h"
 
 namespace cb {
@@ -96,6 +100,23 @@ class FusedForward {
   // Check-layer schedule (blend only) and the count the ratios refer to.
   std::vector<CheckLayer> schedule;
   int64_t n_reused = 0;
+  // How the first check ranks the candidates; `prior` (per position), when
+  // set, holds the scores a pass before this one measured.
+  Selection selection = Selection::kHkvd;
+  std::vector<float> prior;
+  std::vector<uint8_t> keep_always;  // per position: computed at every layer
+  std::vector<uint8_t> exact;        // per position: cached KV that is exact, never recomputed
+  int32_t query_begin = 0;           // the question's rows are those at or after it
+  float guard_share = 0.0f, guard_max_ratio = 0.0f;
+  // When set (n_layer x n floats), each layer adds the attention that the
+  // question's rows pay to every position.
+  std::vector<float>* attention_by_layer = nullptr;
+  // After the first check: the chosen tokens' share of the policy's total
+  // score, whether the guard added tokens, and the factor it scaled the
+  // schedule's counts by.
+  double selected_share = 1.0;
+  bool guard_raised = false;
+  double ratio_scale = 1.0;
   // When set, the chunk rows [capture_begin, n) of K before RoPE and of V
   // are copied here for every layer.
   cache::ChunkKV* capture = nullptr;
@@ -111,11 +132,17 @@ class FusedForward {
 
  private:
   bool layers(LayerPipeline& loads);
-  void project(int64_t layer);              // step 1
-  void select(int64_t layer, float ratio);  // check layer
-  void attend_and_ffn(int64_t layer);       // step 2
+  void project(int64_t layer);                          // step 1
+  void select(int64_t layer, float ratio, bool first);  // check layer
+  void attend_and_ffn(int64_t layer);                   // step 2
   void run_graph(Graph& g);
   void resize_buffers();
+  // Candidate scores of the check layer `layer`, into host memory.
+  void deviation(int64_t layer, std::span<const int32_t> cand, std::span<const int32_t> cand_pos,
+                 bool with_k, std::vector<float>& score);
+  void question_attention(int64_t layer, std::span<const int32_t> cand_pos,
+                          std::vector<float>& score);
+  AttentionArgs question_rows(const float* q, const int32_t* pos, int64_t n_q, int64_t layer);
 
   Session& s_;
   const LlamaHparams& hp_;
@@ -124,7 +151,8 @@ class FusedForward {
   int64_t n_;
   // rows.size() x dim each; scratch_ is narrow()'s destination.
   BackendFloats x_{be_}, q_{be_}, k_{be_}, v_{be_}, scratch_{be_};
-  BackendFloats old_{be_}, dev_{be_};  // select()'s cached V rows and deviations
+  // select()'s fresh and cached rows and deviations
+  BackendFloats fresh_{be_}, old_{be_}, dev_{be_};
   BackendFloats arena_{be_};
 };
 
@@ -168,49 +196,163 @@ void FusedForward::project(int64_t layer) {
   }
 }
 
-void FusedForward::select(int64_t layer, float ratio) {
-  const int64_t kv_dim = hp_.kv_dim();
-  // Candidates: the reused rows still carried.  The last position is always
-  // kept: its logits are the request's output.
+AttentionArgs FusedForward::question_rows(const float* q, const int32_t* pos, int64_t n_q,
+                                          int64_t layer) {
+  AttentionArgs a;
+  a.q = q;
+  a.q_pos = pos;
+  a.n_q = n_q;
+  a.k = s_.k_cache(layer);
+  a.n_kv = n_;
+  a.n_head = hp_.n_head;
+  a.n_head_kv = hp_.n_head_kv;
+  a.head_dim = hp_.head_dim;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(hp_.head_dim));
+  return a;
+}
+
+void FusedForward::deviation(int64_t layer, std::span<const int32_t> cand,
+                             std::span<const int32_t> cand_pos, bool with_k,
+                             std::vector<float>& score) {
+  const int64_t kv_dim = hp_.kv_dim(), n_cand = static_cast<int64_t>(cand.size());
+  // Per KV head when K joins: the heads' scales differ, so each head's
+  // deviation is taken relative to its mean over the candidates.
+  const int64_t parts = with_k ? hp_.n_head_kv : 1, part_len = kv_dim / parts;
+  fresh_.reserve(static_cast<size_t>(n_cand * kv_dim));
+  old_.reserve(static_cast<size_t>(n_cand * kv_dim));
+  dev_.reserve(static_cast<size_t>(2 * n_cand * parts));
+  // The cached layer was loaded before this step; fresh rows are in v_/k_.
+  be_.gather_rows(v_.data(), kv_dim, cand.data(), n_cand, fresh_.data());
+  be_.gather_rows(s_.v_cache(layer), kv_dim, cand_pos.data(), n_cand, old_.data());
+  be_.row_sq_diff(fresh_.data(), old_.data(), n_cand * parts, part_len, dev_.data());
+  if (with_k) {
+    // The cache holds K rotated to its position: rotate the fresh K alike.
+    be_.gather_rows(k_.data(), kv_dim, cand.data(), n_cand, fresh_.data());
+    be_.rope(fresh_.data(), cand_pos.data(), n_cand, hp_.n_head_kv, hp_.head_dim, hp_.rot_dim,
+             hp_.rope_freq_base);
+    be_.gather_rows(s_.k_cache(layer), kv_dim, cand_pos.data(), n_cand, old_.data());
+    be_.row_sq_diff(fresh_.data(), old_.data(), n_cand * parts, part_len,
+                    dev_.data() + n_cand * parts);
+  }
+  // One row of 2 x n_cand x parts floats, brought to the host.
+  const int32_t zero = 0;
+  std::vector<float> d(static_cast<size_t>((with_k ? 2 : 1) * n_cand * parts));
+  be_.gather_rows(dev_.data(), static_cast<int64_t>(d.size()), &zero, 1, d.data());
+  score.assign(static_cast<size_t>(n_cand), 0.0f);
+  if (!with_k) {
+    std::copy(d.begin(), d.end(), score.begin());
+    return;
+  }
+  for (int64_t block = 0; block < 2; ++block) {
+    const float* dv = d.data() + block * n_cand * parts;
+    for (int64_t h = 0; h < parts; ++h) {
+      double mean = 0.0;
+      for (int64_t j = 0; j < n_cand; ++j) mean += dv[j * parts + h];
+      mean /= static_cast<double>(n_cand);
+      if (mean <= 0.0) continue;
+      for (int64_t j = 0; j < n_cand; ++j)
+        score[j] += static_cast<float>(dv[j * parts + h] / mean);
+    }
+  }
+}
+
+void FusedForward::question_attention(int64_t layer, std::span<const int32_t> cand_pos,
+                                      std::vector<float>& score) {
+  const int64_t q_dim = hp_.n_head * hp_.head_dim, kv_dim = hp_.kv_dim();
+  std::vector<int32_t> q_idx, q_pos, u_idx, u_pos;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] >= query_begin) {
+      q_idx.push_back(static_cast<int32_t>(i));
+      q_pos.push_back(rows[i]);
+    }
+    if (!is_cached[rows[i]]) {
+      u_idx.push_back(static_cast<int32_t>(i));
+      u_pos.push_back(rows[i]);
+    }
+  }
+  score.assign(cand_pos.size(), 0.0f);
+  if (q_idx.empty()) return;
+  const int64_t nq = static_cast<int64_t>(q_idx.size()), nu = static_cast<int64_t>(u_idx.size());
+  // The uncached rows' keys go into the cache now (attend_and_ffn writes
+  // the same values again), so the question sees every key of this layer:
+  // fresh where computed, cached elsewhere.
+  old_.reserve(static_cast<size_t>(nu * kv_dim));
+  be_.gather_rows(k_.data(), kv_dim, u_idx.data(), nu, old_.data());
+  be_.rope(old_.data(), u_pos.data(), nu, hp_.n_head_kv, hp_.head_dim, hp_.rot_dim,
+           hp_.rope_freq_base);
+  be_.scatter_rows(old_.data(), kv_dim, u_pos.data(), nu, s_.k_cache(layer));
+  fresh_.reserve(static_cast<size_t>(nq * q_dim));
+  be_.gather_rows(q_.data(), q_dim, q_idx.data(), nq, fresh_.data());
+  be_.rope(fresh_.data(), q_pos.data(), nq, hp_.n_head, hp_.head_dim, hp_.rot_dim,
+           hp_.rope_freq_base);
+  std::vector<float> sums(static_cast<size_t>(n_), 0.0f);
+  be_.attention_weight_sums(question_rows(fresh_.data(), q_pos.data(), nq, layer), sums.data());
+  for (size_t j = 0; j < cand_pos.size(); ++j) score[j] = sums[cand_pos[j]];
+}
+
+void FusedForward::select(int64_t layer, float ratio, bool first) {
+  // Candidates: the reused rows still carried whose KV is not exact and not
+  // always computed.  The last position is always kept: its logits are the
+  // request's output.
   std::vector<int32_t> cand;  // indices into rows
-  for (size_t i = 0; i < rows.size(); ++i)
-    if (is_cached[rows[i]] && rows[i] != n_ - 1) cand.push_back(static_cast<int32_t>(i));
-  const int64_t k = std::min<int64_t>(static_cast<int64_t>(std::llround(ratio * n_reused)),
-                                      static_cast<int64_t>(cand.size()));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int32_t p = rows[i];
+    if (is_cached[p] && !keep_always[p] && !exact[p] && p != n_ - 1)
+      cand.push_back(static_cast<int32_t>(i));
+  }
   const int64_t n_cand = static_cast<int64_t>(cand.size());
-  if (k >= n_cand) return;  // every candidate stays
-  // Deviation of fresh V (in v_, row i) from the cached V (in the cache at
-  // position rows[i]; the cached layer was loaded before this step), in
-  // backend memory up to the k indices the host needs.
+  const double r = std::min(1.0, static_cast<double>(ratio) * ratio_scale);
+  const int64_t k =
+      std::min<int64_t>(static_cast<int64_t>(std::llround(r * static_cast<double>(n_reused))),
+                        n_cand);
+  if (k >= n_cand) return;  // every row stays
   std::vector<int32_t> cand_pos(cand.size());
   for (size_t j = 0; j < cand.size(); ++j) cand_pos[j] = rows[cand[j]];
-  // The fresh rows go to scratch_, free until narrow() below.
-  scratch_.reserve(static_cast<size_t>(n_cand * kv_dim));
-  old_.reserve(static_cast<size_t>(n_cand * kv_dim));
-  dev_.reserve(static_cast<size_t>(n_cand));
-  be_.gather_rows(v_.data(), kv_dim, cand.data(), n_cand, scratch_.data());
-  be_.gather_rows(s_.v_cache(layer), kv_dim, cand_pos.data(), n_cand, old_.data());
-  be_.row_sq_diff(scratch_.data(), old_.data(), n_cand, kv_dim, dev_.data());
-  std::vector<int32_t> top(static_cast<size_t>(std::max<int64_t>(k, 0)));
-  be_.top_k(dev_.data(), n_cand, static_cast<int64_t>(top.size()), top.data());
+  std::vector<float> score;
+  if (first && !prior.empty()) {
+    score.resize(cand.size());
+    for (size_t j = 0; j < cand.size(); ++j) score[j] = prior[cand_pos[j]];
+    if (const char* e = std::getenv("CB_EXP_COMBINE")) {  // EXPERIMENT
+      const double alpha = std::atof(e);
+      std::vector<float> dev;
+      deviation(layer, cand, cand_pos, false, dev);
+      for (size_t j = 0; j < cand.size(); ++j)
+        score[j] = static_cast<float>(score[j] * std::pow(std::max(dev[j], 0.0f), alpha));
+    }
+  } else if (first && selection == Selection::kAttention) {
+    question_attention(layer, cand_pos, score);
+  } else {
+    deviation(layer, cand, cand_pos, first && selection == Selection::kHkvdKv, score);
+  }
+  const int64_t max_k =
+      first && guard_share > 0.0f
+          ? static_cast<int64_t>(std::llround(guard_max_ratio * static_cast<double>(n_reused)))
+          : k;
+  const TokenChoice choice = choose_tokens(score, k, first ? guard_share : 0.0, max_k);
+  if (first) {
+    selected_share = choice.share;
+    guard_raised = choice.raised;
+    if (choice.raised && k > 0)
+      ratio_scale = static_cast<double>(choice.chosen.size()) / static_cast<double>(k);
+  }
   std::vector<uint8_t> chosen(rows.size(), 0);
-  for (int32_t t : top) chosen[cand[t]] = 1;
+  for (int32_t t : choice.chosen) chosen[cand[t]] = 1;
   std::vector<int32_t> keep_idx;  // indices into rows, ascending
   for (size_t i = 0; i < rows.size(); ++i)
-    if (!is_cached[rows[i]] || rows[i] == n_ - 1 || chosen[i])
+    if (keep_always[rows[i]] || rows[i] == n_ - 1 || chosen[i])
       keep_idx.push_back(static_cast<int32_t>(i));
-  const int64_t r = static_cast<int64_t>(keep_idx.size());
+  const int64_t r_kept = static_cast<int64_t>(keep_idx.size());
   auto narrow = [&](BackendFloats& buf, int64_t dim) {
-    scratch_.reserve(static_cast<size_t>(r * dim));
-    be_.gather_rows(buf.data(), dim, keep_idx.data(), r, scratch_.data());
+    scratch_.reserve(static_cast<size_t>(r_kept * dim));
+    be_.gather_rows(buf.data(), dim, keep_idx.data(), r_kept, scratch_.data());
     std::swap(buf, scratch_);
   };
   narrow(x_, hp_.n_embd);
   narrow(q_, hp_.n_head * hp_.head_dim);
   narrow(k_, hp_.kv_dim());
   narrow(v_, hp_.kv_dim());
-  std::vector<int32_t> new_rows(static_cast<size_t>(r));
-  for (int64_t i = 0; i < r; ++i) new_rows[i] = rows[keep_idx[i]];
+  std::vector<int32_t> new_rows(static_cast<size_t>(r_kept));
+  for (int64_t i = 0; i < r_kept; ++i) new_rows[i] = rows[keep_idx[i]];
   rows.swap(new_rows);
 }
 
@@ -231,6 +373,14 @@ void FusedForward::attend_and_ffn(int64_t layer) {
     g.scatter_rows(k, rows.data(), g.external(s_.k_cache(layer), s_.n_ctx(), kv_dim));
     g.scatter_rows(v, rows.data(), g.external(s_.v_cache(layer), s_.n_ctx(), kv_dim));
     run_graph(g);
+  }
+  if (attention_by_layer) {
+    // The layer's keys are all in place now; the question's rows are last.
+    const int64_t i0 = std::lower_bound(rows.begin(), rows.end(), query_begin) - rows.begin();
+    if (i0 < r)
+      be_.attention_weight_sums(question_rows(q_.data() + i0 * q_dim, rows.data() + i0, r - i0,
+                                              layer),
+                                attention_by_layer->data() + layer * n_);
   }
   for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
     const int64_t b = std::min(kRowBatch, r - r0);
@@ -259,8 +409,10 @@ bool FusedForward::layers(LayerPipeline& loads) {
     const auto t0 = std::chrono::steady_clock::now();
     resize_buffers();
     project(l);
-    if (next_check < schedule.size() && schedule[next_check].layer == l)
-      select(l, schedule[next_check++].ratio);
+    if (next_check < schedule.size() && schedule[next_check].layer == l) {
+      select(l, schedule[next_check].ratio, next_check == 0);
+      ++next_check;
+    }
     rows_per_layer.push_back(static_cast<int64_t>(rows.size()));
     attend_and_ffn(l);
     layer_ms.push_back(
@@ -303,6 +455,106 @@ void check_request(Session& s, int64_t n) {
     fail(ErrorCode::kContextOverflow, "request of " + std::to_string(n) +
                                           " tokens does not fit the context of " +
                                           std::to_string(s.n_ctx()));
+}
+
+}  // namespace
+
+namespace {
+
+// What each position of one attempt is: the cached chunks it loads (in
+// position order) and the per-position flags the fusion needs.
+struct RequestLayout {
+  std::vector<CachedChunkRef> cached;
+  std::vector<size_t> seg_of_cached;  // segment index of each cached chunk
+  std::vector<uint8_t> is_cached, exact, keep_always;
+  int64_t n_reused = 0;
+  int32_t query_begin = 0;  // after the last cached position
+};
+
+RequestLayout layout_request(std::span<const Segment> segments, const std::vector<uint8_t>& use,
+                             int64_t n, int64_t sink_tokens) {
+  RequestLayout lay;
+  lay.is_cached.assign(static_cast<size_t>(n), 0);
+  lay.exact.assign(static_cast<size_t>(n), 0);
+  lay.keep_always.assign(static_cast<size_t>(n), 0);
+  int32_t pos = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const int32_t len = static_cast<int32_t>(segments[i].tokens.size());
+    if (use[i]) {
+      lay.cached.push_back({segments[i].cached, pos, len});
+      lay.seg_of_cached.push_back(i);
+      std::fill(lay.is_cached.begin() + pos, lay.is_cached.begin() + pos + len, 1);
+      if (segments[i].exact_prefix)
+        std::fill(lay.exact.begin() + pos, lay.exact.begin() + pos + len, 1);
+      else
+        std::fill(lay.keep_always.begin() + pos,
+                  lay.keep_always.begin() + pos + std::min<int64_t>(sink_tokens, len), 1);
+      lay.n_reused += len;
+      lay.query_begin = pos + len;
+    }
+    pos += len;
+  }
+  for (int64_t p = 0; p < n; ++p)
+    if (!lay.is_cached[p]) lay.keep_always[p] = 1;
+  // The last token's logits are the output: it is always computed.
+  if (lay.is_cached[n - 1]) --lay.n_reused;
+  return lay;
+}
+
+// Sets f up for one pass: every position computed at layer 0 (blend) or
+// only the uncached ones (reuse: the cached KV as it is); the chunks are
+// loaded unless an earlier pass of the attempt left them in the cache.
+void configure(FusedForward& f, const RequestLayout& lay, bool blend, bool load,
+               const BlendOptions& opts, const PipelineOptions& pipeline) {
+  const int64_t n = static_cast<int64_t>(lay.is_cached.size());
+  f.is_cached = lay.is_cached;
+  f.exact = lay.exact;
+  f.keep_always = lay.keep_always;
+  f.n_reused = lay.n_reused;
+  f.query_begin = lay.query_begin;
+  if (load) f.cached = lay.cached;
+  f.pipeline = pipeline;
+  for (int32_t p = 0; p < n; ++p)
+    if (blend || !lay.is_cached[p] || p == n - 1) f.rows.push_back(p);
+  if (!blend) return;
+  f.schedule = opts.schedule;
+  f.selection = opts.selection;
+  f.guard_share = opts.guard_share;
+  f.guard_max_ratio = opts.guard_max_ratio;
+}
+
+// Adds one pass's loads and timings to the request's stats.
+void add_pass(FusionStats& st, const FusedForward& f) {
+  st.bytes_read += f.load_stats.bytes_read;
+  st.load_ms += f.load_stats.load_ms();
+  st.fetch_ms += f.load_stats.fetch_ms;
+  st.upload_ms += f.load_stats.upload_ms;
+  st.blocked_ms += f.load_stats.blocked_ms;
+  for (double ms : f.layer_ms) st.recompute_ms += ms;
+}
+
+// Per-layer sums of two passes of one attempt (what the request computed).
+template <class T>
+void add_per_layer(std::vector<T>& total, const std::vector<T>& pass) {
+  if (total.size() < pass.size()) total.resize(pass.size(), T{});
+  for (size_t l = 0; l < pass.size(); ++l) total[l] += pass[l];
+}
+
+// Rows [0, n) of a KV cache layer, on the host.
+std::vector<float> download_rows(Backend& be, const float* layer, int64_t n, int64_t dim) {
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::vector<float> out(static_cast<size_t>(n * dim));
+  be.gather_rows(layer, dim, idx.data(), n, out.data());
+  return out;
+}
+
+// A seeded uniform score per position: top-k of it is a random pick.
+std::vector<float> random_scores(int64_t n, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::vector<float> out(static_cast<size_t>(n));
+  for (float& x : out) x = static_cast<float>(gen() >> 40) / static_cast<float>(1 << 24);
+  return out;
 }
 
 }  // namespace
@@ -352,42 +604,85 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
     use[i] = 1;
   }
 
+  const int64_t kv_dim = hp.kv_dim();
   for (;;) {
-    FusedForward f(s, tokens);
-    f.is_cached.assign(static_cast<size_t>(n), 0);
-    int32_t pos = 0;
-    std::vector<size_t> seg_of_cached;
-    for (size_t i = 0; i < segments.size(); ++i) {
-      const int32_t len = static_cast<int32_t>(segments[i].tokens.size());
-      if (use[i]) {
-        f.cached.push_back({segments[i].cached, pos, len});
-        seg_of_cached.push_back(i);
-        std::fill(f.is_cached.begin() + pos, f.is_cached.begin() + pos + len, 1);
-        f.n_reused += len;
+    const RequestLayout lay = layout_request(segments, use, n, blend ? opts.sink_tokens : 0);
+    std::vector<float> prior;
+    std::vector<int64_t> rows_per_layer;
+    std::vector<double> layer_ms;
+    bool loaded = false;  // every cached layer is in the session's cache already
+    bool ok = true;
+    size_t failed = 0;
+    if (blend && (opts.selection == Selection::kLookahead || opts.selection == Selection::kOracle)) {
+      // A reuse pass: the question's attention at every layer (lookahead),
+      // or the reused KV to hold against a full prefill's (oracle).
+      FusedForward look(s, tokens);
+      configure(look, lay, false, true, opts, pipeline);
+      std::vector<float> by_layer;
+      if (opts.selection == Selection::kLookahead) {
+        by_layer.assign(static_cast<size_t>(hp.n_layer * n), 0.0f);
+        look.attention_by_layer = &by_layer;
       }
-      pos += len;
+      ok = look.run(false);
+      add_pass(st, look);
+      failed = look.failed_chunk;
+      if (ok && opts.selection == Selection::kLookahead) {
+        prior.assign(static_cast<size_t>(n), 0.0f);
+        int64_t lo = 0, hi = hp.n_layer;  // EXPERIMENT
+        if (const char* e = std::getenv("CB_EXP_LAYERS")) std::sscanf(e, "%ld,%ld", &lo, &hi);
+        for (int64_t l = lo; l < hi; ++l)
+          for (int64_t p = 0; p < n; ++p) prior[p] += by_layer[l * n + p];
+        add_per_layer(rows_per_layer, look.rows_per_layer);
+        add_per_layer(layer_ms, look.layer_ms);
+        loaded = true;
+      } else if (ok) {
+        // Oracle: squared deviation of K and V from a full prefill's, summed
+        // over layers; its passes are not counted as the selection's cost.
+        std::vector<std::vector<float>> reused_k, reused_v;
+        for (int64_t l = 0; l < hp.n_layer; ++l) {
+          reused_k.push_back(download_rows(s.backend(), s.k_cache(l), n, kv_dim));
+          reused_v.push_back(download_rows(s.backend(), s.v_cache(l), n, kv_dim));
+        }
+        s.prefill(tokens);
+        s.truncate(0);
+        prior.assign(static_cast<size_t>(n), 0.0f);
+        for (int64_t l = 0; l < hp.n_layer; ++l) {
+          const std::vector<float> fk = download_rows(s.backend(), s.k_cache(l), n, kv_dim);
+          const std::vector<float> fv = download_rows(s.backend(), s.v_cache(l), n, kv_dim);
+          for (int64_t p = 0; p < n; ++p) {
+            double d = 0.0;
+            for (int64_t j = p * kv_dim; j < (p + 1) * kv_dim; ++j) {
+              const double dk = fk[j] - reused_k[l][j], dv = fv[j] - reused_v[l][j];
+              d += dk * dk + dv * dv;
+            }
+            prior[p] += static_cast<float>(d);
+          }
+        }
+      }
+    } else if (blend && opts.selection == Selection::kRandom) {
+      prior = random_scores(n, opts.seed);
     }
-    // The last token's logits are the output: it is always computed.
-    if (f.is_cached[n - 1]) --f.n_reused;
-    f.pipeline = pipeline;
-    for (int32_t p = 0; p < n; ++p)
-      if (blend || !f.is_cached[p] || p == n - 1) f.rows.push_back(p);
-    if (blend) f.schedule = opts.schedule;
-    const bool ok = f.run(true);
-    st.bytes_read += f.load_stats.bytes_read;
-    st.load_ms += f.load_stats.load_ms();
-    st.fetch_ms += f.load_stats.fetch_ms;
-    st.upload_ms += f.load_stats.upload_ms;
-    st.blocked_ms += f.load_stats.blocked_ms;
-    for (double ms : f.layer_ms) st.recompute_ms += ms;
     if (ok) {
-      st.n_reused = f.n_reused;
-      st.rows_per_layer = std::move(f.rows_per_layer);
-      st.final_rows = std::move(f.rows);
-      st.layer_ms = std::move(f.layer_ms);
-      break;
+      FusedForward f(s, tokens);
+      configure(f, lay, blend, !loaded, opts, pipeline);
+      f.prior = std::move(prior);
+      ok = f.run(true);
+      add_pass(st, f);
+      failed = f.failed_chunk;
+      if (ok) {
+        st.n_reused = f.n_reused;
+        add_per_layer(rows_per_layer, f.rows_per_layer);
+        add_per_layer(layer_ms, f.layer_ms);
+        st.rows_per_layer = std::move(rows_per_layer);
+        st.final_rows = std::move(f.rows);
+        st.layer_ms = std::move(layer_ms);
+        st.selected_share = blend ? f.selected_share : 0.0;
+        st.guard_raised = f.guard_raised;
+        if (blend) st.ratio = std::min(1.0, st.ratio * f.ratio_scale);
+        break;
+      }
     }
-    use[seg_of_cached[f.failed_chunk]] = 0;
+    use[lay.seg_of_cached[failed]] = 0;
     ++st.chunks_recomputed;
   }
   s.set_n_past(n);
@@ -414,6 +709,8 @@ cache::ChunkKV precompute_chunk_kv(Session& scratch, std::span<const int32_t> he
                      static_cast<int32_t>(hp.n_head_kv), static_cast<int32_t>(hp.head_dim)});
   FusedForward f(scratch, tokens);
   f.is_cached.assign(static_cast<size_t>(n), 0);
+  f.keep_always.assign(static_cast<size_t>(n), 1);
+  f.exact.assign(static_cast<size_t>(n), 0);
   f.rows.resize(static_cast<size_t>(n));
   std::iota(f.rows.begin(), f.rows.end(), 0);
   f.capture = &kv;

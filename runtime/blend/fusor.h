@@ -75,8 +75,14 @@ struct FusionStats {
   // The fusion's wall time, loads and restarts included: its share of TTFT.
   // (Named before the pipeline existed; recompute_ms is the compute alone.)
   double compute_ms = 0.0;
-  // Ratio of the last check layer (1 in full mode, 0 in reuse and prefix).
+  // Ratio of the last check layer (1 in full mode, 0 in reuse and prefix);
+  // raised when the quality guard raised the first check's count.
   double ratio = 0.0;
+  // Blend: the share of the selection policy's total score that the
+  // tokens kept at the first check hold (1 when all are kept), and whether
+  // the quality guard added tokens.
+  double selected_share = 0.0;
+  bool guard_raised = false;
   bool pipelined = false;
   // Over every attempt of the request (a restart after a failed chunk
   // loads again):
@@ -92,7 +98,9 @@ struct FusionStats {
   // Compute time of each layer of the successful attempt (waits excluded),
   // for refreshing the compute cost model.
   std::vector<double> layer_ms;
-  // Fraction of a full prefill's per-layer row work that was done.
+  // Fraction of a full prefill's per-layer row work that was done, every
+  // pass of the request included (the lookahead policy's reuse pass; not
+  // the oracle's, which is a study bound).
   double computed_fraction() const;
 };
 

@@ -10,6 +10,7 @@
 
 #include "platform/error.h"
 #include "runtime/blend/fusor.h"
+#include "runtime/blend/selection.h"
 #include "runtime/model.h"
 #include "tests/runtime/forwarding_backend.h"
 #include "tests/runtime/model_path.h"
@@ -164,7 +165,8 @@ TEST_F(FusorTest, GenerationContinuesFromTheFusedCache) {
 
 // On a GPU an op's activation outside backend memory is staged over PCIe at
 // every call: the fusion keeps all of them in alloc_buffer() memory but the
-// final logits row, and its results are those of the plain CPU backend.
+// final logits row and, at each check layer, the row of candidate scores
+// the host ranks; its results are those of the plain CPU backend.
 TEST_F(FusorTest, ActivationsStayInBackendMemory) {
   auto owned = std::make_unique<test::ForwardingBackend>();
   test::ForwardingBackend& be = *owned;
@@ -173,7 +175,7 @@ TEST_F(FusorTest, ActivationsStayInBackendMemory) {
   auto segs = segments();
   const BlendOptions gradual{BlendMode::kBlend, {{1, 0.5f}, {3, 0.15f}}};
   const auto got = fuse_prefill(s, segs, gradual);
-  EXPECT_EQ(be.host_args, 1);  // the logits
+  EXPECT_EQ(be.host_args, 3);  // the logits and the two check layers' scores
   const auto want = fuse_prefill(plain, segs, gradual);
   EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin(), want.end()));
   be.host_args = 0;
@@ -201,6 +203,124 @@ TEST_F(FusorTest, UnreadableChunkIsRecomputed) {
   Session s2(model(), {.n_ctx = 512, .n_threads = 2});
   auto want = fuse_prefill(s2, segs, {});
   EXPECT_LE(rel_l2(g, want), 1e-6);
+}
+
+constexpr Selection kAllSelections[] = {Selection::kHkvd,      Selection::kHkvdKv,
+                                        Selection::kAttention, Selection::kLookahead,
+                                        Selection::kRandom,    Selection::kOracle};
+
+BlendOptions blend_with(Selection sel, std::vector<CheckLayer> schedule) {
+  BlendOptions o;
+  o.schedule = std::move(schedule);
+  o.selection = sel;
+  return o;
+}
+
+// The identities hold whatever ranks the tokens: all of them is full
+// prefill, none is reuse, and the pipeline changes nothing.
+TEST_F(FusorTest, EveryPolicyKeepsTheIdentities) {
+  const auto f = full();
+  const auto r = fused({BlendMode::kReuse, {}});
+  for (Selection sel : kAllSelections) {
+    SCOPED_TRACE(selection_name(sel));
+    FusionStats st;
+    EXPECT_LE(rel_l2(fused(blend_with(sel, {{1, 1.0f}}), &st), f), 1e-4);
+    FusionStats s0;
+    EXPECT_LE(rel_l2(fused(blend_with(sel, {{1, 0.0f}}), &s0), r), 1e-4);
+    const BlendOptions mid = blend_with(sel, {{1, 0.3f}});
+    std::vector<std::vector<float>> out;
+    for (bool pipelined : {true, false}) {
+      Session s(model(), {.n_ctx = 512, .n_threads = 2});
+      auto segs = segments();
+      auto l = fuse_prefill(s, segs, mid, nullptr, {.enabled = pipelined});
+      out.emplace_back(l.begin(), l.end());
+    }
+    EXPECT_EQ(out[0], out[1]);
+  }
+}
+
+// The first chunk follows exactly the head it was computed after: its KV is
+// exact, so no policy spends the ratio on it.
+TEST_F(FusorTest, ExactLeadingChunkIsNeverRecomputed) {
+  const int64_t first = static_cast<int64_t>(req.head.size());
+  const int64_t len = static_cast<int64_t>(req.chunks[0].size());
+  for (Selection sel : kAllSelections) {
+    SCOPED_TRACE(selection_name(sel));
+    FusionStats st;
+    fused(blend_with(sel, {{1, 0.3f}}), &st);
+    for (int32_t p : st.final_rows) EXPECT_FALSE(p >= first && p < first + len) << p;
+    // The count is the ratio of every reused token, spent elsewhere.
+    const int64_t uncached = static_cast<int64_t>(req.head.size() + req.suffix.size());
+    EXPECT_EQ(static_cast<int64_t>(st.final_rows.size()),
+              uncached + std::llround(0.3 * static_cast<double>(st.n_reused)));
+  }
+}
+
+TEST_F(FusorTest, LookaheadCountsItsReusePass) {
+  FusionStats hk, look;
+  fused(blend_with(Selection::kHkvd, {{1, 0.15f}}), &hk);
+  fused(blend_with(Selection::kLookahead, {{1, 0.15f}}), &look);
+  EXPECT_EQ(hk.final_rows.size(), look.final_rows.size());
+  const int64_t uncached = static_cast<int64_t>(req.head.size() + req.suffix.size());
+  // Every layer also ran the reuse pass's uncached rows.
+  for (size_t l = 0; l < hk.rows_per_layer.size(); ++l)
+    EXPECT_EQ(look.rows_per_layer[l], hk.rows_per_layer[l] + uncached) << l;
+  EXPECT_GT(look.computed_fraction(), hk.computed_fraction());
+}
+
+TEST_F(FusorTest, RandomSelectionFollowsItsSeed) {
+  auto pick = [&](uint64_t seed) {
+    BlendOptions o = blend_with(Selection::kRandom, {{1, 0.2f}});
+    o.seed = seed;
+    FusionStats st;
+    fused(o, &st);
+    return st.final_rows;
+  };
+  EXPECT_EQ(pick(1), pick(1));
+  EXPECT_NE(pick(1), pick(2));
+}
+
+TEST_F(FusorTest, SinkTokensOfEveryInexactChunkAreRecomputed) {
+  BlendOptions o = blend_with(Selection::kHkvd, {{1, 0.0f}});
+  o.sink_tokens = 2;
+  FusionStats st;
+  fused(o, &st);
+  int64_t pos = static_cast<int64_t>(req.head.size() + req.chunks[0].size());
+  std::vector<int32_t> want;
+  for (int64_t p = 0; p < static_cast<int64_t>(req.head.size()); ++p) want.push_back(p);
+  for (size_t c = 1; c < req.chunks.size(); ++c) {
+    want.push_back(static_cast<int32_t>(pos));
+    want.push_back(static_cast<int32_t>(pos + 1));
+    pos += static_cast<int64_t>(req.chunks[c].size());
+  }
+  for (int64_t p = pos; p < st.n_tokens; ++p) want.push_back(static_cast<int32_t>(p));
+  EXPECT_EQ(st.final_rows, want);
+}
+
+TEST_F(FusorTest, GuardRaisesTheRatioUntilTheShareIsHeld) {
+  BlendOptions o = blend_with(Selection::kHkvd, {{1, 0.05f}});
+  FusionStats plain;
+  fused(o, &plain);
+  EXPECT_FALSE(plain.guard_raised);
+  EXPECT_GT(plain.selected_share, 0.0);
+  EXPECT_LT(plain.selected_share, 1.0);
+  o.guard_share = 0.99f;  // beyond what 5 % of the tokens hold
+  o.guard_max_ratio = 0.4f;
+  FusionStats raised;
+  fused(o, &raised);
+  EXPECT_TRUE(raised.guard_raised);
+  EXPECT_GT(raised.selected_share, plain.selected_share);
+  EXPECT_GT(raised.final_rows.size(), plain.final_rows.size());
+  const int64_t uncached = static_cast<int64_t>(req.head.size() + req.suffix.size());
+  EXPECT_LE(static_cast<int64_t>(raised.final_rows.size()),
+            uncached + std::llround(0.4 * static_cast<double>(raised.n_reused)));
+  EXPECT_GT(raised.ratio, 0.05);
+  // A share already held leaves the count alone.
+  o.guard_share = static_cast<float>(plain.selected_share) * 0.5f;
+  FusionStats held;
+  fused(o, &held);
+  EXPECT_FALSE(held.guard_raised);
+  EXPECT_EQ(held.final_rows, plain.final_rows);
 }
 
 TEST_F(FusorTest, BadRequestsAreClearErrors) {
@@ -233,6 +353,25 @@ std::vector<int32_t> select_hkvd_tokens(const std::vector<float>& d, int64_t k) 
   std::vector<int32_t> top(static_cast<size_t>(k));
   make_cpu_backend(1)->top_k(d.data(), static_cast<int64_t>(d.size()), k, top.data());
   return top;
+}
+
+TEST(ChooseTokens, KeepsTheBestAndRaisesToTheGuardsShare) {
+  const std::vector<float> d = {0.5f, 3.0f, 1.0f, 3.0f, 0.0f, 2.0f, 3.0f};  // total 12.5
+  TokenChoice c = choose_tokens(d, 2);
+  EXPECT_EQ(c.chosen, (std::vector<int32_t>{1, 3}));  // ties: the lower index
+  EXPECT_DOUBLE_EQ(c.share, 6.0 / 12.5);
+  EXPECT_FALSE(c.raised);
+  c = choose_tokens(d, 2, 0.7, 5);  // 3+3+3 = 9 >= 0.7 x 12.5
+  EXPECT_EQ(c.chosen, (std::vector<int32_t>{1, 3, 6}));
+  EXPECT_TRUE(c.raised);
+  c = choose_tokens(d, 2, 0.99, 4);  // capped at 4
+  EXPECT_EQ(c.chosen, (std::vector<int32_t>{1, 3, 5, 6}));
+  EXPECT_DOUBLE_EQ(c.share, 11.0 / 12.5);
+  EXPECT_EQ(choose_tokens(d, 7).share, 1.0);
+  EXPECT_EQ(choose_tokens(std::vector<float>(4, 0.0f), 1).share, 1.0);
+  const std::vector<float> odd = {NAN, 1.0f, INFINITY, -2.0f};
+  EXPECT_EQ(choose_tokens(odd, 2).chosen, (std::vector<int32_t>{1, 2}));
+  EXPECT_THROW(choose_tokens(d, 8), Error);
 }
 
 TEST(Hkvd, PicksExactlyTheKLargestWithDeterministicTies) {

@@ -528,6 +528,28 @@ typedef struct cb_check_layer {
   float ratio;
 } cb_check_layer;
 
+/* Which reused tokens BLEND recomputes: how the tokens are ranked at the
+ * first check layer (later check layers of a schedule narrow the set by
+ * the KV deviation of V, as CacheBlend does).  Every policy keeps the
+ * same count of tokens, so they compare at equal cost. */
+typedef enum cb_select {
+  CB_SELECT_DEFAULT = 0,   /* the library's default policy (see cb_select_name) */
+  CB_SELECT_HKVD = 1,      /* CacheBlend: deviation of fresh from cached V at the check layer */
+  CB_SELECT_HKVD_KV = 2,   /* deviation of K and V, each head's share normalised */
+  CB_SELECT_ATTENTION = 3, /* the attention the question pays each token at the check layer */
+  CB_SELECT_LOOKAHEAD = 4, /* a reuse pass first, then the attention the question pays
+                            * each token summed over every layer (see docs/FIDELITY.md) */
+  CB_SELECT_RANDOM = 5,    /* a seeded uniform pick: a baseline for studies */
+  CB_SELECT_ORACLE = 6     /* the tokens whose reused KV deviates most from a full
+                            * prefill's, over all layers; runs a full prefill first, so
+                            * it is slower than FULL: an upper bound for studies only */
+} cb_select;
+
+/* The policy's name: "hkvd", "hkvd_kv", "attention", "lookahead", "random",
+ * "oracle"; CB_SELECT_DEFAULT names the policy it stands for; "unknown" for
+ * other values.  Static.  Thread-safe. */
+CB_API const char* cb_select_name(cb_select select);
+
 typedef struct cb_rag_options {
   size_t struct_size;
   cb_mode mode; /* default CB_MODE_BLEND */
@@ -565,6 +587,23 @@ typedef struct cb_rag_options {
    * the controller's.  0 (default): use `ratio` / `schedule`.  Requests
    * with auto_ratio on one cache are serialized. */
   int32_t auto_ratio;
+  /* The ranking of tokens to recompute (BLEND); default CB_SELECT_DEFAULT. */
+  cb_select select;
+  /* The first `sink_tokens` tokens of every chunk are always recomputed, on
+   * top of the ratio's count (EPIC's attention-sink fix); default 0. */
+  int32_t sink_tokens;
+  /* Seed of CB_SELECT_RANDOM; default 0. */
+  uint64_t seed;
+  /* Quality guard (BLEND): when the tokens selected at the first check
+   * layer hold less than `guard_share` of the policy's total score (its
+   * deviation or attention mass over all reused tokens), more tokens are
+   * added, best first, until they do or the ratio reaches
+   * `guard_max_ratio`; cb_rag_stats.ratio then reports the raised ratio.
+   * guard_share in [0, 1]: 0 turns the guard off (default 0). */
+  float guard_share;
+  /* The guard's ceiling on the ratio, in [0, 1] (default 0.5): the bound
+   * on the extra time to first token the caller accepts. */
+  float guard_max_ratio;
 } cb_rag_options;
 
 /* Fills `opts` with defaults.  NULL is ignored. */
@@ -598,6 +637,13 @@ typedef struct cb_rag_stats {
    * (Jetson), where loads are written in place.  Added in 0.1.x: a struct
    * that ends before it (older callers) is still accepted. */
   double upload_ms;
+  /* The share of the selection policy's total score that the tokens kept
+   * at the first check layer hold (BLEND; 1 when every reused token is
+   * kept, 0 in other modes), and whether the quality guard raised the
+   * ratio to reach cb_rag_options.guard_share.  Added after upload_ms: a
+   * struct that ends before them is still accepted. */
+  double selected_share;
+  int32_t guard_raised;
 } cb_rag_stats;
 
 /* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */
