@@ -85,12 +85,13 @@ class Backend {
   virtual void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
                     int64_t rot_dim, float freq_base) = 0;
   virtual void attention(const AttentionArgs& a) = 0;
-  // Query-aware selection: out[j] += the weight that attention() gives key
-  // j, summed over the a.n_q query rows and a.n_head heads, for j < a.n_kv
-  // (a row's weights are its softmax over the keys it sees, so each row and
-  // head adds 1 in all).  a.v and a.out are not read.  `out` is ordinary
-  // host memory: the n_kv sums are what the host ranks next.
-  virtual void attention_weight_sums(const AttentionArgs& a, float* out) = 0;
+  // Query-aware selection, what each key adds to the attention output:
+  // out[j] += sum over the a.n_q query rows and a.n_head heads h of
+  // w(i, h, j) * |v_j|_h, for j < a.n_kv, where w is the weight attention()
+  // gives key j (row i's softmax over the keys it sees) and |v_j|_h the L2
+  // norm of value j's part for head h's KV head.  a.out is not read.
+  // `out` is ordinary host memory: the n_kv sums are what the host ranks.
+  virtual void attention_contributions(const AttentionArgs& a, float* out) = 0;
   // out[i] = silu(gate[i]) * up[i]
   virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
   // out[i] = a[i] + b[i]  (out may alias a or b)

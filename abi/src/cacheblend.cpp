@@ -1060,7 +1060,7 @@ void cb_rag_options_init(cb_rag_options* opts) {
   std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
   opts->struct_size = sizeof(*opts);
   opts->mode = CB_MODE_BLEND;
-  opts->ratio = 0.15f;
+  opts->ratio = cb::kDefaultRatio;
   opts->schedule = nullptr;
   opts->n_schedule = 0;
   opts->chunk_head = CB_CHUNK_HEAD_PROMPT;
@@ -1201,13 +1201,6 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     const ChunkKeyOptions key_opts = chunk_key_options(o);
     ro.chunk_head = key_opts.head;
     ro.ns = key_opts.ns;
-    ro.blend.schedule.clear();
-    if (o.n_schedule == 0) {
-      ro.blend.schedule.push_back({1, o.ratio});
-    } else {
-      for (size_t i = 0; i < o.n_schedule; ++i)
-        ro.blend.schedule.push_back({o.schedule[i].layer, o.schedule[i].ratio});
-    }
     const std::optional<cb::Selection> selection = selection_of(o.select);
     require(selection.has_value(), "unknown select value (use a cb_select)");
     ro.blend.selection = *selection;
@@ -1215,6 +1208,13 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     ro.blend.seed = o.seed;
     ro.blend.guard_share = o.guard_share;
     ro.blend.guard_max_ratio = o.guard_max_ratio;
+    ro.blend.schedule.clear();
+    if (o.n_schedule == 0) {
+      ro.blend.schedule = cb::single_check_schedule(ro.blend.selection, o.ratio);
+    } else {
+      for (size_t i = 0; i < o.n_schedule; ++i)
+        ro.blend.schedule.push_back({o.schedule[i].layer, o.schedule[i].ratio});
+    }
     if (ro.blend.mode != cb::BlendMode::kFull)
       require(cache != nullptr, "cache is NULL (only CB_MODE_FULL runs without a chunk cache)");
     if (cache != nullptr) check_cache(cache);

@@ -10,6 +10,7 @@
 #include <mimalloc.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -263,14 +264,14 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void attention_weight_sums(const AttentionArgs& a, float* out) override {
-    check(a.n_q >= 0 && a.n_kv >= 0 && a.head_dim > 0, "attention_weight_sums: bad shape");
+  void attention_contributions(const AttentionArgs& a, float* out) override {
+    check(a.n_q >= 0 && a.n_kv >= 0 && a.head_dim > 0, "attention_contributions: bad shape");
     check(a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0,
-          "attention_weight_sums: n_head must be a multiple of n_head_kv");
+          "attention_contributions: n_head must be a multiple of n_head_kv");
     if (a.n_q == 0 || a.n_kv == 0) return;
-    // One task per head, each summing its rows into its own slice of
-    // `partial`; the slices are added in head order, so the result does not
-    // depend on the thread count.
+    // One task per head, each summing its rows' weights into its own slice
+    // of `partial`; the slices are weighted and added in head order, so the
+    // result does not depend on the thread count.
     const size_t n_kv = static_cast<size_t>(a.n_kv);
     std::vector<float> partial(static_cast<size_t>(a.n_head) * n_kv, 0.0f);
     pool_.parallel_for(a.n_head, [&](int64_t h, int) {
@@ -284,8 +285,17 @@ class CpuBackend final : public Backend {
         for (int64_t j = 0; j < n; ++j) sum[j] += w[j];
       }
     });
-    for (int64_t h = 0; h < a.n_head; ++h)
-      for (size_t j = 0; j < n_kv; ++j) out[j] += partial[static_cast<size_t>(h) * n_kv + j];
+    const int64_t group = a.n_head / a.n_head_kv, kv_stride = a.n_head_kv * a.head_dim;
+    for (int64_t g = 0; g < a.n_head_kv; ++g) {
+      for (size_t j = 0; j < n_kv; ++j) {
+        const float* v = a.v + static_cast<int64_t>(j) * kv_stride + g * a.head_dim;
+        float norm = 0.0f;
+        for (int64_t d = 0; d < a.head_dim; ++d) norm += v[d] * v[d];
+        norm = std::sqrt(norm);
+        for (int64_t h = g * group; h < (g + 1) * group; ++h)
+          out[j] += partial[static_cast<size_t>(h) * n_kv + j] * norm;
+      }
+    }
   }
 
   void silu_mul(const float* gate, const float* up, int64_t n, float* out) override {

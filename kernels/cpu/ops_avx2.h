@@ -38,8 +38,8 @@ void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int6
                     int64_t h_end);
 // One query row, one head (a tile of one row).
 void attention_one(const AttentionArgs& a, int64_t qi, int64_t head);
-// Backend::attention_weight_sums for one query head: adds each key's
-// weight over every query row to sums[0, n_kv).
+// The weights of Backend::attention_contributions for one query head: adds
+// each key's attention weight over every query row to sums[0, n_kv).
 void attention_weight_sums_head(const AttentionArgs& a, int64_t head, float* sums);
 
 // The int8 GEMV of decode (Backend::matmul_q8); same contracts as

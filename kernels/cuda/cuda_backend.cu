@@ -537,10 +537,10 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
   }
 }
 
-// Attention weight sums, in two kernels so that the sums are deterministic
-// (no atomics): one block of one warp per (query row, head) finds its
-// softmax maximum and normaliser; then one thread per key adds its weight
-// over every (row, head) in a fixed order.
+// Attention contributions, in two kernels so that the sums are
+// deterministic (no atomics): one block of one warp per (query row, head)
+// finds its softmax maximum and normaliser; then one thread per key adds
+// its weight over every (row, head) in a fixed order, times its value norm.
 __device__ __forceinline__ float attn_score(const AttentionArgs& a, int64_t qi, int64_t h,
                                             int64_t group, int64_t j) {
   const float* q = a.q + qi * a.n_head * a.head_dim + h * a.head_dim;
@@ -574,15 +574,22 @@ __global__ void attn_key_sums_kernel(AttentionArgs a, int64_t group, const float
                                      const float* l, float* out) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (j >= a.n_kv) return;
-  float sum = 0.0f;
-  for (int64_t qi = 0; qi < a.n_q; ++qi) {
-    if (j > a.q_pos[qi]) continue;
-    for (int64_t h = 0; h < a.n_head; ++h) {
-      const int64_t row = qi * a.n_head + h;
-      sum += expf(attn_score(a, qi, h, group, j) - m[row]) / l[row];
+  float total = 0.0f;
+  for (int64_t g = 0; g < a.n_head_kv; ++g) {
+    const float* v = a.v + j * a.n_head_kv * a.head_dim + g * a.head_dim;
+    float norm = 0.0f;
+    for (int64_t d = 0; d < a.head_dim; ++d) norm += v[d] * v[d];
+    float sum = 0.0f;
+    for (int64_t qi = 0; qi < a.n_q; ++qi) {
+      if (j > a.q_pos[qi]) continue;
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const int64_t row = qi * a.n_head + h;
+        sum += expf(attn_score(a, qi, h, group, j) - m[row]) / l[row];
+      }
     }
+    total += sum * sqrtf(norm);
   }
-  out[j] += sum;
+  out[j] += total;
 }
 
 // ------------------------------------------------------ element kernels --
@@ -1072,17 +1079,18 @@ class CudaBackend final : public Backend {
     c.finish();
   }
 
-  void attention_weight_sums(const AttentionArgs& a, float* out) override {
-    check(a.n_q >= 0 && a.n_kv >= 0 && a.head_dim > 0, "attention_weight_sums: bad shape");
+  void attention_contributions(const AttentionArgs& a, float* out) override {
+    check(a.n_q >= 0 && a.n_kv >= 0 && a.head_dim > 0, "attention_contributions: bad shape");
     check(a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0,
-          "attention_weight_sums: n_head must be a multiple of n_head_kv");
+          "attention_contributions: n_head must be a multiple of n_head_kv");
     if (a.n_q == 0 || a.n_kv == 0) return;
-    check(a.n_q * a.n_head <= INT32_MAX, "attention_weight_sums: too many query rows x heads");
+    check(a.n_q * a.n_head <= INT32_MAX, "attention_contributions: too many query rows x heads");
     Call c(*this);
     AttentionArgs d = a;
     d.q = c.in(a.q, a.n_q * a.n_head * a.head_dim);
     d.q_pos = c.in(a.q_pos, a.n_q);
     d.k = c.in(a.k, a.n_kv * a.n_head_kv * a.head_dim);
+    d.v = c.in(a.v, a.n_kv * a.n_head_kv * a.head_dim);
     const int64_t rows = a.n_q * a.n_head;
     float* stats = static_cast<float*>(c.temp(static_cast<size_t>(2 * rows) * sizeof(float)));
     float* dout = c.out(out, a.n_kv, true);

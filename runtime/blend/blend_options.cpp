@@ -53,16 +53,30 @@ std::optional<Selection> parse_selection(std::string_view name) {
 }
 
 Selection default_selection() {
-  return Selection::kHkvd;
+  return Selection::kLookahead;
 }
 
-std::vector<CheckLayer> default_blend_schedule() {
+int64_t first_check_layer(Selection s) {
+  switch (s) {
+    case Selection::kLookahead:
+    case Selection::kRandom:
+    case Selection::kOracle:
+      return 0;
+    case Selection::kHkvd:
+    case Selection::kHkvdKv:
+    case Selection::kAttention:
+      break;
+  }
+  return 1;
+}
+
+std::vector<CheckLayer> single_check_schedule(Selection s, float ratio) {
   // Filled element by element: a braced list of aggregates here trips a
   // GCC 12 -Wmaybe-uninitialized false positive in every includer.
-  std::vector<CheckLayer> s(1);
-  s[0].layer = 1;
-  s[0].ratio = 0.15f;
-  return s;
+  std::vector<CheckLayer> out(1);
+  out[0].layer = first_check_layer(s);
+  out[0].ratio = ratio;
+  return out;
 }
 
 void validate_blend_options(const BlendOptions& opts, int64_t n_layer) {

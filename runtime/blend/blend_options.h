@@ -25,8 +25,6 @@ struct CheckLayer {
   float ratio = 0.15f;
 };
 
-// [(1, 0.15)]: one check at layer 1, keeping 15 % of the reused tokens.
-std::vector<CheckLayer> default_blend_schedule();
 
 // How the reused tokens to recompute are ranked at the first check layer.
 // Later check layers narrow by V deviation (kHkvd).  Every policy keeps the
@@ -36,21 +34,32 @@ std::vector<CheckLayer> default_blend_schedule();
 enum class Selection {
   kHkvd,       // CacheBlend: squared deviation of fresh from cached V
   kHkvdKv,     // deviation of K and V, each KV head's share scaled to its mean
-  kAttention,  // attention the question's rows pay each token at the check layer
-  kLookahead,  // a reuse pass first: the question's attention summed over all layers
+  kAttention,  // each token's contribution to the question's attention at the check layer
+  kLookahead,  // a reuse pass first: that contribution summed over all layers
   kRandom,     // seeded uniform pick (baseline)
   kOracle,     // true KV deviation from a full prefill, all layers (study only)
 };
 const char* selection_name(Selection s);
 std::optional<Selection> parse_selection(std::string_view name);
-// The policy used when the caller names none.
+// The policy used when the caller names none: kLookahead (the dev-set
+// evidence is in docs/FIDELITY.md).
 Selection default_selection();
+// The ratio used when the caller gives none: 0.2, with kLookahead about a
+// quarter of a full prefill's work on requests of 4 chunks.
+constexpr float kDefaultRatio = 0.2f;
+// Where a policy's single check goes: layer 0 when the ranking is known
+// before the pass (lookahead, random, oracle), so no layer computes every
+// token; layer 1 for the policies that measure fresh KV (at layer 0 a
+// token's KV does not depend on its context, so it deviates nowhere).
+int64_t first_check_layer(Selection s);
+// [(first_check_layer(s), ratio)].
+std::vector<CheckLayer> single_check_schedule(Selection s, float ratio);
 
 struct BlendOptions {
   BlendMode mode = BlendMode::kBlend;
   // Layers before the first check run a full prefill.  Layers must increase
   // and ratios must not: gradual filtering only narrows the set.
-  std::vector<CheckLayer> schedule = default_blend_schedule();
+  std::vector<CheckLayer> schedule = single_check_schedule(default_selection(), kDefaultRatio);
   Selection selection = default_selection();
   // The first sink_tokens tokens of every reused chunk are recomputed on top
   // of the ratio's count (attention sinks, as EPIC does).

@@ -108,8 +108,9 @@ class FusedForward {
   std::vector<uint8_t> exact;        // per position: cached KV that is exact, never recomputed
   int32_t query_begin = 0;           // the question's rows are those at or after it
   float guard_share = 0.0f, guard_max_ratio = 0.0f;
-  // When set (n_layer x n floats), each layer adds the attention that the
-  // question's rows pay to every position.
+  // When set (n_layer x n floats), each layer adds what every position
+  // contributes to the question's attention output (attention weight times
+  // value norm, Backend::attention_contributions).
   std::vector<float>* attention_by_layer = nullptr;
   // After the first check: the chosen tokens' share of the policy's total
   // score, whether the guard added tokens, and the factor it scaled the
@@ -203,6 +204,7 @@ AttentionArgs FusedForward::question_rows(const float* q, const int32_t* pos, in
   a.q_pos = pos;
   a.n_q = n_q;
   a.k = s_.k_cache(layer);
+  a.v = s_.v_cache(layer);
   a.n_kv = n_;
   a.n_head = hp_.n_head;
   a.n_head_kv = hp_.n_head_kv;
@@ -273,20 +275,23 @@ void FusedForward::question_attention(int64_t layer, std::span<const int32_t> ca
   score.assign(cand_pos.size(), 0.0f);
   if (q_idx.empty()) return;
   const int64_t nq = static_cast<int64_t>(q_idx.size()), nu = static_cast<int64_t>(u_idx.size());
-  // The uncached rows' keys go into the cache now (attend_and_ffn writes
-  // the same values again), so the question sees every key of this layer:
-  // fresh where computed, cached elsewhere.
+  // The uncached rows' K and V go into the cache now (attend_and_ffn
+  // writes the same values again), so the question sees every key of this
+  // layer: fresh where computed, cached elsewhere.
   old_.reserve(static_cast<size_t>(nu * kv_dim));
   be_.gather_rows(k_.data(), kv_dim, u_idx.data(), nu, old_.data());
   be_.rope(old_.data(), u_pos.data(), nu, hp_.n_head_kv, hp_.head_dim, hp_.rot_dim,
            hp_.rope_freq_base);
   be_.scatter_rows(old_.data(), kv_dim, u_pos.data(), nu, s_.k_cache(layer));
+  be_.gather_rows(v_.data(), kv_dim, u_idx.data(), nu, old_.data());
+  be_.scatter_rows(old_.data(), kv_dim, u_pos.data(), nu, s_.v_cache(layer));
   fresh_.reserve(static_cast<size_t>(nq * q_dim));
   be_.gather_rows(q_.data(), q_dim, q_idx.data(), nq, fresh_.data());
   be_.rope(fresh_.data(), q_pos.data(), nq, hp_.n_head, hp_.head_dim, hp_.rot_dim,
            hp_.rope_freq_base);
   std::vector<float> sums(static_cast<size_t>(n_), 0.0f);
-  be_.attention_weight_sums(question_rows(fresh_.data(), q_pos.data(), nq, layer), sums.data());
+  be_.attention_contributions(question_rows(fresh_.data(), q_pos.data(), nq, layer),
+                              sums.data());
   for (size_t j = 0; j < cand_pos.size(); ++j) score[j] = sums[cand_pos[j]];
 }
 
@@ -378,7 +383,7 @@ void FusedForward::attend_and_ffn(int64_t layer) {
     // The layer's keys are all in place now; the question's rows are last.
     const int64_t i0 = std::lower_bound(rows.begin(), rows.end(), query_begin) - rows.begin();
     if (i0 < r)
-      be_.attention_weight_sums(question_rows(q_.data() + i0 * q_dim, rows.data() + i0, r - i0,
+      be_.attention_contributions(question_rows(q_.data() + i0 * q_dim, rows.data() + i0, r - i0,
                                               layer),
                                 attention_by_layer->data() + layer * n_);
   }
@@ -523,6 +528,21 @@ void configure(FusedForward& f, const RequestLayout& lay, bool blend, bool load,
   f.guard_max_ratio = opts.guard_max_ratio;
 }
 
+bool ranks_before_pass(Selection s) {
+  return s == Selection::kLookahead || s == Selection::kOracle;
+}
+
+// Whether the first check keeps fewer than all of its candidates (else a
+// ranking is not worth a pass of its own).
+bool chooses_any(const RequestLayout& lay, const BlendOptions& opts) {
+  const int64_t n = static_cast<int64_t>(lay.is_cached.size());
+  int64_t n_cand = 0;
+  for (int64_t p = 0; p + 1 < n; ++p)
+    n_cand += lay.is_cached[p] && !lay.keep_always[p] && !lay.exact[p];
+  const double r = opts.schedule.front().ratio;
+  return std::llround(r * static_cast<double>(lay.n_reused)) < n_cand;
+}
+
 // Adds one pass's loads and timings to the request's stats.
 void add_pass(FusionStats& st, const FusedForward& f) {
   st.bytes_read += f.load_stats.bytes_read;
@@ -613,7 +633,7 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
     bool loaded = false;  // every cached layer is in the session's cache already
     bool ok = true;
     size_t failed = 0;
-    if (blend && (opts.selection == Selection::kLookahead || opts.selection == Selection::kOracle)) {
+    if (blend && ranks_before_pass(opts.selection) && chooses_any(lay, opts)) {
       // A reuse pass: the question's attention at every layer (lookahead),
       // or the reused KV to hold against a full prefill's (oracle).
       FusedForward look(s, tokens);

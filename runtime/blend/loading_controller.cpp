@@ -108,7 +108,9 @@ RatioChoice LoadingController::choose_ratio(const RequestShape& shape,
   // T_recompute is linear in r: C(r) = C(0) + r * slope.
   const double c0 = compute_s_locked(shape, 0.0);
   const double slope = compute_s_locked(shape, 1.0) - c0;
-  if (slope > 0.0) {
+  if (!shape.loads_overlap_recompute) {
+    out.r_star = 0.0;
+  } else if (slope > 0.0) {
     out.r_star = ((1.0 - opts_.hide_margin) * out.load_s - c0) / slope;
   } else {
     // Nothing to recompute (no reused tokens, or every layer is before the
@@ -118,7 +120,9 @@ RatioChoice LoadingController::choose_ratio(const RequestShape& shape,
   out.ratio = std::clamp(std::max(floor, out.r_star), 0.0, 1.0);
   // Past the point where even recomputing everything hides nothing, reads
   // only add time: recompute every token instead.
-  if (shape.n_reused > 0 && out.load_s > c0 + slope) {
+  const double reuse_cost =
+      shape.loads_overlap_recompute ? out.load_s : out.load_s + c0 + out.ratio * slope;
+  if (shape.n_reused > 0 && reuse_cost > c0 + slope) {
     out.skip_loads = true;
     out.ratio = 1.0;
   }

@@ -17,7 +17,10 @@
 // without bound (layer_pipeline.h): load time saved during the expensive
 // early layers is spent later.  With r >= r* the loads are hidden and the
 // fusion takes about the compute time; below r_min quality would suffer, so
-// r never goes there even when storage is fast.
+// r never goes there even when storage is fast.  A request whose loads end
+// before its recompute starts (the lookahead policy) hides nothing: it
+// takes r_min, and skips the cache when T_load + T_recompute(r_min) >
+// T_recompute(1).
 //
 // It also answers the inverse question, for placing new chunks: for a fixed
 // r, the cheapest storage tier whose loads stay hidden.
@@ -68,6 +71,10 @@ struct RequestShape {
   int64_t n_layers = 0;
   int64_t first_check_layer = 1;  // layers before it compute every token
   std::vector<LayerLoadPart> loads;
+  // false: the loads are over before the recompute starts (the lookahead
+  // policy reads every layer in its reuse pass), so a larger ratio hides
+  // nothing and only adds time; the ratio is then the floor.
+  bool loads_overlap_recompute = true;
 };
 
 struct RatioChoice {

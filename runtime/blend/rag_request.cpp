@@ -111,6 +111,7 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvS
   RequestShape shape;
   shape.n_layers = s.model().hparams().n_layer;
   shape.first_check_layer = opts.blend.schedule.empty() ? 1 : opts.blend.schedule.front().layer;
+  shape.loads_overlap_recompute = opts.blend.selection != Selection::kLookahead;
   for (const Segment& seg : segments) {
     shape.n_tokens += static_cast<int64_t>(seg.tokens.size());
     if (!seg.cached) continue;

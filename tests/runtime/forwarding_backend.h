@@ -71,9 +71,9 @@ class ForwardingBackend : public Backend {
     op({a.q, a.k, a.v, a.out});
     inner_->attention(a);
   }
-  void attention_weight_sums(const AttentionArgs& a, float* out) override {
-    op({a.q, a.k});  // `out` is host memory by contract
-    inner_->attention_weight_sums(a, out);
+  void attention_contributions(const AttentionArgs& a, float* out) override {
+    op({a.q, a.k, a.v});  // `out` is host memory by contract
+    inner_->attention_contributions(a, out);
   }
   void silu_mul(const float* gate, const float* up, int64_t n, float* out) override {
     op({gate, up, out});

@@ -94,6 +94,22 @@ TEST_F(FusorTest, PrefixModeEqualsFullPrefill) {
   EXPECT_EQ(st.n_reused, static_cast<int64_t>(req.chunks[0].size()));
 }
 
+// The defaults: the lookahead policy at ratio 0.2, its check at layer 0
+// (no layer computes every token), closer to full prefill than reuse.
+TEST_F(FusorTest, DefaultIsLookaheadFromLayerZero) {
+  const BlendOptions d;
+  EXPECT_EQ(d.selection, Selection::kLookahead);
+  ASSERT_EQ(d.schedule.size(), 1u);
+  EXPECT_EQ(d.schedule[0].layer, 0);
+  EXPECT_FLOAT_EQ(d.schedule[0].ratio, 0.2f);
+  FusionStats st;
+  auto b = fused(d, &st);
+  const int64_t uncached = static_cast<int64_t>(req.head.size() + req.suffix.size());
+  // Every layer: the reuse pass's uncached rows, then the blend pass's.
+  EXPECT_EQ(st.rows_per_layer[0], 2 * uncached + std::llround(0.2 * st.n_reused));
+  EXPECT_LT(rel_l2(b, full()), rel_l2(fused({BlendMode::kReuse, {}}), full()));
+}
+
 TEST_F(FusorTest, RatioZeroEqualsReuse) {
   FusionStats sb, sr;
   auto b = fused({BlendMode::kBlend, {{1, 0.0f}}}, &sb);
@@ -107,7 +123,10 @@ TEST_F(FusorTest, RatioZeroEqualsReuse) {
 TEST_F(FusorTest, BlendIsBetweenReuseAndFull) {
   auto f = full();
   FusionStats st;
-  auto b = fused({}, &st);  // default: [(1, 0.15)]
+  BlendOptions hkvd;
+  hkvd.selection = Selection::kHkvd;
+  hkvd.schedule = {{1, 0.15f}};
+  auto b = fused(hkvd, &st);
   auto r = fused({BlendMode::kReuse, {}});
   EXPECT_LT(rel_l2(b, f), rel_l2(r, f));
   const int64_t uncached = static_cast<int64_t>(req.head.size() + req.suffix.size());
@@ -173,11 +192,19 @@ TEST_F(FusorTest, ActivationsStayInBackendMemory) {
   Session s(model(), {.n_ctx = 512, .n_threads = 2}, std::move(owned));
   Session plain(model(), {.n_ctx = 512, .n_threads = 2});
   auto segs = segments();
-  const BlendOptions gradual{BlendMode::kBlend, {{1, 0.5f}, {3, 0.15f}}};
+  BlendOptions gradual{BlendMode::kBlend, {{1, 0.5f}, {3, 0.15f}}};
+  gradual.selection = Selection::kHkvd;
   const auto got = fuse_prefill(s, segs, gradual);
   EXPECT_EQ(be.host_args, 3);  // the logits and the two check layers' scores
   const auto want = fuse_prefill(plain, segs, gradual);
   EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin(), want.end()));
+  // Lookahead ranks from its reuse pass (host sums by contract): only the
+  // later check layer's scores come back.
+  be.host_args = 0;
+  s.truncate(0);
+  gradual.selection = Selection::kLookahead;
+  fuse_prefill(s, segs, gradual);
+  EXPECT_EQ(be.host_args, 2);
   be.host_args = 0;
   s.truncate(0);
   const cache::ChunkKV captured = precompute_chunk_kv(s, req.head, req.chunks[2]);

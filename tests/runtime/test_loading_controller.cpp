@@ -103,6 +103,26 @@ TEST(LoadingController, RatioClampsAtOneAndSlowerLoadsAreSkipped) {
   EXPECT_NEAR(r.compute_s, 1.0, 1e-12);
 }
 
+// Loads that end before the recompute starts (the lookahead policy) are
+// hidden by no ratio: the floor, and the cache is skipped once reading plus
+// recomputing at the floor costs more than recomputing everything.
+TEST(LoadingController, LoadsBeforeTheRecomputeKeepTheFloor) {
+  LoadingController c(synthetic(), {.hide_margin = 0.0});
+  RequestShape s = shape_with(59500, "sd");  // 0.595 s: r = 0.5 would hide it
+  s.loads_overlap_recompute = false;
+  RatioChoice r = c.choose_ratio(s);
+  EXPECT_DOUBLE_EQ(r.ratio, 0.15);
+  EXPECT_FALSE(r.skip_loads);
+  // 0.7 s of loads + T_recompute(0.15) = 0.3115 s > T_recompute(1) = 1 s.
+  s = shape_with(70000, "sd");
+  s.loads_overlap_recompute = false;
+  r = c.choose_ratio(s);
+  EXPECT_TRUE(r.skip_loads);
+  EXPECT_DOUBLE_EQ(r.ratio, 1.0);
+  s.loads_overlap_recompute = true;  // overlapped, the same loads hide at r < 1
+  EXPECT_FALSE(c.choose_ratio(s).skip_loads);
+}
+
 TEST(LoadingController, DecodeCostCountsAsLoad) {
   Calibration cal = synthetic();
   cal.decode = {{cache::Codec::kQ8, 0.5e-6}};  // 0.5 us per stored byte

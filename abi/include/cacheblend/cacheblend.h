@@ -533,12 +533,14 @@ typedef struct cb_check_layer {
  * the KV deviation of V, as CacheBlend does).  Every policy keeps the
  * same count of tokens, so they compare at equal cost. */
 typedef enum cb_select {
-  CB_SELECT_DEFAULT = 0,   /* the library's default policy (see cb_select_name) */
+  CB_SELECT_DEFAULT = 0,   /* the library's default policy: LOOKAHEAD */
   CB_SELECT_HKVD = 1,      /* CacheBlend: deviation of fresh from cached V at the check layer */
   CB_SELECT_HKVD_KV = 2,   /* deviation of K and V, each head's share normalised */
-  CB_SELECT_ATTENTION = 3, /* the attention the question pays each token at the check layer */
-  CB_SELECT_LOOKAHEAD = 4, /* a reuse pass first, then the attention the question pays
-                            * each token summed over every layer (see docs/FIDELITY.md) */
+  CB_SELECT_ATTENTION = 3, /* what each token adds to the question's attention output
+                            * (weight x value norm) at the check layer */
+  CB_SELECT_LOOKAHEAD = 4, /* a reuse pass first (about the cost of REUSE), then that
+                            * contribution summed over every layer; the best measured
+                            * (docs/FIDELITY.md) */
   CB_SELECT_RANDOM = 5,    /* a seeded uniform pick: a baseline for studies */
   CB_SELECT_ORACLE = 6     /* the tokens whose reused KV deviates most from a full
                             * prefill's, over all layers; runs a full prefill first, so
@@ -553,8 +555,10 @@ CB_API const char* cb_select_name(cb_select select);
 typedef struct cb_rag_options {
   size_t struct_size;
   cb_mode mode; /* default CB_MODE_BLEND */
-  /* Recompute ratio in [0, 1] (default 0.15) for BLEND when no schedule is
-   * given: the schedule is then [(1, ratio)].  Checked in every mode. */
+  /* Recompute ratio in [0, 1] (default 0.2) for BLEND when no schedule is
+   * given: the schedule is then one check, at layer 0 for the LOOKAHEAD,
+   * RANDOM and ORACLE policies (their ranking is known before the pass) and
+   * at layer 1 for the others.  Checked in every mode. */
   float ratio;
   /* Optional check-layer schedule (gradual filtering), e.g.
    * [(1, 0.30), (3, 0.15)]: layers strictly increasing and existing in the
@@ -576,7 +580,8 @@ typedef struct cb_rag_options {
   /* 1: BLEND only, with a chunk cache on flash: the loading controller
    * picks the ratio so that recompute time just fits inside the time to
    * load the chunks, never below `ratio` (the quality floor; default
-   * 0.15).  Its cost models are measured on this device: a short compute
+   * 0.2).  With CB_SELECT_LOOKAHEAD the loads end in its reuse pass, before
+   * any recompute, so nothing can hide them: the ratio stays at the floor.  Its cost models are measured on this device: a short compute
    * probe at first use; the store's read speed (unless the caller set
    * cb_store_options.assumed_read_bytes_per_sec) and decode cost from the
    * first request that reads it (which runs at the floor); all saved in
@@ -587,7 +592,9 @@ typedef struct cb_rag_options {
    * the controller's.  0 (default): use `ratio` / `schedule`.  Requests
    * with auto_ratio on one cache are serialized. */
   int32_t auto_ratio;
-  /* The ranking of tokens to recompute (BLEND); default CB_SELECT_DEFAULT. */
+  /* The ranking of tokens to recompute (BLEND); default CB_SELECT_DEFAULT
+   * (LOOKAHEAD).  Added after auto_ratio, like the fields below: a struct
+   * that ends before them is still accepted and gets their defaults. */
   cb_select select;
   /* The first `sink_tokens` tokens of every chunk are always recomputed, on
    * top of the ratio's count (EPIC's attention-sink fix); default 0. */
@@ -662,7 +669,7 @@ CB_API void cb_rag_stats_init(cb_rag_stats* stats);
  *               accepted; invalid UTF-8 is tokenized byte-wise).  A request
  *               without documents is not a RAG request: use cb_generate().
  *   question    NUL-terminated UTF-8.
- *   opts        may be NULL for defaults (BLEND at ratio 0.15).
+ *   opts        may be NULL for defaults (BLEND, LOOKAHEAD selection, ratio 0.2).
  *   stats       may be NULL; otherwise filled on success.
  * Afterwards the session holds the request (cb_session_n_past() is its
  * length), cb_session_logits() gives the last position's logits, and
