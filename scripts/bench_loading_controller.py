@@ -9,6 +9,9 @@ cb_bench fills the store, lets the controller calibrate with one untimed
 auto request (its compute probe, and a first measurement of the store's
 reads: until then it knows nothing about the store and uses r_min), then
 times auto and the fixed ratio side by side (interleaved), both pipelined.
+The selection policy is hkvd by default (--select): its loads overlap the
+recompute, which is what the controller sizes r for; with lookahead the
+loads end before the recompute starts and auto keeps the floor.
 
 Writes DIR/loading_controller.jsonl (cb_bench's JSON lines, one per cap and
 ratio setting), DIR/loading_controller.md (a Markdown table) and, when
@@ -31,7 +34,7 @@ def run_ttft(args, store, cap, ratios, repeat):
     cmd = [args.cb_bench, "ttft", "--chunks", str(args.chunks), "--chunk-tokens",
            str(args.chunk_tokens), "--modes", "blend", "--ratio", ratios, "--codec", args.codec,
            "--store", store, "--storage-mbps", str(cap), "--repeat", str(repeat), "--threads",
-           str(args.threads), "--json"]
+           str(args.threads), "--select", args.select, "--json"]
     if args.model:
         cmd += ["--model", args.model]
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
@@ -76,7 +79,9 @@ def main():
     ap.add_argument("--cb-bench", default="build/bin/cb_bench")
     ap.add_argument("--model", default=None)
     ap.add_argument("--caps", default="2000,500,100,25,10,5", help="read caps, MB/s")
-    ap.add_argument("--fixed", default="0.15", help="the fixed ratio compared with auto")
+    ap.add_argument("--fixed", default="0.2",
+                    help="the fixed ratio compared with auto (the default floor)")
+    ap.add_argument("--select", default="hkvd", help="blend's selection policy")
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--chunk-tokens", type=int, default=512)
     ap.add_argument("--codec", default="q8")

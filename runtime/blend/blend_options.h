@@ -25,7 +25,6 @@ struct CheckLayer {
   float ratio = 0.15f;
 };
 
-
 // How the reused tokens to recompute are ranked at the first check layer.
 // Later check layers narrow by V deviation (kHkvd).  Every policy keeps the
 // same count, so they compare at equal cost; tokens whose cached KV is

@@ -16,8 +16,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -252,8 +250,7 @@ void FusedForward::deviation(int64_t layer, std::span<const int32_t> cand,
       for (int64_t j = 0; j < n_cand; ++j) mean += dv[j * parts + h];
       mean /= static_cast<double>(n_cand);
       if (mean <= 0.0) continue;
-      for (int64_t j = 0; j < n_cand; ++j)
-        score[j] += static_cast<float>(dv[j * parts + h] / mean);
+      for (int64_t j = 0; j < n_cand; ++j) score[j] += static_cast<float>(dv[j * parts + h] / mean);
     }
   }
 }
@@ -290,8 +287,7 @@ void FusedForward::question_attention(int64_t layer, std::span<const int32_t> ca
   be_.rope(fresh_.data(), q_pos.data(), nq, hp_.n_head, hp_.head_dim, hp_.rot_dim,
            hp_.rope_freq_base);
   std::vector<float> sums(static_cast<size_t>(n_), 0.0f);
-  be_.attention_contributions(question_rows(fresh_.data(), q_pos.data(), nq, layer),
-                              sums.data());
+  be_.attention_contributions(question_rows(fresh_.data(), q_pos.data(), nq, layer), sums.data());
   for (size_t j = 0; j < cand_pos.size(); ++j) score[j] = sums[cand_pos[j]];
 }
 
@@ -307,9 +303,8 @@ void FusedForward::select(int64_t layer, float ratio, bool first) {
   }
   const int64_t n_cand = static_cast<int64_t>(cand.size());
   const double r = std::min(1.0, static_cast<double>(ratio) * ratio_scale);
-  const int64_t k =
-      std::min<int64_t>(static_cast<int64_t>(std::llround(r * static_cast<double>(n_reused))),
-                        n_cand);
+  const int64_t k = std::min<int64_t>(
+      static_cast<int64_t>(std::llround(r * static_cast<double>(n_reused))), n_cand);
   if (k >= n_cand) return;  // every row stays
   std::vector<int32_t> cand_pos(cand.size());
   for (size_t j = 0; j < cand.size(); ++j) cand_pos[j] = rows[cand[j]];
@@ -317,13 +312,6 @@ void FusedForward::select(int64_t layer, float ratio, bool first) {
   if (first && !prior.empty()) {
     score.resize(cand.size());
     for (size_t j = 0; j < cand.size(); ++j) score[j] = prior[cand_pos[j]];
-    if (const char* e = std::getenv("CB_EXP_COMBINE")) {  // EXPERIMENT
-      const double alpha = std::atof(e);
-      std::vector<float> dev;
-      deviation(layer, cand, cand_pos, false, dev);
-      for (size_t j = 0; j < cand.size(); ++j)
-        score[j] = static_cast<float>(score[j] * std::pow(std::max(dev[j], 0.0f), alpha));
-    }
   } else if (first && selection == Selection::kAttention) {
     question_attention(layer, cand_pos, score);
   } else {
@@ -383,9 +371,9 @@ void FusedForward::attend_and_ffn(int64_t layer) {
     // The layer's keys are all in place now; the question's rows are last.
     const int64_t i0 = std::lower_bound(rows.begin(), rows.end(), query_begin) - rows.begin();
     if (i0 < r)
-      be_.attention_contributions(question_rows(q_.data() + i0 * q_dim, rows.data() + i0, r - i0,
-                                              layer),
-                                attention_by_layer->data() + layer * n_);
+      be_.attention_contributions(
+          question_rows(q_.data() + i0 * q_dim, rows.data() + i0, r - i0, layer),
+          attention_by_layer->data() + layer * n_);
   }
   for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
     const int64_t b = std::min(kRowBatch, r - r0);
@@ -532,15 +520,53 @@ bool ranks_before_pass(Selection s) {
   return s == Selection::kLookahead || s == Selection::kOracle;
 }
 
-// Whether the first check keeps fewer than all of its candidates (else a
-// ranking is not worth a pass of its own).
-bool chooses_any(const RequestLayout& lay, const BlendOptions& opts) {
+// What a policy that ranks in a pass of its own (ranks_before_pass) would
+// compute, against a full prefill.
+struct RankingCost {
+  bool chooses = false;  // the first check keeps some but not all candidates
+  bool cheaper_than_full = true;
+};
+
+RankingCost ranking_cost(const RequestLayout& lay, const BlendOptions& opts, int64_t n_layer) {
   const int64_t n = static_cast<int64_t>(lay.is_cached.size());
-  int64_t n_cand = 0;
-  for (int64_t p = 0; p + 1 < n; ++p)
-    n_cand += lay.is_cached[p] && !lay.keep_always[p] && !lay.exact[p];
-  const double r = opts.schedule.front().ratio;
-  return std::llround(r * static_cast<double>(lay.n_reused)) < n_cand;
+  int64_t n_cand = 0, n_kept = 0;
+  for (int64_t p = 0; p < n; ++p) {
+    const bool last = p + 1 == n;
+    n_cand += !last && lay.is_cached[p] && !lay.keep_always[p] && !lay.exact[p];
+    n_kept += lay.keep_always[p] || last;
+  }
+  const int64_t k = std::llround(opts.schedule.front().ratio * static_cast<double>(lay.n_reused));
+  RankingCost c;
+  // Keeping none or all of them needs no ranking.
+  c.chooses = k > 0 && k < n_cand;
+  // The reuse pass (the uncached rows at every layer), then the blend pass
+  // (every row before the first check, the kept ones after it).
+  int64_t n_uncached = 0;
+  for (int64_t p = 0; p < n; ++p) n_uncached += !lay.is_cached[p] || p + 1 == n;
+  const int64_t c0 = opts.schedule.front().layer;
+  const double rows =
+      static_cast<double>(n_layer * n_uncached + c0 * n + (n_layer - c0) * (n_kept + k));
+  c.cheaper_than_full = rows < static_cast<double>(n_layer * n);
+  return c;
+}
+
+// Lookahead's reuse pass pays for itself on requests of long chunks; where
+// it and the recompute would together cost more than a full prefill (short
+// chunks next to a long prompt head and question), CacheBlend's HKVD ranks
+// the tokens instead, in the one pass, from layer 1.
+BlendOptions without_costly_lookahead(const BlendOptions& opts, std::span<const Segment> segments,
+                                      const std::vector<uint8_t>& use, int64_t n, int64_t n_layer) {
+  if (opts.selection != Selection::kLookahead) return opts;
+  const RequestLayout lay = layout_request(segments, use, n, opts.sink_tokens);
+  const RankingCost cost = ranking_cost(lay, opts, n_layer);
+  const int64_t check = first_check_layer(Selection::kHkvd);
+  if (!cost.chooses || cost.cheaper_than_full ||
+      (opts.schedule.size() > 1 && opts.schedule[1].layer <= check))
+    return opts;
+  BlendOptions hkvd = opts;
+  hkvd.selection = Selection::kHkvd;
+  hkvd.schedule.front().layer = std::max(hkvd.schedule.front().layer, check);
+  return hkvd;
 }
 
 // Adds one pass's loads and timings to the request's stats.
@@ -625,32 +651,35 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
   }
 
   const int64_t kv_dim = hp.kv_dim();
+  // The options this request runs with.
   for (;;) {
-    const RequestLayout lay = layout_request(segments, use, n, blend ? opts.sink_tokens : 0);
+    // What runs: a failed chunk, now computed, changes what pays.
+    const BlendOptions used =
+        blend ? without_costly_lookahead(opts, segments, use, n, hp.n_layer) : opts;
+    const RequestLayout lay = layout_request(segments, use, n, blend ? used.sink_tokens : 0);
     std::vector<float> prior;
     std::vector<int64_t> rows_per_layer;
     std::vector<double> layer_ms;
     bool loaded = false;  // every cached layer is in the session's cache already
     bool ok = true;
     size_t failed = 0;
-    if (blend && ranks_before_pass(opts.selection) && chooses_any(lay, opts)) {
+    const RankingCost ranking = blend ? ranking_cost(lay, used, hp.n_layer) : RankingCost{};
+    if (blend && ranks_before_pass(used.selection) && ranking.chooses) {
       // A reuse pass: the question's attention at every layer (lookahead),
       // or the reused KV to hold against a full prefill's (oracle).
       FusedForward look(s, tokens);
-      configure(look, lay, false, true, opts, pipeline);
+      configure(look, lay, false, true, used, pipeline);
       std::vector<float> by_layer;
-      if (opts.selection == Selection::kLookahead) {
+      if (used.selection == Selection::kLookahead) {
         by_layer.assign(static_cast<size_t>(hp.n_layer * n), 0.0f);
         look.attention_by_layer = &by_layer;
       }
       ok = look.run(false);
       add_pass(st, look);
       failed = look.failed_chunk;
-      if (ok && opts.selection == Selection::kLookahead) {
+      if (ok && used.selection == Selection::kLookahead) {
         prior.assign(static_cast<size_t>(n), 0.0f);
-        int64_t lo = 0, hi = hp.n_layer;  // EXPERIMENT
-        if (const char* e = std::getenv("CB_EXP_LAYERS")) std::sscanf(e, "%ld,%ld", &lo, &hi);
-        for (int64_t l = lo; l < hi; ++l)
+        for (int64_t l = 0; l < hp.n_layer; ++l)
           for (int64_t p = 0; p < n; ++p) prior[p] += by_layer[l * n + p];
         add_per_layer(rows_per_layer, look.rows_per_layer);
         add_per_layer(layer_ms, look.layer_ms);
@@ -679,12 +708,12 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
           }
         }
       }
-    } else if (blend && opts.selection == Selection::kRandom) {
-      prior = random_scores(n, opts.seed);
+    } else if (blend && used.selection == Selection::kRandom) {
+      prior = random_scores(n, used.seed);
     }
     if (ok) {
       FusedForward f(s, tokens);
-      configure(f, lay, blend, !loaded, opts, pipeline);
+      configure(f, lay, blend, !loaded, used, pipeline);
       f.prior = std::move(prior);
       ok = f.run(true);
       add_pass(st, f);

@@ -61,14 +61,15 @@ const char* const kUsage =
     "  ttft --chunks N --chunk-tokens T [--query-tokens Q] [--ratio R|auto[,R2,...]]\n"
     "       [--modes full,prefix,reuse,blend] [--repeat K] [--chunk-head prompt|none]\n"
     "       [--codec f32|f16|q8|q4] [--store DIR] [--storage-mbps B[,B2,...]]\n"
-    "       [--pipeline on|off] [--plot FILE.png]\n"
+    "       [--pipeline on|off] [--select P[,P2,...]] [--sink-tokens K] [--plot FILE.png]\n"
     "      time to first token of a RAG request of N distinct chunks of about T\n"
     "      tokens each (cut from a built-in English text) and a question of about\n"
     "      Q tokens (default 32).  The chunk cache is warmed first (one untimed\n"
     "      blend request computes every chunk), so timed runs find their chunks in\n"
-    "      RAM, as in deployment.  Each mode (blend: each ratio, default 0.15) runs\n"
+    "      RAM, as in deployment.  Each mode (blend: each ratio, default 0.2) runs\n"
     "      K times (default 3) on a reset session, the runs of all modes and\n"
-    "      ratios interleaved; TTFT = the RAG prefill plus sampling the first\n"
+    "      ratios (and, for blend, each --select policy) interleaved; TTFT = the\n"
+    "      RAG prefill plus sampling the first\n"
     "      token; the median is reported.  With --ratio auto, one untimed auto\n"
     "      request first lets the loading controller calibrate.  Several read caps\n"
     "      (--storage-mbps 50,200,1000; a chunk store on flash) run every mode and\n"
@@ -78,6 +79,8 @@ const char* const kUsage =
     "  quality --dataset FILE [--limit N] [--max-chunks K] [--ratio R|auto[,R2,...]]\n"
     "          [--modes full,prefix,reuse,blend] [--chunk-head prompt|none]\n"
     "          [--max-tokens M] [--codec C] [--store DIR] [--show] [--plot FILE.png]\n"
+    "          [--select P[,P2,...]] [--schedule L:R[,L:R...]] [--sink-tokens K]\n"
+    "          [--seed S] [--guard-share X] [--guard-max-ratio Y] [--tf-tokens T]\n"
     "      answer quality on a dataset: a JSON list of {question, answers[],\n"
     "      ctxs[{title, text}]} (e.g. shared/data/musique_dev.json); each ctx is one\n"
     "      chunk (title + newline + text), the first K of them (default all); the\n"
@@ -88,12 +91,24 @@ const char* const kUsage =
     "      f1 (SQuAD token F1 against the best gold answer), fidelity_f1 (F1\n"
     "      against full prefill's answer), top1_agree and kl_first (the first\n"
     "      token's argmax and KL(full || mode) against full prefill) and the\n"
-    "      median TTFT.  TTFT is always taken on a cached run: a mode whose run\n"
-    "      had to compute missing chunks is run again and that run is measured\n"
-    "      (and scored; the answer is the same).  Progress goes to stderr; --show\n"
-    "      prints every answer there too.  With several ratios blend runs at each\n"
-    "      (one line per ratio); --plot FILE.png draws F1 and fidelity F1 per mode\n"
-    "      against the ratio (several ratios) or per mode (needs gnuplot).\n"
+    "      median TTFT; teacher-forced fidelity: full prefill's greedy answer of\n"
+    "      T tokens (default 32) is fed after each mode's prefill, and kl_tf_mean\n"
+    "      (mean KL(full || mode) over its positions) and top1_tf (share of\n"
+    "      positions whose argmax agrees) compare every position; exact_answer\n"
+    "      is the share of answers identical to full prefill's; gap_closed (and\n"
+    "      gap_closed_tf) = 1 - KL(mode) / KL(reuse) on the same examples (reuse\n"
+    "      always runs when blend does).  TTFT is always taken on a cached run: a\n"
+    "      mode whose run had to compute missing chunks is run again and that run\n"
+    "      is measured (and scored; the answer is the same).  Progress goes to\n"
+    "      stderr; --show prints every answer there too.\n"
+    "      Blend runs once per ratio and --select policy (hkvd, hkvd_kv,\n"
+    "      attention, lookahead, random, oracle; default: the library's), or with\n"
+    "      --schedule (check layers, e.g. 1:0.3,3:0.15) instead of --ratio.\n"
+    "      --sink-tokens K recomputes each chunk's first K tokens too; --seed S\n"
+    "      seeds random; --guard-share X with --guard-max-ratio Y raises the\n"
+    "      ratio (up to Y) until the selected tokens hold X of the policy's score.\n"
+    "      With several blend runs --plot FILE.png draws KL(first token) against\n"
+    "      the computed fraction per policy, and FILE_tf.png top1_tf likewise.\n"
     "      --codec f32 (default: chunk KV in RAM) | f16 | q8 | q4 (chunk KV in a\n"
     "      chunk store on flash: --store DIR, else a temporary directory removed at\n"
     "      exit); --storage-mbps B caps the store's reads at B MB/s (slow flash).\n"
@@ -157,10 +172,13 @@ Args parse_args(int argc, char** argv) {
       {"decode", {"--tokens", "--ctx", "--repeat"}},
       {"ttft",
        {"--chunks", "--chunk-tokens", "--query-tokens", "--ratio", "--modes", "--repeat",
-        "--chunk-head", "--codec", "--storage-mbps", "--store", "--pipeline", "--plot"}},
+        "--chunk-head", "--codec", "--storage-mbps", "--store", "--pipeline", "--plot", "--select",
+        "--sink-tokens"}},
       {"quality",
        {"--dataset", "--limit", "--max-chunks", "--ratio", "--modes", "--chunk-head",
-        "--max-tokens", "--codec", "--storage-mbps", "--store", "--plot"}},
+        "--max-tokens", "--codec", "--storage-mbps", "--store", "--plot", "--select",
+        "--sink-tokens", "--seed", "--schedule", "--guard-share", "--guard-max-ratio",
+        "--tf-tokens"}},
   };
   static const std::map<std::string, std::set<std::string>> kSwitches = {
       {"generate", {"--chat", "--json", "--help"}},
@@ -671,7 +689,9 @@ constexpr float kAutoRatio = -1.0f;
 // Sets the ratio fields of `ro` from a parse_ratios value.
 void set_ratio(cb_rag_options& ro, float r) {
   ro.auto_ratio = r == kAutoRatio ? 1 : 0;
-  ro.ratio = r == kAutoRatio ? 0.15f : r;
+  cb_rag_options defaults;  // auto: the library's default floor
+  cb_rag_options_init(&defaults);
+  ro.ratio = r == kAutoRatio ? defaults.ratio : r;
 }
 
 bool parse_pipeline(const Args& a) {
@@ -683,7 +703,11 @@ bool parse_pipeline(const Args& a) {
 
 std::vector<float> parse_ratios(const Args& a, bool allow_list) {
   auto it = a.values.find("--ratio");
-  if (it == a.values.end()) return {0.15f};
+  if (it == a.values.end()) {
+    cb_rag_options defaults;  // the library's default ratio
+    cb_rag_options_init(&defaults);
+    return {defaults.ratio};
+  }
   const std::string& list = it->second;
   std::vector<float> out;
   size_t start = 0;
@@ -706,6 +730,79 @@ cb_chunk_head parse_chunk_head(const Args& a) {
   if (it == a.values.end() || it->second == "prompt") return CB_CHUNK_HEAD_PROMPT;
   if (it->second == "none") return CB_CHUNK_HEAD_NONE;
   usage_error("option --chunk-head: '" + it->second + "' is not prompt or none");
+}
+
+// --select P[,P2,...]: blend's selection policies (default: the library's).
+std::vector<cb_select> parse_selects(const Args& a) {
+  auto it = a.values.find("--select");
+  if (it == a.values.end()) return {CB_SELECT_DEFAULT};
+  std::vector<cb_select> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = it->second.find(',', start);
+    const std::string name =
+        it->second.substr(start, comma == std::string::npos ? comma : comma - start);
+    bool found = false;
+    if (name == "default") {
+      out.push_back(CB_SELECT_DEFAULT);
+      found = true;
+    }
+    for (int v = CB_SELECT_HKVD; v <= CB_SELECT_ORACLE && !found; ++v)
+      if (name == cb_select_name(static_cast<cb_select>(v))) {
+        out.push_back(static_cast<cb_select>(v));
+        found = true;
+      }
+    if (!found)
+      usage_error("option --select: unknown policy '" + name +
+                  "' (expected hkvd, hkvd_kv, attention, lookahead, random, oracle or default)");
+    if (std::count(out.begin(), out.end(), out.back()) > 1)
+      usage_error("option --select: '" + name + "' is listed twice");
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// --schedule L:R[,L:R...]: blend's check layers (empty when not given).
+std::vector<cb_check_layer> parse_schedule(const Args& a) {
+  auto it = a.values.find("--schedule");
+  if (it == a.values.end()) return {};
+  std::vector<cb_check_layer> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = it->second.find(',', start);
+    const std::string item =
+        it->second.substr(start, comma == std::string::npos ? comma : comma - start);
+    const size_t colon = item.find(':');
+    char* end_l = nullptr;
+    char* end_r = nullptr;
+    errno = 0;
+    const long layer = colon == std::string::npos ? -1 : std::strtol(item.c_str(), &end_l, 10);
+    const float ratio =
+        colon == std::string::npos ? -1.0f : std::strtof(item.c_str() + colon + 1, &end_r);
+    if (colon == std::string::npos || colon == 0 || end_l != item.c_str() + colon ||
+        end_r == item.c_str() + colon + 1 || *end_r != '\0' || errno == ERANGE || layer < 0 ||
+        layer > 100000 || !(ratio >= 0.0f && ratio <= 1.0f))
+      usage_error("option --schedule: '" + item +
+                  "' is not LAYER:RATIO (a layer number and a ratio in [0, 1])");
+    out.push_back({static_cast<int32_t>(layer), ratio});
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// A blend run's selection options, shared by ttft and quality.
+struct SelectOptions {
+  std::vector<cb_select> selects;
+  int sink_tokens = 0;
+};
+
+SelectOptions parse_select_options(const Args& a) {
+  SelectOptions o;
+  o.selects = parse_selects(a);
+  o.sink_tokens = static_cast<int>(parse_int(a, "--sink-tokens", 0, 0, 1024));
+  return o;
 }
 
 const char* chunk_head_label(cb_chunk_head h) {
@@ -981,8 +1078,9 @@ std::string bench_chunk(const Model& model, size_t i, size_t n_tokens) {
 
 struct TtftRow {
   cb_mode mode;
-  float ratio_opt;            // the ratio asked for (blend)
-  double storage_mbps = 0.0;  // the store's read cap; 0: none
+  float ratio_opt;                       // the ratio asked for (blend)
+  cb_select select = CB_SELECT_DEFAULT;  // blend's policy
+  double storage_mbps = 0.0;             // the store's read cap; 0: none
   double ttft_ms, compute_ms;
   std::vector<double> runs;
   cb_rag_stats st;  // of the last run
@@ -1064,6 +1162,7 @@ int cmd_ttft(const Args& a) {
   const std::vector<float> ratios = parse_ratios(a, true);
   const std::vector<cb_mode> modes = parse_modes(a, "full,prefix,reuse,blend");
   const cb_chunk_head head = parse_chunk_head(a);
+  const SelectOptions sel = parse_select_options(a);
   const std::vector<double> caps = parse_storage_caps(a, true);
   const std::string plot = plot_path(a);
   const Common c = common_options(a);
@@ -1100,6 +1199,7 @@ int cmd_ttft(const Args& a) {
   cb_rag_options ro;
   cb_rag_options_init(&ro);
   ro.chunk_head = head;
+  ro.sink_tokens = sel.sink_tokens;
   cb_rag_stats st;
   ro.pipeline = parse_pipeline(a) ? 1 : 0;
   cb_generate_options go;
@@ -1125,13 +1225,17 @@ int cmd_ttft(const Args& a) {
     const size_t first = rows.size();
     for (cb_mode mode : modes) {
       const std::vector<float> rs = mode == CB_MODE_BLEND ? ratios : std::vector<float>{0.15f};
-      for (float r : rs) {
-        TtftRow row{};
-        row.mode = mode;
-        row.ratio_opt = r;
-        row.storage_mbps = caps.empty() ? 0.0 : caps[ci];
-        rows.push_back(row);
-      }
+      const std::vector<cb_select> ss =
+          mode == CB_MODE_BLEND ? sel.selects : std::vector<cb_select>{CB_SELECT_DEFAULT};
+      for (cb_select p : ss)
+        for (float r : rs) {
+          TtftRow row{};
+          row.mode = mode;
+          row.ratio_opt = r;
+          row.select = p;
+          row.storage_mbps = caps.empty() ? 0.0 : caps[ci];
+          rows.push_back(row);
+        }
     }
     std::vector<std::vector<double>> compute(rows.size()), load(rows.size()), blocked(rows.size()),
         upload(rows.size());
@@ -1139,6 +1243,7 @@ int cmd_ttft(const Args& a) {
       for (size_t i = first; i < rows.size(); ++i) {
         TtftRow& row = rows[i];
         ro.mode = row.mode;
+        ro.select = row.select;
         set_ratio(ro, row.ratio_opt);
         check(cb_session_reset(session.s), "cannot reset the session");
         const auto t0 = Clock::now();
@@ -1180,6 +1285,8 @@ int cmd_ttft(const Args& a) {
           .add("upload_ms", r.upload_ms)
           .add("ratio", ratio_value(r.st.ratio))
           .add("ratio_mode", r.ratio_opt == kAutoRatio ? "auto" : "fixed")
+          .add("select", r.mode == CB_MODE_BLEND ? cb_select_name(r.select) : "none")
+          .add("sink_tokens", static_cast<int64_t>(sel.sink_tokens))
           .add("pipeline", r.st.pipelined != 0)
           .add("bytes_read", static_cast<int64_t>(r.st.bytes_read))
           .add("n_ctx", r.st.n_tokens)
@@ -1213,8 +1320,9 @@ int cmd_ttft(const Args& a) {
         model_name(model).c_str(), kernels_name(model).c_str(), c.threads, chunk_head_label(head),
         cache_label(codec).c_str(), repeat);
     if (!caps.empty()) std::printf("%8s ", "MB/s");
-    std::printf("%-7s %6s %10s %11s %9s %10s %9s %5s %7s %8s\n", "mode", "ratio", "ttft_ms",
-                "compute_ms", "load_ms", "blocked_ms", "computed", "hits", "misses", "vs_full");
+    std::printf("%-7s %-9s %6s %10s %11s %9s %10s %9s %5s %7s %8s\n", "mode", "select", "ratio",
+                "ttft_ms", "compute_ms", "load_ms", "blocked_ms", "computed", "hits", "misses",
+                "vs_full");
     for (const auto& r : rows) {
       const double full_ms = full_ms_at(r.storage_mbps);
       if (!caps.empty()) std::printf("%8g ", r.storage_mbps);
@@ -1223,7 +1331,8 @@ int cmd_ttft(const Args& a) {
       char ratio[16];
       std::snprintf(ratio, sizeof ratio, r.ratio_opt == kAutoRatio ? "a%.2f" : "%.2f",
                     static_cast<double>(r.st.ratio));
-      std::printf("%-7s %6s %10.1f %11.1f %9.1f %10.1f %9.3f %5d %7d %8s\n", cb_mode_name(r.mode),
+      std::printf("%-7s %-9s %6s %10.1f %11.1f %9.1f %10.1f %9.3f %5d %7d %8s\n",
+                  cb_mode_name(r.mode), r.mode == CB_MODE_BLEND ? cb_select_name(r.select) : "-",
                   ratio, r.ttft_ms, r.compute_ms, r.load_ms, r.blocked_ms, r.st.computed_fraction,
                   r.st.cache_hits, r.st.cache_misses, vs);
     }
@@ -1378,6 +1487,13 @@ struct ModeResult {
   cb_rag_stats st{};
 };
 
+std::vector<float> session_logits(const Session& session) {
+  const float* logits = nullptr;
+  size_t n_vocab = 0;
+  check(cb_session_logits(session.s, &logits, &n_vocab), "cannot read the logits");
+  return {logits, logits + n_vocab};
+}
+
 // One mode on one example: RAG prefill (again if it had to compute chunks,
 // so that the measured run is a cached one), first-token logits, answer.
 ModeResult run_mode(const Session& session, const ChunkCache& cache, const Example& ex,
@@ -1396,10 +1512,7 @@ ModeResult run_mode(const Session& session, const ChunkCache& cache, const Examp
     t1 = Clock::now();
     if (r.st.cache_misses > 0) runtime_error("chunks computed in one run were missing in the next");
   }
-  const float* logits = nullptr;
-  size_t n_vocab = 0;
-  check(cb_session_logits(session.s, &logits, &n_vocab), "cannot read the logits");
-  r.logits.assign(logits, logits + n_vocab);
+  r.logits = session_logits(session);
 
   cb_generate_options go;
   cb_generate_options_init(&go);
@@ -1416,9 +1529,62 @@ ModeResult run_mode(const Session& session, const ChunkCache& cache, const Examp
   return r;
 }
 
+// Teacher forcing: full prefill's greedy answer and the logits that predict
+// each of its tokens, then every mode's logits on the same tokens.
+struct ForcedAnswer {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;  // logits[t] predicts tokens[t]
+};
+
+// Greedy continuation of the prefilled session: up to n tokens, ending
+// after an end-of-generation token.
+ForcedAnswer greedy_answer(const Model& model, const Session& session, int n) {
+  ForcedAnswer f;
+  std::vector<float> logits = session_logits(session);
+  for (int t = 0; t < n; ++t) {
+    const int32_t tok = argmax_of(logits);
+    f.tokens.push_back(tok);
+    f.logits.push_back(std::move(logits));
+    if (cb_token_is_end_of_generation(model.m, tok) || t + 1 == n) break;
+    check(cb_session_prefill(session.s, &tok, 1), "cannot feed an answer token");
+    logits = session_logits(session);
+  }
+  return f;
+}
+
+struct ForcedScore {
+  double kl_mean = 0.0;  // over the answer's positions
+  int agree = 0;         // positions whose argmax is full's
+  int positions = 0;
+};
+
+// Feeds `ref`'s tokens after the prefilled session and compares the logits.
+ForcedScore score_forced(const Session& session, const ForcedAnswer& ref) {
+  ForcedScore sc;
+  std::vector<float> logits = session_logits(session);
+  for (size_t t = 0; t < ref.tokens.size(); ++t) {
+    sc.kl_mean += kl_softmax(ref.logits[t], logits);
+    sc.agree += argmax_of(logits) == argmax_of(ref.logits[t]);
+    ++sc.positions;
+    if (t + 1 == ref.tokens.size()) break;
+    check(cb_session_prefill(session.s, &ref.tokens[t], 1), "cannot feed an answer token");
+    logits = session_logits(session);
+  }
+  if (sc.positions > 0) sc.kl_mean /= sc.positions;
+  return sc;
+}
+
+// One line of the report: a mode, and for blend one policy and ratio.
+struct QualityRun {
+  cb_mode mode;
+  size_t select = 0;  // index into the --select list (blend)
+  size_t ratio = 0;   // index into the --ratio list (blend)
+  auto operator<=>(const QualityRun&) const = default;
+};
+
 struct ModeTotals {
-  std::vector<double> f1, fidelity, ttft, compute, computed_fraction;
-  int agree = 0;
+  std::vector<double> f1, fidelity, ttft, compute, computed_fraction, kl_tf, share;
+  int agree = 0, agree_tf = 0, positions_tf = 0, exact = 0, raised = 0;
   double kl_sum = 0.0;
   float ratio = 0.0f;
 };
@@ -1427,17 +1593,32 @@ double mean(const std::vector<double>& v) {
   return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
 
+// 1 - mode / reuse, or none when reuse has no gap to close.
+std::optional<double> gap_closed(double mode, double reuse) {
+  if (!(reuse > 0.0)) return std::nullopt;
+  return 1.0 - mode / reuse;
+}
+
 int cmd_quality(const Args& a) {
   auto it = a.values.find("--dataset");
   if (it == a.values.end() || it->second.empty()) usage_error("quality needs --dataset FILE");
   const std::string path = it->second;
   const long long limit = parse_int(a, "--limit", 0, 1, 1LL << 40);
   const long long max_chunks = parse_int(a, "--max-chunks", 0, 1, 1LL << 20);
-  const std::vector<float> ratios = parse_ratios(a, true);
+  const std::vector<cb_check_layer> schedule = parse_schedule(a);
+  if (!schedule.empty() && a.values.count("--ratio"))
+    usage_error("option --schedule sets the ratios itself: give it or --ratio, not both");
+  const std::vector<float> ratios =
+      schedule.empty() ? parse_ratios(a, true) : std::vector<float>{schedule.back().ratio};
   const std::vector<cb_mode> modes = parse_modes(a, "full,prefix,reuse,blend");
   const std::string plot = plot_path(a);
   const cb_chunk_head head = parse_chunk_head(a);
   const int max_tokens = static_cast<int>(parse_int(a, "--max-tokens", 12, 1, 4096));
+  const int tf_tokens = static_cast<int>(parse_int(a, "--tf-tokens", 32, 1, 4096));
+  const SelectOptions sel = parse_select_options(a);
+  const long long seed = parse_int(a, "--seed", 0, 0, (1LL << 53));
+  const double guard_share = parse_double(a, "--guard-share", 0.0, 0.0, 1.0);
+  const double guard_max_ratio = parse_double(a, "--guard-max-ratio", 0.5, 0.0, 1.0);
   const bool show = a.switches.count("--show") > 0;
   const Common c = common_options(a);
 
@@ -1449,12 +1630,12 @@ int cmd_quality(const Args& a) {
   const int n_ctx_train = model_n_ctx_train(model);
 
   // Context for the longest request: chunks and question as tokenized, the
-  // prompt's fixed parts, and the answer.
+  // prompt's fixed parts, and the answer (free or teacher-forced).
   long long need = 0;
   for (size_t i = 0; i < examples.size(); ++i) {
     long long n =
         static_cast<long long>(tokenize(model, examples[i].question, false, false).size()) + 128 +
-        max_tokens;
+        std::max(max_tokens, tf_tokens);
     for (const auto& ch : examples[i].chunks)
       n += static_cast<long long>(tokenize(model, ch, false, false).size()) + 4;
     if (c.n_ctx == 0 && n > n_ctx_train)
@@ -1471,48 +1652,85 @@ int cmd_quality(const Args& a) {
   const std::string codec = open_chunk_cache(a, cache);
 
   // Full prefill first (the reference), then the other modes, blend once
-  // per ratio.  A run is (mode, index into `ratios`; 0 outside blend).
-  using Run = std::pair<cb_mode, size_t>;
-  std::vector<Run> run_order = {{CB_MODE_FULL, 0}};
-  std::vector<Run> reported;
+  // per policy and ratio; reuse always, as the gap blend closes.
+  std::vector<QualityRun> reported;
   for (cb_mode m : modes) {
-    const size_t n = m == CB_MODE_BLEND ? ratios.size() : 1;
-    for (size_t k = 0; k < n; ++k) {
-      reported.push_back({m, k});
-      if (m != CB_MODE_FULL) run_order.push_back({m, k});
+    if (m != CB_MODE_BLEND) {
+      reported.push_back({m, 0, 0});
+      continue;
     }
+    for (size_t p = 0; p < sel.selects.size(); ++p)
+      for (size_t k = 0; k < ratios.size(); ++k) reported.push_back({m, p, k});
   }
-  std::map<Run, ModeTotals> totals;
+  const bool has_blend = std::find(modes.begin(), modes.end(), CB_MODE_BLEND) != modes.end();
+  const bool has_reuse = std::find(modes.begin(), modes.end(), CB_MODE_REUSE) != modes.end();
+  if (has_blend && !has_reuse) reported.push_back({CB_MODE_REUSE, 0, 0});
+  std::vector<QualityRun> run_order = {{CB_MODE_FULL, 0, 0}};
+  for (const QualityRun& r : reported)
+    if (r.mode != CB_MODE_FULL) run_order.push_back(r);
+  std::map<QualityRun, ModeTotals> totals;
 
   cb_rag_options ro;
   cb_rag_options_init(&ro);
   ro.chunk_head = head;
   ro.system_prompt =
       "Answer the question using the documents. Reply with only the answer, at most five words.";
+  ro.sink_tokens = sel.sink_tokens;
+  ro.seed = static_cast<uint64_t>(seed);
+  ro.guard_share = static_cast<float>(guard_share);
+  ro.guard_max_ratio = static_cast<float>(guard_max_ratio);
+  if (!schedule.empty()) {
+    ro.schedule = schedule.data();
+    ro.n_schedule = schedule.size();
+  }
   const auto start = Clock::now();
+  std::vector<const char*> chunk_ptrs;
   for (size_t i = 0; i < examples.size(); ++i) {
     const Example& ex = examples[i];
+    chunk_ptrs.clear();
+    for (const auto& ch : ex.chunks) chunk_ptrs.push_back(ch.c_str());
     ModeResult full;
-    for (const Run& run : run_order) {
-      const cb_mode m = run.first;
+    ForcedAnswer forced;
+    for (const QualityRun& run : run_order) {
+      const cb_mode m = run.mode;
       ro.mode = m;
-      set_ratio(ro, m == CB_MODE_BLEND ? ratios[run.second] : 0.15f);
+      ro.select = m == CB_MODE_BLEND ? sel.selects[run.select] : CB_SELECT_DEFAULT;
+      set_ratio(ro, m == CB_MODE_BLEND ? ratios[run.ratio] : 0.15f);
       ModeResult r = run_mode(session, cache, ex, ro, max_tokens);
+      // The teacher-forced pass prefills the (cached) request again.
+      check(cb_session_reset(session.s), "cannot reset the session");
+      cb_rag_stats again;
+      rag_prefill(session, cache, chunk_ptrs, ex.question, ro, again);
       ModeTotals& t = totals[run];
+      ForcedScore fs;
+      if (m == CB_MODE_FULL) {
+        // The reference: its own answer agrees everywhere by definition.
+        full = r;
+        forced = greedy_answer(model, session, tf_tokens);
+        fs.positions = fs.agree = static_cast<int>(forced.tokens.size());
+      } else {
+        fs = score_forced(session, forced);
+      }
       double f1 = 0.0;
       for (const auto& gold : ex.answers) f1 = std::max(f1, answer_f1(r.answer, gold));
-      if (m == CB_MODE_FULL) full = r;
       t.f1.push_back(f1);
       t.fidelity.push_back(answer_f1(r.answer, full.answer));
       t.agree += argmax_of(r.logits) == argmax_of(full.logits);
       t.kl_sum += kl_softmax(full.logits, r.logits);
+      t.kl_tf.push_back(fs.kl_mean);
+      t.agree_tf += fs.agree;
+      t.positions_tf += fs.positions;
+      t.exact += r.answer == full.answer;
       t.ttft.push_back(r.ttft_ms);
       t.compute.push_back(r.st.fuse_ms);
       t.computed_fraction.push_back(r.st.computed_fraction);
+      t.share.push_back(r.st.selected_share);
+      t.raised += r.st.guard_raised != 0;
       t.ratio = r.st.ratio;
       if (show)
-        std::fprintf(stderr, "  %-6s f1 %.2f  ttft %7.1f ms  answer: %s\n", cb_mode_name(m), f1,
-                     r.ttft_ms, r.answer.c_str());
+        std::fprintf(stderr, "  %-6s %-9s f1 %.2f  kl %.4f  ttft %7.1f ms  answer: %s\n",
+                     cb_mode_name(m), m == CB_MODE_BLEND ? cb_select_name(ro.select) : "", f1,
+                     kl_softmax(full.logits, r.logits), r.ttft_ms, r.answer.c_str());
     }
     const double elapsed = ms_between(start, Clock::now()) / 1000.0;
     const double eta =
@@ -1524,9 +1742,17 @@ int cmd_quality(const Args& a) {
   }
 
   const double n = static_cast<double>(examples.size());
+  const ModeTotals* reuse = nullptr;
+  for (const auto& [run, t] : totals)
+    if (run.mode == CB_MODE_REUSE) reuse = &t;
+  auto label = [&](const QualityRun& run) {
+    return run.mode == CB_MODE_BLEND ? std::string(cb_select_name(sel.selects[run.select])) + " " +
+                                           ratio_label(ratios[run.ratio])
+                                     : std::string(cb_mode_name(run.mode));
+  };
   if (c.json) {
-    for (const Run& run : reported) {
-      const cb_mode m = run.first;
+    for (const QualityRun& run : reported) {
+      const cb_mode m = run.mode;
       const ModeTotals& t = totals[run];
       cbs::JsonObject o = header("quality", c, model, cb_mode_name(m));
       o.add("n", static_cast<int64_t>(examples.size()))
@@ -1534,16 +1760,50 @@ int cmd_quality(const Args& a) {
           .add("fidelity_f1", mean(t.fidelity))
           .add("top1_agree", t.agree / n)
           .add("kl_first", t.kl_sum / n)
+          .add("kl_tf_mean", mean(t.kl_tf))
+          .add("top1_tf",
+               t.positions_tf > 0 ? static_cast<double>(t.agree_tf) / t.positions_tf : 0.0)
+          .add("exact_answer", t.exact / n)
+          .add("tf_tokens", static_cast<int64_t>(tf_tokens))
           .add("ttft_ms_median", median(t.ttft))
           .add("compute_ms_median", median(t.compute))
           .add("computed_fraction", mean(t.computed_fraction))
           .add("ratio", ratio_value(t.ratio))
           .add("ratio_mode",
-               m == CB_MODE_BLEND && ratios[run.second] == kAutoRatio ? "auto" : "fixed")
+               m == CB_MODE_BLEND && ratios[run.ratio] == kAutoRatio ? "auto" : "fixed")
           .add("chunk_head", chunk_head_label(head))
           .add("codec", codec)
           .add("max_tokens", static_cast<int64_t>(max_tokens))
           .add("dataset", path);
+      if (m == CB_MODE_BLEND) {
+        o.add("select", cb_select_name(sel.selects[run.select]))
+            .add("sink_tokens", static_cast<int64_t>(sel.sink_tokens))
+            .add("selected_share_mean", mean(t.share))
+            .add("guard_raised", t.raised / n);
+        if (!schedule.empty()) {
+          std::string text;
+          for (const cb_check_layer& cl : schedule)
+            text +=
+                (text.empty() ? "" : ",") + std::to_string(cl.layer) + ":" + ratio_label(cl.ratio);
+          o.add("schedule", text);
+        } else {
+          o.add_null("schedule");
+        }
+      } else {
+        o.add_null("select");
+      }
+      const std::optional<double> gap =
+          reuse ? gap_closed(t.kl_sum / n, reuse->kl_sum / n) : std::nullopt;
+      const std::optional<double> gap_tf =
+          reuse ? gap_closed(mean(t.kl_tf), mean(reuse->kl_tf)) : std::nullopt;
+      if (gap)
+        o.add("gap_closed", *gap);
+      else
+        o.add_null("gap_closed");
+      if (gap_tf)
+        o.add("gap_closed_tf", *gap_tf);
+      else
+        o.add_null("gap_closed_tf");
       if (max_chunks > 0)
         o.add("max_chunks", static_cast<int64_t>(max_chunks));
       else
@@ -1553,67 +1813,61 @@ int cmd_quality(const Args& a) {
   } else {
     std::printf(
         "quality: %zu examples of %s, %s chunks each; %s (%s), %d threads; chunk head "
-        "%s, %s; TTFT on cached runs\n",
+        "%s, %s; TTFT on cached runs; teacher forcing over %d tokens\n",
         examples.size(), path.c_str(),
         max_chunks > 0 ? ("at most " + std::to_string(max_chunks)).c_str() : "all",
         model_name(model).c_str(), kernels_name(model).c_str(), c.threads, chunk_head_label(head),
-        cache_label(codec).c_str());
-    std::printf("%-7s %6s %6s %12s %10s %9s %14s %9s\n", "mode", "ratio", "f1", "fidelity_f1",
-                "top1_agree", "kl_first", "ttft_ms(med)", "computed");
-    for (const Run& run : reported) {
-      const cb_mode m = run.first;
+        cache_label(codec).c_str(), tf_tokens);
+    std::printf("%-16s %6s %6s %8s %9s %8s %8s %6s %8s %12s %9s\n", "run", "ratio", "f1", "fid_f1",
+                "kl_first", "kl_tf", "top1_tf", "exact", "gap_kl", "ttft_ms(med)", "computed");
+    for (const QualityRun& run : reported) {
       const ModeTotals& t = totals[run];
-      std::printf("%-7s %6.2f %6.3f %12.3f %10.3f %9.4f %14.1f %9.3f\n", cb_mode_name(m),
-                  static_cast<double>(t.ratio), mean(t.f1), mean(t.fidelity), t.agree / n,
-                  t.kl_sum / n, median(t.ttft), mean(t.computed_fraction));
+      const std::optional<double> gap =
+          reuse ? gap_closed(t.kl_sum / n, reuse->kl_sum / n) : std::nullopt;
+      char gap_text[16] = "-";
+      if (gap) std::snprintf(gap_text, sizeof gap_text, "%.3f", *gap);
+      std::printf("%-16s %6.2f %6.3f %8.3f %9.4f %8.4f %8.3f %6.2f %8s %12.1f %9.3f\n",
+                  label(run).c_str(), static_cast<double>(t.ratio), mean(t.f1), mean(t.fidelity),
+                  t.kl_sum / n, mean(t.kl_tf),
+                  t.positions_tf > 0 ? static_cast<double>(t.agree_tf) / t.positions_tf : 0.0,
+                  t.exact / n, gap_text, median(t.ttft), mean(t.computed_fraction));
     }
   }
   if (!plot.empty()) {
-    // F1 (solid) and fidelity F1 (dashed) per mode: against the ratio when
-    // blend ran at several (the other modes are flat lines), else per mode.
-    PlotSpec spec;
-    spec.title = "answer quality, " + std::to_string(examples.size()) + " examples of " + path;
-    spec.ylabel = "mean F1";
-    spec.ymax = 1.05;  // F1 lies in [0, 1]; a little room keeps 1.0 off the frame
-    std::vector<double> xs;
-    for (const Run& run : reported)
-      if (run.first == CB_MODE_BLEND) xs.push_back(static_cast<double>(totals[run].ratio));
-    if (ratios.size() > 1 && !xs.empty()) {
-      spec.xlabel = "recompute ratio r (blend)";
-      const double lo = *std::min_element(xs.begin(), xs.end());
-      const double hi = *std::max_element(xs.begin(), xs.end());
-      PlotSeries f1{"blend F1", {}, false}, fid{"blend fidelity F1", {}, true};
-      for (const Run& run : reported) {
-        const ModeTotals& t = totals[run];
-        const std::string name = cb_mode_name(run.first);
-        if (run.first == CB_MODE_BLEND) {
-          f1.points.push_back({static_cast<double>(t.ratio), mean(t.f1)});
-          fid.points.push_back({static_cast<double>(t.ratio), mean(t.fidelity)});
-        } else {
-          spec.series.push_back({name + " F1", {{lo, mean(t.f1)}, {hi, mean(t.f1)}}, false});
-          if (run.first != CB_MODE_FULL)  // full is its own reference: always 1
-            spec.series.push_back(
-                {name + " fidelity F1", {{lo, mean(t.fidelity)}, {hi, mean(t.fidelity)}}, true});
+    // Fidelity against cost: one line per policy through its ratios, the
+    // other modes as single points.
+    auto draw = [&](const std::string& png, const std::string& ylabel, auto value) {
+      PlotSpec spec;
+      spec.title = "fidelity against cost, " + std::to_string(examples.size()) + " examples of " +
+                   path + (max_chunks > 0 ? ", " + std::to_string(max_chunks) + " chunks" : "");
+      spec.xlabel = "computed fraction of a full prefill";
+      spec.ylabel = ylabel;
+      for (size_t p = 0; p < sel.selects.size(); ++p) {
+        PlotSeries line{cb_select_name(sel.selects[p]), {}, false};
+        for (const QualityRun& run : reported)
+          if (run.mode == CB_MODE_BLEND && run.select == p) {
+            const ModeTotals& t = totals[run];
+            line.points.push_back({mean(t.computed_fraction), value(t)});
+          }
+        std::sort(line.points.begin(), line.points.end());
+        if (!line.points.empty()) spec.series.push_back(line);
+      }
+      for (const QualityRun& run : reported)
+        if (run.mode != CB_MODE_BLEND) {
+          const ModeTotals& t = totals[run];
+          const double x = mean(t.computed_fraction), y = value(t);
+          spec.series.push_back({cb_mode_name(run.mode), {{x, y}, {x, y}}, true});
         }
-      }
-      std::sort(f1.points.begin(), f1.points.end());
-      std::sort(fid.points.begin(), fid.points.end());
-      spec.series.insert(spec.series.begin(), {f1, fid});
-    } else {
-      spec.xlabel = "mode";
-      PlotSeries f1{"F1", {}, false}, fid{"fidelity F1", {}, true};
-      for (const Run& run : reported) {
-        const ModeTotals& t = totals[run];
-        const double x = static_cast<double>(spec.categories.size());
-        f1.points.push_back({x, mean(t.f1)});
-        fid.points.push_back({x, mean(t.fidelity)});
-        spec.categories.push_back(run.first == CB_MODE_BLEND
-                                      ? "blend r=" + ratio_label(ratios[run.second])
-                                      : std::string(cb_mode_name(run.first)));
-      }
-      spec.series = {f1, fid};
-    }
-    draw_plot(plot, spec);
+      draw_plot(png, spec);
+    };
+    draw(plot, "KL(full || run), first token", [&](const ModeTotals& t) { return t.kl_sum / n; });
+    const size_t dot = plot.rfind('.');
+    const std::string tf_png = dot == std::string::npos || dot < plot.rfind('/') + 1
+                                   ? plot + "_tf"
+                                   : plot.substr(0, dot) + "_tf" + plot.substr(dot);
+    draw(tf_png, "top-1 agreement, teacher-forced answer", [&](const ModeTotals& t) {
+      return t.positions_tf > 0 ? static_cast<double>(t.agree_tf) / t.positions_tf : 0.0;
+    });
   }
   return 0;
 }

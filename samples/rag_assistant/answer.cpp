@@ -90,7 +90,8 @@ class Assistant {
     if (opts_.best_last) std::reverse(texts.begin(), texts.end());
     cb_rag_options ro = base_rag_options();
     ro.mode = opts_.mode;
-    ro.ratio = opts_.ratio;
+    if (opts_.ratio >= 0.0f) ro.ratio = opts_.ratio;
+    ro.select = opts_.select;
     ro.auto_ratio = opts_.auto_ratio ? 1 : 0;
 
     Result r;
@@ -207,6 +208,7 @@ int run_ask(const CommonOptions& common, const AskOptions& opts, const std::stri
         .add("prefill_ms", r.prefill_ms)
         .add("ratio", std::round(static_cast<double>(r.rag.ratio) * 1e6) / 1e6)
         .add("ratio_mode", opts.auto_ratio ? "auto" : "fixed")
+        .add("select", opts.mode == CB_MODE_BLEND ? cb_select_name(opts.select) : "none")
         .add("context_order", opts.best_last ? "best-last" : "best-first")
         .add("mode", a.mode_name())
         .add("sources", src)

@@ -10,7 +10,8 @@ namespace rag {
 struct AskOptions {
   int top_k = 3;
   cb_mode mode = CB_MODE_BLEND;
-  float ratio = 0.15f;
+  float ratio = -1.0f;  // < 0: the library's default (cb_rag_options_init)
+  cb_select select = CB_SELECT_DEFAULT;
   bool auto_ratio = false;  // --ratio auto: the loading controller picks r
   int max_tokens = 160;     // answer length cap
   // The best chunk goes last, next to the question (--context-order

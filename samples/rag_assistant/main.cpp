@@ -35,14 +35,17 @@ const char* const kUsage =
     "      longer exist.  Binary, empty or unreadable files are skipped with a\n"
     "      warning.\n"
     "  ask QUESTION [--top-k K] [--mode blend|full|reuse|prefix] [--ratio R|auto]\n"
-    "      [--context-order best-last|best-first] [--max-tokens N] [--json]\n"
+    "      [--select P] [--context-order best-last|best-first] [--max-tokens N]\n"
+    "      [--json]\n"
     "      retrieve the K best chunks (BM25, default 3), build the request's KV from\n"
-    "      their cached KV (blend: recompute a ratio R of the tokens, default 0.15;\n"
-    "      auto: the loading controller picks R), stream the answer, then report\n"
-    "      TTFT (request start to first token; model load not included), the ratio,\n"
-    "      chunk-cache hits and misses and the sources (best first).  The chunks\n"
-    "      enter the request with the best one last, next to the question, where\n"
-    "      small models look (--context-order best-first: retrieval order).\n"
+    "      their cached KV (blend: recompute a ratio R of the tokens, default 0.2,\n"
+    "      chosen by the policy P: lookahead (default), hkvd, hkvd_kv, attention,\n"
+    "      random; auto: the loading controller picks R), stream the answer, then\n"
+    "      report TTFT (request start to first token; model load not included),\n"
+    "      the ratio, chunk-cache hits and misses and the sources (best first).\n"
+    "      The chunks enter the request with the best one last, next to the\n"
+    "      question, where small models look (--context-order best-first:\n"
+    "      retrieval order).\n"
     "      --max-tokens caps the answer (default 160).  --json: one JSON object.\n"
     "  chat [same options as ask, no --json]\n"
     "      questions from stdin, one per line; each is answered like ask.  Ctrl-C\n"
@@ -83,6 +86,15 @@ cb_mode parse_mode(const std::string& s) {
   usage("option --mode: '" + s + "' is not one of blend, full, reuse, prefix");
 }
 
+// The policies an app would use; the oracle is a study bound (it runs a
+// full prefill first), not offered here.
+cb_select parse_select(const std::string& s) {
+  for (cb_select p : {CB_SELECT_DEFAULT, CB_SELECT_LOOKAHEAD, CB_SELECT_HKVD, CB_SELECT_HKVD_KV,
+                      CB_SELECT_ATTENTION, CB_SELECT_RANDOM})
+    if (s == cb_select_name(p)) return p;
+  usage("option --select: '" + s + "' is not one of lookahead, hkvd, hkvd_kv, attention, random");
+}
+
 void parse_ratio(const std::string& s, rag::AskOptions& o) {
   cbs::RatioArg r;
   std::string error;
@@ -97,7 +109,7 @@ int run(int argc, char** argv) {
   rag::AskOptions ask;
   std::string command, model_flag;
   std::vector<std::string> positional;
-  bool threads_given = false, help = false, ratio_given = false;
+  bool threads_given = false, help = false, ratio_given = false, select_given = false;
   // Which options a command accepts (checked after parsing, when the
   // command is known: global options may come before or after it).
   std::vector<std::string> ingest_only, ask_only, ask_chat;
@@ -154,6 +166,10 @@ int run(int argc, char** argv) {
       parse_ratio(next(), ask);
       ratio_given = true;
       ask_chat.push_back(arg);
+    } else if (arg == "--select") {
+      ask.select = parse_select(next());
+      select_given = true;
+      ask_chat.push_back(arg);
     } else if (arg == "--context-order") {
       const std::string v = next();
       if (v != "best-last" && v != "best-first")
@@ -186,6 +202,8 @@ int run(int argc, char** argv) {
   if (command == "chat" && !ask_only.empty()) usage("option --json is not for chat");
   if (ratio_given && ask.mode != CB_MODE_BLEND)
     usage("option --ratio applies to --mode blend only");
+  if (select_given && ask.mode != CB_MODE_BLEND)
+    usage("option --select applies to --mode blend only");
   if (ask.auto_ratio && ask.mode != CB_MODE_BLEND)
     usage("--ratio auto applies to --mode blend only");
 

@@ -1079,7 +1079,11 @@ static void test_rag(cb_model* m) {
   if (cache == NULL || s == NULL || l_full == NULL || l_mode == NULL) goto done;
 
   cb_rag_options_init(&ro);
-  CHECK(ro.struct_size == sizeof ro && ro.mode == CB_MODE_BLEND && ro.ratio == 0.15f);
+  CHECK(ro.struct_size == sizeof ro && ro.mode == CB_MODE_BLEND && ro.ratio == 0.2f);
+  CHECK(ro.select == CB_SELECT_DEFAULT && strcmp(cb_select_name(ro.select), "lookahead") == 0);
+  CHECK(strcmp(cb_select_name(CB_SELECT_HKVD), "hkvd") == 0 &&
+        strcmp(cb_select_name((cb_select)99), "unknown") == 0);
+  CHECK(ro.sink_tokens == 0 && ro.guard_share == 0.0f && ro.guard_max_ratio == 0.5f);
   CHECK(ro.chunk_head == CB_CHUNK_HEAD_PROMPT && ro.schedule == NULL && ro.n_schedule == 0);
   CHECK_ERR(cb_session_logits(s, &lp, &nv), CB_ERR_INVALID_ARGUMENT); /* nothing yet */
 
@@ -1104,7 +1108,8 @@ static void test_rag(cb_model* m) {
   CHECK(strstr(c.text, "4721") != NULL);
   CHECK(st.cache_misses == 2 && st.cache_hits == 0 && st.precompute_ms > 0.0);
   CHECK(st.n_tokens == st_full.n_tokens && st.n_reused > 0 && st.n_reused < st.n_tokens);
-  CHECK(st.ratio == 0.15f && st.computed_fraction > 0.0 && st.computed_fraction < 1.0);
+  CHECK(st.ratio == 0.2f && st.computed_fraction > 0.0 && st.computed_fraction < 1.0);
+  CHECK(st.selected_share > 0.0 && st.selected_share <= 1.0 && st.guard_raised == 0);
   CHECK(cb_session_n_past(s) == st.n_tokens + c.n_tokens);
   cb_chunk_cache_stats_init(&cs);
   CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
@@ -1245,6 +1250,30 @@ static void test_rag(cb_model* m) {
   ro.chunk_head = (cb_chunk_head)9;
   CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
             CB_ERR_INVALID_ARGUMENT);
+  cb_rag_options_init(&ro);
+  ro.select = (cb_select)42;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(cb_last_error(), "select") != NULL);
+  cb_rag_options_init(&ro);
+  ro.sink_tokens = -1;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  cb_rag_options_init(&ro);
+  ro.guard_share = 1.5f;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  cb_rag_options_init(&ro);
+  ro.guard_max_ratio = (float)NAN;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK(cb_session_n_past(s) == 0);
+  /* A caller built against the struct before `select` still works, with
+   * the defaults for the fields it lacks. */
+  cb_rag_options_init(&ro);
+  ro.struct_size = offsetof(cb_rag_options, select);
+  CHECK_OK(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL));
+  CHECK_OK(cb_session_reset(s));
   cb_rag_options_init(&ro);
   ro.struct_size = 4;
   CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),

@@ -70,7 +70,8 @@ TTFT_FIELDS = {"bench": str, "mode": str, "threads": int, "model": str, "ttft_ms
                "computed_fraction": NUM, "cache_hits": int, "cache_misses": int}
 QUALITY_FIELDS = {"bench": str, "mode": str, "threads": int, "model": str, "n": int, "f1": NUM,
                   "fidelity_f1": NUM, "top1_agree": NUM, "kl_first": NUM,
-                  "ttft_ms_median": NUM}
+                  "ttft_ms_median": NUM, "kl_tf_mean": NUM, "top1_tf": NUM,
+                  "exact_answer": NUM, "computed_fraction": NUM}
 
 # Two examples whose answers are in the second chunk, facts the default model
 # states correctly after a full prefill.
@@ -130,9 +131,11 @@ def test_plots(bench, common, dataset, tmp):
     rc, out, err = run(bench, ["quality", "--dataset", dataset, "--limit", "1", "--modes",
                                "full,blend", "--ratio", "0,1", "--json", "--plot", png] + common)
     rows = json_lines(out) or []
-    check(rc == 0 and is_png(png) and [(r.get("mode"), r.get("ratio")) for r in rows]
-          == [("full", 1), ("blend", 0), ("blend", 1)],
-          "quality --ratio list: blend per ratio, and the F1 plot", describe(rc, out, err))
+    # reuse runs too: the gap that blend closes.
+    check(rc == 0 and is_png(png) and is_png(png.replace(".png", "_tf.png"))
+          and [(r.get("mode"), r.get("ratio")) for r in rows]
+          == [("full", 1), ("blend", 0), ("blend", 1), ("reuse", 0)],
+          "quality --ratio list: blend per ratio, and the fidelity plots", describe(rc, out, err))
     # r = 1 recomputes every token: the answer is full prefill's.
     check(len(rows) == 3 and rows[2].get("fidelity_f1") == 1, "quality: blend at r=1 is full",
           str(rows))
@@ -163,7 +166,8 @@ def test_rag(bench, common):
         check(ok, "ttft: positive TTFT, cached chunks, request length", out)
         full, blend, reuse = by_mode.get("full", {}), by_mode.get("blend", {}), by_mode.get("reuse", {})
         check(full.get("ratio") == 1 and full.get("computed_fraction") == 1
-              and full.get("cache_hits") == 0 and blend.get("ratio") == 0.15
+              and full.get("cache_hits") == 0 and abs(blend.get("ratio", 0) - 0.2) < 1e-6
+              and blend.get("select") == "lookahead"
               and blend.get("cache_hits") == 2
               and 0 < reuse.get("computed_fraction", 1) < blend.get("computed_fraction", 0) < 1,
               "ttft: ratios, hits and computed fractions per mode", out)
@@ -195,6 +199,35 @@ def test_rag(bench, common):
                       and o.get("ttft_ms_median", 0) > 0 for o in objs),
                   "quality: metric ranges", out)
             check("example 2/2" in err, "quality: progress on stderr", err[-400:])
+            by_mode = {o.get("mode"): o for o in objs}
+            full, reuse, blend = by_mode["full"], by_mode["reuse"], by_mode["blend"]
+            # Teacher forcing: full is its own reference at every position;
+            # reuse differs somewhere, blend closes some of that gap.
+            check(full.get("kl_tf_mean") == 0 and full.get("top1_tf") == 1
+                  and full.get("exact_answer") == 1 and full.get("select") is None
+                  and all(o.get("kl_tf_mean", -1) >= 0 and 0 <= o.get("top1_tf", -1) <= 1
+                          and 0 <= o.get("exact_answer", -1) <= 1 for o in objs)
+                  and reuse.get("gap_closed") == 0 and blend.get("select") == "lookahead"
+                  and blend.get("gap_closed") is not None and blend.get("gap_closed") > 0,
+                  "quality: teacher-forced fidelity and the gap closed", out)
+
+        # One blend line per policy and ratio, at equal counts.
+        rc, out, err = run(bench, ["quality", "--dataset", data, "--limit", "1", "--modes",
+                                   "full,blend", "--select", "hkvd,random", "--ratio", "0.1,0.3",
+                                   "--tf-tokens", "4", "--json"] + common)
+        objs = json_lines(out) or []
+        check(rc == 0 and [(o.get("mode"), o.get("select"), o.get("ratio")) for o in objs]
+              == [("full", None, 1), ("blend", "hkvd", 0.1), ("blend", "hkvd", 0.3),
+                  ("blend", "random", 0.1), ("blend", "random", 0.3), ("reuse", None, 0)],
+              "quality --select list: a line per policy and ratio", describe(rc, out, err))
+        rc, out, err = run(bench, ["quality", "--dataset", data, "--limit", "1", "--modes",
+                                   "blend", "--select", "hkvd", "--schedule", "1:0.2,3:0.1",
+                                   "--guard-share", "1", "--guard-max-ratio", "0.45",
+                                   "--tf-tokens", "4", "--json"] + common)
+        objs = [o for o in json_lines(out) or [] if o.get("mode") == "blend"]
+        check(rc == 0 and len(objs) == 1 and objs[0].get("schedule") == "1:0.2,3:0.1"
+              and objs[0].get("guard_raised") == 1,
+              "quality --schedule and the quality guard", describe(rc, out, err))
 
         # Runtime errors (exit 1): the dataset.
         expect_error(bench, ["quality", "--dataset", os.path.join(tmp, "absent.json")] + common,
@@ -219,6 +252,14 @@ def test_rag(bench, common):
         expect_error(bench, q + ["--max-tokens", "0"] + common, "quality --max-tokens 0", code=2)
         expect_error(bench, q + ["--ratio", "0.1,x"] + common, "quality --ratio 0.1,x",
                      code=2, must_contain="--ratio")
+        expect_error(bench, q + ["--select", "best"] + common, "quality --select best",
+                     code=2, must_contain="best")
+        expect_error(bench, q + ["--select", "hkvd,hkvd"] + common, "quality --select twice",
+                     code=2, must_contain="twice")
+        expect_error(bench, q + ["--schedule", "1:0.3", "--ratio", "0.2"] + common,
+                     "quality --schedule with --ratio", code=2, must_contain="--schedule")
+        expect_error(bench, q + ["--schedule", "1-0.3"] + common, "quality --schedule 1-0.3",
+                     code=2, must_contain="LAYER:RATIO")
         test_plots(bench, common, data, tmp)
         expect_error(bench, q + ["--limit", "x"] + common, "quality --limit x", code=2)
     t = ["ttft", "--chunks", "2", "--chunk-tokens", "16"]

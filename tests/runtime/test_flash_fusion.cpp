@@ -40,7 +40,7 @@ class FlashFusion : public testing::Test {
 
   std::vector<float> run(ChunkKvStore& store, RagPrefillStats* st) {
     Session s(model(), {.n_ctx = 256, .n_threads = 2});
-    const RagPrefillOptions opts;  // blend, [(1, 0.15)], chunk head = prompt
+    const RagPrefillOptions opts;  // blend, lookahead [(0, 0.2)], chunk head = prompt
     auto l = rag_prefill(s, prompt, &store, opts, st);
     return {l.begin(), l.end()};
   }

@@ -34,10 +34,20 @@ struct Request {
   std::vector<int32_t> head =
       tok("<|im_start|>system\nAnswer from the documents.<|im_end|>\n"
           "<|im_start|>user\n");
+  // Chunks long next to the head and the question, as retrieved passages
+  // are: the lookahead's reuse pass then costs less than the recompute.
   std::vector<std::vector<int32_t>> chunks = {
-      tok("Ada Lovelace worked with Charles Babbage on the Analytical Engine in London. "),
-      tok("The Analytical Engine was a mechanical general-purpose computer design. "),
-      tok("Babbage was born in 1791 and lived most of his life in Marylebone. ")};
+      tok("Ada Lovelace worked with Charles Babbage on the Analytical Engine in London. "
+          "She translated an article by Luigi Menabrea about the engine and added notes of "
+          "her own, longer than the article itself. One note describes an algorithm for "
+          "computing Bernoulli numbers. "),
+      tok("The Analytical Engine was a mechanical general-purpose computer design. It had an "
+          "arithmetic unit called the mill, a memory called the store, and it read programs "
+          "and data from punched cards, an idea borrowed from the Jacquard loom used for "
+          "weaving patterned silk. "),
+      tok("Babbage was born in 1791 and lived most of his life in Marylebone. His house on "
+          "Dorset Street held a workshop where parts of the Difference Engine were built, and "
+          "he gave evening parties there that scientists, writers and politicians attended. ")};
   std::vector<int32_t> suffix =
       tok("Where did the person Ada worked with live?<|im_end|>\n<|im_start|>assistant\n");
 
@@ -293,6 +303,23 @@ TEST_F(FusorTest, LookaheadCountsItsReusePass) {
   for (size_t l = 0; l < hk.rows_per_layer.size(); ++l)
     EXPECT_EQ(look.rows_per_layer[l], hk.rows_per_layer[l] + uncached) << l;
   EXPECT_GT(look.computed_fraction(), hk.computed_fraction());
+}
+
+// Where the reuse pass and the recompute would cost more than a full
+// prefill (a question as long as the chunks), lookahead ranks by HKVD in
+// one pass instead, from layer 1.
+TEST_F(FusorTest, CostlyLookaheadFallsBackToHkvd) {
+  req.suffix.clear();
+  for (int i = 0; i < 12; ++i) {
+    const auto q = tok("Where did the person Ada worked with live, and when? ");
+    req.suffix.insert(req.suffix.end(), q.begin(), q.end());
+  }
+  FusionStats look, hkvd;
+  const auto a = fused(blend_with(Selection::kLookahead, {{0, 0.2f}}), &look);
+  const auto b = fused(blend_with(Selection::kHkvd, {{1, 0.2f}}), &hkvd);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(look.rows_per_layer, hkvd.rows_per_layer);
+  EXPECT_LT(look.computed_fraction(), 1.0);
 }
 
 TEST_F(FusorTest, RandomSelectionFollowsItsSeed) {

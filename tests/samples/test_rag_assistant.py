@@ -163,7 +163,8 @@ def test_ask(rag, store):
               f"{name}: the two-document question answered ({ANSWER})", repr(o.get("answer")))
     files = {s.get("file", "").split("/")[-1] for s in blend.get("sources", [])}
     check({"people.md", "offices.md"} <= files, "retrieval brings both documents", str(files))
-    check(blend.get("mode") == "blend" and abs(blend.get("ratio", 0) - 0.15) < 1e-6
+    check(blend.get("mode") == "blend" and abs(blend.get("ratio", 0) - 0.2) < 1e-6
+          and blend.get("select") == "lookahead"
           and full.get("mode") == "full" and full.get("ratio") == 1,
           "mode and ratio reported", f"{blend.get('ratio')} {full.get('ratio')}")
     check(blend.get("cache_misses") == 0 and blend.get("cache_hits") == len(blend.get("sources", [])),
