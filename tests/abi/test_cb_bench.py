@@ -137,7 +137,7 @@ def test_plots(bench, common, dataset, tmp):
           == [("full", 1), ("blend", 0), ("blend", 1), ("reuse", 0)],
           "quality --ratio list: blend per ratio, and the fidelity plots", describe(rc, out, err))
     # r = 1 recomputes every token: the answer is full prefill's.
-    check(len(rows) == 3 and rows[2].get("fidelity_f1") == 1, "quality: blend at r=1 is full",
+    check(len(rows) == 4 and rows[2].get("fidelity_f1") == 1, "quality: blend at r=1 is full",
           str(rows))
     expect_error(bench, ttft + ["--plot", os.path.join(tmp, "x.svg")] + common,
                  "--plot needs a .png name", code=2, must_contain="png")
