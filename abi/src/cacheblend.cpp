@@ -1027,8 +1027,9 @@ const char* cb_mode_name(cb_mode mode) {
 namespace {
 
 // The runtime's policy for a cb_select value; none for values outside the
-// enum.
-std::optional<cb::Selection> selection_of(cb_select select) {
+// enum (read through enum_value, by reference: a caller may have stored any
+// int there).
+std::optional<cb::Selection> selection_of(const cb_select& select) {
   switch (enum_value(select)) {
     case CB_SELECT_DEFAULT:
       return cb::default_selection();

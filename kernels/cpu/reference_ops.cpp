@@ -213,37 +213,6 @@ void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t
   }
 }
 
-void attention_one(const AttentionArgs& a, int64_t qi, int64_t head) {
-  const int64_t q_stride = a.n_head * a.head_dim;
-  const int64_t kv_stride = a.n_head_kv * a.head_dim;
-  const int64_t kv_head = head / (a.n_head / a.n_head_kv);
-  const float* q = a.q + qi * q_stride + head * a.head_dim;
-  float* out = a.out + qi * q_stride + head * a.head_dim;
-  const int64_t n_keys = std::min<int64_t>(static_cast<int64_t>(a.q_pos[qi]) + 1, a.n_kv);
-  std::fill(out, out + a.head_dim, 0.0f);
-  if (n_keys <= 0) return;
-
-  std::vector<float> p(static_cast<size_t>(n_keys));
-  float max_score = -INFINITY;
-  for (int64_t j = 0; j < n_keys; ++j) {
-    const float* k = a.k + j * kv_stride + kv_head * a.head_dim;
-    float s = 0.0f;
-    for (int64_t d = 0; d < a.head_dim; ++d) s += q[d] * k[d];
-    p[j] = s * a.scale;
-    max_score = std::max(max_score, p[j]);
-  }
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n_keys; ++j) {
-    p[j] = std::exp(p[j] - max_score);
-    sum += p[j];
-  }
-  for (int64_t j = 0; j < n_keys; ++j) {
-    const float* v = a.v + j * kv_stride + kv_head * a.head_dim;
-    const float wj = p[j] / sum;
-    for (int64_t d = 0; d < a.head_dim; ++d) out[d] += wj * v[d];
-  }
-}
-
 int64_t attention_weights_one(const AttentionArgs& a, int64_t qi, int64_t head, float* w) {
   const int64_t q_stride = a.n_head * a.head_dim;
   const int64_t kv_stride = a.n_head_kv * a.head_dim;
@@ -267,6 +236,20 @@ int64_t attention_weights_one(const AttentionArgs& a, int64_t qi, int64_t head, 
   const float inv = 1.0f / sum;
   for (int64_t j = 0; j < n_keys; ++j) w[j] *= inv;
   return n_keys;
+}
+
+void attention_one(const AttentionArgs& a, int64_t qi, int64_t head) {
+  const int64_t q_stride = a.n_head * a.head_dim;
+  const int64_t kv_stride = a.n_head_kv * a.head_dim;
+  const int64_t kv_head = head / (a.n_head / a.n_head_kv);
+  float* out = a.out + qi * q_stride + head * a.head_dim;
+  std::fill(out, out + a.head_dim, 0.0f);
+  std::vector<float> w(static_cast<size_t>(std::max<int64_t>(a.n_kv, 0)));
+  const int64_t n_keys = attention_weights_one(a, qi, head, w.data());
+  for (int64_t j = 0; j < n_keys; ++j) {
+    const float* v = a.v + j * kv_stride + kv_head * a.head_dim;
+    for (int64_t d = 0; d < a.head_dim; ++d) out[d] += w[j] * v[d];
+  }
 }
 
 void attention(const AttentionArgs& a) {

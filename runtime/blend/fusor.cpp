@@ -450,10 +450,6 @@ void check_request(Session& s, int64_t n) {
                                           std::to_string(s.n_ctx()));
 }
 
-}  // namespace
-
-namespace {
-
 // What each position of one attempt is: the cached chunks it loads (in
 // position order) and the per-position flags the fusion needs.
 struct RequestLayout {
