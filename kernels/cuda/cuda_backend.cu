@@ -550,8 +550,7 @@ __device__ __forceinline__ float attn_score(const AttentionArgs& a, int64_t qi, 
   return dot * a.scale;
 }
 
-__global__ void attn_row_stats_kernel(AttentionArgs a, int64_t group, float* m_out,
-                                      float* l_out) {
+__global__ void attn_row_stats_kernel(AttentionArgs a, int64_t group, float* m_out, float* l_out) {
   const int64_t qi = blockIdx.x / a.n_head, h = blockIdx.x % a.n_head;
   const int64_t n_keys = min(static_cast<int64_t>(a.q_pos[qi]) + 1, a.n_kv);
   float m = -INFINITY, l = 0.0f;
@@ -570,8 +569,8 @@ __global__ void attn_row_stats_kernel(AttentionArgs a, int64_t group, float* m_o
   }
 }
 
-__global__ void attn_key_sums_kernel(AttentionArgs a, int64_t group, const float* m,
-                                     const float* l, float* out) {
+__global__ void attn_key_sums_kernel(AttentionArgs a, int64_t group, const float* m, const float* l,
+                                     float* out) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (j >= a.n_kv) return;
   float total = 0.0f;
@@ -1096,7 +1095,7 @@ class CudaBackend final : public Backend {
     float* dout = c.out(out, a.n_kv, true);
     const int64_t group = a.n_head / a.n_head_kv;
     attn_row_stats_kernel<<<static_cast<unsigned>(rows), 32, 0, c.stream()>>>(d, group, stats,
-                                                                             stats + rows);
+                                                                              stats + rows);
     launch_check("attn_row_stats_kernel");
     attn_key_sums_kernel<<<grid_for(a.n_kv), kEltThreads, 0, c.stream()>>>(d, group, stats,
                                                                            stats + rows, dout);

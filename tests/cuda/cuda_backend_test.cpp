@@ -320,6 +320,44 @@ TEST_F(Cuda, AttentionMatchesReference) {
   }
 }
 
+// The same sums as the CPU backend, from device K/V into host memory.
+TEST_F(Cuda, AttentionContributionsMatchCpu) {
+  std::mt19937 rng(8);
+  const std::vector<AttnCase> cases = {
+      {9, 3, 64, 70, {69, 0, 31, 32, 33, 5}},
+      {6, 2, 72, 100, {99, 40, 63, 64, 200}},
+      {2, 1, 17, 33, {32, 31, 0}},
+  };
+  for (const AttnCase& c : cases) {
+    const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
+    const std::vector<float> q = test::random_floats(rng, n_q * c.n_head * c.head_dim);
+    const std::vector<float> k = test::random_floats(rng, c.n_kv * c.n_head_kv * c.head_dim);
+    const std::vector<float> v = test::random_floats(rng, c.n_kv * c.n_head_kv * c.head_dim);
+    AttentionArgs a;
+    a.q = q.data();
+    a.q_pos = c.q_pos.data();
+    a.n_q = n_q;
+    a.k = k.data();
+    a.v = v.data();
+    a.n_kv = c.n_kv;
+    a.n_head = c.n_head;
+    a.n_head_kv = c.n_head_kv;
+    a.head_dim = c.head_dim;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    std::vector<float> expect(static_cast<size_t>(c.n_kv), 0.0f);
+    make_cpu_backend(1, CpuKernelLevel::kScalar)->attention_contributions(a, expect.data());
+    AttentionArgs d = a;
+    d.q = dev(q);
+    d.q_pos = dev(c.q_pos);
+    d.k = dev(k);
+    d.v = dev(v);
+    std::vector<float> got(static_cast<size_t>(c.n_kv), 0.0f);
+    be_->attention_contributions(d, got.data());
+    for (size_t j = 0; j < got.size(); ++j)
+      EXPECT_NEAR(got[j], expect[j], 1e-4 * (1.0 + std::fabs(expect[j]))) << "key " << j;
+  }
+}
+
 TEST_F(Cuda, AttentionRejectsOversizedHeads) {
   std::vector<float> buf(512, 0.0f);
   const int32_t pos = 0;

@@ -206,6 +206,66 @@ TEST(Attention, BackendIndependentOfThreadCount) {
   }
 }
 
+// Backend::attention_contributions in float64: per key, the attention
+// weight over every query row and head times the norm of the key's value
+// for that head's KV head.
+std::vector<double> contributions_f64(const Case& c, const Data& d) {
+  const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
+  const int64_t hd = c.head_dim, group = c.n_head / c.n_head_kv;
+  const double scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<double> out(static_cast<size_t>(c.n_kv), 0.0);
+  for (int64_t i = 0; i < n_q; ++i) {
+    const int64_t n_keys = std::min<int64_t>(c.q_pos[i] + 1, c.n_kv);
+    for (int64_t h = 0; h < c.n_head; ++h) {
+      const int64_t g = h / group;
+      std::vector<double> s(n_keys);
+      double mx = -INFINITY, sum = 0.0;
+      for (int64_t j = 0; j < n_keys; ++j) {
+        double dot = 0.0;
+        for (int64_t e = 0; e < hd; ++e)
+          dot += static_cast<double>(d.q[(i * c.n_head + h) * hd + e]) *
+                 d.k[(j * c.n_head_kv + g) * hd + e];
+        mx = std::max(mx, s[j] = dot * scale);
+      }
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (int64_t j = 0; j < n_keys; ++j) {
+        double norm = 0.0;
+        for (int64_t e = 0; e < hd; ++e) {
+          const double v = d.v[(j * c.n_head_kv + g) * hd + e];
+          norm += v * v;
+        }
+        out[j] += s[j] / sum * std::sqrt(norm);
+      }
+    }
+  }
+  return out;
+}
+
+TEST(AttentionContributions, MatchFloat64AtEveryLevelAndThreadCount) {
+  std::mt19937 rng(16);
+  for (const Case& c : cases()) {
+    const Data d = make_data(rng, c);
+    const std::vector<double> want = contributions_f64(c, d);
+    for (CpuKernelLevel level : test::all_levels()) {
+      std::vector<float> first;
+      for (int threads : {1, 2, 3}) {
+        // Sums are added to what `out` holds.
+        std::vector<float> out(static_cast<size_t>(c.n_kv), 1.0f);
+        make_cpu_backend(threads, level)->attention_contributions(d.args(c, nullptr), out.data());
+        double worst = 0.0;
+        for (size_t j = 0; j < out.size(); ++j)
+          worst = std::max(worst, std::fabs(out[j] - 1.0 - want[j]) / (1.0 + want[j]));
+        EXPECT_LE(worst, 1e-5) << "level " << static_cast<int>(level) << ", " << threads
+                               << " threads, heads " << c.n_head << "/" << c.n_head_kv;
+        if (threads == 1)
+          first = out;
+        else
+          EXPECT_TRUE(test::bitwise_equal(out, first)) << threads;
+      }
+    }
+  }
+}
+
 TEST(Attention, RejectsBadHeadGrouping) {
   auto be = make_cpu_backend(1, CpuKernelLevel::kScalar);
   AttentionArgs a;
