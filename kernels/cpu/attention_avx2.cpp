@@ -328,32 +328,39 @@ void attention_weight_sums_head(const AttentionArgs& a, int64_t head, float* sum
     return;
   }
   Scratch& sc = scratch();
-  // Whole rows of scores for up to kRowGroup queries, padded to key blocks.
+  // Whole rows of scores for up to kRowsPerPass queries, padded to key
+  // blocks: each key block is transposed once per pass, for all its rows.
+  constexpr int64_t kRowsPerPass = 16 * kRowGroup;
   const int64_t padded = (n_kv + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+  const int64_t pass_rows = a.n_q < kRowsPerPass ? a.n_q : kRowsPerPass;
   float* rows = static_cast<float*>(
-      std::aligned_alloc(64, static_cast<size_t>(kRowGroup * padded) * sizeof(float)));
+      std::aligned_alloc(64, static_cast<size_t>(pass_rows * padded) * sizeof(float)));
   if (rows == nullptr) throw std::bad_alloc();
   const int64_t ld = a.n_head_kv * hd;
   const float* kbase = a.k + (head / (a.n_head / a.n_head_kv)) * hd;
   const __m256 vscale = _mm256_set1_ps(a.scale);
-  for (int64_t q0 = 0; q0 < a.n_q; q0 += kRowGroup) {
-    const int mr = static_cast<int>(a.n_q - q0 < kRowGroup ? a.n_q - q0 : kRowGroup);
-    const float* q[kRowGroup];
-    int64_t live = 0;  // keys any row of the group sees
-    for (int r = 0; r < mr; ++r) {
-      q[r] = a.q + (q0 + r) * a.n_head * hd + head * hd;
-      const int64_t seen = visible_keys(a, q0 + r);
+  for (int64_t p0 = 0; p0 < a.n_q; p0 += kRowsPerPass) {
+    const int64_t np = a.n_q - p0 < kRowsPerPass ? a.n_q - p0 : kRowsPerPass;
+    int64_t live = 0;  // keys any row of the pass sees
+    for (int64_t r = 0; r < np; ++r) {
+      const int64_t seen = visible_keys(a, p0 + r);
       if (seen > live) live = seen;
     }
     for (int64_t j0 = 0; j0 < live; j0 += kKeyBlock) {
       const int64_t nb = n_kv - j0 < kKeyBlock ? n_kv - j0 : kKeyBlock;
       transpose_keys(kbase + j0 * ld, ld, nb, hd, sc.kt);
-      kScores[mr](q, sc.kt, hd, sc.s);
-      for (int r = 0; r < mr; ++r)
-        std::memcpy(rows + r * padded + j0, sc.s + r * kKeyBlock, kKeyBlock * sizeof(float));
+      for (int64_t q0 = 0; q0 < np; q0 += kRowGroup) {
+        const int mr = static_cast<int>(np - q0 < kRowGroup ? np - q0 : kRowGroup);
+        const float* q[kRowGroup];
+        for (int r = 0; r < mr; ++r) q[r] = a.q + (p0 + q0 + r) * a.n_head * hd + head * hd;
+        kScores[mr](q, sc.kt, hd, sc.s);
+        for (int r = 0; r < mr; ++r)
+          std::memcpy(rows + (q0 + r) * padded + j0, sc.s + r * kKeyBlock,
+                      kKeyBlock * sizeof(float));
+      }
     }
-    for (int r = 0; r < mr; ++r) {
-      const int64_t nk = visible_keys(a, q0 + r);
+    for (int64_t r = 0; r < np; ++r) {
+      const int64_t nk = visible_keys(a, p0 + r);
       if (nk <= 0) continue;
       float* s = rows + r * padded;
       __m256 vmax = _mm256_set1_ps(-INFINITY);
