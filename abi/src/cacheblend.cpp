@@ -1333,10 +1333,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
         case cb::BlendMode::kBlend:
           out.ratio =
               rs.choice ? static_cast<float>(rs.choice->ratio) : ro.blend.schedule.front().ratio;
-          // Raised by the guard, or every token computed (a lookahead
-          // request for which that was cheaper): what was done.
-          if (rs.fusion.guard_raised || rs.fusion.ratio == 1.0)
-            out.ratio = static_cast<float>(rs.fusion.ratio);
+          if (rs.fusion.guard_raised) out.ratio = static_cast<float>(rs.fusion.ratio);
           break;
         default:
           out.ratio = 0.0f;
