@@ -30,6 +30,7 @@
 #include <new>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -755,8 +756,12 @@ std::vector<cb_select> parse_selects(const Args& a) {
     if (!found)
       usage_error("option --select: unknown policy '" + name +
                   "' (expected hkvd, hkvd_kv, attention, lookahead, random, oracle or default)");
-    if (std::count(out.begin(), out.end(), out.back()) > 1)
-      usage_error("option --select: '" + name + "' is listed twice");
+    // Compared by name: default and the policy it stands for are one run.
+    const std::string resolved = cb_select_name(out.back());
+    if (std::count_if(out.begin(), out.end(),
+                      [&](cb_select p) { return resolved == cb_select_name(p); }) > 1)
+      usage_error("option --select: '" + name + "' is listed twice (default is " +
+                  cb_select_name(CB_SELECT_DEFAULT) + ")");
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
@@ -1616,7 +1621,7 @@ int cmd_quality(const Args& a) {
   const int max_tokens = static_cast<int>(parse_int(a, "--max-tokens", 12, 1, 4096));
   const int tf_tokens = static_cast<int>(parse_int(a, "--tf-tokens", 32, 1, 4096));
   const SelectOptions sel = parse_select_options(a);
-  const long long seed = parse_int(a, "--seed", 0, 0, (1LL << 53));
+  const uint64_t seed = parse_u64(a, "--seed", 0);
   const double guard_share = parse_double(a, "--guard-share", 0.0, 0.0, 1.0);
   const double guard_max_ratio = parse_double(a, "--guard-max-ratio", 0.5, 0.0, 1.0);
   const bool show = a.switches.count("--show") > 0;
@@ -1676,7 +1681,7 @@ int cmd_quality(const Args& a) {
   ro.system_prompt =
       "Answer the question using the documents. Reply with only the answer, at most five words.";
   ro.sink_tokens = sel.sink_tokens;
-  ro.seed = static_cast<uint64_t>(seed);
+  ro.seed = seed;
   ro.guard_share = static_cast<float>(guard_share);
   ro.guard_max_ratio = static_cast<float>(guard_max_ratio);
   if (!schedule.empty()) {
@@ -1775,22 +1780,26 @@ int cmd_quality(const Args& a) {
           .add("codec", codec)
           .add("max_tokens", static_cast<int64_t>(max_tokens))
           .add("dataset", path);
+      // Every line has the same keys; the selection's are null outside blend.
       if (m == CB_MODE_BLEND) {
         o.add("select", cb_select_name(sel.selects[run.select]))
             .add("sink_tokens", static_cast<int64_t>(sel.sink_tokens))
             .add("selected_share_mean", mean(t.share))
             .add("guard_raised", t.raised / n);
-        if (!schedule.empty()) {
-          std::string text;
-          for (const cb_check_layer& cl : schedule)
-            text +=
-                (text.empty() ? "" : ",") + std::to_string(cl.layer) + ":" + ratio_label(cl.ratio);
-          o.add("schedule", text);
-        } else {
-          o.add_null("schedule");
-        }
       } else {
-        o.add_null("select");
+        o.add_null("select")
+            .add_null("sink_tokens")
+            .add_null("selected_share_mean")
+            .add_null("guard_raised");
+      }
+      if (m == CB_MODE_BLEND && !schedule.empty()) {
+        std::string text;
+        for (const cb_check_layer& cl : schedule)
+          text +=
+              (text.empty() ? "" : ",") + std::to_string(cl.layer) + ":" + ratio_label(cl.ratio);
+        o.add("schedule", text);
+      } else {
+        o.add_null("schedule");
       }
       const std::optional<double> gap =
           reuse ? gap_closed(t.kl_sum / n, reuse->kl_sum / n) : std::nullopt;
@@ -1818,15 +1827,15 @@ int cmd_quality(const Args& a) {
         max_chunks > 0 ? ("at most " + std::to_string(max_chunks)).c_str() : "all",
         model_name(model).c_str(), kernels_name(model).c_str(), c.threads, chunk_head_label(head),
         cache_label(codec).c_str(), tf_tokens);
-    std::printf("%-16s %6s %6s %8s %9s %8s %8s %6s %8s %12s %9s\n", "run", "ratio", "f1", "fid_f1",
-                "kl_first", "kl_tf", "top1_tf", "exact", "gap_kl", "ttft_ms(med)", "computed");
+    std::printf("%-16s %6s %6s %8s %9s %8s %8s %6s %10s %12s %9s\n", "run", "ratio", "f1", "fid_f1",
+                "kl_first", "kl_tf", "top1_tf", "exact", "gap_closed", "ttft_ms(med)", "computed");
     for (const QualityRun& run : reported) {
       const ModeTotals& t = totals[run];
       const std::optional<double> gap =
           reuse ? gap_closed(t.kl_sum / n, reuse->kl_sum / n) : std::nullopt;
       char gap_text[16] = "-";
       if (gap) std::snprintf(gap_text, sizeof gap_text, "%.3f", *gap);
-      std::printf("%-16s %6.2f %6.3f %8.3f %9.4f %8.4f %8.3f %6.2f %8s %12.1f %9.3f\n",
+      std::printf("%-16s %6.2f %6.3f %8.3f %9.4f %8.4f %8.3f %6.2f %10s %12.1f %9.3f\n",
                   label(run).c_str(), static_cast<double>(t.ratio), mean(t.f1), mean(t.fidelity),
                   t.kl_sum / n, mean(t.kl_tf),
                   t.positions_tf > 0 ? static_cast<double>(t.agree_tf) / t.positions_tf : 0.0,

@@ -5,7 +5,7 @@
 
 $CB_MODEL, when set, overrides --model.  Checks the chat answer, the --json
 output (generate, prefill, decode, ttft, quality on a tiny dataset written
-here), --plot FILE.png for ttft (against the ratio and against a list of read
+here: teacher-forced fidelity, the gap closed, selection policies), --plot FILE.png for ttft (against the ratio and against a list of read
 caps) and quality (against a list of ratios), and that bad input (truncated / wrong-magic / absurd model files, a
 prompt longer than the context, a missing file, bad flags) gives a one-line
 "cb_bench: error: " message and exit status 1 (2 for usage errors), never a
@@ -129,7 +129,8 @@ def test_plots(bench, common, dataset, tmp):
           describe(rc, out, err))
     png = os.path.join(tmp, "quality.png")
     rc, out, err = run(bench, ["quality", "--dataset", dataset, "--limit", "1", "--modes",
-                               "full,blend", "--ratio", "0,1", "--json", "--plot", png] + common)
+                               "full,blend", "--ratio", "0,1", "--tf-tokens", "4", "--json",
+                               "--plot", png] + common)
     rows = json_lines(out) or []
     # reuse runs too: the gap that blend closes.
     check(rc == 0 and is_png(png) and is_png(png.replace(".png", "_tf.png"))
@@ -181,7 +182,8 @@ def test_rag(bench, common):
         data = os.path.join(tmp, "tiny.json")
         with open(data, "w") as f:
             json.dump(TINY_DATASET, f)
-        rc, out, err = run(bench, ["quality", "--dataset", data, "--json"] + common)
+        rc, out, err = run(bench, ["quality", "--dataset", data, "--tf-tokens", "8", "--json"]
+                           + common)
         objs = json_lines(out)
         check(rc == 0 and objs is not None and [o.get("mode") for o in objs]
               == ["full", "prefix", "reuse", "blend"], "quality --json: a line per mode",
@@ -208,17 +210,35 @@ def test_rag(bench, common):
                   and all(o.get("kl_tf_mean", -1) >= 0 and 0 <= o.get("top1_tf", -1) <= 1
                           and 0 <= o.get("exact_answer", -1) <= 1 for o in objs)
                   and reuse.get("gap_closed") == 0 and blend.get("select") == "lookahead"
-                  and blend.get("gap_closed") is not None and blend.get("gap_closed") > 0,
+                  and blend.get("gap_closed") is not None and blend.get("gap_closed") > 0
+                  and isinstance(blend.get("gap_closed_tf"), NUM)
+                  and all(o.get("tf_tokens") == 8 for o in objs),
                   "quality: teacher-forced fidelity and the gap closed", out)
+            # The same keys on every line; the selection's are null outside blend.
+            keys = ("select", "sink_tokens", "selected_share_mean", "guard_raised", "schedule",
+                    "gap_closed", "gap_closed_tf")
+            check(all(k in o for o in objs for k in keys)
+                  and all(o.get(k) is None for o in objs if o.get("mode") != "blend"
+                          for k in ("select", "sink_tokens", "selected_share_mean",
+                                    "guard_raised", "schedule"))
+                  and blend.get("sink_tokens") == 0 and blend.get("schedule") is None
+                  and 0 <= blend.get("selected_share_mean", -1) <= 1
+                  and 0 <= blend.get("guard_raised", -1) <= 1,
+                  "quality: selection fields", out)
 
         # One blend line per policy and ratio, at equal counts.
         rc, out, err = run(bench, ["quality", "--dataset", data, "--limit", "1", "--modes",
                                    "full,blend", "--select", "hkvd,random", "--ratio", "0.1,0.3",
-                                   "--tf-tokens", "4", "--json"] + common)
+                                   "--sink-tokens", "2", "--seed", "7", "--tf-tokens", "4",
+                                   "--json"] + common)
         objs = json_lines(out) or []
         check(rc == 0 and [(o.get("mode"), o.get("select"), o.get("ratio")) for o in objs]
               == [("full", None, 1), ("blend", "hkvd", 0.1), ("blend", "hkvd", 0.3),
-                  ("blend", "random", 0.1), ("blend", "random", 0.3), ("reuse", None, 0)],
+                  ("blend", "random", 0.1), ("blend", "random", 0.3), ("reuse", None, 0)]
+              and all(o.get("sink_tokens") == 2 for o in objs if o.get("mode") == "blend")
+              and all(o.get("kl_tf_mean", -1) >= 0 and 0 <= o.get("top1_tf", -1) <= 1
+                      for o in objs)
+              and objs[0].get("kl_tf_mean") == 0 and objs[0].get("top1_tf") == 1,
               "quality --select list: a line per policy and ratio", describe(rc, out, err))
         rc, out, err = run(bench, ["quality", "--dataset", data, "--limit", "1", "--modes",
                                    "blend", "--select", "hkvd", "--schedule", "1:0.2,3:0.1",
@@ -256,6 +276,19 @@ def test_rag(bench, common):
                      code=2, must_contain="best")
         expect_error(bench, q + ["--select", "hkvd,hkvd"] + common, "quality --select twice",
                      code=2, must_contain="twice")
+        expect_error(bench, q + ["--select", "default,lookahead"] + common,
+                     "quality --select default and the policy it names", code=2,
+                     must_contain="twice")
+        expect_error(bench, q + ["--sink-tokens", "2000"] + common, "quality --sink-tokens 2000",
+                     code=2, must_contain="--sink-tokens")
+        expect_error(bench, q + ["--guard-share", "1.5"] + common, "quality --guard-share 1.5",
+                     code=2, must_contain="--guard-share")
+        expect_error(bench, q + ["--guard-max-ratio", "-0.1"] + common,
+                     "quality --guard-max-ratio -0.1", code=2, must_contain="--guard-max-ratio")
+        expect_error(bench, q + ["--seed", "-1"] + common, "quality --seed -1", code=2,
+                     must_contain="--seed")
+        expect_error(bench, q + ["--tf-tokens", "0"] + common, "quality --tf-tokens 0", code=2,
+                     must_contain="--tf-tokens")
         expect_error(bench, q + ["--schedule", "1:0.3", "--ratio", "0.2"] + common,
                      "quality --schedule with --ratio", code=2, must_contain="--schedule")
         expect_error(bench, q + ["--schedule", "1-0.3"] + common, "quality --schedule 1-0.3",
