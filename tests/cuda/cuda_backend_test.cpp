@@ -275,6 +275,23 @@ struct AttnCase {
 // negative position (sees no key: zero output) and positions past n_kv
 // (see every key); GQA groups of 1, 3 and 4; head sizes that are not a
 // multiple of 32; key counts that cross the kernel's 32-key tiles.
+// The arguments of one case over host vectors (out left null).
+AttentionArgs host_args(const AttnCase& c, const std::vector<float>& q, const std::vector<float>& k,
+                        const std::vector<float>& v) {
+  AttentionArgs a;
+  a.q = q.data();
+  a.q_pos = c.q_pos.data();
+  a.n_q = static_cast<int64_t>(c.q_pos.size());
+  a.k = k.data();
+  a.v = v.data();
+  a.n_kv = c.n_kv;
+  a.n_head = c.n_head;
+  a.n_head_kv = c.n_head_kv;
+  a.head_dim = c.head_dim;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  return a;
+}
+
 TEST_F(Cuda, AttentionMatchesReference) {
   std::mt19937 rng(7);
   const std::vector<AttnCase> cases = {
@@ -291,17 +308,7 @@ TEST_F(Cuda, AttentionMatchesReference) {
     const std::vector<float> k = test::random_floats(rng, c.n_kv * c.n_head_kv * c.head_dim);
     const std::vector<float> v = test::random_floats(rng, c.n_kv * c.n_head_kv * c.head_dim);
     std::vector<float> expect(q.size());
-    AttentionArgs a;
-    a.q = q.data();
-    a.q_pos = c.q_pos.data();
-    a.n_q = n_q;
-    a.k = k.data();
-    a.v = v.data();
-    a.n_kv = c.n_kv;
-    a.n_head = c.n_head;
-    a.n_head_kv = c.n_head_kv;
-    a.head_dim = c.head_dim;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    AttentionArgs a = host_args(c, q, k, v);
     a.out = expect.data();
     ref::attention(a);
 
@@ -333,17 +340,7 @@ TEST_F(Cuda, AttentionContributionsMatchCpu) {
     const std::vector<float> q = test::random_floats(rng, n_q * c.n_head * c.head_dim);
     const std::vector<float> k = test::random_floats(rng, c.n_kv * c.n_head_kv * c.head_dim);
     const std::vector<float> v = test::random_floats(rng, c.n_kv * c.n_head_kv * c.head_dim);
-    AttentionArgs a;
-    a.q = q.data();
-    a.q_pos = c.q_pos.data();
-    a.n_q = n_q;
-    a.k = k.data();
-    a.v = v.data();
-    a.n_kv = c.n_kv;
-    a.n_head = c.n_head;
-    a.n_head_kv = c.n_head_kv;
-    a.head_dim = c.head_dim;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    AttentionArgs a = host_args(c, q, k, v);
     std::vector<float> expect(static_cast<size_t>(c.n_kv), 0.0f);
     make_cpu_backend(1, CpuKernelLevel::kScalar)->attention_contributions(a, expect.data());
     AttentionArgs d = a;

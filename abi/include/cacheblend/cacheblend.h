@@ -581,12 +581,11 @@ typedef struct cb_rag_options {
    * picks the ratio so that recompute time just fits inside the time to
    * load the chunks, never below `ratio` (the quality floor; default
    * 0.2).  With CB_SELECT_LOOKAHEAD the loads end in its reuse pass, before
-   * any recompute, so nothing can hide them: the ratio stays at the floor.  Its cost models are measured on this device: a short compute
-   * probe at first use; the store's read speed (unless the caller set
-   * cb_store_options.assumed_read_bytes_per_sec) and decode cost from the
-   * first request that reads it (which runs at the floor); all saved in
-   * DIR/calibration.sqlite and refreshed from every request's timings.
-   * When reading the chunks would take longer than recomputing every
+   * any recompute, so nothing can hide them: the ratio stays at the floor.  Its cost models are
+   * measured on this device: a short compute probe at first use; the store's read speed (unless the
+   * caller set cb_store_options.assumed_read_bytes_per_sec) and decode cost from the first request
+   * that reads it (which runs at the floor); all saved in DIR/calibration.sqlite and refreshed from
+   * every request's timings. When reading the chunks would take longer than recomputing every
    * token, nothing is read and the request is a full prefill (ratio 1,
    * bytes_read 0).  A schedule's check layers are kept; its last ratio is
    * the controller's.  0 (default): use `ratio` / `schedule`.  Requests
