@@ -18,6 +18,7 @@
 #include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/ops_neon.h"
 #include "kernels/cpu/reference_ops.h"
+#include "kernels/cpu/rope_table.h"
 #include "platform/cpu_features.h"
 #include "platform/error.h"
 #include "platform/thread_pool.h"
@@ -224,10 +225,13 @@ class CpuBackend final : public Backend {
     check(n_rows >= 0 && n_heads > 0 && head_dim > 0, "rope: bad shape");
     check(rot_dim >= 0 && rot_dim <= head_dim && rot_dim % 2 == 0,
           "rope: rot_dim must be even and at most head_dim");
+    if (n_rows == 0) return;
     const int64_t row = n_heads * head_dim;
-    // The angles cost a sin and a cos per pair and row; count them heavily.
-    split(n_rows, tasks_for(n_rows * (row + 16 * rot_dim)), 1, [&](int64_t r0, int64_t r1) {
-      ref::rope(x + r0 * row, pos + r0, r1 - r0, n_heads, head_dim, rot_dim, freq_base);
+    const int32_t max_pos = *std::max_element(pos, pos + n_rows);
+    const auto angles = rope_table_.covering(max_pos, rot_dim, freq_base);
+    split(n_rows, tasks_for(n_rows * row), 1, [&](int64_t r0, int64_t r1) {
+      RopeTable::rope(x + r0 * row, pos + r0, r1 - r0, n_heads, head_dim, rot_dim, *angles,
+                      freq_base);
     });
   }
 
@@ -358,6 +362,7 @@ class CpuBackend final : public Backend {
 
   ThreadPool pool_;
   Level level_;
+  RopeTable rope_table_;
 };
 
 }  // namespace

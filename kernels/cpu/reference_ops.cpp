@@ -187,29 +187,43 @@ void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, f
   }
 }
 
-void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
-          int64_t rot_dim, float freq_base) {
-  const int64_t n_pairs = rot_dim / 2;
-  std::vector<double> inv_freq(static_cast<size_t>(n_pairs));
-  for (int64_t i = 0; i < n_pairs; ++i) {
+std::vector<double> rope_inv_freq(int64_t rot_dim, float freq_base) {
+  std::vector<double> inv_freq(static_cast<size_t>(rot_dim / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
     inv_freq[i] = std::pow(static_cast<double>(freq_base),
                            -2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
   }
+  return inv_freq;
+}
+
+void rope_angles(int32_t pos, const std::vector<double>& inv_freq, float* cos_t, float* sin_t) {
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    const double angle = static_cast<double>(pos) * inv_freq[i];
+    cos_t[i] = static_cast<float>(std::cos(angle));
+    sin_t[i] = static_cast<float>(std::sin(angle));
+  }
+}
+
+void rope_rotate(float* row, int64_t n_heads, int64_t head_dim, int64_t n_pairs, const float* cos_t,
+                 const float* sin_t) {
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* v = row + h * head_dim;
+    for (int64_t i = 0; i < n_pairs; ++i) {
+      const float a = v[2 * i], b = v[2 * i + 1];
+      v[2 * i] = a * cos_t[i] - b * sin_t[i];
+      v[2 * i + 1] = a * sin_t[i] + b * cos_t[i];
+    }
+  }
+}
+
+void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
+          int64_t rot_dim, float freq_base) {
+  const std::vector<double> inv_freq = rope_inv_freq(rot_dim, freq_base);
+  const int64_t n_pairs = rot_dim / 2;
   std::vector<float> cos_t(static_cast<size_t>(n_pairs)), sin_t(static_cast<size_t>(n_pairs));
   for (int64_t r = 0; r < n_rows; ++r) {
-    for (int64_t i = 0; i < n_pairs; ++i) {
-      const double angle = static_cast<double>(pos[r]) * inv_freq[i];
-      cos_t[i] = static_cast<float>(std::cos(angle));
-      sin_t[i] = static_cast<float>(std::sin(angle));
-    }
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* v = x + (r * n_heads + h) * head_dim;
-      for (int64_t i = 0; i < n_pairs; ++i) {
-        const float a = v[2 * i], b = v[2 * i + 1];
-        v[2 * i] = a * cos_t[i] - b * sin_t[i];
-        v[2 * i + 1] = a * sin_t[i] + b * cos_t[i];
-      }
-    }
+    rope_angles(pos[r], inv_freq, cos_t.data(), sin_t.data());
+    rope_rotate(x + r * n_heads * head_dim, n_heads, head_dim, n_pairs, cos_t.data(), sin_t.data());
   }
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/quant_blocks.h"
@@ -53,6 +54,13 @@ void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, f
 // thousands rotate as accurately as small ones.
 void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
           int64_t rot_dim, float freq_base);
+// rope()'s two halves, for callers that keep the angles (rope_table.h):
+// the inverse frequency of each of the rot_dim / 2 pairs; the cos and sin of
+// one position's angles; one row of n_heads heads rotated by them.
+std::vector<double> rope_inv_freq(int64_t rot_dim, float freq_base);
+void rope_angles(int32_t pos, const std::vector<double>& inv_freq, float* cos_t, float* sin_t);
+void rope_rotate(float* row, int64_t n_heads, int64_t head_dim, int64_t n_pairs, const float* cos_t,
+                 const float* sin_t);
 
 // One query row (index qi into a.q) and one query head: a two-pass softmax
 // over keys 0..min(q_pos, n_kv - 1).  A query that sees no key (negative

@@ -130,10 +130,14 @@ class FusedForward {
   size_t failed_chunk = 0;
 
  private:
-  bool layers(LayerPipeline& loads);
-  void project(int64_t layer);                          // step 1
-  void select(int64_t layer, float ratio, bool first);  // check layer
-  void attend_and_ffn(int64_t layer);                   // step 2
+  bool layers(LayerPipeline& loads, bool want_logits);
+  void project(int64_t layer);  // step 1
+  // Check layer: narrows the rows to the kept ones.  `projected`: step 1 has
+  // run, so Q/K/V narrow too (and fresh KV may be measured).
+  void select(int64_t layer, float ratio, bool first, bool projected);
+  // Step 2; `output` false: only K/V into the cache (and the question's
+  // contributions), for a last layer whose hidden state nobody reads.
+  void attend_and_ffn(int64_t layer, bool output);
   void run_graph(Graph& g);
   void resize_buffers();
   // Candidate scores of the check layer `layer`, into host memory.
@@ -291,7 +295,7 @@ void FusedForward::question_attention(int64_t layer, std::span<const int32_t> ca
   for (size_t j = 0; j < cand_pos.size(); ++j) score[j] = sums[cand_pos[j]];
 }
 
-void FusedForward::select(int64_t layer, float ratio, bool first) {
+void FusedForward::select(int64_t layer, float ratio, bool first, bool projected) {
   // Candidates: the reused rows still carried whose KV is not exact and not
   // always computed.  The last position is always kept: its logits are the
   // request's output.
@@ -341,15 +345,17 @@ void FusedForward::select(int64_t layer, float ratio, bool first) {
     std::swap(buf, scratch_);
   };
   narrow(x_, hp_.n_embd);
-  narrow(q_, hp_.n_head * hp_.head_dim);
-  narrow(k_, hp_.kv_dim());
-  narrow(v_, hp_.kv_dim());
+  if (projected) {
+    narrow(q_, hp_.n_head * hp_.head_dim);
+    narrow(k_, hp_.kv_dim());
+    narrow(v_, hp_.kv_dim());
+  }
   std::vector<int32_t> new_rows(static_cast<size_t>(r_kept));
   for (int64_t i = 0; i < r_kept; ++i) new_rows[i] = rows[keep_idx[i]];
   rows.swap(new_rows);
 }
 
-void FusedForward::attend_and_ffn(int64_t layer) {
+void FusedForward::attend_and_ffn(int64_t layer, bool output) {
   const LayerWeights& w = s_.layer_weights()[static_cast<size_t>(layer)];
   const int64_t r = static_cast<int64_t>(rows.size());
   const int64_t q_dim = hp_.n_head * hp_.head_dim, kv_dim = hp_.kv_dim();
@@ -375,6 +381,7 @@ void FusedForward::attend_and_ffn(int64_t layer) {
           question_rows(q_.data() + i0 * q_dim, rows.data() + i0, r - i0, layer),
           attention_by_layer->data() + layer * n_);
   }
+  if (!output) return;
   for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
     const int64_t b = std::min(kRowBatch, r - r0);
     Graph g;
@@ -392,7 +399,7 @@ void FusedForward::attend_and_ffn(int64_t layer) {
   }
 }
 
-bool FusedForward::layers(LayerPipeline& loads) {
+bool FusedForward::layers(LayerPipeline& loads, bool want_logits) {
   size_t next_check = 0;
   for (int64_t l = 0; l < hp_.n_layer; ++l) {
     if (!loads.synchronize(l)) {
@@ -400,14 +407,19 @@ bool FusedForward::layers(LayerPipeline& loads) {
       return false;
     }
     const auto t0 = std::chrono::steady_clock::now();
+    const bool check = next_check < schedule.size() && schedule[next_check].layer == l;
+    // A ranking known before the pass needs no fresh KV: the rows narrow
+    // before their projections, so the dropped ones cost nothing here.
+    const bool ranked = check && next_check == 0 && !prior.empty();
+    if (ranked) select(l, schedule[next_check++].ratio, true, false);
     resize_buffers();
     project(l);
-    if (next_check < schedule.size() && schedule[next_check].layer == l) {
-      select(l, schedule[next_check].ratio, next_check == 0);
+    if (check && !ranked) {
+      select(l, schedule[next_check].ratio, next_check == 0, true);
       ++next_check;
     }
     rows_per_layer.push_back(static_cast<int64_t>(rows.size()));
-    attend_and_ffn(l);
+    attend_and_ffn(l, want_logits || l + 1 < hp_.n_layer);
     layer_ms.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -425,7 +437,7 @@ bool FusedForward::run(bool want_logits) {
     // The loader starts as soon as the pipeline exists and is joined when it
     // goes out of scope, also when a layer throws.
     LayerPipeline loads(s_, cached, pipeline);
-    const bool ok = layers(loads);
+    const bool ok = layers(loads, want_logits);
     loads.finish();
     load_stats = loads.stats();
     if (!ok) return false;
@@ -490,9 +502,20 @@ RequestLayout layout_request(std::span<const Segment> segments, const std::vecto
   return lay;
 }
 
+// The first position whose KV a blend can change: the rows before it (the
+// prompt head, a leading exact chunk) attend only to each other, so once a
+// pass has left their KV in the cache, a later pass need not carry them.
+int32_t first_inexact(const RequestLayout& lay) {
+  const int32_t n = static_cast<int32_t>(lay.is_cached.size());
+  for (int32_t p = 0; p < n; ++p)
+    if (lay.is_cached[p] && !lay.exact[p]) return p;
+  return n - 1;
+}
+
 // Sets f up for one pass: every position computed at layer 0 (blend) or
 // only the uncached ones (reuse: the cached KV as it is); the chunks are
-// loaded unless an earlier pass of the attempt left them in the cache.
+// loaded unless an earlier pass of the attempt left them in the cache, and
+// then the rows before first_inexact() are not computed again.
 void configure(FusedForward& f, const RequestLayout& lay, bool blend, bool load,
                const BlendOptions& opts, const PipelineOptions& pipeline) {
   const int64_t n = static_cast<int64_t>(lay.is_cached.size());
@@ -503,7 +526,7 @@ void configure(FusedForward& f, const RequestLayout& lay, bool blend, bool load,
   f.query_begin = lay.query_begin;
   if (load) f.cached = lay.cached;
   f.pipeline = pipeline;
-  for (int32_t p = 0; p < n; ++p)
+  for (int32_t p = load ? 0 : first_inexact(lay); p < n; ++p)
     if (blend || !lay.is_cached[p] || p == n - 1) f.rows.push_back(p);
   if (!blend) return;
   f.schedule = opts.schedule;

@@ -1,18 +1,23 @@
 // rope: rotation by 0 is the identity, rotations compose (R(p)R(q) =
 // R(p+q)), results match a float64 evaluation even at position 8191, and
-// dimensions beyond rot_dim are untouched.
+// dimensions beyond rot_dim are untouched; the backend's table of angles
+// rotates bitwise as the reference computing them in place does, across
+// growth, bases, positions past its cap and threads.
 //
 // Tolerances are absolute on values ~N(0,1): 1e-6 against float64 (cos/sin
 // rounded once from double, 2 f32 roundings per output); 2e-6 for
 // composition (two rotations' worth of rounding).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "kernel_test_util.h"
 #include "kernels/cpu/reference_ops.h"
+#include "kernels/cpu/rope_table.h"
 
 namespace cb {
 namespace {
@@ -80,6 +85,60 @@ TEST(Rope, PartialRotationLeavesTailAlone) {
   std::vector<float> z = x;
   const std::vector<int32_t> pos = {1, 1};
   EXPECT_THROW(be->rope(z.data(), pos.data(), 2, kHeads, kHeadDim, 33, 10000.0f), Error);
+}
+
+std::vector<float> reference(std::vector<float> x, const std::vector<int32_t>& pos, int64_t rot_dim,
+                             float base) {
+  ref::rope(x.data(), pos.data(), static_cast<int64_t>(pos.size()), kHeads, kHeadDim, rot_dim,
+            base);
+  return x;
+}
+
+TEST(Rope, TableRotatesBitwiseAsTheReference) {
+  std::mt19937 rng(25);
+  auto be = make_cpu_backend(2);
+  // Growing positions (the table grows), then small ones again (it is
+  // reused), two bases and a partial rotation (separate tables), negative
+  // positions and ones past the table's cap (computed in place).
+  const int32_t past_cap =
+      static_cast<int32_t>(RopeTable::kMaxBytes / (2 * (kHeadDim / 2) * sizeof(float))) + 7;
+  const std::vector<std::vector<int32_t>> runs = {
+      {0, 1, 2, 3}, {17, 900, 4095}, {8191, 5, 0}, {-3, 12, past_cap, 40000}, {1, 2}};
+  for (float base : {10000.0f, 500000.0f}) {
+    for (int64_t rot_dim : {kHeadDim, int64_t{32}}) {
+      for (const auto& pos : runs) {
+        const std::vector<float> x =
+            test::random_floats(rng, static_cast<int64_t>(pos.size()) * kHeads * kHeadDim);
+        EXPECT_TRUE(test::bitwise_equal(rotate(*be, x, pos, rot_dim, base),
+                                        reference(x, pos, rot_dim, base)))
+            << "base " << base << " rot_dim " << rot_dim << " first pos " << pos[0];
+      }
+    }
+  }
+}
+
+TEST(Rope, TableIsSharedSafelyByConcurrentCallers) {
+  // The fusor's loader thread rotates loaded KV while the compute thread
+  // rotates Q and K: both grow and read the same table.
+  auto be = make_cpu_backend(2);
+  auto work = [&](uint32_t seed, bool* same) {
+    std::mt19937 rng(seed);
+    *same = true;
+    for (int32_t top = 64; top <= 16384; top *= 2) {
+      std::vector<int32_t> pos(64);
+      for (auto& p : pos) p = static_cast<int32_t>(rng() % static_cast<uint32_t>(top));
+      const std::vector<float> x =
+          test::random_floats(rng, static_cast<int64_t>(pos.size()) * kHeads * kHeadDim);
+      *same = *same && test::bitwise_equal(rotate(*be, x, pos, kHeadDim, 10000.0f),
+                                           reference(x, pos, kHeadDim, 10000.0f));
+    }
+  };
+  bool a = false, b = false;
+  std::thread t(work, 26u, &a);
+  work(27u, &b);
+  t.join();
+  EXPECT_TRUE(a);
+  EXPECT_TRUE(b);
 }
 
 }  // namespace

@@ -90,6 +90,13 @@ class FusorTest : public testing::Test {
   std::vector<std::unique_ptr<MemoryChunkSource>> sources;
 };
 
+BlendOptions blend_with(Selection sel, std::vector<CheckLayer> schedule) {
+  BlendOptions o;
+  o.schedule = std::move(schedule);
+  o.selection = sel;
+  return o;
+}
+
 TEST_F(FusorTest, RatioOneReproducesFullPrefill) {
   FusionStats st;
   auto b = fused({BlendMode::kBlend, {{1, 1.0f}}}, &st);
@@ -115,8 +122,12 @@ TEST_F(FusorTest, DefaultIsLookaheadFromLayerZero) {
   FusionStats st;
   auto b = fused(d, &st);
   const int64_t uncached = static_cast<int64_t>(req.head.size() + req.suffix.size());
-  // Every layer: the reuse pass's uncached rows, then the blend pass's.
-  EXPECT_EQ(st.rows_per_layer[0], 2 * uncached + std::llround(0.2 * st.n_reused));
+  // Every layer: the reuse pass's uncached rows, then the blend pass's, in
+  // which the head is not computed again (its KV does not depend on the
+  // chunks) and the rows left out are dropped before their projections.
+  for (int64_t rows : st.rows_per_layer)
+    EXPECT_EQ(rows,
+              uncached + static_cast<int64_t>(req.suffix.size()) + std::llround(0.2 * st.n_reused));
   EXPECT_LT(rel_l2(b, full()), rel_l2(fused({BlendMode::kReuse, {}}), full()));
 }
 
@@ -147,7 +158,8 @@ TEST_F(FusorTest, BlendIsBetweenReuseAndFull) {
 TEST_F(FusorTest, SelectedSetHoldsEveryUncachedToken) {
   for (float r : {0.0f, 0.05f, 0.3f}) {
     FusionStats st;
-    fused({BlendMode::kBlend, {{1, 0.5f}, {3, r}}}, &st);
+    BlendOptions o = blend_with(Selection::kHkvd, {{1, 0.5f}, {3, r}});
+    fused(o, &st);
     std::vector<uint8_t> in(static_cast<size_t>(st.n_tokens), 0);
     for (int32_t p : st.final_rows) in[p] = 1;
     const int64_t n_head = static_cast<int64_t>(req.head.size());
@@ -246,13 +258,6 @@ constexpr Selection kAllSelections[] = {Selection::kHkvd,      Selection::kHkvdK
                                         Selection::kAttention, Selection::kLookahead,
                                         Selection::kRandom,    Selection::kOracle};
 
-BlendOptions blend_with(Selection sel, std::vector<CheckLayer> schedule) {
-  BlendOptions o;
-  o.schedule = std::move(schedule);
-  o.selection = sel;
-  return o;
-}
-
 // The identities hold whatever ranks the tokens: all of them is full
 // prefill, none is reuse, and the pipeline changes nothing.
 TEST_F(FusorTest, EveryPolicyKeepsTheIdentities) {
@@ -286,8 +291,11 @@ TEST_F(FusorTest, ExactLeadingChunkIsNeverRecomputed) {
     FusionStats st;
     fused(blend_with(sel, {{1, 0.3f}}), &st);
     for (int32_t p : st.final_rows) EXPECT_FALSE(p >= first && p < first + len) << p;
-    // The count is the ratio of every reused token, spent elsewhere.
-    const int64_t uncached = static_cast<int64_t>(req.head.size() + req.suffix.size());
+    // The count is the ratio of every reused token, spent elsewhere.  After
+    // the lookahead's reuse pass the head is not computed again.
+    const int64_t uncached =
+        static_cast<int64_t>(req.suffix.size()) +
+        (sel == Selection::kLookahead ? 0 : static_cast<int64_t>(req.head.size()));
     EXPECT_EQ(static_cast<int64_t>(st.final_rows.size()),
               uncached + std::llround(0.3 * static_cast<double>(st.n_reused)));
   }
@@ -297,12 +305,39 @@ TEST_F(FusorTest, LookaheadCountsItsReusePass) {
   FusionStats hk, look;
   fused(blend_with(Selection::kHkvd, {{1, 0.15f}}), &hk);
   fused(blend_with(Selection::kLookahead, {{1, 0.15f}}), &look);
-  EXPECT_EQ(hk.final_rows.size(), look.final_rows.size());
-  const int64_t uncached = static_cast<int64_t>(req.head.size() + req.suffix.size());
-  // Every layer also ran the reuse pass's uncached rows.
-  for (size_t l = 0; l < hk.rows_per_layer.size(); ++l)
-    EXPECT_EQ(look.rows_per_layer[l], hk.rows_per_layer[l] + uncached) << l;
-  EXPECT_GT(look.computed_fraction(), hk.computed_fraction());
+  const int64_t n_head = static_cast<int64_t>(req.head.size());
+  const int64_t n_suffix = static_cast<int64_t>(req.suffix.size());
+  // The blend pass keeps as many rows as HKVD's but the head, which the
+  // reuse pass computed.
+  EXPECT_EQ(look.final_rows.size() + req.head.size(), hk.final_rows.size());
+  // Layer 0 (before the check) carries every row from the first chunk that
+  // is not exact on; every layer also ran the reuse pass's head and
+  // question, so the layers after the check hold the question twice.
+  const int64_t first_inexact = n_head + static_cast<int64_t>(req.chunks[0].size());
+  EXPECT_EQ(look.rows_per_layer[0], look.n_tokens - first_inexact + n_head + n_suffix);
+  for (size_t l = 1; l < hk.rows_per_layer.size(); ++l)
+    EXPECT_EQ(look.rows_per_layer[l], hk.rows_per_layer[l] + n_suffix) << l;
+}
+
+// Rows before the first inexact chunk (the head, the exact leading chunk)
+// attend only to each other: after the lookahead's reuse pass their KV is
+// final, at every layer, and the blend pass leaves it alone.
+TEST_F(FusorTest, HeadKvAfterLookaheadIsFullPrefills) {
+  Session f(model(), {.n_ctx = 512, .n_threads = 2});
+  f.prefill(req.all());
+  Session s(model(), {.n_ctx = 512, .n_threads = 2});
+  auto segs = segments();
+  FusionStats st;
+  fuse_prefill(s, segs, blend_with(Selection::kLookahead, {{0, 0.2f}}), &st);
+  ASSERT_FALSE(st.final_rows.empty());
+  ASSERT_GT(st.final_rows.front(), static_cast<int32_t>(req.head.size()));
+  const int64_t kv_dim = model().hparams().kv_dim(), n = static_cast<int64_t>(req.head.size());
+  for (int64_t l = 0; l < model().hparams().n_layer; ++l) {
+    const std::vector<float> k(s.k_cache(l), s.k_cache(l) + n * kv_dim);
+    const std::vector<float> v(s.v_cache(l), s.v_cache(l) + n * kv_dim);
+    EXPECT_LE(rel_l2(k, std::vector<float>(f.k_cache(l), f.k_cache(l) + n * kv_dim)), 1e-5) << l;
+    EXPECT_LE(rel_l2(v, std::vector<float>(f.v_cache(l), f.v_cache(l) + n * kv_dim)), 1e-5) << l;
+  }
 }
 
 // Where the reuse pass and the recompute would cost more than a full
