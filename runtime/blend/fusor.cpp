@@ -548,8 +548,10 @@ struct RankingCost {
 
 RankingCost ranking_cost(const RequestLayout& lay, const BlendOptions& opts, int64_t n_layer) {
   const int64_t n = static_cast<int64_t>(lay.is_cached.size());
+  // The blend pass starts at the first inexact row (configure()).
+  const int64_t begin = first_inexact(lay);
   int64_t n_cand = 0, n_kept = 0;
-  for (int64_t p = 0; p < n; ++p) {
+  for (int64_t p = begin; p < n; ++p) {
     const bool last = p + 1 == n;
     n_cand += !last && lay.is_cached[p] && !lay.keep_always[p] && !lay.exact[p];
     n_kept += lay.keep_always[p] || last;
@@ -559,12 +561,12 @@ RankingCost ranking_cost(const RequestLayout& lay, const BlendOptions& opts, int
   // Keeping none or all of them needs no ranking.
   c.chooses = k > 0 && k < n_cand;
   // The reuse pass (the uncached rows at every layer), then the blend pass
-  // (every row before the first check, the kept ones after it).
+  // (every row it carries before the first check, the kept ones after it).
   int64_t n_uncached = 0;
   for (int64_t p = 0; p < n; ++p) n_uncached += !lay.is_cached[p] || p + 1 == n;
   const int64_t c0 = opts.schedule.front().layer;
-  const double rows =
-      static_cast<double>(n_layer * n_uncached + c0 * n + (n_layer - c0) * (n_kept + k));
+  const double rows = static_cast<double>(n_layer * n_uncached + c0 * (n - begin) +
+                                          (n_layer - c0) * (n_kept + k));
   c.cheaper_than_full = rows < static_cast<double>(n_layer * n);
   return c;
 }
