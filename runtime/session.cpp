@@ -147,24 +147,32 @@ void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision m
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     const LayerWeights& w = layers_[static_cast<size_t>(l)];
     TensorId h = g.rmsnorm(x, w.attn_norm, hp.rms_eps);
-    TensorId q = g.matmul(w.wq, h, mm);
     TensorId k = g.matmul(w.wk, h, mm);
     TensorId v = g.matmul(w.wv, h, mm);
-    g.rope(q, pos.data(), hp.n_head, hp.head_dim, hp.rot_dim, hp.rope_freq_base);
     g.rope(k, pos.data(), hp.n_head_kv, hp.head_dim, hp.rot_dim, hp.rope_freq_base);
     TensorId kc = g.external(k_cache_[l], n_ctx_, hp.kv_dim());
     TensorId vc = g.external(v_cache_[l], n_ctx_, hp.kv_dim());
     g.scatter_rows(k, pos.data(), kc);
     g.scatter_rows(v, pos.data(), vc);
-    TensorId a = g.attention(q, pos.data(), kc, vc, n_kv, hp.n_head, hp.n_head_kv, hp.head_dim);
+    // Past the last layer only the last row is read (the logits): there
+    // every row's K/V go into the cache, but only that row attends and
+    // runs the FFN.
+    const int32_t* q_pos = pos.data();
+    if (l + 1 == hp.n_layer && n > 1) {
+      h = g.gather_rows(h, &last_row, 1);
+      x = g.gather_rows(x, &last_row, 1);
+      q_pos += last_row;
+    }
+    TensorId q = g.matmul(w.wq, h, mm);
+    g.rope(q, q_pos, hp.n_head, hp.head_dim, hp.rot_dim, hp.rope_freq_base);
+    TensorId a = g.attention(q, q_pos, kc, vc, n_kv, hp.n_head, hp.n_head_kv, hp.head_dim);
     g.add_into(x, g.matmul(w.wo, a, mm));
     TensorId h2 = g.rmsnorm(x, w.ffn_norm, hp.rms_eps);
     TensorId m = g.silu_mul(g.matmul(w.w_gate, h2, mm), g.matmul(w.w_up, h2, mm));
     g.add_into(x, g.matmul(w.w_down, m, mm));
   }
-  // Only the last row's logits are needed: normalise and project just it.
-  TensorId last = g.gather_rows(x, &last_row, 1);
-  TensorId hn = g.rmsnorm(last, model_.output_norm(), hp.rms_eps);
+  // x is the last row alone now: normalise and project just it.
+  TensorId hn = g.rmsnorm(x, model_.output_norm(), hp.rms_eps);
   g.matmul_into(output_, hn, g.external(logits_.data(), 1, hp.n_vocab), mm);
 
   size_t need = g.plan();

@@ -135,9 +135,11 @@ class FusedForward {
   // Check layer: narrows the rows to the kept ones.  `projected`: step 1 has
   // run, so Q/K/V narrow too (and fresh KV may be measured).
   void select(int64_t layer, float ratio, bool first, bool projected);
-  // Step 2; `output` false: only K/V into the cache (and the question's
-  // contributions), for a last layer whose hidden state nobody reads.
-  void attend_and_ffn(int64_t layer, bool output);
+  // Step 2.  Every carried row's K/V goes into the cache (and the
+  // question's contributions are taken); attention and FFN then run for
+  // the rows from `out_begin` (an index into rows) on: at the last layer
+  // only the logits' row, or none, is read.
+  void attend_and_ffn(int64_t layer, int64_t out_begin);
   void run_graph(Graph& g);
   void resize_buffers();
   // Candidate scores of the check layer `layer`, into host memory.
@@ -355,7 +357,7 @@ void FusedForward::select(int64_t layer, float ratio, bool first, bool projected
   rows.swap(new_rows);
 }
 
-void FusedForward::attend_and_ffn(int64_t layer, bool output) {
+void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
   const LayerWeights& w = s_.layer_weights()[static_cast<size_t>(layer)];
   const int64_t r = static_cast<int64_t>(rows.size());
   const int64_t q_dim = hp_.n_head * hp_.head_dim, kv_dim = hp_.kv_dim();
@@ -381,8 +383,7 @@ void FusedForward::attend_and_ffn(int64_t layer, bool output) {
           question_rows(q_.data() + i0 * q_dim, rows.data() + i0, r - i0, layer),
           attention_by_layer->data() + layer * n_);
   }
-  if (!output) return;
-  for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
+  for (int64_t r0 = out_begin; r0 < r; r0 += kRowBatch) {
     const int64_t b = std::min(kRowBatch, r - r0);
     Graph g;
     TensorId x = g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd);
@@ -419,7 +420,10 @@ bool FusedForward::layers(LayerPipeline& loads, bool want_logits) {
       ++next_check;
     }
     rows_per_layer.push_back(static_cast<int64_t>(rows.size()));
-    attend_and_ffn(l, want_logits || l + 1 < hp_.n_layer);
+    // After the last layer only the last row's hidden state is read (the
+    // logits), and only when they are wanted.
+    const int64_t n_rows = static_cast<int64_t>(rows.size());
+    attend_and_ffn(l, l + 1 < hp_.n_layer ? 0 : want_logits ? n_rows - 1 : n_rows);
     layer_ms.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
