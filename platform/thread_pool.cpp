@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 
 #include "platform/cpu_features.h"
+#include "platform/error.h"
 
 namespace cb {
 namespace {
@@ -70,16 +72,38 @@ uint64_t wait_for(const std::atomic<uint64_t>& state, Done&& done) {
 
 ThreadPool::ThreadPool(int n_threads) {
   n_threads_ = n_threads > 0 ? n_threads : cpu_hardware_threads();
+  if (n_threads_ > kMaxThreads) {
+    fail(ErrorCode::kInvalidArgument, "a thread pool of " + std::to_string(n_threads_) +
+                                          " threads: at most " + std::to_string(kMaxThreads));
+  }
   workers_.reserve(n_threads_ - 1);
-  for (int t = 1; t < n_threads_; ++t) workers_.emplace_back([this, t] { worker_main(t); });
+  try {
+    for (int t = 1; t < n_threads_; ++t) workers_.emplace_back([this, t] { worker_main(t); });
+  } catch (...) {
+    // Destroying a joinable std::thread terminates the process: the
+    // workers already started must be stopped before the error leaves.
+    const size_t started = workers_.size();
+    stop_workers();
+    try {
+      throw;
+    } catch (const std::exception& e) {  // std::system_error, std::bad_alloc
+      fail(ErrorCode::kOutOfMemory, "cannot start thread " + std::to_string(started + 2) + " of " +
+                                        std::to_string(n_threads_) + ": " + e.what());
+    }
+  }
 }
 
 ThreadPool::~ThreadPool() {
+  stop_workers();
+}
+
+void ThreadPool::stop_workers() {
   stop_.store(true, std::memory_order_relaxed);
   // A new generation wakes every worker; each sees stop_ and exits.
   state_.fetch_add(uint64_t{1} << kGenShift, std::memory_order_release);
   state_.notify_all();
   for (std::thread& w : workers_) w.join();
+  workers_.clear();
 }
 
 void ThreadPool::work(int thread) {

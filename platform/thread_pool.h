@@ -20,7 +20,12 @@ namespace cb {
 
 class ThreadPool {
  public:
+  // More threads than this is a caller's mistake, not a configuration.
+  static constexpr int kMaxThreads = 512;
+
   // n_threads counts the calling thread; <= 0 means one per hardware thread.
+  // Throws Error (kInvalidArgument) above kMaxThreads, and (kOutOfMemory)
+  // when the system refuses a thread; the threads started are stopped first.
   explicit ThreadPool(int n_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -51,6 +56,7 @@ class ThreadPool {
   void run(int64_t n_tasks, TaskFn fn, void* ctx);
   void work(int thread);
   void worker_main(int thread);
+  void stop_workers();
 
   int n_threads_;
   std::vector<std::thread> workers_;

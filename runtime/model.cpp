@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <cmath>
 #include <cstdio>
 
 #include "kernels/cpu/dequantize.h"
@@ -76,8 +77,9 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     hp.rope_freq_base = static_cast<float>(f.get_float("llama.rope.freq_base").value_or(10000.0));
     hp.rms_eps =
         static_cast<float>(f.get_float("llama.attention.layer_norm_rms_epsilon").value_or(1e-5));
-    if (!(hp.rope_freq_base > 0) || !(hp.rms_eps > 0))
-      fail(ErrorCode::kFormat, "invalid RoPE base or RMS epsilon");
+    if (!(hp.rope_freq_base > 0) || !std::isfinite(hp.rope_freq_base) || !(hp.rms_eps > 0) ||
+        !std::isfinite(hp.rms_eps))
+      fail(ErrorCode::kFormat, "invalid RoPE base or RMS epsilon (each must be finite and > 0)");
     std::string scaling = f.get_string("llama.rope.scaling.type").value_or("none");
     if ((scaling != "none" && f.get_float("llama.rope.scaling.factor").value_or(1.0) != 1.0) ||
         f.find_tensor("rope_freqs.weight"))

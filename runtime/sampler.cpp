@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "platform/error.h"
 
@@ -21,6 +22,13 @@ Sampler::Sampler(const SamplerOptions& opts) : opts_(opts), rng_(opts.seed) {
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
+  // -inf is a masked token; NaN or +inf means the forward pass broke down
+  // (NaN or infinite weights, an overflow), and no token can be chosen.
+  for (float v : logits) {
+    if (std::isnan(v) || v == std::numeric_limits<float>::infinity())
+      fail(ErrorCode::kFormat,
+           "the model produced non-finite logits (NaN or infinite weights, or an overflow)");
+  }
   if (opts_.temperature <= 0.0f) return argmax(logits);
   const size_t n = logits.size();
   if (n == 0) fail(ErrorCode::kInvalidArgument, "sampling from no logits");

@@ -143,7 +143,7 @@ int run(int argc, char** argv) {
       model_flag = next();
       if (model_flag.empty()) usage("option --model: empty path");
     } else if (arg == "--threads") {
-      common.threads = static_cast<int>(parse_long(arg, next(), 1, 4096));
+      common.threads = static_cast<int>(parse_long(arg, next(), 1, 512));
       threads_given = true;
     } else if (arg == "--chunk-tokens") {
       ingest.chunk_tokens = static_cast<size_t>(parse_long(arg, next(), 16, 8192));

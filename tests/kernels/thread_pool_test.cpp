@@ -1,14 +1,21 @@
 #include "platform/thread_pool.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <memory>
 #include <stdexcept>
 #include <thread>
 #include <vector>
+
+#include "platform/error.h"
 
 namespace cb {
 namespace {
@@ -131,6 +138,52 @@ TEST(ThreadPool, CallsFromSeveralThreadsAreSerialized) {
 TEST(ThreadPool, DefaultUsesHardwareThreads) {
   ThreadPool pool(0);
   EXPECT_GE(pool.size(), 1);
+}
+
+TEST(ThreadPool, TooManyThreadsIsAnError) {
+  try {
+    ThreadPool pool(ThreadPool::kMaxThreads + 1);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  }
+}
+
+// A thread the system refuses (here: no address space left for its stack)
+// is an error; the threads already started are stopped, not destroyed while
+// joinable (which would end the process).
+TEST(ThreadPool, RefusedThreadIsAnErrorNotAnAbort) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizers reserve address space: an address-space limit breaks them";
+#else
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::ifstream statm("/proc/self/statm");
+    size_t vm_pages = 0;
+    statm >> vm_pages;
+    const rlim_t limit = vm_pages * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (48u << 20);
+    const rlimit rl{limit, limit};
+    if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(3);
+    // Where the limit is not enforced (qemu-user keeps it from the host),
+    // there is nothing to test.
+    void* big = mmap(nullptr, size_t{256} << 20, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (big != MAP_FAILED) _exit(77);
+    try {
+      ThreadPool pool(ThreadPool::kMaxThreads);
+      _exit(1);  // every thread started: the limit did not bite
+    } catch (const Error& e) {
+      _exit(e.code() == ErrorCode::kOutOfMemory ? 0 : 2);
+    } catch (...) {
+      _exit(2);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "RLIMIT_AS is not enforced here";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+#endif
 }
 
 }  // namespace

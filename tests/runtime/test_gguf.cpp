@@ -1,4 +1,7 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
@@ -141,6 +144,35 @@ TEST(Gguf, MissingFileIsAnIoError) {
     EXPECT_EQ(e.code(), ErrorCode::kIo);
     EXPECT_NE(std::string(e.what()).find("/nonexistent/model.gguf"), std::string::npos);
   }
+}
+
+// A FIFO (or any other non-regular file) is refused at once; opening it
+// must not wait for a writer.  The child process bounds the wait.
+TEST(Gguf, FifoIsAnIoErrorWithoutBlocking) {
+  char dir[] = "/tmp/cb_gguf_fifo_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string fifo = std::string(dir) + "/model.gguf";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(10);
+    try {
+      GgufFile::open(fifo);
+      _exit(1);
+    } catch (const Error& e) {
+      const bool named = std::string(e.what()).find("not a regular file") != std::string::npos;
+      _exit(e.code() == ErrorCode::kIo && named ? 0 : 2);
+    } catch (...) {
+      _exit(2);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  unlink(fifo.c_str());
+  rmdir(dir);
+  ASSERT_TRUE(WIFEXITED(status)) << "blocked or crashed: signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(Gguf, OpensTheRealModel) {

@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <map>
+#include <vector>
 
 #include "platform/error.h"
 #include "runtime/sampler.h"
@@ -56,6 +59,18 @@ TEST(Sampler, RejectsBadOptions) {
   EXPECT_THROW(Sampler({.top_p = 1.5f}), Error);
   EXPECT_THROW(Sampler({.temperature = NAN}), Error);
   EXPECT_THROW(argmax({}), Error);
+}
+
+// NaN or +inf logits (a model with non-finite weights) are an error, greedy
+// or sampled; -inf marks a token that cannot be chosen.
+TEST(Sampler, NonFiniteLogitsAreAnError) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float temperature : {0.0f, 0.8f}) {
+    Sampler s({.temperature = temperature});
+    EXPECT_THROW(s.sample(std::vector<float>{0.5f, NAN, 1.0f}), Error);
+    EXPECT_THROW(s.sample(std::vector<float>{0.5f, inf}), Error);
+    EXPECT_EQ(s.sample(std::vector<float>{-inf, 2.0f, -inf}), 1);
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 
 #include "platform/error.h"
 #include "runtime/model.h"
@@ -155,6 +156,14 @@ TEST(Model, RejectsFilesThatAreNotLlamaModels) {
                         "llama.attention.head_count", "llama.context_length"})
     no_tensors.kv_u32(k, std::string(k) == "llama.attention.head_count" ? 2 : 8);
   expect_error(no_tensors, ErrorCode::kFormat, "token_embd.weight");
+  // Non-finite hyper-parameters would make every logit NaN.
+  for (const char* key : {"llama.attention.layer_norm_rms_epsilon", "llama.rope.freq_base"}) {
+    for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+      test::GgufBuilder b = no_tensors;
+      b.kv_f32(key, bad);
+      expect_error(b, ErrorCode::kFormat, "RMS epsilon");
+    }
+  }
 }
 
 }  // namespace
