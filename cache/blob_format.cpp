@@ -86,10 +86,19 @@ std::string temp_name_for(const std::string& blob_name) {
   return blob_name + kTempSuffix;
 }
 bool is_blob_name(const std::string& name) {
-  return ends_with(name, kBlobSuffix);
+  // Exactly what new_blob_name() writes: 16 hex digits, '-', 16, ".kv".
+  const std::string suffix = kBlobSuffix;
+  if (name.size() != 33 + suffix.size() || !ends_with(name, kBlobSuffix) || name[16] != '-')
+    return false;
+  for (size_t i = 0; i < 33; ++i) {
+    const char c = name[i];
+    if (i != 16 && !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
 }
 bool is_temp_name(const std::string& name) {
-  return ends_with(name, kTempSuffix);
+  return ends_with(name, kTempSuffix) &&
+         is_blob_name(name.substr(0, name.size() - std::strlen(kTempSuffix)));
 }
 
 }  // namespace cb::cache

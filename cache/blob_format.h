@@ -44,6 +44,8 @@ uint64_t segment_checksum(const void* data, size_t n);
 // hash plus a random part, so two writers of the same chunk never collide.
 std::string new_blob_name(uint64_t key_hash);
 std::string temp_name_for(const std::string& blob_name);
+// Exactly the names new_blob_name() and temp_name_for() make: the store
+// deletes no other file.
 bool is_blob_name(const std::string& name);
 bool is_temp_name(const std::string& name);
 

@@ -130,8 +130,14 @@ void ChunkStore::reconcile() {
       live.insert(row.blob);
     }
   }
-  for (const std::string& name : list_dir(blob_dir_)) {
-    if (!live.count(name)) remove_quietly(blob_path(name));  // orphan, temp or stray file
+  // Only this store's own names are swept (orphaned blobs, dead writers'
+  // temp files), and never through a symlinked blobs/: whatever else lies
+  // there belongs to someone else.
+  if (!is_symlink(blob_dir_)) {
+    for (const std::string& name : list_dir(blob_dir_)) {
+      if (!live.count(name) && (is_blob_name(name) || is_temp_name(name)))
+        remove_quietly(blob_path(name));
+    }
   }
   const std::vector<std::string> trimmed = index_->trim_to(options_.capacity_bytes);
   counters_->evictions += trimmed.size();

@@ -140,6 +140,11 @@ bool is_directory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+bool is_symlink(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+}
+
 int64_t file_size_or_missing(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {

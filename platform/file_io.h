@@ -69,6 +69,8 @@ class FileLock {
 
 bool path_exists(const std::string& path);
 bool is_directory(const std::string& path);
+// The path itself is a symbolic link (not followed).
+bool is_symlink(const std::string& path);
 // Size in bytes, or -1 if the path does not exist.  Throws on other errors.
 int64_t file_size_or_missing(const std::string& path);
 // mkdir -p; throws if a component exists but is not a directory.

@@ -10,6 +10,7 @@
 
 #include "platform/cpu_features.h"
 #include "platform/error.h"
+#include "platform/file_io.h"
 
 namespace cb {
 
@@ -194,6 +195,20 @@ int64_t now_unix() {
 }  // namespace
 
 std::unique_ptr<CalibrationDb> CalibrationDb::open(const std::string& path) {
+  try {
+    return open_once(path);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kFormat) throw;
+  }
+  // Calibration is measured, not precious: a damaged database is moved
+  // aside (for inspection) and the costs are measured anew.
+  rename_file(path, path + ".corrupt");
+  remove_file(path + "-wal");
+  remove_file(path + "-shm");
+  return open_once(path);
+}
+
+std::unique_ptr<CalibrationDb> CalibrationDb::open_once(const std::string& path) {
   sqlite3* db = nullptr;
   const int rc =
       sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
@@ -207,8 +222,14 @@ std::unique_ptr<CalibrationDb> CalibrationDb::open(const std::string& path) {
   try {
     out->impl_->exec("PRAGMA journal_mode=WAL;");
     out->impl_->exec(kSchema);
+    Stmt check(db, "PRAGMA quick_check;");
+    if (!check.step() || check.str(0) != "ok") fail(ErrorCode::kFormat, "damaged: " + check.str(0));
   } catch (const Error& e) {
-    fail(ErrorCode::kIo, "cannot open calibration db " + path + ": " + e.what());
+    const int rc = sqlite3_errcode(db);
+    const bool damaged =
+        e.code() == ErrorCode::kFormat || rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT;
+    fail(damaged ? ErrorCode::kFormat : ErrorCode::kIo,
+         "cannot open calibration db " + path + ": " + e.what());
   }
   return out;
 }

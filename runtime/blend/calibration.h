@@ -83,7 +83,9 @@ void refresh_read(Calibration& cal, const std::string& tier, double bytes, doubl
 // connection behind a mutex; SQLite's busy timeout orders other processes).
 class CalibrationDb {
  public:
-  // Opens or creates the database.  Throws cb::Error(kIo) naming the path.
+  // Opens or creates the database.  A damaged one is moved to
+  // `path + ".corrupt"` and replaced by an empty one (the costs are measured
+  // again).  Throws cb::Error(kIo) naming the path.
   static std::unique_ptr<CalibrationDb> open(const std::string& path);
   ~CalibrationDb();
   CalibrationDb(const CalibrationDb&) = delete;
@@ -99,6 +101,8 @@ class CalibrationDb {
 
  private:
   CalibrationDb(std::string path, sqlite3* db);
+  // Throws kFormat when the file is not a sound SQLite database.
+  static std::unique_ptr<CalibrationDb> open_once(const std::string& path);
   struct Impl;
   std::string path_;
   std::unique_ptr<Impl> impl_;

@@ -1,10 +1,7 @@
 #include "runtime/blend/rag_request.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 
 #include "platform/error.h"
 #include "runtime/blend/flash_chunk_store.h"
@@ -55,13 +52,26 @@ std::vector<int32_t> chunk_head_tokens(ChunkHead h, std::span<const int32_t> pro
 cache::ChunkKey chunk_cache_key(const Model& model, ChunkHead h,
                                 std::span<const int32_t> head_tokens,
                                 std::span<const int32_t> chunk, const std::string& ns) {
-  char head_id[40];
-  std::snprintf(head_id, sizeof head_id, "%s:%016llx", chunk_head_name(h),
-                static_cast<unsigned long long>(
-                    XXH3_64bits(head_tokens.data(), head_tokens.size() * sizeof(int32_t))));
-  return cache::ChunkKey{model.fingerprint(), head_id, std::nullopt,
+  // The head's token ids in full, not a hash of them: the store compares
+  // every key field, so no collision can serve a chunk computed after
+  // another head.
+  std::string head_id = std::string(chunk_head_name(h)) + ":";
+  head_id.append(reinterpret_cast<const char*>(head_tokens.data()),
+                 head_tokens.size() * sizeof(int32_t));
+  return cache::ChunkKey{model.fingerprint(), std::move(head_id), std::nullopt,
                          std::vector<int32_t>(chunk.begin(), chunk.end()), ns};
 }
+
+namespace {
+
+// A chunk found in the index but whose KV could not be read (a damaged or
+// vanished blob) was computed: it is a miss, not a hit.
+void count_unreadable_as_misses(RagPrefillStats& st) {
+  st.cache_hits -= st.fusion.chunks_recomputed;
+  st.cache_misses += st.fusion.chunks_recomputed;
+}
+
+}  // namespace
 
 std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvStore* store,
                                    const RagPrefillOptions& opts, RagPrefillStats* stats) {
@@ -105,8 +115,11 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvS
     for (const auto& chunk : prompt.chunks) segments.push_back({chunk});
   }
   segments.push_back({prompt.suffix});
-  if (!opts.controller || opts.blend.mode != BlendMode::kBlend)
-    return fuse_prefill(s, segments, opts.blend, &st.fusion, opts.pipeline);
+  if (!opts.controller || opts.blend.mode != BlendMode::kBlend) {
+    auto logits = fuse_prefill(s, segments, opts.blend, &st.fusion, opts.pipeline);
+    count_unreadable_as_misses(st);
+    return logits;
+  }
 
   RequestShape shape;
   shape.n_layers = s.model().hparams().n_layer;
@@ -148,6 +161,7 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvS
   if (flash) opts.controller->observe_store(opts.storage_tier, before, flash->store().stats());
   st.shape = std::move(shape);
   st.choice = choice;
+  count_unreadable_as_misses(st);
   return logits;
 }
 

@@ -78,8 +78,8 @@ struct RagPrefillOptions {
 
 struct RagPrefillStats {
   FusionStats fusion;
-  int64_t cache_hits = 0;
-  int64_t cache_misses = 0;
+  int64_t cache_hits = 0;      // chunks whose KV was read from the store
+  int64_t cache_misses = 0;    // chunks computed: absent, or unreadable (fusion.chunks_recomputed)
   double precompute_ms = 0.0;  // computing missing chunks' KV
   // What the controller saw and chose (auto ratio only).
   std::optional<RequestShape> shape;

@@ -36,6 +36,14 @@ TEST(BlobFormat, NamesAreUniqueAndRecognized) {
   EXPECT_FALSE(is_temp_name(a));
   EXPECT_TRUE(is_temp_name(temp_name_for(a)));
   EXPECT_FALSE(is_blob_name(temp_name_for(a)));
+  // Nothing a user might keep next to the blobs looks like one.
+  for (const char* other :
+       {"notes.txt", "a.kv", "my.kv.tmp", ".kv", "0123456789abcdef-0123456789abcdef.kvx",
+        "0123456789ABCDEF-0123456789abcdef.kv", "0123456789abcdef_0123456789abcdef.kv",
+        "0123456789abcdef-0123456789abcdef0.kv"}) {
+    EXPECT_FALSE(is_blob_name(other)) << other;
+    EXPECT_FALSE(is_temp_name(other)) << other;
+  }
 }
 
 // A forked child must not draw the same "random" names as its parent: two

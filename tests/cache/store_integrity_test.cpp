@@ -160,6 +160,28 @@ TEST(Integrity, ReopenReconcilesOrphansBothWays) {
   EXPECT_TRUE(fetch_all(*store, *store->lookup(a)));
 }
 
+// Opening a store sweeps only its own orphaned names; a user's files in
+// blobs/, or anything behind a symlinked blobs/, stay.
+TEST(Integrity, OpenDeletesNoFileOfSomeoneElse) {
+  TempDir dir;
+  ChunkStore::open(dir.path());
+  const std::string mine = "0123456789abcdef-0123456789abcdef.kv";
+  for (const char* name : {"notes.txt", "photo.kv", "backup.kv.tmp"})
+    std::ofstream(dir.sub(std::string("blobs/") + name)) << "user data";
+  std::ofstream(dir.sub("blobs/" + mine)) << "orphan";
+  ChunkStore::open(dir.path());
+  EXPECT_EQ(blob_files(dir).size(), 3u);
+  EXPECT_FALSE(fs::exists(dir.sub("blobs/" + mine)));
+
+  TempDir linked, target;
+  fs::create_directory_symlink(target.path(), linked.sub("blobs"));
+  std::ofstream(target.sub("notes.txt")) << "user data";
+  std::ofstream(target.sub(mine)) << "looks like a blob";
+  ChunkStore::open(linked.path());
+  EXPECT_TRUE(fs::exists(target.sub("notes.txt")));
+  EXPECT_TRUE(fs::exists(target.sub(mine)));
+}
+
 TEST(Integrity, CorruptIndexIsRebuiltEmpty) {
   TempDir dir;
   const ChunkKey key = make_key(make_tokens(40, 8));

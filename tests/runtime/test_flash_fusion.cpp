@@ -94,12 +94,27 @@ TEST_F(FlashFusion, DamagedBlobIsRecomputedNotTrusted) {
   ASSERT_EQ(damaged, 2);
   RagPrefillStats after;
   auto got = run(flash, &after);
-  EXPECT_EQ(after.cache_hits, 2);                // found in the index ...
-  EXPECT_EQ(after.fusion.chunks_recomputed, 2);  // ... but unreadable, so computed
+  // Found in the index but unreadable, so computed: misses, not hits.
+  EXPECT_EQ(after.fusion.chunks_recomputed, 2);
+  EXPECT_EQ(after.cache_hits, 0);
+  EXPECT_EQ(after.cache_misses, 2);
   // With both chunks computed, nothing is reused: the result is full prefill.
   Session full(model(), {.n_ctx = 256, .n_threads = 2});
   EXPECT_LE(rel_l2(got, full.prefill(prompt.tokens())), 1e-4);
   EXPECT_GE(store->stats().corrupt_drops, 2u);
+}
+
+// The chunk head is named by its token ids in full: heads that a 64-bit hash
+// might confuse still give different keys.
+TEST(ChunkCacheKey, NamesTheHeadByItsTokens) {
+  const std::vector<int32_t> chunk = {5, 6, 7}, head_a = {1, 2, 3}, head_b = {1, 2, 4};
+  const cache::ChunkKey a = chunk_cache_key(model(), ChunkHead::kPrompt, head_a, chunk, "");
+  const cache::ChunkKey b = chunk_cache_key(model(), ChunkHead::kPrompt, head_b, chunk, "");
+  EXPECT_NE(a.chunk_head, b.chunk_head);
+  EXPECT_EQ(a.chunk_head,
+            chunk_cache_key(model(), ChunkHead::kPrompt, head_a, chunk, "").chunk_head);
+  EXPECT_EQ(a.chunk_head.size(), std::string("prompt:").size() + head_a.size() * sizeof(int32_t));
+  EXPECT_NE(chunk_cache_key(model(), ChunkHead::kNone, {}, chunk, "").chunk_head, a.chunk_head);
 }
 
 }  // namespace

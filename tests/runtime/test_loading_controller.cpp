@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
 
 #include <unistd.h>
 
@@ -250,6 +253,32 @@ TEST_F(CalibrationDbTest, RoundTripSurvivesReopen) {
   EXPECT_TRUE(none.decode.empty());
   EXPECT_EQ(none.tiers.size(), 3u);
   EXPECT_THROW(CalibrationDb::open((dir / "no" / "such" / "dir.sqlite").string()), Error);
+}
+
+// A damaged database is moved aside and replaced: auto ratio keeps working
+// (re-measuring) instead of failing on every request.
+TEST_F(CalibrationDbTest, DamagedDatabaseIsMovedAsideAndReplaced) {
+  {
+    auto db = CalibrationDb::open(path);
+    db->save("dev", model, synthetic());
+  }
+  fs::remove(path + "-wal");
+  fs::remove(path + "-shm");
+  std::string pages;  // a sound header over garbage pages
+  {
+    std::ifstream in(path, std::ios::binary);
+    pages.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(pages.size(), 1024u);
+  std::fill(pages.begin() + 100, pages.end(), '\xab');
+  for (const std::string& damage : {std::string(8192, 'x'), pages}) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << damage;
+    auto db = CalibrationDb::open(path);
+    EXPECT_FALSE(db->load("dev", model).compute);
+    db->save("dev", model, synthetic());
+    EXPECT_TRUE(db->load("dev", model).compute);
+    EXPECT_TRUE(fs::exists(path + ".corrupt"));
+  }
 }
 
 TEST_F(CalibrationDbTest, RefreshMovesTheEstimateAndOverridesWin) {
