@@ -4,6 +4,7 @@
 #include "cacheblend/cacheblend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -18,11 +19,13 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "platform/error.h"
+#include "platform/thread_pool.h"
 #include "runtime/blend/blend_options.h"
 #include "runtime/blend/calibration.h"
 #include "runtime/blend/chunk_table.h"
@@ -40,6 +43,7 @@
 
 static_assert(std::string_view(CB_PROJECT_VERSION) == CB_VERSION_STRING,
               "cacheblend.h CB_VERSION_* disagree with the project version in CMakeLists.txt");
+static_assert(cb::ThreadPool::kMaxThreads == 512, "cacheblend.h and the messages say 512");
 
 namespace {
 
@@ -48,13 +52,54 @@ namespace {
 
 thread_local char g_last_error[1024] = "";
 
+// The length of the well-formed UTF-8 sequence at msg[i] (2-4 bytes, no
+// overlong forms, no surrogates, nothing past U+10FFFF), or 0.
+size_t utf8_sequence(std::string_view msg, size_t i) noexcept {
+  const auto at = [&](size_t k) { return static_cast<unsigned char>(msg[i + k]); };
+  const unsigned char b = at(0);
+  size_t len = 0;
+  if (b >= 0xC2 && b <= 0xDF) {
+    len = 2;
+  } else if (b >= 0xE0 && b <= 0xEF) {
+    len = 3;
+  } else if (b >= 0xF0 && b <= 0xF4) {
+    len = 4;
+  }
+  if (len == 0 || i + len > msg.size()) return 0;
+  for (size_t k = 1; k < len; ++k)
+    if ((at(k) & 0xC0) != 0x80) return 0;
+  if ((b == 0xE0 && at(1) < 0xA0) || (b == 0xED && at(1) > 0x9F) || (b == 0xF0 && at(1) < 0x90) ||
+      (b == 0xF4 && at(1) > 0x8F))
+    return 0;
+  return len;
+}
+
+// Messages quote names and strings from files (GGUF metadata, paths): they
+// are stored as valid UTF-8 with control bytes and invalid bytes written as
+// \xNN, so printing one cannot drive a terminal or break a UTF-8 consumer.
+// Cut at a whole character or escape when the buffer is full.
 void set_message(std::string_view msg) noexcept {
-  size_t n = std::min(msg.size(), sizeof(g_last_error) - 1);
-  // Do not cut a UTF-8 sequence in half.
-  if (n < msg.size())
-    while (n > 0 && (static_cast<unsigned char>(msg[n]) & 0xC0) == 0x80) --n;
-  std::memcpy(g_last_error, msg.data(), n);
-  g_last_error[n] = '\0';
+  static const char kHex[] = "0123456789abcdef";
+  const size_t cap = sizeof(g_last_error) - 1;
+  size_t out = 0;
+  for (size_t i = 0; i < msg.size();) {
+    const unsigned char b = static_cast<unsigned char>(msg[i]);
+    const size_t seq = b >= 0x80 ? utf8_sequence(msg, i) : 0;
+    if (seq > 0 || (b >= 0x20 && b < 0x7F) || b == '\n' || b == '\t') {
+      const size_t n = seq > 0 ? seq : 1;
+      if (out + n > cap) break;
+      std::memcpy(g_last_error + out, msg.data() + i, n);
+      out += n;
+      i += n;
+    } else {
+      if (out + 4 > cap) break;
+      const char esc[4] = {'\\', 'x', kHex[b >> 4], kHex[b & 15]};
+      std::memcpy(g_last_error + out, esc, 4);
+      out += 4;
+      ++i;
+    }
+  }
+  g_last_error[out] = '\0';
 }
 
 // Thrown inside this file only: a ready-made status + message.
@@ -221,11 +266,16 @@ struct cb_session {
   std::unique_ptr<cb::Session> session;
   std::vector<float> logits;  // of the last token in the KV cache (after cb_session_prefill)
   bool has_logits = false;
+  // The time of the prefill call that produced `logits`: a cb_generate that
+  // continues from them counts it in its time to first token.
+  double logits_prefill_ms = 0.0;
   int32_t pending = -1;   // last generated token, not yet in the KV cache
   int32_t n_threads = 0;  // as created (0: all cores); part of the device id
-  // Inside cb_generate: the token callback must not use the session, and a
-  // cb_session_free from it is carried out when cb_generate returns.
+  // Inside cb_generate: a cb_session_free from the token callback is carried
+  // out when cb_generate returns.
   bool generating = false;
+  // The thread inside a C API call on this session (SessionUse), if any.
+  mutable std::atomic<std::thread::id> user{};
   bool free_requested = false;
 };
 
@@ -288,12 +338,36 @@ void check_model(const cb_model* m) {
   require(m != nullptr, "model is NULL");
   require(is_live(m), "model handle is not live (freed, or not a cb_model)");
 }
-void check_session(const cb_session* s) {
-  require(s != nullptr, "session is NULL");
-  require(is_live(s), "session handle is not live (freed, or not a cb_session)");
-  require(!s->generating,
-          "the session is generating: its token callback must not call into the same session");
-}
+// One C API call's claim on a session.  Calls on one session must be
+// serialized by the caller; a second thread, or a token callback calling
+// back into its session, is told so instead of racing.
+class SessionUse {
+ public:
+  explicit SessionUse(const cb_session* s) {
+    require(s != nullptr, "session is NULL");
+    require(is_live(s), "session handle is not live (freed, or not a cb_session)");
+    const std::thread::id me = std::this_thread::get_id();
+    std::thread::id none{};
+    if (!s->user.compare_exchange_strong(none, me, std::memory_order_acquire)) {
+      require(none != me,
+              "the session is generating: its token callback must not call into the same session");
+      require(false,
+              "the session is in use by another thread (calls on one session must be "
+              "serialized by the caller)");
+    }
+    s_ = s;
+  }
+  ~SessionUse() { release(); }
+  SessionUse(const SessionUse&) = delete;
+  SessionUse& operator=(const SessionUse&) = delete;
+  void release() {
+    if (s_) s_->user.store(std::thread::id{}, std::memory_order_release);
+    s_ = nullptr;
+  }
+
+ private:
+  const cb_session* s_ = nullptr;
+};
 void check_cache(const cb_chunk_cache* c) {
   require(c != nullptr, "cache is NULL");
   require(is_live(c), "cache handle is not live (freed, or not a cb_chunk_cache)");
@@ -446,7 +520,8 @@ cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model
     const cb_model_options o = read_options(
         opts, cb_model_options_init, offsetof(cb_model_options, device),
         "cb_model_options.struct_size is not a known size (use cb_model_options_init)");
-    require(o.n_threads >= 0, "n_threads must be >= 0");
+    require(o.n_threads >= 0 && o.n_threads <= cb::ThreadPool::kMaxThreads,
+            "n_threads must be in [0, 512]");
     require(o.device >= 0, "device must be >= 0");
     cb::BackendKind kind = cb::BackendKind::kCpu;
     switch (enum_value(o.backend)) {
@@ -654,7 +729,8 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
         opts, cb_session_options_init, sizeof(cb_session_options),
         "cb_session_options.struct_size is not a known size (use cb_session_options_init)");
     require(o.n_ctx >= 0, "n_ctx must be >= 0 (0: the default)");
-    require(o.n_threads >= 0, "n_threads must be >= 0 (0: the model's default)");
+    require(o.n_threads >= 0 && o.n_threads <= cb::ThreadPool::kMaxThreads,
+            "n_threads must be in [0, 512] (0: the model's default)");
     require(o.n_batch >= 0, "n_batch must be >= 0 (0: the default)");
     cb::SessionOptions so;
     so.n_ctx = o.n_ctx;
@@ -685,12 +761,14 @@ void cb_session_free(cb_session* session) {
 
 cb_status cb_session_prefill(cb_session* session, const int32_t* tokens, size_t n_tokens) {
   return guard("cb_session_prefill", [&] {
-    check_session(session);
+    SessionUse use(session);
     require(tokens != nullptr, "tokens is NULL");
     require(n_tokens > 0, "n_tokens is 0");
+    const auto t0 = std::chrono::steady_clock::now();
     auto logits = feed(session, std::span<const int32_t>(tokens, n_tokens));
     session->logits.assign(logits.begin(), logits.end());
     session->has_logits = true;
+    session->logits_prefill_ms = ms_since(t0);
     return CB_OK;
   });
 }
@@ -705,7 +783,7 @@ int32_t cb_session_n_ctx(const cb_session* session) {
 
 cb_status cb_session_logits(const cb_session* session, const float** logits, size_t* n_vocab) {
   return guard("cb_session_logits", [&] {
-    check_session(session);
+    SessionUse use(session);
     require(logits != nullptr, "logits is NULL");
     require(n_vocab != nullptr, "n_vocab is NULL");
     require(session->has_logits,
@@ -719,7 +797,7 @@ cb_status cb_session_logits(const cb_session* session, const float** logits, siz
 
 cb_status cb_session_reset(cb_session* session) {
   return guard("cb_session_reset", [&] {
-    check_session(session);
+    SessionUse use(session);
     session->session->truncate(0);
     session->pending = -1;
     session->has_logits = false;
@@ -760,7 +838,7 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
                       cb_generate_stats* stats) {
   return guard("cb_generate", [&] {
     const auto t0 = std::chrono::steady_clock::now();
-    check_session(session);
+    SessionUse use(session);
     require(prompt != nullptr || n_prompt == 0, "prompt is NULL");
     const size_t stats_size =
         stats == nullptr
@@ -793,21 +871,26 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
     };
 
     // The token callback runs inside this call: meanwhile the session refuses
-    // other calls (check_session), and a cb_session_free from the callback
-    // is carried out here, on the way out, once nothing uses the session.
+    // other calls (SessionUse), and a cb_session_free from the callback is
+    // carried out here, on the way out, once nothing uses the session.
     struct GeneratingScope {
       cb_session* session;
-      explicit GeneratingScope(cb_session* s) : session(s) { session->generating = true; }
+      SessionUse& use;
+      GeneratingScope(cb_session* s, SessionUse& u) : session(s), use(u) {
+        session->generating = true;
+      }
       ~GeneratingScope() {
         session->generating = false;
+        use.release();
         if (session->free_requested) delete session;
       }
       GeneratingScope(const GeneratingScope&) = delete;
       GeneratingScope& operator=(const GeneratingScope&) = delete;
-    } generating(session);
+    } generating(session, use);
 
     // Prompt.
     std::span<const float> logits;
+    double earlier_ms = 0.0;  // a prefill call that this one continues
     if (n_prompt > 0 || session->pending >= 0) {
       const auto tp = std::chrono::steady_clock::now();
       logits = feed(session, std::span<const int32_t>(prompt, n_prompt));
@@ -816,9 +899,12 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
       require(session->has_logits,
               "the prompt is empty and the session holds no tokens to continue from");
       logits = session->logits;
+      // The request began with the prefill call that left these logits.
+      earlier_ms = st.prefill_ms = session->logits_prefill_ms;
+      session->logits_prefill_ms = 0.0;
     }
     st.n_prompt = static_cast<int32_t>(n_prompt);
-    st.ttft_ms = ms_since(t0);
+    st.ttft_ms = earlier_ms + ms_since(t0);
 
     // Generation.
     double decode_ms = 0.0;
@@ -841,7 +927,7 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
         st.stop_reason = CB_STOP_CONTEXT_FULL;
         break;
       }
-      if (st.n_generated == 0) st.ttft_ms = ms_since(t0);
+      if (st.n_generated == 0) st.ttft_ms = earlier_ms + ms_since(t0);
       ++st.n_generated;
       session->pending = t;
       if (callback != nullptr) {
@@ -870,6 +956,7 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
       if (logits.data() != session->logits.data())
         session->logits.assign(logits.begin(), logits.end());
       session->has_logits = true;
+      session->logits_prefill_ms = 0.0;  // this call reported its own time
     } else {
       session->has_logits = false;
     }
@@ -1080,7 +1167,7 @@ cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const c
                              const cb_rag_options* opts, int32_t* out_computed,
                              int32_t* out_n_tokens) {
   return guard("cb_chunk_cache_add", [&] {
-    check_session(session);
+    SessionUse use(session);
     check_cache(cache);
     require(chunk_text != nullptr, "chunk_text is NULL");
     require(total_past(session) == 0,
@@ -1163,7 +1250,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
                          cb_rag_stats* stats) {
   return guard("cb_rag_prefill", [&] {
     const auto t0 = std::chrono::steady_clock::now();
-    check_session(session);
+    SessionUse use(session);
     require(chunk_texts != nullptr || n_chunks == 0, "chunk_texts is NULL");
     require(n_chunks > 0,
             "no chunks: a request without documents is a plain prompt (use cb_generate)");
@@ -1314,6 +1401,8 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     session->logits.assign(logits.begin(), logits.end());
     session->has_logits = true;
     session->pending = -1;
+    const double total_ms = ms_since(t0);
+    session->logits_prefill_ms = total_ms;
 
     if (stats != nullptr) {
       cb_rag_stats out;
@@ -1346,7 +1435,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
       out.upload_ms = rs.fusion.upload_ms;
       out.selected_share = rs.fusion.selected_share;
       out.guard_raised = rs.fusion.guard_raised ? 1 : 0;
-      out.total_ms = ms_since(t0);
+      out.total_ms = total_ms;
       std::memcpy(static_cast<void*>(stats), &out, stats_size);
       stats->struct_size = stats_size;
     }

@@ -122,7 +122,7 @@ class Assistant {
     r.n_generated = gs.n_generated;
     r.prefill_ms = ms_between(t0, t1);
     // TTFT as a user sees it: the request starts, the first token appears.
-    r.ttft_ms = st.got_first ? ms_between(t0, st.first_token) : r.prefill_ms + gs.ttft_ms;
+    r.ttft_ms = st.got_first ? ms_between(t0, st.first_token) : gs.ttft_ms;
     return r;
   }
 

@@ -92,6 +92,42 @@ static void test_version_and_status(void) {
 }
 
 /* "cpu" or "cuda": where the model's sessions run. */
+static void put_u64(FILE* f, uint64_t v) {
+  fwrite(&v, sizeof v, 1, f); /* GGUF is little-endian, as is every target */
+}
+
+static void put_string(FILE* f, const char* s) {
+  put_u64(f, strlen(s));
+  fwrite(s, 1, strlen(s), f);
+}
+
+/* Names quoted from a file reach cb_last_error as valid UTF-8 without
+ * control bytes: a GGUF whose architecture is a terminal escape plus an
+ * invalid byte. */
+static void test_error_messages_are_escaped(void) {
+  const char* path = "c_api_escape_test.gguf";
+  const uint32_t version = 3, type_string = 8;
+  cb_model* m = NULL;
+  const char* msg;
+  FILE* f = fopen(path, "wb");
+  CHECK(f != NULL);
+  if (f == NULL) return;
+  fwrite("GGUF", 1, 4, f);
+  fwrite(&version, sizeof version, 1, f);
+  put_u64(f, 0); /* tensors */
+  put_u64(f, 1); /* key-value pairs */
+  put_string(f, "general.architecture");
+  fwrite(&type_string, sizeof type_string, 1, f);
+  put_string(f, "\x1b[31mred\xff\xc3\xa9");
+  fclose(f);
+  CHECK_ERR(cb_model_load(path, NULL, &m), CB_ERR_UNSUPPORTED);
+  msg = cb_last_error();
+  CHECK(strchr(msg, 0x1b) == NULL);
+  CHECK(strchr(msg, (char)0xff) == NULL);
+  CHECK(strstr(msg, "\\x1b[31mred\\xff\xc3\xa9") != NULL); /* valid UTF-8 (é) kept */
+  remove(path);
+}
+
 static const char* backend_of(cb_model* m) {
   cb_model_info info;
   cb_model_info_init(&info);
@@ -160,6 +196,11 @@ static void test_load_errors(const char* path) {
   mo.n_threads = -1;
   CHECK_ERR(cb_model_load(path, &mo, &m), CB_ERR_INVALID_ARGUMENT);
   CHECK(m == NULL);
+  /* A thread count no device has is a mistake, named as such. */
+  mo.n_threads = 1000;
+  CHECK_ERR(cb_model_load(path, &mo, &m), CB_ERR_INVALID_ARGUMENT);
+  CHECK(m == NULL);
+  CHECK(strstr(cb_last_error(), "n_threads") != NULL);
 
   /* NULL handles elsewhere: errors or harmless defaults, never a crash. */
   cb_model_free(NULL);
@@ -425,6 +466,10 @@ static void test_context_limits(cb_model* m) {
   CHECK_ERR(cb_session_create(m, &so, &s), CB_ERR_INVALID_ARGUMENT);
   CHECK(s == NULL);
   cb_session_options_init(&so);
+  so.n_threads = 1000;
+  CHECK_ERR(cb_session_create(m, &so, &s), CB_ERR_INVALID_ARGUMENT);
+  CHECK(s == NULL);
+  cb_session_options_init(&so);
   so.struct_size = sizeof(so) - 1;
   CHECK_ERR(cb_session_create(m, &so, &s), CB_ERR_INVALID_ARGUMENT);
 
@@ -528,6 +573,82 @@ static void test_threads(cb_model* m) {
   CHECK(strcmp(w[0].out.text, w[1].out.text) == 0);
 }
 
+/* Two threads on one session: while one generates (held inside its token
+ * callback), the other's calls are refused with a message that says so. */
+typedef struct {
+  cb_session* s;
+  const int32_t* ids;
+  size_t n;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int holding, probed;
+  cb_status status;
+} session_holder;
+
+static int hold_session(int32_t token, const char* piece, size_t piece_len, void* user) {
+  session_holder* h = (session_holder*)user;
+  (void)token;
+  (void)piece;
+  (void)piece_len;
+  pthread_mutex_lock(&h->mu);
+  h->holding = 1;
+  pthread_cond_broadcast(&h->cv);
+  while (!h->probed) pthread_cond_wait(&h->cv, &h->mu);
+  pthread_mutex_unlock(&h->mu);
+  return 1; /* stop after this token */
+}
+
+static void* generate_holding(void* arg) {
+  session_holder* h = (session_holder*)arg;
+  cb_generate_options go;
+  cb_generate_options_init(&go);
+  go.max_tokens = 4;
+  h->status = cb_generate(h->s, h->ids, h->n, &go, hold_session, h, NULL);
+  return NULL;
+}
+
+static void test_concurrent_use_of_one_session(cb_model* m) {
+  int32_t ids[256];
+  session_holder h;
+  pthread_t th;
+  cb_session_options so;
+  const float* logits = NULL;
+  size_t n_vocab = 0;
+  memset(&h, 0, sizeof h);
+  h.n = chat_prompt(m, "What is the capital of France?", ids, 256);
+  h.ids = ids;
+  cb_session_options_init(&so);
+  so.n_ctx = 128;
+  so.n_threads = 1;
+  CHECK_OK(cb_session_create(m, &so, &h.s));
+  if (h.s == NULL) return;
+  pthread_mutex_init(&h.mu, NULL);
+  pthread_cond_init(&h.cv, NULL);
+  if (pthread_create(&th, NULL, generate_holding, &h) == 0) {
+    pthread_mutex_lock(&h.mu);
+    while (!h.holding) pthread_cond_wait(&h.cv, &h.mu);
+    pthread_mutex_unlock(&h.mu);
+    CHECK_ERR(cb_session_prefill(h.s, ids, h.n), CB_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(cb_last_error(), "another thread") != NULL);
+    CHECK_ERR(cb_session_reset(h.s), CB_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(cb_session_logits(h.s, &logits, &n_vocab), CB_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(cb_generate(h.s, ids, h.n, NULL, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+    pthread_mutex_lock(&h.mu);
+    h.probed = 1;
+    pthread_cond_broadcast(&h.cv);
+    pthread_mutex_unlock(&h.mu);
+    pthread_join(th, NULL);
+    CHECK(h.status == CB_ERR_CANCELLED);
+    /* Free again once the call is over. */
+    CHECK_OK(cb_session_reset(h.s));
+  } else {
+    CHECK(0);
+  }
+  pthread_cond_destroy(&h.cv);
+  pthread_mutex_destroy(&h.mu);
+  cb_session_free(h.s);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Retrieval-augmented prefill                                                */
 
@@ -544,6 +665,7 @@ static const char* const kRagQuestion = "What is the secret code of the vault?";
 static cb_status rag_answer(cb_session* s, cb_chunk_cache* cache, const cb_rag_options* ro,
                             cb_rag_stats* st, collector* out, float* logits, int32_t n_vocab) {
   cb_generate_options go;
+  cb_generate_stats gs;
   cb_status status;
   memset(out, 0, sizeof *out);
   if (cb_session_reset(s) != CB_OK) return CB_ERR_INTERNAL;
@@ -559,7 +681,11 @@ static cb_status rag_answer(cb_session* s, cb_chunk_cache* cache, const cb_rag_o
   }
   cb_generate_options_init(&go);
   go.max_tokens = 12;
-  return cb_generate(s, NULL, 0, &go, collect, out, NULL);
+  cb_generate_stats_init(&gs);
+  status = cb_generate(s, NULL, 0, &go, collect, out, &gs);
+  /* The request's time to first token includes the RAG prefill. */
+  if (st != NULL) CHECK(gs.prefill_ms >= st->total_ms && gs.ttft_ms >= gs.prefill_ms);
+  return status;
 }
 
 static int32_t argmax(const float* v, int32_t n) {
@@ -1352,6 +1478,7 @@ int main(void) {
 
   test_version_and_status();
   test_load_errors(path);
+  test_error_messages_are_escaped();
 
   cb_model_options_init(&mo);
   mo.n_threads = 2;
@@ -1363,6 +1490,7 @@ int main(void) {
     test_generate(m);
     test_context_limits(m);
     test_threads(m);
+    test_concurrent_use_of_one_session(m);
     test_rag(m);
     test_rag_store(m);
     test_chunk_cache_add(m);

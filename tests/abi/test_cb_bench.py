@@ -319,6 +319,14 @@ def test_rag(bench, common):
     expect_error(bench, t + ["--chunks", "0"] + common, "ttft --chunks 0", code=2)
     expect_error(bench, t + ["--codec", "q4", "--storage-mbps", "0"] + common,
                  "ttft --storage-mbps 0", code=2)
+    expect_error(bench, t + ["--codec", "f32", "--storage-mbps", "100"] + common,
+                 "ttft --codec f32 on flash", code=2, must_contain="keeps chunk KV in RAM")
+    # A read cap without --codec: the store's f16.
+    rc, out, err = run(bench, t + ["--storage-mbps", "1000", "--modes", "reuse", "--repeat", "1",
+                                   "--json"] + common)
+    rows = json_lines(out) or []
+    check(rc == 0 and len(rows) == 1 and rows[0].get("codec") == "f16"
+          and rows[0].get("bytes_read", 0) > 0, "ttft --storage-mbps without --codec", err)
     # Chunk KV on flash with a lossy codec and a read cap, the ratio chosen by
     # the loading controller: every blend run is served from the store.
     rc, out, err = run(bench, t + ["--codec", "q4", "--storage-mbps", "50", "--ratio", "0.15,auto",

@@ -45,7 +45,9 @@
  *   sessions used concurrently on different threads, and the functions that
  *   take a `const cb_model*` may be called from any thread at any time.  A
  *   cb_session is used by one thread at a time (calls on one session must be
- *   serialized by the caller); different sessions may run in parallel.  A
+ *   serialized by the caller: a prefill, reset, logits, generate or RAG call
+ *   made while another thread is inside one on the same session fails with
+ *   CB_ERR_INVALID_ARGUMENT); different sessions may run in parallel.  A
  *   cb_chunk_cache may be used by any number of threads at once.  Freeing a
  *   handle must not race with any other call that uses it.  Token callbacks
  *   run on the thread that called cb_generate.  cb_last_error() is per
@@ -128,8 +130,10 @@ typedef enum cb_status {
 CB_API const char* cb_status_string(cb_status status);
 
 /* The message of the last failed call on the calling thread, or "" if the
- * last call succeeded.  Never NULL.  The pointer stays valid until the next
- * call into the library on the same thread; copy it to keep it. */
+ * last call succeeded.  Never NULL.  Valid UTF-8: control characters and
+ * invalid bytes quoted from files (model metadata, paths) appear as \xNN.
+ * The pointer stays valid until the next call into the library on the same
+ * thread; copy it to keep it. */
 CB_API const char* cb_last_error(void);
 
 /* ------------------------------------------------------------------------ */
@@ -153,7 +157,8 @@ typedef enum cb_backend {
 typedef struct cb_model_options {
   size_t struct_size;
   /* Default number of compute threads for sessions of this model that do
-   * not set their own; 0 (default) = all CPU cores. */
+   * not set their own; 0 (default) = all CPU cores; at most 512.  When the
+   * system refuses to start a thread: CB_ERR_OUT_OF_MEMORY. */
   int32_t n_threads;
   cb_backend backend; /* default CB_BACKEND_AUTO */
   /* The CUDA device (0 .. count-1, CUDA's numbering, which
@@ -281,7 +286,8 @@ typedef struct cb_session_options {
    * smaller of the model's training context and 4096.  Larger than the
    * training context: CB_ERR_INVALID_ARGUMENT. */
   int32_t n_ctx;
-  /* Compute threads; 0 (default): the model's n_threads option. */
+  /* Compute threads; 0 (default): the model's n_threads option; at most
+   * 512.  When the system refuses to start a thread: CB_ERR_OUT_OF_MEMORY. */
   int32_t n_threads;
   /* Tokens per forward chunk during prefill (bounds activation memory);
    * 0 (default): 512. */
@@ -386,10 +392,14 @@ typedef struct cb_generate_stats {
   size_t struct_size;  /* set by the caller (cb_generate_stats_init) */
   int32_t n_prompt;    /* prompt tokens processed by this call */
   int32_t n_generated; /* tokens reported to the callback */
-  double ttft_ms;      /* call start -> first generated token chosen */
-  double prefill_ms;   /* forward pass over the prompt */
-  double decode_ms;    /* forward passes over generated tokens, plus sampling */
-  double tok_s;        /* decode speed: generated-token forward passes per second */
+  /* Time to the first generated token.  A call with an empty prompt that
+   * continues from cb_session_prefill or cb_rag_prefill counts that call's
+   * time too (it is then in prefill_ms), so after a RAG prefill this is the
+   * request's time to first token. */
+  double ttft_ms;
+  double prefill_ms; /* the forward pass over the prompt (or that earlier call) */
+  double decode_ms;  /* forward passes over generated tokens, plus sampling */
+  double tok_s;      /* decode speed: generated-token forward passes per second */
   cb_stop_reason stop_reason;
 } cb_generate_stats;
 
@@ -408,7 +418,8 @@ CB_API void cb_generate_stats_init(cb_generate_stats* stats);
  * cache at the start of the next prefill/generate call; cb_session_n_past
  * already counts it.)  Generation stops early, with CB_OK, when the context
  * is full.  A prompt that does not fit gives CB_ERR_CONTEXT_OVERFLOW and
- * leaves the session unchanged.  The session's thread only. */
+ * leaves the session unchanged.  Logits that are NaN or +inf (a model with
+ * non-finite weights) give CB_ERR_FORMAT.  The session's thread only. */
 CB_API cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_prompt,
                              const cb_generate_options* opts, cb_token_callback callback,
                              void* user_data, cb_generate_stats* stats);
@@ -619,8 +630,9 @@ typedef struct cb_rag_stats {
   size_t struct_size;        /* set by the caller (cb_rag_stats_init) */
   int32_t n_tokens;          /* tokens in the request (head + chunks + question) */
   int32_t n_reused;          /* tokens whose cached KV was used */
-  int32_t cache_hits;        /* chunks found in the cache */
-  int32_t cache_misses;      /* chunks computed (and stored) by this call */
+  int32_t cache_hits;        /* chunks whose KV was read from the cache */
+  int32_t cache_misses;      /* chunks computed by this call: absent (then stored),
+                              * or unreadable (counted in chunks_recomputed too) */
   int32_t chunks_recomputed; /* cached chunks that could not be read and were computed */
   double precompute_ms;      /* computing the missing chunks' KV */
   double fuse_ms;            /* building the request's KV and last logits */
