@@ -10,7 +10,6 @@
 // Exit status: 0 success, 1 runtime error, 2 usage error.
 #include <cacheblend/cacheblend.h>
 #include <sched.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,11 +37,10 @@
 #include <vector>
 
 #include "json_writer.h"
+#include "model_path.h"
 #include "ratio_arg.h"
 
 namespace {
-
-constexpr const char* kDefaultModel = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 const char* const kUsage =
     "usage: cb_bench <command> [options]\n"
@@ -117,7 +115,7 @@ const char* const kUsage =
     "\n"
     "common options:\n"
     "  --model PATH     GGUF model (default: $CB_MODEL, else\n"
-    "                   models/SmolLM2-135M-Instruct.Q4_1.gguf in the current directory)\n"
+    "                   models/SmolLM2-135M-Instruct.Q4_1.gguf here or in the source tree)\n"
     "  --threads N      compute threads (default: the number of CPU cores available\n"
     "                   to this process)\n"
     "  --backend B      cpu, cuda or auto (default: auto = cuda when the library\n"
@@ -286,11 +284,6 @@ int available_cores() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
-bool file_exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
-}
-
 // ---------------------------------------------------------------------------
 // Model and session handles with automatic cleanup
 
@@ -328,20 +321,12 @@ Common common_options(const Args& a) {
     else if (it->second != "auto")
       usage_error("option --backend: expected cpu, cuda or auto, got '" + it->second + "'");
   }
-  if (auto it = a.values.find("--model"); it != a.values.end()) {
-    c.model_path = it->second;
-    if (c.model_path.empty()) usage_error("option --model: empty path");
-    if (!file_exists(c.model_path)) runtime_error("model file not found: " + c.model_path);
-  } else if (const char* env = std::getenv("CB_MODEL"); env != nullptr && env[0] != '\0') {
-    c.model_path = env;
-    if (!file_exists(c.model_path))
-      runtime_error("model file not found: " + c.model_path + " (from CB_MODEL)");
-  } else {
-    c.model_path = kDefaultModel;
-    if (!file_exists(c.model_path))
-      runtime_error(std::string("no model: CB_MODEL is not set and the default ") + kDefaultModel +
-                    " does not exist in the current directory (pass --model PATH or set "
-                    "CB_MODEL)");
+  auto model = a.values.find("--model");
+  if (model != a.values.end() && model->second.empty()) usage_error("option --model: empty path");
+  try {
+    c.model_path = cbs::resolve_model_path(model != a.values.end() ? model->second : "");
+  } catch (const std::runtime_error& e) {
+    runtime_error(e.what());
   }
   return c;
 }
@@ -940,6 +925,12 @@ std::string plot_path(const Args& a) {
   const std::string& path = it->second;
   if (path.size() < 5 || path.substr(path.size() - 4) != ".png")
     usage_error("option --plot: '" + path + "' is not a .png file name");
+  // The directory must take the file (and quality's FILE_tf.png beside it).
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  const bool exists = ::access(path.c_str(), F_OK) == 0;
+  if (::access(exists ? path.c_str() : dir.c_str(), W_OK) != 0)
+    runtime_error("option --plot: cannot write '" + path + "': " + std::strerror(errno));
   bool found = false;
   if (const char* env = std::getenv("PATH")) {
     const std::string dirs = env;
@@ -1009,12 +1000,15 @@ void draw_plot(const std::string& png, const PlotSpec& spec) {
               " using 1:2 with linespoints lw 2 pt 7" + (spec.series[i].dashed ? " dt 2" : "") +
               " title " + gp_quote(spec.series[i].name);
   script += "\n";
-  FILE* gp = ::popen("gnuplot", "w");
+  // gnuplot writes the image to stdout when it cannot open the file: never
+  // to ours, which carries the JSON lines.
+  FILE* gp = ::popen("gnuplot >/dev/null", "w");
   if (gp == nullptr) runtime_error(std::string("cannot run gnuplot: ") + std::strerror(errno));
   std::fwrite(script.data(), 1, script.size(), gp);
   const int status = ::pclose(gp);
   if (status != 0)
     runtime_error("gnuplot failed (status " + std::to_string(status) + ") drawing " + png);
+  if (::access(png.c_str(), F_OK) != 0) runtime_error("gnuplot did not write " + png);
   std::fprintf(stderr, "plot written to %s\n", png.c_str());
 }
 

@@ -264,13 +264,22 @@ int run_chat(const CommonOptions& common, const AskOptions& opts) {
     while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     if (line == "quit" || line == "exit") break;
-    const std::vector<ChunkRecord> sources = a.retrieve(line);
-    if (sources.empty()) {
-      std::printf("(%s)\n", no_hits_message(line).c_str());
+    Result r;
+    try {
+      const std::vector<ChunkRecord> sources = a.retrieve(line);
+      if (sources.empty()) {
+        std::printf("(%s)\n", no_hits_message(line).c_str());
+        std::fflush(stdout);
+        continue;
+      }
+      r = a.answer(line, sources, true, true);
+    } catch (const Error& e) {
+      // One question that cannot be answered (too long for the context, a
+      // failed read) does not end the conversation.
       std::fflush(stdout);
+      std::fprintf(stderr, "rag_assistant: error: %s\n", e.what());
       continue;
     }
-    const Result r = a.answer(line, sources, true, true);
     if (r.cancelled) {
       std::printf(" [stopped]");
       g_interrupted = 0;  // that Ctrl-C was for the answer, not the program

@@ -1,15 +1,14 @@
 #include "app.h"
 
 #include <sched.h>
-#include <sys/stat.h>
 
 #include <cstdlib>
 #include <thread>
 
+#include "model_path.h"
+
 namespace rag {
 namespace {
-
-constexpr const char* kModelRelative = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 // The system turn of every request.  It is part of the prompt head, so it is
 // part of the cache key of every chunk: changing it makes the precomputed
@@ -22,11 +21,6 @@ constexpr const char* kSystemPrompt = "Answer the question using the documents."
 // sharing the store directory never gets them (nor they its chunks).
 constexpr const char* kNamespace = "rag_assistant";
 
-bool file_exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 }  // namespace
 
 void check(cb_status s, const std::string& what) {
@@ -36,23 +30,11 @@ void check(cb_status s, const std::string& what) {
 }
 
 std::string resolve_model_path(const std::string& flag) {
-  if (!flag.empty()) {
-    if (!file_exists(flag)) throw Error("model file not found: " + flag);
-    return flag;
+  try {
+    return cbs::resolve_model_path(flag);
+  } catch (const std::runtime_error& e) {
+    throw Error(e.what());
   }
-  if (const char* env = std::getenv("CB_MODEL"); env != nullptr && env[0] != '\0') {
-    if (!file_exists(env)) throw Error(std::string("model file not found: ") + env + " (CB_MODEL)");
-    return env;
-  }
-  if (file_exists(kModelRelative)) return kModelRelative;
-  // The build tree knows where the sources (and scripts/setup.sh's model)
-  // are, so the binary also works when started from another directory.
-  const std::string built = std::string(RAG_SOURCE_DIR) + "/" + kModelRelative;
-  if (file_exists(built)) return built;
-  throw Error(std::string("no model: CB_MODEL is not set and neither ./") + kModelRelative +
-              " nor " + built +
-              " exists (pass --model PATH, set CB_MODEL, or run "
-              "scripts/setup.sh model)");
 }
 
 int available_cores() {

@@ -120,7 +120,8 @@ std::vector<Candidate> collect(const std::vector<std::string>& args, size_t& ski
       continue;
     }
     // The folder's own name leads the display name ("corpus/a.md").
-    const fs::path base = fs::canonical(root, ec).filename();
+    const fs::path root_canon = fs::canonical(root, ec);
+    const fs::path base = root_canon.filename();
     std::vector<fs::path> files;
     fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec);
     if (ec) {
@@ -135,7 +136,22 @@ std::vector<Candidate> collect(const std::vector<std::string>& args, size_t& ski
         if (it->is_directory(ec)) it.disable_recursion_pending();
         continue;
       }
-      if (it->is_regular_file(ec) && is_text_extension(p)) files.push_back(p);
+      if (!it->is_regular_file(ec) || !is_text_extension(p)) continue;
+      // A folder's symbolic links to files are followed only within the
+      // folder (links to folders are never followed): a walk must not pick
+      // up a file from elsewhere on the system.
+      if (it->is_symlink(ec)) {
+        std::error_code link_ec;
+        const fs::path target = fs::canonical(p, link_ec);
+        const fs::path rel = target.lexically_relative(root_canon);
+        if (link_ec || rel.empty() || *rel.begin() == "..") {
+          warn("skipping " + p.string() + ": a symbolic link to " + target.string() + ", outside " +
+               arg);
+          ++skipped;
+          continue;
+        }
+      }
+      files.push_back(p);
     }
     if (ec) warn("while walking " + arg + ": " + ec.message());
     std::sort(files.begin(), files.end());  // stable chunk ids across runs
@@ -197,6 +213,14 @@ std::string content_hash(const std::string& data, size_t chunk_tokens) {
 int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   size_t skipped = 0, unchanged = 0, added = 0, changed = 0, removed = 0;
   const std::vector<Candidate> candidates = collect(opts.paths, skipped);
+  const auto nothing_to_ingest = [&] {
+    return Error(candidates.empty() && skipped == 0
+                     ? "empty corpus: no text or Markdown files (.md, .markdown, .txt, .text) found"
+                     : "nothing to ingest: none of the given paths is a readable, non-empty text "
+                       "file");
+  };
+  // Before the store is created: a failed first ingest leaves nothing behind.
+  if (candidates.empty() && !opts.prune) throw nothing_to_ingest();
 
   Model model;
   load_model(common, model);
@@ -232,11 +256,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
       }
     }
   }
-  if (usable == 0)
-    throw Error(candidates.empty() && skipped == 0
-                    ? "empty corpus: no text or Markdown files (.md, .markdown, .txt, .text) found"
-                    : "nothing to ingest: none of the given paths is a readable, non-empty text "
-                      "file");
+  if (usable == 0) throw nothing_to_ingest();
 
   // KV precompute for every chunk the chunk store lacks, whether its file
   // is new or an earlier ingest was interrupted or the store evicted it.

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,11 @@ def test_errors_before_ingest(rag, tmp):
                      must_contain=["binary", "nothing to ingest"])
     rag.expect_error(["--store", store, "ingest", os.path.join(tmp, "absent.md")],
                      "ingest of a missing file", must_contain=["absent.md", "nothing to ingest"])
+    fresh = os.path.join(tmp, "fresh_store")
+    rag.expect_error(["--store", fresh, "ingest", os.path.join(tmp, "absent.md")],
+                     "first ingest of a missing file", must_contain=["nothing to ingest"])
+    check(not os.path.exists(os.path.join(fresh, "corpus.sqlite")),
+          "a first ingest that fails leaves no store behind", str(os.listdir(tmp)))
     # An unreadable file.  Root reads any file, so as root the program runs
     # as user nobody, in a folder that user may write to.
     shared = os.path.join(tmp, "shared")
@@ -109,6 +115,23 @@ def test_errors_before_ingest(rag, tmp):
     rag.expect_error(["--store", os.path.join(shared, "store"), "ingest", locked],
                      "ingest of an unreadable file", must_contain=["cannot read", "nothing to ingest"],
                      user=65534 if os.geteuid() == 0 else None)
+    # A folder's symbolic link to a file outside it is skipped, with a
+    # warning; one to a file inside it is followed.
+    linked = os.path.join(tmp, "linked")
+    os.makedirs(linked)
+    with open(os.path.join(tmp, "secret.md"), "w") as f:
+        f.write("# Secret\n\nThe password is swordfish.\n")
+    with open(os.path.join(linked, "inside.md"), "w") as f:
+        f.write("# Inside\n\nThe office plant is a fern named Gerald.\n")
+    os.symlink(os.path.join(tmp, "secret.md"), os.path.join(linked, "escape.md"))
+    os.symlink(os.path.join(linked, "inside.md"), os.path.join(linked, "alias.md"))
+    link_store = os.path.join(tmp, "link_store")
+    rc, out, err = rag.run(["--store", link_store, "ingest", linked])
+    with sqlite3.connect(os.path.join(link_store, "corpus.sqlite")) as db:
+        paths = sorted(os.path.basename(r[0]) for r in db.execute("SELECT path FROM files"))
+    check(rc == 0 and "escape.md" in err and "outside" in err and paths == ["inside.md"],
+          "a symlink out of the folder is skipped with a warning", describe(rc, out, err) + str(paths))
+
     # The failed ingests created the store but put no document in it.
     rag.expect_error(["--store", store, "ask", QUESTION], "ask on an empty store",
                      must_contain=["no documents"])
@@ -211,6 +234,15 @@ def test_chat(rag, store):
                            .encode())
     check(rc == 0 and out.count("TTFT") == 2 and "no document" in out and ANSWER in out,
           "chat over a pipe: two answers, a no-hit notice, exit at EOF", describe(rc, out, err))
+
+    # A question too long for the context: its error, then the next question
+    # is answered.
+    too_long = "Who leads Project Kestrel? " + "kestrel " * 9000
+    rc, out, err = rag.run(["--store", store, "chat", "--max-tokens", "48"],
+                           stdin=(too_long + "\n" + QUESTION + "\n").encode())
+    check(rc == 0 and "error:" in err and "do not fit the context" in err
+          and out.count("TTFT") == 1 and ANSWER in out,
+          "chat: a question that does not fit is an error, not the end", describe(rc, out, err))
 
     # Ctrl-C during an answer stops that answer only; the next is answered.
     p = subprocess.Popen([rag.binary] + rag.model + ["--threads", THREADS, "--store", store, "chat",

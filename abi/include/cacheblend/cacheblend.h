@@ -225,7 +225,12 @@ CB_API cb_status cb_model_get_info(const cb_model* model, cb_model_info* info);
 /* Converts UTF-8 text to token ids.
  *   text, text_len  the text; text_len may be CB_NUL_TERMINATED.  Any byte
  *                   sequence is accepted (invalid UTF-8 is encoded
- *                   byte-wise).  text may be NULL only when text_len is 0.
+ *                   byte-wise).  A byte the vocabulary has no token for
+ *                   becomes the model's unknown token if it has one, and is
+ *                   otherwise dropped, as llama.cpp does (the default model
+ *                   has no token for 21 bytes, e.g. 0x04 and 0xFF, and no
+ *                   unknown token).  text may be NULL only when text_len
+ *                   is 0.
  *   add_special     non-zero: add BOS/EOS as the model's metadata says.
  *   parse_special   non-zero: control-token text such as "<|im_start|>"
  *                   becomes its token (use it for chat-formatted text).
