@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """TTFT and chosen recompute ratio over storage read caps: --ratio auto vs a
-fixed ratio (issue 5's table and plot, docs/BENCHMARKS.md).
+fixed ratio (the table and plot of docs/BENCHMARKS.md).
 
 For every read cap the chunk KV lives in a fresh chunk store on flash whose
 reads are throttled to the cap (a fresh store, so that each cap is measured

@@ -1,5 +1,5 @@
-// cb_layer_bench: where the CPU time of one transformer layer goes, for the
-// kernel work of issue 8 (a measuring tool, not a test).
+// cb_layer_bench: where the CPU time of one transformer layer goes, for
+// kernel work (a measuring tool, not a test).
 //
 //   cb_layer_bench layer  [--tokens 4096] [--ratio 0.15] [--layer 5] [--threads 2] [--repeat 5]
 //       Per-phase time of one layer over a full prefill of N tokens and over

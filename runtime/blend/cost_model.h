@@ -1,4 +1,4 @@
-// The two cost models the loading controller balances (DESIGN.md §4):
+// The two cost models the loading controller balances:
 // the time to compute one transformer layer for a set of rows, and the time
 // to load (read + decode) a layer of stored chunk KV.  Both are fitted from
 // measurements on the device, never assumed; calibration.h persists them.

@@ -1,4 +1,4 @@
-// The layerwise load pipeline (DESIGN.md §4): while the fusor computes layer
+// The layerwise load pipeline: while the fusor computes layer
 // i, a loader thread reads and decodes layer i+1 (and further) of every
 // cached chunk and RoPE-rotates its K, so storage time hides behind compute.
 //

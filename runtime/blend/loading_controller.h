@@ -1,4 +1,4 @@
-// The loading controller (DESIGN.md §4): per request, picks the recompute
+// The loading controller: per request, picks the recompute
 // ratio r so that recomputing hides the time to load the cached KV, from
 // the bytes the request reads and the device's calibrated costs:
 //

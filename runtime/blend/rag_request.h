@@ -37,7 +37,7 @@ RagPrompt build_rag_prompt(const Tokenizer& tok, std::string_view system_prompt,
 std::vector<int32_t> rag_prompt_head(const Tokenizer& tok, std::string_view system_prompt);
 std::vector<int32_t> rag_chunk_tokens(const Tokenizer& tok, std::string_view chunk_text);
 
-// The tokens a chunk's KV is precomputed after (DESIGN.md §4, "chunk head").
+// The tokens a chunk's KV is precomputed after (the "chunk head").
 enum class ChunkHead {
   kNone,    // the chunk alone, from position 0
   kPrompt,  // the request's prompt head P

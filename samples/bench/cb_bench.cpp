@@ -6,7 +6,7 @@
 //   cb_bench ttft     --chunks N --chunk-tokens T ...          RAG TTFT per mode
 //   cb_bench quality  --dataset FILE ...                       RAG answer quality per mode
 //
-// With --json every subcommand prints one JSON object per line (DESIGN.md §6).
+// With --json every subcommand prints one JSON object per line.
 // Exit status: 0 success, 1 runtime error, 2 usage error.
 #include <cacheblend/cacheblend.h>
 #include <sched.h>

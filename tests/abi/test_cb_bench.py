@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Command-line tests of cb_bench (DESIGN.md §6).
+"""Command-line tests of cb_bench.
 
   test_cb_bench.py --bench build/bin/cb_bench --model models/X.gguf
 

@@ -1,4 +1,4 @@
-// The identities CacheBlend's fusion must satisfy (DESIGN.md §4), on the real
+// The identities CacheBlend's fusion must satisfy, on the real
 // model: r = 1 is full prefill, r = 0 is full reuse, prefix caching is exact,
 // a stored chunk re-positioned by RoPE equals the chunk computed in place.
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end test of rag_assistant (DESIGN.md §6) on the demo corpus.
+"""End-to-end test of rag_assistant on the demo corpus.
 
   test_rag_assistant.py --bin build/bin/rag_assistant --corpus samples/rag_assistant/demo_corpus
                         [--model models/X.gguf]
