@@ -87,8 +87,8 @@ std::string temp_name_for(const std::string& blob_name) {
 }
 bool is_blob_name(const std::string& name) {
   // Exactly what new_blob_name() writes: 16 hex digits, '-', 16, ".kv".
-  const std::string suffix = kBlobSuffix;
-  if (name.size() != 33 + suffix.size() || !ends_with(name, kBlobSuffix) || name[16] != '-')
+  if (name.size() != 33 + std::strlen(kBlobSuffix) || !ends_with(name, kBlobSuffix) ||
+      name[16] != '-')
     return false;
   for (size_t i = 0; i < 33; ++i) {
     const char c = name[i];

@@ -91,7 +91,6 @@ static void test_version_and_status(void) {
   CHECK(cb_last_error() != NULL);
 }
 
-/* "cpu" or "cuda": where the model's sessions run. */
 static void put_u64(FILE* f, uint64_t v) {
   fwrite(&v, sizeof v, 1, f); /* GGUF is little-endian, as is every target */
 }
@@ -128,6 +127,7 @@ static void test_error_messages_are_escaped(void) {
   remove(path);
 }
 
+/* "cpu" or "cuda": where the model's sessions run. */
 static const char* backend_of(cb_model* m) {
   cb_model_info info;
   cb_model_info_init(&info);
