@@ -2,7 +2,8 @@
 // heads of one KV head (GQA: the heads of a group read the same K/V, so a
 // tile of 10 queries x 3 heads has 30 rows sharing every K/V load).  Keys go
 // by blocks of kKeyBlock with an online softmax per row:
-//  1. the block's keys are transposed once into kt[d][j] (head_dim x 32),
+//  1. the block's keys are transposed into kt[d][j] (head_dim x 32), by the
+//     tile, or once per call for all tiles (transpose_key_blocks),
 //  2. scores S = Q K^T for six rows at a time: per d, 2 loads of kt and
 //     6 broadcasts feed 12 FMAs into 12 registers holding 6 x 16 scores,
 //  3. per row: the causal mask (key j visible iff j <= q_pos), the block
@@ -32,7 +33,7 @@
 namespace cb::avx2 {
 namespace {
 
-constexpr int64_t kKeyBlock = 32;
+constexpr int64_t kKeyBlock = kAttentionKeyBlock;
 constexpr int64_t kMaxRows = 64;  // rows (query x head) per pass over the keys
 // Larger heads (none in practice) take the reference path.
 constexpr int64_t kMaxHeadDim = 256;
@@ -183,18 +184,24 @@ constexpr PvFn kPv[kRowGroup + 1] = {nullptr,    pv_rows<1>, pv_rows<2>, pv_rows
 // Turns the raw scores s[0..32) of a row with `live` visible keys of this
 // block into softmax weights against the row's running maximum (updated),
 // masked to exactly 0 past `live`; returns the factor that rescales what
-// the row accumulated so far, and adds the weights to *denom.
-float softmax_block(float* s, int64_t live, float scale, float* running_max, float* denom) {
+// the row accumulated so far, and adds the weights to the row's
+// denominator, kept as 8 lane sums (added up once, after the last block:
+// a horizontal sum per block would put its latency on the row's chain).
+// kWhole: all 32 keys are visible (masks of all ones, skipped).
+template <bool kWhole>
+float softmax_block(float* s, int64_t live, float scale, float* running_max, __m256* denom) {
   const __m256 lane = _mm256_castsi256_ps(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   const __m256 vscale = _mm256_set1_ps(scale);
   const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
   __m256 masks[4];
   __m256 vmax = neg_inf;
   for (int i = 0; i < 4; ++i) {
-    masks[i] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-        _mm256_set1_epi32(static_cast<int>(live - 8 * i)), _mm256_castps_si256(lane)));
-    const __m256 x =
-        _mm256_blendv_ps(neg_inf, _mm256_mul_ps(_mm256_load_ps(s + 8 * i), vscale), masks[i]);
+    __m256 x = _mm256_mul_ps(_mm256_load_ps(s + 8 * i), vscale);
+    if constexpr (!kWhole) {
+      masks[i] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+          _mm256_set1_epi32(static_cast<int>(live - 8 * i)), _mm256_castps_si256(lane)));
+      x = _mm256_blendv_ps(neg_inf, x, masks[i]);
+    }
     _mm256_store_ps(s + 8 * i, x);
     vmax = _mm256_max_ps(vmax, x);
   }
@@ -210,18 +217,21 @@ float softmax_block(float* s, int64_t live, float scale, float* running_max, flo
   const __m256 vm = _mm256_set1_ps(*running_max);
   __m256 vsum = _mm256_setzero_ps();
   for (int i = 0; i < 4; ++i) {
-    const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_load_ps(s + 8 * i), vm)), masks[i]);
+    __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(s + 8 * i), vm));
+    if constexpr (!kWhole) e = _mm256_and_ps(e, masks[i]);
     _mm256_store_ps(s + 8 * i, e);
     vsum = _mm256_add_ps(vsum, e);
   }
-  *denom = *denom * carry + hsum(vsum);
+  *denom = _mm256_fmadd_ps(*denom, _mm256_set1_ps(carry), vsum);
   return carry;
 }
 
 // One pass over the keys for n_rows <= kMaxRows rows: row r is query
 // q_begin + r / nh, head h_begin + r % nh.
-void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t h_begin,
-                    int64_t nh, Scratch& sc) {
+// key_blocks: the call's transposed keys (transpose_key_blocks), or null
+// to transpose each block here.
+void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_begin, int64_t nq,
+                    int64_t h_begin, int64_t nh, Scratch& sc) {
   const int64_t hd = a.head_dim;
   const int64_t q_stride = a.n_head * hd;
   const int64_t kv_stride = a.n_head_kv * hd;
@@ -232,7 +242,8 @@ void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t
 
   const float* qrow[kMaxRows];
   int64_t n_keys[kMaxRows];  // visible keys of each row
-  float running_max[kMaxRows], denom[kMaxRows], carry[kMaxRows];
+  float running_max[kMaxRows], carry[kMaxRows];
+  __m256 denom[kMaxRows];
   int64_t live[kMaxRows];
   int64_t keys_needed = 0;
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -242,7 +253,7 @@ void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t
     n_keys[r] = last + 1 < a.n_kv ? (last + 1 > 0 ? last + 1 : 0) : a.n_kv;
     keys_needed = n_keys[r] > keys_needed ? n_keys[r] : keys_needed;
     running_max[r] = -INFINITY;
-    denom[r] = 0.0f;
+    denom[r] = _mm256_setzero_ps();
     for (int64_t d = 0; d < hd; ++d) sc.o[r * hd + d] = 0.0f;
   }
 
@@ -254,7 +265,12 @@ void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t
       live[r] = l < 0 ? 0 : (l < nb ? l : nb);
     }
     // Scores.
-    transpose_keys(kb, kv_stride, nb, hd, sc.kt);
+    const float* kt = sc.kt;
+    if (key_blocks != nullptr) {
+      kt = key_blocks + (kv_head * attention_key_blocks(a.n_kv) + j0 / kKeyBlock) * hd * kKeyBlock;
+    } else {
+      transpose_keys(kb, kv_stride, nb, hd, sc.kt);
+    }
     const float* vb = vbase + j0 * kv_stride;
     for (int64_t r0 = 0; r0 < n_rows; r0 += kRowGroup) {
       const int64_t mr = n_rows - r0 < kRowGroup ? n_rows - r0 : kRowGroup;
@@ -262,11 +278,13 @@ void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t
       for (int64_t r = r0; r < r0 + mr; ++r) nj = live[r] > nj ? live[r] : nj;
       if (nj == 0) continue;
       float* s = sc.s + r0 * kKeyBlock;
-      kScores[mr](qrow + r0, sc.kt, hd, s);
+      kScores[mr](qrow + r0, kt, hd, s);
       for (int64_t r = r0; r < r0 + mr; ++r) {
         float* sr = sc.s + r * kKeyBlock;
-        if (live[r] > 0) {
-          carry[r] = softmax_block(sr, live[r], a.scale, &running_max[r], &denom[r]);
+        if (live[r] == kKeyBlock) {
+          carry[r] = softmax_block<true>(sr, live[r], a.scale, &running_max[r], &denom[r]);
+        } else if (live[r] > 0) {
+          carry[r] = softmax_block<false>(sr, live[r], a.scale, &running_max[r], &denom[r]);
         } else {  // no visible key in this block: leave the row unchanged
           carry[r] = 1.0f;
           for (int64_t j = 0; j < kKeyBlock; ++j) sr[j] = 0.0f;
@@ -279,15 +297,32 @@ void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t
   for (int64_t r = 0; r < n_rows; ++r) {
     const int64_t qi = q_begin + r / nh, h = h_begin + r % nh;
     float* out = a.out + qi * q_stride + h * hd;
-    const float inv = denom[r] > 0.0f ? 1.0f / denom[r] : 0.0f;  // no visible key -> zeros
+    const float sum = hsum(denom[r]);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // no visible key -> zeros
     for (int64_t d = 0; d < hd; ++d) out[d] = sc.o[r * hd + d] * inv;
   }
 }
 
 }  // namespace
 
+void transpose_key_blocks(const AttentionArgs& a, int64_t g, int64_t b_begin, int64_t b_end,
+                          float* key_blocks) {
+  const int64_t hd = a.head_dim, ld = a.n_head_kv * hd;
+  float* head = key_blocks + g * attention_key_blocks(a.n_kv) * hd * kKeyBlock;
+  for (int64_t b = b_begin; b < b_end; ++b) {
+    const int64_t j0 = b * kKeyBlock;
+    const int64_t nb = a.n_kv - j0 < kKeyBlock ? a.n_kv - j0 : kKeyBlock;
+    transpose_keys(a.k + j0 * ld + g * hd, ld, nb, hd, head + b * hd * kKeyBlock);
+  }
+}
+
 void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int64_t h_begin,
                     int64_t h_end) {
+  attention_tile(a, nullptr, q_begin, q_end, h_begin, h_end);
+}
+
+void attention_tile(const AttentionArgs& a, const float* key_blocks, int64_t q_begin,
+                    int64_t q_end, int64_t h_begin, int64_t h_end) {
   const int64_t nh = h_end - h_begin;
   if (q_begin >= q_end || nh <= 0) return;
   if (a.head_dim > kMaxHeadDim || nh > kMaxRows) {
@@ -300,7 +335,7 @@ void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int6
   const int64_t q_step = kMaxRows / nh;
   for (int64_t q0 = q_begin; q0 < q_end; q0 += q_step) {
     const int64_t nq = q_end - q0 < q_step ? q_end - q0 : q_step;
-    attention_rows(a, q0, nq, h_begin, nh, sc);
+    attention_rows(a, key_blocks, q0, nq, h_begin, nh, sc);
   }
 }
 

@@ -87,6 +87,9 @@ constexpr int64_t kMatmulTasksPerThread = 4;
 // Rows (query x head) of one attention task: with SmolLM2's 3 heads per KV
 // head, 10 queries x 3 heads.
 constexpr int64_t kAttentionTileRows = 32;
+// Beyond this the tiles transpose the keys they read themselves (a long
+// context of a large model: the copy would rival the KV cache's layer).
+constexpr size_t kMaxTransposedKeyBytes = size_t{64} << 20;
 
 // matmul_q8 takes the int8 GEMV for at most this many activation rows (the
 // weights are re-read per row; a speculative or multi-sequence decode step
@@ -249,11 +252,16 @@ class CpuBackend final : public Backend {
       const int64_t group = a.n_head / a.n_head_kv;
       const int64_t q_block = std::max<int64_t>(1, kAttentionTileRows / group);
       const int64_t n_qb = (a.n_q + q_block - 1) / q_block;
+      const float* key_blocks = nullptr;
+#if CB_HAVE_AVX2_KERNELS
+      if (level_ == Level::kAvx2) key_blocks = transposed_keys(a, n_qb);
+#endif
       pool_.parallel_for(n_qb * a.n_head_kv, [&](int64_t task, int) {
         const int64_t qb = n_qb - 1 - task / a.n_head_kv, g = task % a.n_head_kv;
         const int64_t q0 = qb * q_block, q1 = std::min(a.n_q, (qb + 1) * q_block);
 #if CB_HAVE_AVX2_KERNELS
-        if (level_ == Level::kAvx2) avx2::attention_tile(a, q0, q1, g * group, (g + 1) * group);
+        if (level_ == Level::kAvx2)
+          avx2::attention_tile(a, key_blocks, q0, q1, g * group, (g + 1) * group);
 #endif
 #if CB_HAVE_NEON_KERNELS
         if (level_ == Level::kNeon) neon::attention_tile(a, q0, q1, g * group, (g + 1) * group);
@@ -345,6 +353,43 @@ class CpuBackend final : public Backend {
   }
 
  private:
+#if CB_HAVE_AVX2_KERNELS
+  // The call's keys transposed once (avx2::transpose_key_blocks) when
+  // several query blocks would each transpose them, in a buffer of the
+  // calling thread (sessions on different threads never share it); null
+  // (each tile transposes what it reads) for one query block, or when the
+  // copy would pass kMaxTransposedKeyBytes.
+  const float* transposed_keys(const AttentionArgs& a, int64_t n_query_blocks) {
+    if (n_query_blocks < 2 || a.head_dim > 256 || a.n_kv == 0) return nullptr;
+    const int64_t n_blocks = avx2::attention_key_blocks(a.n_kv);
+    const size_t floats =
+        static_cast<size_t>(a.n_head_kv * n_blocks * a.head_dim * avx2::kAttentionKeyBlock);
+    if (floats * sizeof(float) > kMaxTransposedKeyBytes) return nullptr;
+    struct Buffer {
+      float* data = nullptr;
+      size_t floats = 0;
+      ~Buffer() { mi_free(data); }
+    };
+    thread_local Buffer buffer;
+    if (buffer.floats < floats) {
+      mi_free(buffer.data);
+      buffer.data = nullptr;
+      buffer.floats = 0;
+      buffer.data = static_cast<float*>(mi_malloc_aligned(floats * sizeof(float), 64));
+      if (buffer.data == nullptr) return nullptr;  // the tiles transpose instead
+      buffer.floats = floats;
+    }
+    constexpr int64_t kBlocksPerTask = 16;
+    const int64_t tasks_per_head = (n_blocks + kBlocksPerTask - 1) / kBlocksPerTask;
+    float* out = buffer.data;
+    pool_.parallel_for(a.n_head_kv * tasks_per_head, [&](int64_t task, int) {
+      const int64_t g = task / tasks_per_head, b0 = task % tasks_per_head * kBlocksPerTask;
+      avx2::transpose_key_blocks(a, g, b0, std::min(n_blocks, b0 + kBlocksPerTask), out);
+    });
+    return out;
+  }
+#endif
+
   int64_t tasks_for(int64_t work, int64_t per_thread = 1) const {
     return std::clamp<int64_t>(work / kMinWorkPerTask, 1, per_thread * pool_.size());
   }

@@ -168,6 +168,33 @@ TEST(Attention, SimdTilesMatchFloat64AndEachOther) {
   }
 }
 
+// The backend transposes a call's keys once for all of its tiles when it has
+// several query blocks; that must give the bits of tiles that transpose
+// what they read, whatever the thread count.
+TEST(Attention, BackendWithSharedKeyTransposeMatchesTiles) {
+  const test::SimdKernels* simd = test::simd_kernels();
+  if (simd == nullptr) GTEST_SKIP() << "no SIMD kernels for this CPU";
+  std::mt19937 rng(17);
+  Case smol{9, 3, 64, 300, {}};  // 60 selected rows, out of order, the last one past the cache
+  for (int32_t p = 299; p >= 0; p -= 5) smol.q_pos.push_back(p == 299 ? 400 : p);
+  Case tail{8, 2, 72, 105, {}};  // 45 consecutive rows; a head size with an 8-wide tail
+  for (int32_t p = 60; p < 105; ++p) tail.q_pos.push_back(p);
+  for (const Case& c : {smol, tail}) {
+    const Data d = make_data(rng, c);
+    const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
+    const int64_t group = c.n_head / c.n_head_kv;
+    std::vector<float> tiles(d.q.size(), NAN);
+    const AttentionArgs a = d.args(c, tiles.data());
+    for (int64_t h0 = 0; h0 < c.n_head; h0 += group) simd->attention_tile(a, 0, n_q, h0, h0 + group);
+    expect_close(tiles, attention_f64(c, d), "tiles");
+    for (int threads : {1, 3}) {
+      std::vector<float> out(d.q.size(), NAN);
+      make_cpu_backend(threads, simd->level)->attention(d.args(c, out.data()));
+      EXPECT_TRUE(test::bitwise_equal(out, tiles)) << "head_dim " << c.head_dim << ", " << threads;
+    }
+  }
+}
+
 // Keys after a query's position must not matter: change them and compare.
 TEST(Attention, MaskedKeysAreIgnored) {
   std::mt19937 rng(13);
