@@ -165,13 +165,18 @@ float* Graph::ptr(TensorId t, void* arena) const {
                       : reinterpret_cast<float*>(static_cast<char*>(arena) + ten.offset);
 }
 
-void Graph::execute(Backend& be, void* arena, size_t begin, size_t end) const {
+void Graph::execute(Backend& be, void* arena, size_t begin, size_t end,
+                    const StopCheck* stop) const {
   end = std::min(end, nodes_.size());
   // One batch for the range: a GPU backend then waits once for all its ops
   // (a decode token is one synchronisation, not one per op).
   be.begin_batch();
   try {
-    for (size_t i = begin; i < end; ++i) run_node(be, nodes_[i], arena);
+    for (size_t i = begin; i < end; ++i) {
+      if (stop != nullptr && (*stop)())
+        fail(ErrorCode::kCancelled, "cancelled at the caller's request");
+      run_node(be, nodes_[i], arena);
+    }
   } catch (...) {
     // The op's error is the one worth reporting; a failing end_batch() after
     // it usually reports the same fault again.

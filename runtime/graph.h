@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -16,6 +17,10 @@
 namespace cb {
 
 using TensorId = int32_t;
+
+// Asked before every op of a run; true stops it with Error(kCancelled).  The
+// caller's way to cancel a long prefill within one op's time.
+using StopCheck = std::function<bool()>;
 
 class Graph {
  public:
@@ -48,8 +53,9 @@ class Graph {
   // batch (Backend::begin_batch): a GPU backend may still be running the
   // ops until it returns, so external tensors in backend memory (the KV
   // cache, the fusor's activations) are for the host to touch only before
-  // the call or after it.
-  void execute(Backend& be, void* arena, size_t begin = 0, size_t end = SIZE_MAX) const;
+  // the call or after it.  `stop` (may be null) is asked before each op.
+  void execute(Backend& be, void* arena, size_t begin = 0, size_t end = SIZE_MAX,
+               const StopCheck* stop = nullptr) const;
 
   size_t n_nodes() const { return nodes_.size(); }
   int64_t rows(TensorId t) const { return tensors_[t].rows; }

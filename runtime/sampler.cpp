@@ -19,6 +19,34 @@ Sampler::Sampler(const SamplerOptions& opts) : opts_(opts), rng_(opts.seed) {
     fail(ErrorCode::kInvalidArgument, "temperature must be a finite number");
   if (!(opts.top_p > 0.0f && opts.top_p <= 1.0f))
     fail(ErrorCode::kInvalidArgument, "top_p must be in (0, 1]");
+  if (!(opts.min_p >= 0.0f && opts.min_p < 1.0f))
+    fail(ErrorCode::kInvalidArgument, "min_p must be in [0, 1)");
+  if (!(opts.repeat_penalty > 0.0f && std::isfinite(opts.repeat_penalty)))
+    fail(ErrorCode::kInvalidArgument, "repeat_penalty must be a positive number (1: none)");
+  if (opts.repeat_last_n < 0)
+    fail(ErrorCode::kInvalidArgument, "repeat_last_n must be >= 0 (0: no repetition penalty)");
+}
+
+void Sampler::accept(int32_t token) {
+  if (opts_.repeat_last_n == 0 || opts_.repeat_penalty == 1.0f) return;
+  recent_.push_back(token);
+  if (recent_.size() > static_cast<size_t>(opts_.repeat_last_n)) recent_.pop_front();
+}
+
+std::span<const float> Sampler::penalized(std::span<const float> logits) {
+  if (recent_.empty()) return logits;
+  penalized_.assign(logits.begin(), logits.end());
+  // Once per distinct token, however often it recurs (as llama.cpp's
+  // repeat penalty does).
+  std::vector<int32_t> seen(recent_.begin(), recent_.end());
+  std::sort(seen.begin(), seen.end());
+  seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+  for (int32_t t : seen) {
+    if (t < 0 || static_cast<size_t>(t) >= penalized_.size()) continue;
+    float& v = penalized_[static_cast<size_t>(t)];
+    v = v > 0.0f ? v / opts_.repeat_penalty : v * opts_.repeat_penalty;
+  }
+  return penalized_;
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
@@ -29,6 +57,7 @@ int32_t Sampler::sample(std::span<const float> logits) {
       fail(ErrorCode::kFormat,
            "the model produced non-finite logits (NaN or infinite weights, or an overflow)");
   }
+  logits = penalized(logits);
   if (opts_.temperature <= 0.0f) return argmax(logits);
   const size_t n = logits.size();
   if (n == 0) fail(ErrorCode::kInvalidArgument, "sampling from no logits");
@@ -53,9 +82,15 @@ int32_t Sampler::sample(std::span<const float> logits) {
     sum += p[i];
   }
   size_t keep = k;
+  if (opts_.min_p > 0.0f) {
+    // p[0] is the most likely token's weight, exactly 1.
+    while (keep > 1 && p[keep - 1] < opts_.min_p) --keep;
+    sum = 0.0;
+    for (size_t i = 0; i < keep; ++i) sum += p[i];
+  }
   if (opts_.top_p < 1.0f) {
     double cum = 0.0;
-    for (size_t i = 0; i < k; ++i) {
+    for (size_t i = 0; i < keep; ++i) {
       cum += p[i] / sum;
       if (cum >= opts_.top_p) {
         keep = i + 1;

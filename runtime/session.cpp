@@ -121,21 +121,30 @@ void Session::check_tokens(std::span<const int32_t> tokens) const {
 std::span<const float> Session::prefill(std::span<const int32_t> tokens) {
   check_tokens(tokens);
   const int64_t n = static_cast<int64_t>(tokens.size());
-  for (int64_t i = 0; i < n; i += n_batch_)
-    forward_batch(tokens.data() + i, std::min(n_batch_, n - i), Graph::Precision::kF32);
+  const int64_t before = n_past_;
+  try {
+    for (int64_t i = 0; i < n; i += n_batch_)
+      forward_batch(tokens.data() + i, std::min(n_batch_, n - i), Graph::Precision::kF32,
+                    stop_check());
+  } catch (...) {
+    n_past_ = before;  // the rows written past it are never read
+    throw;
+  }
   return logits_;
 }
 
 std::span<const float> Session::decode(int32_t token) {
   check_tokens({&token, 1});
   forward_batch(&token, 1,
-                int8_decode_ ? Graph::Precision::kInt8Activations : Graph::Precision::kF32);
+                int8_decode_ ? Graph::Precision::kInt8Activations : Graph::Precision::kF32,
+                nullptr);
   return logits_;
 }
 
 // One forward pass over n tokens at positions n_past_.. ; writes their K/V
 // into the cache and the last token's logits into logits_.
-void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision mm) {
+void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision mm,
+                            const StopCheck* stop) {
   const LlamaHparams& hp = model_.hparams();
   std::vector<int32_t> pos(static_cast<size_t>(n));
   std::iota(pos.begin(), pos.end(), static_cast<int32_t>(n_past_));
@@ -182,7 +191,7 @@ void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision m
     arena_ = backend_->alloc_buffer(need);
     arena_bytes_ = need;
   }
-  g.execute(*backend_, arena_);
+  g.execute(*backend_, arena_, 0, SIZE_MAX, stop);
   n_past_ += n;
 }
 

@@ -59,6 +59,8 @@ class Session {
   // last one (n_vocab floats, valid until the next call).  Throws
   // kContextOverflow if they do not fit (the session is left unchanged) and
   // kInvalidArgument for an empty span or an id outside the vocabulary.
+  // When the stop check fires (kCancelled) or an op fails, n_past() is left
+  // as it was before the call.
   std::span<const float> prefill(std::span<const int32_t> tokens);
   // One token, as prefill({&token, 1}) but on decode's matmul path (see
   // SessionOptions::int8_decode).
@@ -86,9 +88,16 @@ class Session {
   std::span<float> logits_buffer() { return logits_; }
   void set_n_past(int64_t n);
 
+  // Asked before every op of prefill() and of the fusor's passes over this
+  // session (empty: never); see StopCheck.  decode() is one token and does
+  // not ask: a generation loop asks stop_requested() between tokens.
+  void set_stop_check(StopCheck check) { stop_ = std::move(check); }
+  const StopCheck* stop_check() const { return stop_ ? &stop_ : nullptr; }
+  bool stop_requested() const { return stop_ && stop_(); }
+
  private:
   void check_tokens(std::span<const int32_t> tokens) const;
-  void forward_batch(const int32_t* tokens, int64_t n, Graph::Precision mm);
+  void forward_batch(const int32_t* tokens, int64_t n, Graph::Precision mm, const StopCheck* stop);
 
   const Model& model_;
   std::unique_ptr<Backend> backend_;
@@ -102,6 +111,7 @@ class Session {
   void* arena_ = nullptr;
   size_t arena_bytes_ = 0;
   std::vector<float> logits_;
+  StopCheck stop_;
 };
 
 }  // namespace cb

@@ -35,6 +35,7 @@
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
+#include "runtime/stop_strings.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 #ifndef CB_PROJECT_VERSION
@@ -394,15 +395,27 @@ std::span<const float> feed(cb_session* s, std::span<const int32_t> tokens) {
                     std::to_string(tokens.size()) +
                         " tokens do not fit in the context: " + std::to_string(total_past(s)) +
                         " of " + std::to_string(n_ctx) + " positions are used");
-  s->has_logits = false;
-  if (s->pending < 0) return s->session->prefill(tokens);
-  std::vector<int32_t> all;
-  all.reserve(tokens.size() + 1);
-  all.push_back(s->pending);
-  all.insert(all.end(), tokens.begin(), tokens.end());
-  auto logits = s->session->prefill(all);
-  s->pending = -1;
-  return logits;
+  // A failed or cancelled prefill leaves the session as it was (the
+  // engine restores n_past; the logits copy is not touched until success).
+  const bool had_logits = s->has_logits;
+  try {
+    if (s->pending < 0) {
+      auto logits = s->session->prefill(tokens);
+      s->has_logits = false;
+      return logits;
+    }
+    std::vector<int32_t> all;
+    all.reserve(tokens.size() + 1);
+    all.push_back(s->pending);
+    all.insert(all.end(), tokens.begin(), tokens.end());
+    auto logits = s->session->prefill(all);
+    s->pending = -1;
+    s->has_logits = false;
+    return logits;
+  } catch (...) {
+    s->has_logits = had_logits;
+    throw;
+  }
 }
 
 // The fields of cb_rag_options that decide a chunk's cache key.  One parser
@@ -795,6 +808,19 @@ cb_status cb_session_logits(const cb_session* session, const float** logits, siz
   });
 }
 
+cb_status cb_session_set_abort_callback(cb_session* session, cb_abort_callback callback,
+                                        void* user_data) {
+  return guard("cb_session_set_abort_callback", [&] {
+    SessionUse use(session);
+    if (callback == nullptr) {
+      session->session->set_stop_check({});
+    } else {
+      session->session->set_stop_check([callback, user_data] { return callback(user_data) != 0; });
+    }
+    return CB_OK;
+  });
+}
+
 cb_status cb_session_reset(cb_session* session) {
   return guard("cb_session_reset", [&] {
     SessionUse use(session);
@@ -816,6 +842,9 @@ void cb_sampling_options_init(cb_sampling_options* opts) {
   opts->top_k = 0;
   opts->top_p = 1.0f;
   opts->seed = 0;
+  opts->min_p = 0.0f;
+  opts->repeat_penalty = 1.0f;
+  opts->repeat_last_n = 64;
 }
 
 void cb_generate_options_init(cb_generate_options* opts) {
@@ -846,16 +875,29 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
             : output_size(stats, sizeof(cb_generate_stats),
                           "stats->struct_size is not a known size (use cb_generate_stats_init)");
     const cb_generate_options o = read_options(
-        opts, cb_generate_options_init, sizeof(cb_generate_options),
+        opts, cb_generate_options_init, offsetof(cb_generate_options, stop_strings),
         "cb_generate_options.struct_size is not a known size (use cb_generate_options_init)");
     require(o.max_tokens >= 0, "max_tokens must be >= 0");
+    require(o.stop_strings != nullptr || o.n_stop_strings == 0,
+            "stop_strings is NULL but n_stop_strings is not 0");
+    std::vector<std::string> stop_texts;
+    for (size_t i = 0; i < o.n_stop_strings; ++i) {
+      if (o.stop_strings[i] == nullptr)
+        throw cb::Error(cb::ErrorCode::kInvalidArgument,
+                        "stop_strings[" + std::to_string(i) + "] is NULL");
+      stop_texts.emplace_back(o.stop_strings[i]);
+    }
+    const cb::StopStrings stops(std::move(stop_texts));  // refuses empty strings
     const cb_sampling_options so = read_options(
-        o.sampling, cb_sampling_options_init, sizeof(cb_sampling_options),
+        o.sampling, cb_sampling_options_init, offsetof(cb_sampling_options, min_p),
         "cb_sampling_options.struct_size is not a known size (use cb_sampling_options_init)");
     cb::SamplerOptions sopt;
     sopt.temperature = so.temperature;
     sopt.top_k = so.top_k;
     sopt.top_p = so.top_p;
+    sopt.min_p = so.min_p;
+    sopt.repeat_penalty = so.repeat_penalty;
+    sopt.repeat_last_n = so.repeat_last_n;
     sopt.seed = so.seed;
     cb::Sampler sampler(sopt);  // validates the values
 
@@ -906,19 +948,53 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
     st.n_prompt = static_cast<int32_t>(n_prompt);
     st.ttft_ms = earlier_ms + ms_since(t0);
 
-    // Generation.
+    // Generation.  Chosen tokens wait in `held` while their text could be
+    // the start of a stop string (never without stop strings).
     double decode_ms = 0.0;
-    int32_t n_decode = 0;
-    std::string piece;
+    int32_t n_decode = 0, n_chosen = 0;
     cb_status result = CB_OK;
+    bool by_abort_callback = false;
+    std::vector<std::pair<int32_t, std::string>> held;
+    std::string held_text;
+    // Reports the held tokens whose text ends within the first `visible`
+    // bytes of held_text (all of them: SIZE_MAX); with `cut`, also the one
+    // in which `visible` falls, its piece ending there.  false: cancelled.
+    auto report = [&](size_t visible, bool cut) {
+      size_t begin = 0, n_done = 0;
+      bool go_on = true;
+      for (const auto& [t, piece] : held) {
+        const size_t end = begin + piece.size();
+        const bool whole = end <= visible;
+        if (!whole && !(cut && visible > begin)) break;
+        // A cut piece is copied: the callback's piece ends with a NUL.
+        const std::string part = whole ? std::string() : piece.substr(0, visible - begin);
+        const std::string& shown = whole ? piece : part;
+        ++st.n_generated;
+        ++n_done;
+        if (callback != nullptr &&
+            (callback(t, shown.c_str(), shown.size(), user_data) != 0 || session->free_requested)) {
+          go_on = false;
+          break;
+        }
+        if (!whole) break;
+        begin = end;
+      }
+      held.erase(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(n_done));
+      held_text.erase(0, std::min(begin, held_text.size()));
+      return go_on;
+    };
+    auto cancelled_by_callback = [&] {
+      st.stop_reason = CB_STOP_CANCELLED;
+      result = CB_ERR_CANCELLED;
+    };
     for (;;) {
-      if (st.n_generated >= o.max_tokens) {
+      if (n_chosen >= o.max_tokens) {
         st.stop_reason = CB_STOP_MAX_TOKENS;
         break;
       }
       const auto ts = std::chrono::steady_clock::now();
       const int32_t t = sampler.sample(logits);
-      if (n_decode > 0 || st.n_generated > 0) decode_ms += ms_since(ts);
+      if (n_decode > 0 || n_chosen > 0) decode_ms += ms_since(ts);
       if (o.stop_at_end_of_generation && tok.is_end_of_generation(t)) {
         st.stop_reason = CB_STOP_END_OF_GENERATION;
         break;
@@ -927,19 +1003,30 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
         st.stop_reason = CB_STOP_CONTEXT_FULL;
         break;
       }
-      if (st.n_generated == 0) st.ttft_ms = earlier_ms + ms_since(t0);
-      ++st.n_generated;
+      if (n_chosen == 0) st.ttft_ms = earlier_ms + ms_since(t0);
+      ++n_chosen;
+      sampler.accept(t);
       session->pending = t;
-      if (callback != nullptr) {
-        piece = tok.token_to_piece(t);
-        if (callback(t, piece.c_str(), piece.size(), user_data) != 0 || session->free_requested) {
-          st.stop_reason = CB_STOP_CANCELLED;
-          result = CB_ERR_CANCELLED;
-          break;
-        }
+      held.emplace_back(t, tok.token_to_piece(t));
+      held_text += held.back().second;
+      const cb::StopStrings::Cut c = stops.cut(held_text);
+      if (!report(c.visible, c.stopped)) {
+        cancelled_by_callback();
+        break;
       }
-      if (st.n_generated >= o.max_tokens) {
+      if (c.stopped) {
+        held.clear();
+        st.stop_reason = CB_STOP_STRING;
+        break;
+      }
+      if (n_chosen >= o.max_tokens) {
         st.stop_reason = CB_STOP_MAX_TOKENS;
+        break;
+      }
+      if (s.stop_requested()) {
+        st.stop_reason = CB_STOP_CANCELLED;
+        result = CB_ERR_CANCELLED;
+        by_abort_callback = true;
         break;
       }
       const auto td = std::chrono::steady_clock::now();
@@ -948,6 +1035,9 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
       decode_ms += ms_since(td);
       ++n_decode;
     }
+    // Ended for another reason than a stop string: what was held back is
+    // text like any other.
+    if (result == CB_OK && !held.empty() && !report(SIZE_MAX, false)) cancelled_by_callback();
     st.decode_ms = decode_ms;
     st.tok_s = decode_ms > 0.0 ? n_decode * 1000.0 / decode_ms : 0.0;
     // Keep the logits of the last token in the KV cache so that a call with
@@ -965,7 +1055,8 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
       return fail_with(CB_ERR_CANCELLED, "cb_generate",
                        (session->free_requested
                             ? "the token callback freed the session; generation stopped after "
-                            : "generation cancelled by the token callback after ") +
+                        : by_abort_callback ? "generation cancelled by the abort callback after "
+                                            : "generation cancelled by the token callback after ") +
                            std::to_string(st.n_generated) + " tokens");
     return result;
   });

@@ -321,8 +321,8 @@ void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int6
   attention_tile(a, nullptr, q_begin, q_end, h_begin, h_end);
 }
 
-void attention_tile(const AttentionArgs& a, const float* key_blocks, int64_t q_begin,
-                    int64_t q_end, int64_t h_begin, int64_t h_end) {
+void attention_tile(const AttentionArgs& a, const float* key_blocks, int64_t q_begin, int64_t q_end,
+                    int64_t h_begin, int64_t h_end) {
   const int64_t nh = h_end - h_begin;
   if (q_begin >= q_end || nh <= 0) return;
   if (a.head_dim > kMaxHeadDim || nh > kMaxRows) {

@@ -50,8 +50,8 @@ inline int64_t attention_key_blocks(int64_t n_kv) {
 void transpose_key_blocks(const AttentionArgs& a, int64_t g, int64_t b_begin, int64_t b_end,
                           float* key_blocks);
 // attention_tile reading the transposed keys; the same results, bit for bit.
-void attention_tile(const AttentionArgs& a, const float* key_blocks, int64_t q_begin,
-                    int64_t q_end, int64_t h_begin, int64_t h_end);
+void attention_tile(const AttentionArgs& a, const float* key_blocks, int64_t q_begin, int64_t q_end,
+                    int64_t h_begin, int64_t h_end);
 // One query row, one head (a tile of one row).
 void attention_one(const AttentionArgs& a, int64_t qi, int64_t head);
 // The weights of Backend::attention_contributions for one query head: adds

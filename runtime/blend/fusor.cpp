@@ -165,7 +165,7 @@ void FusedForward::run_graph(Graph& g) {
   // One arena for the whole request, grown on demand: a layer's
   // intermediates are dead once its graph has run.
   arena_.reserve((g.plan() + sizeof(float) - 1) / sizeof(float));
-  g.execute(be_, arena_.data());
+  g.execute(be_, arena_.data(), 0, SIZE_MAX, s_.stop_check());
 }
 
 void FusedForward::resize_buffers() {

@@ -47,10 +47,13 @@ const char* const kUsage =
     "\n"
     "commands:\n"
     "  generate --prompt TEXT [--chat] [--system TEXT] [--max-tokens N]\n"
-    "           [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+    "           [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--seed S]\n"
+    "           [--repeat-penalty X] [--repeat-last-n N] [--stop TEXT]...\n"
     "      generate text from a prompt (with --chat: formatted as a ChatML user\n"
     "      turn); prints the text, then timings on stderr.  Greedy by default.\n"
-    "      --max-tokens defaults to 128.\n"
+    "      --max-tokens defaults to 128.  --repeat-penalty (default 1: none)\n"
+    "      damps the tokens of the last N generated (default 64); --stop (may\n"
+    "      repeat) ends the text before the first stop string.\n"
     "  prefill --tokens N [--repeat K]\n"
     "      prefill speed over N tokens of a fixed English text; reports the\n"
     "      median (and best) of K runs (default 3) after one warm-up.\n"
@@ -160,6 +163,7 @@ struct Args {
   std::string command;
   std::map<std::string, std::string> values;  // --flag VALUE
   std::set<std::string> switches;             // --flag
+  std::vector<std::string> stops;             // --stop TEXT, each time given
 };
 
 Args parse_args(int argc, char** argv) {
@@ -167,7 +171,8 @@ Args parse_args(int argc, char** argv) {
                                                 "--device"};
   static const std::map<std::string, std::set<std::string>> kValueFlags = {
       {"generate",
-       {"--prompt", "--system", "--max-tokens", "--temperature", "--top-k", "--top-p", "--seed"}},
+       {"--prompt", "--system", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
+        "--seed", "--repeat-penalty", "--repeat-last-n", "--stop"}},
       {"prefill", {"--tokens", "--repeat"}},
       {"decode", {"--tokens", "--ctx", "--repeat"}},
       {"ttft",
@@ -222,6 +227,7 @@ Args parse_args(int argc, char** argv) {
         if (i + 1 >= argc) usage_error("option " + arg + " needs a value");
         value = argv[++i];
       }
+      if (arg == "--stop") a.stops.push_back(value);
       a.values[arg] = value;
     } else {
       usage_error("unknown option '" + arg + "' for '" + a.command + "'");
@@ -424,6 +430,24 @@ int on_token(int32_t token, const char* piece, size_t len, void* user) {
   return 0;
 }
 
+const char* stop_reason_name(cb_stop_reason r) {
+  switch (r) {
+    case CB_STOP_MAX_TOKENS:
+      return "max_tokens";
+    case CB_STOP_END_OF_GENERATION:
+      return "end_of_generation";
+    case CB_STOP_CONTEXT_FULL:
+      return "context_full";
+    case CB_STOP_CANCELLED:
+      return "cancelled";
+    case CB_STOP_STRING:
+      return "stop_string";
+    case CB_STOP_NONE:
+      break;
+  }
+  return "none";
+}
+
 int cmd_generate(const Args& a) {
   auto it = a.values.find("--prompt");
   if (it == a.values.end()) usage_error("generate needs --prompt TEXT");
@@ -435,7 +459,14 @@ int cmd_generate(const Args& a) {
   so.temperature = static_cast<float>(parse_double(a, "--temperature", 0.0, 0.0, 100.0));
   so.top_k = static_cast<int32_t>(parse_int(a, "--top-k", 0, 0, 1 << 30));
   so.top_p = static_cast<float>(parse_double(a, "--top-p", 1.0, 1e-6, 1.0));
+  so.min_p = static_cast<float>(parse_double(a, "--min-p", 0.0, 0.0, 0.999));
+  so.repeat_penalty = static_cast<float>(parse_double(a, "--repeat-penalty", 1.0, 0.01, 100.0));
+  so.repeat_last_n = static_cast<int32_t>(parse_int(a, "--repeat-last-n", 64, 0, 1 << 20));
   so.seed = parse_u64(a, "--seed", 0);
+  for (const std::string& s : a.stops)
+    if (s.empty()) usage_error("--stop needs a non-empty text");
+  std::vector<const char*> stops;
+  for (const std::string& s : a.stops) stops.push_back(s.c_str());
   const Common c = common_options(a);
 
   Model model;
@@ -464,6 +495,8 @@ int cmd_generate(const Args& a) {
   cb_generate_options_init(&go);
   go.max_tokens = max_tokens;
   go.sampling = &so;
+  go.stop_strings = stops.data();
+  go.n_stop_strings = stops.size();
   cb_generate_stats stats;
   cb_generate_stats_init(&stats);
   GenerateState st;
@@ -477,6 +510,7 @@ int cmd_generate(const Args& a) {
         .add("tokens", st.ids)
         .add("n_prompt", stats.n_prompt)
         .add("n_generated", stats.n_generated)
+        .add("stop_reason", stop_reason_name(stats.stop_reason))
         .add("ttft_ms", stats.ttft_ms)
         .add("prefill_ms", stats.prefill_ms)
         .add("decode_ms", stats.decode_ms)

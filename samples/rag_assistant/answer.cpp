@@ -24,7 +24,8 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-// Set by SIGINT in chat; the token callback turns it into a cancellation.
+// Set by SIGINT in chat; the session's abort callback (during the prefill)
+// and the token callback (during the answer) turn it into a cancellation.
 volatile std::sig_atomic_t g_interrupted = 0;
 
 extern "C" void on_sigint(int) {
@@ -53,6 +54,12 @@ int on_token(int32_t, const char* piece, size_t len, void* user) {
   return st->cancellable && g_interrupted ? 1 : 0;
 }
 
+// The session's abort callback; `user` points at whether this answer may be
+// cancelled.
+int on_abort(void* user) {
+  return *static_cast<const bool*>(user) && g_interrupted ? 1 : 0;
+}
+
 struct Result {
   std::string answer;
   std::vector<ChunkRecord> sources;
@@ -61,6 +68,7 @@ struct Result {
   cb_rag_stats rag{};
   int n_generated = 0;
   bool cancelled = false;
+  bool cancelled_in_prefill = false;  // no answer began
 };
 
 // The loaded model, the store and a session sized for the requests; kept
@@ -98,18 +106,35 @@ class Assistant {
     r.sources = sources;
     cb_rag_stats_init(&r.rag);
     check(cb_session_reset(session_.s), "cannot reset the session");
+    cancellable_ = cancellable;
     const auto t0 = Clock::now();
     const cb_status s = cb_rag_prefill(session_.s, opts_.mode == CB_MODE_FULL ? nullptr : cache_.c,
                                        texts.data(), texts.size(), question.c_str(), &ro, &r.rag);
+    if (s == CB_ERR_CANCELLED) {
+      r.cancelled = r.cancelled_in_prefill = true;
+      r.prefill_ms = ms_between(t0, Clock::now());
+      return r;
+    }
     if (s == CB_ERR_CONTEXT_OVERFLOW)
       throw Error(std::string("the question and its documents do not fit the context: ") +
                   cb_last_error() + " (use a smaller --top-k)");
     check(s, std::string("RAG prefill (") + cb_mode_name(opts_.mode) + ") failed");
     const auto t1 = Clock::now();
 
+    cb_sampling_options so;
+    cb_sampling_options_init(&so);
+    so.temperature = opts_.temperature;
+    so.min_p = opts_.min_p;
+    so.repeat_penalty = opts_.repeat_penalty;
+    so.seed = opts_.seed;
+    std::vector<const char*> stops;
+    for (const std::string& s : opts_.stops) stops.push_back(s.c_str());
     cb_generate_options go;
     cb_generate_options_init(&go);
     go.max_tokens = opts_.max_tokens;
+    go.sampling = &so;
+    go.stop_strings = stops.data();
+    go.n_stop_strings = stops.size();
     cb_generate_stats gs;
     cb_generate_stats_init(&gs);
     StreamState st;
@@ -144,6 +169,8 @@ class Assistant {
     const std::vector<int32_t> warm = tokenize(model_, "Warm-up.");
     check(cb_session_prefill(session_.s, warm.data(), warm.size()), "warm-up failed");
     check(cb_session_reset(session_.s), "cannot reset the session");
+    check(cb_session_set_abort_callback(session_.s, on_abort, &cancellable_),
+          "cannot set the abort callback");
   }
 
   CommonOptions common_;
@@ -153,6 +180,7 @@ class Assistant {
   ChunkCache cache_;
   Session session_;
   int n_ctx_train_ = 0;
+  bool cancellable_ = false;  // read by on_abort
 };
 
 std::string ratio_text(const Result& r, const AskOptions& o) {
@@ -280,10 +308,14 @@ int run_chat(const CommonOptions& common, const AskOptions& opts) {
       std::fprintf(stderr, "rag_assistant: error: %s\n", e.what());
       continue;
     }
-    if (r.cancelled) {
-      std::printf(" [stopped]");
-      g_interrupted = 0;  // that Ctrl-C was for the answer, not the program
+    if (r.cancelled) g_interrupted = 0;  // that Ctrl-C was for the answer, not the program
+    if (r.cancelled_in_prefill) {
+      std::printf("[stopped after %.1f ms of reading the documents, before the answer]\n",
+                  r.prefill_ms);
+      std::fflush(stdout);
+      continue;
     }
+    if (r.cancelled) std::printf(" [stopped]");
     print_report(r, opts, a.mode_name(), stdout);
   }
   return 0;

@@ -1,7 +1,9 @@
 // `rag_assistant ask` and `chat`: retrieve, fuse the chunks' KV, answer.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "app.h"
 
@@ -14,6 +16,13 @@ struct AskOptions {
   cb_select select = CB_SELECT_DEFAULT;
   bool auto_ratio = false;  // --ratio auto: the loading controller picks r
   int max_tokens = 160;     // answer length cap
+  // Generation: greedy unless temperature > 0 (then min_p cuts, seeded);
+  // repeat_penalty 1: none; the answer ends before the first stop string.
+  float temperature = 0.0f;
+  float min_p = 0.0f;
+  float repeat_penalty = 1.0f;
+  uint64_t seed = 0;
+  std::vector<std::string> stops;
   // The best chunk goes last, next to the question (--context-order
   // best-last, the default) or first (best-first).  Small models lean on
   // the text nearest the question: with the default 135M model, best-last

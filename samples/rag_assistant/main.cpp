@@ -36,6 +36,7 @@ const char* const kUsage =
     "      warning.\n"
     "  ask QUESTION [--top-k K] [--mode blend|full|reuse|prefix] [--ratio R|auto]\n"
     "      [--select P] [--context-order best-last|best-first] [--max-tokens N]\n"
+    "      [--temperature T] [--min-p M] [--seed S] [--repeat-penalty X] [--stop TEXT]\n"
     "      [--json]\n"
     "      retrieve the K best chunks (BM25, default 3), build the request's KV from\n"
     "      their cached KV (blend: recompute a ratio R of the tokens, default 0.2,\n"
@@ -47,9 +48,13 @@ const char* const kUsage =
     "      question, where small models look (--context-order best-first:\n"
     "      retrieval order).\n"
     "      --max-tokens caps the answer (default 160).  --json: one JSON object.\n"
+    "      Generation is greedy; --temperature T > 0 samples (with --min-p M and\n"
+    "      --seed S); --repeat-penalty X (default 1: none) damps repeated tokens;\n"
+    "      --stop TEXT (may repeat) ends the answer before that text.\n"
     "  chat [same options as ask, no --json]\n"
     "      questions from stdin, one per line; each is answered like ask.  Ctrl-C\n"
-    "      stops the current answer; Ctrl-C or Ctrl-D at the prompt exits.\n"
+    "      stops the current answer (also while the documents are read); Ctrl-C\n"
+    "      or Ctrl-D at the prompt exits.\n"
     "\n"
     "common options:\n"
     "  --store DIR     the store (required)\n"
@@ -74,6 +79,18 @@ long parse_long(const std::string& flag, const std::string& s, long lo, long hi)
   const long v = std::strtol(s.c_str(), &end, 10);
   if (s.empty() || *end != '\0' || errno == ERANGE)
     usage("option " + flag + ": '" + s + "' is not an integer");
+  if (v < lo || v > hi)
+    usage("option " + flag + ": " + s + " is outside " + std::to_string(lo) + ".." +
+          std::to_string(hi));
+  return v;
+}
+
+double parse_number(const std::string& flag, const std::string& s, double lo, double hi) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+    usage("option " + flag + ": '" + s + "' is not a number");
   if (v < lo || v > hi)
     usage("option " + flag + ": " + s + " is outside " + std::to_string(lo) + ".." +
           std::to_string(hi));
@@ -178,6 +195,22 @@ int run(int argc, char** argv) {
       ask_chat.push_back(arg);
     } else if (arg == "--max-tokens") {
       ask.max_tokens = static_cast<int>(parse_long(arg, next(), 1, 8192));
+      ask_chat.push_back(arg);
+    } else if (arg == "--temperature") {
+      ask.temperature = static_cast<float>(parse_number(arg, next(), 0.0, 100.0));
+      ask_chat.push_back(arg);
+    } else if (arg == "--min-p") {
+      ask.min_p = static_cast<float>(parse_number(arg, next(), 0.0, 0.999));
+      ask_chat.push_back(arg);
+    } else if (arg == "--repeat-penalty") {
+      ask.repeat_penalty = static_cast<float>(parse_number(arg, next(), 0.01, 100.0));
+      ask_chat.push_back(arg);
+    } else if (arg == "--seed") {
+      ask.seed = static_cast<uint64_t>(parse_long(arg, next(), 0, 1LL << 62));
+      ask_chat.push_back(arg);
+    } else if (arg == "--stop") {
+      ask.stops.push_back(next());
+      if (ask.stops.back().empty()) usage("option --stop needs a non-empty text");
       ask_chat.push_back(arg);
     } else if (arg.rfind("--", 0) == 0) {
       usage("unknown option '" + arg + "'");

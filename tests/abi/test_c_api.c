@@ -445,6 +445,112 @@ static void test_generate(cb_model* m) {
   cb_session_free(s);
 }
 
+/* Stop strings, the repetition penalty and min-p: the text ends before the
+ * first stop string (also one that spans tokens), the callback never sees
+ * it, and bad values are refused. */
+static void test_generation_controls(cb_model* m) {
+  cb_session* s = NULL;
+  cb_session_options so;
+  cb_generate_options go;
+  cb_generate_stats st;
+  cb_sampling_options samp;
+  collector plain, cut, loop_plain, loop_damped;
+  int32_t ids[256];
+  size_t n = chat_prompt(m, "What is the capital of France? Answer in a long sentence.", ids, 256);
+  char stop[8];
+  const char* stops[2];
+  const char* where = NULL;
+  const char* empty = "";
+  cb_session_options_init(&so);
+  so.n_ctx = 512;
+  CHECK_OK(cb_session_create(m, &so, &s));
+  if (s == NULL) return;
+  cb_generate_options_init(&go);
+  go.max_tokens = 24;
+  memset(&plain, 0, sizeof plain);
+  CHECK_OK(cb_generate(s, ids, n, &go, collect, &plain, NULL));
+  CHECK(plain.len > 12);
+  if (plain.len <= 12) goto done;
+  /* Six bytes from the middle of the answer, which cross a token boundary
+   * unless a token is that long. */
+  memcpy(stop, plain.text + 6, 6);
+  stop[6] = '\0';
+  where = strstr(plain.text, stop);
+  stops[0] = "never-seen-text";
+  stops[1] = stop;
+  go.stop_strings = stops;
+  go.n_stop_strings = 2;
+  CHECK_OK(cb_session_reset(s));
+  memset(&cut, 0, sizeof cut);
+  cb_generate_stats_init(&st);
+  CHECK_OK(cb_generate(s, ids, n, &go, collect, &cut, &st));
+  CHECK(st.stop_reason == CB_STOP_STRING);
+  CHECK(where != NULL && cut.len == (size_t)(where - plain.text));
+  CHECK(strncmp(cut.text, plain.text, cut.len) == 0);
+  CHECK(st.n_generated == cut.n_tokens);
+  /* A stop string that never comes changes nothing. */
+  go.n_stop_strings = 1;
+  CHECK_OK(cb_session_reset(s));
+  memset(&cut, 0, sizeof cut);
+  cb_generate_stats_init(&st);
+  CHECK_OK(cb_generate(s, ids, n, &go, collect, &cut, &st));
+  CHECK(strcmp(cut.text, plain.text) == 0 && st.stop_reason != CB_STOP_STRING);
+  /* Refused: NULL array, NULL entry, empty string. */
+  go.stop_strings = NULL;
+  CHECK_ERR(cb_generate(s, ids, n, &go, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  stops[0] = NULL;
+  go.stop_strings = stops;
+  CHECK_ERR(cb_generate(s, ids, n, &go, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  go.stop_strings = &empty;
+  CHECK_ERR(cb_generate(s, ids, n, &go, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  /* A caller built before the stop strings existed: its shorter struct. */
+  cb_generate_options_init(&go);
+  go.max_tokens = 24;
+  go.struct_size = offsetof(cb_generate_options, stop_strings);
+  CHECK_OK(cb_session_reset(s));
+  memset(&cut, 0, sizeof cut);
+  CHECK_OK(cb_generate(s, ids, n, &go, collect, &cut, NULL));
+  CHECK(strcmp(cut.text, plain.text) == 0);
+
+  /* The repetition penalty breaks a loop the greedy answer falls into. */
+  {
+    const char* text = "Repeat after me: 15 seconds, 15 seconds, 15 seconds, 15 seconds,";
+    size_t k = 0;
+    CHECK_OK(cb_tokenize(m, text, strlen(text), 1, 0, ids, 256, &k));
+    cb_generate_options_init(&go);
+    go.max_tokens = 16;
+    cb_sampling_options_init(&samp);
+    CHECK(samp.min_p == 0.0f && samp.repeat_penalty == 1.0f && samp.repeat_last_n == 64);
+    go.sampling = &samp;
+    memset(&loop_plain, 0, sizeof loop_plain);
+    memset(&loop_damped, 0, sizeof loop_damped);
+    CHECK_OK(cb_session_reset(s));
+    CHECK_OK(cb_generate(s, ids, k, &go, collect, &loop_plain, NULL));
+    samp.repeat_penalty = 1.5f;
+    CHECK_OK(cb_session_reset(s));
+    CHECK_OK(cb_generate(s, ids, k, &go, collect, &loop_damped, NULL));
+    printf("loop: \"%s\"; with repeat_penalty 1.5: \"%s\"\n", loop_plain.text, loop_damped.text);
+    CHECK(strcmp(loop_plain.text, loop_damped.text) != 0);
+    /* Older struct: the new fields take their defaults. */
+    samp.struct_size = offsetof(cb_sampling_options, min_p);
+    CHECK_OK(cb_session_reset(s));
+    memset(&cut, 0, sizeof cut);
+    CHECK_OK(cb_generate(s, ids, k, &go, collect, &cut, NULL));
+    CHECK(strcmp(cut.text, loop_plain.text) == 0);
+    cb_sampling_options_init(&samp);
+    samp.repeat_penalty = 0.0f;
+    CHECK_ERR(cb_generate(s, ids, k, &go, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+    cb_sampling_options_init(&samp);
+    samp.min_p = 1.0f;
+    CHECK_ERR(cb_generate(s, ids, k, &go, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+    cb_sampling_options_init(&samp);
+    samp.repeat_last_n = -1;
+    CHECK_ERR(cb_generate(s, ids, k, &go, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  }
+done:
+  cb_session_free(s);
+}
+
 static void test_context_limits(cb_model* m) {
   cb_session* s = NULL;
   cb_session_options so;
@@ -658,6 +764,140 @@ static const char* const kRagChunks[2] = {
     "The museum opens at nine in the morning and closes at five in the evening.",
     "The secret code of the vault is 4721. Only the bank manager knows it."};
 static const char* const kRagQuestion = "What is the secret code of the vault?";
+
+/* The abort callback: counts its calls and asks to stop from call `stop_at`
+ * on (0: never), or whenever `flag` is set. */
+typedef struct {
+  int calls;
+  int stop_at;
+  int flag;
+  int tokens; /* seen by flag_after_two */
+} abort_state;
+
+static int count_and_abort(void* user) {
+  abort_state* a = (abort_state*)user;
+  ++a->calls;
+  return a->flag || (a->stop_at > 0 && a->calls >= a->stop_at);
+}
+
+/* Sets the abort flag after two tokens, as another thread would. */
+static int flag_after_two(int32_t token, const char* piece, size_t piece_len, void* user) {
+  abort_state* a = (abort_state*)user;
+  (void)token;
+  (void)piece;
+  (void)piece_len;
+  if (++a->tokens >= 2) a->flag = 1;
+  return 0;
+}
+
+/* Cancellation: a prefill stops between the steps of a layer and leaves the
+ * session as it was; a RAG prefill leaves it empty; generation stops between
+ * tokens.  After each, the same work without the callback gives the same
+ * result as a session that was never cancelled. */
+static void test_abort_callback(cb_model* m) {
+  cb_session_options so;
+  cb_session* s = NULL;
+  cb_model_info info;
+  abort_state ab;
+  int32_t ids[400];
+  size_t n = 0, nv = 0, nv2 = 0;
+  const float* l = NULL;
+  float* first = NULL;
+  float* whole = NULL;
+  int calls_per_prefill = 0;
+  char text[4096] = "";
+  int i;
+  for (i = 0; i < 30; ++i)
+    strcat(text, "The lighthouse keeper counted the ships that passed in the night. ");
+  cb_model_info_init(&info);
+  CHECK_OK(cb_model_get_info(m, &info));
+  CHECK_OK(cb_tokenize(m, text, strlen(text), 1, 0, ids, 400, &n));
+  CHECK(n > 300);
+  cb_session_options_init(&so);
+  so.n_ctx = 512;
+  so.n_batch = 64; /* several batches per prefill */
+  CHECK_OK(cb_session_create(m, &so, &s));
+  if (s == NULL) return;
+  CHECK_ERR(cb_session_set_abort_callback(NULL, count_and_abort, &ab), CB_ERR_INVALID_ARGUMENT);
+
+  /* Uncancelled: the first 10 tokens, then the rest; the callback is asked
+   * several times per layer of every batch. */
+  CHECK_OK(cb_session_prefill(s, ids, 10));
+  CHECK_OK(cb_session_logits(s, &l, &nv));
+  first = (float*)malloc(nv * sizeof(float));
+  whole = (float*)malloc(nv * sizeof(float));
+  if (first == NULL || whole == NULL) goto done;
+  memcpy(first, l, nv * sizeof(float));
+  memset(&ab, 0, sizeof ab);
+  CHECK_OK(cb_session_set_abort_callback(s, count_and_abort, &ab));
+  CHECK_OK(cb_session_prefill(s, ids + 10, n - 10));
+  calls_per_prefill = ab.calls;
+  CHECK(calls_per_prefill >= 4 * info.n_layer * (int)((n - 10 + 63) / 64));
+  CHECK_OK(cb_session_logits(s, &l, &nv));
+  memcpy(whole, l, nv * sizeof(float));
+
+  /* Cancelled half-way through the second batch: n_past and the logits are
+   * those before the call. */
+  CHECK_OK(cb_session_reset(s));
+  CHECK_OK(cb_session_prefill(s, ids, 10));
+  memset(&ab, 0, sizeof ab);
+  ab.stop_at = calls_per_prefill / 2;
+  CHECK_ERR(cb_session_prefill(s, ids + 10, n - 10), CB_ERR_CANCELLED);
+  CHECK(ab.calls == ab.stop_at);
+  CHECK(cb_session_n_past(s) == 10);
+  CHECK_OK(cb_session_logits(s, &l, &nv2));
+  CHECK(nv2 == nv && memcmp(l, first, nv * sizeof(float)) == 0);
+  /* The same prefill without the callback: as if never cancelled. */
+  CHECK_OK(cb_session_set_abort_callback(s, NULL, NULL));
+  CHECK_OK(cb_session_prefill(s, ids + 10, n - 10));
+  CHECK(cb_session_n_past(s) == (int32_t)n);
+  CHECK_OK(cb_session_logits(s, &l, &nv2));
+  CHECK(memcmp(l, whole, nv * sizeof(float)) == 0);
+
+  /* cb_generate: a prompt cancelled at once leaves the session as it was;
+   * a flag set after two tokens stops the decoding there. */
+  {
+    cb_generate_options go;
+    cb_generate_stats gs;
+    cb_generate_options_init(&go);
+    go.max_tokens = 8;
+    CHECK_OK(cb_session_reset(s));
+    memset(&ab, 0, sizeof ab);
+    ab.flag = 1;
+    CHECK_OK(cb_session_set_abort_callback(s, count_and_abort, &ab));
+    CHECK_ERR(cb_generate(s, ids, 40, &go, NULL, NULL, NULL), CB_ERR_CANCELLED);
+    CHECK(cb_session_n_past(s) == 0 && ab.calls == 1);
+    memset(&ab, 0, sizeof ab);
+    cb_generate_stats_init(&gs);
+    CHECK_ERR(cb_generate(s, ids, 40, &go, flag_after_two, &ab, &gs), CB_ERR_CANCELLED);
+    CHECK(strstr(cb_last_error(), "abort callback") != NULL);
+    CHECK(gs.n_generated == 2 && gs.stop_reason == CB_STOP_CANCELLED);
+    CHECK(cb_session_n_past(s) == 42); /* the prompt and both tokens (the second pending) */
+  }
+
+  /* cb_rag_prefill cancelled part-way leaves the session empty; without the
+   * callback the request then runs. */
+  {
+    cb_rag_options ro;
+    cb_rag_stats st;
+    cb_rag_options_init(&ro);
+    ro.mode = CB_MODE_FULL;
+    CHECK_OK(cb_session_reset(s));
+    memset(&ab, 0, sizeof ab);
+    ab.stop_at = 3 * info.n_layer;
+    CHECK_OK(cb_session_set_abort_callback(s, count_and_abort, &ab));
+    cb_rag_stats_init(&st);
+    CHECK_ERR(cb_rag_prefill(s, NULL, kRagChunks, 2, kRagQuestion, &ro, &st), CB_ERR_CANCELLED);
+    CHECK(cb_session_n_past(s) == 0);
+    CHECK_OK(cb_session_set_abort_callback(s, NULL, NULL));
+    CHECK_OK(cb_rag_prefill(s, NULL, kRagChunks, 2, kRagQuestion, &ro, &st));
+    CHECK(cb_session_n_past(s) == st.n_tokens);
+  }
+done:
+  free(first);
+  free(whole);
+  cb_session_free(s);
+}
 
 /* One RAG request on the reset session `s`, then greedy generation of up
  * to 12 tokens into `out`; the first-token logits are copied to `logits`
@@ -1488,10 +1728,12 @@ int main(void) {
     test_tokens(m);
     test_chat_format_errors(m);
     test_generate(m);
+    test_generation_controls(m);
     test_context_limits(m);
     test_threads(m);
     test_concurrent_use_of_one_session(m);
     test_rag(m);
+    test_abort_callback(m);
     test_rag_store(m);
     test_chunk_cache_add(m);
     test_handles(m, path);

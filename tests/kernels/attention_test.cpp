@@ -185,7 +185,8 @@ TEST(Attention, BackendWithSharedKeyTransposeMatchesTiles) {
     const int64_t group = c.n_head / c.n_head_kv;
     std::vector<float> tiles(d.q.size(), NAN);
     const AttentionArgs a = d.args(c, tiles.data());
-    for (int64_t h0 = 0; h0 < c.n_head; h0 += group) simd->attention_tile(a, 0, n_q, h0, h0 + group);
+    for (int64_t h0 = 0; h0 < c.n_head; h0 += group)
+      simd->attention_tile(a, 0, n_q, h0, h0 + group);
     expect_close(tiles, attention_f64(c, d), "tiles");
     for (int threads : {1, 3}) {
       std::vector<float> out(d.q.size(), NAN);

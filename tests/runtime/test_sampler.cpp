@@ -58,7 +58,46 @@ TEST(Sampler, RejectsBadOptions) {
   EXPECT_THROW(Sampler({.top_p = 0.0f}), Error);
   EXPECT_THROW(Sampler({.top_p = 1.5f}), Error);
   EXPECT_THROW(Sampler({.temperature = NAN}), Error);
+  EXPECT_THROW(Sampler({.min_p = 1.0f}), Error);
+  EXPECT_THROW(Sampler({.min_p = -0.1f}), Error);
+  EXPECT_THROW(Sampler({.repeat_penalty = 0.0f}), Error);
+  EXPECT_THROW(Sampler({.repeat_penalty = INFINITY}), Error);
+  EXPECT_THROW(Sampler({.repeat_last_n = -1}), Error);
   EXPECT_THROW(argmax({}), Error);
+}
+
+// min_p keeps the tokens at least min_p times as likely as the best one:
+// p ~ {0.53, 0.20, 0.20, 0.07}; min_p 0.3 keeps the first three.
+TEST(Sampler, MinPDropsTheUnlikelyTail) {
+  std::vector<float> l = {2.0f, 1.0f, 1.0f, 0.0f};
+  Sampler s({.temperature = 1.0f, .min_p = 0.3f, .seed = 5});
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 2000; ++i) ++seen[s.sample(l)];
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen.count(3), 0u);
+  EXPECT_GT(seen[0], seen[1]);
+}
+
+// The penalty divides a positive logit, multiplies a negative one, once per
+// distinct recent token, and forgets tokens older than repeat_last_n.
+TEST(Sampler, RepeatPenaltyDampsRecentTokens) {
+  const std::vector<float> l = {2.0f, 1.9f, -1.0f, -1.05f};
+  Sampler s({.repeat_penalty = 1.5f, .repeat_last_n = 2});
+  EXPECT_EQ(s.sample(l), 0);
+  s.accept(0);
+  s.accept(0);  // counted once: 2.0 / 1.5 = 1.33 < 1.9
+  EXPECT_EQ(s.sample(l), 1);
+  s.accept(1);  // history {0, 1}: 1.33 and 1.27 vs -1.0
+  EXPECT_EQ(s.sample(l), 0);
+  const std::vector<float> neg = {-1.0f, -1.2f};
+  Sampler t({.repeat_penalty = 1.5f, .repeat_last_n = 1});
+  t.accept(0);  // -1.0 * 1.5 = -1.5 < -1.2
+  EXPECT_EQ(t.sample(neg), 1);
+  t.accept(1);  // 0 left the window of one
+  EXPECT_EQ(t.sample(neg), 0);
+  Sampler off({.repeat_penalty = 1.0f});
+  off.accept(0);
+  EXPECT_EQ(off.sample(l), 0);
 }
 
 // NaN or +inf logits (a model with non-finite weights) are an error, greedy

@@ -334,6 +334,27 @@ CB_API int32_t cb_session_n_ctx(const cb_session* session);
  * session's thread only. */
 CB_API cb_status cb_session_reset(cb_session* session);
 
+/* Cancelling long work.  A session's abort callback is asked before every
+ * step of its forward passes (each matrix product, attention, ...; several
+ * times per layer) in cb_session_prefill, the prompt of cb_generate,
+ * cb_rag_prefill and cb_chunk_cache_add, and before each token that
+ * cb_generate decodes.  Non-zero stops the call with CB_ERR_CANCELLED:
+ *   - cb_session_prefill, or cb_generate's prompt: the session is left as
+ *     before the call (same n_past, same logits);
+ *   - cb_generate while decoding: as when the token callback cancels (the
+ *     tokens reported so far are in the session, stop_reason
+ *     CB_STOP_CANCELLED);
+ *   - cb_rag_prefill, cb_chunk_cache_add: the session is left empty; chunks
+ *     whose KV was complete are kept in the cache, none half-computed.
+ * The callback runs on the thread that made the call and must not call the
+ * library with this session; typically it reads a flag that another thread
+ * or a signal handler sets, so a request stops within one step's time (tens
+ * of milliseconds on a phone-sized model).  NULL removes it.  The session's
+ * thread only.  Errors: CB_ERR_INVALID_ARGUMENT (NULL or dead session). */
+typedef int (*cb_abort_callback)(void* user_data);
+CB_API cb_status cb_session_set_abort_callback(cb_session* session, cb_abort_callback callback,
+                                               void* user_data);
+
 /* The logits of the last token in the session's KV cache (n_vocab floats),
  * available after cb_session_prefill(), after cb_rag_prefill() and after a
  * cb_generate() whose last token entered the KV cache (max_tokens 0, an
@@ -355,6 +376,17 @@ typedef struct cb_sampling_options {
   int32_t top_k;     /* <= 0 (default): no top-k cut */
   float top_p;       /* in (0, 1]; 1 (default): no nucleus cut */
   uint64_t seed;     /* random seed (default 0); same seed, same output */
+  /* Added in 0.1.x: a struct that ends before them gets their defaults. */
+  /* Sampling only: drop the tokens less likely than min_p times the most
+   * likely one; in [0, 1), 0 (default): no cut. */
+  float min_p;
+  /* Greedy and sampled: each distinct token among the last repeat_last_n
+   * tokens this call generated has its logit divided by repeat_penalty
+   * when positive, multiplied when negative.  > 0; 1 (default): none (1.1
+   * to 1.3 breaks the loops a small model falls into).  repeat_last_n >= 0
+   * (default 64). */
+  float repeat_penalty;
+  int32_t repeat_last_n;
 } cb_sampling_options;
 
 /* Fills `opts` with defaults (greedy).  NULL is ignored. */
@@ -368,6 +400,17 @@ typedef struct cb_generate_options {
   int32_t stop_at_end_of_generation;
   /* Sampling; NULL (default) means greedy.  Read during the call only. */
   const cb_sampling_options* sampling;
+  /* Added in 0.1.x (a struct that ends before them has no stop strings).
+   * Generation stops where the generated text first contains one of these
+   * n_stop_strings non-empty UTF-8 strings (NULL, 0 by default; read during
+   * the call only), with CB_STOP_STRING.  The callback never sees a stop
+   * string or a part of one: a token whose text could begin one is
+   * reported once the next tokens rule it out, and the token in which a
+   * stop string begins is reported with its piece cut where the string
+   * starts (not at all when nothing precedes it there).  The stop string's
+   * tokens stay in the session's context. */
+  const char* const* stop_strings;
+  size_t n_stop_strings;
 } cb_generate_options;
 
 /* Fills `opts` with defaults.  NULL is ignored. */
@@ -390,7 +433,8 @@ typedef enum cb_stop_reason {
   CB_STOP_MAX_TOKENS = 1,        /* max_tokens were generated */
   CB_STOP_END_OF_GENERATION = 2, /* the model produced an end-of-generation token */
   CB_STOP_CONTEXT_FULL = 3,      /* the session's context is full */
-  CB_STOP_CANCELLED = 4          /* the callback returned non-zero */
+  CB_STOP_CANCELLED = 4,         /* the callback returned non-zero */
+  CB_STOP_STRING = 5             /* the text reached one of the stop strings */
 } cb_stop_reason;
 
 typedef struct cb_generate_stats {
