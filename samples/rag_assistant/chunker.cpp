@@ -17,13 +17,66 @@ std::string_view trim(std::string_view s) {
   return s.substr(a, b - a);
 }
 
-// A Markdown ATX heading line ("# Title", "## Section").
-bool is_heading(std::string_view s) {
-  s = trim(s);
+// The level of a Markdown ATX heading line ("# Title": 1, "## Section":
+// 2, up to 6); 0 for any other line.
+int heading_level(std::string_view line) {
+  line = trim(line);
   size_t k = 0;
-  while (k < s.size() && s[k] == '#') ++k;
-  return k > 0 && k <= 6 && k < s.size() && s[k] == ' ' && s.find('\n') == std::string_view::npos;
+  while (k < line.size() && line[k] == '#') ++k;
+  return k > 0 && k <= 6 && k < line.size() && line[k] == ' ' ? static_cast<int>(k) : 0;
 }
+
+// A piece that is one heading line and nothing else.
+bool is_heading(std::string_view s) {
+  return heading_level(s) > 0 && trim(s).find('\n') == std::string_view::npos;
+}
+
+// The headings in effect at a point of a Markdown text, outermost first:
+// each heading closes those of its level and deeper.  Lines inside fenced
+// code blocks (``` or ~~~) are not headings.
+class HeadingPath {
+ public:
+  // The path above a piece: all of it, or, when the piece begins with a
+  // heading of level k, the headings above level k.  One line each.
+  std::string above(std::string_view piece) const {
+    const std::string_view t = trim(piece);
+    const int own = fence_.empty() ? heading_level(t.substr(0, t.find('\n'))) : 0;
+    std::string out;
+    for (const auto& [level, line] : open_) {
+      if (own > 0 && level >= own) break;
+      if (!out.empty()) out += '\n';
+      out += line;
+    }
+    return out;
+  }
+  // Takes in the headings of a piece that follows.
+  void read(std::string_view piece) {
+    size_t start = 0;
+    while (start < piece.size()) {
+      size_t end = piece.find('\n', start);
+      if (end == std::string_view::npos) end = piece.size();
+      const std::string_view line = trim(piece.substr(start, end - start));
+      start = end + 1;
+      if (line.starts_with("```") || line.starts_with("~~~")) {
+        const std::string_view marker = line.substr(0, 3);
+        if (fence_.empty()) {
+          fence_ = marker;
+        } else if (fence_ == marker) {
+          fence_.clear();
+        }
+        continue;
+      }
+      const int level = fence_.empty() ? heading_level(line) : 0;
+      if (level == 0) continue;
+      while (!open_.empty() && open_.back().first >= level) open_.pop_back();
+      open_.emplace_back(level, std::string(line));
+    }
+  }
+
+ private:
+  std::vector<std::pair<int, std::string>> open_;
+  std::string fence_;  // the open code fence's marker, if any
+};
 
 // How finely a piece is cut, coarsest first.
 enum class Level { kParagraph, kSentence, kLine, kWord, kToken };
@@ -81,6 +134,7 @@ std::vector<std::string_view> split_at(std::string_view s, Level level) {
 struct Piece {
   std::string text;
   size_t n_tokens;
+  std::string headings;  // HeadingPath::above(text) where the piece begins
 };
 
 // Appends `s` to `out` as pieces of at most `target` tokens each.
@@ -88,13 +142,13 @@ void pieces_of(std::string_view s, Level level, size_t target, const TokenCounte
                std::vector<Piece>& out) {
   const size_t n = tokens.count(s);
   if (n <= target) {
-    out.push_back({std::string(s), n});
+    out.push_back({std::string(s), n, {}});
     return;
   }
   if (level == Level::kToken) {
     for (std::string& part : tokens.split(s, target)) {
       const size_t k = tokens.count(part);
-      out.push_back({std::move(part), k});
+      out.push_back({std::move(part), k, {}});
     }
     return;
   }
@@ -115,6 +169,11 @@ std::vector<Chunk> chunk_text(std::string_view text, size_t target_tokens,
   std::vector<Piece> pieces;
   for (std::string_view para : split_at(text, Level::kParagraph))
     pieces_of(para, Level::kSentence, target_tokens, tokens, pieces);
+  HeadingPath path;
+  for (Piece& p : pieces) {
+    p.headings = path.above(p.text);
+    path.read(p.text);
+  }
 
   // Greedy packing.  Counting piece by piece is an upper bound in practice
   // (byte-level BPE pre-splits at spaces, so joining pieces rarely merges
@@ -126,7 +185,13 @@ std::vector<Chunk> chunk_text(std::string_view text, size_t target_tokens,
     std::string text;
     for (size_t i = 0; i < n; ++i) text += cur[i]->text;
     const std::string_view t = trim(text);
-    if (!t.empty()) chunks.push_back({std::string(t), tokens.count(t)});
+    if (!t.empty()) {
+      // A chunk carries the headings it sits under, so that its text says
+      // what it is about even when the heading lines are chunks away.
+      const std::string& above = cur[0]->headings;
+      const std::string full = above.empty() ? std::string(t) : above + "\n\n" + std::string(t);
+      chunks.push_back({full, tokens.count(full)});
+    }
     cur.erase(cur.begin(), cur.begin() + static_cast<std::ptrdiff_t>(n));
     cur_tokens = 0;
     for (const Piece* p : cur) cur_tokens += p->n_tokens;

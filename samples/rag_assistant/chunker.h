@@ -6,6 +6,12 @@
 // line breaks, then spaces, and as a last resort between tokens (never inside
 // one, and never inside a UTF-8 character).  Pieces are then packed greedily
 // into chunks of at most the target.
+//
+// Markdown headings: a heading line stays with the text after it, and each
+// chunk begins with the path of headings it sits under ("# Offices" then
+// "## Oslo", one per line, a blank line, then the chunk's text), except the
+// ones its own text begins with.  Lines in fenced code blocks are not
+// headings.
 #pragma once
 
 #include <cstddef>
@@ -32,7 +38,8 @@ struct Chunk {
 };
 
 // Cuts `text` into chunks of about `target_tokens` tokens (at most that many
-// as counted piece by piece).  Whitespace-only text gives no chunks.
+// as counted piece by piece, plus the heading path and headings kept with
+// their text).  Whitespace-only text gives no chunks.
 std::vector<Chunk> chunk_text(std::string_view text, size_t target_tokens,
                               const TokenCounter& tokens);
 

@@ -131,7 +131,36 @@ TEST(Chunker, HeadingsStayWithTheTextAfterThem) {
   const auto chunks = rag::chunk_text(text, 5, tok);
   ASSERT_EQ(chunks.size(), 2u);
   EXPECT_EQ(chunks[0].text, "# Title\n\nalpha beta gamma");
-  EXPECT_EQ(chunks[1].text, "## Section\n\ndelta epsilon zeta");
+  // The section's chunk carries the title it sits under.
+  EXPECT_EQ(chunks[1].text, "# Title\n\n## Section\n\ndelta epsilon zeta");
+}
+
+// Each chunk says which sections it belongs to: the open headings, a
+// sibling closing its predecessor, none from inside a code block.
+TEST(Chunker, ChunksCarryTheirHeadingPath) {
+  const WordTokens tok;
+  const std::string text =
+      "# Guide\n\nintro words\n\n## Offices\n\n### Oslo\n\n"
+      "The office cat is a ginger tabby named Empanada. She sleeps on the printer. "
+      "Visitors feed her at noon.\n\n### Bergen\n\nrainy city\n\n```\n# not a heading\n```\n\n"
+      "more text after code\n";
+  const auto chunks = rag::chunk_text(text, 12, tok);
+  auto containing = [&](const std::string& words) -> std::string {
+    for (const auto& c : chunks)
+      if (c.text.find(words) != std::string::npos) return c.text;
+    return "";
+  };
+  // Headings that open a chunk stay in its text; only those above are added.
+  EXPECT_EQ(containing("Empanada").rfind("# Guide\n\n## Offices\n\n### Oslo\n\nThe office cat", 0),
+            0u)
+      << containing("Empanada");
+  // A chunk cut from inside the Oslo section gets the whole path.
+  EXPECT_EQ(containing("Visitors").rfind("# Guide\n## Offices\n### Oslo\n\n", 0), 0u)
+      << containing("Visitors");
+  EXPECT_EQ(containing("after code").rfind("# Guide\n## Offices\n### Bergen\n\n", 0), 0u)
+      << containing("after code");
+  EXPECT_EQ(containing("after code").find("not a heading"), std::string::npos);
+  for (const auto& c : chunks) EXPECT_LE(c.n_tokens, 12u + 6u) << c.text;
 }
 
 TEST(Chunker, WhitespaceOnlyGivesNothing) {
