@@ -9,7 +9,10 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "corpus_db.h"
@@ -87,7 +90,16 @@ class Assistant {
   }
 
   std::vector<ChunkRecord> retrieve(const std::string& question) {
-    return db_.search(fts_match_query(question), opts_.top_k);
+    std::vector<ChunkRecord> found = db_.search(fts_match_query(question), opts_.top_k);
+    for (const ChunkRecord& c : found) {
+      std::error_code ec;
+      if (std::filesystem::exists(c.path, ec) || !deleted_warned_.insert(c.path).second) continue;
+      std::fprintf(stderr,
+                   "rag_assistant: warning: %s was deleted after it was ingested and is still "
+                   "answered from (run ingest with --prune)\n",
+                   c.display.c_str());
+    }
+    return found;
   }
 
   Result answer(const std::string& question, const std::vector<ChunkRecord>& sources, bool stream,
@@ -181,6 +193,7 @@ class Assistant {
   Session session_;
   int n_ctx_train_ = 0;
   bool cancellable_ = false;  // read by on_abort
+  std::set<std::string> deleted_warned_;
 };
 
 std::string ratio_text(const Result& r, const AskOptions& o) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -127,7 +128,8 @@ CorpusDb::CorpusDb(const std::string& path, bool create) : path_(path) {
         // text is small next to its KV.  Porter stemming lets "leads"
         // find "lead".
         "CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5("
-        " title, text, tokenize='porter unicode61');");
+        " title, text, tokenize='porter unicode61');"
+        "CREATE TABLE IF NOT EXISTS settings(key TEXT PRIMARY KEY, value TEXT NOT NULL);");
   } else {
     // An existing file that is not our database says so plainly.
     Stmt s(db_, "SELECT count(*) FROM sqlite_master WHERE name IN ('files','chunks','chunks_fts')");
@@ -200,6 +202,22 @@ void CorpusDb::remove_file(int64_t file_id) {
   d.step();
 }
 
+std::optional<size_t> CorpusDb::chunk_tokens() {
+  Stmt s(db_, "SELECT value FROM settings WHERE key = 'chunk_tokens'");
+  if (!s.step()) return std::nullopt;
+  const std::string v = s.str(0);
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n == 0) return std::nullopt;  // not ours: ignored
+  return static_cast<size_t>(n);
+}
+
+void CorpusDb::set_chunk_tokens(size_t n) {
+  Stmt s(db_, "INSERT OR REPLACE INTO settings(key, value) VALUES ('chunk_tokens', ?1)");
+  s.bind(1, std::to_string(n));
+  s.step();
+}
+
 int64_t CorpusDb::n_chunks() {
   Stmt s(db_, "SELECT count(*) FROM chunks");
   s.step();
@@ -208,12 +226,12 @@ int64_t CorpusDb::n_chunks() {
 
 std::vector<ChunkRecord> CorpusDb::all_chunks() {
   Stmt s(db_,
-         "SELECT c.id, c.file_id, c.idx, f.title, c.text, c.n_tokens, f.display"
+         "SELECT c.id, c.file_id, c.idx, f.title, c.text, c.n_tokens, f.display, f.path"
          " FROM chunks c JOIN files f ON f.id = c.file_id ORDER BY c.id");
   std::vector<ChunkRecord> out;
   while (s.step())
     out.push_back({s.i64(0), s.i64(1), static_cast<int>(s.i64(2)), s.str(3), s.str(4),
-                   static_cast<int>(s.i64(5)), s.str(6), 0.0});
+                   static_cast<int>(s.i64(5)), s.str(6), 0.0, s.str(7)});
   return out;
 }
 
@@ -222,7 +240,7 @@ std::vector<ChunkRecord> CorpusDb::search(const std::string& match, int k) {
   // Title matches weigh double: a file named for a topic is about it.
   Stmt s(db_,
          "SELECT c.id, c.file_id, c.idx, f.title, c.text, c.n_tokens, f.display,"
-         " bm25(chunks_fts, 2.0, 1.0) AS score"
+         " bm25(chunks_fts, 2.0, 1.0) AS score, f.path"
          " FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
          " JOIN files f ON f.id = c.file_id"
          " WHERE chunks_fts MATCH ?1 ORDER BY score LIMIT ?2");
@@ -230,7 +248,7 @@ std::vector<ChunkRecord> CorpusDb::search(const std::string& match, int k) {
   std::vector<ChunkRecord> out;
   while (s.step())
     out.push_back({s.i64(0), s.i64(1), static_cast<int>(s.i64(2)), s.str(3), s.str(4),
-                   static_cast<int>(s.i64(5)), s.str(6), s.dbl(7)});
+                   static_cast<int>(s.i64(5)), s.str(6), s.dbl(7), s.str(8)});
   return out;
 }
 

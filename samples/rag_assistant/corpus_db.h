@@ -28,6 +28,7 @@ struct ChunkRecord {
   int n_tokens = 0;
   std::string display;  // of the file
   double score = 0.0;   // bm25 (lower is better) for search results
+  std::string path;     // of the file (FileRecord::path)
 };
 
 // The FTS5 MATCH expression for a free-text question: its words, lowercased,
@@ -53,6 +54,11 @@ class CorpusDb {
   void replace_file(const FileRecord& file, const std::string& title,
                     const std::vector<std::pair<std::string, int>>& chunks);
   void remove_file(int64_t file_id);
+
+  // The chunk length the store was last ingested with (none before the
+  // first ingest, or in a store from before it was recorded).
+  std::optional<size_t> chunk_tokens();
+  void set_chunk_tokens(size_t n);
 
   int64_t n_chunks();
   // Every chunk (id order), for the KV precompute.

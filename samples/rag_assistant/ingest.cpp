@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -25,6 +26,10 @@ namespace {
 
 void warn(const std::string& msg) {
   std::fprintf(stderr, "rag_assistant: warning: %s\n", msg.c_str());
+}
+
+void note(const std::string& msg) {
+  std::fprintf(stderr, "rag_assistant: %s\n", msg.c_str());
 }
 
 // The model's tokenizer behind the chunker's interface.
@@ -160,8 +165,21 @@ std::vector<Candidate> collect(const std::vector<std::string>& args, size_t& ski
   return out;
 }
 
+std::string megabytes(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
 // Reads the file; empty optional (with a warning) when it is unusable.
-std::optional<std::string> read_text_file(const Candidate& c) {
+std::optional<std::string> read_text_file(const Candidate& c, uint64_t max_bytes) {
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(c.path, ec);
+  if (!ec && size > max_bytes) {
+    warn("skipping " + c.display + ": " + megabytes(size) + ", more than the " +
+         megabytes(max_bytes) + " a file may have (--max-file-mb)");
+    return std::nullopt;
+  }
   std::ifstream in(c.path, std::ios::binary);
   if (!in) {
     warn("skipping " + c.display + ": cannot read it (" + std::strerror(errno) + ")");
@@ -225,38 +243,73 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   Model model;
   load_model(common, model);
   const ModelTokens tokens(model);
-  CorpusDb db(corpus_db_path(common.store), true);
+  // A first ingest that finds nothing usable leaves no store behind.
+  std::error_code exists_ec;
+  const bool store_existed = fs::exists(common.store, exists_ec);
+  const bool db_existed = fs::exists(corpus_db_path(common.store), exists_ec);
+  auto db = std::make_unique<CorpusDb>(corpus_db_path(common.store), true);
 
-  size_t usable = 0;
-  for (const Candidate& c : candidates) {
-    const std::optional<std::string> data = read_text_file(c);
+  // The chunk length: the one given, else the store's own, so that a
+  // re-ingest does not re-chunk everything at the default.
+  const std::optional<size_t> stored = db->chunk_tokens();
+  const size_t chunk_tokens =
+      opts.chunk_tokens > 0 ? opts.chunk_tokens : stored.value_or(kDefaultChunkTokens);
+  if (stored && *stored != chunk_tokens)
+    note("re-chunking every file at " + std::to_string(chunk_tokens) +
+         " tokens (the store was chunked at " + std::to_string(*stored) + ")");
+
+  size_t usable = 0, chunked_tokens = 0;
+  Progress progress("chunking", candidates.size(), "files");
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const Candidate& c = candidates[i];
+    progress.update(i, chunked_tokens);
+    const std::optional<std::string> data = read_text_file(c, opts.max_file_bytes);
     if (!data) {
       ++skipped;
       continue;
     }
     ++usable;
-    const std::string hash = content_hash(*data, opts.chunk_tokens);
-    const std::optional<FileRecord> old = db.find_file(c.path.string());
+    const std::string hash = content_hash(*data, chunk_tokens);
+    const std::optional<FileRecord> old = db->find_file(c.path.string());
     if (old && old->hash == hash) {
       ++unchanged;
       continue;
     }
     std::vector<std::pair<std::string, int>> rows;
-    for (Chunk& ch : chunk_text(*data, opts.chunk_tokens, tokens))
+    for (Chunk& ch : chunk_text(*data, chunk_tokens, tokens)) {
+      chunked_tokens += ch.n_tokens;
       rows.emplace_back(std::move(ch.text), static_cast<int>(ch.n_tokens));
-    db.replace_file({0, c.path.string(), c.display, hash}, title_of(*data, c.path), rows);
+    }
+    db->replace_file({0, c.path.string(), c.display, hash}, title_of(*data, c.path), rows);
     ++(old ? changed : added);
   }
-  if (opts.prune) {
-    for (const FileRecord& f : db.files()) {
-      std::error_code ec;
-      if (!fs::is_regular_file(f.path, ec)) {
-        db.remove_file(f.id);
-        ++removed;
-      }
+  progress.finish(candidates.size(), chunked_tokens);
+  std::vector<std::string> gone;
+  for (const FileRecord& f : db->files()) {
+    std::error_code ec;
+    if (fs::is_regular_file(f.path, ec)) continue;
+    if (opts.prune) {
+      db->remove_file(f.id);
+      ++removed;
+    } else {
+      gone.push_back(f.display);
     }
   }
-  if (usable == 0) throw nothing_to_ingest();
+  if (!gone.empty())
+    warn(std::to_string(gone.size()) + " stored file(s) no longer exist but are still answered " +
+         "from (" + gone.front() + (gone.size() > 1 ? ", ..." : "") +
+         "): run ingest with --prune to drop them");
+  if (usable == 0) {
+    if (!db_existed) {
+      db.reset();
+      std::error_code ec;
+      for (const char* suffix : {"", "-wal", "-shm"})
+        fs::remove(corpus_db_path(common.store) + suffix, ec);
+      if (!store_existed) fs::remove(common.store, ec);  // only if now empty
+    }
+    throw nothing_to_ingest();
+  }
+  db->set_chunk_tokens(chunk_tokens);
 
   // KV precompute for every chunk the chunk store lacks, whether its file
   // is new or an earlier ingest was interrupted or the store evicted it.
@@ -264,7 +317,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   open_chunk_cache(common.store, cache);
   const cb_rag_options ro = base_rag_options();
   std::vector<ChunkRecord> todo;
-  const std::vector<ChunkRecord> chunks = db.all_chunks();
+  const std::vector<ChunkRecord> chunks = db->all_chunks();
   int max_tokens = 0;
   for (const ChunkRecord& ch : chunks) {
     int32_t found = 0;
@@ -299,7 +352,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   }
   check(cb_chunk_cache_flush(cache.c), "cannot flush the chunk KV store");
 
-  const int64_t n_chunks = db.n_chunks();
+  const int64_t n_chunks = db->n_chunks();
   if (opts.json) {
     cbs::JsonObject o;
     o.add("files_new", static_cast<int64_t>(added))

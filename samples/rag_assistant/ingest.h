@@ -1,6 +1,8 @@
 // `rag_assistant ingest`: text and Markdown files into the store.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -8,11 +10,17 @@
 
 namespace rag {
 
+constexpr size_t kDefaultChunkTokens = 512;
+
 struct IngestOptions {
   std::vector<std::string> paths;  // files and folders (walked recursively)
-  size_t chunk_tokens = 512;       // target chunk length
-  bool prune = false;              // drop stored files that no longer exist
-  bool json = false;               // the summary as one JSON object
+  // Target chunk length; 0: the store's (the one its last ingest used), else
+  // kDefaultChunkTokens.
+  size_t chunk_tokens = 0;
+  // Larger files are skipped with a warning (a bound on memory and time).
+  uint64_t max_file_bytes = uint64_t{16} << 20;
+  bool prune = false;  // drop stored files that no longer exist
+  bool json = false;   // the summary as one JSON object
 };
 
 // Chunks and indexes every usable file (unchanged files are skipped by

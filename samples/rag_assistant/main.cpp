@@ -26,14 +26,16 @@ const char* const kUsage =
     "usage: rag_assistant --store DIR <command> [options]\n"
     "\n"
     "commands:\n"
-    "  ingest PATH... [--chunk-tokens N] [--prune] [--json]\n"
+    "  ingest PATH... [--chunk-tokens N] [--max-file-mb M] [--prune] [--json]\n"
     "      add text and Markdown files (folders are walked recursively for .md,\n"
     "      .markdown, .txt, .text) to the store: paragraph-aware chunks of about N\n"
-    "      tokens (default 512) in DIR/corpus.sqlite with a full-text index, and\n"
+    "      tokens (default: the store's last, else 512), each under the Markdown\n"
+    "      headings it sits in, in DIR/corpus.sqlite with a full-text index, and\n"
     "      each chunk's KV precomputed into DIR/kv.  Unchanged files cost nothing;\n"
     "      changed ones replace their chunks; --prune drops stored files that no\n"
-    "      longer exist.  Binary, empty or unreadable files are skipped with a\n"
-    "      warning.\n"
+    "      longer exist (without it they are still answered from, with a warning).\n"
+    "      Binary, empty or unreadable files, and files over M MB (default 16),\n"
+    "      are skipped with a warning.\n"
     "  ask QUESTION [--top-k K] [--mode blend|full|reuse|prefix] [--ratio R|auto]\n"
     "      [--select P] [--context-order best-last|best-first] [--max-tokens N]\n"
     "      [--temperature T] [--min-p M] [--seed S] [--repeat-penalty X] [--stop TEXT]\n"
@@ -164,6 +166,9 @@ int run(int argc, char** argv) {
       threads_given = true;
     } else if (arg == "--chunk-tokens") {
       ingest.chunk_tokens = static_cast<size_t>(parse_long(arg, next(), 16, 8192));
+      ingest_only.push_back(arg);
+    } else if (arg == "--max-file-mb") {
+      ingest.max_file_bytes = static_cast<uint64_t>(parse_long(arg, next(), 1, 4096)) << 20;
       ingest_only.push_back(arg);
     } else if (arg == "--prune") {
       no_value();

@@ -6,9 +6,10 @@
 
 namespace rag {
 
-Progress::Progress(std::string label, size_t total)
+Progress::Progress(std::string label, size_t total, std::string unit)
     : label_(std::move(label)),
       total_(total),
+      unit_(std::move(unit)),
       tty_(::isatty(STDERR_FILENO) != 0),
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
@@ -34,12 +35,13 @@ void Progress::finish(size_t done, size_t tokens) {
 void Progress::draw(size_t done, size_t tokens, bool final) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double tok_s = s > 0 ? static_cast<double>(tokens) / s : 0.0;
-  // ETA from the rate of items so far (chunks are of similar size).
+  // ETA from the rate of items so far (chunks are of similar size; files
+  // need not be, so their ETA is rougher).
   const double eta =
       done > 0 ? s / static_cast<double>(done) * static_cast<double>(total_ - done) : 0.0;
   char stats[160];
-  std::snprintf(stats, sizeof stats, "%zu/%zu chunks  %.0f tok/s  %s %.0fs", done, total_, tok_s,
-                final ? "took" : "ETA", final ? s : eta);
+  std::snprintf(stats, sizeof stats, "%zu/%zu %s  %.0f tok/s  %s %.0fs", done, total_,
+                unit_.c_str(), tok_s, final ? "took" : "ETA", final ? s : eta);
   if (tty_) {
     constexpr int kWidth = 30;
     const int filled = total_ ? static_cast<int>(done * kWidth / total_) : kWidth;

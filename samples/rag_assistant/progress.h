@@ -11,7 +11,8 @@ namespace rag {
 
 class Progress {
  public:
-  Progress(std::string label, size_t total);
+  // `unit`: what the items are ("chunks", "files").
+  Progress(std::string label, size_t total, std::string unit = "chunks");
   // `done` items finished, `tokens` tokens processed so far.
   void update(size_t done, size_t tokens);
   // The final state, then a newline (terminal).
@@ -21,6 +22,7 @@ class Progress {
   void draw(size_t done, size_t tokens, bool final);
   std::string label_;
   size_t total_;
+  std::string unit_;
   bool tty_;
   int last_tenth_ = -1;
   std::chrono::steady_clock::time_point start_, last_draw_;

@@ -132,7 +132,16 @@ def test_errors_before_ingest(rag, tmp):
     check(rc == 0 and "escape.md" in err and "outside" in err and paths == ["inside.md"],
           "a symlink out of the folder is skipped with a warning", describe(rc, out, err) + str(paths))
 
-    # The failed ingests created the store but put no document in it.
+    # The failed first ingests created no store; one whose only file was
+    # deleted and pruned is an empty store.
+    rag.expect_error(["--store", store, "ask", QUESTION], "ask after failed first ingests",
+                     must_contain=["no corpus", "ingest"])
+    gone = os.path.join(tmp, "gone.md")
+    with open(gone, "w") as f:
+        f.write("# Gone\n\nThis file will be deleted.\n")
+    rc, out, err = rag.run(["--store", store, "ingest", gone])
+    os.remove(gone)
+    rag.run(["--store", store, "ingest", gone, "--prune"])
     rag.expect_error(["--store", store, "ask", QUESTION], "ask on an empty store",
                      must_contain=["no documents"])
     # Usage errors (exit status 2).
@@ -165,6 +174,23 @@ def test_ingest(rag, store, corpus):
           and o.get("files_changed") == 0 and o.get("kv_computed") == 0
           and o.get("chunks") == chunks and "precomputing" not in err,
           "re-ingest of unchanged files does no work", describe(rc, out, err))
+    # Without --chunk-tokens the store's own chunk length is used.
+    rc, o, out, err = rag.json(["--store", store, "ingest", corpus])
+    check(o is not None and o.get("files_unchanged") == n_files and o.get("kv_computed") == 0
+          and "re-chunking" not in err,
+          "re-ingest without --chunk-tokens keeps the store's chunk length", describe(rc, out, err))
+    # A file over --max-file-mb is skipped with a warning, before it is read.
+    big = os.path.join(os.path.dirname(corpus), "big.txt")
+    with open(big, "w") as f:
+        f.write("lorem ipsum " * 100000)  # 1.2 MB
+    rc, o, out, err = rag.json(["--store", store, "ingest", big, "--max-file-mb", "1"])
+    check(rc == 1 and "big.txt" in err and "--max-file-mb" in err and "nothing to ingest" in err,
+          "a file over --max-file-mb is skipped with a warning", describe(rc, out, err))
+    # A first ingest that finds nothing usable leaves no store.
+    fresh = os.path.join(os.path.dirname(corpus), "fresh-store")
+    rc, out, err = rag.run(["--store", fresh, "ingest", big, "--max-file-mb", "1"])
+    check(rc == 1 and not os.path.exists(fresh), "a failed first ingest leaves no store",
+          describe(rc, out, err))
     return chunks
 
 
@@ -281,6 +307,12 @@ def test_updates(rag, store, corpus):
     check(o is not None and o.get("files_changed") == 1 and o.get("files_removed") == 0
           and 0 < o.get("kv_computed", 0) <= 2, "a changed file is re-chunked, the rest untouched",
           describe(rc, out, err))
+    check("still answered from" in err and "old.txt" in err and "--prune" in err,
+          "ingest warns about a deleted file that is still served", describe(rc, out, err))
+    rc, o, out, err = rag.json(["--store", store, "ask", "When was the old intranet switched off?",
+                                "--top-k", "1", "--max-tokens", "4"])
+    check(rc == 0 and "old.txt" in err and "deleted" in err,
+          "ask names a deleted source on stderr", describe(rc, out, err))
     rc, o, out, err = rag.json(["--store", store, "ingest", corpus, "--chunk-tokens", CHUNK_TOKENS,
                                 "--prune"])
     check(o is not None and o.get("files_removed") == 1 and o.get("kv_computed") == 0,
