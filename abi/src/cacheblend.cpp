@@ -1330,6 +1330,20 @@ cb_status cb_chunk_cache_contains(const cb_model* model, cb_chunk_cache* cache,
   });
 }
 
+cb_status cb_chunk_cache_remove(const cb_model* model, cb_chunk_cache* cache,
+                                const char* chunk_text, const cb_rag_options* opts,
+                                int32_t* out_removed) {
+  return guard("cb_chunk_cache_remove", [&] {
+    const cb::Model& m = model_of(model);
+    check_cache(cache);
+    require(chunk_text != nullptr, "chunk_text is NULL");
+    const ChunkEntry e = chunk_entry(m, chunk_text, opts);
+    const bool removed = !e.tokens.empty() && cache->kv().remove(e.key);
+    if (out_removed != nullptr) *out_removed = removed ? 1 : 0;
+    return CB_OK;
+  });
+}
+
 void cb_rag_stats_init(cb_rag_stats* stats) {
   if (stats == nullptr) return;
   std::memset(static_cast<void*>(stats), 0, sizeof(*stats));

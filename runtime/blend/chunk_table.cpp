@@ -56,6 +56,15 @@ void MemoryChunkTable::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
   bytes_ += n;
 }
 
+bool MemoryChunkTable::remove(const cache::ChunkKey& key) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(serialize(key));
+  if (it == entries_.end()) return false;
+  bytes_ -= (it->second->k.size() + it->second->v.size()) * sizeof(float);
+  entries_.erase(it);
+  return true;
+}
+
 size_t MemoryChunkTable::size() const {
   std::lock_guard lock(mu_);
   return entries_.size();

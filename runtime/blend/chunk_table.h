@@ -20,6 +20,9 @@ class ChunkKvStore {
   // valid even if the entry is evicted meanwhile.
   virtual std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) = 0;
   virtual void put(const cache::ChunkKey& key, cache::ChunkKV kv) = 0;
+  // Drops the entry, if any (readers already handed out stay valid).
+  // false: there was none.
+  virtual bool remove(const cache::ChunkKey& key) = 0;
 };
 
 // Chunk KV in RAM, exact (f32).  Thread-safe.
@@ -27,6 +30,7 @@ class MemoryChunkTable final : public ChunkKvStore {
  public:
   std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) override;
   void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
+  bool remove(const cache::ChunkKey& key) override;
   size_t size() const;
   size_t bytes() const;
   void clear();

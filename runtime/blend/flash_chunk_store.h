@@ -18,6 +18,12 @@ class FlashChunkStore final : public ChunkKvStore {
   // Queued for write-back; dropped (and counted in the store's stats) when
   // the queue is full, since the request already has the KV it needs.
   void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
+  // After the write-backs queued before it (one of them may be this key's),
+  // the entry and its blob go (cache::ChunkStore::evict).
+  bool remove(const cache::ChunkKey& key) override {
+    store_->flush();
+    return store_->evict(key);
+  }
   cache::ChunkStore& store() { return *store_; }
   const cache::ChunkStore& store() const { return *store_; }
 

@@ -218,6 +218,14 @@ void CorpusDb::set_chunk_tokens(size_t n) {
   s.step();
 }
 
+std::vector<std::string> CorpusDb::chunk_texts(int64_t file_id) {
+  Stmt s(db_, "SELECT text FROM chunks WHERE file_id = ?1 ORDER BY idx");
+  s.bind(1, file_id);
+  std::vector<std::string> out;
+  while (s.step()) out.push_back(s.str(0));
+  return out;
+}
+
 int64_t CorpusDb::n_chunks() {
   Stmt s(db_, "SELECT count(*) FROM chunks");
   s.step();

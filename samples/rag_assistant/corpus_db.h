@@ -61,6 +61,8 @@ class CorpusDb {
   void set_chunk_tokens(size_t n);
 
   int64_t n_chunks();
+  // The text of each of a file's chunks.
+  std::vector<std::string> chunk_texts(int64_t file_id);
   // Every chunk (id order), for the KV precompute.
   std::vector<ChunkRecord> all_chunks();
   // The best `k` chunks for the MATCH expression (see fts_match_query), best

@@ -259,6 +259,12 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
          " tokens (the store was chunked at " + std::to_string(*stored) + ")");
 
   size_t usable = 0, chunked_tokens = 0;
+  // The chunks of changed and pruned files: their KV goes too, unless
+  // another file still has the same chunk.
+  std::vector<std::string> dropped;
+  auto drop_chunks_of = [&](int64_t file_id) {
+    for (std::string& t : db->chunk_texts(file_id)) dropped.push_back(std::move(t));
+  };
   Progress progress("chunking", candidates.size(), "files");
   for (size_t i = 0; i < candidates.size(); ++i) {
     const Candidate& c = candidates[i];
@@ -275,6 +281,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
       ++unchanged;
       continue;
     }
+    if (old) drop_chunks_of(old->id);
     std::vector<std::pair<std::string, int>> rows;
     for (Chunk& ch : chunk_text(*data, chunk_tokens, tokens)) {
       chunked_tokens += ch.n_tokens;
@@ -289,6 +296,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
     std::error_code ec;
     if (fs::is_regular_file(f.path, ec)) continue;
     if (opts.prune) {
+      drop_chunks_of(f.id);
       db->remove_file(f.id);
       ++removed;
     } else {
@@ -318,6 +326,19 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   const cb_rag_options ro = base_rag_options();
   std::vector<ChunkRecord> todo;
   const std::vector<ChunkRecord> chunks = db->all_chunks();
+  size_t kv_removed = 0;
+  {
+    std::set<std::string_view> live;
+    for (const ChunkRecord& ch : chunks) live.insert(ch.text);
+    std::set<std::string_view> done;
+    for (const std::string& t : dropped) {
+      if (live.count(t) || !done.insert(t).second) continue;
+      int32_t removed = 0;
+      check(cb_chunk_cache_remove(model.m, cache.c, t.c_str(), &ro, &removed),
+            "cannot remove a dropped chunk's KV from the store");
+      kv_removed += static_cast<size_t>(removed);
+    }
+  }
   int max_tokens = 0;
   for (const ChunkRecord& ch : chunks) {
     int32_t found = 0;
@@ -362,14 +383,16 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
         .add("files_skipped", static_cast<int64_t>(skipped))
         .add("chunks", n_chunks)
         .add("kv_computed", static_cast<int64_t>(todo.size()))
+        .add("kv_removed", static_cast<int64_t>(kv_removed))
         .add("kv_tokens_computed", static_cast<int64_t>(computed_tokens))
         .add("store", common.store);
     std::printf("%s\n", o.str().c_str());
   } else {
     std::printf(
         "ingest: %zu new, %zu changed, %zu unchanged, %zu removed, %zu skipped file(s); "
-        "%lld chunks in the store; chunk KV computed for %zu chunk(s)\n",
-        added, changed, unchanged, removed, skipped, static_cast<long long>(n_chunks), todo.size());
+        "%lld chunks in the store; chunk KV computed for %zu chunk(s), removed for %zu\n",
+        added, changed, unchanged, removed, skipped, static_cast<long long>(n_chunks), todo.size(),
+        kv_removed);
   }
   return 0;
 }

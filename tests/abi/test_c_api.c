@@ -1145,6 +1145,21 @@ static void test_chunk_cache_add(cb_model* m) {
   cb_rag_stats_init(&st);
   CHECK_OK(rag_answer(s, cache, &other, &st, &c, NULL, 0));
   CHECK(st.cache_hits == 2 && st.cache_misses == 0);
+  /* Removed from that namespace only: a miss there, still a hit in the
+   * default one; a second removal finds nothing. */
+  found = -1;
+  CHECK_OK(cb_chunk_cache_remove(m, cache, kRagChunks[1], &other, &found));
+  CHECK(found == 1);
+  CHECK_OK(cb_chunk_cache_remove(m, cache, kRagChunks[1], &other, &found));
+  CHECK(found == 0);
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[1], &other, &found));
+  CHECK(found == 0);
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[1], &ro, &found));
+  CHECK(found == 1);
+  CHECK_OK(cb_chunk_cache_remove(m, cache, "never added", NULL, NULL));
+  CHECK_ERR(cb_chunk_cache_remove(m, cache, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_remove(NULL, cache, kRagChunks[1], NULL, NULL),
+            CB_ERR_INVALID_ARGUMENT);
 
   /* Misuse. */
   CHECK_OK(cb_session_reset(s));
@@ -1234,6 +1249,17 @@ static void test_chunk_cache_add(cb_model* m) {
   CHECK_OK(rag_answer(s, cache, &ro, &st, &c, NULL, 0));
   CHECK(st.cache_hits == 2 && st.cache_misses == 0 && st.bytes_read > 0);
   CHECK(strstr(c.text, "4721") != NULL);
+  /* Removal on flash deletes the entry, also across a reopen. */
+  CHECK_OK(cb_chunk_cache_remove(m, cache, kRagChunks[0], &ro, &found));
+  CHECK(found == 1);
+  cb_chunk_cache_free(cache);
+  cache = NULL;
+  CHECK_OK(cb_chunk_cache_open(dir, NULL, &cache));
+  if (cache == NULL) goto done;
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 1);
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], &ro, &found));
+  CHECK(found == 0);
 
 done:
   cb_session_free(s);

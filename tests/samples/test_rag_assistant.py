@@ -317,6 +317,8 @@ def test_updates(rag, store, corpus):
                                 "--prune"])
     check(o is not None and o.get("files_removed") == 1 and o.get("kv_computed") == 0,
           "--prune drops a deleted file", describe(rc, out, err))
+    check(o is not None and o.get("kv_removed") == 1,
+          "--prune drops the deleted file's chunk KV too", describe(rc, out, err))
     rc, o, out, err = rag.json(["--store", store, "ask", "When is lunch served on Fridays?",
                                 "--top-k", "1", "--max-tokens", "8"])
     check(o is not None and o.get("sources", [{}])[0].get("file", "").endswith("projects.md")
