@@ -1,6 +1,10 @@
 #include "cache/chunk_store.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <unordered_set>
 
 #include "cache/blob_format.h"
@@ -23,7 +27,7 @@ struct OpenBlob {
 
 struct ChunkStore::Counters {
   std::atomic<uint64_t> hits{0}, misses{0}, puts{0}, put_duplicates{0}, put_no_room{0};
-  std::atomic<uint64_t> evictions{0}, corrupt_drops{0};
+  std::atomic<uint64_t> evictions{0}, corrupt_drops{0}, quarantined{0};
   std::atomic<uint64_t> async_queued{0}, async_dropped{0}, async_failed{0};
   std::atomic<uint64_t> bytes_read{0}, read_ns{0};
   std::array<std::atomic<uint64_t>, 4> codec_layers{}, codec_bytes{}, codec_ns{};
@@ -32,6 +36,10 @@ struct ChunkStore::Counters {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Up to this many orphaned blobs (and no more than the live entries) are
+// deleted at open; beyond, they are quarantined (see reconcile()).
+constexpr size_t kMaxOrphansSwept = 8;
 
 uint64_t ns_since(Clock::time_point t0) {
   return static_cast<uint64_t>(
@@ -134,9 +142,20 @@ void ChunkStore::reconcile() {
   // temp files), and never through a symlinked blobs/: whatever else lies
   // there belongs to someone else.
   if (!is_symlink(blob_dir_)) {
+    std::vector<std::string> orphans;
     for (const std::string& name : list_dir(blob_dir_)) {
-      if (!live.count(name) && (is_blob_name(name) || is_temp_name(name)))
-        remove_quietly(blob_path(name));
+      if (live.count(name)) continue;
+      if (is_temp_name(name)) remove_quietly(blob_path(name));
+      if (is_blob_name(name)) orphans.push_back(name);
+    }
+    // A few orphans are a writer that died between its blob and its row.
+    // More orphans than live entries mean the index is not this blob
+    // folder's (another store's index or -wal copied in, a rebuilt index):
+    // the blobs are moved aside, not deleted.
+    if (orphans.size() > std::max<size_t>(kMaxOrphansSwept, live.size())) {
+      quarantine(orphans);
+    } else {
+      unlink_blobs(orphans);
     }
   }
   const std::vector<std::string> trimmed = index_->trim_to(options_.capacity_bytes);
@@ -168,6 +187,18 @@ void ChunkStore::drop_entry(int64_t id, const std::string& blob) {
 
 void ChunkStore::unlink_blobs(const std::vector<std::string>& names) {
   for (const std::string& name : names) remove_quietly(blob_path(name));
+}
+
+void ChunkStore::quarantine(const std::vector<std::string>& names) {
+  const std::string dest = dir_ + "/quarantine/" + std::to_string(std::time(nullptr)) + "-" +
+                           std::to_string(::getpid());
+  try {
+    make_dirs(dest);
+    for (const std::string& name : names) rename_file(blob_path(name), dest + "/" + name);
+    counters_->quarantined += names.size();
+  } catch (const Error&) {
+    // Left where they are: the next open tries again; nothing is lost.
+  }
 }
 
 std::optional<ChunkHandle> ChunkStore::lookup(const ChunkKey& key) {
@@ -398,6 +429,7 @@ StoreStats ChunkStore::stats() const {
   s.put_no_room = c.put_no_room;
   s.evictions = c.evictions;
   s.corrupt_drops = c.corrupt_drops;
+  s.quarantined = c.quarantined;
   s.async_queued = c.async_queued;
   s.async_dropped = c.async_dropped;
   s.async_failed = c.async_failed;

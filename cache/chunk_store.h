@@ -103,6 +103,8 @@ struct StoreStats {
   uint64_t put_no_room = 0;
   uint64_t evictions = 0;      // entries evicted by this object's puts
   uint64_t corrupt_drops = 0;  // entries dropped for a bad or missing blob
+  // Orphaned blobs moved to DIR/quarantine/ at open (see ChunkStore::open).
+  uint64_t quarantined = 0;
   uint64_t async_queued = 0;
   uint64_t async_dropped = 0;  // put_async refused: queue full
   uint64_t async_failed = 0;   // put_async jobs that failed (see last_async_error)
@@ -116,7 +118,9 @@ class ChunkStore {
  public:
   // Creates dir if needed, opens the index, removes orphans both ways (blobs
   // without rows, rows without a complete blob, temp files of dead writers)
-  // and trims to capacity.  Throws cb::Error(kIo) naming the path and reason
+  // and trims to capacity.  When orphaned blobs outnumber the index's live
+  // entries (and are more than a few), the index is not this folder's: they
+  // are moved to DIR/quarantine/<time>-<pid>/ instead of deleted.  Throws cb::Error(kIo) naming the path and reason
   // (a path that is a file, no permission, read-only file system...), or
   // kFormat for an index it cannot use and may not rebuild.
   static std::unique_ptr<ChunkStore> open(const std::string& dir, const StoreOptions& options = {});
@@ -168,6 +172,8 @@ class ChunkStore {
   std::string blob_path(const std::string& name) const;
   void drop_entry(int64_t id, const std::string& blob);
   void unlink_blobs(const std::vector<std::string>& names);
+  // Moves blobs to DIR/quarantine/<time>-<pid>/.
+  void quarantine(const std::vector<std::string>& names);
   void open_index();
 
   std::string dir_;

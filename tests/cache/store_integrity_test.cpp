@@ -182,6 +182,42 @@ TEST(Integrity, OpenDeletesNoFileOfSomeoneElse) {
   EXPECT_TRUE(fs::exists(target.sub(mine)));
 }
 
+// Another store's index in place of this one's (copied in, or its -wal
+// applied): every row lacks its blob and every blob lacks its row.  The
+// rows go, the blobs are moved to quarantine/, not deleted.
+TEST(Integrity, ForeignIndexQuarantinesTheBlobs) {
+  TempDir dir, other;
+  std::vector<ChunkKey> keys;
+  {
+    auto store = ChunkStore::open(dir.path());
+    for (int i = 0; i < 12; ++i) {
+      keys.push_back(make_key(make_tokens(40, 100 + i)));
+      ASSERT_EQ(store->put(keys.back(), make_kv(small_shape(), i).view()), PutResult::kStored);
+    }
+    auto foreign = ChunkStore::open(other.path());
+    for (int i = 0; i < 3; ++i)
+      ASSERT_EQ(foreign->put(make_key(make_tokens(40, 200 + i)), make_kv(small_shape(), i).view()),
+                PutResult::kStored);
+  }
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    fs::remove(dir.sub(std::string("index.sqlite") + suffix));
+    if (fs::exists(other.sub(std::string("index.sqlite") + suffix)))
+      fs::copy_file(other.sub(std::string("index.sqlite") + suffix),
+                    dir.sub(std::string("index.sqlite") + suffix));
+  }
+  auto store = ChunkStore::open(dir.path());
+  EXPECT_EQ(store->stats().entries, 0u);
+  EXPECT_EQ(store->stats().quarantined, 12u);
+  EXPECT_TRUE(blob_files(dir).empty());
+  size_t kept = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir.sub("quarantine")))
+    kept += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(kept, 12u);
+  EXPECT_FALSE(store->lookup(keys[0]));
+  EXPECT_EQ(store->put(keys[0], make_kv(small_shape(), 0).view()), PutResult::kStored);
+  EXPECT_TRUE(fetch_all(*store, *store->lookup(keys[0])));
+}
+
 TEST(Integrity, CorruptIndexIsRebuiltEmpty) {
   TempDir dir;
   const ChunkKey key = make_key(make_tokens(40, 8));
