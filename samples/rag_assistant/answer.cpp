@@ -1,9 +1,6 @@
 #include "answer.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -17,6 +14,7 @@
 
 #include "corpus_db.h"
 #include "json_writer.h"
+#include "line_reader.h"
 
 namespace rag {
 namespace {
@@ -277,7 +275,8 @@ int run_chat(const CommonOptions& common, const AskOptions& opts) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   Assistant a(common, opts);
-  const bool tty = ::isatty(STDIN_FILENO) != 0;
+  LineReader input(&g_interrupted);
+  const bool tty = input.at_terminal();
   if (tty)
     std::fprintf(stderr,
                  "Ask about the documents in %s.  Ctrl-C stops an answer; Ctrl-C or Ctrl-D at "
@@ -286,23 +285,11 @@ int run_chat(const CommonOptions& common, const AskOptions& opts) {
   std::string line;
   for (;;) {
     if (g_interrupted) break;  // Ctrl-C while loading or between answers
-    if (tty) {
-      std::fprintf(stderr, "\n> ");
-      std::fflush(stderr);
-    }
-    // Plain stdio: an interrupted read() fails getline with EINTR.
-    char* buf = nullptr;
-    size_t cap = 0;
-    errno = 0;
-    const ssize_t n = ::getline(&buf, &cap, stdin);
-    std::unique_ptr<char, decltype(&std::free)> hold(buf, &std::free);
-    if (n < 0) {
+    if (!input.read(line)) {
       if (tty) std::fprintf(stderr, "\n");
       break;  // EOF, or Ctrl-C at the prompt
     }
     g_interrupted = 0;
-    line.assign(buf, static_cast<size_t>(n));
-    while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     if (line == "quit" || line == "exit") break;
     Result r;

@@ -17,6 +17,8 @@ any failure.
 import argparse
 import json
 import os
+import pty
+import select
 import shutil
 import signal
 import sqlite3
@@ -297,6 +299,49 @@ def test_chat(rag, store):
           describe(p.returncode, out, err))
 
 
+def test_chat_at_a_terminal(rag, store):
+    # At a terminal: the line can be edited (arrow keys move the cursor) and
+    # the history recalls the last question; Ctrl-C at the prompt exits.
+    # Its own session: libedit passes Ctrl-C on to the whole process group.
+    master, slave = pty.openpty()
+    p = subprocess.Popen([rag.binary] + rag.model + ["--threads", THREADS, "--store", store, "chat",
+                          "--max-tokens", "24"], stdin=slave, stdout=subprocess.PIPE,
+                         stderr=slave, env=rag.env, start_new_session=True)
+    os.close(slave)
+    seen = b""
+
+    def read_until(marker, seconds):
+        nonlocal seen
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and seen.count(b"\n> ") < marker:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:
+                    break
+
+    read_until(1, 120)
+    left = b"\x1b[D" * len("office where Zofia Brandvold works?")
+    typed = QUESTION.replace("office cat in the ", "")
+    os.write(master, typed.encode() + left + b"office cat in the " + b"\r")
+    read_until(2, 120)
+    os.write(master, b"\x1b[A\r")  # the previous question again
+    read_until(3, 120)
+    p.send_signal(signal.SIGINT)
+    try:
+        out, _ = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+    os.close(master)
+    out = out.decode("utf-8", "replace")
+    edited = (QUESTION.encode() in seen.replace(b"\r", b""))
+    check(p.returncode == 0 and out.count("TTFT") == 2 and out.count(ANSWER) >= 2 and edited,
+          "chat at a terminal: line editing, history, Ctrl-C at the prompt exits",
+          describe(p.returncode, out, seen.decode("utf-8", "replace")[-600:]))
+
+
 def test_updates(rag, store, corpus):
     # A changed file replaces its chunks (and only its KV is computed); a
     # deleted one stays until --prune.
@@ -356,6 +401,7 @@ def main():
         test_ingest(rag, store, corpus)
         test_ask(rag, store)
         test_chat(rag, store)
+        test_chat_at_a_terminal(rag, store)
         test_updates(rag, store, corpus)
     print(f"{PASSED} passed, {FAILED} failed ({time.monotonic() - start:.0f} s)")
     return 1 if FAILED else 0
