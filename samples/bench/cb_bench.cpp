@@ -38,6 +38,7 @@
 
 #include "json_writer.h"
 #include "model_path.h"
+#include "number_arg.h"
 #include "ratio_arg.h"
 
 namespace {
@@ -267,15 +268,10 @@ unsigned long long parse_u64(const Args& a, const std::string& flag, unsigned lo
 double parse_double(const Args& a, const std::string& flag, double def, double lo, double hi) {
   auto it = a.values.find(flag);
   if (it == a.values.end()) return def;
-  const std::string& s = it->second;
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
-    usage_error("option " + flag + ": '" + s + "' is not a number");
-  if (v < lo || v > hi)
-    usage_error("option " + flag + ": " + s + " is outside " + cbs::json_number(lo) + ".." +
-                cbs::json_number(hi));
+  double v = 0.0;
+  std::string error;
+  if (!cbs::parse_number_arg(it->second, lo, hi, v, error))
+    usage_error("option " + flag + ": " + error);
   return v;
 }
 

@@ -18,6 +18,7 @@
 #include "answer.h"
 #include "app.h"
 #include "ingest.h"
+#include "number_arg.h"
 #include "ratio_arg.h"
 
 namespace {
@@ -89,14 +90,9 @@ long parse_long(const std::string& flag, const std::string& s, long lo, long hi)
 }
 
 double parse_number(const std::string& flag, const std::string& s, double lo, double hi) {
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
-    usage("option " + flag + ": '" + s + "' is not a number");
-  if (v < lo || v > hi)
-    usage("option " + flag + ": " + s + " is outside " + std::to_string(lo) + ".." +
-          std::to_string(hi));
+  double v = 0.0;
+  std::string error;
+  if (!cbs::parse_number_arg(s, lo, hi, v, error)) usage("option " + flag + ": " + error);
   return v;
 }
 
