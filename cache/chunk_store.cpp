@@ -190,8 +190,8 @@ void ChunkStore::unlink_blobs(const std::vector<std::string>& names) {
 }
 
 void ChunkStore::quarantine(const std::vector<std::string>& names) {
-  const std::string dest = dir_ + "/quarantine/" + std::to_string(std::time(nullptr)) + "-" +
-                           std::to_string(::getpid());
+  const std::string dest =
+      dir_ + "/quarantine/" + std::to_string(std::time(nullptr)) + "-" + std::to_string(::getpid());
   try {
     make_dirs(dest);
     for (const std::string& name : names) rename_file(blob_path(name), dest + "/" + name);
@@ -397,10 +397,7 @@ bool ChunkStore::evict(const ChunkKey& key) {
     rec = index_->find(key, codec, hash_key(key, codec));
     removed = rec && index_->remove(rec->id, rec->blob);
   }
-  if (removed) {
-    remove_quietly(blob_path(rec->blob));
-    counters_->evictions++;
-  }
+  if (removed) remove_quietly(blob_path(rec->blob));
   return removed;
 }
 

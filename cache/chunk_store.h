@@ -120,9 +120,10 @@ class ChunkStore {
   // without rows, rows without a complete blob, temp files of dead writers)
   // and trims to capacity.  When orphaned blobs outnumber the index's live
   // entries (and are more than a few), the index is not this folder's: they
-  // are moved to DIR/quarantine/<time>-<pid>/ instead of deleted.  Throws cb::Error(kIo) naming the path and reason
-  // (a path that is a file, no permission, read-only file system...), or
-  // kFormat for an index it cannot use and may not rebuild.
+  // are moved to DIR/quarantine/<time>-<pid>/ instead of deleted.  Throws
+  // cb::Error(kIo) naming the path and reason (a path that is a file, no
+  // permission, read-only file system...), or kFormat for an index it
+  // cannot use and may not rebuild.
   static std::unique_ptr<ChunkStore> open(const std::string& dir, const StoreOptions& options = {});
   // Flushes the write-back queue.
   ~ChunkStore();
@@ -155,6 +156,8 @@ class ChunkStore {
   // Pinned entries are never evicted for capacity.  false: no such entry.
   bool pin(const ChunkKey& key);
   bool unpin(const ChunkKey& key);
+  // Removes the entry, pinned or not, at the caller's request (not counted
+  // in `evictions`, which are for capacity).  false: no such entry.
   bool evict(const ChunkKey& key);
   void clear();  // every entry, pinned or not, every namespace
 

@@ -806,8 +806,8 @@ CB_API cb_status cb_chunk_cache_contains(const cb_model* model, cb_chunk_cache* 
  * find for the same model and options), pinned or not: for an app whose
  * documents changed or were deleted.  *out_removed (may be NULL) receives 1
  * if there was such an entry, else 0.  On flash the write-backs queued
- * before the call finish first, the entry's file is deleted, and the
- * removal counts as an eviction in cb_chunk_cache_get_stats.  A request
+ * before the call finish first and the entry's file is deleted (not
+ * counted in cb_chunk_cache_stats.evictions, which are for capacity).  A request
  * already using the entry keeps its copy.  Errors: CB_ERR_INVALID_ARGUMENT
  * (NULL model/cache/chunk_text, bad options), CB_ERR_IO (the store's index
  * could not be written).  Thread-safe. */
