@@ -16,7 +16,8 @@
 # Environment: BUILD (default build: where bin/cb_bench, bin/test_runtime,
 # bin/test_cache and bin/rag_assistant are), OUT (default docs/bench; a new
 # temporary directory with --quick), THREADS (default 2, as in BENCHMARKS.md),
-# CB_MODEL (the model), DATASET (default ../shared/data/musique_dev.json).
+# CB_MODEL (the model), DATASET (the quality sections' data set: a JSON list
+# of {question, answers[], ctxs[{title, text}]}, e.g. a MuSiQue dev split).
 #
 # After a full run into docs/bench, scripts/write_benchmarks_md.py rewrites
 # the regions between <!-- generated:NAME --> markers of docs/BENCHMARKS.md
@@ -99,7 +100,7 @@ else
 fi
 [ "$NO_DOC" = 1 ] && DOC=""
 BENCH="$BUILD/bin/cb_bench"
-DATASET="${DATASET:-../shared/data/musique_dev.json}"
+DATASET="${DATASET:-}"
 MODEL_ARGS=()
 [ -n "${CB_MODEL:-}" ] && MODEL_ARGS=(--model "$CB_MODEL")
 if [ ! -x "$BENCH" ]; then
@@ -249,8 +250,8 @@ if want codecs; then
 fi
 
 if want quality || want head || want codecs || want ratio; then
-  if [ ! -f "$DATASET" ]; then
-    echo "(no dataset at $DATASET: set DATASET=... for the quality sections)"
+  if [ -z "$DATASET" ] || [ ! -f "$DATASET" ]; then
+    echo "(no dataset${DATASET:+ at $DATASET}: set DATASET=FILE for the quality sections)"
     FAILED+=("quality: no dataset")
   else
     if want quality; then

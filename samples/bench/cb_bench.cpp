@@ -85,7 +85,7 @@ const char* const kUsage =
     "          [--select P[,P2,...]] [--schedule L:R[,L:R...]] [--sink-tokens K]\n"
     "          [--seed S] [--guard-share X] [--guard-max-ratio Y] [--tf-tokens T]\n"
     "      answer quality on a dataset: a JSON list of {question, answers[],\n"
-    "      ctxs[{title, text}]} (e.g. shared/data/musique_dev.json); each ctx is one\n"
+    "      ctxs[{title, text}]} (e.g. a MuSiQue dev split); each ctx is one\n"
     "      chunk (title + newline + text), the first K of them (default all); the\n"
     "      first N examples (default all).  Per example, full prefill runs first\n"
     "      (the reference; always run), then the other modes, on a reset session\n"
