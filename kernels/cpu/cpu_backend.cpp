@@ -252,9 +252,8 @@ class CpuBackend final : public Backend {
       const int64_t group = a.n_head / a.n_head_kv;
       const int64_t q_block = std::max<int64_t>(1, kAttentionTileRows / group);
       const int64_t n_qb = (a.n_q + q_block - 1) / q_block;
-      const float* key_blocks = nullptr;
 #if CB_HAVE_AVX2_KERNELS
-      if (level_ == Level::kAvx2) key_blocks = transposed_keys(a, n_qb);
+      const float* key_blocks = level_ == Level::kAvx2 ? transposed_keys(a, n_qb) : nullptr;
 #endif
       pool_.parallel_for(n_qb * a.n_head_kv, [&](int64_t task, int) {
         const int64_t qb = n_qb - 1 - task / a.n_head_kv, g = task % a.n_head_kv;
