@@ -569,8 +569,8 @@ RankingCost ranking_cost(const RequestLayout& lay, const BlendOptions& opts, int
   int64_t n_uncached = 0;
   for (int64_t p = 0; p < n; ++p) n_uncached += !lay.is_cached[p] || p + 1 == n;
   const int64_t c0 = opts.schedule.front().layer;
-  const double rows = static_cast<double>(n_layer * n_uncached + c0 * (n - begin) +
-                                          (n_layer - c0) * (n_kept + k));
+  const double rows =
+      static_cast<double>(n_layer * n_uncached + c0 * (n - begin) + (n_layer - c0) * (n_kept + k));
   c.cheaper_than_full = rows < static_cast<double>(n_layer * n);
   return c;
 }

@@ -1,8 +1,8 @@
 #include "ratio_arg.h"
 
-#include <cerrno>
-#include <cmath>
-#include <cstdlib>
+#include <limits>
+
+#include "number_arg.h"
 
 namespace cbs {
 
@@ -11,10 +11,9 @@ bool parse_ratio_arg(const std::string& s, RatioArg& out, std::string& error) {
     out = RatioArg{true, 0.0f};
     return true;
   }
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v)) {
+  constexpr double kMax = std::numeric_limits<double>::max();
+  double v = 0.0;
+  if (!parse_number_arg(s, -kMax, kMax, v, error)) {
     error = "'" + s + "' is not a number or auto";
     return false;
   }

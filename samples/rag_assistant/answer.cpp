@@ -138,7 +138,7 @@ class Assistant {
     so.repeat_penalty = opts_.repeat_penalty;
     so.seed = opts_.seed;
     std::vector<const char*> stops;
-    for (const std::string& s : opts_.stops) stops.push_back(s.c_str());
+    for (const std::string& stop : opts_.stops) stops.push_back(stop.c_str());
     cb_generate_options go;
     cb_generate_options_init(&go);
     go.max_tokens = opts_.max_tokens;

@@ -1158,8 +1158,7 @@ static void test_chunk_cache_add(cb_model* m) {
   CHECK(found == 1);
   CHECK_OK(cb_chunk_cache_remove(m, cache, "never added", NULL, NULL));
   CHECK_ERR(cb_chunk_cache_remove(m, cache, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
-  CHECK_ERR(cb_chunk_cache_remove(NULL, cache, kRagChunks[1], NULL, NULL),
-            CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_remove(NULL, cache, kRagChunks[1], NULL, NULL), CB_ERR_INVALID_ARGUMENT);
 
   /* Misuse. */
   CHECK_OK(cb_session_reset(s));
