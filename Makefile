@@ -70,7 +70,7 @@ build-cuda:
 	@bash scripts/setup.sh packages  # the CUDA tests need no model
 	@cmake -S . -B $(BUILD_CUDA) -DCMAKE_BUILD_TYPE=Release -DCB_CUDA=ON \
 	  $(if $(CUDA_ARCHS),-DCMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)") $(CMAKE_FLAGS) >/dev/null
-	@cmake --build $(BUILD_CUDA) -j$(JOBS) --target cb_kernels_cuda test_cuda cuda_bench
+	@cmake --build $(BUILD_CUDA) -j$(JOBS) --target cacheblend_cuda test_cuda cuda_bench
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)

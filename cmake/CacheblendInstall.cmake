@@ -1,5 +1,7 @@
 # `cmake --install` (make install): the public header, libcacheblend.so with
-# its SONAME links, the self-contained libcacheblend.a, a CMake package
+# its SONAME links, the self-contained libcacheblend.a, cb_bench and
+# rag_assistant, the CUDA plugin
+# libcacheblend-cuda.so when built (component cuda), a CMake package
 # (find_package(cacheblend) -> cacheblend::cacheblend, and
 # cacheblend::cacheblend_static when its system libraries are found) and
 # cacheblend.pc for pkg-config.  Everything is relocatable: the package and
@@ -20,6 +22,18 @@ install(TARGETS cacheblend EXPORT cacheblendTargets
 # user of the shared library should not have to install.
 install(TARGETS cacheblend_static EXPORT cacheblendStaticTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+# The two programs; they find libcacheblend.so (and so the CUDA plugin) in
+# ../lib relative to themselves, wherever the prefix is moved.
+set_target_properties(cb_bench rag_assistant PROPERTIES
+                      INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+install(TARGETS cb_bench rag_assistant RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The CUDA plugin, its own component (cmake --install BUILD --component cuda),
+# beside libcacheblend.so where the core looks for it.  No link-time
+# consumer: the core loads it at run time.
+if(TARGET cacheblend_cuda)
+  install(TARGETS cacheblend_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+          NAMELINK_SKIP COMPONENT cuda)
+endif()
 install(EXPORT cacheblendTargets NAMESPACE cacheblend:: DESTINATION ${CB_INSTALL_CMAKEDIR})
 install(EXPORT cacheblendStaticTargets NAMESPACE cacheblend:: DESTINATION ${CB_INSTALL_CMAKEDIR})
 
@@ -37,9 +51,9 @@ install(FILES ${PROJECT_BINARY_DIR}/cacheblendConfig.cmake
 set(CB_PC_DIR ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 file(RELATIVE_PATH CB_PC_TO_PREFIX /prefix/${CB_PC_DIR} /prefix)
 string(REGEX REPLACE "/$" "" CB_PC_TO_PREFIX "${CB_PC_TO_PREFIX}")
-set(CB_PC_CUDA_LIBS "")
-if(CB_WITH_CUDA)
-  set(CB_PC_CUDA_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcudart")
-endif()
+set(CB_PC_DL_LIBS "")
+foreach(lib IN LISTS CMAKE_DL_LIBS)
+  string(APPEND CB_PC_DL_LIBS " -l${lib}")
+endforeach()
 configure_file(${CMAKE_CURRENT_LIST_DIR}/cacheblend.pc.in ${PROJECT_BINARY_DIR}/cacheblend.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/cacheblend.pc DESTINATION ${CB_PC_DIR})

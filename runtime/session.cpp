@@ -4,31 +4,11 @@
 #include <numeric>
 #include <utility>
 
+#include "kernels/cuda/cuda_backend.h"
 #include "platform/error.h"
 #include "runtime/graph.h"
 
-#if CB_HAVE_CUDA
-#include "kernels/cuda/cuda_backend.h"
-#endif
-
 namespace cb {
-
-bool cuda_backend_compiled() {
-#if CB_HAVE_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
-int cuda_device_count_or_zero() {
-#if CB_HAVE_CUDA
-  return cuda_device_count();
-#else
-  return 0;
-#endif
-}
-
 namespace {
 
 std::unique_ptr<Backend> make_backend(const SessionOptions& opts) {
@@ -36,12 +16,7 @@ std::unique_ptr<Backend> make_backend(const SessionOptions& opts) {
     case BackendKind::kCpu:
       return make_cpu_backend(opts.n_threads, opts.kernels);
     case BackendKind::kCuda:
-#if CB_HAVE_CUDA
       return make_cuda_backend(opts.device);
-#else
-      fail(ErrorCode::kUnsupported,
-           "the CUDA backend is not compiled into this build (configure with -DCB_CUDA=ON)");
-#endif
   }
   // Reached only by a value cast into the enum from outside its range.
   fail(ErrorCode::kInvalidArgument, "unknown backend kind");

@@ -14,16 +14,10 @@
 
 namespace cb {
 
-// Which Backend a session computes on.  kCuda exists only in builds with the
-// CUDA backend (CB_CUDA=ON); elsewhere asking for it throws kUnsupported.
+// Which Backend a session computes on.  kCuda needs the CUDA plugin
+// (kernels/cuda/cuda_backend.h: cuda_plugin_available(), cuda_device_count());
+// without it, or without the device, asking for it throws kUnsupported.
 enum class BackendKind { kCpu, kCuda };
-
-// True when this build contains the CUDA backend (cb_runtime compiled with
-// CB_HAVE_CUDA); says nothing about whether a GPU is present.
-bool cuda_backend_compiled();
-// CUDA devices usable by this process: 0 without the CUDA backend compiled
-// in, without a driver or without a GPU.  Never throws.
-int cuda_device_count_or_zero();
 
 struct SessionOptions {
   int64_t n_ctx = 0;      // 0: min(model's training context, 4096)

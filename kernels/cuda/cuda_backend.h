@@ -1,10 +1,13 @@
 // The CUDA backend: every Backend op on an NVIDIA GPU (desktop or Jetson).
-// This header is plain C++ (no CUDA headers), so the runtime can include it
-// whether or not it is compiled with nvcc; the library is cb_kernels_cuda,
-// built when CMake is configured with -DCB_CUDA=ON.  See docs/CUDA.md.
+// The backend itself is a plugin, libcacheblend-cuda.so, built when CMake
+// finds nvcc; the functions below are in the core (cb_kernels) and load it
+// at run time on first use, so the core has no link-time dependency on the
+// CUDA runtime or cuBLAS.  This header is plain C++ (no CUDA headers).  See
+// docs/CUDA.md.
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "kernels/backend.h"
 
@@ -35,13 +38,21 @@ struct CudaBackendOptions {
   bool prefetch_uploads = true;
 };
 
-// Number of CUDA devices this process can use; 0 when there is no driver,
-// no device, or the runtime reports an error (never throws), so callers and
-// tests can decide to skip.
+// Whether the CUDA plugin loads (it is looked for once per process: the file
+// named by $CB_CUDA_PLUGIN when set, else libcacheblend-cuda.so.N beside
+// the code that calls this, in ../lib from there, then through the system
+// search).  When it does not, *why (if given) says what was tried and why
+// each failed.  Says nothing about whether a GPU is present.
+bool cuda_plugin_available(std::string* why = nullptr);
+
+// Number of CUDA devices this process can use; 0 when the plugin does not
+// load, there is no driver or device, or the runtime reports an error (never
+// throws), so callers and tests can decide to skip.
 int cuda_device_count();
 
 // A backend on CUDA device `device`.  Throws cb::Error(kUnsupported) when
-// the device does not exist or the runtime cannot be initialised.
+// the plugin does not load (the message says why), the device does not
+// exist or the runtime cannot be initialised.
 //
 // Memory: alloc_buffer() returns managed memory (or, zero-copy, mapped host
 // memory), so the runtime's host code can read and write activations and

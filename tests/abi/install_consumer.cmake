@@ -66,6 +66,33 @@ foreach(pair "libcacheblend.so;libcacheblend.so.${major}"
   endif()
 endforeach()
 
+# The CUDA plugin beside the library when the build has one.
+if(EXISTS ${BUILD_DIR}/lib/libcacheblend-cuda.so.${VERSION} AND
+   NOT EXISTS ${libdir}/libcacheblend-cuda.so.${major})
+  message(FATAL_ERROR "the CUDA plugin was built but not installed in ${libdir}")
+endif()
+
+# The installed programs find the library from their own location, with no
+# LD_LIBRARY_PATH.
+if(MODE STREQUAL "cmake")
+  foreach(program cb_bench rag_assistant)
+    if(NOT EXISTS ${prefix}/bin/${program})
+      message(FATAL_ERROR "not installed: ${prefix}/bin/${program}")
+    endif()
+  endforeach()
+  run(${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ldd ${prefix}/bin/cb_bench)
+  file(RELATIVE_PATH rel_libdir ${prefix} ${libdir})
+  if(NOT run_out MATCHES "libcacheblend\\.so\\.${major} => ${prefix}/bin/\\.\\./${rel_libdir}/")
+    message(FATAL_ERROR "the installed cb_bench does not load the installed library:\n${run_out}")
+  endif()
+  run(${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${prefix}/bin/cb_bench generate
+      --model ${MODEL} --threads 2 --prompt "The capital of France is" --max-tokens 3)
+  if(NOT run_out MATCHES "Paris")
+    message(FATAL_ERROR "the installed cb_bench did not continue with Paris:\n${run_out}")
+  endif()
+  run(${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${prefix}/bin/rag_assistant --help)
+endif()
+
 set(exe ${WORK_DIR}/consumer)
 if(MODE STREQUAL "cmake" OR MODE STREQUAL "static")
   set(link_static OFF)

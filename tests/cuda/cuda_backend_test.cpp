@@ -14,7 +14,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <latch>
 #include <limits>
 #include <numeric>
@@ -83,6 +85,36 @@ std::vector<int32_t> random_ids(std::mt19937& rng, int64_t n, int64_t bound) {
   std::vector<int32_t> ids(static_cast<size_t>(n));
   for (int32_t& i : ids) i = d(rng);
   return ids;
+}
+
+// The build tree's plugin is found from build/bin (the test binary links
+// the core statically) and its errors reach the core as cb::Error (the two
+// tests after this one throw inside the plugin).
+TEST(CudaPlugin, LoadsFromTheBuildTree) {
+  if (std::getenv("CB_CUDA_PLUGIN") != nullptr) GTEST_SKIP() << "CB_CUDA_PLUGIN is set";
+  std::string why;
+  EXPECT_TRUE(cuda_plugin_available(&why)) << why;
+}
+
+// Run by CTest with CB_CUDA_PLUGIN naming a file that does not exist
+// (cuda.plugin_missing_is_a_clear_error): no fallback to another copy, and
+// every entry point says why.
+TEST(CudaPlugin, MissingPluginIsAClearError) {
+  const char* path = std::getenv("CB_CUDA_PLUGIN");
+  if (path == nullptr || std::filesystem::exists(path))
+    GTEST_SKIP() << "needs CB_CUDA_PLUGIN naming a missing file";
+  std::string why;
+  EXPECT_FALSE(cuda_plugin_available(&why));
+  EXPECT_NE(why.find(path), std::string::npos) << why;
+  EXPECT_NE(why.find("could not be loaded"), std::string::npos) << why;
+  EXPECT_EQ(cuda_device_count(), 0);
+  try {
+    make_cuda_backend(0);
+    FAIL() << "expected kUnsupported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("libcacheblend-cuda.so"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CudaNoDevice, MissingDeviceIsAnError) {

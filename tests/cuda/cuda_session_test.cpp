@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cuda_backend.h"
 #include "runtime/blend/chunk_table.h"
 #include "runtime/blend/rag_request.h"
 #include "runtime/model.h"
@@ -47,7 +48,7 @@ float top2_gap(std::span<const float> v) {
 class CudaSession : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (cuda_device_count_or_zero() == 0)
+    if (cuda_device_count() == 0)
       GTEST_SKIP() << "no CUDA device: the CUDA session is compiled but not exercised here";
     if (!std::filesystem::exists(test::model_path()))
       GTEST_SKIP() << "model not found: " << test::model_path() << " (set CB_MODEL)";

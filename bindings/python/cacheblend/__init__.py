@@ -1,0 +1,39 @@
+"""Python bindings for cacheblend-rt, over its C API (ctypes; no compiler needed).
+
+    import cacheblend
+    with cacheblend.Model("model.gguf", n_threads=2) as model, model.session() as s:
+        print(s.generate("The capital of France is", max_tokens=8))
+
+Classes: Model, Session, ChunkCache; options: RagOptions; stats: GenerateStats,
+RagStats, ChunkCacheStats.  Every failed call raises cacheblend.Error (a
+subclass per status code) carrying `status` and the library's `message`.
+The C library is found as README.md describes; `library_path` says which
+file was loaded.
+"""
+from ._native import lib as _lib
+from ._native import library_path
+from .chunk_cache import ChunkCache
+from .errors import (BufferTooSmallError, CancelledError, ContextOverflowError, Error,
+                     FormatError, InternalError, InvalidArgumentError, IoError,
+                     OutOfMemoryError, Status, UnsupportedError)
+from .model import Model
+from .session import Session
+from .types import (Backend, ChunkAdded, ChunkCacheStats, ChunkHead, Codec, GenerateStats, Mode,
+                    ModelInfo, RagOptions, RagStats, Select, StopReason, mode_name, select_name)
+
+__version__ = "0.1.0"
+
+
+def library_version():
+    """The C library's version string."""
+    return _lib.cb_version().decode()
+
+
+__all__ = [
+    "Backend", "BufferTooSmallError", "CancelledError", "ChunkAdded", "ChunkCache",
+    "ChunkCacheStats", "ChunkHead", "Codec", "ContextOverflowError", "Error", "FormatError",
+    "GenerateStats", "InternalError", "InvalidArgumentError", "IoError", "Mode", "Model",
+    "ModelInfo", "OutOfMemoryError", "RagOptions", "RagStats", "Select", "Session", "Status",
+    "StopReason", "UnsupportedError", "library_path", "library_version", "mode_name",
+    "select_name",
+]

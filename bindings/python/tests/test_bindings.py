@@ -1,0 +1,281 @@
+"""The Python bindings on the real model.
+
+The model path comes from $CB_MODEL (default: models/SmolLM2-135M-Instruct.Q4_1.gguf
+in the repository); the tests skip when it is missing.  Generations are short
+and use 2 threads, so the whole file runs in seconds.
+"""
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+import cacheblend as cb
+from cacheblend import _native
+
+REPO = Path(__file__).resolve().parents[3]
+MODEL_PATH = os.environ.get("CB_MODEL") or str(REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+PROMPT = "The capital of France is"
+CHUNKS = [
+    "The museum opens at nine in the morning and closes at five in the evening.",
+    "The secret code of the vault is 4721. Only the bank manager knows it.",
+    "The river that flows through the old town is called the Velka.",
+]
+QUESTION = "What is the secret code of the vault?"
+
+pytestmark = pytest.mark.skipif(not os.path.isfile(MODEL_PATH),
+                                reason=f"model file {MODEL_PATH} not found (set CB_MODEL)")
+
+
+@pytest.fixture(scope="module")
+def model():
+    with cb.Model(MODEL_PATH, n_threads=2) as m:
+        yield m
+
+
+@pytest.fixture
+def session(model):
+    with model.session(n_ctx=512) as s:
+        yield s
+
+
+def c_api_greedy(model, prompt, max_tokens):
+    """The text the C API generates, called directly (no wrapper classes)."""
+    lib = _native.lib
+    ids = model.tokenize(prompt)
+    arr = (ctypes.c_int32 * len(ids))(*ids)
+    sess = _native.SessionPtr()
+    assert lib.cb_session_create(model._ptr(), None, ctypes.byref(sess)) == 0
+    go = _native.new_options(_native.GenerateOptions, lib.cb_generate_options_init)
+    go.max_tokens = max_tokens
+    pieces = []
+
+    def collect(token, piece, n, user):
+        pieces.append(ctypes.string_at(piece, n))
+        return 0
+
+    callback = _native.TokenCallback(collect)
+    try:
+        assert lib.cb_generate(sess, arr, len(ids), ctypes.byref(go), callback, None, None) == 0
+    finally:
+        lib.cb_session_free(sess)
+    return b"".join(pieces).decode("utf-8")
+
+
+def test_library_and_model_info(model):
+    assert cb.library_version() == "0.1.0"
+    assert os.path.exists(cb.library_path) or "/" not in cb.library_path
+    info = model.info
+    assert info.n_layer > 0 and info.n_vocab > 0 and info.n_ctx_train > 0
+    assert info.name and info.architecture == "llama"
+    assert info.backend in ("cpu", "cuda")
+    assert model.eos is not None and model.is_end_of_generation(model.eos)
+
+
+def test_tokenize_round_trip(model):
+    text = "Hello, world! Café 123"
+    ids = model.tokenize(text, add_special=False)
+    assert 1 < len(ids) < len(text)
+    assert model.detokenize(ids) == text
+    assert b"".join(model.token_to_piece(t) for t in ids) == text.encode()
+    assert model.tokenize("") == [] or model.tokenize("") == [model.bos]
+    # Invalid UTF-8 is tokenized byte-wise; its bytes come back.
+    raw = b"a\xc3b"
+    assert model.detokenize_bytes(model.tokenize(raw, add_special=False)) == raw
+    # Control tokens are parsed only when asked.
+    chat = model.chat_format([("user", "hi")])
+    assert chat.startswith("<|im_start|>user\nhi<|im_end|>") and chat.endswith("assistant\n")
+    assert len(model.tokenize(chat, parse_special=True)) < len(model.tokenize(chat))
+
+
+def test_greedy_generate_is_deterministic_and_matches_the_c_api(model, session):
+    text = session.generate(PROMPT, max_tokens=6)
+    assert text.startswith(" Paris")
+    assert session.last_stats.n_generated == 6
+    assert session.last_stats.stop_reason == cb.StopReason.MAX_TOKENS
+    assert session.n_past == session.last_stats.n_prompt + 6
+    session.reset()
+    assert session.generate(PROMPT, max_tokens=6) == text
+    assert c_api_greedy(model, PROMPT, 6) == text
+
+
+def test_generation_options(model, session):
+    assert session.generate(PROMPT, max_tokens=6, stop=".") == " Paris"
+    assert session.last_stats.stop_reason == cb.StopReason.STRING
+    sampled = []
+    for _ in range(2):
+        session.reset()
+        sampled.append(session.generate(PROMPT, max_tokens=6, temperature=0.8, seed=7))
+    assert sampled[0] == sampled[1]
+    # A chat turn, and the logits a generation starts from.
+    session.reset()
+    session.prefill(model.chat_format([("user", "What is the capital of France?")]))
+    logits = session.logits()
+    assert len(logits) == model.info.n_vocab
+    best = max(range(len(logits)), key=logits.__getitem__)
+    assert session.generate(None, max_tokens=1) == model.detokenize([best])
+
+
+def test_streaming(session):
+    expected = session.generate(PROMPT, max_tokens=8)
+    session.reset()
+    pieces = list(session.stream(PROMPT, max_tokens=8))
+    assert len(pieces) > 1 and "".join(pieces) == expected
+    # The callback form gives the same pieces.
+    session.reset()
+    seen = []
+    assert session.generate(PROMPT, max_tokens=8, on_text=seen.append) == expected
+    assert seen == pieces
+    # Leaving the loop early stops the generation; the session stays usable.
+    session.reset()
+    for i, _ in enumerate(session.stream(PROMPT, max_tokens=50)):
+        if i == 1:
+            break
+    assert session.n_past < len(session.model.tokenize(PROMPT)) + 50
+    session.reset()
+    assert session.generate(PROMPT, max_tokens=8) == expected
+    # on_text returning True stops normally.
+    session.reset()
+    assert session.generate(PROMPT, max_tokens=8, on_text=lambda t: True) == pieces[0]
+    assert session.last_stats.stop_reason == cb.StopReason.CANCELLED
+
+
+def test_callback_exceptions_propagate(session):
+    def fail_on_second(piece, count=[]):
+        count.append(piece)
+        if len(count) == 2:
+            raise RuntimeError("stop here")
+
+    with pytest.raises(RuntimeError, match="stop here"):
+        session.generate(PROMPT, max_tokens=8, on_text=fail_on_second)
+    assert session.last_stats.n_generated == 2
+
+    def bad_abort():
+        raise KeyError("from the abort callback")
+
+    session.reset()
+    session.set_abort_callback(bad_abort)
+    with pytest.raises(KeyError):
+        session.prefill(PROMPT)
+    with pytest.raises(KeyError):
+        list(session.stream(PROMPT, max_tokens=4))
+    assert session.n_past == 0
+    session.set_abort_callback(None)
+    assert session.generate(PROMPT, max_tokens=2).startswith(" Paris")
+
+
+def test_abort_callback(session):
+    stop = threading.Event()
+    session.set_abort_callback(stop.is_set)
+    stop.set()
+    with pytest.raises(cb.CancelledError) as err:
+        session.generate(PROMPT, max_tokens=4)
+    assert err.value.status == cb.Status.CANCELLED and err.value.message
+    assert session.n_past == 0
+    stop.clear()
+    assert session.generate(PROMPT, max_tokens=2).startswith(" Paris")
+
+
+def test_rag_in_ram(model, session):
+    with cb.ChunkCache() as cache:
+        added = [cache.add(session, c) for c in CHUNKS]
+        assert all(a.computed and a.n_tokens > 5 for a in added)
+        assert not cache.add(session, CHUNKS[0]).computed
+        assert all(cache.contains(model, c) for c in CHUNKS)
+        assert cache.stats().n_entries == 3
+
+        answer = session.rag_generate(CHUNKS, QUESTION, cache, max_tokens=12)
+        assert "4721" in answer
+        blend = session.last_rag_stats
+        assert blend.cache_hits == 3 and blend.cache_misses == 0
+        assert 0 < blend.computed_fraction < 1 and blend.n_reused > 0
+        assert session.last_stats.ttft_ms >= blend.total_ms
+
+        full = cb.RagOptions(mode="full")
+        assert "4721" in session.rag_generate(CHUNKS, QUESTION, None, full, max_tokens=12)
+        assert session.last_rag_stats.computed_fraction == 1.0
+        assert session.last_rag_stats.n_tokens == blend.n_tokens
+
+        hkvd = cb.RagOptions(select=cb.Select.HKVD, schedule=[(1, 0.3), (3, 0.15)])
+        session.reset()
+        stats = session.rag_prefill(CHUNKS, QUESTION, cache, hkvd)
+        assert stats.cache_hits == 3 and 0 < stats.computed_fraction < 1
+
+        # Another namespace does not see these chunks.
+        other = cb.RagOptions(cache_namespace="another-app")
+        assert not cache.contains(model, CHUNKS[0], other)
+        assert cache.remove(session, CHUNKS[0]) and not cache.remove(session, CHUNKS[0])
+        assert not cache.contains(model, CHUNKS[0])
+        cache.clear()
+        assert cache.stats().n_entries == 0
+
+
+def test_chunk_cache_on_disk_persists(model, session, tmp_path):
+    store = tmp_path / "store"
+    with cb.ChunkCache(store, codec="q8") as cache:
+        session.rag_prefill(CHUNKS, QUESTION, cache)
+        assert session.last_rag_stats.cache_misses == 3
+        cache.flush()
+        assert cache.stats().n_entries == 3
+    with cb.ChunkCache(store) as cache:
+        assert all(cache.contains(model, c) for c in CHUNKS)
+        assert cache.stats().hits >= 3
+        answer = session.rag_generate(CHUNKS, QUESTION, cache, max_tokens=12)
+        assert "4721" in answer
+        assert session.last_rag_stats.cache_hits == 3
+        assert session.last_rag_stats.bytes_read > 0
+
+
+def test_errors_carry_status_and_message(tmp_path, session):
+    missing = tmp_path / "no-such-model.gguf"
+    with pytest.raises(cb.Error) as err:
+        cb.Model(missing)
+    assert isinstance(err.value, cb.IoError) and err.value.status == cb.Status.IO
+    assert "no-such-model.gguf" in str(err.value)
+
+    not_gguf = tmp_path / "not.gguf"
+    not_gguf.write_text("hello")
+    with pytest.raises(cb.FormatError, match="GGUF"):
+        cb.Model(not_gguf)
+
+    with pytest.raises(cb.InvalidArgumentError, match="ratio"):
+        session.rag_prefill(CHUNKS, QUESTION, None, cb.RagOptions(mode="full", ratio=2.0))
+    with pytest.raises(cb.InvalidArgumentError, match="NULL"):
+        session.rag_prefill(CHUNKS, QUESTION, None)  # only FULL runs without a cache
+    with pytest.raises(cb.InvalidArgumentError, match="top_p"):
+        session.generate(PROMPT, max_tokens=2, top_p=1.5)
+    with pytest.raises(ValueError, match="unknown Mode"):
+        cb.RagOptions(mode="fast").to_struct()
+    with pytest.raises(ValueError, match="NUL"):
+        session.rag_prefill(["a\0b"], QUESTION)
+    with pytest.raises(cb.ContextOverflowError):
+        with session.model.session(n_ctx=16) as small:
+            small.generate("word " * 40, max_tokens=1)
+
+
+def test_closed_objects_raise(model):
+    m = cb.Model(MODEL_PATH, n_threads=2)
+    s = m.session(n_ctx=256)
+    m.close()
+    m.close()  # a second close is harmless
+    with pytest.raises(cb.InvalidArgumentError, match="Model is closed"):
+        m.tokenize("x")
+    with pytest.raises(cb.InvalidArgumentError):
+        m.session()
+    # The session keeps its model alive and can still read text.
+    assert s.generate(PROMPT, max_tokens=2).startswith(" Paris")
+    s.close()
+    for use in (lambda: s.generate(PROMPT), lambda: s.n_past, s.reset, lambda: list(s.stream())):
+        with pytest.raises(cb.InvalidArgumentError, match="Session is closed"):
+            use()
+    cache = cb.ChunkCache()
+    cache.close()
+    with pytest.raises(cb.InvalidArgumentError, match="ChunkCache is closed"):
+        cache.stats()
+    with pytest.raises(cb.InvalidArgumentError):
+        cache.contains(model, "x")
+    with model.session(n_ctx=256) as live:
+        with pytest.raises(cb.InvalidArgumentError):
+            live.rag_prefill(CHUNKS, QUESTION, cache)
