@@ -31,7 +31,7 @@ test: build
 test-asan: setup
 	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCB_SANITIZE=ON >/dev/null
 	@cmake --build $(BUILD_ASAN) -j$(JOBS)
-	@cd $(BUILD_ASAN) && ctest --output-on-failure -j$(JOBS) -LE slow
+	@cd $(BUILD_ASAN) && ctest --output-on-failure -j$(JOBS)
 
 test-fuzz: setup
 	@CC=clang CXX=clang++ cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -39,8 +39,8 @@ test-fuzz: setup
 	@cmake --build $(BUILD_FUZZ) -j$(JOBS) --target fuzz_gguf fuzz_tokenizer
 	@bash scripts/run_fuzzers.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
 
-test-arm:
-	@bash scripts/test_arm_kernels.sh build-arm64
+test-arm: setup
+	@bash scripts/test_arm.sh build-arm64
 
 # The RAG assistant on the bundled handbook corpus: ingest (a no-op once
 # done), then each question with CacheBlend and with full prefill, answers and

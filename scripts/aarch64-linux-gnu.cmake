@@ -1,7 +1,7 @@
 # CMake toolchain for cross-building to 64-bit Arm Linux with Debian's
 # g++-aarch64-linux-gnu and the arm64 (multiarch) -dev packages, running the
 # built programs (gtest discovery, ctest) under qemu-user.  Used by
-# scripts/test_arm_kernels.sh.
+# scripts/test_arm.sh.
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
 set(CMAKE_C_COMPILER aarch64-linux-gnu-gcc)

@@ -36,12 +36,16 @@ std::vector<std::string> plugin_candidates() {
 
 Plugin load_plugin() {
   Plugin plugin;
+  // One line: callers print it as a single error message.
   std::string tried;
+  const auto note = [&tried](const std::string& what) {
+    tried += (tried.empty() ? " " : "; ") + what;
+  };
   for (const std::string& path : plugin_candidates()) {
     std::string error;
     void* library = open_shared_library(path, &error);
     if (library == nullptr) {
-      tried += "\n  " + error;
+      note(error);
       continue;
     }
     using Entry = const CudaPluginApi* (*)();
@@ -49,14 +53,14 @@ Plugin load_plugin() {
         reinterpret_cast<Entry>(shared_library_symbol(library, kCudaPluginEntryPoint));
     const CudaPluginApi* api = entry != nullptr ? entry() : nullptr;
     if (api == nullptr) {
-      tried += "\n  " + path + ": not a cacheblend CUDA plugin (no " + kCudaPluginEntryPoint + ")";
+      note(path + ": not a cacheblend CUDA plugin (no " + kCudaPluginEntryPoint + ")");
       continue;
     }
     if (api->interface_version != kCudaPluginInterface ||
         std::string(api->project_version) != CB_PROJECT_VERSION) {
-      tried += "\n  " + path + ": built for cacheblend " + api->project_version + " (interface " +
-               std::to_string(api->interface_version) + "), this is " + CB_PROJECT_VERSION +
-               " (interface " + std::to_string(kCudaPluginInterface) + ")";
+      note(path + ": built for cacheblend " + api->project_version + " (interface " +
+           std::to_string(api->interface_version) + "), this is " + CB_PROJECT_VERSION +
+           " (interface " + std::to_string(kCudaPluginInterface) + ")");
       continue;
     }
     plugin.api = api;
