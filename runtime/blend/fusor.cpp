@@ -135,6 +135,10 @@ class FusedForward {
   // Check layer: narrows the rows to the kept ones.  `projected`: step 1 has
   // run, so Q/K/V narrow too (and fresh KV may be measured).
   void select(int64_t layer, float ratio, bool first, bool projected);
+  // The k best of the candidate rows `cand` (indices into rows) by the
+  // policy's score, marked in `chosen`; sets the guard's stats when first.
+  void choose(int64_t layer, bool first, const std::vector<int32_t>& cand, int64_t k,
+              std::vector<uint8_t>& chosen);
   // Step 2.  Every carried row's K/V goes into the cache (and the
   // question's contributions are taken); attention and FFN then run for
   // the rows from `out_begin` (an index into rows) on: at the last layer
@@ -311,7 +315,37 @@ void FusedForward::select(int64_t layer, float ratio, bool first, bool projected
   const double r = std::min(1.0, static_cast<double>(ratio) * ratio_scale);
   const int64_t k = std::min<int64_t>(
       static_cast<int64_t>(std::llround(r * static_cast<double>(n_reused))), n_cand);
-  if (k >= n_cand) return;  // every row stays
+  std::vector<uint8_t> chosen(rows.size(), 0);
+  if (k >= n_cand) {
+    // Every candidate stays; only the rows whose cached KV is exact leave.
+    for (int32_t i : cand) chosen[i] = 1;
+  } else {
+    choose(layer, first, cand, k, chosen);
+  }
+  std::vector<int32_t> keep_idx;  // indices into rows, ascending
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (keep_always[rows[i]] || rows[i] == n_ - 1 || chosen[i])
+      keep_idx.push_back(static_cast<int32_t>(i));
+  const int64_t r_kept = static_cast<int64_t>(keep_idx.size());
+  if (r_kept == static_cast<int64_t>(rows.size())) return;
+  auto narrow = [&](BackendFloats& buf, int64_t dim) {
+    scratch_.reserve(static_cast<size_t>(r_kept * dim));
+    be_.gather_rows(buf.data(), dim, keep_idx.data(), r_kept, scratch_.data());
+    std::swap(buf, scratch_);
+  };
+  narrow(x_, hp_.n_embd);
+  if (projected) {
+    narrow(q_, hp_.n_head * hp_.head_dim);
+    narrow(k_, hp_.kv_dim());
+    narrow(v_, hp_.kv_dim());
+  }
+  std::vector<int32_t> new_rows(static_cast<size_t>(r_kept));
+  for (int64_t i = 0; i < r_kept; ++i) new_rows[i] = rows[keep_idx[i]];
+  rows.swap(new_rows);
+}
+
+void FusedForward::choose(int64_t layer, bool first, const std::vector<int32_t>& cand, int64_t k,
+                          std::vector<uint8_t>& chosen) {
   std::vector<int32_t> cand_pos(cand.size());
   for (size_t j = 0; j < cand.size(); ++j) cand_pos[j] = rows[cand[j]];
   std::vector<float> score;
@@ -334,27 +368,7 @@ void FusedForward::select(int64_t layer, float ratio, bool first, bool projected
     if (choice.raised && k > 0)
       ratio_scale = static_cast<double>(choice.chosen.size()) / static_cast<double>(k);
   }
-  std::vector<uint8_t> chosen(rows.size(), 0);
   for (int32_t t : choice.chosen) chosen[cand[t]] = 1;
-  std::vector<int32_t> keep_idx;  // indices into rows, ascending
-  for (size_t i = 0; i < rows.size(); ++i)
-    if (keep_always[rows[i]] || rows[i] == n_ - 1 || chosen[i])
-      keep_idx.push_back(static_cast<int32_t>(i));
-  const int64_t r_kept = static_cast<int64_t>(keep_idx.size());
-  auto narrow = [&](BackendFloats& buf, int64_t dim) {
-    scratch_.reserve(static_cast<size_t>(r_kept * dim));
-    be_.gather_rows(buf.data(), dim, keep_idx.data(), r_kept, scratch_.data());
-    std::swap(buf, scratch_);
-  };
-  narrow(x_, hp_.n_embd);
-  if (projected) {
-    narrow(q_, hp_.n_head * hp_.head_dim);
-    narrow(k_, hp_.kv_dim());
-    narrow(v_, hp_.kv_dim());
-  }
-  std::vector<int32_t> new_rows(static_cast<size_t>(r_kept));
-  for (int64_t i = 0; i < r_kept; ++i) new_rows[i] = rows[keep_idx[i]];
-  rows.swap(new_rows);
 }
 
 void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {

@@ -97,11 +97,33 @@ BlendOptions blend_with(Selection sel, std::vector<CheckLayer> schedule) {
   return o;
 }
 
+// Every inexact reused token recomputed from the check on: the first chunk
+// (computed after the request's own head, so its KV is exact) is the only
+// one not carried past the check.
 TEST_F(FusorTest, RatioOneReproducesFullPrefill) {
   FusionStats st;
   auto b = fused({BlendMode::kBlend, {{1, 1.0f}}}, &st);
   EXPECT_LE(rel_l2(b, full()), 1e-4);
-  EXPECT_DOUBLE_EQ(st.computed_fraction(), 1.0);
+  const int64_t n = st.n_tokens, exact = static_cast<int64_t>(req.chunks[0].size());
+  ASSERT_GE(st.rows_per_layer.size(), 2u);
+  EXPECT_EQ(st.rows_per_layer[0], n);
+  for (size_t l = 1; l < st.rows_per_layer.size(); ++l) EXPECT_EQ(st.rows_per_layer[l], n - exact);
+}
+
+// A request whose only chunk is exact: nothing to choose among, and the
+// chunk is not recomputed past the check (it used to be, at full cost).
+TEST_F(FusorTest, OnlyAnExactChunkIsNotRecomputed) {
+  std::vector<Segment> segs = {{req.head}, {req.chunks[0], sources[0].get(), true}, {req.suffix}};
+  for (Selection sel : {Selection::kHkvd, Selection::kLookahead}) {
+    SCOPED_TRACE(selection_name(sel));
+    Session s(model(), {.n_ctx = 512, .n_threads = 2});
+    FusionStats st;
+    fuse_prefill(s, segs, blend_with(sel, {{first_check_layer(sel), 0.2f}}), &st);
+    const int64_t exact = static_cast<int64_t>(req.chunks[0].size());
+    for (size_t l = 1; l < st.rows_per_layer.size(); ++l)
+      EXPECT_EQ(st.rows_per_layer[l], st.n_tokens - exact) << l;
+    EXPECT_LT(st.computed_fraction(), 1.0);
+  }
 }
 
 TEST_F(FusorTest, PrefixModeEqualsFullPrefill) {
