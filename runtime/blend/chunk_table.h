@@ -9,7 +9,7 @@
 #include <unordered_map>
 
 #include "cache/chunk_kv.h"
-#include "runtime/blend/fusor.h"
+#include "runtime/blend/chunk_source.h"
 
 namespace cb {
 

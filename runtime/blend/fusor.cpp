@@ -28,19 +28,6 @@
 
 namespace cb {
 
-bool MemoryChunkSource::fetch_layer(int64_t layer, float* k, float* v) {
-  if (layer < 0 || layer >= kv_.shape.n_layers) return false;
-  const size_t n = static_cast<size_t>(kv_.shape.layer_floats());
-  std::memcpy(k, kv_.k.data() + layer * n, n * sizeof(float));
-  std::memcpy(v, kv_.v.data() + layer * n, n * sizeof(float));
-  return true;
-}
-
-uint64_t MemoryChunkSource::layer_bytes(int64_t layer) const {
-  if (layer < 0 || layer >= kv_.shape.n_layers) return 0;
-  return 2 * static_cast<uint64_t>(kv_.shape.layer_floats()) * sizeof(float);
-}
-
 double FusionStats::computed_fraction() const {
   if (n_tokens == 0 || rows_per_layer.empty()) return 0.0;
   double rows = std::accumulate(rows_per_layer.begin(), rows_per_layer.end(), 0.0);

@@ -7,44 +7,16 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <vector>
 
 #include "cache/chunk_kv.h"
 #include "runtime/blend/blend_options.h"
+#include "runtime/blend/chunk_source.h"
+#include "runtime/blend/layer_pipeline.h"
 #include "runtime/session.h"
 
 namespace cb {
-
-// Where one chunk's cached KV comes from, a layer at a time (the chunk store
-// and the in-memory table implement it).
-class ChunkLayerSource {
- public:
-  virtual ~ChunkLayerSource() = default;
-  // Writes layer `layer`'s K (before RoPE) and V, n_tokens x kv_dim floats
-  // each.  Returns false if they cannot be read (corrupt, evicted): the
-  // fusor then computes the chunk instead.
-  // May be called from the fusor's loader thread (layer_pipeline.h), one
-  // call at a time per source.
-  virtual bool fetch_layer(int64_t layer, float* k, float* v) = 0;
-  // What fetch_layer(layer) reads, without reading it: stored bytes (0:
-  // unknown) and their codec (none: plain floats already in RAM).  The
-  // loading controller's T_load input and the per-request bytes_read.
-  virtual uint64_t layer_bytes(int64_t /*layer*/) const { return 0; }
-  virtual std::optional<cache::Codec> codec() const { return std::nullopt; }
-};
-
-// A ChunkLayerSource over KV held in memory.
-class MemoryChunkSource final : public ChunkLayerSource {
- public:
-  explicit MemoryChunkSource(const cache::ChunkKV& kv) : kv_(kv) {}
-  bool fetch_layer(int64_t layer, float* k, float* v) override;
-  uint64_t layer_bytes(int64_t layer) const override;
-
- private:
-  const cache::ChunkKV& kv_;
-};
 
 struct Segment {
   std::span<const int32_t> tokens;
@@ -53,17 +25,6 @@ struct Segment {
   // precede this segment in the request (so reusing it is exact); prefix
   // mode reuses only such a leading segment.
   bool exact_prefix = false;
-};
-
-// How the fusion gets the cached chunks' layers (layer_pipeline.h).
-struct PipelineOptions {
-  // true: a loader thread loads later layers while a layer computes; false:
-  // each layer is loaded just before it computes (the serial baseline).
-  // Both give bitwise identical results.
-  bool enabled = true;
-  // How many layers the loader may be ahead of the layer computing; <= 0:
-  // no bound (every layer has its place in the KV cache already).
-  int64_t max_layers_ahead = 0;
 };
 
 struct FusionStats {

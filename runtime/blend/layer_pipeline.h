@@ -42,9 +42,21 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/blend/fusor.h"
+#include "runtime/blend/chunk_source.h"
+#include "runtime/session.h"
 
 namespace cb {
+
+// How the fusion gets the cached chunks' layers.
+struct PipelineOptions {
+  // true: a loader thread loads later layers while a layer computes; false:
+  // each layer is loaded just before it computes (the serial baseline).
+  // Both give bitwise identical results.
+  bool enabled = true;
+  // How many layers the loader may be ahead of the layer computing; <= 0:
+  // no bound (every layer has its place in the KV cache already).
+  int64_t max_layers_ahead = 0;
+};
 
 // A cached chunk's place in the request.
 struct CachedChunkRef {

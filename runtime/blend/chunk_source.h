@@ -1,0 +1,40 @@
+// Where a cached chunk's KV comes from, a layer at a time: the interface
+// the fusor and the layerwise pipeline read through, implemented by the
+// in-memory chunk table and the flash chunk store.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "cache/chunk_kv.h"
+
+namespace cb {
+
+class ChunkLayerSource {
+ public:
+  virtual ~ChunkLayerSource() = default;
+  // Writes layer `layer`'s K (before RoPE) and V, n_tokens x kv_dim floats
+  // each.  Returns false if they cannot be read (corrupt, evicted): the
+  // fusor then computes the chunk instead.
+  // May be called from the fusor's loader thread (layer_pipeline.h), one
+  // call at a time per source.
+  virtual bool fetch_layer(int64_t layer, float* k, float* v) = 0;
+  // What fetch_layer(layer) reads, without reading it: stored bytes (0:
+  // unknown) and their codec (none: plain floats already in RAM).  The
+  // loading controller's T_load input and the per-request bytes_read.
+  virtual uint64_t layer_bytes(int64_t /*layer*/) const { return 0; }
+  virtual std::optional<cache::Codec> codec() const { return std::nullopt; }
+};
+
+// A ChunkLayerSource over KV held in memory.
+class MemoryChunkSource final : public ChunkLayerSource {
+ public:
+  explicit MemoryChunkSource(const cache::ChunkKV& kv) : kv_(kv) {}
+  bool fetch_layer(int64_t layer, float* k, float* v) override;
+  uint64_t layer_bytes(int64_t layer) const override;
+
+ private:
+  const cache::ChunkKV& kv_;
+};
+
+}  // namespace cb
