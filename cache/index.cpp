@@ -41,62 +41,7 @@ CREATE TABLE IF NOT EXISTS segments(
 ) WITHOUT ROWID;
 )sql";
 
-bool is_corruption(int rc) {
-  const int primary = rc & 0xff;
-  return primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB;
-}
-
 }  // namespace
-
-// A prepared statement; finalized on destruction.
-class Index::Stmt {
- public:
-  Stmt(Index* idx, sqlite3_stmt* s) : idx_(idx), s_(s) {}
-  ~Stmt() { sqlite3_finalize(s_); }
-  Stmt(Stmt&& o) noexcept : idx_(o.idx_), s_(o.s_) { o.s_ = nullptr; }
-  Stmt(const Stmt&) = delete;
-
-  Stmt& bind(int i, int64_t v) { return check(sqlite3_bind_int64(s_, i, v)); }
-  Stmt& bind_u64(int i, uint64_t v) {
-    int64_t s;
-    std::memcpy(&s, &v, 8);  // SQLite integers are signed; keep the bits
-    return bind(i, s);
-  }
-  Stmt& bind_blob(int i, const void* p, size_t n) {
-    // A zero-length blob must still be a blob (not NULL) to compare equal.
-    static const char kEmpty = 0;
-    return check(sqlite3_bind_blob64(s_, i, n ? p : &kEmpty, n, SQLITE_TRANSIENT));
-  }
-  Stmt& bind_text(int i, const std::string& t) {
-    return check(sqlite3_bind_text64(s_, i, t.data(), t.size(), SQLITE_TRANSIENT, SQLITE_UTF8));
-  }
-  // True while a row is available.
-  bool step() {
-    const int rc = sqlite3_step(s_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    idx_->fail_sqlite(rc, sqlite3_sql(s_));
-  }
-  int64_t i64(int col) const { return sqlite3_column_int64(s_, col); }
-  uint64_t u64(int col) const {
-    const int64_t s = i64(col);
-    uint64_t u;
-    std::memcpy(&u, &s, 8);
-    return u;
-  }
-  std::string text(int col) const {
-    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s_, col));
-    return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(s_, col))) : std::string();
-  }
-
- private:
-  Stmt& check(int rc) {
-    if (rc != SQLITE_OK) idx_->fail_sqlite(rc, "bind");
-    return *this;
-  }
-  Index* idx_;
-  sqlite3_stmt* s_;
-};
 
 // BEGIN IMMEDIATE takes the write lock up front, so two writers never
 // deadlock upgrading read locks; the destructor rolls back unless committed.
@@ -142,7 +87,7 @@ Index::Index(const std::string& path, int busy_timeout_ms) : path_(path) {
     exec("PRAGMA foreign_keys=ON");
     int version = 0;
     {
-      Stmt s = prepare("PRAGMA user_version");
+      sqlite::Statement s = prepare("PRAGMA user_version");
       if (s.step()) version = static_cast<int>(s.i64(0));
     }
     if (version > kSchemaVersion) {
@@ -151,7 +96,7 @@ Index::Index(const std::string& path, int busy_timeout_ms) : path_(path) {
                                         std::to_string(kSchemaVersion) + ")");
     }
     {
-      Stmt s = prepare("PRAGMA quick_check");
+      sqlite::Statement s = prepare("PRAGMA quick_check");
       if (!s.step() || s.text(0) != "ok") {
         fail(ErrorCode::kFormat, path + ": index is corrupt (quick_check failed)");
       }
@@ -174,29 +119,19 @@ Index::~Index() {
 }
 
 void Index::fail_sqlite(int rc, const char* what) {
-  const std::string msg = path_ + ": " + what + ": " + sqlite3_errmsg(db_);
-  fail(is_corruption(rc) ? ErrorCode::kFormat : ErrorCode::kIo, msg);
+  sqlite::fail(db_, rc, path_, what);
 }
 
 void Index::exec(const char* sql) {
-  char* err = nullptr;
-  const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, &err);
-  if (rc != SQLITE_OK) {
-    const std::string msg = path_ + ": " + sql + ": " + (err ? err : sqlite3_errstr(rc));
-    sqlite3_free(err);
-    fail(is_corruption(rc) ? ErrorCode::kFormat : ErrorCode::kIo, msg);
-  }
+  sqlite::exec(db_, sql, path_);
 }
 
-Index::Stmt Index::prepare(const char* sql) {
-  sqlite3_stmt* s = nullptr;
-  const int rc = sqlite3_prepare_v2(db_, sql, -1, &s, nullptr);
-  if (rc != SQLITE_OK) fail_sqlite(rc, sql);
-  return Stmt(this, s);
+sqlite::Statement Index::prepare(const char* sql) {
+  return {db_, sql, path_};
 }
 
 std::optional<EntryRecord> Index::find(const ChunkKey& key, Codec codec, uint64_t hash) {
-  Stmt s = prepare(
+  sqlite::Statement s = prepare(
       "SELECT id, n_layers, n_tokens, n_head_kv, head_dim, blob, bytes, pinned FROM entries "
       "WHERE key_hash=?1 AND namespace=?2 AND model=?3 AND chunk_head=?4 AND codec=?5 "
       "AND tokens=?6");
@@ -216,7 +151,7 @@ std::optional<EntryRecord> Index::find(const ChunkKey& key, Codec codec, uint64_
   r.bytes = static_cast<uint64_t>(s.i64(6));
   r.pinned = s.i64(7) != 0;
 
-  Stmt seg =
+  sqlite::Statement seg =
       prepare("SELECT layer, offset, size, checksum FROM segments WHERE entry_id=? ORDER BY layer");
   seg.bind(1, r.id);
   while (seg.step()) {
@@ -231,7 +166,7 @@ std::optional<EntryRecord> Index::find(const ChunkKey& key, Codec codec, uint64_
 }
 
 void Index::touch(int64_t id) {
-  Stmt s = prepare(
+  sqlite::Statement s = prepare(
       "UPDATE entries SET last_access=(SELECT IFNULL(MAX(last_access),0)+1 FROM entries) "
       "WHERE id=?");
   s.bind(1, id);
@@ -252,7 +187,8 @@ Index::InsertOutcome Index::insert(const ChunkKey& key, Codec codec, uint64_t ha
   std::vector<EvictionCandidate> candidates;
   std::vector<std::string> candidate_blobs;
   if (used + bytes > capacity) {
-    Stmt s = prepare("SELECT id, bytes, blob FROM entries WHERE pinned=0 ORDER BY last_access, id");
+    sqlite::Statement s =
+        prepare("SELECT id, bytes, blob FROM entries WHERE pinned=0 ORDER BY last_access, id");
     while (s.step()) {
       candidates.push_back({s.i64(0), static_cast<uint64_t>(s.i64(1))});
       candidate_blobs.push_back(s.text(2));
@@ -264,13 +200,13 @@ Index::InsertOutcome Index::insert(const ChunkKey& key, Codec codec, uint64_t ha
     return out;  // rolls back
   }
   for (size_t i = 0; i < *n_evict; ++i) {
-    Stmt d = prepare("DELETE FROM entries WHERE id=?");
+    sqlite::Statement d = prepare("DELETE FROM entries WHERE id=?");
     d.bind(1, candidates[i].id);
     d.step();
     out.evicted_blobs.push_back(candidate_blobs[i]);
   }
 
-  Stmt ins = prepare(
+  sqlite::Statement ins = prepare(
       "INSERT INTO entries(key_hash, namespace, model, chunk_head, codec, tokens, n_layers, "
       "n_tokens, n_head_kv, head_dim, blob, bytes, last_access) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,"
       "?10,?11,?12,(SELECT IFNULL(MAX(last_access),0)+1 FROM entries))");
@@ -284,12 +220,12 @@ Index::InsertOutcome Index::insert(const ChunkKey& key, Codec codec, uint64_t ha
       .bind(8, shape.n_tokens)
       .bind(9, shape.n_head_kv)
       .bind(10, shape.head_dim)
-      .bind_text(11, blob)
+      .bind(11, blob)
       .bind(12, static_cast<int64_t>(bytes));
   ins.step();
   const int64_t id = sqlite3_last_insert_rowid(db_);
   for (size_t l = 0; l < segments.size(); ++l) {
-    Stmt seg =
+    sqlite::Statement seg =
         prepare("INSERT INTO segments(entry_id, layer, offset, size, checksum) VALUES(?,?,?,?,?)");
     seg.bind(1, id)
         .bind(2, static_cast<int64_t>(l))
@@ -303,14 +239,14 @@ Index::InsertOutcome Index::insert(const ChunkKey& key, Codec codec, uint64_t ha
 }
 
 bool Index::remove(int64_t id, const std::string& blob) {
-  Stmt s = prepare("DELETE FROM entries WHERE id=? AND blob=?");
-  s.bind(1, id).bind_text(2, blob);
+  sqlite::Statement s = prepare("DELETE FROM entries WHERE id=? AND blob=?");
+  s.bind(1, id).bind(2, blob);
   s.step();
   return sqlite3_changes(db_) > 0;
 }
 
 bool Index::set_pinned(int64_t id, bool pinned) {
-  Stmt s = prepare("UPDATE entries SET pinned=? WHERE id=?");
+  sqlite::Statement s = prepare("UPDATE entries SET pinned=? WHERE id=?");
   s.bind(1, pinned ? 1 : 0).bind(2, id);
   s.step();
   return sqlite3_changes(db_) > 0;
@@ -320,7 +256,7 @@ std::vector<std::string> Index::remove_all() {
   std::vector<std::string> blobs;
   Transaction txn(this);
   {
-    Stmt s = prepare("SELECT blob FROM entries");
+    sqlite::Statement s = prepare("SELECT blob FROM entries");
     while (s.step()) blobs.push_back(s.text(0));
   }
   exec("DELETE FROM entries");
@@ -336,7 +272,8 @@ std::vector<std::string> Index::trim_to(uint64_t capacity) {
   std::vector<EvictionCandidate> candidates;
   std::vector<std::string> names;
   {
-    Stmt s = prepare("SELECT id, bytes, blob FROM entries WHERE pinned=0 ORDER BY last_access, id");
+    sqlite::Statement s =
+        prepare("SELECT id, bytes, blob FROM entries WHERE pinned=0 ORDER BY last_access, id");
     while (s.step()) {
       candidates.push_back({s.i64(0), static_cast<uint64_t>(s.i64(1))});
       names.push_back(s.text(2));
@@ -345,7 +282,7 @@ std::vector<std::string> Index::trim_to(uint64_t capacity) {
   // Pinned entries alone may exceed capacity; then evict everything else.
   const size_t n = plan_eviction(used, 0, capacity, candidates).value_or(candidates.size());
   for (size_t i = 0; i < n; ++i) {
-    Stmt d = prepare("DELETE FROM entries WHERE id=?");
+    sqlite::Statement d = prepare("DELETE FROM entries WHERE id=?");
     d.bind(1, candidates[i].id);
     d.step();
     blobs.push_back(names[i]);
@@ -356,18 +293,18 @@ std::vector<std::string> Index::trim_to(uint64_t capacity) {
 
 std::vector<BlobRow> Index::all_blobs() {
   std::vector<BlobRow> rows;
-  Stmt s = prepare("SELECT id, blob, bytes FROM entries");
+  sqlite::Statement s = prepare("SELECT id, blob, bytes FROM entries");
   while (s.step()) rows.push_back({s.i64(0), s.text(1), static_cast<uint64_t>(s.i64(2))});
   return rows;
 }
 
 uint64_t Index::entry_count() {
-  Stmt s = prepare("SELECT COUNT(*) FROM entries");
+  sqlite::Statement s = prepare("SELECT COUNT(*) FROM entries");
   return s.step() ? static_cast<uint64_t>(s.i64(0)) : 0;
 }
 
 uint64_t Index::total_bytes() {
-  Stmt s = prepare("SELECT IFNULL(SUM(bytes),0) FROM entries");
+  sqlite::Statement s = prepare("SELECT IFNULL(SUM(bytes),0) FROM entries");
   return s.step() ? static_cast<uint64_t>(s.i64(0)) : 0;
 }
 

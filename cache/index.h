@@ -16,6 +16,7 @@
 
 #include "cache/blob_format.h"
 #include "cache/chunk_kv.h"
+#include "platform/sqlite.h"
 
 namespace cb::cache {
 
@@ -75,10 +76,9 @@ class Index {
   uint64_t total_bytes();
 
  private:
-  class Stmt;
   class Transaction;
   void exec(const char* sql);
-  Stmt prepare(const char* sql);
+  sqlite::Statement prepare(const char* sql);
   [[noreturn]] void fail_sqlite(int rc, const char* what);
 
   std::string path_;

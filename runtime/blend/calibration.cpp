@@ -11,6 +11,7 @@
 #include "platform/cpu_features.h"
 #include "platform/error.h"
 #include "platform/file_io.h"
+#include "platform/sqlite.h"
 
 namespace cb {
 
@@ -109,64 +110,17 @@ void refresh_read(Calibration& cal, const std::string& tier, double bytes, doubl
 
 // ---------------------------------------------------------------------------
 
+// Names the database in SQLite errors.
+constexpr const char kDbLabel[] = "calibration db";
+
 struct CalibrationDb::Impl {
   sqlite3* db = nullptr;
   mutable std::mutex mu;
 
-  [[noreturn]] void fail_sql(const std::string& what) const {
-    fail(ErrorCode::kIo, "calibration db: " + what + ": " + sqlite3_errmsg(db));
-  }
-  void exec(const char* sql) const {
-    char* err = nullptr;
-    if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-      std::string msg = err ? err : "unknown error";
-      sqlite3_free(err);
-      fail(ErrorCode::kIo, std::string("calibration db: ") + msg);
-    }
-  }
+  void exec(const char* sql) const { sqlite::exec(db, sql, kDbLabel); }
 };
 
 namespace {
-
-// A prepared statement that finalizes itself.
-class Stmt {
- public:
-  Stmt(sqlite3* db, const char* sql) : db_(db) {
-    if (sqlite3_prepare_v2(db, sql, -1, &s_, nullptr) != SQLITE_OK)
-      fail(ErrorCode::kIo, std::string("calibration db: ") + sqlite3_errmsg(db));
-  }
-  ~Stmt() { sqlite3_finalize(s_); }
-  Stmt(const Stmt&) = delete;
-  Stmt& operator=(const Stmt&) = delete;
-  Stmt& text(int i, const std::string& t) {
-    // Model fingerprints are raw bytes: bound as blobs so no byte is lost.
-    return check(sqlite3_bind_blob64(s_, i, t.data(), t.size(), SQLITE_TRANSIENT));
-  }
-  Stmt& real(int i, double v) { return check(sqlite3_bind_double(s_, i, v)); }
-  Stmt& integer(int i, int64_t v) { return check(sqlite3_bind_int64(s_, i, v)); }
-  bool step() {
-    const int rc = sqlite3_step(s_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    fail(ErrorCode::kIo, std::string("calibration db: ") + sqlite3_errmsg(db_));
-  }
-  double real(int col) const { return sqlite3_column_double(s_, col); }
-  int64_t integer(int col) const { return sqlite3_column_int64(s_, col); }
-  std::string str(int col) const {
-    const void* p = sqlite3_column_blob(s_, col);
-    const int n = sqlite3_column_bytes(s_, col);
-    return p ? std::string(static_cast<const char*>(p), static_cast<size_t>(n)) : std::string();
-  }
-
- private:
-  Stmt& check(int rc) {
-    if (rc != SQLITE_OK)
-      fail(ErrorCode::kIo, std::string("calibration db: ") + sqlite3_errmsg(db_));
-    return *this;
-  }
-  sqlite3* db_;
-  sqlite3_stmt* s_ = nullptr;
-};
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS compute_cost(
@@ -222,8 +176,9 @@ std::unique_ptr<CalibrationDb> CalibrationDb::open_once(const std::string& path)
   try {
     out->impl_->exec("PRAGMA journal_mode=WAL;");
     out->impl_->exec(kSchema);
-    Stmt check(db, "PRAGMA quick_check;");
-    if (!check.step() || check.str(0) != "ok") fail(ErrorCode::kFormat, "damaged: " + check.str(0));
+    sqlite::Statement check(db, "PRAGMA quick_check;", kDbLabel);
+    if (!check.step() || check.blob(0) != "ok")
+      fail(ErrorCode::kFormat, "damaged: " + check.blob(0));
   } catch (const Error& e) {
     const int rc = sqlite3_errcode(db);
     const bool damaged =
@@ -247,33 +202,37 @@ Calibration CalibrationDb::load(const std::string& device, const std::string& mo
   std::lock_guard lock(impl_->mu);
   Calibration cal;
   {
-    Stmt q(impl_->db,
-           "SELECT per_row_s, per_row_key_s, per_layer_s, observations, pinned FROM compute_cost "
-           "WHERE device = ?1 AND model = ?2");
-    q.text(1, device).text(2, model);
+    sqlite::Statement q(
+        impl_->db,
+        "SELECT per_row_s, per_row_key_s, per_layer_s, observations, pinned FROM compute_cost "
+        "WHERE device = ?1 AND model = ?2",
+        kDbLabel);
+    q.bind_blob(1, device).bind_blob(2, model);
     if (q.step())
-      cal.compute =
-          CalibratedCompute{{q.real(0), q.real(1), q.real(2)}, q.integer(3), q.integer(4) != 0};
+      cal.compute = CalibratedCompute{{q.real(0), q.real(1), q.real(2)}, q.i64(3), q.i64(4) != 0};
   }
   {
-    Stmt q(impl_->db,
-           "SELECT codec, s_per_byte, observations, pinned FROM decode_cost "
-           "WHERE device = ?1 AND model = ?2 ORDER BY codec");
-    q.text(1, device).text(2, model);
+    sqlite::Statement q(impl_->db,
+                        "SELECT codec, s_per_byte, observations, pinned FROM decode_cost "
+                        "WHERE device = ?1 AND model = ?2 ORDER BY codec",
+                        kDbLabel);
+    q.bind_blob(1, device).bind_blob(2, model);
     while (q.step()) {
       // A codec this build does not know (written by a newer one) is skipped.
-      std::optional<cache::Codec> c = cache::parse_codec(q.str(0));
-      if (c) cal.decode.push_back({*c, q.real(1), q.integer(2), q.integer(3) != 0});
+      std::optional<cache::Codec> c = cache::parse_codec(q.blob(0));
+      if (c) cal.decode.push_back({*c, q.real(1), q.i64(2), q.i64(3) != 0});
     }
   }
   {
-    Stmt q(impl_->db,
-           "SELECT name, read_bytes_per_s, cost_rank, observations, pinned FROM storage_tier "
-           "WHERE device = ?1 ORDER BY cost_rank, name");
-    q.text(1, device);
+    sqlite::Statement q(
+        impl_->db,
+        "SELECT name, read_bytes_per_s, cost_rank, observations, pinned FROM storage_tier "
+        "WHERE device = ?1 ORDER BY cost_rank, name",
+        kDbLabel);
+    q.bind_blob(1, device);
     while (q.step())
       cal.tiers.push_back(
-          {{q.str(0), q.real(1), static_cast<int>(q.integer(2))}, q.integer(3), q.integer(4) != 0});
+          {{q.blob(0), q.real(1), static_cast<int>(q.i64(2))}, q.i64(3), q.i64(4) != 0});
   }
   return cal;
 }
@@ -285,25 +244,30 @@ void CalibrationDb::save(const std::string& device, const std::string& model,
   impl_->exec("BEGIN IMMEDIATE;");
   try {
     if (cal.compute) {
-      Stmt q(impl_->db,
-             "INSERT OR REPLACE INTO compute_cost VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
-      q.text(1, device).text(2, model);
-      q.real(3, cal.compute->cost.per_row_s).real(4, cal.compute->cost.per_row_key_s);
-      q.real(5, cal.compute->cost.per_layer_s).integer(6, cal.compute->observations);
-      q.integer(7, cal.compute->pinned).integer(8, now);
+      sqlite::Statement q(
+          impl_->db, "INSERT OR REPLACE INTO compute_cost VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+          kDbLabel);
+      q.bind_blob(1, device).bind_blob(2, model);
+      q.bind_double(3, cal.compute->cost.per_row_s).bind_double(4, cal.compute->cost.per_row_key_s);
+      q.bind_double(5, cal.compute->cost.per_layer_s).bind(6, cal.compute->observations);
+      q.bind(7, cal.compute->pinned).bind(8, now);
       q.step();
     }
     for (const CalibratedDecode& d : cal.decode) {
-      Stmt q(impl_->db, "INSERT OR REPLACE INTO decode_cost VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
-      q.text(1, device).text(2, model).text(3, cache::codec_name(d.codec));
-      q.real(4, d.s_per_byte).integer(5, d.observations).integer(6, d.pinned).integer(7, now);
+      sqlite::Statement q(impl_->db,
+                          "INSERT OR REPLACE INTO decode_cost VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                          kDbLabel);
+      q.bind_blob(1, device).bind_blob(2, model).bind_blob(3, cache::codec_name(d.codec));
+      q.bind_double(4, d.s_per_byte).bind(5, d.observations).bind(6, d.pinned).bind(7, now);
       q.step();
     }
     for (const CalibratedTier& t : cal.tiers) {
-      Stmt q(impl_->db, "INSERT OR REPLACE INTO storage_tier VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
-      q.text(1, device).text(2, t.tier.name).real(3, t.tier.read_bytes_per_s);
-      q.integer(4, t.tier.cost_rank).integer(5, t.observations).integer(6, t.pinned);
-      q.integer(7, now);
+      sqlite::Statement q(impl_->db,
+                          "INSERT OR REPLACE INTO storage_tier VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                          kDbLabel);
+      q.bind_blob(1, device).bind_blob(2, t.tier.name).bind_double(3, t.tier.read_bytes_per_s);
+      q.bind(4, t.tier.cost_rank).bind(5, t.observations).bind(6, t.pinned);
+      q.bind(7, now);
       q.step();
     }
     impl_->exec("COMMIT;");

@@ -301,9 +301,9 @@ int run_chat(const CommonOptions& common, const AskOptions& opts) {
         continue;
       }
       r = a.answer(line, sources, true, true);
-    } catch (const Error& e) {
+    } catch (const std::runtime_error& e) {
       // One question that cannot be answered (too long for the context, a
-      // failed read) does not end the conversation.
+      // failed read of the corpus) does not end the conversation.
       std::fflush(stdout);
       std::fprintf(stderr, "rag_assistant: error: %s\n", e.what());
       continue;

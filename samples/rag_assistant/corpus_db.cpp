@@ -7,6 +7,7 @@
 #include <set>
 
 #include "app.h"
+#include "platform/sqlite.h"
 
 namespace rag {
 namespace {
@@ -24,42 +25,8 @@ const std::set<std::string, std::less<>> kStopwords = {
     "whom", "whose", "why",   "will", "with", "would",  "you",   "your",
 };
 
-// A statement with automatic finalization and bound parameters.
-class Stmt {
- public:
-  Stmt(sqlite3* db, const char* sql) : db_(db) {
-    if (sqlite3_prepare_v2(db, sql, -1, &s_, nullptr) != SQLITE_OK)
-      throw Error(std::string("corpus database: ") + sqlite3_errmsg(db));
-  }
-  ~Stmt() { sqlite3_finalize(s_); }
-  Stmt(const Stmt&) = delete;
-  Stmt& operator=(const Stmt&) = delete;
-  Stmt& bind(int i, int64_t v) {
-    sqlite3_bind_int64(s_, i, v);
-    return *this;
-  }
-  Stmt& bind(int i, const std::string& v) {
-    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
-    return *this;
-  }
-  // True while a row is available.
-  bool step() {
-    const int rc = sqlite3_step(s_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    throw Error(std::string("corpus database: ") + sqlite3_errmsg(db_));
-  }
-  int64_t i64(int col) { return sqlite3_column_int64(s_, col); }
-  double dbl(int col) { return sqlite3_column_double(s_, col); }
-  std::string str(int col) {
-    const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s_, col));
-    return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(s_, col))) : std::string();
-  }
-
- private:
-  sqlite3* db_;
-  sqlite3_stmt* s_ = nullptr;
-};
+// Names the database in SQLite errors.
+constexpr const char kDbLabel[] = "corpus database";
 
 }  // namespace
 
@@ -132,7 +99,9 @@ CorpusDb::CorpusDb(const std::string& path, bool create) : path_(path) {
         "CREATE TABLE IF NOT EXISTS settings(key TEXT PRIMARY KEY, value TEXT NOT NULL);");
   } else {
     // An existing file that is not our database says so plainly.
-    Stmt s(db_, "SELECT count(*) FROM sqlite_master WHERE name IN ('files','chunks','chunks_fts')");
+    cb::sqlite::Statement s(
+        db_, "SELECT count(*) FROM sqlite_master WHERE name IN ('files','chunks','chunks_fts')",
+        kDbLabel);
     if (!s.step() || s.i64(0) != 3)
       throw Error(path + " is not a rag_assistant corpus (run ingest into a new store)");
   }
@@ -152,16 +121,17 @@ void CorpusDb::exec(const char* sql) {
 }
 
 std::optional<FileRecord> CorpusDb::find_file(const std::string& path) {
-  Stmt s(db_, "SELECT id, path, display, hash FROM files WHERE path = ?1");
+  cb::sqlite::Statement s(db_, "SELECT id, path, display, hash FROM files WHERE path = ?1",
+                          kDbLabel);
   s.bind(1, path);
   if (!s.step()) return std::nullopt;
-  return FileRecord{s.i64(0), s.str(1), s.str(2), s.str(3)};
+  return FileRecord{s.i64(0), s.text(1), s.text(2), s.text(3)};
 }
 
 std::vector<FileRecord> CorpusDb::files() {
-  Stmt s(db_, "SELECT id, path, display, hash FROM files ORDER BY id");
+  cb::sqlite::Statement s(db_, "SELECT id, path, display, hash FROM files ORDER BY id", kDbLabel);
   std::vector<FileRecord> out;
-  while (s.step()) out.push_back({s.i64(0), s.str(1), s.str(2), s.str(3)});
+  while (s.step()) out.push_back({s.i64(0), s.text(1), s.text(2), s.text(3)});
   return out;
 }
 
@@ -170,19 +140,23 @@ void CorpusDb::replace_file(const FileRecord& file, const std::string& title,
   exec("BEGIN IMMEDIATE");
   try {
     if (auto old = find_file(file.path)) remove_file(old->id);
-    Stmt ins(db_, "INSERT INTO files(path, display, hash, title) VALUES (?1, ?2, ?3, ?4)");
+    cb::sqlite::Statement ins(
+        db_, "INSERT INTO files(path, display, hash, title) VALUES (?1, ?2, ?3, ?4)", kDbLabel);
     ins.bind(1, file.path).bind(2, file.display).bind(3, file.hash).bind(4, title);
     ins.step();
     const int64_t file_id = sqlite3_last_insert_rowid(db_);
     for (size_t i = 0; i < chunks.size(); ++i) {
-      Stmt c(db_, "INSERT INTO chunks(file_id, idx, text, n_tokens) VALUES (?1, ?2, ?3, ?4)");
+      cb::sqlite::Statement c(
+          db_, "INSERT INTO chunks(file_id, idx, text, n_tokens) VALUES (?1, ?2, ?3, ?4)",
+          kDbLabel);
       c.bind(1, file_id)
           .bind(2, static_cast<int64_t>(i))
           .bind(3, chunks[i].first)
           .bind(4, static_cast<int64_t>(chunks[i].second));
       c.step();
       const int64_t chunk_id = sqlite3_last_insert_rowid(db_);
-      Stmt f(db_, "INSERT INTO chunks_fts(rowid, title, text) VALUES (?1, ?2, ?3)");
+      cb::sqlite::Statement f(db_, "INSERT INTO chunks_fts(rowid, title, text) VALUES (?1, ?2, ?3)",
+                              kDbLabel);
       f.bind(1, chunk_id).bind(2, title).bind(3, chunks[i].first);
       f.step();
     }
@@ -194,18 +168,21 @@ void CorpusDb::replace_file(const FileRecord& file, const std::string& title,
 }
 
 void CorpusDb::remove_file(int64_t file_id) {
-  Stmt f(db_, "DELETE FROM chunks_fts WHERE rowid IN (SELECT id FROM chunks WHERE file_id = ?1)");
+  cb::sqlite::Statement f(
+      db_, "DELETE FROM chunks_fts WHERE rowid IN (SELECT id FROM chunks WHERE file_id = ?1)",
+      kDbLabel);
   f.bind(1, file_id);
   f.step();
-  Stmt d(db_, "DELETE FROM files WHERE id = ?1");  // chunks go by ON DELETE CASCADE
+  cb::sqlite::Statement d(db_, "DELETE FROM files WHERE id = ?1",
+                          kDbLabel);  // chunks go by ON DELETE CASCADE
   d.bind(1, file_id);
   d.step();
 }
 
 std::optional<size_t> CorpusDb::chunk_tokens() {
-  Stmt s(db_, "SELECT value FROM settings WHERE key = 'chunk_tokens'");
+  cb::sqlite::Statement s(db_, "SELECT value FROM settings WHERE key = 'chunk_tokens'", kDbLabel);
   if (!s.step()) return std::nullopt;
-  const std::string v = s.str(0);
+  const std::string v = s.text(0);
   char* end = nullptr;
   const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
   if (v.empty() || *end != '\0' || n == 0) return std::nullopt;  // not ours: ignored
@@ -213,50 +190,54 @@ std::optional<size_t> CorpusDb::chunk_tokens() {
 }
 
 void CorpusDb::set_chunk_tokens(size_t n) {
-  Stmt s(db_, "INSERT OR REPLACE INTO settings(key, value) VALUES ('chunk_tokens', ?1)");
+  cb::sqlite::Statement s(
+      db_, "INSERT OR REPLACE INTO settings(key, value) VALUES ('chunk_tokens', ?1)", kDbLabel);
   s.bind(1, std::to_string(n));
   s.step();
 }
 
 std::vector<std::string> CorpusDb::chunk_texts(int64_t file_id) {
-  Stmt s(db_, "SELECT text FROM chunks WHERE file_id = ?1 ORDER BY idx");
+  cb::sqlite::Statement s(db_, "SELECT text FROM chunks WHERE file_id = ?1 ORDER BY idx", kDbLabel);
   s.bind(1, file_id);
   std::vector<std::string> out;
-  while (s.step()) out.push_back(s.str(0));
+  while (s.step()) out.push_back(s.text(0));
   return out;
 }
 
 int64_t CorpusDb::n_chunks() {
-  Stmt s(db_, "SELECT count(*) FROM chunks");
+  cb::sqlite::Statement s(db_, "SELECT count(*) FROM chunks", kDbLabel);
   s.step();
   return s.i64(0);
 }
 
 std::vector<ChunkRecord> CorpusDb::all_chunks() {
-  Stmt s(db_,
-         "SELECT c.id, c.file_id, c.idx, f.title, c.text, c.n_tokens, f.display, f.path"
-         " FROM chunks c JOIN files f ON f.id = c.file_id ORDER BY c.id");
+  cb::sqlite::Statement s(
+      db_,
+      "SELECT c.id, c.file_id, c.idx, f.title, c.text, c.n_tokens, f.display, f.path"
+      " FROM chunks c JOIN files f ON f.id = c.file_id ORDER BY c.id",
+      kDbLabel);
   std::vector<ChunkRecord> out;
   while (s.step())
-    out.push_back({s.i64(0), s.i64(1), static_cast<int>(s.i64(2)), s.str(3), s.str(4),
-                   static_cast<int>(s.i64(5)), s.str(6), 0.0, s.str(7)});
+    out.push_back({s.i64(0), s.i64(1), static_cast<int>(s.i64(2)), s.text(3), s.text(4),
+                   static_cast<int>(s.i64(5)), s.text(6), 0.0, s.text(7)});
   return out;
 }
 
 std::vector<ChunkRecord> CorpusDb::search(const std::string& match, int k) {
   if (match.empty()) return {};
   // Title matches weigh double: a file named for a topic is about it.
-  Stmt s(db_,
-         "SELECT c.id, c.file_id, c.idx, f.title, c.text, c.n_tokens, f.display,"
-         " bm25(chunks_fts, 2.0, 1.0) AS score, f.path"
-         " FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
-         " JOIN files f ON f.id = c.file_id"
-         " WHERE chunks_fts MATCH ?1 ORDER BY score LIMIT ?2");
+  cb::sqlite::Statement s(db_,
+                          "SELECT c.id, c.file_id, c.idx, f.title, c.text, c.n_tokens, f.display,"
+                          " bm25(chunks_fts, 2.0, 1.0) AS score, f.path"
+                          " FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
+                          " JOIN files f ON f.id = c.file_id"
+                          " WHERE chunks_fts MATCH ?1 ORDER BY score LIMIT ?2",
+                          kDbLabel);
   s.bind(1, match).bind(2, static_cast<int64_t>(k));
   std::vector<ChunkRecord> out;
   while (s.step())
-    out.push_back({s.i64(0), s.i64(1), static_cast<int>(s.i64(2)), s.str(3), s.str(4),
-                   static_cast<int>(s.i64(5)), s.str(6), s.dbl(7), s.str(8)});
+    out.push_back({s.i64(0), s.i64(1), static_cast<int>(s.i64(2)), s.text(3), s.text(4),
+                   static_cast<int>(s.i64(5)), s.text(6), s.real(7), s.text(8)});
   return out;
 }
 

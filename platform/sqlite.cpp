@@ -1,0 +1,113 @@
+#include "platform/sqlite.h"
+
+#include <sqlite3.h>
+
+#include <cstring>
+#include <utility>
+
+namespace cb::sqlite {
+
+ErrorCode error_code(int rc) {
+  const int primary = rc & 0xff;
+  return primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB ? ErrorCode::kFormat
+                                                               : ErrorCode::kIo;
+}
+
+void fail(sqlite3* db, int rc, const std::string& db_label, std::string_view what) {
+  const char* why = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+  cb::fail(error_code(rc), db_label + ": " + std::string(what) + ": " + why);
+}
+
+void exec(sqlite3* db, const char* sql, const std::string& db_label) {
+  char* err = nullptr;
+  const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &err);
+  if (rc == SQLITE_OK) return;
+  const std::string why = err != nullptr ? err : sqlite3_errstr(rc);
+  sqlite3_free(err);
+  cb::fail(error_code(rc), db_label + ": " + sql + ": " + why);
+}
+
+Statement::Statement(sqlite3* db, const char* sql, std::string db_label)
+    : db_(db), db_label_(std::move(db_label)) {
+  const int rc = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  if (rc != SQLITE_OK) {
+    sqlite3_finalize(stmt_);
+    fail(db_, rc, db_label_, sql);
+  }
+}
+
+Statement::~Statement() {
+  sqlite3_finalize(stmt_);
+}
+
+Statement::Statement(Statement&& other) noexcept
+    : db_(other.db_),
+      stmt_(std::exchange(other.stmt_, nullptr)),
+      db_label_(std::move(other.db_label_)) {}
+
+Statement& Statement::check(int rc, std::string_view what) {
+  if (rc != SQLITE_OK) fail(db_, rc, db_label_, what);
+  return *this;
+}
+
+Statement& Statement::bind(int i, int64_t v) {
+  return check(sqlite3_bind_int64(stmt_, i, v), "bind");
+}
+
+Statement& Statement::bind(int i, std::string_view text) {
+  return check(
+      sqlite3_bind_text64(stmt_, i, text.data(), text.size(), SQLITE_TRANSIENT, SQLITE_UTF8),
+      "bind");
+}
+
+Statement& Statement::bind_u64(int i, uint64_t v) {
+  int64_t s;
+  std::memcpy(&s, &v, sizeof s);  // SQLite integers are signed; keep the bits
+  return bind(i, s);
+}
+
+Statement& Statement::bind_double(int i, double v) {
+  return check(sqlite3_bind_double(stmt_, i, v), "bind");
+}
+
+Statement& Statement::bind_blob(int i, const void* data, size_t n) {
+  static const char kEmpty = 0;
+  return check(sqlite3_bind_blob64(stmt_, i, n != 0 ? data : &kEmpty, n, SQLITE_TRANSIENT), "bind");
+}
+
+bool Statement::step() {
+  const int rc = sqlite3_step(stmt_);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  fail(db_, rc, db_label_, sqlite3_sql(stmt_));
+}
+
+int64_t Statement::i64(int col) const {
+  return sqlite3_column_int64(stmt_, col);
+}
+
+uint64_t Statement::u64(int col) const {
+  const int64_t s = i64(col);
+  uint64_t u;
+  std::memcpy(&u, &s, sizeof u);
+  return u;
+}
+
+double Statement::real(int col) const {
+  return sqlite3_column_double(stmt_, col);
+}
+
+std::string Statement::text(int col) const {
+  const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, col));
+  return p != nullptr ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(stmt_, col)))
+                      : std::string();
+}
+
+std::string Statement::blob(int col) const {
+  const void* p = sqlite3_column_blob(stmt_, col);
+  const int n = sqlite3_column_bytes(stmt_, col);
+  return p != nullptr ? std::string(static_cast<const char*>(p), static_cast<size_t>(n))
+                      : std::string();
+}
+
+}  // namespace cb::sqlite
