@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <string>
 #include <utility>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -9,6 +10,28 @@
 #include "runtime/graph.h"
 
 namespace cb {
+
+BackendKind resolve_backend(BackendRequest request, int device) {
+  switch (request) {
+    case BackendRequest::kCpu:
+      return BackendKind::kCpu;
+    case BackendRequest::kAuto:
+      return device >= 0 && device < cuda_device_count() ? BackendKind::kCuda : BackendKind::kCpu;
+    case BackendRequest::kCuda:
+      break;
+  }
+  if (std::string why; !cuda_plugin_available(&why))
+    fail(ErrorCode::kUnsupported, "the CUDA backend is not available: " + why);
+  const int n = cuda_device_count();
+  if (n == 0)
+    fail(ErrorCode::kUnsupported, "no CUDA device is usable by this process (no GPU or no driver)");
+  if (device < 0 || device >= n)
+    fail(ErrorCode::kUnsupported, "CUDA device " + std::to_string(device) + " does not exist (" +
+                                      std::to_string(n) + " CUDA device" + (n == 1 ? "" : "s") +
+                                      " usable)");
+  return BackendKind::kCuda;
+}
+
 namespace {
 
 std::unique_ptr<Backend> make_backend(const SessionOptions& opts) {

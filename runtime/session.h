@@ -19,6 +19,15 @@ namespace cb {
 // without it, or without the device, asking for it throws kUnsupported.
 enum class BackendKind { kCpu, kCuda };
 
+// What a caller asks for: kAuto is CUDA device `device` when the plugin
+// loads and that device exists, else the CPU; kCuda insists; kCpu never
+// loads the plugin (it would start the CUDA driver for nothing).
+enum class BackendRequest { kAuto, kCpu, kCuda };
+// The backend that `request` gets on this machine.  Throws
+// cb::Error(kUnsupported) for kCuda when the plugin does not load, no device
+// is usable, or `device` is beyond the count, saying which.
+BackendKind resolve_backend(BackendRequest request, int device);
+
 struct SessionOptions {
   int64_t n_ctx = 0;      // 0: min(model's training context, 4096)
   int n_threads = 0;      // 0: all cores

@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/cuda/cuda_backend.h"
 #include "platform/error.h"
 #include "platform/thread_pool.h"
 #include "runtime/blend/blend_options.h"
@@ -537,37 +536,25 @@ cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model
     require(o.n_threads >= 0 && o.n_threads <= cb::ThreadPool::kMaxThreads,
             "n_threads must be in [0, 512]");
     require(o.device >= 0, "device must be >= 0");
-    cb::BackendKind kind = cb::BackendKind::kCpu;
+    cb::BackendRequest request = cb::BackendRequest::kAuto;
     switch (enum_value(o.backend)) {
       case CB_BACKEND_AUTO:
-        // The GPU when the CUDA plugin loads and the device exists: a CUDA
-        // device outruns the CPU cores.
-        if (o.device < cb::cuda_device_count()) kind = cb::BackendKind::kCuda;
         break;
       case CB_BACKEND_CPU:
-        // No plugin load or device query: it would start the CUDA driver for nothing.
+        request = cb::BackendRequest::kCpu;
         break;
-      case CB_BACKEND_CUDA: {
-        if (std::string why; !cb::cuda_plugin_available(&why))
-          throw cb::Error(cb::ErrorCode::kUnsupported,
-                          "CB_BACKEND_CUDA: the CUDA backend is not available (use "
-                          "CB_BACKEND_CPU or CB_BACKEND_AUTO): " +
-                              why);
-        const int n_devices = cb::cuda_device_count();
-        if (n_devices == 0)
-          throw ApiError{CB_ERR_UNSUPPORTED,
-                         "CB_BACKEND_CUDA: no CUDA device is usable by this process (no GPU or "
-                         "no driver); use CB_BACKEND_CPU or CB_BACKEND_AUTO"};
-        if (o.device >= n_devices)
-          throw cb::Error(cb::ErrorCode::kUnsupported,
-                          "CB_BACKEND_CUDA: device " + std::to_string(o.device) +
-                              " does not exist (" + std::to_string(n_devices) + " CUDA device" +
-                              (n_devices == 1 ? "" : "s") + " usable)");
-        kind = cb::BackendKind::kCuda;
+      case CB_BACKEND_CUDA:
+        request = cb::BackendRequest::kCuda;
         break;
-      }
       default:
         invalid("unknown backend value");
+    }
+    cb::BackendKind kind;
+    try {
+      kind = cb::resolve_backend(request, o.device);
+    } catch (const cb::Error& e) {
+      throw cb::Error(e.code(), std::string("CB_BACKEND_CUDA: ") + e.what() +
+                                    "; use CB_BACKEND_CPU or CB_BACKEND_AUTO");
     }
     auto state = std::make_shared<ModelState>();
     state->model = cb::Model::load(path);
