@@ -32,6 +32,7 @@
 #include "runtime/blend/flash_chunk_store.h"
 #include "runtime/blend/loading_controller.h"
 #include "runtime/blend/rag_request.h"
+#include "runtime/generator.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -265,13 +266,8 @@ struct cb_chunk_cache {
 struct cb_session {
   std::shared_ptr<ModelState> state;  // declared first: destroyed after `session`
   std::unique_ptr<cb::Session> session;
-  std::vector<float> logits;  // of the last token in the KV cache (after cb_session_prefill)
-  bool has_logits = false;
-  // The time of the prefill call that produced `logits`: a cb_generate that
-  // continues from them counts it in its time to first token.
-  double logits_prefill_ms = 0.0;
-  int32_t pending = -1;   // last generated token, not yet in the KV cache
-  int32_t n_threads = 0;  // as created (0: all cores); part of the device id
+  std::unique_ptr<cb::Generator> generator;  // on `session`: the pending token, the last logits
+  int32_t n_threads = 0;                     // as created (0: all cores); part of the device id
   // Inside cb_generate: a cb_session_free from the token callback is carried
   // out when cb_generate returns.
   bool generating = false;
@@ -379,43 +375,22 @@ const cb::Model& model_of(const cb_model* m) {
   return *m->state->model;
 }
 
-// The session's KV-cache length plus the pending token.
-int64_t total_past(const cb_session* s) {
-  return s->session->n_past() + (s->pending >= 0 ? 1 : 0);
-}
-
-// Feeds the pending token (if any) and then `tokens` to the session, as one
-// forward call.  Checks the context first so the session stays unchanged on
-// overflow.  Returns the logits of the last token.
-std::span<const float> feed(cb_session* s, std::span<const int32_t> tokens) {
-  const int64_t n = static_cast<int64_t>(tokens.size()) + (s->pending >= 0 ? 1 : 0);
-  const int64_t n_ctx = s->session->n_ctx();
-  if (n > n_ctx - s->session->n_past())
-    throw cb::Error(cb::ErrorCode::kContextOverflow,
-                    std::to_string(tokens.size()) +
-                        " tokens do not fit in the context: " + std::to_string(total_past(s)) +
-                        " of " + std::to_string(n_ctx) + " positions are used");
-  // A failed or cancelled prefill leaves the session as it was (the
-  // engine restores n_past; the logits copy is not touched until success).
-  const bool had_logits = s->has_logits;
-  try {
-    if (s->pending < 0) {
-      auto logits = s->session->prefill(tokens);
-      s->has_logits = false;
-      return logits;
-    }
-    std::vector<int32_t> all;
-    all.reserve(tokens.size() + 1);
-    all.push_back(s->pending);
-    all.insert(all.end(), tokens.begin(), tokens.end());
-    auto logits = s->session->prefill(all);
-    s->pending = -1;
-    s->has_logits = false;
-    return logits;
-  } catch (...) {
-    s->has_logits = had_logits;
-    throw;
+cb_stop_reason stop_reason_of(cb::StopReason r) {
+  switch (r) {
+    case cb::StopReason::kNone:
+      return CB_STOP_NONE;
+    case cb::StopReason::kEndOfGeneration:
+      return CB_STOP_END_OF_GENERATION;
+    case cb::StopReason::kMaxTokens:
+      return CB_STOP_MAX_TOKENS;
+    case cb::StopReason::kContextFull:
+      return CB_STOP_CONTEXT_FULL;
+    case cb::StopReason::kStopString:
+      return CB_STOP_STRING;
+    case cb::StopReason::kCancelled:
+      return CB_STOP_CANCELLED;
   }
+  return CB_STOP_NONE;
 }
 
 // The fields of cb_rag_options that decide a chunk's cache key.  One parser
@@ -744,6 +719,7 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
     handle->state = model->state;
     handle->n_threads = so.n_threads;
     handle->session = std::make_unique<cb::Session>(*model->state->model, so);
+    handle->generator = std::make_unique<cb::Generator>(*handle->session);
     live_handles().add(HandleKind::kSession, handle.get());
     *out_session = handle.release();
     return CB_OK;
@@ -766,17 +742,13 @@ cb_status cb_session_prefill(cb_session* session, const int32_t* tokens, size_t 
     SessionUse use(session);
     require(tokens != nullptr, "tokens is NULL");
     require(n_tokens > 0, "n_tokens is 0");
-    const auto t0 = std::chrono::steady_clock::now();
-    auto logits = feed(session, std::span<const int32_t>(tokens, n_tokens));
-    session->logits.assign(logits.begin(), logits.end());
-    session->has_logits = true;
-    session->logits_prefill_ms = ms_since(t0);
+    session->generator->prefill(std::span<const int32_t>(tokens, n_tokens));
     return CB_OK;
   });
 }
 
 int32_t cb_session_n_past(const cb_session* session) {
-  return is_live(session) ? clamp_i32(total_past(session)) : 0;
+  return is_live(session) ? clamp_i32(session->generator->n_past()) : 0;
 }
 
 int32_t cb_session_n_ctx(const cb_session* session) {
@@ -788,11 +760,12 @@ cb_status cb_session_logits(const cb_session* session, const float** logits, siz
     SessionUse use(session);
     require(logits != nullptr, "logits is NULL");
     require(n_vocab != nullptr, "n_vocab is NULL");
-    require(session->has_logits,
+    const std::span<const float> kept = session->generator->logits();
+    require(!kept.empty(),
             "the session has no logits to give: prefill it first (after generation the last "
             "token is pending until the next call)");
-    *logits = session->logits.data();
-    *n_vocab = session->logits.size();
+    *logits = kept.data();
+    *n_vocab = kept.size();
     return CB_OK;
   });
 }
@@ -813,9 +786,7 @@ cb_status cb_session_set_abort_callback(cb_session* session, cb_abort_callback c
 cb_status cb_session_reset(cb_session* session) {
   return guard("cb_session_reset", [&] {
     SessionUse use(session);
-    session->session->truncate(0);
-    session->pending = -1;
-    session->has_logits = false;
+    session->generator->reset();
     return CB_OK;
   });
 }
@@ -866,7 +837,6 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
     const cb_generate_options o = read_options(
         opts, cb_generate_options_init, offsetof(cb_generate_options, stop_strings),
         "cb_generate_options.struct_size is not a known size (use cb_generate_options_init)");
-    require(o.max_tokens >= 0, "max_tokens must be >= 0");
     require(o.stop_strings != nullptr || o.n_stop_strings == 0,
             "stop_strings is NULL but n_stop_strings is not 0");
     std::vector<std::string> stop_texts;
@@ -890,8 +860,6 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
     sopt.seed = so.seed;
     cb::Sampler sampler(sopt);  // validates the values
 
-    cb::Session& s = *session->session;
-    const cb::Tokenizer& tok = session->state->model->tokenizer();
     cb_generate_stats st;
     cb_generate_stats_init(&st);
     auto publish = [&] {
@@ -919,126 +887,24 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
       GeneratingScope& operator=(const GeneratingScope&) = delete;
     } generating(session, use);
 
-    // Prompt.
-    std::span<const float> logits;
-    double earlier_ms = 0.0;  // a prefill call that this one continues
-    if (n_prompt > 0 || session->pending >= 0) {
-      const auto tp = std::chrono::steady_clock::now();
-      logits = feed(session, std::span<const int32_t>(prompt, n_prompt));
-      st.prefill_ms = ms_since(tp);
-    } else {
-      require(session->has_logits,
-              "the prompt is empty and the session holds no tokens to continue from");
-      logits = session->logits;
-      // The request began with the prefill call that left these logits.
-      earlier_ms = st.prefill_ms = session->logits_prefill_ms;
-      session->logits_prefill_ms = 0.0;
-    }
-    st.n_prompt = static_cast<int32_t>(n_prompt);
-    st.ttft_ms = earlier_ms + ms_since(t0);
-
-    // Generation.  Chosen tokens wait in `held` while their text could be
-    // the start of a stop string (never without stop strings).
-    double decode_ms = 0.0;
-    int32_t n_decode = 0, n_chosen = 0;
-    cb_status result = CB_OK;
-    bool by_abort_callback = false;
-    std::vector<std::pair<int32_t, std::string>> held;
-    std::string held_text;
-    // Reports the held tokens whose text ends within the first `visible`
-    // bytes of held_text (all of them: SIZE_MAX); with `cut`, also the one
-    // in which `visible` falls, its piece ending there.  false: cancelled.
-    auto report = [&](size_t visible, bool cut) {
-      size_t begin = 0, n_done = 0;
-      bool go_on = true;
-      for (const auto& [t, piece] : held) {
-        const size_t end = begin + piece.size();
-        const bool whole = end <= visible;
-        if (!whole && !(cut && visible > begin)) break;
-        // A cut piece is copied: the callback's piece ends with a NUL.
-        const std::string part = whole ? std::string() : piece.substr(0, visible - begin);
-        const std::string& shown = whole ? piece : part;
-        ++st.n_generated;
-        ++n_done;
-        if (callback != nullptr &&
-            (callback(t, shown.c_str(), shown.size(), user_data) != 0 || session->free_requested)) {
-          go_on = false;
-          break;
-        }
-        if (!whole) break;
-        begin = end;
-      }
-      held.erase(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(n_done));
-      held_text.erase(0, std::min(begin, held_text.size()));
-      return go_on;
+    const cb::TokenSink sink = [&](int32_t t, const std::string& piece) {
+      // The piece ends with a NUL for the callback (std::string's).
+      return callback == nullptr ||
+             (callback(t, piece.c_str(), piece.size(), user_data) == 0 && !session->free_requested);
     };
-    auto cancelled_by_callback = [&] {
-      st.stop_reason = CB_STOP_CANCELLED;
-      result = CB_ERR_CANCELLED;
-    };
-    for (;;) {
-      if (n_chosen >= o.max_tokens) {
-        st.stop_reason = CB_STOP_MAX_TOKENS;
-        break;
-      }
-      const auto ts = std::chrono::steady_clock::now();
-      const int32_t t = sampler.sample(logits);
-      if (n_decode > 0 || n_chosen > 0) decode_ms += ms_since(ts);
-      if (o.stop_at_end_of_generation && tok.is_end_of_generation(t)) {
-        st.stop_reason = CB_STOP_END_OF_GENERATION;
-        break;
-      }
-      if (s.n_past() >= s.n_ctx()) {
-        st.stop_reason = CB_STOP_CONTEXT_FULL;
-        break;
-      }
-      if (n_chosen == 0) st.ttft_ms = earlier_ms + ms_since(t0);
-      ++n_chosen;
-      sampler.accept(t);
-      session->pending = t;
-      held.emplace_back(t, tok.token_to_piece(t));
-      held_text += held.back().second;
-      const cb::StopStrings::Cut c = stops.cut(held_text);
-      if (!report(c.visible, c.stopped)) {
-        cancelled_by_callback();
-        break;
-      }
-      if (c.stopped) {
-        held.clear();
-        st.stop_reason = CB_STOP_STRING;
-        break;
-      }
-      if (n_chosen >= o.max_tokens) {
-        st.stop_reason = CB_STOP_MAX_TOKENS;
-        break;
-      }
-      if (s.stop_requested()) {
-        st.stop_reason = CB_STOP_CANCELLED;
-        result = CB_ERR_CANCELLED;
-        by_abort_callback = true;
-        break;
-      }
-      const auto td = std::chrono::steady_clock::now();
-      logits = s.decode(t);
-      session->pending = -1;
-      decode_ms += ms_since(td);
-      ++n_decode;
-    }
-    // Ended for another reason than a stop string: what was held back is
-    // text like any other.
-    if (result == CB_OK && !held.empty() && !report(SIZE_MAX, false)) cancelled_by_callback();
-    st.decode_ms = decode_ms;
-    st.tok_s = decode_ms > 0.0 ? n_decode * 1000.0 / decode_ms : 0.0;
-    // Keep the logits of the last token in the KV cache so that a call with
-    // an empty prompt can continue; with a pending token they are not needed.
-    if (session->pending < 0) {
-      if (logits.data() != session->logits.data())
-        session->logits.assign(logits.begin(), logits.end());
-      session->has_logits = true;
-      session->logits_prefill_ms = 0.0;  // this call reported its own time
-    } else {
-      session->has_logits = false;
-    }
+    const cb::GenerationStats g = session->generator->generate(
+        std::span<const int32_t>(prompt, n_prompt),
+        {.max_tokens = o.max_tokens, .stop_at_end_of_generation = o.stop_at_end_of_generation != 0},
+        sampler, stops, sink, t0);
+    st.n_prompt = g.n_prompt;
+    st.n_generated = g.n_generated;
+    st.ttft_ms = g.ttft_ms;
+    st.prefill_ms = g.prefill_ms;
+    st.decode_ms = g.decode_ms;
+    st.tok_s = g.tok_s;
+    st.stop_reason = stop_reason_of(g.stop);
+    const bool by_abort_callback = g.aborted;
+    const cb_status result = g.stop == cb::StopReason::kCancelled ? CB_ERR_CANCELLED : CB_OK;
     publish();
     if (result == CB_ERR_CANCELLED)
       return fail_with(CB_ERR_CANCELLED, "cb_generate",
@@ -1250,7 +1116,7 @@ cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const c
     SessionUse use(session);
     check_cache(cache);
     require(chunk_text != nullptr, "chunk_text is NULL");
-    require(total_past(session) == 0,
+    require(session->generator->n_past() == 0,
             "the session is not empty (reset the session first with cb_session_reset)");
     cb::Session& s = *session->session;
     const ChunkEntry e = chunk_entry(*session->state->model, chunk_text, opts);
@@ -1268,7 +1134,7 @@ cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const c
     // rag_prefill skips empty chunks, so there is nothing to store for one
     // (the trailing blank line makes that impossible today).
     if (!e.tokens.empty() && !cache->kv().find(e.key)) {
-      session->has_logits = false;
+      session->generator->forget_logits();
       cb::cache::ChunkKV kv;
       try {
         kv = cb::precompute_chunk_kv(s, e.head, e.tokens);
@@ -1360,7 +1226,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
                           "stats->struct_size is not a known size (use cb_rag_stats_init)");
     const cb_rag_options o = read_rag_options(opts);
     require(o.schedule != nullptr || o.n_schedule == 0, "schedule is NULL but n_schedule is not 0");
-    require(total_past(session) == 0,
+    require(session->generator->n_past() == 0,
             "the session is not empty (reset the session first with cb_session_reset)");
 
     cb::RagPrefillOptions ro;
@@ -1448,7 +1314,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
                           "), more than the session's context of " + std::to_string(n_ctx) +
                           " tokens");
 
-    session->has_logits = false;
+    session->generator->forget_logits();
     cb::RagPrefillStats rs;
     std::span<const float> logits;
     std::unique_lock<std::mutex> auto_lock;
@@ -1492,11 +1358,8 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
       s.truncate(0);  // whatever happened, the session is left empty
       throw;
     }
-    session->logits.assign(logits.begin(), logits.end());
-    session->has_logits = true;
-    session->pending = -1;
     const double total_ms = ms_since(t0);
-    session->logits_prefill_ms = total_ms;
+    session->generator->set_logits(logits, total_ms);
 
     if (stats != nullptr) {
       cb_rag_stats out;
