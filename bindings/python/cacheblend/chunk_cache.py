@@ -3,7 +3,7 @@ import os
 from ctypes import byref, c_int32
 
 from . import _native
-from .errors import check, closed_error
+from .errors import Closeable, check, closed_error
 from .session import Session
 from .types import ChunkAdded, Codec, c_string, chunk_cache_stats, rag_struct
 from ._native import lib
@@ -21,7 +21,7 @@ def _model_ptr(model):
     return model._ptr()
 
 
-class ChunkCache:
+class ChunkCache(Closeable):
     """A cache of chunks' KV, keyed by model, chunk head, tokens and namespace.
 
     ChunkCache()      in RAM (float32, grows until cleared)
@@ -65,18 +65,6 @@ class ChunkCache:
     @property
     def closed(self):
         return self._handle is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         where = "closed" if self.closed else (self.path or "in RAM")

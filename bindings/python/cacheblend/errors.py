@@ -104,3 +104,19 @@ def check(status):
 
 def closed_error(what):
     return InvalidArgumentError(Status.INVALID_ARGUMENT, f"this {what} is closed")
+
+
+class Closeable:
+    """close() is idempotent; `with` closes, and so does garbage collection."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

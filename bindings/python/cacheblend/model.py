@@ -4,7 +4,7 @@ import threading
 from ctypes import byref, c_char, c_int32, c_size_t
 
 from . import _native
-from .errors import Status, check, closed_error
+from .errors import Closeable, Status, check, closed_error
 from .types import Backend, c_int32_array, c_string, model_info
 from ._native import lib
 
@@ -52,7 +52,7 @@ def _sized(call, ctype, capacity):
     return buf, n.value
 
 
-class Model:
+class Model(Closeable):
     """A GGUF model loaded from `path` (memory-mapped: the file must not change
     while it is loaded).
 
@@ -93,18 +93,6 @@ class Model:
     @property
     def closed(self):
         return self._shared is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         state = "closed" if self.closed else f"{self.info.name}, {self.info.backend}"

@@ -7,7 +7,7 @@ from array import array
 from ctypes import POINTER, byref, c_char_p, c_float, c_size_t
 
 from . import _native
-from .errors import Status, check, closed_error, error_for
+from .errors import Closeable, Status, check, closed_error, error_for
 from .model import tokenize
 from .types import c_int32_array, c_string, generate_stats, rag_stats, rag_struct
 from ._native import lib
@@ -37,7 +37,7 @@ class _Failure:
         self.error = error
 
 
-class Session:
+class Session(Closeable):
     """A session (a KV cache) on `model`.  Calls on one session must not
     overlap; different sessions may run on different threads.
 
@@ -92,18 +92,6 @@ class Session:
     @property
     def closed(self):
         return self._handle is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         if self.closed:
