@@ -1,0 +1,552 @@
+// The C API of chunk caches and retrieval-augmented prefill: translation and
+// checks only.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api.h"
+
+using namespace cb::api;
+
+namespace {
+
+// The fields of cb_rag_options that decide a chunk's cache key.  One parser
+// for cb_rag_prefill, cb_chunk_cache_add and cb_chunk_cache_contains, so an
+// ingest step and a later request always agree on the key.
+struct ChunkKeyOptions {
+  cb::ChunkHead head = cb::ChunkHead::kPrompt;
+  std::string system_prompt;
+  std::string ns;
+};
+
+constexpr const char* kDefaultSystemPrompt = "Answer the question using the documents.";
+
+ChunkKeyOptions chunk_key_options(const cb_rag_options& o) {
+  ChunkKeyOptions k;
+  switch (enum_value(o.chunk_head)) {
+    case CB_CHUNK_HEAD_PROMPT:
+      k.head = cb::ChunkHead::kPrompt;
+      break;
+    case CB_CHUNK_HEAD_NONE:
+      k.head = cb::ChunkHead::kNone;
+      break;
+    default:
+      invalid("unknown chunk_head value (use a cb_chunk_head)");
+  }
+  k.system_prompt = o.system_prompt != nullptr ? o.system_prompt : kDefaultSystemPrompt;
+  if (o.cache_namespace != nullptr) k.ns = o.cache_namespace;
+  return k;
+}
+
+cb_rag_options read_rag_options(const cb_rag_options* opts) {
+  return read_options(opts, cb_rag_options_init, offsetof(cb_rag_options, select),
+                      "cb_rag_options.struct_size is not a known size (use cb_rag_options_init)");
+}
+
+// A chunk as cb_rag_prefill would see it: its tokens, the tokens its KV is
+// computed after, and its cache key.
+struct ChunkEntry {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> head;
+  cb::cache::ChunkKey key;
+};
+
+ChunkEntry chunk_entry(const cb::Model& model, const char* chunk_text, const cb_rag_options* opts) {
+  const ChunkKeyOptions ko = chunk_key_options(read_rag_options(opts));
+  ChunkEntry e;
+  e.tokens = cb::rag_chunk_tokens(model.tokenizer(), chunk_text);
+  e.head = cb::chunk_head_tokens(ko.head, cb::rag_prompt_head(model.tokenizer(), ko.system_prompt));
+  e.key = cb::chunk_cache_key(model, ko.head, e.head, e.tokens, ko.ns);
+  return e;
+}
+
+}  // namespace
+
+extern "C" {
+
+// ---------------------------------------------------------------------------
+// Retrieval-augmented prefill
+
+cb_status cb_chunk_cache_create(cb_chunk_cache** out_cache) {
+  return guard("cb_chunk_cache_create", [&] {
+    require(out_cache != nullptr, "out_cache is NULL");
+    auto cache = std::make_unique<cb_chunk_cache>();
+    live_handles().add(HandleKind::kCache, cache.get());
+    *out_cache = cache.release();
+    return CB_OK;
+  });
+}
+
+void cb_store_options_init(cb_store_options* opts) {
+  if (opts == nullptr) return;
+  std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
+  const cb::cache::StoreOptions d;
+  opts->capacity_bytes = d.capacity_bytes;
+  opts->codec = static_cast<cb_codec>(d.codec);
+  opts->read_bytes_per_sec = d.read_bytes_per_sec;
+  opts->busy_timeout_ms = d.busy_timeout_ms;
+}
+
+cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
+                              cb_chunk_cache** out_cache) {
+  return guard("cb_chunk_cache_open", [&] {
+    require(out_cache != nullptr, "out_cache is NULL");
+    *out_cache = nullptr;
+    require(dir != nullptr && *dir != '\0', "dir is NULL or empty");
+    cb_store_options o;
+    cb_store_options_init(&o);
+    if (opts != nullptr) {
+      // Callers built before assumed_read_bytes_per_sec existed pass a
+      // smaller struct: still valid, the new field keeps its default.
+      const size_t size = output_size(
+          opts, offsetof(cb_store_options, assumed_read_bytes_per_sec),
+          "cb_store_options.struct_size is not a known size (use cb_store_options_init)");
+      std::memcpy(static_cast<void*>(&o), opts, size);
+    }
+    const int codec = enum_value(o.codec);
+    require(codec == CB_CODEC_F16 || codec == CB_CODEC_Q8 || codec == CB_CODEC_Q4,
+            "unknown codec (use CB_CODEC_F16, CB_CODEC_Q8 or CB_CODEC_Q4)");
+    require(o.capacity_bytes > 0, "capacity_bytes must be positive");
+    require(o.busy_timeout_ms >= 0, "busy_timeout_ms must not be negative");
+    require(std::isfinite(o.assumed_read_bytes_per_sec) && o.assumed_read_bytes_per_sec >= 0.0,
+            "assumed_read_bytes_per_sec must be a finite number >= 0");
+    cb::cache::StoreOptions so;
+    so.capacity_bytes = o.capacity_bytes;
+    so.codec = static_cast<cb::cache::Codec>(codec);
+    so.read_bytes_per_sec = o.read_bytes_per_sec;
+    so.busy_timeout_ms = o.busy_timeout_ms;
+    auto cache = std::make_unique<cb_chunk_cache>();
+    cache->assumed_read_bytes_per_sec = o.assumed_read_bytes_per_sec;
+    cache->flash = std::make_unique<cb::FlashChunkStore>(
+        std::shared_ptr<cb::cache::ChunkStore>(cb::cache::ChunkStore::open(dir, so)));
+    live_handles().add(HandleKind::kCache, cache.get());
+    *out_cache = cache.release();
+    return CB_OK;
+  });
+}
+
+cb_status cb_chunk_cache_flush(cb_chunk_cache* cache) {
+  return guard("cb_chunk_cache_flush", [&] {
+    check_cache(cache);
+    if (cache->flash) cache->flash->store().flush();
+    return CB_OK;
+  });
+}
+
+void cb_chunk_cache_free(cb_chunk_cache* cache) {
+  if (cache == nullptr || !live_handles().remove(HandleKind::kCache, cache)) return;
+  // Pending write-backs finish before the store closes; a failure here has
+  // nowhere to be reported, and the entries it concerns are simply absent.
+  try {
+    if (cache->flash) cache->flash->store().flush();
+  } catch (...) {
+  }
+  delete cache;
+}
+
+void cb_chunk_cache_stats_init(cb_chunk_cache_stats* stats) {
+  if (stats == nullptr) return;
+  std::memset(static_cast<void*>(stats), 0, sizeof(*stats));
+  stats->struct_size = sizeof(*stats);
+}
+
+cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_stats* stats) {
+  return guard("cb_chunk_cache_get_stats", [&] {
+    check_cache(cache);
+    const size_t size = output_size(
+        stats, sizeof(cb_chunk_cache_stats),
+        "stats is NULL or stats->struct_size is not a known size (use cb_chunk_cache_stats_init)");
+    cb_chunk_cache_stats out;
+    cb_chunk_cache_stats_init(&out);
+    if (cache->flash) {
+      const cb::cache::StoreStats st = cache->flash->store().stats();
+      out.n_entries = st.entries;
+      out.bytes = st.bytes;
+      out.hits = st.hits;
+      out.misses = st.misses;
+      out.evictions = st.evictions;
+      out.corrupt_drops = st.corrupt_drops;
+      out.bytes_read = st.bytes_read;
+    } else {
+      out.n_entries = cache->table.size();
+      out.bytes = cache->table.bytes();
+    }
+    std::memcpy(static_cast<void*>(stats), &out, size);
+    stats->struct_size = size;
+    return CB_OK;
+  });
+}
+
+cb_status cb_chunk_cache_clear(cb_chunk_cache* cache) {
+  return guard("cb_chunk_cache_clear", [&] {
+    check_cache(cache);
+    if (cache->flash) {
+      cache->flash->store().clear();
+    } else {
+      cache->table.clear();
+    }
+    return CB_OK;
+  });
+}
+
+const char* cb_mode_name(cb_mode mode) {
+  switch (enum_value(mode)) {
+    case CB_MODE_FULL:
+      return "full";
+    case CB_MODE_PREFIX:
+      return "prefix";
+    case CB_MODE_REUSE:
+      return "reuse";
+    case CB_MODE_BLEND:
+      return "blend";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// The runtime's policy for a cb_select value; none for values outside the
+// enum (read through enum_value, by reference: a caller may have stored any
+// int there).
+std::optional<cb::Selection> selection_of(const cb_select& select) {
+  switch (enum_value(select)) {
+    case CB_SELECT_DEFAULT:
+      return cb::default_selection();
+    case CB_SELECT_HKVD:
+      return cb::Selection::kHkvd;
+    case CB_SELECT_HKVD_KV:
+      return cb::Selection::kHkvdKv;
+    case CB_SELECT_ATTENTION:
+      return cb::Selection::kAttention;
+    case CB_SELECT_LOOKAHEAD:
+      return cb::Selection::kLookahead;
+    case CB_SELECT_RANDOM:
+      return cb::Selection::kRandom;
+    case CB_SELECT_ORACLE:
+      return cb::Selection::kOracle;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* cb_select_name(cb_select select) {
+  const std::optional<cb::Selection> s = selection_of(select);
+  return s ? cb::selection_name(*s) : "unknown";
+}
+
+void cb_rag_options_init(cb_rag_options* opts) {
+  if (opts == nullptr) return;
+  std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
+  opts->mode = CB_MODE_BLEND;
+  opts->ratio = cb::kDefaultRatio;
+  opts->schedule = nullptr;
+  opts->n_schedule = 0;
+  opts->chunk_head = CB_CHUNK_HEAD_PROMPT;
+  opts->system_prompt = nullptr;
+  opts->cache_namespace = nullptr;
+  opts->pipeline = 1;
+  opts->auto_ratio = 0;
+  opts->select = CB_SELECT_DEFAULT;
+  opts->sink_tokens = 0;
+  opts->seed = 0;
+  opts->guard_share = 0.0f;
+  opts->guard_max_ratio = 0.5f;
+}
+
+cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const char* chunk_text,
+                             const cb_rag_options* opts, int32_t* out_computed,
+                             int32_t* out_n_tokens) {
+  return guard("cb_chunk_cache_add", [&] {
+    SessionUse use(session);
+    check_cache(cache);
+    require(chunk_text != nullptr, "chunk_text is NULL");
+    require(session->generator->n_past() == 0,
+            "the session is not empty (reset the session first with cb_session_reset)");
+    cb::Session& s = *session->session;
+    const ChunkEntry e = chunk_entry(*session->state->model, chunk_text, opts);
+    const int64_t n_ctx = s.n_ctx();
+    const int64_t len = static_cast<int64_t>(e.tokens.size());
+    const int64_t head_len = static_cast<int64_t>(e.head.size());
+    if (len + head_len > n_ctx)
+      throw cb::Error(
+          cb::ErrorCode::kContextOverflow,
+          "the chunk is " + std::to_string(len) + " tokens long" +
+              (head_len > 0 ? " (plus a " + std::to_string(head_len) + "-token chunk head)"
+                            : std::string()) +
+              ", more than the session's context of " + std::to_string(n_ctx) + " tokens");
+    int32_t computed = 0;
+    // rag_prefill skips empty chunks, so there is nothing to store for one
+    // (the trailing blank line makes that impossible today).
+    if (!e.tokens.empty() && !cache->kv().find(e.key)) {
+      session->generator->forget_logits();
+      cb::cache::ChunkKV kv;
+      try {
+        kv = cb::precompute_chunk_kv(s, e.head, e.tokens);
+      } catch (...) {
+        s.truncate(0);  // the session is left empty whatever happened
+        throw;
+      }
+      if (cache->flash) {
+        // Written now, not queued like a request's misses: an ingest step
+        // adds many chunks quickly and must not lose any to a full
+        // write-back queue, and the chunk must be found right after.
+        cb::cache::PutResult put;
+        try {
+          put = cache->flash->store().put(e.key, kv.view());
+        } catch (const cb::Error& err) {
+          // The store refuses values its codec cannot hold (inf, NaN, beyond
+          // f16): not the caller's argument, so not INVALID_ARGUMENT.
+          if (err.code() != cb::ErrorCode::kInvalidArgument) throw;
+          throw cb::Error(cb::ErrorCode::kUnsupported,
+                          std::string("the chunk's KV cannot be stored on flash: ") + err.what());
+        }
+        if (put == cb::cache::PutResult::kNoRoom)
+          throw ApiError{CB_ERR_IO,
+                         "the chunk does not fit in the cache on flash (larger than its "
+                         "capacity_bytes, or every other entry is pinned)"};
+      } else {
+        cache->table.put(e.key, std::move(kv));
+      }
+      computed = 1;
+    }
+    if (out_computed != nullptr) *out_computed = computed;
+    if (out_n_tokens != nullptr) *out_n_tokens = clamp_i32(len);
+    return CB_OK;
+  });
+}
+
+cb_status cb_chunk_cache_contains(const cb_model* model, cb_chunk_cache* cache,
+                                  const char* chunk_text, const cb_rag_options* opts,
+                                  int32_t* out_found) {
+  return guard("cb_chunk_cache_contains", [&] {
+    const cb::Model& m = model_of(model);
+    check_cache(cache);
+    require(chunk_text != nullptr, "chunk_text is NULL");
+    require(out_found != nullptr, "out_found is NULL");
+    const ChunkEntry e = chunk_entry(m, chunk_text, opts);
+    *out_found = !e.tokens.empty() && cache->kv().find(e.key) != nullptr ? 1 : 0;
+    return CB_OK;
+  });
+}
+
+cb_status cb_chunk_cache_remove(const cb_model* model, cb_chunk_cache* cache,
+                                const char* chunk_text, const cb_rag_options* opts,
+                                int32_t* out_removed) {
+  return guard("cb_chunk_cache_remove", [&] {
+    const cb::Model& m = model_of(model);
+    check_cache(cache);
+    require(chunk_text != nullptr, "chunk_text is NULL");
+    const ChunkEntry e = chunk_entry(m, chunk_text, opts);
+    const bool removed = !e.tokens.empty() && cache->kv().remove(e.key);
+    if (out_removed != nullptr) *out_removed = removed ? 1 : 0;
+    return CB_OK;
+  });
+}
+
+void cb_rag_stats_init(cb_rag_stats* stats) {
+  if (stats == nullptr) return;
+  std::memset(static_cast<void*>(stats), 0, sizeof(*stats));
+  stats->struct_size = sizeof(*stats);
+}
+
+cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char* const* chunk_texts,
+                         size_t n_chunks, const char* question, const cb_rag_options* opts,
+                         cb_rag_stats* stats) {
+  return guard("cb_rag_prefill", [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    SessionUse use(session);
+    require(chunk_texts != nullptr || n_chunks == 0, "chunk_texts is NULL");
+    require(n_chunks > 0,
+            "no chunks: a request without documents is a plain prompt (use cb_generate)");
+    for (size_t i = 0; i < n_chunks; ++i)
+      if (chunk_texts[i] == nullptr)
+        throw cb::Error(cb::ErrorCode::kInvalidArgument,
+                        "chunk_texts[" + std::to_string(i) + "] is NULL");
+    require(question != nullptr, "question is NULL");
+    const size_t stats_size =
+        stats == nullptr
+            ? 0
+            : output_size(stats, offsetof(cb_rag_stats, upload_ms),
+                          "stats->struct_size is not a known size (use cb_rag_stats_init)");
+    const cb_rag_options o = read_rag_options(opts);
+    require(o.schedule != nullptr || o.n_schedule == 0, "schedule is NULL but n_schedule is not 0");
+    require(session->generator->n_past() == 0,
+            "the session is not empty (reset the session first with cb_session_reset)");
+
+    cb::RagPrefillOptions ro;
+    switch (enum_value(o.mode)) {
+      case CB_MODE_FULL:
+        ro.blend.mode = cb::BlendMode::kFull;
+        break;
+      case CB_MODE_PREFIX:
+        ro.blend.mode = cb::BlendMode::kPrefix;
+        break;
+      case CB_MODE_REUSE:
+        ro.blend.mode = cb::BlendMode::kReuse;
+        break;
+      case CB_MODE_BLEND:
+        ro.blend.mode = cb::BlendMode::kBlend;
+        break;
+      default:
+        invalid("unknown mode value (use a cb_mode)");
+    }
+    const ChunkKeyOptions key_opts = chunk_key_options(o);
+    ro.chunk_head = key_opts.head;
+    ro.ns = key_opts.ns;
+    const std::optional<cb::Selection> selection = selection_of(o.select);
+    require(selection.has_value(), "unknown select value (use a cb_select)");
+    ro.blend.selection = *selection;
+    ro.blend.sink_tokens = o.sink_tokens;
+    ro.blend.seed = o.seed;
+    ro.blend.guard_share = o.guard_share;
+    ro.blend.guard_max_ratio = o.guard_max_ratio;
+    ro.blend.schedule.clear();
+    if (o.n_schedule == 0) {
+      ro.blend.schedule = cb::single_check_schedule(ro.blend.selection, o.ratio);
+    } else {
+      for (size_t i = 0; i < o.n_schedule; ++i)
+        ro.blend.schedule.push_back({o.schedule[i].layer, o.schedule[i].ratio});
+    }
+    if (ro.blend.mode != cb::BlendMode::kFull)
+      require(cache != nullptr, "cache is NULL (only CB_MODE_FULL runs without a chunk cache)");
+    if (cache != nullptr) check_cache(cache);
+    ro.pipeline.enabled = o.pipeline != 0;
+    if (o.auto_ratio != 0) {
+      require(ro.blend.mode == cb::BlendMode::kBlend, "auto_ratio needs CB_MODE_BLEND");
+      require(cache != nullptr && cache->flash,
+              "auto_ratio needs a chunk cache on flash (cb_chunk_cache_open)");
+      ro.min_ratio = o.ratio;  // the quality floor
+    }
+
+    cb::Session& s = *session->session;
+    const cb::Model& model = *session->state->model;
+    // The options are checked before any work, in every mode (a bad ratio
+    // is the caller's bug even where it is not used).
+    {
+      cb::BlendOptions check = ro.blend;
+      check.mode = cb::BlendMode::kBlend;
+      cb::validate_blend_options(check, model.hparams().n_layer);
+    }
+
+    std::vector<std::string> texts;
+    texts.reserve(n_chunks);
+    for (size_t i = 0; i < n_chunks; ++i) texts.emplace_back(chunk_texts[i]);
+    const cb::RagPrompt prompt =
+        cb::build_rag_prompt(model.tokenizer(), key_opts.system_prompt, texts, question);
+
+    // Sizes against the context before any work, with the reason.
+    const int64_t n_ctx = s.n_ctx();
+    const int64_t head_len =
+        ro.chunk_head == cb::ChunkHead::kPrompt ? static_cast<int64_t>(prompt.head.size()) : 0;
+    for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+      const int64_t len = static_cast<int64_t>(prompt.chunks[i].size());
+      if (len + head_len > n_ctx)
+        throw cb::Error(
+            cb::ErrorCode::kContextOverflow,
+            "chunk " + std::to_string(i) + " is " + std::to_string(len) + " tokens long" +
+                (head_len > 0 ? " (plus a " + std::to_string(head_len) + "-token chunk head)"
+                              : std::string()) +
+                ", more than the session's context of " + std::to_string(n_ctx) + " tokens");
+    }
+    int64_t n_total = static_cast<int64_t>(prompt.head.size() + prompt.suffix.size());
+    for (const auto& c : prompt.chunks) n_total += static_cast<int64_t>(c.size());
+    if (n_total > n_ctx)
+      throw cb::Error(cb::ErrorCode::kContextOverflow,
+                      "the request is " + std::to_string(n_total) + " tokens (prompt head " +
+                          std::to_string(prompt.head.size()) + ", " + std::to_string(n_chunks) +
+                          " chunks, question " + std::to_string(prompt.suffix.size()) +
+                          "), more than the session's context of " + std::to_string(n_ctx) +
+                          " tokens");
+
+    session->generator->forget_logits();
+    cb::RagPrefillStats rs;
+    std::span<const float> logits;
+    std::unique_lock<std::mutex> auto_lock;
+    std::string device;
+    try {
+      if (o.auto_ratio != 0) {
+        // Serialized per cache: the controller learns from each request.
+        auto_lock = std::unique_lock<std::mutex>(cache->auto_mu);
+        if (!cache->calibration_db)
+          cache->calibration_db =
+              cb::CalibrationDb::open(cache->flash->store().dir() + "/calibration.sqlite");
+        device = cb::default_device_id(s.backend().name(), session->n_threads);
+        auto& ctrl = cache->controllers[device + "/" + model.fingerprint()];
+        if (!ctrl) {
+          // The compute probe runs in this (still empty) session: sized to
+          // its context (rows x prefix lengths must fit).
+          cb::ComputeProbe probe;
+          const int64_t room = s.n_ctx();
+          probe.rows = {std::max<int64_t>(1, std::min<int64_t>(16, room / 8)),
+                        std::max<int64_t>(2, std::min<int64_t>(96, room / 4))};
+          probe.contexts = {0, std::max<int64_t>(1, std::min<int64_t>(512, room - probe.rows[1]))};
+          cb::Calibration cal = cb::load_or_probe_compute(*cache->calibration_db, device, s, probe);
+          // The caller's read speed is pinned (refreshes leave it); without
+          // one, a speed pinned by an earlier caller is measured again.
+          if (cache->assumed_read_bytes_per_sec > 0.0) {
+            cal.set_tier({{"flash", cache->assumed_read_bytes_per_sec, 0}, 0, true});
+          } else if (const cb::CalibratedTier* t = cal.find_tier("flash"); t && t->pinned) {
+            cb::CalibratedTier measured = *t;
+            measured.pinned = false;
+            cal.set_tier(measured);
+          }
+          ctrl = std::make_unique<cb::LoadingController>(std::move(cal));
+        }
+        ro.controller = ctrl.get();
+        ro.storage_tier = "flash";
+      }
+      logits = cb::rag_prefill(s, prompt, cache != nullptr ? &cache->kv() : nullptr, ro, &rs);
+      if (ro.controller)
+        cache->calibration_db->save(device, model.fingerprint(), ro.controller->calibration());
+    } catch (...) {
+      s.truncate(0);  // whatever happened, the session is left empty
+      throw;
+    }
+    const double total_ms = ms_since(t0);
+    session->generator->set_logits(logits, total_ms);
+
+    if (stats != nullptr) {
+      cb_rag_stats out;
+      cb_rag_stats_init(&out);
+      out.n_tokens = clamp_i32(rs.fusion.n_tokens);
+      out.n_reused = clamp_i32(rs.fusion.n_reused);
+      out.cache_hits = clamp_i32(rs.cache_hits);
+      out.cache_misses = clamp_i32(rs.cache_misses);
+      out.chunks_recomputed = clamp_i32(rs.fusion.chunks_recomputed);
+      out.precompute_ms = rs.precompute_ms;
+      out.fuse_ms = rs.fusion.compute_ms;
+      out.computed_fraction = rs.fusion.computed_fraction();
+      switch (ro.blend.mode) {
+        case cb::BlendMode::kFull:
+          out.ratio = 1.0f;
+          break;
+        case cb::BlendMode::kBlend:
+          out.ratio =
+              rs.choice ? static_cast<float>(rs.choice->ratio) : ro.blend.schedule.front().ratio;
+          if (rs.fusion.guard_raised) out.ratio = static_cast<float>(rs.fusion.ratio);
+          break;
+        default:
+          out.ratio = 0.0f;
+      }
+      out.pipelined = rs.fusion.pipelined ? 1 : 0;
+      out.bytes_read = rs.fusion.bytes_read;
+      out.load_ms = rs.fusion.load_ms;
+      out.blocked_ms = rs.fusion.blocked_ms;
+      out.recompute_ms = rs.fusion.recompute_ms;
+      out.upload_ms = rs.fusion.upload_ms;
+      out.selected_share = rs.fusion.selected_share;
+      out.guard_raised = rs.fusion.guard_raised ? 1 : 0;
+      out.total_ms = total_ms;
+      std::memcpy(static_cast<void*>(stats), &out, stats_size);
+      stats->struct_size = stats_size;
+    }
+    return CB_OK;
+  });
+}
+
+}  // extern "C"
