@@ -31,10 +31,7 @@
 #include "platform/error.h"
 #include "platform/thread_pool.h"
 #include "runtime/blend/blend_options.h"
-#include "runtime/blend/calibration.h"
-#include "runtime/blend/chunk_table.h"
-#include "runtime/blend/flash_chunk_store.h"
-#include "runtime/blend/loading_controller.h"
+#include "runtime/blend/chunk_cache.h"
 #include "runtime/blend/rag_request.h"
 #include "runtime/generator.h"
 #include "runtime/model.h"
@@ -143,16 +140,7 @@ struct cb_model {
 };
 
 struct cb_chunk_cache {
-  cb::MemoryChunkTable table;                  // chunks in RAM, unless ...
-  std::unique_ptr<cb::FlashChunkStore> flash;  // ... the cache lives on flash
-  cb::ChunkKvStore& kv() { return flash ? static_cast<cb::ChunkKvStore&>(*flash) : table; }
-
-  // Auto ratio (flash only): calibration saved beside the store, one
-  // controller per (device, model), created at first use.
-  std::mutex auto_mu;
-  std::unique_ptr<cb::CalibrationDb> calibration_db;
-  std::map<std::string, std::unique_ptr<cb::LoadingController>> controllers;
-  double assumed_read_bytes_per_sec = 0.0;  // cb_store_options: 0 = measure
+  std::unique_ptr<cb::ChunkCache> impl;
 };
 
 struct cb_session {

@@ -73,6 +73,7 @@ cb_status cb_chunk_cache_create(cb_chunk_cache** out_cache) {
   return guard("cb_chunk_cache_create", [&] {
     require(out_cache != nullptr, "out_cache is NULL");
     auto cache = std::make_unique<cb_chunk_cache>();
+    cache->impl = std::make_unique<cb::ChunkCache>();
     live_handles().add(HandleKind::kCache, cache.get());
     *out_cache = cache.release();
     return CB_OK;
@@ -119,9 +120,7 @@ cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
     so.read_bytes_per_sec = o.read_bytes_per_sec;
     so.busy_timeout_ms = o.busy_timeout_ms;
     auto cache = std::make_unique<cb_chunk_cache>();
-    cache->assumed_read_bytes_per_sec = o.assumed_read_bytes_per_sec;
-    cache->flash = std::make_unique<cb::FlashChunkStore>(
-        std::shared_ptr<cb::cache::ChunkStore>(cb::cache::ChunkStore::open(dir, so)));
+    cache->impl = std::make_unique<cb::ChunkCache>(dir, so, o.assumed_read_bytes_per_sec);
     live_handles().add(HandleKind::kCache, cache.get());
     *out_cache = cache.release();
     return CB_OK;
@@ -131,20 +130,14 @@ cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
 cb_status cb_chunk_cache_flush(cb_chunk_cache* cache) {
   return guard("cb_chunk_cache_flush", [&] {
     check_cache(cache);
-    if (cache->flash) cache->flash->store().flush();
+    cache->impl->flush();
     return CB_OK;
   });
 }
 
 void cb_chunk_cache_free(cb_chunk_cache* cache) {
   if (cache == nullptr || !live_handles().remove(HandleKind::kCache, cache)) return;
-  // Pending write-backs finish before the store closes; a failure here has
-  // nowhere to be reported, and the entries it concerns are simply absent.
-  try {
-    if (cache->flash) cache->flash->store().flush();
-  } catch (...) {
-  }
-  delete cache;
+  delete cache;  // pending writes finish first (cb::ChunkCache's destructor)
 }
 
 void cb_chunk_cache_stats_init(cb_chunk_cache_stats* stats) {
@@ -161,19 +154,14 @@ cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_s
         "stats is NULL or stats->struct_size is not a known size (use cb_chunk_cache_stats_init)");
     cb_chunk_cache_stats out;
     cb_chunk_cache_stats_init(&out);
-    if (cache->flash) {
-      const cb::cache::StoreStats st = cache->flash->store().stats();
-      out.n_entries = st.entries;
-      out.bytes = st.bytes;
-      out.hits = st.hits;
-      out.misses = st.misses;
-      out.evictions = st.evictions;
-      out.corrupt_drops = st.corrupt_drops;
-      out.bytes_read = st.bytes_read;
-    } else {
-      out.n_entries = cache->table.size();
-      out.bytes = cache->table.bytes();
-    }
+    const cb::cache::StoreStats st = cache->impl->stats();
+    out.n_entries = st.entries;
+    out.bytes = st.bytes;
+    out.hits = st.hits;
+    out.misses = st.misses;
+    out.evictions = st.evictions;
+    out.corrupt_drops = st.corrupt_drops;
+    out.bytes_read = st.bytes_read;
     std::memcpy(static_cast<void*>(stats), &out, size);
     stats->struct_size = size;
     return CB_OK;
@@ -183,11 +171,7 @@ cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_s
 cb_status cb_chunk_cache_clear(cb_chunk_cache* cache) {
   return guard("cb_chunk_cache_clear", [&] {
     check_cache(cache);
-    if (cache->flash) {
-      cache->flash->store().clear();
-    } else {
-      cache->table.clear();
-    }
+    cache->impl->clear();
     return CB_OK;
   });
 }
@@ -282,7 +266,7 @@ cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const c
     int32_t computed = 0;
     // rag_prefill skips empty chunks, so there is nothing to store for one
     // (the trailing blank line makes that impossible today).
-    if (!e.tokens.empty() && !cache->kv().find(e.key)) {
+    if (!e.tokens.empty() && !cache->impl->kv().find(e.key)) {
       session->generator->forget_logits();
       cb::cache::ChunkKV kv;
       try {
@@ -291,13 +275,13 @@ cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const c
         s.truncate(0);  // the session is left empty whatever happened
         throw;
       }
-      if (cache->flash) {
+      if (cb::cache::ChunkStore* store = cache->impl->store()) {
         // Written now, not queued like a request's misses: an ingest step
         // adds many chunks quickly and must not lose any to a full
         // write-back queue, and the chunk must be found right after.
         cb::cache::PutResult put;
         try {
-          put = cache->flash->store().put(e.key, kv.view());
+          put = store->put(e.key, kv.view());
         } catch (const cb::Error& err) {
           // The store refuses values its codec cannot hold (inf, NaN, beyond
           // f16): not the caller's argument, so not INVALID_ARGUMENT.
@@ -310,7 +294,7 @@ cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const c
                          "the chunk does not fit in the cache on flash (larger than its "
                          "capacity_bytes, or every other entry is pinned)"};
       } else {
-        cache->table.put(e.key, std::move(kv));
+        cache->impl->kv().put(e.key, std::move(kv));
       }
       computed = 1;
     }
@@ -329,7 +313,7 @@ cb_status cb_chunk_cache_contains(const cb_model* model, cb_chunk_cache* cache,
     require(chunk_text != nullptr, "chunk_text is NULL");
     require(out_found != nullptr, "out_found is NULL");
     const ChunkEntry e = chunk_entry(m, chunk_text, opts);
-    *out_found = !e.tokens.empty() && cache->kv().find(e.key) != nullptr ? 1 : 0;
+    *out_found = !e.tokens.empty() && cache->impl->kv().find(e.key) != nullptr ? 1 : 0;
     return CB_OK;
   });
 }
@@ -342,7 +326,7 @@ cb_status cb_chunk_cache_remove(const cb_model* model, cb_chunk_cache* cache,
     check_cache(cache);
     require(chunk_text != nullptr, "chunk_text is NULL");
     const ChunkEntry e = chunk_entry(m, chunk_text, opts);
-    const bool removed = !e.tokens.empty() && cache->kv().remove(e.key);
+    const bool removed = !e.tokens.empty() && cache->impl->kv().remove(e.key);
     if (out_removed != nullptr) *out_removed = removed ? 1 : 0;
     return CB_OK;
   });
@@ -418,7 +402,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     ro.pipeline.enabled = o.pipeline != 0;
     if (o.auto_ratio != 0) {
       require(ro.blend.mode == cb::BlendMode::kBlend, "auto_ratio needs CB_MODE_BLEND");
-      require(cache != nullptr && cache->flash,
+      require(cache != nullptr && cache->impl->store() != nullptr,
               "auto_ratio needs a chunk cache on flash (cb_chunk_cache_open)");
       ro.min_ratio = o.ratio;  // the quality floor
     }
@@ -439,73 +423,18 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     const cb::RagPrompt prompt =
         cb::build_rag_prompt(model.tokenizer(), key_opts.system_prompt, texts, question);
 
-    // Sizes against the context before any work, with the reason.
-    const int64_t n_ctx = s.n_ctx();
-    const int64_t head_len =
-        ro.chunk_head == cb::ChunkHead::kPrompt ? static_cast<int64_t>(prompt.head.size()) : 0;
-    for (size_t i = 0; i < prompt.chunks.size(); ++i) {
-      const int64_t len = static_cast<int64_t>(prompt.chunks[i].size());
-      if (len + head_len > n_ctx)
-        throw cb::Error(
-            cb::ErrorCode::kContextOverflow,
-            "chunk " + std::to_string(i) + " is " + std::to_string(len) + " tokens long" +
-                (head_len > 0 ? " (plus a " + std::to_string(head_len) + "-token chunk head)"
-                              : std::string()) +
-                ", more than the session's context of " + std::to_string(n_ctx) + " tokens");
-    }
-    int64_t n_total = static_cast<int64_t>(prompt.head.size() + prompt.suffix.size());
-    for (const auto& c : prompt.chunks) n_total += static_cast<int64_t>(c.size());
-    if (n_total > n_ctx)
-      throw cb::Error(cb::ErrorCode::kContextOverflow,
-                      "the request is " + std::to_string(n_total) + " tokens (prompt head " +
-                          std::to_string(prompt.head.size()) + ", " + std::to_string(n_chunks) +
-                          " chunks, question " + std::to_string(prompt.suffix.size()) +
-                          "), more than the session's context of " + std::to_string(n_ctx) +
-                          " tokens");
-
     session->generator->forget_logits();
     cb::RagPrefillStats rs;
     std::span<const float> logits;
-    std::unique_lock<std::mutex> auto_lock;
-    std::string device;
-    try {
-      if (o.auto_ratio != 0) {
-        // Serialized per cache: the controller learns from each request.
-        auto_lock = std::unique_lock<std::mutex>(cache->auto_mu);
-        if (!cache->calibration_db)
-          cache->calibration_db =
-              cb::CalibrationDb::open(cache->flash->store().dir() + "/calibration.sqlite");
-        device = cb::default_device_id(s.backend().name(), session->n_threads);
-        auto& ctrl = cache->controllers[device + "/" + model.fingerprint()];
-        if (!ctrl) {
-          // The compute probe runs in this (still empty) session: sized to
-          // its context (rows x prefix lengths must fit).
-          cb::ComputeProbe probe;
-          const int64_t room = s.n_ctx();
-          probe.rows = {std::max<int64_t>(1, std::min<int64_t>(16, room / 8)),
-                        std::max<int64_t>(2, std::min<int64_t>(96, room / 4))};
-          probe.contexts = {0, std::max<int64_t>(1, std::min<int64_t>(512, room - probe.rows[1]))};
-          cb::Calibration cal = cb::load_or_probe_compute(*cache->calibration_db, device, s, probe);
-          // The caller's read speed is pinned (refreshes leave it); without
-          // one, a speed pinned by an earlier caller is measured again.
-          if (cache->assumed_read_bytes_per_sec > 0.0) {
-            cal.set_tier({{"flash", cache->assumed_read_bytes_per_sec, 0}, 0, true});
-          } else if (const cb::CalibratedTier* t = cal.find_tier("flash"); t && t->pinned) {
-            cb::CalibratedTier measured = *t;
-            measured.pinned = false;
-            cal.set_tier(measured);
-          }
-          ctrl = std::make_unique<cb::LoadingController>(std::move(cal));
-        }
-        ro.controller = ctrl.get();
-        ro.storage_tier = "flash";
+    if (cache != nullptr) {
+      logits = cache->impl->prefill(s, prompt, ro, o.auto_ratio != 0, session->n_threads, &rs);
+    } else {
+      try {
+        logits = cb::rag_prefill(s, prompt, nullptr, ro, &rs);
+      } catch (...) {
+        s.truncate(0);  // whatever happened, the session is left empty
+        throw;
       }
-      logits = cb::rag_prefill(s, prompt, cache != nullptr ? &cache->kv() : nullptr, ro, &rs);
-      if (ro.controller)
-        cache->calibration_db->save(device, model.fingerprint(), ro.controller->calibration());
-    } catch (...) {
-      s.truncate(0);  // whatever happened, the session is left empty
-      throw;
     }
     const double total_ms = ms_since(t0);
     session->generator->set_logits(logits, total_ms);

@@ -73,8 +73,32 @@ void count_unreadable_as_misses(RagPrefillStats& st) {
 
 }  // namespace
 
+void check_rag_request_fits(const Session& s, const RagPrompt& prompt, ChunkHead head) {
+  const int64_t n_ctx = s.n_ctx();
+  const int64_t head_len =
+      head == ChunkHead::kPrompt ? static_cast<int64_t>(prompt.head.size()) : 0;
+  for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+    const int64_t len = static_cast<int64_t>(prompt.chunks[i].size());
+    if (len + head_len > n_ctx)
+      fail(ErrorCode::kContextOverflow,
+           "chunk " + std::to_string(i) + " is " + std::to_string(len) + " tokens long" +
+               (head_len > 0 ? " (plus a " + std::to_string(head_len) + "-token chunk head)"
+                             : std::string()) +
+               ", more than the session's context of " + std::to_string(n_ctx) + " tokens");
+  }
+  int64_t n_total = static_cast<int64_t>(prompt.head.size() + prompt.suffix.size());
+  for (const auto& c : prompt.chunks) n_total += static_cast<int64_t>(c.size());
+  if (n_total > n_ctx)
+    fail(ErrorCode::kContextOverflow,
+         "the request is " + std::to_string(n_total) + " tokens (prompt head " +
+             std::to_string(prompt.head.size()) + ", " + std::to_string(prompt.chunks.size()) +
+             " chunks, question " + std::to_string(prompt.suffix.size()) +
+             "), more than the session's context of " + std::to_string(n_ctx) + " tokens");
+}
+
 std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvStore* store,
                                    const RagPrefillOptions& opts, RagPrefillStats* stats) {
+  check_rag_request_fits(s, prompt, opts.chunk_head);
   RagPrefillStats local;
   RagPrefillStats& st = stats ? *stats : local;
   st = RagPrefillStats{};

@@ -86,9 +86,13 @@ struct RagPrefillStats {
   std::optional<RatioChoice> choice;
 };
 
+// Throws kContextOverflow, saying which, when a chunk (with its chunk head)
+// or the whole request does not fit the session's context.
+void check_rag_request_fits(const Session& s, const RagPrompt& prompt, ChunkHead head);
+
 // Prefills the empty session `s` with the request and returns the last
-// token's logits.  `store` may be null in full mode.  Chunks missing from the
-// store are computed (in `s`, before the fusion) and stored.
+// token's logits; first check_rag_request_fits().  `store` may be null in full mode.  Chunks
+// missing from the store are computed (in `s`, before the fusion) and stored.
 std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvStore* store,
                                    const RagPrefillOptions& opts, RagPrefillStats* stats = nullptr);
 
