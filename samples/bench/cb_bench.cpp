@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "handles.h"
 #include "json_writer.h"
 #include "model_path.h"
 #include "number_arg.h"
@@ -286,19 +287,8 @@ int available_cores() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
-// ---------------------------------------------------------------------------
-// Model and session handles with automatic cleanup
-
-struct Model {
-  cb_model* m = nullptr;
-  std::string path;
-  ~Model() { cb_model_free(m); }
-};
-
-struct Session {
-  cb_session* s = nullptr;
-  ~Session() { cb_session_free(s); }
-};
+using Model = cbs::ModelHandle;
+using Session = cbs::SessionHandle;
 
 struct Common {
   std::string model_path;
@@ -339,8 +329,7 @@ void load_model(const Common& c, Model& model) {
   mo.n_threads = c.threads;
   mo.backend = c.backend;
   mo.device = c.device;
-  model.path = c.model_path;
-  check(cb_model_load(c.model_path.c_str(), &mo, &model.m),
+  check(cb_model_load(c.model_path.c_str(), &mo, &model.h),
         "cannot load model '" + c.model_path + "'");
 }
 
@@ -349,17 +338,17 @@ void create_session(const Model& model, int threads, int n_ctx, Session& s) {
   cb_session_options_init(&so);
   so.n_threads = threads;
   so.n_ctx = n_ctx;
-  check(cb_session_create(model.m, &so, &s.s), "cannot create a session");
+  check(cb_session_create(model.h, &so, &s.h), "cannot create a session");
 }
 
 std::vector<int32_t> tokenize(const Model& model, const std::string& text, bool add_special,
                               bool parse_special) {
   size_t n = 0;
-  check(cb_tokenize(model.m, text.data(), text.size(), add_special, parse_special, nullptr, 0, &n),
+  check(cb_tokenize(model.h, text.data(), text.size(), add_special, parse_special, nullptr, 0, &n),
         "cannot tokenize");
   std::vector<int32_t> ids(n);
   if (n > 0)
-    check(cb_tokenize(model.m, text.data(), text.size(), add_special, parse_special, ids.data(),
+    check(cb_tokenize(model.h, text.data(), text.size(), add_special, parse_special, ids.data(),
                       ids.size(), &n),
           "cannot tokenize");
   return ids;
@@ -368,14 +357,14 @@ std::vector<int32_t> tokenize(const Model& model, const std::string& text, bool 
 std::string model_name(const Model& model) {
   cb_model_info info;
   cb_model_info_init(&info);
-  check(cb_model_get_info(model.m, &info), "cannot read the model's info");
+  check(cb_model_get_info(model.h, &info), "cannot read the model's info");
   return info.name;
 }
 
 std::string kernels_name(const Model& model) {
   cb_model_info info;
   cb_model_info_init(&info);
-  check(cb_model_get_info(model.m, &info), "cannot read the model's info");
+  check(cb_model_get_info(model.h, &info), "cannot read the model's info");
   return info.kernels;
 }
 
@@ -396,7 +385,7 @@ void check_generate(cb_status s, const Session& session, size_t n_prompt) {
   if (s == CB_ERR_CONTEXT_OVERFLOW)
     runtime_error(
         "the prompt (" + std::to_string(n_prompt) + " tokens) does not fit in the context (" +
-        std::to_string(cb_session_n_ctx(session.s)) + " tokens); shorten it or raise --n-ctx");
+        std::to_string(cb_session_n_ctx(session.h)) + " tokens); shorten it or raise --n-ctx");
   check(s, "generation failed");
 }
 
@@ -474,10 +463,10 @@ int cmd_generate(const Args& a) {
     if (sys != a.values.end()) msgs.push_back({"system", sys->second.c_str()});
     msgs.push_back({"user", prompt.c_str()});
     size_t len = 0;
-    check(cb_chat_format(model.m, msgs.data(), msgs.size(), 1, nullptr, 0, &len),
+    check(cb_chat_format(model.h, msgs.data(), msgs.size(), 1, nullptr, 0, &len),
           "cannot format the chat");
     std::vector<char> buf(len + 1);
-    check(cb_chat_format(model.m, msgs.data(), msgs.size(), 1, buf.data(), buf.size(), &len),
+    check(cb_chat_format(model.h, msgs.data(), msgs.size(), 1, buf.data(), buf.size(), &len),
           "cannot format the chat");
     text.assign(buf.data(), len);
   }
@@ -497,7 +486,7 @@ int cmd_generate(const Args& a) {
   cb_generate_stats_init(&stats);
   GenerateState st;
   st.stream = !c.json;
-  check_generate(cb_generate(session.s, ids.data(), ids.size(), &go, on_token, &st, &stats),
+  check_generate(cb_generate(session.h, ids.data(), ids.size(), &go, on_token, &st, &stats),
                  session, ids.size());
 
   if (c.json) {
@@ -541,7 +530,7 @@ const char* const kBenchText =
 
 std::vector<int32_t> bench_tokens(const Model& model, size_t n) {
   std::vector<int32_t> ids;
-  const int32_t bos = cb_token_bos(model.m);
+  const int32_t bos = cb_token_bos(model.h);
   if (bos >= 0) ids.push_back(bos);
   const std::vector<int32_t> unit = tokenize(model, kBenchText, false, false);
   if (unit.empty()) runtime_error("the benchmark text tokenizes to nothing");
@@ -552,13 +541,13 @@ std::vector<int32_t> bench_tokens(const Model& model, size_t n) {
 
 // Runs a prefill of `ids` on an empty session; returns its time in ms.
 double timed_prefill(const Session& session, const std::vector<int32_t>& ids) {
-  check(cb_session_reset(session.s), "cannot reset the session");
+  check(cb_session_reset(session.h), "cannot reset the session");
   cb_generate_options go;
   cb_generate_options_init(&go);
   go.max_tokens = 0;
   cb_generate_stats stats;
   cb_generate_stats_init(&stats);
-  check_generate(cb_generate(session.s, ids.data(), ids.size(), &go, nullptr, nullptr, &stats),
+  check_generate(cb_generate(session.h, ids.data(), ids.size(), &go, nullptr, nullptr, &stats),
                  session, ids.size());
   return stats.prefill_ms;
 }
@@ -617,7 +606,7 @@ int cmd_decode(const Args& a) {
   std::vector<double> rates;
   int generated = 0;
   for (int r = 0; r < repeat; ++r) {
-    check(cb_session_reset(session.s), "cannot reset the session");
+    check(cb_session_reset(session.h), "cannot reset the session");
     cb_generate_options go;
     cb_generate_options_init(&go);
     go.max_tokens = n + 1;  // n forward passes over generated tokens
@@ -625,7 +614,7 @@ int cmd_decode(const Args& a) {
     cb_generate_stats stats;
     cb_generate_stats_init(&stats);
     check_generate(
-        cb_generate(session.s, prompt.data(), prompt.size(), &go, nullptr, nullptr, &stats),
+        cb_generate(session.h, prompt.data(), prompt.size(), &go, nullptr, nullptr, &stats),
         session, prompt.size());
     rates.push_back(stats.tok_s);
     generated = stats.n_generated - 1;
@@ -654,13 +643,12 @@ int cmd_decode(const Args& a) {
 // ---------------------------------------------------------------------------
 // RAG requests: shared by ttft and quality
 
-struct ChunkCache {
-  cb_chunk_cache* c = nullptr;
+struct ChunkCache : cbs::ChunkCacheHandle {
   std::string dir;          // the store's directory, if on flash
   bool remove_dir = false;  // a temporary directory of ours
   cb_store_options opts{};  // how it was opened, if on flash
   ~ChunkCache() {
-    cb_chunk_cache_free(c);
+    reset();  // pending writes finish before the directory goes
     if (remove_dir) {
       std::error_code ec;
       std::filesystem::remove_all(dir, ec);
@@ -671,7 +659,7 @@ struct ChunkCache {
 int model_n_ctx_train(const Model& model) {
   cb_model_info info;
   cb_model_info_init(&info);
-  check(cb_model_get_info(model.m, &info), "cannot read the model's info");
+  check(cb_model_get_info(model.h, &info), "cannot read the model's info");
   return info.n_ctx_train;
 }
 
@@ -860,10 +848,9 @@ std::vector<double> parse_storage_caps(const Args& a, bool allow_list) {
 // Reopens a chunk store on flash with another read cap (MB/s); the chunks
 // already stored stay.
 void reopen_with_cap(ChunkCache& cache, double mbps) {
-  cb_chunk_cache_free(cache.c);
-  cache.c = nullptr;
+  cache.reset();
   cache.opts.read_bytes_per_sec = static_cast<uint64_t>(mbps * 1e6);
-  check(cb_chunk_cache_open(cache.dir.c_str(), &cache.opts, &cache.c),
+  check(cb_chunk_cache_open(cache.dir.c_str(), &cache.opts, &cache.h),
         "cannot open the chunk store in '" + cache.dir + "'");
 }
 
@@ -883,7 +870,7 @@ std::string open_chunk_cache(const Args& a, ChunkCache& cache, bool allow_cap_li
         "pass f16, q8 or q4 (f16 when --codec is left out)");
   }
   if (codec == "f32") {
-    check(cb_chunk_cache_create(&cache.c), "cannot create the chunk cache");
+    check(cb_chunk_cache_create(&cache.h), "cannot create the chunk cache");
     return "f32";
   }
   cb_store_options so;
@@ -910,7 +897,7 @@ std::string open_chunk_cache(const Args& a, ChunkCache& cache, bool allow_cap_li
     cache.remove_dir = true;
   }
   cache.opts = so;
-  check(cb_chunk_cache_open(cache.dir.c_str(), &so, &cache.c),
+  check(cb_chunk_cache_open(cache.dir.c_str(), &so, &cache.h),
         "cannot open the chunk store in '" + cache.dir + "'");
   return codec;
 }
@@ -924,10 +911,10 @@ std::string cache_label(const std::string& codec) {
 void rag_prefill(const Session& session, const ChunkCache& cache,
                  const std::vector<const char*>& chunks, const std::string& question,
                  const cb_rag_options& ro, cb_rag_stats& st) {
-  check(cb_session_reset(session.s), "cannot reset the session");
+  check(cb_session_reset(session.h), "cannot reset the session");
   cb_rag_stats_init(&st);
   const cb_status s =
-      cb_rag_prefill(session.s, cache.c, chunks.data(), chunks.size(), question.c_str(), &ro, &st);
+      cb_rag_prefill(session.h, cache.h, chunks.data(), chunks.size(), question.c_str(), &ro, &st);
   if (s == CB_ERR_CONTEXT_OVERFLOW)
     runtime_error(std::string("the request does not fit the context: ") + cb_last_error() +
                   " (raise --n-ctx or use fewer/shorter chunks)");
@@ -1095,9 +1082,9 @@ std::string text_of_tokens(const Model& model, const std::string& text, size_t n
   while (ids.size() < n) ids.insert(ids.end(), unit.begin(), unit.end());
   ids.resize(n);
   size_t len = 0;
-  check(cb_detokenize(model.m, ids.data(), ids.size(), 0, nullptr, 0, &len), "cannot detokenize");
+  check(cb_detokenize(model.h, ids.data(), ids.size(), 0, nullptr, 0, &len), "cannot detokenize");
   std::vector<char> buf(len + 1);
-  check(cb_detokenize(model.m, ids.data(), ids.size(), 0, buf.data(), buf.size(), &len),
+  check(cb_detokenize(model.h, ids.data(), ids.size(), 0, buf.data(), buf.size(), &len),
         "cannot detokenize");
   return std::string(buf.data(), len);
 }
@@ -1250,7 +1237,7 @@ int cmd_ttft(const Args& a) {
     ro.mode = CB_MODE_BLEND;
     set_ratio(ro, 0.15f);
     rag_prefill(session, cache, chunks, question, ro, st);
-    check(cb_chunk_cache_flush(cache.c), "cannot flush the chunk cache");
+    check(cb_chunk_cache_flush(cache.h), "cannot flush the chunk cache");
     if (std::find(ratios.begin(), ratios.end(), kAutoRatio) != ratios.end()) {
       // The controller's first-use probe (and a first refresh) stay untimed.
       set_ratio(ro, kAutoRatio);
@@ -1281,10 +1268,10 @@ int cmd_ttft(const Args& a) {
         ro.mode = row.mode;
         ro.select = row.select;
         set_ratio(ro, row.ratio_opt);
-        check(cb_session_reset(session.s), "cannot reset the session");
+        check(cb_session_reset(session.h), "cannot reset the session");
         const auto t0 = Clock::now();
         rag_prefill(session, cache, chunks, question, ro, st);
-        check(cb_generate(session.s, nullptr, 0, &go, nullptr, nullptr, nullptr),
+        check(cb_generate(session.h, nullptr, 0, &go, nullptr, nullptr, nullptr),
               "cannot sample the first token");
         const auto t1 = Clock::now();
         row.runs.push_back(ms_between(t0, t1));
@@ -1526,7 +1513,7 @@ struct ModeResult {
 std::vector<float> session_logits(const Session& session) {
   const float* logits = nullptr;
   size_t n_vocab = 0;
-  check(cb_session_logits(session.s, &logits, &n_vocab), "cannot read the logits");
+  check(cb_session_logits(session.h, &logits, &n_vocab), "cannot read the logits");
   return {logits, logits + n_vocab};
 }
 
@@ -1540,7 +1527,7 @@ ModeResult run_mode(const Session& session, const ChunkCache& cache, const Examp
   rag_prefill(session, cache, chunks, ex.question, ro, r.st);
   if (ro.mode != CB_MODE_FULL && r.st.cache_misses > 0) {
     // A store writes new chunks back asynchronously: wait for them.
-    check(cb_chunk_cache_flush(cache.c), "cannot flush the chunk cache");
+    check(cb_chunk_cache_flush(cache.h), "cannot flush the chunk cache");
     rag_prefill(session, cache, chunks, ex.question, ro, r.st);
     if (r.st.cache_misses > 0) runtime_error("chunks computed in one run were missing in the next");
   }
@@ -1552,7 +1539,7 @@ ModeResult run_mode(const Session& session, const ChunkCache& cache, const Examp
   cb_generate_stats gs;
   cb_generate_stats_init(&gs);
   AnswerState ans;
-  const cb_status s = cb_generate(session.s, nullptr, 0, &go, on_answer_token, &ans, &gs);
+  const cb_status s = cb_generate(session.h, nullptr, 0, &go, on_answer_token, &ans, &gs);
   if (s != CB_ERR_CANCELLED) check(s, "generation failed");
   r.answer = ans.text;
   // TTFT: the RAG prefill plus choosing the first token (a generation that
@@ -1577,8 +1564,8 @@ ForcedAnswer greedy_answer(const Model& model, const Session& session, int n) {
     const int32_t tok = argmax_of(logits);
     f.tokens.push_back(tok);
     f.logits.push_back(std::move(logits));
-    if (cb_token_is_end_of_generation(model.m, tok) || t + 1 == n) break;
-    check(cb_session_prefill(session.s, &tok, 1), "cannot feed an answer token");
+    if (cb_token_is_end_of_generation(model.h, tok) || t + 1 == n) break;
+    check(cb_session_prefill(session.h, &tok, 1), "cannot feed an answer token");
     logits = session_logits(session);
   }
   return f;
@@ -1599,7 +1586,7 @@ ForcedScore score_forced(const Session& session, const ForcedAnswer& ref) {
     sc.agree += argmax_of(logits) == argmax_of(ref.logits[t]);
     ++sc.positions;
     if (t + 1 == ref.tokens.size()) break;
-    check(cb_session_prefill(session.s, &ref.tokens[t], 1), "cannot feed an answer token");
+    check(cb_session_prefill(session.h, &ref.tokens[t], 1), "cannot feed an answer token");
     logits = session_logits(session);
   }
   if (sc.positions > 0) sc.kl_mean /= sc.positions;
@@ -1730,7 +1717,7 @@ int cmd_quality(const Args& a) {
       set_ratio(ro, m == CB_MODE_BLEND ? ratios[run.ratio] : 0.15f);
       ModeResult r = run_mode(session, cache, ex, ro, max_tokens);
       // The teacher-forced pass prefills the (cached) request again.
-      check(cb_session_reset(session.s), "cannot reset the session");
+      check(cb_session_reset(session.h), "cannot reset the session");
       cb_rag_stats again;
       rag_prefill(session, cache, chunk_ptrs, ex.question, ro, again);
       ModeTotals& t = totals[run];

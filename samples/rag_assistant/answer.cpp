@@ -115,10 +115,10 @@ class Assistant {
     Result r;
     r.sources = sources;
     cb_rag_stats_init(&r.rag);
-    check(cb_session_reset(session_.s), "cannot reset the session");
+    check(cb_session_reset(session_.h), "cannot reset the session");
     cancellable_ = cancellable;
     const auto t0 = Clock::now();
-    const cb_status s = cb_rag_prefill(session_.s, opts_.mode == CB_MODE_FULL ? nullptr : cache_.c,
+    const cb_status s = cb_rag_prefill(session_.h, opts_.mode == CB_MODE_FULL ? nullptr : cache_.h,
                                        texts.data(), texts.size(), question.c_str(), &ro, &r.rag);
     if (s == CB_ERR_CANCELLED) {
       r.cancelled = r.cancelled_in_prefill = true;
@@ -150,7 +150,7 @@ class Assistant {
     StreamState st;
     st.stream = stream;
     st.cancellable = cancellable;
-    const cb_status g = cb_generate(session_.s, nullptr, 0, &go, on_token, &st, &gs);
+    const cb_status g = cb_generate(session_.h, nullptr, 0, &go, on_token, &st, &gs);
     if (g != CB_ERR_CANCELLED) check(g, "generation failed");
     r.cancelled = g == CB_ERR_CANCELLED;
     r.answer = st.text;
@@ -172,14 +172,14 @@ class Assistant {
     int need = static_cast<int>(tokenize(model_, question).size()) + 128 + opts_.max_tokens;
     for (const ChunkRecord& c : sources) need += c.n_tokens + 4;
     if (need > n_ctx_train_) need = n_ctx_train_;  // cb_rag_prefill reports what overflows
-    if (session_.s != nullptr && cb_session_n_ctx(session_.s) >= need) return;
+    if (session_.h != nullptr && cb_session_n_ctx(session_.h) >= need) return;
     Session fresh;
     create_session(model_, common_.threads, std::max(need, 512), fresh);
-    std::swap(session_.s, fresh.s);
+    std::swap(session_.h, fresh.h);
     const std::vector<int32_t> warm = tokenize(model_, "Warm-up.");
-    check(cb_session_prefill(session_.s, warm.data(), warm.size()), "warm-up failed");
-    check(cb_session_reset(session_.s), "cannot reset the session");
-    check(cb_session_set_abort_callback(session_.s, on_abort, &cancellable_),
+    check(cb_session_prefill(session_.h, warm.data(), warm.size()), "warm-up failed");
+    check(cb_session_reset(session_.h), "cannot reset the session");
+    check(cb_session_set_abort_callback(session_.h, on_abort, &cancellable_),
           "cannot set the abort callback");
   }
 

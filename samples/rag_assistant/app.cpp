@@ -49,14 +49,14 @@ void load_model(const CommonOptions& o, Model& model) {
   cb_model_options mo;
   cb_model_options_init(&mo);
   mo.n_threads = o.threads;
-  check(cb_model_load(o.model_path.c_str(), &mo, &model.m),
+  check(cb_model_load(o.model_path.c_str(), &mo, &model.h),
         "cannot load the model '" + o.model_path + "'");
 }
 
 void open_chunk_cache(const std::string& store, ChunkCache& cache) {
   cb_store_options so;
   cb_store_options_init(&so);
-  check(cb_chunk_cache_open(kv_dir(store).c_str(), &so, &cache.c),
+  check(cb_chunk_cache_open(kv_dir(store).c_str(), &so, &cache.h),
         "cannot open the chunk KV store in '" + kv_dir(store) + "'");
 }
 
@@ -65,13 +65,13 @@ void create_session(const Model& model, int threads, int n_ctx, Session& session
   cb_session_options_init(&so);
   so.n_threads = threads;
   so.n_ctx = n_ctx;
-  check(cb_session_create(model.m, &so, &session.s), "cannot create a session");
+  check(cb_session_create(model.h, &so, &session.h), "cannot create a session");
 }
 
 int model_n_ctx_train(const Model& model) {
   cb_model_info info;
   cb_model_info_init(&info);
-  check(cb_model_get_info(model.m, &info), "cannot read the model's info");
+  check(cb_model_get_info(model.h, &info), "cannot read the model's info");
   return info.n_ctx_train;
 }
 
@@ -79,10 +79,10 @@ std::vector<int32_t> tokenize(const Model& model, std::string_view text) {
   size_t n = 0;
   // Document text is never parsed for control tokens, as cb_rag_prefill
   // does not: the counts must match what the request will hold.
-  check(cb_tokenize(model.m, text.data(), text.size(), 0, 0, nullptr, 0, &n), "cannot tokenize");
+  check(cb_tokenize(model.h, text.data(), text.size(), 0, 0, nullptr, 0, &n), "cannot tokenize");
   std::vector<int32_t> ids(n);
   if (n > 0)
-    check(cb_tokenize(model.m, text.data(), text.size(), 0, 0, ids.data(), ids.size(), &n),
+    check(cb_tokenize(model.h, text.data(), text.size(), 0, 0, ids.data(), ids.size(), &n),
           "cannot tokenize");
   return ids;
 }

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "handles.h"
+
 namespace rag {
 
 // A user-facing failure: main() prints "rag_assistant: error: MESSAGE" and
@@ -23,29 +25,9 @@ struct Error : std::runtime_error {
 // Throws an Error naming `what` and the library's message when s != CB_OK.
 void check(cb_status s, const std::string& what);
 
-struct Model {
-  cb_model* m = nullptr;
-  Model() = default;
-  Model(const Model&) = delete;
-  Model& operator=(const Model&) = delete;
-  ~Model() { cb_model_free(m); }
-};
-
-struct Session {
-  cb_session* s = nullptr;
-  Session() = default;
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
-  ~Session() { cb_session_free(s); }
-};
-
-struct ChunkCache {
-  cb_chunk_cache* c = nullptr;
-  ChunkCache() = default;
-  ChunkCache(const ChunkCache&) = delete;
-  ChunkCache& operator=(const ChunkCache&) = delete;
-  ~ChunkCache() { cb_chunk_cache_free(c); }
-};
+using Model = cbs::ModelHandle;
+using Session = cbs::SessionHandle;
+using ChunkCache = cbs::ChunkCacheHandle;
 
 // Options every command understands.
 struct CommonOptions {

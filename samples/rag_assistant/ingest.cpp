@@ -58,9 +58,9 @@ class ModelTokens final : public TokenCounter {
  private:
   std::string detokenize(const std::vector<int32_t>& ids, size_t a, size_t b) const {
     size_t len = 0;
-    check(cb_detokenize(model_.m, ids.data() + a, b - a, 0, nullptr, 0, &len), "cannot detokenize");
+    check(cb_detokenize(model_.h, ids.data() + a, b - a, 0, nullptr, 0, &len), "cannot detokenize");
     std::string s(len + 1, '\0');
-    check(cb_detokenize(model_.m, ids.data() + a, b - a, 0, s.data(), s.size(), &len),
+    check(cb_detokenize(model_.h, ids.data() + a, b - a, 0, s.data(), s.size(), &len),
           "cannot detokenize");
     s.resize(len);
     return s;
@@ -334,7 +334,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
     for (const std::string& t : dropped) {
       if (live.count(t) || !done.insert(t).second) continue;
       int32_t removed = 0;
-      check(cb_chunk_cache_remove(model.m, cache.c, t.c_str(), &ro, &removed),
+      check(cb_chunk_cache_remove(model.h, cache.h, t.c_str(), &ro, &removed),
             "cannot remove a dropped chunk's KV from the store");
       kv_removed += static_cast<size_t>(removed);
     }
@@ -342,7 +342,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   int max_tokens = 0;
   for (const ChunkRecord& ch : chunks) {
     int32_t found = 0;
-    check(cb_chunk_cache_contains(model.m, cache.c, ch.text.c_str(), &ro, &found),
+    check(cb_chunk_cache_contains(model.h, cache.h, ch.text.c_str(), &ro, &found),
           "cannot look up a chunk in the KV store");
     if (!found) {
       todo.push_back(ch);
@@ -360,7 +360,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
     for (size_t i = 0; i < todo.size(); ++i) {
       int32_t n = 0;
       const cb_status s =
-          cb_chunk_cache_add(session.s, cache.c, todo[i].text.c_str(), &ro, nullptr, &n);
+          cb_chunk_cache_add(session.h, cache.h, todo[i].text.c_str(), &ro, nullptr, &n);
       if (s == CB_ERR_CONTEXT_OVERFLOW)
         throw Error("chunk " + std::to_string(todo[i].index) + " of " + todo[i].display +
                     " does not fit the model's context (use a smaller --chunk-tokens)");
@@ -371,7 +371,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
     }
     progress.finish(todo.size(), computed_tokens);
   }
-  check(cb_chunk_cache_flush(cache.c), "cannot flush the chunk KV store");
+  check(cb_chunk_cache_flush(cache.h), "cannot flush the chunk KV store");
 
   const int64_t n_chunks = db->n_chunks();
   if (opts.json) {
