@@ -2,6 +2,11 @@
 // handle liveness; and the version and error entry points.
 #include "api.h"
 
+#include <algorithm>
+#include <limits>
+
+#include "platform/thread_pool.h"
+
 #ifndef CB_PROJECT_VERSION
 #error "CB_PROJECT_VERSION must be defined by the build"
 #endif

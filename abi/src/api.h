@@ -7,38 +7,24 @@
 
 #include "cacheblend/cacheblend.h"
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <exception>
-#include <limits>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
-#include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <unordered_set>
-#include <vector>
 
-#include "kernels/backend.h"
 #include "platform/error.h"
-#include "platform/thread_pool.h"
-#include "runtime/blend/blend_options.h"
 #include "runtime/blend/chunk_cache.h"
-#include "runtime/blend/rag_request.h"
 #include "runtime/generator.h"
 #include "runtime/model.h"
-#include "runtime/sampler.h"
 #include "runtime/session.h"
-#include "runtime/stop_strings.h"
-#include "runtime/tokenizer/tokenizer.h"
 
 namespace cb::api {
 

@@ -2,10 +2,14 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "api.h"
+#include "kernels/backend.h"
+#include "platform/thread_pool.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 using namespace cb::api;
 

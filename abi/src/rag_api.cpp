@@ -1,12 +1,17 @@
 // The C API of chunk caches and retrieval-augmented prefill: translation and
 // checks only.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "api.h"
+#include "runtime/blend/blend_options.h"
+#include "runtime/blend/rag_request.h"
 
 using namespace cb::api;
 

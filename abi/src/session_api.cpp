@@ -2,10 +2,14 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "api.h"
+#include "platform/thread_pool.h"
+#include "runtime/sampler.h"
+#include "runtime/stop_strings.h"
 
 using namespace cb::api;
 

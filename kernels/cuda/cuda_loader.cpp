@@ -28,7 +28,7 @@ std::vector<std::string> plugin_candidates() {
   const std::string here = directory_of_code(reinterpret_cast<const void*>(&plugin_candidates));
   if (!here.empty()) {
     candidates.push_back(here + "/" + CB_CUDA_PLUGIN_FILE);
-    candidates.push_back(here + "/../lib/" + CB_CUDA_PLUGIN_FILE);
+    if (!here.ends_with("/lib")) candidates.push_back(here + "/../lib/" + CB_CUDA_PLUGIN_FILE);
   }
   candidates.push_back(CB_CUDA_PLUGIN_FILE);
   return candidates;
