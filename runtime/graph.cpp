@@ -89,7 +89,7 @@ void Graph::rope(TensorId x, const int32_t* pos, int64_t n_heads, int64_t head_d
 }
 
 TensorId Graph::attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId v, int64_t n_kv,
-                          int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
+                          int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale) {
   if (n_kv > tensors_[k].rows || n_kv > tensors_[v].rows)
     fail(ErrorCode::kInternal, "graph: attention over more rows than the cache holds");
   TensorId out = new_tensor(tensors_[q].rows, n_head * head_dim);
@@ -99,6 +99,7 @@ TensorId Graph::attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId
   n.p[1] = n_head;
   n.p[2] = n_head_kv;
   n.p[3] = head_dim;
+  n.f = scale;
   return out;
 }
 
@@ -221,7 +222,7 @@ void Graph::run_node(Backend& be, const Node& n, void* arena) const {
       args.n_head = n.p[1];
       args.n_head_kv = n.p[2];
       args.head_dim = n.p[3];
-      args.scale = 1.0f / std::sqrt(static_cast<float>(n.p[3]));
+      args.scale = n.f;
       args.out = out;
       be.attention(args);
       break;

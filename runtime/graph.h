@@ -40,7 +40,7 @@ class Graph {
             float freq_base);
   // Queries x positions over the first n_kv rows of k / v (see AttentionArgs).
   TensorId attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId v, int64_t n_kv,
-                     int64_t n_head, int64_t n_head_kv, int64_t head_dim);
+                     int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale);
   TensorId silu_mul(TensorId gate, TensorId up);
   void add_into(TensorId dst, TensorId src);  // dst += src
   TensorId gather_rows(TensorId src, const int32_t* idx, int64_t n);

@@ -8,6 +8,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "platform/error.h"
 #include "runtime/graph.h"
+#include "runtime/llama_layer.h"
 
 namespace cb {
 
@@ -152,11 +153,11 @@ void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision m
   Graph g;
   TensorId x = g.get_rows(tok_embd_, tokens, n);
   for (int64_t l = 0; l < hp.n_layer; ++l) {
-    const LayerWeights& w = layers_[static_cast<size_t>(l)];
-    TensorId h = g.rmsnorm(x, w.attn_norm, hp.rms_eps);
-    TensorId k = g.matmul(w.wk, h, mm);
-    TensorId v = g.matmul(w.wv, h, mm);
-    g.rope(k, pos.data(), hp.n_head_kv, hp.head_dim, hp.rot_dim, hp.rope_freq_base);
+    LlamaLayer layer(g, hp, layers_[static_cast<size_t>(l)], mm);
+    TensorId h = layer.attention_input(x);
+    TensorId k = layer.project_k(h);
+    TensorId v = layer.project_v(h);
+    layer.rope_k(k, pos.data());
     TensorId kc = g.external(k_cache_[l], n_ctx_, hp.kv_dim());
     TensorId vc = g.external(v_cache_[l], n_ctx_, hp.kv_dim());
     g.scatter_rows(k, pos.data(), kc);
@@ -170,17 +171,14 @@ void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision m
       x = g.gather_rows(x, &last_row, 1);
       q_pos += last_row;
     }
-    TensorId q = g.matmul(w.wq, h, mm);
-    g.rope(q, q_pos, hp.n_head, hp.head_dim, hp.rot_dim, hp.rope_freq_base);
-    TensorId a = g.attention(q, q_pos, kc, vc, n_kv, hp.n_head, hp.n_head_kv, hp.head_dim);
-    g.add_into(x, g.matmul(w.wo, a, mm));
-    TensorId h2 = g.rmsnorm(x, w.ffn_norm, hp.rms_eps);
-    TensorId m = g.silu_mul(g.matmul(w.w_gate, h2, mm), g.matmul(w.w_up, h2, mm));
-    g.add_into(x, g.matmul(w.w_down, m, mm));
+    TensorId q = layer.project_q(h);
+    layer.rope_q(q, q_pos);
+    layer.attention_output(x, layer.attention(q, q_pos, kc, vc, n_kv));
+    layer.ffn(x);
   }
-  // x is the last row alone now: normalise and project just it.
-  TensorId hn = g.rmsnorm(x, model_.output_norm(), hp.rms_eps);
-  g.matmul_into(output_, hn, g.external(logits_.data(), 1, hp.n_vocab), mm);
+  // x is the last row alone now.
+  add_output_head(g, hp, model_.output_norm(), output_, x,
+                  g.external(logits_.data(), 1, hp.n_vocab), mm);
 
   size_t need = g.plan();
   if (need > arena_bytes_) {

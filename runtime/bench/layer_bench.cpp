@@ -9,12 +9,13 @@
 //       Decode tok/s with int8 activations (Session's default) against the
 //       f32 path, interleaved rounds, and how far their logits drift apart.
 //
-// The blended layer is modelled on runtime/blend/fusor.cpp: the selected rows
-// (global positions, ascending) are projected, their K/V are scattered into
-// a cache that holds every position, their queries attend over all N keys
-// with the causal mask by global position, and the output projection and
-// FFN run on those rows only; everything runs in batches of 512 rows, as
-// the fusor and Session::prefill do.
+// The layer is built from runtime/llama_layer.h, as the session's and the
+// fusor's are, in the fusor's steps: the selected rows (global positions,
+// ascending) are projected, their K/V are scattered into a cache that holds
+// every position, their queries attend over all N keys with the causal mask
+// by global position, and the output projection and FFN run on those rows
+// only; everything runs in batches of 512 rows, as the fusor and
+// Session::prefill do.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,6 +30,7 @@
 #include "kernels/backend.h"
 #include "platform/error.h"
 #include "runtime/graph.h"
+#include "runtime/llama_layer.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
 
@@ -80,41 +82,31 @@ class LayerRunner {
       for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
         const int64_t b = std::min(kRowBatch, r - r0);
         Graph g;
-        TensorId xt = g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd);
-        TensorId h = g.rmsnorm(xt, w.attn_norm, hp_.rms_eps);
-        g.matmul_into(w.wq, h, g.external(q_.data() + r0 * q_dim, b, q_dim));
-        g.matmul_into(w.wk, h, g.external(k_.data() + r0 * kv_dim, b, kv_dim));
-        g.matmul_into(w.wv, h, g.external(v_.data() + r0 * kv_dim, b, kv_dim));
+        LlamaLayer layer(g, hp_, w);
+        TensorId h = layer.attention_input(g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd));
+        layer.project_q(h, g.external(q_.data() + r0 * q_dim, b, q_dim));
+        layer.project_k(h, g.external(k_.data() + r0 * kv_dim, b, kv_dim));
+        layer.project_v(h, g.external(v_.data() + r0 * kv_dim, b, kv_dim));
         exec(g);
       }
     });
     a_.resize(static_cast<size_t>(r * q_dim));
     time(ms[kAttention], [&] {
       Graph g;
-      TensorId q = g.external(q_.data(), r, q_dim);
+      LlamaLayer layer(g, hp_, w);
       TensorId k = g.external(k_.data(), r, kv_dim);
       TensorId v = g.external(v_.data(), r, kv_dim);
-      g.rope(q, rows.data(), hp_.n_head, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base);
-      g.rope(k, rows.data(), hp_.n_head_kv, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base);
-      TensorId kc = g.external(s_.k_cache(layer_), s_.n_ctx(), kv_dim);
-      TensorId vc = g.external(s_.v_cache(layer_), s_.n_ctx(), kv_dim);
-      g.scatter_rows(k, rows.data(), kc);
-      g.scatter_rows(v, rows.data(), vc);
+      layer.rope_q(g.external(q_.data(), r, q_dim), rows.data());
+      layer.rope_k(k, rows.data());
+      g.scatter_rows(k, rows.data(), g.external(s_.k_cache(layer_), s_.n_ctx(), kv_dim));
+      g.scatter_rows(v, rows.data(), g.external(s_.v_cache(layer_), s_.n_ctx(), kv_dim));
       exec(g);
       // Straight to the backend, as Graph::execute would, so the output
       // lands in a_ for the next phase.
       for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
-        AttentionArgs args;
-        args.q = q_.data() + r0 * q_dim;
-        args.q_pos = rows.data() + r0;
-        args.n_q = std::min(kRowBatch, r - r0);
-        args.k = s_.k_cache(layer_);
-        args.v = s_.v_cache(layer_);
-        args.n_kv = n_kv;
-        args.n_head = hp_.n_head;
-        args.n_head_kv = hp_.n_head_kv;
-        args.head_dim = hp_.head_dim;
-        args.scale = 1.0f / std::sqrt(static_cast<float>(hp_.head_dim));
+        AttentionArgs args = attention_args(hp_, q_.data() + r0 * q_dim, rows.data() + r0,
+                                            std::min(kRowBatch, r - r0), s_.k_cache(layer_),
+                                            s_.v_cache(layer_), n_kv);
         args.out = a_.data() + r0 * q_dim;
         s_.backend().attention(args);
       }
@@ -123,9 +115,9 @@ class LayerRunner {
       for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
         const int64_t b = std::min(kRowBatch, r - r0);
         Graph g;
-        TensorId xt = g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd);
-        TensorId at = g.external(a_.data() + r0 * q_dim, b, q_dim);
-        g.add_into(xt, g.matmul(w.wo, at));
+        LlamaLayer(g, hp_, w).attention_output(
+            g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd),
+            g.external(a_.data() + r0 * q_dim, b, q_dim));
         exec(g);
       }
     });
@@ -133,10 +125,7 @@ class LayerRunner {
       for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
         const int64_t b = std::min(kRowBatch, r - r0);
         Graph g;
-        TensorId xt = g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd);
-        TensorId h2 = g.rmsnorm(xt, w.ffn_norm, hp_.rms_eps);
-        TensorId m = g.silu_mul(g.matmul(w.w_gate, h2), g.matmul(w.w_up, h2));
-        g.add_into(xt, g.matmul(w.w_down, m));
+        LlamaLayer(g, hp_, w).ffn(g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd));
         exec(g);
       }
     });

@@ -25,6 +25,7 @@
 #include "runtime/blend/layer_pipeline.h"
 #include "runtime/blend/selection.h"
 #include "runtime/graph.h"
+#include "runtime/llama_layer.h"
 
 namespace cb {
 
@@ -174,11 +175,11 @@ void FusedForward::project(int64_t layer) {
   for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
     const int64_t b = std::min(kRowBatch, r - r0);
     Graph g;
-    TensorId x = g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd);
-    TensorId h = g.rmsnorm(x, w.attn_norm, hp_.rms_eps);
-    g.matmul_into(w.wq, h, g.external(q_.data() + r0 * q_dim, b, q_dim));
-    g.matmul_into(w.wk, h, g.external(k_.data() + r0 * kv_dim, b, kv_dim));
-    g.matmul_into(w.wv, h, g.external(v_.data() + r0 * kv_dim, b, kv_dim));
+    LlamaLayer layer(g, hp_, w);
+    TensorId h = layer.attention_input(g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd));
+    layer.project_q(h, g.external(q_.data() + r0 * q_dim, b, q_dim));
+    layer.project_k(h, g.external(k_.data() + r0 * kv_dim, b, kv_dim));
+    layer.project_v(h, g.external(v_.data() + r0 * kv_dim, b, kv_dim));
     run_graph(g);
   }
   if (capture) {
@@ -194,18 +195,7 @@ void FusedForward::project(int64_t layer) {
 
 AttentionArgs FusedForward::question_rows(const float* q, const int32_t* pos, int64_t n_q,
                                           int64_t layer) {
-  AttentionArgs a;
-  a.q = q;
-  a.q_pos = pos;
-  a.n_q = n_q;
-  a.k = s_.k_cache(layer);
-  a.v = s_.v_cache(layer);
-  a.n_kv = n_;
-  a.n_head = hp_.n_head;
-  a.n_head_kv = hp_.n_head_kv;
-  a.head_dim = hp_.head_dim;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(hp_.head_dim));
-  return a;
+  return attention_args(hp_, q, pos, n_q, s_.k_cache(layer), s_.v_cache(layer), n_);
 }
 
 void FusedForward::deviation(int64_t layer, std::span<const int32_t> cand,
@@ -225,8 +215,7 @@ void FusedForward::deviation(int64_t layer, std::span<const int32_t> cand,
   if (with_k) {
     // The cache holds K rotated to its position: rotate the fresh K alike.
     be_.gather_rows(k_.data(), kv_dim, cand.data(), n_cand, fresh_.data());
-    be_.rope(fresh_.data(), cand_pos.data(), n_cand, hp_.n_head_kv, hp_.head_dim, hp_.rot_dim,
-             hp_.rope_freq_base);
+    rope_keys(be_, hp_, fresh_.data(), cand_pos.data(), n_cand);
     be_.gather_rows(s_.k_cache(layer), kv_dim, cand_pos.data(), n_cand, old_.data());
     be_.row_sq_diff(fresh_.data(), old_.data(), n_cand * parts, part_len,
                     dev_.data() + n_cand * parts);
@@ -274,15 +263,13 @@ void FusedForward::question_attention(int64_t layer, std::span<const int32_t> ca
   // layer: fresh where computed, cached elsewhere.
   old_.reserve(static_cast<size_t>(nu * kv_dim));
   be_.gather_rows(k_.data(), kv_dim, u_idx.data(), nu, old_.data());
-  be_.rope(old_.data(), u_pos.data(), nu, hp_.n_head_kv, hp_.head_dim, hp_.rot_dim,
-           hp_.rope_freq_base);
+  rope_keys(be_, hp_, old_.data(), u_pos.data(), nu);
   be_.scatter_rows(old_.data(), kv_dim, u_pos.data(), nu, s_.k_cache(layer));
   be_.gather_rows(v_.data(), kv_dim, u_idx.data(), nu, old_.data());
   be_.scatter_rows(old_.data(), kv_dim, u_pos.data(), nu, s_.v_cache(layer));
   fresh_.reserve(static_cast<size_t>(nq * q_dim));
   be_.gather_rows(q_.data(), q_dim, q_idx.data(), nq, fresh_.data());
-  be_.rope(fresh_.data(), q_pos.data(), nq, hp_.n_head, hp_.head_dim, hp_.rot_dim,
-           hp_.rope_freq_base);
+  rope_queries(be_, hp_, fresh_.data(), q_pos.data(), nq);
   std::vector<float> sums(static_cast<size_t>(n_), 0.0f);
   be_.attention_contributions(question_rows(fresh_.data(), q_pos.data(), nq, layer), sums.data());
   for (size_t j = 0; j < cand_pos.size(); ++j) score[j] = sums[cand_pos[j]];
@@ -367,11 +354,11 @@ void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
   // or before its position, all of which are in place.
   {
     Graph g;
-    TensorId q = g.external(q_.data(), r, q_dim);
+    LlamaLayer block(g, hp_, w);
     TensorId k = g.external(k_.data(), r, kv_dim);
     TensorId v = g.external(v_.data(), r, kv_dim);
-    g.rope(q, rows.data(), hp_.n_head, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base);
-    g.rope(k, rows.data(), hp_.n_head_kv, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base);
+    block.rope_q(g.external(q_.data(), r, q_dim), rows.data());
+    block.rope_k(k, rows.data());
     g.scatter_rows(k, rows.data(), g.external(s_.k_cache(layer), s_.n_ctx(), kv_dim));
     g.scatter_rows(v, rows.data(), g.external(s_.v_cache(layer), s_.n_ctx(), kv_dim));
     run_graph(g);
@@ -387,16 +374,13 @@ void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
   for (int64_t r0 = out_begin; r0 < r; r0 += kRowBatch) {
     const int64_t b = std::min(kRowBatch, r - r0);
     Graph g;
+    LlamaLayer block(g, hp_, w);
     TensorId x = g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd);
     TensorId q = g.external(q_.data() + r0 * q_dim, b, q_dim);
     TensorId kc = g.external(s_.k_cache(layer), s_.n_ctx(), kv_dim);
     TensorId vc = g.external(s_.v_cache(layer), s_.n_ctx(), kv_dim);
-    TensorId a =
-        g.attention(q, rows.data() + r0, kc, vc, n_, hp_.n_head, hp_.n_head_kv, hp_.head_dim);
-    g.add_into(x, g.matmul(w.wo, a));
-    TensorId h2 = g.rmsnorm(x, w.ffn_norm, hp_.rms_eps);
-    TensorId m = g.silu_mul(g.matmul(w.w_gate, h2), g.matmul(w.w_up, h2));
-    g.add_into(x, g.matmul(w.w_down, m));
+    block.attention_output(x, block.attention(q, rows.data() + r0, kc, vc, n_));
+    block.ffn(x);
     run_graph(g);
   }
 }
@@ -451,8 +435,8 @@ bool FusedForward::run(bool want_logits) {
     // rows is ascending and always holds n-1: its hidden state is the last.
     Graph g;
     TensorId last = g.external(x_.data() + (rows.size() - 1) * hp_.n_embd, 1, hp_.n_embd);
-    TensorId hn = g.rmsnorm(last, s_.model().output_norm(), hp_.rms_eps);
-    g.matmul_into(s_.output(), hn, g.external(s_.logits_buffer().data(), 1, hp_.n_vocab));
+    add_output_head(g, hp_, s_.model().output_norm(), s_.output(), last,
+                    g.external(s_.logits_buffer().data(), 1, hp_.n_vocab));
     run_graph(g);
   }
   return true;

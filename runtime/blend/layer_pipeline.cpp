@@ -4,6 +4,8 @@
 #include <chrono>
 #include <numeric>
 
+#include "runtime/llama_layer.h"
+
 namespace cb {
 namespace {
 
@@ -111,8 +113,7 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
     for (++c; c < chunks_.size() && chunks_[c].begin == end; ++c) end += chunks_[c].len;
     pos_.resize(static_cast<size_t>(end - begin));
     std::iota(pos_.begin(), pos_.end(), begin);
-    be.rope(kc + static_cast<int64_t>(begin) * kv_dim, pos_.data(), end - begin, hp.n_head_kv,
-            hp.head_dim, hp.rot_dim, hp.rope_freq_base);
+    rope_keys(be, hp, kc + static_cast<int64_t>(begin) * kv_dim, pos_.data(), end - begin);
   }
   st.rope_ms += ms_since(t1);
   if (staging_) {

@@ -1,0 +1,89 @@
+#include "runtime/llama_layer.h"
+
+#include <cmath>
+
+namespace cb {
+
+namespace {
+
+float attention_scale(const LlamaHparams& hp) {
+  return 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+}
+
+}  // namespace
+
+TensorId LlamaLayer::attention_input(TensorId x) {
+  return g_.rmsnorm(x, w_.attn_norm, hp_.rms_eps);
+}
+
+TensorId LlamaLayer::project(const WeightView& w, TensorId h, TensorId out) {
+  if (out == kNewTensor) return g_.matmul(w, h, mm_);
+  g_.matmul_into(w, h, out, mm_);
+  return out;
+}
+
+TensorId LlamaLayer::project_q(TensorId h, TensorId out) {
+  return project(w_.wq, h, out);
+}
+TensorId LlamaLayer::project_k(TensorId h, TensorId out) {
+  return project(w_.wk, h, out);
+}
+TensorId LlamaLayer::project_v(TensorId h, TensorId out) {
+  return project(w_.wv, h, out);
+}
+
+void LlamaLayer::rope_q(TensorId q, const int32_t* pos) {
+  g_.rope(q, pos, hp_.n_head, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base);
+}
+
+void LlamaLayer::rope_k(TensorId k, const int32_t* pos) {
+  g_.rope(k, pos, hp_.n_head_kv, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base);
+}
+
+TensorId LlamaLayer::attention(TensorId q, const int32_t* q_pos, TensorId k_cache, TensorId v_cache,
+                               int64_t n_kv) {
+  return g_.attention(q, q_pos, k_cache, v_cache, n_kv, hp_.n_head, hp_.n_head_kv, hp_.head_dim,
+                      attention_scale(hp_));
+}
+
+void LlamaLayer::attention_output(TensorId x, TensorId a) {
+  g_.add_into(x, g_.matmul(w_.wo, a, mm_));
+}
+
+void LlamaLayer::ffn(TensorId x) {
+  TensorId h = g_.rmsnorm(x, w_.ffn_norm, hp_.rms_eps);
+  TensorId m = g_.silu_mul(g_.matmul(w_.w_gate, h, mm_), g_.matmul(w_.w_up, h, mm_));
+  g_.add_into(x, g_.matmul(w_.w_down, m, mm_));
+}
+
+void add_output_head(Graph& g, const LlamaHparams& hp, const float* output_norm,
+                     const WeightView& output, TensorId x, TensorId logits, Graph::Precision mm) {
+  g.matmul_into(output, g.rmsnorm(x, output_norm, hp.rms_eps), logits, mm);
+}
+
+void rope_keys(Backend& be, const LlamaHparams& hp, float* k, const int32_t* pos, int64_t n) {
+  be.rope(k, pos, n, hp.n_head_kv, hp.head_dim, hp.rot_dim, hp.rope_freq_base);
+}
+
+void rope_queries(Backend& be, const LlamaHparams& hp, float* q, const int32_t* pos, int64_t n) {
+  be.rope(q, pos, n, hp.n_head, hp.head_dim, hp.rot_dim, hp.rope_freq_base);
+}
+
+AttentionArgs attention_args(const LlamaHparams& hp, const float* q, const int32_t* q_pos,
+                             int64_t n_q, const float* k_cache, const float* v_cache,
+                             int64_t n_kv) {
+  AttentionArgs a;
+  a.q = q;
+  a.q_pos = q_pos;
+  a.n_q = n_q;
+  a.k = k_cache;
+  a.v = v_cache;
+  a.n_kv = n_kv;
+  a.n_head = hp.n_head;
+  a.n_head_kv = hp.n_head_kv;
+  a.head_dim = hp.head_dim;
+  a.scale = attention_scale(hp);
+  return a;
+}
+
+}  // namespace cb

@@ -1,0 +1,78 @@
+// The Llama decoder block, written once.  Every forward pass of the runtime
+// builds its layers from these pieces: a session's prefill and decode
+// (session.cpp), the CacheBlend fusor (blend/fusor.cpp) and the layer bench
+// (bench/layer_bench.cpp).  A variant of the block (another architecture's
+// norms, biases or RoPE style) is a change here that every pass follows.
+//
+// One layer over rows x of the residual stream at positions pos:
+//   h = rmsnorm(x)                                   attention_input
+//   q, k, v = Wq h, Wk h, Wv h                       project_q, _k, _v
+//   q, k rotated to their positions                  rope_q, rope_k
+//   a = attention of q over the layer's KV cache     attention
+//   x += Wo a                                        attention_output
+//   x += Wdown (silu(Wgate h2) * Wup h2),  h2 = rmsnorm(x)    ffn
+// Split where callers work between the pieces: the session keeps only the
+// last row's query at the last layer, the fusor narrows its rows between
+// the projections and the attention, the bench times each piece.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/backend.h"
+#include "runtime/graph.h"
+#include "runtime/model.h"
+
+namespace cb {
+
+class LlamaLayer {
+ public:
+  // Adds the pieces to `g`; `mm` is the precision of every weight product
+  // (decode's int8 activations or f32).
+  LlamaLayer(Graph& g, const LlamaHparams& hp, const LayerWeights& w,
+             Graph::Precision mm = Graph::Precision::kF32)
+      : g_(g), hp_(hp), w_(w), mm_(mm) {}
+
+  TensorId attention_input(TensorId x);
+  // The projections of the normed rows h, into `out` (a tensor of h's rows)
+  // when one is given, else into a new tensor; returns where they are.
+  TensorId project_q(TensorId h, TensorId out = kNewTensor);
+  TensorId project_k(TensorId h, TensorId out = kNewTensor);
+  TensorId project_v(TensorId h, TensorId out = kNewTensor);
+  // In place: rows of q (k) rotated to the positions pos[0..rows).
+  void rope_q(TensorId q, const int32_t* pos);
+  void rope_k(TensorId k, const int32_t* pos);
+  // The queries q at positions q_pos over the first n_kv rows of the
+  // layer's caches (K rotated), causal by position.
+  TensorId attention(TensorId q, const int32_t* q_pos, TensorId k_cache, TensorId v_cache,
+                     int64_t n_kv);
+  void attention_output(TensorId x, TensorId a);  // x += Wo a
+  void ffn(TensorId x);                           // x += the feed-forward of rmsnorm(x)
+
+  static constexpr TensorId kNewTensor = -1;
+
+ private:
+  TensorId project(const WeightView& w, TensorId h, TensorId out);
+
+  Graph& g_;
+  const LlamaHparams& hp_;
+  const LayerWeights& w_;
+  Graph::Precision mm_;
+};
+
+// After the last layer: the logits (a 1 x n_vocab tensor) of the single row x.
+void add_output_head(Graph& g, const LlamaHparams& hp, const float* output_norm,
+                     const WeightView& output, TensorId x, TensorId logits,
+                     Graph::Precision mm = Graph::Precision::kF32);
+
+// The rotations of rope_k / rope_q on rows in backend memory, outside a
+// graph: cached chunk K placed at its positions in the request, fresh rows
+// compared with cached ones.  Bitwise the same as the graph's.
+void rope_keys(Backend& be, const LlamaHparams& hp, float* k, const int32_t* pos, int64_t n);
+void rope_queries(Backend& be, const LlamaHparams& hp, float* q, const int32_t* pos, int64_t n);
+
+// The attention of LlamaLayer::attention as Backend arguments, for callers
+// that call the backend directly (out is left for the caller).
+AttentionArgs attention_args(const LlamaHparams& hp, const float* q, const int32_t* q_pos,
+                             int64_t n_q, const float* k_cache, const float* v_cache, int64_t n_kv);
+
+}  // namespace cb
