@@ -1,0 +1,303 @@
+#include "runtime/blend/fused_forward.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "runtime/blend/selection.h"
+#include "runtime/llama_layer.h"
+
+namespace cb {
+
+void FusedForward::run_graph(Graph& g) {
+  // One arena for the whole request, grown on demand: a layer's
+  // intermediates are dead once its graph has run.
+  arena_.reserve((g.plan() + sizeof(float) - 1) / sizeof(float));
+  g.execute(be_, arena_.data(), 0, SIZE_MAX, s_.stop_check());
+}
+
+void FusedForward::resize_buffers() {
+  const size_t r = rows.size();
+  q_.reserve(r * static_cast<size_t>(hp_.n_head * hp_.head_dim));
+  k_.reserve(r * static_cast<size_t>(hp_.kv_dim()));
+  v_.reserve(r * static_cast<size_t>(hp_.kv_dim()));
+}
+
+void FusedForward::project(int64_t layer) {
+  const LayerWeights& w = s_.layer_weights()[static_cast<size_t>(layer)];
+  const int64_t r = static_cast<int64_t>(rows.size());
+  const int64_t q_dim = hp_.n_head * hp_.head_dim, kv_dim = hp_.kv_dim();
+  // Row batches keep the intermediates cache-sized (rows are independent here).
+  for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
+    const int64_t b = std::min(kRowBatch, r - r0);
+    Graph g;
+    LlamaLayer layer(g, hp_, w);
+    TensorId h = layer.attention_input(g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd));
+    layer.project_q(h, g.external(q_.data() + r0 * q_dim, b, q_dim));
+    layer.project_k(h, g.external(k_.data() + r0 * kv_dim, b, kv_dim));
+    layer.project_v(h, g.external(v_.data() + r0 * kv_dim, b, kv_dim));
+    run_graph(g);
+  }
+  if (capture) {
+    // Rows are all positions here (capture runs a plain prefill); keep the
+    // chunk's part, K still un-rotated.  The graphs have run to completion,
+    // so the host may read the backend buffers.
+    const size_t off = static_cast<size_t>(capture_begin * kv_dim);
+    const size_t len = static_cast<size_t>((n_ - capture_begin) * kv_dim);
+    std::memcpy(capture->k_layer(static_cast<int>(layer)), k_.data() + off, len * sizeof(float));
+    std::memcpy(capture->v_layer(static_cast<int>(layer)), v_.data() + off, len * sizeof(float));
+  }
+}
+
+AttentionArgs FusedForward::question_rows(const float* q, const int32_t* pos, int64_t n_q,
+                                          int64_t layer) {
+  return attention_args(hp_, q, pos, n_q, s_.k_cache(layer), s_.v_cache(layer), n_);
+}
+
+void FusedForward::deviation(int64_t layer, std::span<const int32_t> cand,
+                             std::span<const int32_t> cand_pos, bool with_k,
+                             std::vector<float>& score) {
+  const int64_t kv_dim = hp_.kv_dim(), n_cand = static_cast<int64_t>(cand.size());
+  // Per KV head when K joins: the heads' scales differ, so each head's
+  // deviation is taken relative to its mean over the candidates.
+  const int64_t parts = with_k ? hp_.n_head_kv : 1, part_len = kv_dim / parts;
+  fresh_.reserve(static_cast<size_t>(n_cand * kv_dim));
+  old_.reserve(static_cast<size_t>(n_cand * kv_dim));
+  dev_.reserve(static_cast<size_t>(2 * n_cand * parts));
+  // The cached layer was loaded before this step; fresh rows are in v_/k_.
+  be_.gather_rows(v_.data(), kv_dim, cand.data(), n_cand, fresh_.data());
+  be_.gather_rows(s_.v_cache(layer), kv_dim, cand_pos.data(), n_cand, old_.data());
+  be_.row_sq_diff(fresh_.data(), old_.data(), n_cand * parts, part_len, dev_.data());
+  if (with_k) {
+    // The cache holds K rotated to its position: rotate the fresh K alike.
+    be_.gather_rows(k_.data(), kv_dim, cand.data(), n_cand, fresh_.data());
+    rope_keys(be_, hp_, fresh_.data(), cand_pos.data(), n_cand);
+    be_.gather_rows(s_.k_cache(layer), kv_dim, cand_pos.data(), n_cand, old_.data());
+    be_.row_sq_diff(fresh_.data(), old_.data(), n_cand * parts, part_len,
+                    dev_.data() + n_cand * parts);
+  }
+  // One row of 2 x n_cand x parts floats, brought to the host.
+  const int32_t zero = 0;
+  std::vector<float> d(static_cast<size_t>((with_k ? 2 : 1) * n_cand * parts));
+  be_.gather_rows(dev_.data(), static_cast<int64_t>(d.size()), &zero, 1, d.data());
+  score.assign(static_cast<size_t>(n_cand), 0.0f);
+  if (!with_k) {
+    std::copy(d.begin(), d.end(), score.begin());
+    return;
+  }
+  for (int64_t block = 0; block < 2; ++block) {
+    const float* dv = d.data() + block * n_cand * parts;
+    for (int64_t h = 0; h < parts; ++h) {
+      double mean = 0.0;
+      for (int64_t j = 0; j < n_cand; ++j) mean += dv[j * parts + h];
+      mean /= static_cast<double>(n_cand);
+      if (mean <= 0.0) continue;
+      for (int64_t j = 0; j < n_cand; ++j) score[j] += static_cast<float>(dv[j * parts + h] / mean);
+    }
+  }
+}
+
+void FusedForward::question_attention(int64_t layer, std::span<const int32_t> cand_pos,
+                                      std::vector<float>& score) {
+  const int64_t q_dim = hp_.n_head * hp_.head_dim, kv_dim = hp_.kv_dim();
+  std::vector<int32_t> q_idx, q_pos, u_idx, u_pos;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] >= query_begin) {
+      q_idx.push_back(static_cast<int32_t>(i));
+      q_pos.push_back(rows[i]);
+    }
+    if (!is_cached[rows[i]]) {
+      u_idx.push_back(static_cast<int32_t>(i));
+      u_pos.push_back(rows[i]);
+    }
+  }
+  score.assign(cand_pos.size(), 0.0f);
+  if (q_idx.empty()) return;
+  const int64_t nq = static_cast<int64_t>(q_idx.size()), nu = static_cast<int64_t>(u_idx.size());
+  // The uncached rows' K and V go into the cache now (attend_and_ffn
+  // writes the same values again), so the question sees every key of this
+  // layer: fresh where computed, cached elsewhere.
+  old_.reserve(static_cast<size_t>(nu * kv_dim));
+  be_.gather_rows(k_.data(), kv_dim, u_idx.data(), nu, old_.data());
+  rope_keys(be_, hp_, old_.data(), u_pos.data(), nu);
+  be_.scatter_rows(old_.data(), kv_dim, u_pos.data(), nu, s_.k_cache(layer));
+  be_.gather_rows(v_.data(), kv_dim, u_idx.data(), nu, old_.data());
+  be_.scatter_rows(old_.data(), kv_dim, u_pos.data(), nu, s_.v_cache(layer));
+  fresh_.reserve(static_cast<size_t>(nq * q_dim));
+  be_.gather_rows(q_.data(), q_dim, q_idx.data(), nq, fresh_.data());
+  rope_queries(be_, hp_, fresh_.data(), q_pos.data(), nq);
+  std::vector<float> sums(static_cast<size_t>(n_), 0.0f);
+  be_.attention_contributions(question_rows(fresh_.data(), q_pos.data(), nq, layer), sums.data());
+  for (size_t j = 0; j < cand_pos.size(); ++j) score[j] = sums[cand_pos[j]];
+}
+
+void FusedForward::select(int64_t layer, float ratio, bool first, bool projected) {
+  // Candidates: the reused rows still carried whose KV is not exact and not
+  // always computed.  The last position is always kept: its logits are the
+  // request's output.
+  std::vector<int32_t> cand;  // indices into rows
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int32_t p = rows[i];
+    if (is_cached[p] && !keep_always[p] && !exact[p] && p != n_ - 1)
+      cand.push_back(static_cast<int32_t>(i));
+  }
+  const int64_t n_cand = static_cast<int64_t>(cand.size());
+  const double r = std::min(1.0, static_cast<double>(ratio) * ratio_scale);
+  const int64_t k = std::min<int64_t>(
+      static_cast<int64_t>(std::llround(r * static_cast<double>(n_reused))), n_cand);
+  std::vector<uint8_t> chosen(rows.size(), 0);
+  if (k >= n_cand) {
+    // Every candidate stays; only the rows whose cached KV is exact leave.
+    for (int32_t i : cand) chosen[i] = 1;
+  } else {
+    choose(layer, first, cand, k, chosen);
+  }
+  std::vector<int32_t> keep_idx;  // indices into rows, ascending
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (keep_always[rows[i]] || rows[i] == n_ - 1 || chosen[i])
+      keep_idx.push_back(static_cast<int32_t>(i));
+  const int64_t r_kept = static_cast<int64_t>(keep_idx.size());
+  if (r_kept == static_cast<int64_t>(rows.size())) return;
+  auto narrow = [&](BackendFloats& buf, int64_t dim) {
+    scratch_.reserve(static_cast<size_t>(r_kept * dim));
+    be_.gather_rows(buf.data(), dim, keep_idx.data(), r_kept, scratch_.data());
+    std::swap(buf, scratch_);
+  };
+  narrow(x_, hp_.n_embd);
+  if (projected) {
+    narrow(q_, hp_.n_head * hp_.head_dim);
+    narrow(k_, hp_.kv_dim());
+    narrow(v_, hp_.kv_dim());
+  }
+  std::vector<int32_t> new_rows(static_cast<size_t>(r_kept));
+  for (int64_t i = 0; i < r_kept; ++i) new_rows[i] = rows[keep_idx[i]];
+  rows.swap(new_rows);
+}
+
+void FusedForward::choose(int64_t layer, bool first, const std::vector<int32_t>& cand, int64_t k,
+                          std::vector<uint8_t>& chosen) {
+  std::vector<int32_t> cand_pos(cand.size());
+  for (size_t j = 0; j < cand.size(); ++j) cand_pos[j] = rows[cand[j]];
+  std::vector<float> score;
+  if (first && !prior.empty()) {
+    score.resize(cand.size());
+    for (size_t j = 0; j < cand.size(); ++j) score[j] = prior[cand_pos[j]];
+  } else if (first && selection == Selection::kAttention) {
+    question_attention(layer, cand_pos, score);
+  } else {
+    deviation(layer, cand, cand_pos, first && selection == Selection::kHkvdKv, score);
+  }
+  const int64_t max_k =
+      first && guard_share > 0.0f
+          ? static_cast<int64_t>(std::llround(guard_max_ratio * static_cast<double>(n_reused)))
+          : k;
+  const TokenChoice choice = choose_tokens(score, k, first ? guard_share : 0.0, max_k);
+  if (first) {
+    selected_share = choice.share;
+    guard_raised = choice.raised;
+    if (choice.raised && k > 0)
+      ratio_scale = static_cast<double>(choice.chosen.size()) / static_cast<double>(k);
+  }
+  for (int32_t t : choice.chosen) chosen[cand[t]] = 1;
+}
+
+void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
+  const LayerWeights& w = s_.layer_weights()[static_cast<size_t>(layer)];
+  const int64_t r = static_cast<int64_t>(rows.size());
+  const int64_t q_dim = hp_.n_head * hp_.head_dim, kv_dim = hp_.kv_dim();
+  // First every carried row's K and V go into the cache, so that the
+  // attention below may then run in row batches: a query only needs keys at
+  // or before its position, all of which are in place.
+  {
+    Graph g;
+    LlamaLayer block(g, hp_, w);
+    TensorId k = g.external(k_.data(), r, kv_dim);
+    TensorId v = g.external(v_.data(), r, kv_dim);
+    block.rope_q(g.external(q_.data(), r, q_dim), rows.data());
+    block.rope_k(k, rows.data());
+    g.scatter_rows(k, rows.data(), g.external(s_.k_cache(layer), s_.n_ctx(), kv_dim));
+    g.scatter_rows(v, rows.data(), g.external(s_.v_cache(layer), s_.n_ctx(), kv_dim));
+    run_graph(g);
+  }
+  if (attention_by_layer) {
+    // The layer's keys are all in place now; the question's rows are last.
+    const int64_t i0 = std::lower_bound(rows.begin(), rows.end(), query_begin) - rows.begin();
+    if (i0 < r)
+      be_.attention_contributions(
+          question_rows(q_.data() + i0 * q_dim, rows.data() + i0, r - i0, layer),
+          attention_by_layer->data() + layer * n_);
+  }
+  for (int64_t r0 = out_begin; r0 < r; r0 += kRowBatch) {
+    const int64_t b = std::min(kRowBatch, r - r0);
+    Graph g;
+    LlamaLayer block(g, hp_, w);
+    TensorId x = g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd);
+    TensorId q = g.external(q_.data() + r0 * q_dim, b, q_dim);
+    TensorId kc = g.external(s_.k_cache(layer), s_.n_ctx(), kv_dim);
+    TensorId vc = g.external(s_.v_cache(layer), s_.n_ctx(), kv_dim);
+    block.attention_output(x, block.attention(q, rows.data() + r0, kc, vc, n_));
+    block.ffn(x);
+    run_graph(g);
+  }
+}
+
+bool FusedForward::layers(LayerPipeline& loads, bool want_logits) {
+  size_t next_check = 0;
+  for (int64_t l = 0; l < hp_.n_layer; ++l) {
+    if (!loads.synchronize(l)) {
+      failed_chunk = loads.failed_chunk();
+      return false;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool check = next_check < schedule.size() && schedule[next_check].layer == l;
+    // A ranking known before the pass needs no fresh KV: the rows narrow
+    // before their projections, so the dropped ones cost nothing here.
+    const bool ranked = check && next_check == 0 && !prior.empty();
+    if (ranked) select(l, schedule[next_check++].ratio, true, false);
+    resize_buffers();
+    project(l);
+    if (check && !ranked) {
+      select(l, schedule[next_check].ratio, next_check == 0, true);
+      ++next_check;
+    }
+    rows_per_layer.push_back(static_cast<int64_t>(rows.size()));
+    // After the last layer only the last row's hidden state is read (the
+    // logits), and only when they are wanted.
+    const int64_t n_rows = static_cast<int64_t>(rows.size());
+    attend_and_ffn(l, l + 1 < hp_.n_layer ? 0 : want_logits ? n_rows - 1 : n_rows);
+    layer_ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return true;
+}
+
+bool FusedForward::run(bool want_logits) {
+  x_.reserve(rows.size() * static_cast<size_t>(hp_.n_embd));
+  {
+    std::vector<int32_t> ids(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) ids[i] = tokens_[rows[i]];
+    be_.get_rows(s_.token_embd(), ids.data(), static_cast<int64_t>(ids.size()), x_.data());
+  }
+  {
+    // The loader starts as soon as the pipeline exists and is joined when it
+    // goes out of scope, also when a layer throws.
+    LayerPipeline loads(s_, cached, pipeline);
+    const bool ok = layers(loads, want_logits);
+    loads.finish();
+    load_stats = loads.stats();
+    if (!ok) return false;
+  }
+  if (want_logits) {
+    // rows is ascending and always holds n-1: its hidden state is the last.
+    Graph g;
+    TensorId last = g.external(x_.data() + (rows.size() - 1) * hp_.n_embd, 1, hp_.n_embd);
+    add_output_head(g, hp_, s_.model().output_norm(), s_.output(), last,
+                    g.external(s_.logits_buffer().data(), 1, hp_.n_vocab));
+    run_graph(g);
+  }
+  return true;
+}
+
+}  // namespace cb
