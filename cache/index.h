@@ -2,7 +2,7 @@
 // with its full key, shape, blob file name, size, LRU clock and pin flag, and
 // one row per layer segment (offset, size, checksum).
 //
-// Not thread-safe: ChunkStore serializes calls with its own mutex.  Several
+// Not thread-safe: FlashStore serializes calls with its own mutex.  Several
 // processes may use one index file; writes take SQLite's write lock with
 // BEGIN IMMEDIATE and wait up to the busy timeout for it.
 #pragma once

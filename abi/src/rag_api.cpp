@@ -280,7 +280,7 @@ cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const c
         s.truncate(0);  // the session is left empty whatever happened
         throw;
       }
-      if (cb::cache::ChunkStore* store = cache->impl->store()) {
+      if (cb::cache::FlashStore* store = cache->impl->store()) {
         // Written now, not queued like a request's misses: an ingest step
         // adds many chunks quickly and must not lose any to a full
         // write-back queue, and the chunk must be found right after.

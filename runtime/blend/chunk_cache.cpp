@@ -20,7 +20,7 @@ ChunkCache::ChunkCache() = default;
 ChunkCache::ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
                        double assumed_read_bytes_per_sec)
     : flash_(std::make_unique<FlashChunkStore>(
-          std::shared_ptr<cache::ChunkStore>(cache::ChunkStore::open(dir, opts)))),
+          std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir, opts)))),
       assumed_read_bytes_per_sec_(assumed_read_bytes_per_sec) {}
 
 ChunkCache::~ChunkCache() {

@@ -10,10 +10,10 @@
 #include <span>
 #include <string>
 
-#include "cache/chunk_store.h"
+#include "cache/flash_store.h"
 #include "cache/write_back_queue.h"
 #include "runtime/blend/calibration.h"
-#include "runtime/blend/chunk_table.h"
+#include "runtime/blend/chunk_store.h"
 #include "runtime/blend/flash_chunk_store.h"
 #include "runtime/blend/loading_controller.h"
 #include "runtime/blend/rag_request.h"
@@ -36,10 +36,10 @@ class ChunkCache {
   ChunkCache(const ChunkCache&) = delete;
   ChunkCache& operator=(const ChunkCache&) = delete;
 
-  ChunkKvStore& kv() { return flash_ ? static_cast<ChunkKvStore&>(*flash_) : table_; }
+  ChunkStore& kv() { return flash_ ? static_cast<ChunkStore&>(*flash_) : table_; }
   // The store on flash; null in RAM.
-  cache::ChunkStore* store() { return flash_ ? &flash_->store() : nullptr; }
-  const cache::ChunkStore* store() const { return flash_ ? &flash_->store() : nullptr; }
+  cache::FlashStore* store() { return flash_ ? &flash_->store() : nullptr; }
+  const cache::FlashStore* store() const { return flash_ ? &flash_->store() : nullptr; }
   // Entries and bytes; on flash the store's whole statistics.
   cache::StoreStats stats() const;
   void clear();
@@ -60,7 +60,7 @@ class ChunkCache {
  private:
   LoadingController& controller_for(Session& s, const std::string& device);
 
-  MemoryChunkTable table_;
+  RamChunkStore table_;
   std::unique_ptr<FlashChunkStore> flash_;
   double assumed_read_bytes_per_sec_ = 0.0;
   std::mutex auto_mu_;  // serializes auto-ratio requests: the controller learns from each

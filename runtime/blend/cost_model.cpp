@@ -7,7 +7,7 @@
 #include <limits>
 #include <numeric>
 
-#include "cache/chunk_store.h"
+#include "cache/flash_store.h"
 #include "platform/error.h"
 #include "runtime/session.h"
 
@@ -137,7 +137,7 @@ double load_seconds(double bytes, const StorageTier& tier, double decode_s_per_b
   return read + bytes * decode_s_per_byte;
 }
 
-StoreProbe probe_store_load(cache::ChunkStore& store, const cache::ChunkHandle& handle) {
+StoreProbe probe_store_load(cache::FlashStore& store, const cache::ChunkHandle& handle) {
   const size_t n = static_cast<size_t>(handle.shape().layer_floats());
   std::vector<float> k(n), v(n);
   const cache::StoreStats before = store.stats();

@@ -15,7 +15,7 @@ namespace cb {
 
 class Session;
 namespace cache {
-class ChunkStore;
+class FlashStore;
 class ChunkHandle;
 }  // namespace cache
 
@@ -92,6 +92,6 @@ struct StoreProbe {
 // cb::Error(kIo) if a layer cannot be read (the store dropped the entry).
 // The counters are per store object: a concurrent reader of the same store
 // blurs the measurement, so probe when the store is otherwise idle.
-StoreProbe probe_store_load(cache::ChunkStore& store, const cache::ChunkHandle& handle);
+StoreProbe probe_store_load(cache::FlashStore& store, const cache::ChunkHandle& handle);
 
 }  // namespace cb

@@ -5,7 +5,7 @@ namespace {
 
 class FlashChunkSource final : public ChunkLayerSource {
  public:
-  FlashChunkSource(std::shared_ptr<cache::ChunkStore> store, cache::ChunkHandle handle)
+  FlashChunkSource(std::shared_ptr<cache::FlashStore> store, cache::ChunkHandle handle)
       : store_(std::move(store)), handle_(std::move(handle)) {}
   bool fetch_layer(int64_t layer, float* k, float* v) override {
     // A corrupt or truncated segment is dropped by the store and reported as
@@ -20,7 +20,7 @@ class FlashChunkSource final : public ChunkLayerSource {
   std::optional<cache::Codec> codec() const override { return handle_.codec(); }
 
  private:
-  std::shared_ptr<cache::ChunkStore> store_;
+  std::shared_ptr<cache::FlashStore> store_;
   cache::ChunkHandle handle_;
 };
 

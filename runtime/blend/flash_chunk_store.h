@@ -1,4 +1,4 @@
-// The fusor's ChunkKvStore over the chunk-KV store on flash (cache/): lookups
+// The chunk store on flash: a ChunkStore over cache::FlashStore.  Lookups
 // read the SQLite index, layers are read (and decoded) one at a time as the
 // fusor asks for them, and new chunks are written back asynchronously so a
 // miss never waits for the disk.
@@ -6,29 +6,30 @@
 
 #include <memory>
 
-#include "cache/chunk_store.h"
-#include "runtime/blend/chunk_table.h"
+#include "cache/flash_store.h"
+#include "runtime/blend/chunk_store.h"
 
 namespace cb {
 
-class FlashChunkStore final : public ChunkKvStore {
+class FlashChunkStore final : public ChunkStore {
  public:
-  explicit FlashChunkStore(std::shared_ptr<cache::ChunkStore> store) : store_(std::move(store)) {}
+  explicit FlashChunkStore(std::shared_ptr<cache::FlashStore> store) : store_(std::move(store)) {}
   std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) override;
   // Queued for write-back; dropped (and counted in the store's stats) when
   // the queue is full, since the request already has the KV it needs.
   void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
   // After the write-backs queued before it (one of them may be this key's),
-  // the entry and its blob go (cache::ChunkStore::evict).
+  // the entry and its blob go (cache::FlashStore::evict).
   bool remove(const cache::ChunkKey& key) override {
     store_->flush();
     return store_->evict(key);
   }
-  cache::ChunkStore& store() { return *store_; }
-  const cache::ChunkStore& store() const { return *store_; }
+  const cache::FlashStore* storage() const override { return store_.get(); }
+  cache::FlashStore& store() { return *store_; }
+  const cache::FlashStore& store() const { return *store_; }
 
  private:
-  std::shared_ptr<cache::ChunkStore> store_;
+  std::shared_ptr<cache::FlashStore> store_;
 };
 
 }  // namespace cb

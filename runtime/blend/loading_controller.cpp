@@ -203,7 +203,7 @@ Calibration load_or_probe_compute(CalibrationDb& db, const std::string& device, 
 }
 
 StoreProbe calibrate_tier(Calibration& cal, const std::string& name, int cost_rank,
-                          cache::ChunkStore& store, const cache::ChunkHandle& handle) {
+                          cache::FlashStore& store, const cache::ChunkHandle& handle) {
   StoreProbe p = probe_store_load(store, handle);
   const CalibratedTier* t = cal.find_tier(name);
   if (!t || !t->pinned) cal.set_tier({{name, p.read_bytes_per_s, cost_rank}, 0, false});

@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/chunk_store.h"
+#include "cache/flash_store.h"
 #include "runtime/blend/blend_options.h"
 #include "runtime/blend/calibration.h"
 #include "runtime/blend/fusor.h"
@@ -155,6 +155,6 @@ Calibration load_or_probe_compute(CalibrationDb& db, const std::string& device, 
 // and sets the tier's read throughput and the chunk codec's decode cost in
 // `cal`, unless pinned.
 StoreProbe calibrate_tier(Calibration& cal, const std::string& name, int cost_rank,
-                          cache::ChunkStore& store, const cache::ChunkHandle& handle);
+                          cache::FlashStore& store, const cache::ChunkHandle& handle);
 
 }  // namespace cb

@@ -4,7 +4,6 @@
 #include <chrono>
 
 #include "platform/error.h"
-#include "runtime/blend/flash_chunk_store.h"
 
 namespace cb {
 
@@ -96,7 +95,7 @@ void check_rag_request_fits(const Session& s, const RagPrompt& prompt, ChunkHead
              "), more than the session's context of " + std::to_string(n_ctx) + " tokens");
 }
 
-std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvStore* store,
+std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkStore* store,
                                    const RagPrefillOptions& opts, RagPrefillStats* stats) {
   check_rag_request_fits(s, prompt, opts.chunk_head);
   RagPrefillStats local;
@@ -178,11 +177,11 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvS
   BlendOptions blend = opts.blend;
   blend.schedule = schedule_with_ratio(blend.schedule, choice.ratio);
   if (choice.skip_loads) blend.mode = BlendMode::kFull;
-  auto* flash = dynamic_cast<FlashChunkStore*>(store);
-  const cache::StoreStats before = flash ? flash->store().stats() : cache::StoreStats{};
+  const cache::FlashStore* flash = store != nullptr ? store->storage() : nullptr;
+  const cache::StoreStats before = flash ? flash->stats() : cache::StoreStats{};
   auto logits = fuse_prefill(s, segments, blend, &st.fusion, opts.pipeline);
   if (st.fusion.chunks_recomputed == 0) opts.controller->observe_fusion(shape, st.fusion);
-  if (flash) opts.controller->observe_store(opts.storage_tier, before, flash->store().stats());
+  if (flash) opts.controller->observe_store(opts.storage_tier, before, flash->stats());
   st.shape = std::move(shape);
   st.choice = choice;
   count_unreadable_as_misses(st);

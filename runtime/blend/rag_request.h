@@ -1,7 +1,7 @@
 // A retrieval-augmented request as the fusor sees it: the prompt head P, the
 // retrieved chunks (each tokenized on its own, so the request's tokens are
 // exactly their concatenation) and the suffix S; and the prefill that looks
-// every chunk's KV up in a ChunkKvStore, computes and stores the missing
+// every chunk's KV up in a ChunkStore, computes and stores the missing
 // ones, then fuses.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/blend/chunk_table.h"
+#include "runtime/blend/chunk_store.h"
 #include "runtime/blend/fusor.h"
 #include "runtime/blend/loading_controller.h"
 #include "runtime/model.h"
@@ -48,7 +48,7 @@ const char* chunk_head_name(ChunkHead h);
 // kPrompt, nothing for kNone.
 std::vector<int32_t> chunk_head_tokens(ChunkHead h, std::span<const int32_t> prompt_head);
 
-// The key of a chunk's KV in a ChunkKvStore.  `head_tokens` are the
+// The key of a chunk's KV in a ChunkStore.  `head_tokens` are the
 // chunk_head_tokens(); they are named by content in the key, so a changed
 // system prompt never serves KV computed after another one.  rag_prefill
 // uses this, and so must anything else that stores or finds chunks.
@@ -65,8 +65,8 @@ struct RagPrefillOptions {
   // ratio from the bytes this request loads and the calibrated costs, and
   // it replaces the schedule's last ratio (schedule_with_ratio).  The
   // request's timings then refresh the controller's calibration (the store's
-  // counters too, when `store` is a FlashChunkStore).  Null: the schedule's
-  // ratios as given.
+  // counters too, when `store` reads from storage: ChunkStore::storage()).
+  // Null: the schedule's ratios as given.
   LoadingController* controller = nullptr;
   // The floor of the controller's ratio for this request; none: the
   // controller's own r_min.
@@ -93,7 +93,7 @@ void check_rag_request_fits(const Session& s, const RagPrompt& prompt, ChunkHead
 // Prefills the empty session `s` with the request and returns the last
 // token's logits; first check_rag_request_fits().  `store` may be null in full mode.  Chunks
 // missing from the store are computed (in `s`, before the fusion) and stored.
-std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkKvStore* store,
+std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkStore* store,
                                    const RagPrefillOptions& opts, RagPrefillStats* stats = nullptr);
 
 }  // namespace cb

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cache/chunk_kv.h"
-#include "cache/chunk_store.h"
+#include "cache/flash_store.h"
 #include "platform/half.h"
 
 namespace cb::cache::testing {
@@ -86,7 +86,7 @@ inline ChunkKey make_key(const std::vector<int32_t>& tokens, Codec codec = Codec
 }
 
 // Every layer of a hit, or nullopt if any layer failed.
-inline std::optional<ChunkKV> fetch_all(ChunkStore& store, const ChunkHandle& h) {
+inline std::optional<ChunkKV> fetch_all(FlashStore& store, const ChunkHandle& h) {
   ChunkKV out(h.shape());
   for (int l = 0; l < h.n_layers(); ++l) {
     if (!store.fetch_layer(h, l, out.k_layer(l), out.v_layer(l))) return std::nullopt;

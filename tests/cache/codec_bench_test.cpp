@@ -9,8 +9,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "cache/chunk_store.h"
 #include "cache/codec.h"
+#include "cache/flash_store.h"
 #include "cache_test_util.h"
 #include "platform/half.h"
 
@@ -105,7 +105,7 @@ TEST(CodecBench, DISABLED_StoreFetchWarm) {
       TempDir dir;
       StoreOptions opt;
       opt.zstd_level = level;
-      auto store = ChunkStore::open(dir.path(), opt);
+      auto store = FlashStore::open(dir.path(), opt);
       const ChunkKey key = make_key(make_tokens(kShape.n_tokens, 1), c);
       ASSERT_EQ(store->put(key, kv.view()), PutResult::kStored);
       ChunkKV out(kShape);

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "cache/chunk_store.h"
+#include "cache/flash_store.h"
 #include "cache/write_back_queue.h"
 #include "cache_test_util.h"
 
@@ -70,7 +70,7 @@ TEST(WriteBackQueue, DestructorDrainsPendingJobs) {
 
 TEST(AsyncPut, FlushMakesEntriesVisible) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(store->put_async(key_for(i), kv_for(i)));
   store->flush();
   for (int i = 0; i < 10; ++i) {
@@ -87,16 +87,16 @@ TEST(AsyncPut, FlushMakesEntriesVisible) {
 TEST(AsyncPut, CloseFlushesPendingWrites) {
   TempDir dir;
   {
-    auto store = ChunkStore::open(dir.path());
+    auto store = FlashStore::open(dir.path());
     for (int i = 0; i < 6; ++i) ASSERT_TRUE(store->put_async(key_for(i), kv_for(i)));
   }
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   EXPECT_EQ(store->stats().entries, 6u);
 }
 
 TEST(AsyncPut, FailuresAreCountedNotThrown) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   ChunkKV bad = kv_for(0);
   bad.k[3] = INFINITY;
   ASSERT_TRUE(store->put_async(key_for(0), std::move(bad)));
@@ -111,7 +111,7 @@ TEST(AsyncPut, FullQueueDropsAndCounts) {
   TempDir dir;
   StoreOptions opt;
   opt.write_back_depth = 1;
-  auto store = ChunkStore::open(dir.path(), opt);
+  auto store = FlashStore::open(dir.path(), opt);
   int accepted = 0;
   for (int i = 0; i < 30; ++i) accepted += store->put_async(key_for(i), kv_for(i));
   store->flush();
@@ -123,7 +123,7 @@ TEST(AsyncPut, FullQueueDropsAndCounts) {
 
 // Readers check every byte they get against the data the key implies, while
 // a writer adds entries and an evictor removes them.
-void hammer(ChunkStore& writer_store, ChunkStore& reader_store, int n_keys) {
+void hammer(FlashStore& writer_store, FlashStore& reader_store, int n_keys) {
   std::atomic<bool> stop{false};
   std::atomic<int> written{0}, bad{0}, hits{0};
   std::thread writer([&] {
@@ -159,14 +159,14 @@ void hammer(ChunkStore& writer_store, ChunkStore& reader_store, int n_keys) {
 
 TEST(Concurrency, ReadersAndAWriterOnOneStore) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   hammer(*store, *store, 60);
 }
 
 TEST(Concurrency, TwoStoreObjectsOnOneDirectory) {
   TempDir dir;
-  auto a = ChunkStore::open(dir.path());
-  auto b = ChunkStore::open(dir.path());
+  auto a = FlashStore::open(dir.path());
+  auto b = FlashStore::open(dir.path());
   hammer(*a, *b, 60);
   // Both see the same index.
   EXPECT_EQ(a->stats().entries, b->stats().entries);
@@ -174,7 +174,7 @@ TEST(Concurrency, TwoStoreObjectsOnOneDirectory) {
 
 TEST(Concurrency, OpeningWhileAnotherObjectWritesLosesNothing) {
   TempDir dir;
-  auto a = ChunkStore::open(dir.path());
+  auto a = FlashStore::open(dir.path());
   std::atomic<bool> done{false};
   std::thread writer([&] {
     for (int i = 0; i < 40; ++i)
@@ -182,9 +182,9 @@ TEST(Concurrency, OpeningWhileAnotherObjectWritesLosesNothing) {
     done = true;
   });
   // Each open() runs orphan reconciliation against the writer's in-flight blobs.
-  while (!done) ChunkStore::open(dir.path());
+  while (!done) FlashStore::open(dir.path());
   writer.join();
-  auto b = ChunkStore::open(dir.path());
+  auto b = FlashStore::open(dir.path());
   for (int i = 0; i < 40; ++i) {
     auto h = b->lookup(key_for(i));
     ASSERT_TRUE(h) << i;
@@ -195,7 +195,7 @@ TEST(Concurrency, OpeningWhileAnotherObjectWritesLosesNothing) {
 // Two processes write disjoint and overlapping keys and read each other's.
 TEST(Concurrency, TwoProcessesShareAStore) {
   TempDir dir;
-  { ChunkStore::open(dir.path()); }
+  { FlashStore::open(dir.path()); }
   pid_t pids[2];
   for (int p = 0; p < 2; ++p) {
     pids[p] = fork();
@@ -203,7 +203,7 @@ TEST(Concurrency, TwoProcessesShareAStore) {
     if (pids[p] == 0) {
       int failures = 0;
       try {
-        auto store = ChunkStore::open(dir.path());
+        auto store = FlashStore::open(dir.path());
         for (int i = 0; i < 40; ++i) {
           const int own = p * 100 + i;  // disjoint
           const int shared = 1000 + i;  // both write these
@@ -228,7 +228,7 @@ TEST(Concurrency, TwoProcessesShareAStore) {
     ASSERT_TRUE(WIFEXITED(status));
     EXPECT_EQ(WEXITSTATUS(status), 0);
   }
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   EXPECT_EQ(store->stats().entries, 120u);  // 40 + 40 own, 40 shared, no duplicates
   for (int i : {0, 39, 100, 139, 1000, 1039}) {
     auto h = store->lookup(key_for(i));

@@ -6,7 +6,7 @@
 
 #include <fstream>
 
-#include "cache/chunk_store.h"
+#include "cache/flash_store.h"
 #include "cache_test_util.h"
 #include "platform/error.h"
 
@@ -17,7 +17,7 @@ using namespace testing;
 
 std::string open_error(const std::string& path) {
   try {
-    ChunkStore::open(path);
+    FlashStore::open(path);
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kIo);
     return e.what();
@@ -69,7 +69,7 @@ class FileSizeLimit {
 
 TEST(StoreErrors, FullDiskFailsThePutCleanlyAndTheStoreStaysUsable) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   const ChunkKey before = make_key(make_tokens(40, 1));
   ASSERT_EQ(store->put(before, make_kv(small_shape(), 1).view()), PutResult::kStored);
   const KvShape big{8, 256, 3, 64};  // ~1.5 MB under f16
@@ -104,8 +104,8 @@ TEST(StoreErrors, BadOptions) {
   TempDir dir;
   StoreOptions opt;
   opt.busy_timeout_ms = -1;
-  EXPECT_THROW(ChunkStore::open(dir.path(), opt), Error);
-  EXPECT_THROW(ChunkStore::open(""), Error);
+  EXPECT_THROW(FlashStore::open(dir.path(), opt), Error);
+  EXPECT_THROW(FlashStore::open(""), Error);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // Capacity: LRU by last access, pinning, accounting, shrinking capacity.
 #include <gtest/gtest.h>
 
-#include "cache/chunk_store.h"
+#include "cache/flash_store.h"
 #include "cache_test_util.h"
 
 namespace cb::cache {
@@ -12,7 +12,7 @@ using namespace testing;
 // Size of one small_shape() entry under f16, measured once.
 uint64_t entry_bytes() {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   store->put(make_key(make_tokens(40, 0)), make_kv(small_shape(), 0).view());
   return store->stats().bytes;
 }
@@ -21,10 +21,10 @@ ChunkKey key_n(int i) {
   return make_key(make_tokens(40, 100 + i));
 }
 
-std::unique_ptr<ChunkStore> store_with_room_for(const TempDir& dir, int entries) {
+std::unique_ptr<FlashStore> store_with_room_for(const TempDir& dir, int entries) {
   StoreOptions opt;
   opt.capacity_bytes = entries * entry_bytes();
-  return ChunkStore::open(dir.path(), opt);
+  return FlashStore::open(dir.path(), opt);
 }
 
 TEST(Eviction, LeastRecentlyUsedGoesFirst) {
@@ -79,7 +79,7 @@ TEST(Eviction, EntryLargerThanCapacityIsRefused) {
   TempDir dir;
   StoreOptions opt;
   opt.capacity_bytes = entry_bytes() - 1;
-  auto store = ChunkStore::open(dir.path(), opt);
+  auto store = FlashStore::open(dir.path(), opt);
   EXPECT_EQ(store->put(key_n(0), make_kv(small_shape(), 3).view()), PutResult::kNoRoom);
   EXPECT_EQ(store->stats().entries, 0u);
   EXPECT_TRUE(std::filesystem::is_empty(dir.sub("blobs")));
@@ -90,7 +90,7 @@ TEST(Eviction, BytesAreAccountedExactlyAndNeverExceedCapacity) {
   const uint64_t capacity = 5 * entry_bytes() + entry_bytes() / 2;
   StoreOptions opt;
   opt.capacity_bytes = capacity;
-  auto store = ChunkStore::open(dir.path(), opt);
+  auto store = FlashStore::open(dir.path(), opt);
   // Mixed codecs give entries of different sizes.
   const Codec codecs[] = {Codec::kF16, Codec::kQ8, Codec::kQ4};
   for (int i = 0; i < 40; ++i) {
@@ -108,7 +108,7 @@ TEST(Eviction, BytesAreAccountedExactlyAndNeverExceedCapacity) {
 TEST(Eviction, ReopeningWithLessCapacityTrims) {
   TempDir dir;
   {
-    auto store = ChunkStore::open(dir.path());
+    auto store = FlashStore::open(dir.path());
     for (int i = 0; i < 4; ++i) store->put(key_n(i), make_kv(small_shape(), i).view());
     store->lookup(key_n(0));  // most recent
   }

@@ -13,7 +13,7 @@
 #include <fstream>
 #include <random>
 
-#include "cache/chunk_store.h"
+#include "cache/flash_store.h"
 #include "cache_test_util.h"
 #include "platform/error.h"
 
@@ -46,7 +46,7 @@ TEST_P(Damage, FlippedByteInEachLayerIsAMissAndDropsTheEntry) {
   const KvShape s = small_shape();
   for (int layer = 0; layer < s.n_layers; ++layer) {
     TempDir dir;
-    auto store = ChunkStore::open(dir.path());
+    auto store = FlashStore::open(dir.path());
     const ChunkKey key = make_key(make_tokens(40, 1), GetParam());
     ASSERT_EQ(store->put(key, make_kv(s, 1).view()), PutResult::kStored);
     auto h = store->lookup(key);
@@ -72,7 +72,7 @@ INSTANTIATE_TEST_SUITE_P(Codecs, Damage, ::testing::Values(Codec::kF16, Codec::k
 
 TEST(Integrity, TruncatedBlobIsAMissAtLookup) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   const ChunkKey key = make_key(make_tokens(40, 2));
   ASSERT_EQ(store->put(key, make_kv(small_shape(), 2).view()), PutResult::kStored);
   const std::string blob = blob_files(dir).at(0);
@@ -85,7 +85,7 @@ TEST(Integrity, TruncatedBlobIsAMissAtLookup) {
 
 TEST(Integrity, TruncationAfterLookupIsAMissAtFetch) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   const KvShape s = small_shape();
   const ChunkKey key = make_key(make_tokens(40, 3));
   ASSERT_EQ(store->put(key, make_kv(s, 3).view()), PutResult::kStored);
@@ -100,7 +100,7 @@ TEST(Integrity, TruncationAfterLookupIsAMissAtFetch) {
 
 TEST(Integrity, MissingBlobIsAMissAndRemovesTheRow) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   const ChunkKey key = make_key(make_tokens(40, 4));
   ASSERT_EQ(store->put(key, make_kv(small_shape(), 4).view()), PutResult::kStored);
   fs::remove(blob_files(dir).at(0));
@@ -111,7 +111,7 @@ TEST(Integrity, MissingBlobIsAMissAndRemovesTheRow) {
 
 TEST(Integrity, HandleOutlivesEvictionOfItsEntry) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   const KvShape s = small_shape();
   const ChunkKey key = make_key(make_tokens(40, 5));
   const ChunkKV kv = make_kv(s, 5);
@@ -127,7 +127,7 @@ TEST(Integrity, ReopenReconcilesOrphansBothWays) {
   TempDir dir;
   const ChunkKey a = make_key(make_tokens(40, 6)), b = make_key(make_tokens(40, 7));
   {
-    auto store = ChunkStore::open(dir.path());
+    auto store = FlashStore::open(dir.path());
     ASSERT_EQ(store->put(a, make_kv(small_shape(), 6).view()), PutResult::kStored);
     ASSERT_EQ(store->put(b, make_kv(small_shape(), 7).view()), PutResult::kStored);
   }
@@ -150,7 +150,7 @@ TEST(Integrity, ReopenReconcilesOrphansBothWays) {
   std::ofstream(dir.sub("blobs/0123456789abcdef-0123456789abcdef.kv")) << "stray";
   std::ofstream(dir.sub("blobs/0123456789abcdef-fedcba9876543210.kv.tmp")) << "half written";
 
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   EXPECT_EQ(store->stats().entries, 0u);
   EXPECT_TRUE(blob_files(dir).empty()) << "orphans left: " << blob_files(dir).size();
   EXPECT_FALSE(store->lookup(a));
@@ -164,12 +164,12 @@ TEST(Integrity, ReopenReconcilesOrphansBothWays) {
 // blobs/, or anything behind a symlinked blobs/, stay.
 TEST(Integrity, OpenDeletesNoFileOfSomeoneElse) {
   TempDir dir;
-  ChunkStore::open(dir.path());
+  FlashStore::open(dir.path());
   const std::string mine = "0123456789abcdef-0123456789abcdef.kv";
   for (const char* name : {"notes.txt", "photo.kv", "backup.kv.tmp"})
     std::ofstream(dir.sub(std::string("blobs/") + name)) << "user data";
   std::ofstream(dir.sub("blobs/" + mine)) << "orphan";
-  ChunkStore::open(dir.path());
+  FlashStore::open(dir.path());
   EXPECT_EQ(blob_files(dir).size(), 3u);
   EXPECT_FALSE(fs::exists(dir.sub("blobs/" + mine)));
 
@@ -177,7 +177,7 @@ TEST(Integrity, OpenDeletesNoFileOfSomeoneElse) {
   fs::create_directory_symlink(target.path(), linked.sub("blobs"));
   std::ofstream(target.sub("notes.txt")) << "user data";
   std::ofstream(target.sub(mine)) << "looks like a blob";
-  ChunkStore::open(linked.path());
+  FlashStore::open(linked.path());
   EXPECT_TRUE(fs::exists(target.sub("notes.txt")));
   EXPECT_TRUE(fs::exists(target.sub(mine)));
 }
@@ -189,12 +189,12 @@ TEST(Integrity, ForeignIndexQuarantinesTheBlobs) {
   TempDir dir, other;
   std::vector<ChunkKey> keys;
   {
-    auto store = ChunkStore::open(dir.path());
+    auto store = FlashStore::open(dir.path());
     for (int i = 0; i < 12; ++i) {
       keys.push_back(make_key(make_tokens(40, 100 + i)));
       ASSERT_EQ(store->put(keys.back(), make_kv(small_shape(), i).view()), PutResult::kStored);
     }
-    auto foreign = ChunkStore::open(other.path());
+    auto foreign = FlashStore::open(other.path());
     for (int i = 0; i < 3; ++i)
       ASSERT_EQ(foreign->put(make_key(make_tokens(40, 200 + i)), make_kv(small_shape(), i).view()),
                 PutResult::kStored);
@@ -205,7 +205,7 @@ TEST(Integrity, ForeignIndexQuarantinesTheBlobs) {
       fs::copy_file(other.sub(std::string("index.sqlite") + suffix),
                     dir.sub(std::string("index.sqlite") + suffix));
   }
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   EXPECT_EQ(store->stats().entries, 0u);
   EXPECT_EQ(store->stats().quarantined, 12u);
   EXPECT_TRUE(blob_files(dir).empty());
@@ -222,7 +222,7 @@ TEST(Integrity, CorruptIndexIsRebuiltEmpty) {
   TempDir dir;
   const ChunkKey key = make_key(make_tokens(40, 8));
   {
-    auto store = ChunkStore::open(dir.path());
+    auto store = FlashStore::open(dir.path());
     ASSERT_EQ(store->put(key, make_kv(small_shape(), 8).view()), PutResult::kStored);
   }
   {
@@ -230,7 +230,7 @@ TEST(Integrity, CorruptIndexIsRebuiltEmpty) {
     f << std::string(8192, 'x');
   }
   fs::remove(dir.sub("index.sqlite-wal"));
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   EXPECT_EQ(store->stats().entries, 0u);
   EXPECT_FALSE(store->lookup(key));
   EXPECT_TRUE(blob_files(dir).empty());  // the old blobs became orphans
@@ -244,7 +244,7 @@ TEST(Integrity, CorruptIndexIsAClearErrorWhenRebuildIsOff) {
   StoreOptions opt;
   opt.rebuild_corrupt_index = false;
   try {
-    ChunkStore::open(dir.path(), opt);
+    FlashStore::open(dir.path(), opt);
     ADD_FAILURE() << "opened a corrupt index";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kFormat);
@@ -275,7 +275,7 @@ TEST(Integrity, WriterKilledAtRandomPointsLeavesAConsistentStore) {
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       try {
-        auto store = ChunkStore::open(dir.path());
+        auto store = FlashStore::open(dir.path());
         for (int i = first; i < first + 200; ++i) store->put(key_for(i), kv_for(i).view());
       } catch (const std::exception& e) {
         std::fprintf(stderr, "writer: %s\n", e.what());
@@ -290,7 +290,7 @@ TEST(Integrity, WriterKilledAtRandomPointsLeavesAConsistentStore) {
     ASSERT_TRUE(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 0));
     killed_mid_stream += WIFSIGNALED(status);
 
-    auto store = ChunkStore::open(dir.path());
+    auto store = FlashStore::open(dir.path());
     for (const std::string& f : blob_files(dir)) {
       EXPECT_EQ(f.find(".tmp"), std::string::npos) << f;
     }

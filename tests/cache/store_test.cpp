@@ -1,6 +1,6 @@
-// ChunkStore basics: round trips per codec, key separation (namespace, every
+// FlashStore basics: round trips per codec, key separation (namespace, every
 // key field, forced hash collisions), handles and stats.
-#include "cache/chunk_store.h"
+#include "cache/flash_store.h"
 
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -15,9 +15,9 @@ namespace {
 
 using namespace testing;
 
-TEST(ChunkStore, F16RoundTripIsExactF16Rounding) {
+TEST(FlashStore, F16RoundTripIsExactF16Rounding) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   const ChunkKV kv = make_kv(small_shape(), 1);
   const ChunkKey key = make_key(make_tokens(40, 1), Codec::kF16);
   EXPECT_EQ(store->put(key, kv.view()), PutResult::kStored);
@@ -30,9 +30,9 @@ TEST(ChunkStore, F16RoundTripIsExactF16Rounding) {
   EXPECT_TRUE(equals_f16_of(*got, kv));
 }
 
-TEST(ChunkStore, LossyCodecsRoundTripWithinTheirBound) {
+TEST(FlashStore, LossyCodecsRoundTripWithinTheirBound) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   const KvShape s = small_shape();
   const ChunkKV kv = make_kv(s, 2);
   for (Codec c : {Codec::kQ8, Codec::kQ4}) {
@@ -58,11 +58,11 @@ TEST(ChunkStore, LossyCodecsRoundTripWithinTheirBound) {
   }
 }
 
-TEST(ChunkStore, KeyWithoutCodecUsesTheStoreDefault) {
+TEST(FlashStore, KeyWithoutCodecUsesTheStoreDefault) {
   TempDir dir;
   StoreOptions opt;
   opt.codec = Codec::kQ4;
-  auto store = ChunkStore::open(dir.path(), opt);
+  auto store = FlashStore::open(dir.path(), opt);
   ChunkKey key = make_key(make_tokens(40, 3));
   key.codec.reset();
   ASSERT_EQ(store->put(key, make_kv(small_shape(), 3).view()), PutResult::kStored);
@@ -75,9 +75,9 @@ TEST(ChunkStore, KeyWithoutCodecUsesTheStoreDefault) {
   EXPECT_FALSE(store->lookup(key));
 }
 
-TEST(ChunkStore, NamespacesAreIsolated) {
+TEST(FlashStore, NamespacesAreIsolated) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   const auto tokens = make_tokens(40, 4);
   const ChunkKV a = make_kv(small_shape(), 41), b = make_kv(small_shape(), 42);
   ASSERT_EQ(store->put(make_key(tokens, Codec::kF16, "app-A"), a.view()), PutResult::kStored);
@@ -97,9 +97,9 @@ TEST(ChunkStore, NamespacesAreIsolated) {
   EXPECT_TRUE(store->lookup(make_key(tokens, Codec::kF16, "app-B")));
 }
 
-TEST(ChunkStore, EveryKeyFieldSeparatesEntries) {
+TEST(FlashStore, EveryKeyFieldSeparatesEntries) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   const ChunkKey base = make_key(make_tokens(40, 5));
   ASSERT_EQ(store->put(base, make_kv(small_shape(), 5).view()), PutResult::kStored);
   EXPECT_TRUE(store->lookup(base));
@@ -130,13 +130,13 @@ TEST(ChunkStore, EveryKeyFieldSeparatesEntries) {
 
 // Forces two entries to share a key hash by editing the index, as a real
 // 64-bit collision would: lookups must still tell them apart by the full key.
-TEST(ChunkStore, HashCollisionsNeverReturnAnotherChunk) {
+TEST(FlashStore, HashCollisionsNeverReturnAnotherChunk) {
   TempDir dir;
   const ChunkKey a = make_key(make_tokens(40, 6));
   const ChunkKey b = make_key(make_tokens(40, 7));
   const ChunkKV kv_a = make_kv(small_shape(), 6), kv_b = make_kv(small_shape(), 7);
   {
-    auto store = ChunkStore::open(dir.path());
+    auto store = FlashStore::open(dir.path());
     ASSERT_EQ(store->put(a, kv_a.view()), PutResult::kStored);
     ASSERT_EQ(store->put(b, kv_b.view()), PutResult::kStored);
   }
@@ -147,7 +147,7 @@ TEST(ChunkStore, HashCollisionsNeverReturnAnotherChunk) {
   ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
   sqlite3_close(db);
 
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   auto ha = store->lookup(a);
   ASSERT_TRUE(ha);
   EXPECT_TRUE(equals_f16_of(*fetch_all(*store, *ha), kv_a));
@@ -158,9 +158,9 @@ TEST(ChunkStore, HashCollisionsNeverReturnAnotherChunk) {
   EXPECT_FALSE(store->lookup(c));
 }
 
-TEST(ChunkStore, HandleReportsLayerBytesWithoutIo) {
+TEST(FlashStore, HandleReportsLayerBytesWithoutIo) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   const KvShape s = small_shape();
   const ChunkKey key = make_key(make_tokens(40, 8), Codec::kF16);
   ASSERT_EQ(store->put(key, make_kv(s, 8).view()), PutResult::kStored);
@@ -181,9 +181,9 @@ TEST(ChunkStore, HandleReportsLayerBytesWithoutIo) {
   EXPECT_EQ(st.bytes, 64 + sum);  // blob header + segments
 }
 
-TEST(ChunkStore, DuplicatePutIsAlreadyPresentAndKeepsTheFirst) {
+TEST(FlashStore, DuplicatePutIsAlreadyPresentAndKeepsTheFirst) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   const ChunkKey key = make_key(make_tokens(40, 9));
   const ChunkKV first = make_kv(small_shape(), 91);
   EXPECT_EQ(store->put(key, first.view()), PutResult::kStored);
@@ -193,9 +193,9 @@ TEST(ChunkStore, DuplicatePutIsAlreadyPresentAndKeepsTheFirst) {
   EXPECT_EQ(store->stats().put_duplicates, 1u);
 }
 
-TEST(ChunkStore, RejectsBadInputWithInvalidArgument) {
+TEST(FlashStore, RejectsBadInputWithInvalidArgument) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   ChunkKV kv = make_kv(small_shape(), 10);
   ChunkKVView view = kv.view();
   view.k.pop_back();
@@ -211,9 +211,9 @@ TEST(ChunkStore, RejectsBadInputWithInvalidArgument) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.sub("blobs")));
 }
 
-TEST(ChunkStore, ClearRemovesEverythingIncludingPinned) {
+TEST(FlashStore, ClearRemovesEverythingIncludingPinned) {
   TempDir dir;
-  auto store = ChunkStore::open(dir.path());
+  auto store = FlashStore::open(dir.path());
   for (int i = 0; i < 3; ++i) {
     ASSERT_EQ(store->put(make_key(make_tokens(40, 20 + i)), make_kv(small_shape(), i).view()),
               PutResult::kStored);

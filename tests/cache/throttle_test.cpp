@@ -6,7 +6,7 @@
 
 #include <thread>
 
-#include "cache/chunk_store.h"
+#include "cache/flash_store.h"
 #include "cache_test_util.h"
 
 namespace cb::cache {
@@ -53,7 +53,7 @@ TEST(Throttle, StoreReadsAreCapped) {
   TempDir dir;
   StoreOptions opt;
   opt.read_bytes_per_sec = 4'000'000;
-  auto store = ChunkStore::open(dir.path(), opt);
+  auto store = FlashStore::open(dir.path(), opt);
   const ChunkKey key = make_key(make_tokens(40, 1));
   ASSERT_EQ(store->put(key, make_kv({4, 128, 3, 64}, 1).view()), PutResult::kStored);
   auto h = store->lookup(key);

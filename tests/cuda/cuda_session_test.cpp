@@ -1,6 +1,6 @@
 // The real model end to end on the CUDA backend, against the CPU backend:
 // prefill logits, greedy decode, and a CacheBlend request (rag_prefill in
-// blend mode over a MemoryChunkTable): its logits, the rows it selected for
+// blend mode over a RamChunkStore): its logits, the rows it selected for
 // recomputation and the fused KV cache, with the layerwise pipeline on and
 // off, and decoding after it.  The CPU path is pinned to a float64
 // oracle at 1e-3 relative L2 (tests/integration), so the same bar here says
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
-#include "runtime/blend/chunk_table.h"
+#include "runtime/blend/chunk_store.h"
 #include "runtime/blend/rag_request.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
@@ -116,12 +116,12 @@ TEST_F(CudaSession, BlendRequestMatchesCpu) {
   const RagPrompt rp = test::lighthouse_prompt(model());
   RagPrefillOptions ro;
   ro.blend.mode = BlendMode::kBlend;
-  auto run = [&](BackendKind b, MemoryChunkTable& table, RagPrefillStats& st) {
+  auto run = [&](BackendKind b, RamChunkStore& table, RagPrefillStats& st) {
     Session s(model(), opts(b));
     auto l = rag_prefill(s, rp, &table, ro, &st);
     return std::vector<float>(l.begin(), l.end());
   };
-  MemoryChunkTable cpu_table, gpu_table;
+  RamChunkStore cpu_table, gpu_table;
   RagPrefillStats sc, sg, sx;
   const std::vector<float> lc = run(BackendKind::kCpu, cpu_table, sc);
   const std::vector<float> lg = run(BackendKind::kCuda, gpu_table, sg);
@@ -159,7 +159,7 @@ TEST_F(CudaSession, BlendSelectionAndFusedCacheMatchCpu) {
     RagPrefillOptions ro;
     ro.blend.mode = BlendMode::kBlend;
     ro.pipeline.enabled = pipelined;
-    MemoryChunkTable table;
+    RamChunkStore table;
     Session cpu(model(), opts(BackendKind::kCpu));
     Session gpu(model(), opts(BackendKind::kCuda));
     RagPrefillStats sc, sg;

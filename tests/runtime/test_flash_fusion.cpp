@@ -38,7 +38,7 @@ class FlashFusion : public testing::Test {
   }
   void TearDown() override { fs::remove_all(dir); }
 
-  std::vector<float> run(ChunkKvStore& store, RagPrefillStats* st) {
+  std::vector<float> run(ChunkStore& store, RagPrefillStats* st) {
     Session s(model(), {.n_ctx = 256, .n_threads = 2});
     const RagPrefillOptions opts;  // blend, lookahead [(0, 0.2)], chunk head = prompt
     auto l = rag_prefill(s, prompt, &store, opts, st);
@@ -50,14 +50,14 @@ class FlashFusion : public testing::Test {
 };
 
 TEST_F(FlashFusion, MissesAreWrittenBackAndServedFromFlash) {
-  MemoryChunkTable ram;
+  RamChunkStore ram;
   RagPrefillStats ram_stats;
   auto want = run(ram, &ram_stats);
 
   for (cache::Codec codec : {cache::Codec::kF16, cache::Codec::kQ8}) {
     fs::remove_all(dir);
-    auto store = std::shared_ptr<cache::ChunkStore>(
-        cache::ChunkStore::open(dir.string(), {.codec = codec}).release());
+    auto store = std::shared_ptr<cache::FlashStore>(
+        cache::FlashStore::open(dir.string(), {.codec = codec}).release());
     FlashChunkStore flash(store);
     RagPrefillStats first, second;
     auto a = run(flash, &first);
@@ -75,8 +75,8 @@ TEST_F(FlashFusion, MissesAreWrittenBackAndServedFromFlash) {
 }
 
 TEST_F(FlashFusion, DamagedBlobIsRecomputedNotTrusted) {
-  auto store = std::shared_ptr<cache::ChunkStore>(
-      cache::ChunkStore::open(dir.string(), {.codec = cache::Codec::kF16}).release());
+  auto store = std::shared_ptr<cache::FlashStore>(
+      cache::FlashStore::open(dir.string(), {.codec = cache::Codec::kF16}).release());
   FlashChunkStore flash(store);
   RagPrefillStats st;
   run(flash, &st);

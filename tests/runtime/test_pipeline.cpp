@@ -64,15 +64,15 @@ class PipelineTest : public testing::Test, public test::LighthouseRequest {
     auto l = fuse_prefill(s, segs, o, st, p);
     return {l.begin(), l.end()};
   }
-  std::vector<float> rag(ChunkKvStore& store, const RagPrefillOptions& o,
+  std::vector<float> rag(ChunkStore& store, const RagPrefillOptions& o,
                          RagPrefillStats* st = nullptr) {
     Session s(model(), {.n_ctx = 256, .n_threads = 2});
     auto l = rag_prefill(s, prompt, &store, o, st);
     return {l.begin(), l.end()};
   }
-  std::shared_ptr<cache::ChunkStore> open_store(cache::Codec codec) {
-    return std::shared_ptr<cache::ChunkStore>(
-        cache::ChunkStore::open(dir.string(), {.codec = codec}).release());
+  std::shared_ptr<cache::FlashStore> open_store(cache::Codec codec) {
+    return std::shared_ptr<cache::FlashStore>(
+        cache::FlashStore::open(dir.string(), {.codec = codec}).release());
   }
 
   fs::path dir;
@@ -272,8 +272,8 @@ TEST(PipelineBench, DISABLED_PipelinedVsSerialAtBalancedReadCap) {
   p.suffix.resize(32);
   for (int32_t& t : p.suffix)
     t = static_cast<int32_t>(1000 + (x = x * 1664525u + 1013904223u) % 20000);
-  auto store = std::shared_ptr<cache::ChunkStore>(
-      cache::ChunkStore::open(dir.string(), {.codec = cache::Codec::kQ8}).release());
+  auto store = std::shared_ptr<cache::FlashStore>(
+      cache::FlashStore::open(dir.string(), {.codec = cache::Codec::kQ8}).release());
   FlashChunkStore flash(store);
   Session s(model(), {.n_ctx = 4608, .n_threads = n_threads});
   auto run = [&](const PipelineOptions& po, RagPrefillStats& st) {

@@ -1,4 +1,4 @@
-#include "runtime/blend/chunk_table.h"
+#include "runtime/blend/chunk_store.h"
 
 #include <cstring>
 
@@ -37,14 +37,14 @@ class SharedChunkSource final : public ChunkLayerSource {
 
 }  // namespace
 
-std::unique_ptr<ChunkLayerSource> MemoryChunkTable::find(const cache::ChunkKey& key) {
+std::unique_ptr<ChunkLayerSource> RamChunkStore::find(const cache::ChunkKey& key) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(serialize(key));
   if (it == entries_.end()) return nullptr;
   return std::make_unique<SharedChunkSource>(it->second);
 }
 
-void MemoryChunkTable::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
+void RamChunkStore::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
   auto entry = std::make_shared<const cache::ChunkKV>(std::move(kv));
   const size_t n = (entry->k.size() + entry->v.size()) * sizeof(float);
   std::lock_guard lock(mu_);
@@ -56,7 +56,7 @@ void MemoryChunkTable::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
   bytes_ += n;
 }
 
-bool MemoryChunkTable::remove(const cache::ChunkKey& key) {
+bool RamChunkStore::remove(const cache::ChunkKey& key) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(serialize(key));
   if (it == entries_.end()) return false;
@@ -65,17 +65,17 @@ bool MemoryChunkTable::remove(const cache::ChunkKey& key) {
   return true;
 }
 
-size_t MemoryChunkTable::size() const {
+size_t RamChunkStore::size() const {
   std::lock_guard lock(mu_);
   return entries_.size();
 }
 
-size_t MemoryChunkTable::bytes() const {
+size_t RamChunkStore::bytes() const {
   std::lock_guard lock(mu_);
   return bytes_;
 }
 
-void MemoryChunkTable::clear() {
+void RamChunkStore::clear() {
   std::lock_guard lock(mu_);
   entries_.clear();
   bytes_ = 0;

@@ -1,6 +1,8 @@
-// Where chunk KV is found by key and new chunk KV is kept: the small
-// interface between the fusor's caller and a cache.  MemoryChunkTable keeps
-// entries in RAM; the flash store (cache/) implements the same interface.
+// The chunk store: where chunk KV is found by key and new chunk KV is kept,
+// the one interface a RAG request reads and writes chunks through.
+// RamChunkStore keeps entries in RAM; FlashChunkStore
+// (flash_chunk_store.h) keeps them compressed on flash in cache::FlashStore.
+// A ChunkCache (chunk_cache.h, the C API's cb_chunk_cache) owns one of them.
 #pragma once
 
 #include <memory>
@@ -9,13 +11,14 @@
 #include <unordered_map>
 
 #include "cache/chunk_kv.h"
+#include "cache/flash_store.h"
 #include "runtime/blend/chunk_source.h"
 
 namespace cb {
 
-class ChunkKvStore {
+class ChunkStore {
  public:
-  virtual ~ChunkKvStore() = default;
+  virtual ~ChunkStore() = default;
   // A reader of the chunk's layers, or null on a miss.  The reader stays
   // valid even if the entry is evicted meanwhile.
   virtual std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) = 0;
@@ -23,10 +26,14 @@ class ChunkKvStore {
   // Drops the entry, if any (readers already handed out stay valid).
   // false: there was none.
   virtual bool remove(const cache::ChunkKey& key) = 0;
+  // The counters of a store that reads from storage (hits, misses, bytes
+  // and time read), which the loading controller learns read speed from;
+  // null for a store in RAM.
+  virtual const cache::FlashStore* storage() const { return nullptr; }
 };
 
 // Chunk KV in RAM, exact (f32).  Thread-safe.
-class MemoryChunkTable final : public ChunkKvStore {
+class RamChunkStore final : public ChunkStore {
  public:
   std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) override;
   void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;

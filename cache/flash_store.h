@@ -22,10 +22,10 @@
 // time, including fetch_layer on one handle from several threads.  Index
 // access is serialized by a mutex; reads (pread + decode) and the encoding
 // and writing of puts run in parallel.  Several processes (or several
-// ChunkStore objects) may share one directory: SQLite locking with the busy
+// FlashStore objects) may share one directory: SQLite locking with the busy
 // timeout orders index writes, and the lock file keeps open()'s orphan
 // cleanup away from other writers' in-flight blobs.  Counters in stats() other
-// than entries/bytes are per ChunkStore object.
+// than entries/bytes are per FlashStore object.
 #pragma once
 
 #include <array>
@@ -73,7 +73,7 @@ class ChunkHandle {
   uint64_t total_bytes() const;  // sum over layers
 
  private:
-  friend class ChunkStore;
+  friend class FlashStore;
   int64_t entry_id_ = 0;
   KvShape shape_;
   Codec codec_ = Codec::kF16;
@@ -103,7 +103,7 @@ struct StoreStats {
   uint64_t put_no_room = 0;
   uint64_t evictions = 0;      // entries evicted by this object's puts
   uint64_t corrupt_drops = 0;  // entries dropped for a bad or missing blob
-  // Orphaned blobs moved to DIR/quarantine/ at open (see ChunkStore::open).
+  // Orphaned blobs moved to DIR/quarantine/ at open (see FlashStore::open).
   uint64_t quarantined = 0;
   uint64_t async_queued = 0;
   uint64_t async_dropped = 0;  // put_async refused: queue full
@@ -114,7 +114,7 @@ struct StoreStats {
   std::array<CodecCounters, 4> codec{};  // indexed by static_cast<int>(Codec)
 };
 
-class ChunkStore {
+class FlashStore {
  public:
   // Creates dir if needed, opens the index, removes orphans both ways (blobs
   // without rows, rows without a complete blob, temp files of dead writers)
@@ -124,11 +124,11 @@ class ChunkStore {
   // cb::Error(kIo) naming the path and reason (a path that is a file, no
   // permission, read-only file system...), or kFormat for an index it
   // cannot use and may not rebuild.
-  static std::unique_ptr<ChunkStore> open(const std::string& dir, const StoreOptions& options = {});
+  static std::unique_ptr<FlashStore> open(const std::string& dir, const StoreOptions& options = {});
   // Flushes the write-back queue.
-  ~ChunkStore();
-  ChunkStore(const ChunkStore&) = delete;
-  ChunkStore& operator=(const ChunkStore&) = delete;
+  ~FlashStore();
+  FlashStore(const FlashStore&) = delete;
+  FlashStore& operator=(const FlashStore&) = delete;
 
   // A hit marks the entry most recently used and opens its blob.  A missing
   // or truncated blob is a miss (entry dropped).  Throws kIo only if the
@@ -169,7 +169,7 @@ class ChunkStore {
   const std::string& dir() const { return dir_; }
 
  private:
-  ChunkStore(const std::string& dir, const StoreOptions& options);
+  FlashStore(const std::string& dir, const StoreOptions& options);
   void reconcile();
   Codec resolve(const ChunkKey& key) const;
   std::string blob_path(const std::string& name) const;

@@ -1,4 +1,4 @@
-#include "cache/chunk_store.h"
+#include "cache/flash_store.h"
 
 #include <unistd.h>
 
@@ -25,7 +25,7 @@ struct OpenBlob {
   std::vector<SegmentRef> segments;
 };
 
-struct ChunkStore::Counters {
+struct FlashStore::Counters {
   std::atomic<uint64_t> hits{0}, misses{0}, puts{0}, put_duplicates{0}, put_no_room{0};
   std::atomic<uint64_t> evictions{0}, corrupt_drops{0}, quarantined{0};
   std::atomic<uint64_t> async_queued{0}, async_dropped{0}, async_failed{0};
@@ -72,15 +72,15 @@ uint64_t ChunkHandle::total_bytes() const {
   return n;
 }
 
-std::unique_ptr<ChunkStore> ChunkStore::open(const std::string& dir, const StoreOptions& options) {
+std::unique_ptr<FlashStore> FlashStore::open(const std::string& dir, const StoreOptions& options) {
   if (dir.empty()) fail(ErrorCode::kInvalidArgument, "chunk store: empty directory path");
   if (options.busy_timeout_ms < 0) {
     fail(ErrorCode::kInvalidArgument, "chunk store: busy_timeout_ms must be >= 0");
   }
-  return std::unique_ptr<ChunkStore>(new ChunkStore(dir, options));
+  return std::unique_ptr<FlashStore>(new FlashStore(dir, options));
 }
 
-ChunkStore::ChunkStore(const std::string& dir, const StoreOptions& options)
+FlashStore::FlashStore(const std::string& dir, const StoreOptions& options)
     : dir_(dir),
       blob_dir_(dir + "/blobs"),
       lock_path_(dir + "/store.lock"),
@@ -95,11 +95,11 @@ ChunkStore::ChunkStore(const std::string& dir, const StoreOptions& options)
   queue_ = std::make_unique<WriteBackQueue>(options_.write_back_depth);
 }
 
-ChunkStore::~ChunkStore() {
+FlashStore::~FlashStore() {
   queue_.reset();  // drains pending puts while the rest of the store exists
 }
 
-void ChunkStore::open_index() {
+void FlashStore::open_index() {
   const std::string path = dir_ + "/index.sqlite";
   try {
     index_ = std::make_unique<Index>(path, options_.busy_timeout_ms);
@@ -121,7 +121,7 @@ void ChunkStore::open_index() {
   index_ = std::make_unique<Index>(path, options_.busy_timeout_ms);
 }
 
-void ChunkStore::reconcile() {
+void FlashStore::reconcile() {
   // Exclusive against every writer's blob-to-row window; if writers keep the
   // store busy, skip: a later open repairs what is left.
   FileLock lock =
@@ -163,15 +163,15 @@ void ChunkStore::reconcile() {
   for (const std::string& name : trimmed) remove_quietly(blob_path(name));
 }
 
-Codec ChunkStore::resolve(const ChunkKey& key) const {
+Codec FlashStore::resolve(const ChunkKey& key) const {
   return key.codec.value_or(options_.codec);
 }
 
-std::string ChunkStore::blob_path(const std::string& name) const {
+std::string FlashStore::blob_path(const std::string& name) const {
   return blob_dir_ + "/" + name;
 }
 
-void ChunkStore::drop_entry(int64_t id, const std::string& blob) {
+void FlashStore::drop_entry(int64_t id, const std::string& blob) {
   bool removed = false;
   try {
     std::lock_guard<std::mutex> guard(index_mu_);
@@ -185,11 +185,11 @@ void ChunkStore::drop_entry(int64_t id, const std::string& blob) {
   remove_quietly(blob_path(blob));
 }
 
-void ChunkStore::unlink_blobs(const std::vector<std::string>& names) {
+void FlashStore::unlink_blobs(const std::vector<std::string>& names) {
   for (const std::string& name : names) remove_quietly(blob_path(name));
 }
 
-void ChunkStore::quarantine(const std::vector<std::string>& names) {
+void FlashStore::quarantine(const std::vector<std::string>& names) {
   const std::string dest =
       dir_ + "/quarantine/" + std::to_string(std::time(nullptr)) + "-" + std::to_string(::getpid());
   try {
@@ -201,7 +201,7 @@ void ChunkStore::quarantine(const std::vector<std::string>& names) {
   }
 }
 
-std::optional<ChunkHandle> ChunkStore::lookup(const ChunkKey& key) {
+std::optional<ChunkHandle> FlashStore::lookup(const ChunkKey& key) {
   const Codec codec = resolve(key);
   const uint64_t hash = hash_key(key, codec);
   std::optional<EntryRecord> rec;
@@ -248,7 +248,7 @@ std::optional<ChunkHandle> ChunkStore::lookup(const ChunkKey& key) {
   return h;
 }
 
-bool ChunkStore::fetch_layer(const ChunkHandle& handle, int layer, float* k_out, float* v_out) {
+bool FlashStore::fetch_layer(const ChunkHandle& handle, int layer, float* k_out, float* v_out) {
   if (!handle.blob_) fail(ErrorCode::kInvalidArgument, "fetch_layer: empty chunk handle");
   if (layer < 0 || layer >= handle.shape_.n_layers) {
     fail(ErrorCode::kInvalidArgument, "fetch_layer: layer " + std::to_string(layer) +
@@ -288,7 +288,7 @@ bool ChunkStore::fetch_layer(const ChunkHandle& handle, int layer, float* k_out,
   return ok;
 }
 
-PutResult ChunkStore::put(const ChunkKey& key, const ChunkKVView& kv) {
+PutResult FlashStore::put(const ChunkKey& key, const ChunkKVView& kv) {
   const Codec codec = resolve(key);
   const uint64_t hash = hash_key(key, codec);
   {
@@ -352,7 +352,7 @@ PutResult ChunkStore::put(const ChunkKey& key, const ChunkKVView& kv) {
   return PutResult::kNoRoom;
 }
 
-bool ChunkStore::put_async(ChunkKey key, ChunkKV kv) {
+bool FlashStore::put_async(ChunkKey key, ChunkKV kv) {
   auto job = [this, key = std::move(key), kv = std::move(kv)] {
     try {
       put(key, kv.view());
@@ -370,25 +370,25 @@ bool ChunkStore::put_async(ChunkKey key, ChunkKV kv) {
   return true;
 }
 
-void ChunkStore::flush() {
+void FlashStore::flush() {
   queue_->flush();
 }
 
-bool ChunkStore::pin(const ChunkKey& key) {
+bool FlashStore::pin(const ChunkKey& key) {
   const Codec codec = resolve(key);
   std::lock_guard<std::mutex> guard(index_mu_);
   const auto rec = index_->find(key, codec, hash_key(key, codec));
   return rec && index_->set_pinned(rec->id, true);
 }
 
-bool ChunkStore::unpin(const ChunkKey& key) {
+bool FlashStore::unpin(const ChunkKey& key) {
   const Codec codec = resolve(key);
   std::lock_guard<std::mutex> guard(index_mu_);
   const auto rec = index_->find(key, codec, hash_key(key, codec));
   return rec && index_->set_pinned(rec->id, false);
 }
 
-bool ChunkStore::evict(const ChunkKey& key) {
+bool FlashStore::evict(const ChunkKey& key) {
   const Codec codec = resolve(key);
   std::optional<EntryRecord> rec;
   bool removed = false;
@@ -401,7 +401,7 @@ bool ChunkStore::evict(const ChunkKey& key) {
   return removed;
 }
 
-void ChunkStore::clear() {
+void FlashStore::clear() {
   std::vector<std::string> names;
   {
     std::lock_guard<std::mutex> guard(index_mu_);
@@ -410,7 +410,7 @@ void ChunkStore::clear() {
   unlink_blobs(names);
 }
 
-StoreStats ChunkStore::stats() const {
+StoreStats FlashStore::stats() const {
   StoreStats s;
   {
     std::lock_guard<std::mutex> guard(index_mu_);
@@ -442,7 +442,7 @@ StoreStats ChunkStore::stats() const {
   return s;
 }
 
-void ChunkStore::set_read_bytes_per_sec(uint64_t bytes_per_sec) {
+void FlashStore::set_read_bytes_per_sec(uint64_t bytes_per_sec) {
   throttle_->set_rate(bytes_per_sec);
 }
 
