@@ -1,0 +1,138 @@
+// cb_bench's shared parts: errors, the command line, the model and session
+// set-up, RAG options and the chunk cache, plots.  Each command is in its own
+// file (cmd_*.cpp); main() and the usage text are in cb_bench.cpp.
+#pragma once
+
+#include <cacheblend/cacheblend.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "handles.h"
+#include "json_writer.h"
+
+namespace cbbench {
+
+// Errors: a usage error exits with 2, a runtime error with 1.
+struct UsageError {
+  std::string message;
+};
+struct RuntimeError {
+  std::string message;
+};
+[[noreturn]] void usage_error(const std::string& m);
+[[noreturn]] void runtime_error(const std::string& m);
+// Throws a RuntimeError naming `what` and the library's message on failure.
+void check(cb_status s, const std::string& what);
+
+// The command line.
+struct Args {
+  std::string command;
+  std::map<std::string, std::string> values;  // --flag VALUE
+  std::set<std::string> switches;             // --flag
+  std::vector<std::string> stops;             // --stop TEXT, each time given
+};
+Args parse_args(int argc, char** argv);
+// A flag's value in [lo, hi], `def` when absent; a usage error otherwise.
+long long parse_int(const Args& a, const std::string& flag, long long def, long long lo,
+                    long long hi);
+unsigned long long parse_u64(const Args& a, const std::string& flag, unsigned long long def);
+double parse_double(const Args& a, const std::string& flag, double def, double lo, double hi);
+int available_cores();
+
+// The model and sessions.
+using Model = cbs::ModelHandle;
+using Session = cbs::SessionHandle;
+struct Common {
+  std::string model_path;
+  int threads = 0;
+  int n_ctx = 0;
+  cb_backend backend = CB_BACKEND_AUTO;
+  int device = 0;
+  bool json = false;
+};
+Common common_options(const Args& a);
+void load_model(const Common& c, Model& model);
+void create_session(const Model& model, int threads, int n_ctx, Session& s);
+std::vector<int32_t> tokenize(const Model& model, const std::string& text, bool add_special,
+                              bool parse_special);
+std::string model_name(const Model& model);
+std::string kernels_name(const Model& model);
+// The fields every JSON line starts with.
+cbs::JsonObject header(const char* bench, const Common& c, const Model& model,
+                       const char* mode = "full");
+// A prompt that does not fit is the caller's mistake: says it plainly.
+void check_generate(cb_status s, const Session& session, size_t n_prompt);
+double median(std::vector<double> v);
+
+// RAG requests: shared by ttft and quality.
+struct ChunkCache : cbs::ChunkCacheHandle {
+  std::string dir;          // the store's directory, if on flash
+  bool remove_dir = false;  // a temporary directory of ours
+  cb_store_options opts{};  // how it was opened, if on flash
+  ~ChunkCache();
+};
+int model_n_ctx_train(const Model& model);
+std::vector<cb_mode> parse_modes(const Args& a, const char* def);
+// --ratio auto: the loading controller picks the ratio.
+constexpr float kAutoRatio = -1.0f;
+void set_ratio(cb_rag_options& ro, float r);
+std::string ratio_label(float r);
+bool parse_pipeline(const Args& a);
+std::vector<float> parse_ratios(const Args& a, bool allow_list);
+cb_chunk_head parse_chunk_head(const Args& a);
+std::vector<cb_select> parse_selects(const Args& a);
+std::vector<cb_check_layer> parse_schedule(const Args& a);
+struct SelectOptions {
+  std::vector<cb_select> selects;
+  int sink_tokens = 0;
+};
+SelectOptions parse_select_options(const Args& a);
+const char* chunk_head_label(cb_chunk_head h);
+std::vector<double> parse_storage_caps(const Args& a, bool allow_list);
+void reopen_with_cap(ChunkCache& cache, double mbps);
+// Opens the chunk cache the options ask for; returns its codec's name.
+std::string open_chunk_cache(const Args& a, ChunkCache& cache, bool allow_cap_list = false);
+std::string cache_label(const std::string& codec);
+// Runs one RAG prefill on the reset session; throws on failure with the
+// library's message (context overflow named plainly).
+void rag_prefill(const Session& session, const ChunkCache& cache,
+                 const std::vector<const char*>& chunks, const std::string& question,
+                 const cb_rag_options& ro, cb_rag_stats& st);
+// A float option value as the decimal it was given as (0.15, not 0.150000006).
+double ratio_value(float r);
+using Clock = std::chrono::steady_clock;
+double ms_between(Clock::time_point a, Clock::time_point b);
+
+// Plots (--plot FILE.png), drawn by gnuplot.
+// The --plot path, checked before any work: a benchmark that runs for
+// minutes must not fail at the end for want of gnuplot.
+std::string plot_path(const Args& a);
+struct PlotSeries {
+  std::string name;
+  std::vector<std::pair<double, double>> points;  // (x, y)
+  bool dashed = false;
+};
+struct PlotSpec {
+  std::string title, xlabel, ylabel;
+  bool logx = false;
+  double ymax = 0.0;                    // 0: gnuplot's choice
+  std::vector<std::string> categories;  // x = 0, 1, ... labelled with these
+  std::vector<PlotSeries> series;
+};
+void draw_plot(const std::string& png, const PlotSpec& spec);
+
+// The commands; each returns the exit status.
+int cmd_generate(const Args& a);
+int cmd_prefill(const Args& a);
+int cmd_decode(const Args& a);
+int cmd_ttft(const Args& a);
+int cmd_quality(const Args& a);
+
+}  // namespace cbbench

@@ -1,0 +1,556 @@
+// cb_bench quality: how close each mode stays to full prefill on a dataset.
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "bench.h"
+
+namespace cbbench {
+
+namespace {
+
+struct Example {
+  std::string question;
+  std::vector<std::string> answers;
+  std::vector<std::string> chunks;  // title + "\n" + text
+};
+
+std::vector<Example> load_dataset(const std::string& path, size_t limit, size_t max_chunks) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) runtime_error("cannot open dataset '" + path + "': " + std::strerror(errno));
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    runtime_error("dataset '" + path + "' is not valid JSON: " + e.what());
+  }
+  auto bad = [&](size_t i, const std::string& what) {
+    runtime_error("dataset '" + path + "': example " + std::to_string(i) + ": " + what +
+                  " (expected {question, answers[], ctxs[{title, text}]})");
+  };
+  if (!doc.is_array()) runtime_error("dataset '" + path + "': the top level is not a list");
+  std::vector<Example> out;
+  for (size_t i = 0; i < doc.size() && out.size() < limit; ++i) {
+    const nlohmann::json& e = doc[i];
+    if (!e.is_object()) bad(i, "not an object");
+    Example ex;
+    if (!e.contains("question") || !e["question"].is_string()) bad(i, "'question' is not a string");
+    // The short-answer instruction goes right after the question, where a
+    // small model follows it (in the system prompt alone it mostly restates
+    // the question).
+    ex.question = e["question"].get<std::string>() + "\nAnswer in at most five words.";
+    if (!e.contains("answers") || !e["answers"].is_array() || e["answers"].empty())
+      bad(i, "'answers' is not a non-empty list");
+    for (const auto& ans : e["answers"]) {
+      if (!ans.is_string()) bad(i, "an answer is not a string");
+      ex.answers.push_back(ans.get<std::string>());
+    }
+    if (!e.contains("ctxs") || !e["ctxs"].is_array() || e["ctxs"].empty())
+      bad(i, "'ctxs' is not a non-empty list");
+    for (const auto& ctx : e["ctxs"]) {
+      if (ex.chunks.size() >= max_chunks) break;
+      if (!ctx.is_object() || !ctx.contains("text") || !ctx["text"].is_string())
+        bad(i, "a ctx has no 'text' string");
+      std::string title;
+      if (ctx.contains("title")) {
+        if (!ctx["title"].is_string()) bad(i, "a ctx's 'title' is not a string");
+        title = ctx["title"].get<std::string>();
+      }
+      ex.chunks.push_back(title.empty() ? ctx["text"].get<std::string>()
+                                        : title + "\n" + ctx["text"].get<std::string>());
+    }
+    out.push_back(std::move(ex));
+  }
+  if (out.empty()) runtime_error("dataset '" + path + "' has no examples");
+  return out;
+}
+
+// SQuAD answer normalization: lowercase, no punctuation, no articles
+// (a, an, the), whitespace collapsed; returned as its words.
+std::vector<std::string> normalized_words(const std::string& s) {
+  std::string t;
+  for (unsigned char ch : s) {
+    if (ch < 0x80 && std::ispunct(ch)) continue;
+    t += ch < 0x80 ? static_cast<char>(std::tolower(ch)) : static_cast<char>(ch);
+  }
+  std::vector<std::string> words;
+  size_t i = 0;
+  while (i < t.size()) {
+    while (i < t.size() && std::isspace(static_cast<unsigned char>(t[i]))) ++i;
+    size_t j = i;
+    while (j < t.size() && !std::isspace(static_cast<unsigned char>(t[j]))) ++j;
+    if (j > i) {
+      std::string w = t.substr(i, j - i);
+      if (w != "a" && w != "an" && w != "the") words.push_back(std::move(w));
+    }
+    i = j;
+  }
+  return words;
+}
+
+// Token-overlap F1 of two answers (SQuAD); 1 when both normalize to nothing.
+double answer_f1(const std::string& prediction, const std::string& reference) {
+  const std::vector<std::string> p = normalized_words(prediction);
+  const std::vector<std::string> r = normalized_words(reference);
+  if (p.empty() || r.empty()) return p.empty() && r.empty() ? 1.0 : 0.0;
+  std::map<std::string, int> count;
+  for (const auto& w : r) ++count[w];
+  int same = 0;
+  for (const auto& w : p) {
+    auto it = count.find(w);
+    if (it != count.end() && it->second > 0) {
+      --it->second;
+      ++same;
+    }
+  }
+  if (same == 0) return 0.0;
+  const double precision = static_cast<double>(same) / static_cast<double>(p.size());
+  const double recall = static_cast<double>(same) / static_cast<double>(r.size());
+  return 2.0 * precision * recall / (precision + recall);
+}
+
+// KL(P || Q) of the softmax distributions of two logit vectors, in double.
+double kl_softmax(const std::vector<float>& p_logits, const std::vector<float>& q_logits) {
+  auto log_sum_exp = [](const std::vector<float>& v) {
+    double mx = -INFINITY;
+    for (float x : v) mx = std::max(mx, static_cast<double>(x));
+    double sum = 0.0;
+    for (float x : v) sum += std::exp(static_cast<double>(x) - mx);
+    return mx + std::log(sum);
+  };
+  const double lp = log_sum_exp(p_logits), lq = log_sum_exp(q_logits);
+  double kl = 0.0;
+  for (size_t i = 0; i < p_logits.size(); ++i) {
+    const double a = static_cast<double>(p_logits[i]) - lp;
+    const double b = static_cast<double>(q_logits[i]) - lq;
+    kl += std::exp(a) * (a - b);
+  }
+  return std::max(0.0, kl);
+}
+
+int32_t argmax_of(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// Collects an answer; stops at the first newline (keeping the text before it).
+struct AnswerState {
+  std::string text;
+};
+
+int on_answer_token(int32_t, const char* piece, size_t len, void* user) {
+  auto* st = static_cast<AnswerState*>(user);
+  const std::string_view p(piece, len);
+  const size_t nl = p.find('\n');
+  st->text.append(p.substr(0, nl));
+  return nl != std::string_view::npos;
+}
+
+struct ModeResult {
+  std::string answer;
+  std::vector<float> logits;  // first token's
+  double ttft_ms = 0.0;
+  cb_rag_stats st{};
+};
+
+std::vector<float> session_logits(const Session& session) {
+  const float* logits = nullptr;
+  size_t n_vocab = 0;
+  check(cb_session_logits(session.h, &logits, &n_vocab), "cannot read the logits");
+  return {logits, logits + n_vocab};
+}
+
+// One mode on one example: RAG prefill (again if it had to compute chunks,
+// so that the measured run is a cached one), first-token logits, answer.
+ModeResult run_mode(const Session& session, const ChunkCache& cache, const Example& ex,
+                    const cb_rag_options& ro, int max_tokens) {
+  std::vector<const char*> chunks;
+  for (const auto& c : ex.chunks) chunks.push_back(c.c_str());
+  ModeResult r;
+  rag_prefill(session, cache, chunks, ex.question, ro, r.st);
+  if (ro.mode != CB_MODE_FULL && r.st.cache_misses > 0) {
+    // A store writes new chunks back asynchronously: wait for them.
+    check(cb_chunk_cache_flush(cache.h), "cannot flush the chunk cache");
+    rag_prefill(session, cache, chunks, ex.question, ro, r.st);
+    if (r.st.cache_misses > 0) runtime_error("chunks computed in one run were missing in the next");
+  }
+  r.logits = session_logits(session);
+
+  cb_generate_options go;
+  cb_generate_options_init(&go);
+  go.max_tokens = max_tokens;
+  cb_generate_stats gs;
+  cb_generate_stats_init(&gs);
+  AnswerState ans;
+  const cb_status s = cb_generate(session.h, nullptr, 0, &go, on_answer_token, &ans, &gs);
+  if (s != CB_ERR_CANCELLED) check(s, "generation failed");
+  r.answer = ans.text;
+  // TTFT: the RAG prefill plus choosing the first token (a generation that
+  // continues a prefill counts it in gs.ttft_ms).
+  r.ttft_ms = gs.ttft_ms;
+  return r;
+}
+
+// Teacher forcing: full prefill's greedy answer and the logits that predict
+// each of its tokens, then every mode's logits on the same tokens.
+struct ForcedAnswer {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;  // logits[t] predicts tokens[t]
+};
+
+// Greedy continuation of the prefilled session: up to n tokens, ending
+// after an end-of-generation token.
+ForcedAnswer greedy_answer(const Model& model, const Session& session, int n) {
+  ForcedAnswer f;
+  std::vector<float> logits = session_logits(session);
+  for (int t = 0; t < n; ++t) {
+    const int32_t tok = argmax_of(logits);
+    f.tokens.push_back(tok);
+    f.logits.push_back(std::move(logits));
+    if (cb_token_is_end_of_generation(model.h, tok) || t + 1 == n) break;
+    check(cb_session_prefill(session.h, &tok, 1), "cannot feed an answer token");
+    logits = session_logits(session);
+  }
+  return f;
+}
+
+struct ForcedScore {
+  double kl_mean = 0.0;  // over the answer's positions
+  int agree = 0;         // positions whose argmax is full's
+  int positions = 0;
+};
+
+// Feeds `ref`'s tokens after the prefilled session and compares the logits.
+ForcedScore score_forced(const Session& session, const ForcedAnswer& ref) {
+  ForcedScore sc;
+  std::vector<float> logits = session_logits(session);
+  for (size_t t = 0; t < ref.tokens.size(); ++t) {
+    sc.kl_mean += kl_softmax(ref.logits[t], logits);
+    sc.agree += argmax_of(logits) == argmax_of(ref.logits[t]);
+    ++sc.positions;
+    if (t + 1 == ref.tokens.size()) break;
+    check(cb_session_prefill(session.h, &ref.tokens[t], 1), "cannot feed an answer token");
+    logits = session_logits(session);
+  }
+  if (sc.positions > 0) sc.kl_mean /= sc.positions;
+  return sc;
+}
+
+// One line of the report: a mode, and for blend one policy and ratio.
+struct QualityRun {
+  cb_mode mode;
+  size_t select = 0;  // index into the --select list (blend)
+  size_t ratio = 0;   // index into the --ratio list (blend)
+  auto operator<=>(const QualityRun&) const = default;
+};
+
+struct ModeTotals {
+  std::vector<double> f1, fidelity, ttft, compute, computed_fraction, kl_tf, share;
+  int agree = 0, agree_tf = 0, positions_tf = 0, exact = 0, raised = 0;
+  double kl_sum = 0.0;
+  float ratio = 0.0f;
+};
+
+double mean(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+// 1 - mode / reuse, or none when reuse has no gap to close.
+std::optional<double> gap_closed(double mode, double reuse) {
+  if (!(reuse > 0.0)) return std::nullopt;
+  return 1.0 - mode / reuse;
+}
+
+}  // namespace
+
+int cmd_quality(const Args& a) {
+  auto it = a.values.find("--dataset");
+  if (it == a.values.end() || it->second.empty()) usage_error("quality needs --dataset FILE");
+  const std::string path = it->second;
+  const long long limit = parse_int(a, "--limit", 0, 1, 1LL << 40);
+  const long long max_chunks = parse_int(a, "--max-chunks", 0, 1, 1LL << 20);
+  const std::vector<cb_check_layer> schedule = parse_schedule(a);
+  if (!schedule.empty() && a.values.count("--ratio"))
+    usage_error("option --schedule sets the ratios itself: give it or --ratio, not both");
+  const std::vector<float> ratios =
+      schedule.empty() ? parse_ratios(a, true) : std::vector<float>{schedule.back().ratio};
+  const std::vector<cb_mode> modes = parse_modes(a, "full,prefix,reuse,blend");
+  const std::string plot = plot_path(a);
+  const cb_chunk_head head = parse_chunk_head(a);
+  const int max_tokens = static_cast<int>(parse_int(a, "--max-tokens", 12, 1, 4096));
+  const int tf_tokens = static_cast<int>(parse_int(a, "--tf-tokens", 32, 1, 4096));
+  const SelectOptions sel = parse_select_options(a);
+  const uint64_t seed = parse_u64(a, "--seed", 0);
+  const double guard_share = parse_double(a, "--guard-share", 0.0, 0.0, 1.0);
+  const double guard_max_ratio = parse_double(a, "--guard-max-ratio", 0.5, 0.0, 1.0);
+  const bool show = a.switches.count("--show") > 0;
+  const Common c = common_options(a);
+
+  const std::vector<Example> examples =
+      load_dataset(path, limit > 0 ? static_cast<size_t>(limit) : SIZE_MAX,
+                   max_chunks > 0 ? static_cast<size_t>(max_chunks) : SIZE_MAX);
+  Model model;
+  load_model(c, model);
+  const int n_ctx_train = model_n_ctx_train(model);
+
+  // Context for the longest request: chunks and question as tokenized, the
+  // prompt's fixed parts, and the answer (free or teacher-forced).
+  long long need = 0;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    long long n =
+        static_cast<long long>(tokenize(model, examples[i].question, false, false).size()) + 128 +
+        std::max(max_tokens, tf_tokens);
+    for (const auto& ch : examples[i].chunks)
+      n += static_cast<long long>(tokenize(model, ch, false, false).size()) + 4;
+    if (c.n_ctx == 0 && n > n_ctx_train)
+      runtime_error("example " + std::to_string(i) + " needs about " + std::to_string(n) +
+                    " tokens, more than the model's context of " + std::to_string(n_ctx_train) +
+                    " (use --max-chunks)");
+    need = std::max(need, n);
+  }
+  const int n_ctx =
+      c.n_ctx > 0 ? c.n_ctx : static_cast<int>(std::min<long long>(need, n_ctx_train));
+  Session session;
+  create_session(model, c.threads, n_ctx, session);
+  ChunkCache cache;
+  const std::string codec = open_chunk_cache(a, cache);
+
+  // Full prefill first (the reference), then the other modes, blend once
+  // per policy and ratio; reuse always, as the gap blend closes.
+  std::vector<QualityRun> reported;
+  for (cb_mode m : modes) {
+    if (m != CB_MODE_BLEND) {
+      reported.push_back({m, 0, 0});
+      continue;
+    }
+    for (size_t p = 0; p < sel.selects.size(); ++p)
+      for (size_t k = 0; k < ratios.size(); ++k) reported.push_back({m, p, k});
+  }
+  const bool has_blend = std::find(modes.begin(), modes.end(), CB_MODE_BLEND) != modes.end();
+  const bool has_reuse = std::find(modes.begin(), modes.end(), CB_MODE_REUSE) != modes.end();
+  if (has_blend && !has_reuse) reported.push_back({CB_MODE_REUSE, 0, 0});
+  std::vector<QualityRun> run_order = {{CB_MODE_FULL, 0, 0}};
+  for (const QualityRun& r : reported)
+    if (r.mode != CB_MODE_FULL) run_order.push_back(r);
+  std::map<QualityRun, ModeTotals> totals;
+
+  cb_rag_options ro;
+  cb_rag_options_init(&ro);
+  ro.chunk_head = head;
+  ro.system_prompt =
+      "Answer the question using the documents. Reply with only the answer, at most five words.";
+  ro.sink_tokens = sel.sink_tokens;
+  ro.seed = seed;
+  ro.guard_share = static_cast<float>(guard_share);
+  ro.guard_max_ratio = static_cast<float>(guard_max_ratio);
+  if (!schedule.empty()) {
+    ro.schedule = schedule.data();
+    ro.n_schedule = schedule.size();
+  }
+  const auto start = Clock::now();
+  std::vector<const char*> chunk_ptrs;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const Example& ex = examples[i];
+    chunk_ptrs.clear();
+    for (const auto& ch : ex.chunks) chunk_ptrs.push_back(ch.c_str());
+    ModeResult full;
+    ForcedAnswer forced;
+    for (const QualityRun& run : run_order) {
+      const cb_mode m = run.mode;
+      ro.mode = m;
+      ro.select = m == CB_MODE_BLEND ? sel.selects[run.select] : CB_SELECT_DEFAULT;
+      set_ratio(ro, m == CB_MODE_BLEND ? ratios[run.ratio] : 0.15f);
+      ModeResult r = run_mode(session, cache, ex, ro, max_tokens);
+      // The teacher-forced pass prefills the (cached) request again.
+      check(cb_session_reset(session.h), "cannot reset the session");
+      cb_rag_stats again;
+      rag_prefill(session, cache, chunk_ptrs, ex.question, ro, again);
+      ModeTotals& t = totals[run];
+      ForcedScore fs;
+      if (m == CB_MODE_FULL) {
+        // The reference: its own answer agrees everywhere by definition.
+        full = r;
+        forced = greedy_answer(model, session, tf_tokens);
+        fs.positions = fs.agree = static_cast<int>(forced.tokens.size());
+      } else {
+        fs = score_forced(session, forced);
+      }
+      double f1 = 0.0;
+      for (const auto& gold : ex.answers) f1 = std::max(f1, answer_f1(r.answer, gold));
+      t.f1.push_back(f1);
+      t.fidelity.push_back(answer_f1(r.answer, full.answer));
+      t.agree += argmax_of(r.logits) == argmax_of(full.logits);
+      t.kl_sum += kl_softmax(full.logits, r.logits);
+      t.kl_tf.push_back(fs.kl_mean);
+      t.agree_tf += fs.agree;
+      t.positions_tf += fs.positions;
+      t.exact += r.answer == full.answer;
+      t.ttft.push_back(r.ttft_ms);
+      t.compute.push_back(r.st.fuse_ms);
+      t.computed_fraction.push_back(r.st.computed_fraction);
+      t.share.push_back(r.st.selected_share);
+      t.raised += r.st.guard_raised != 0;
+      t.ratio = r.st.ratio;
+      if (show)
+        std::fprintf(stderr, "  %-6s %-9s f1 %.2f  kl %.4f  ttft %7.1f ms  answer: %s\n",
+                     cb_mode_name(m), m == CB_MODE_BLEND ? cb_select_name(ro.select) : "", f1,
+                     kl_softmax(full.logits, r.logits), r.ttft_ms, r.answer.c_str());
+    }
+    const double elapsed = ms_between(start, Clock::now()) / 1000.0;
+    const double eta =
+        elapsed / static_cast<double>(i + 1) * static_cast<double>(examples.size() - i - 1);
+    std::fprintf(stderr, "quality: example %zu/%zu done, %.1f s elapsed, ETA %.0f s%s%s\n", i + 1,
+                 examples.size(), elapsed, eta, show ? "; gold: " : "",
+                 show ? ex.answers.front().c_str() : "");
+    std::fflush(stderr);
+  }
+
+  const double n = static_cast<double>(examples.size());
+  const ModeTotals* reuse = nullptr;
+  for (const auto& [run, t] : totals)
+    if (run.mode == CB_MODE_REUSE) reuse = &t;
+  auto label = [&](const QualityRun& run) {
+    return run.mode == CB_MODE_BLEND ? std::string(cb_select_name(sel.selects[run.select])) + " " +
+                                           ratio_label(ratios[run.ratio])
+                                     : std::string(cb_mode_name(run.mode));
+  };
+  if (c.json) {
+    for (const QualityRun& run : reported) {
+      const cb_mode m = run.mode;
+      const ModeTotals& t = totals[run];
+      cbs::JsonObject o = header("quality", c, model, cb_mode_name(m));
+      o.add("n", static_cast<int64_t>(examples.size()))
+          .add("f1", mean(t.f1))
+          .add("fidelity_f1", mean(t.fidelity))
+          .add("top1_agree", t.agree / n)
+          .add("kl_first", t.kl_sum / n)
+          .add("kl_tf_mean", mean(t.kl_tf))
+          .add("top1_tf",
+               t.positions_tf > 0 ? static_cast<double>(t.agree_tf) / t.positions_tf : 0.0)
+          .add("exact_answer", t.exact / n)
+          .add("tf_tokens", static_cast<int64_t>(tf_tokens))
+          .add("ttft_ms_median", median(t.ttft))
+          .add("compute_ms_median", median(t.compute))
+          .add("computed_fraction", mean(t.computed_fraction))
+          .add("ratio", ratio_value(t.ratio))
+          .add("ratio_mode",
+               m == CB_MODE_BLEND && ratios[run.ratio] == kAutoRatio ? "auto" : "fixed")
+          .add("chunk_head", chunk_head_label(head))
+          .add("codec", codec)
+          .add("max_tokens", static_cast<int64_t>(max_tokens))
+          .add("dataset", path);
+      // Every line has the same keys; the selection's are null outside blend.
+      if (m == CB_MODE_BLEND) {
+        o.add("select", cb_select_name(sel.selects[run.select]))
+            .add("sink_tokens", static_cast<int64_t>(sel.sink_tokens))
+            .add("selected_share_mean", mean(t.share))
+            .add("guard_raised", t.raised / n);
+      } else {
+        o.add_null("select")
+            .add_null("sink_tokens")
+            .add_null("selected_share_mean")
+            .add_null("guard_raised");
+      }
+      if (m == CB_MODE_BLEND && !schedule.empty()) {
+        std::string text;
+        for (const cb_check_layer& cl : schedule)
+          text +=
+              (text.empty() ? "" : ",") + std::to_string(cl.layer) + ":" + ratio_label(cl.ratio);
+        o.add("schedule", text);
+      } else {
+        o.add_null("schedule");
+      }
+      const std::optional<double> gap =
+          reuse ? gap_closed(t.kl_sum / n, reuse->kl_sum / n) : std::nullopt;
+      const std::optional<double> gap_tf =
+          reuse ? gap_closed(mean(t.kl_tf), mean(reuse->kl_tf)) : std::nullopt;
+      if (gap)
+        o.add("gap_closed", *gap);
+      else
+        o.add_null("gap_closed");
+      if (gap_tf)
+        o.add("gap_closed_tf", *gap_tf);
+      else
+        o.add_null("gap_closed_tf");
+      if (max_chunks > 0)
+        o.add("max_chunks", static_cast<int64_t>(max_chunks));
+      else
+        o.add_null("max_chunks");
+      std::printf("%s\n", o.str().c_str());
+    }
+  } else {
+    std::printf(
+        "quality: %zu examples of %s, %s chunks each; %s (%s), %d threads; chunk head "
+        "%s, %s; TTFT on cached runs; teacher forcing over %d tokens\n",
+        examples.size(), path.c_str(),
+        max_chunks > 0 ? ("at most " + std::to_string(max_chunks)).c_str() : "all",
+        model_name(model).c_str(), kernels_name(model).c_str(), c.threads, chunk_head_label(head),
+        cache_label(codec).c_str(), tf_tokens);
+    std::printf("%-16s %6s %6s %8s %9s %8s %8s %6s %10s %12s %9s\n", "run", "ratio", "f1", "fid_f1",
+                "kl_first", "kl_tf", "top1_tf", "exact", "gap_closed", "ttft_ms(med)", "computed");
+    for (const QualityRun& run : reported) {
+      const ModeTotals& t = totals[run];
+      const std::optional<double> gap =
+          reuse ? gap_closed(t.kl_sum / n, reuse->kl_sum / n) : std::nullopt;
+      char gap_text[16] = "-";
+      if (gap) std::snprintf(gap_text, sizeof gap_text, "%.3f", *gap);
+      std::printf("%-16s %6.2f %6.3f %8.3f %9.4f %8.4f %8.3f %6.2f %10s %12.1f %9.3f\n",
+                  label(run).c_str(), static_cast<double>(t.ratio), mean(t.f1), mean(t.fidelity),
+                  t.kl_sum / n, mean(t.kl_tf),
+                  t.positions_tf > 0 ? static_cast<double>(t.agree_tf) / t.positions_tf : 0.0,
+                  t.exact / n, gap_text, median(t.ttft), mean(t.computed_fraction));
+    }
+  }
+  if (!plot.empty()) {
+    // Fidelity against cost: one line per policy through its ratios, the
+    // other modes as single points.
+    auto draw = [&](const std::string& png, const std::string& ylabel, auto value) {
+      PlotSpec spec;
+      spec.title = "fidelity against cost, " + std::to_string(examples.size()) + " examples of " +
+                   path + (max_chunks > 0 ? ", " + std::to_string(max_chunks) + " chunks" : "");
+      spec.xlabel = "computed fraction of a full prefill";
+      spec.ylabel = ylabel;
+      for (size_t p = 0; p < sel.selects.size(); ++p) {
+        PlotSeries line{cb_select_name(sel.selects[p]), {}, false};
+        for (const QualityRun& run : reported)
+          if (run.mode == CB_MODE_BLEND && run.select == p) {
+            const ModeTotals& t = totals[run];
+            line.points.push_back({mean(t.computed_fraction), value(t)});
+          }
+        std::sort(line.points.begin(), line.points.end());
+        if (!line.points.empty()) spec.series.push_back(line);
+      }
+      for (const QualityRun& run : reported)
+        if (run.mode != CB_MODE_BLEND) {
+          const ModeTotals& t = totals[run];
+          const double x = mean(t.computed_fraction), y = value(t);
+          spec.series.push_back({cb_mode_name(run.mode), {{x, y}, {x, y}}, true});
+        }
+      draw_plot(png, spec);
+    };
+    draw(plot, "KL(full || run), first token", [&](const ModeTotals& t) { return t.kl_sum / n; });
+    const size_t dot = plot.rfind('.');
+    const std::string tf_png = dot == std::string::npos || dot < plot.rfind('/') + 1
+                                   ? plot + "_tf"
+                                   : plot.substr(0, dot) + "_tf" + plot.substr(dot);
+    draw(tf_png, "top-1 agreement, teacher-forced answer", [&](const ModeTotals& t) {
+      return t.positions_tf > 0 ? static_cast<double>(t.agree_tf) / t.positions_tf : 0.0;
+    });
+  }
+  return 0;
+}
+
+}  // namespace cbbench
