@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <array>
 
-#include "runtime/tokenizer/tokenizer.h"
+#include "runtime/tokenizer/token_type.h"
 
 namespace cb::tok {
 

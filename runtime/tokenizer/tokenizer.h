@@ -14,18 +14,9 @@
 #include <string_view>
 #include <vector>
 
-namespace cb {
+#include "runtime/tokenizer/token_type.h"
 
-// GGUF token types (tokenizer.ggml.token_type).
-enum class TokenType : int32_t {
-  kUndefined = 0,
-  kNormal = 1,
-  kUnknown = 2,
-  kControl = 3,
-  kUserDefined = 4,
-  kUnused = 5,
-  kByte = 6,
-};
+namespace cb {
 
 // Everything the tokenizer needs, as read from GGUF metadata (runtime/ fills
 // it from the file; tests may fill it by hand).
