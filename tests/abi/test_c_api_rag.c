@@ -1,0 +1,526 @@
+/* The C API: the abort callback, RAG prefills over a chunk cache on flash
+ * (stored chunks, corrupt files, read caps), and chunks added ahead of
+ * time with cb_chunk_cache_add. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "c_api_test.h"
+
+/* ------------------------------------------------------------------------ */
+/* Retrieval-augmented prefill                                                */
+
+/* The answer is in the second chunk, whose cached KV (computed without the
+ * first chunk before it) is what blending has to correct. */
+const char* const kRagChunks[2] = {
+    "The museum opens at nine in the morning and closes at five in the evening.",
+    "The secret code of the vault is 4721. Only the bank manager knows it."};
+const char* const kRagQuestion = "What is the secret code of the vault?";
+
+/* The abort callback: counts its calls and asks to stop from call `stop_at`
+ * on (0: never), or whenever `flag` is set. */
+typedef struct {
+  int calls;
+  int stop_at;
+  int flag;
+  int tokens; /* seen by flag_after_two */
+} abort_state;
+
+static int count_and_abort(void* user) {
+  abort_state* a = (abort_state*)user;
+  ++a->calls;
+  return a->flag || (a->stop_at > 0 && a->calls >= a->stop_at);
+}
+
+/* Sets the abort flag after two tokens, as another thread would. */
+static int flag_after_two(int32_t token, const char* piece, size_t piece_len, void* user) {
+  abort_state* a = (abort_state*)user;
+  (void)token;
+  (void)piece;
+  (void)piece_len;
+  if (++a->tokens >= 2) a->flag = 1;
+  return 0;
+}
+
+/* Cancellation: a prefill stops between the steps of a layer and leaves the
+ * session as it was; a RAG prefill leaves it empty; generation stops between
+ * tokens.  After each, the same work without the callback gives the same
+ * result as a session that was never cancelled. */
+void test_abort_callback(cb_model* m) {
+  cb_session_options so;
+  cb_session* s = NULL;
+  cb_model_info info;
+  abort_state ab;
+  int32_t ids[400];
+  size_t n = 0, nv = 0, nv2 = 0;
+  const float* l = NULL;
+  float* first = NULL;
+  float* whole = NULL;
+  int calls_per_prefill = 0;
+  char text[4096] = "";
+  int i;
+  for (i = 0; i < 16; ++i)
+    strcat(text, "The lighthouse keeper counted the ships that passed in the night. ");
+  cb_model_info_init(&info);
+  CHECK_OK(cb_model_get_info(m, &info));
+  CHECK_OK(cb_tokenize(m, text, strlen(text), 1, 0, ids, 400, &n));
+  CHECK(n > 150);
+  cb_session_options_init(&so);
+  so.n_ctx = 512;
+  so.n_batch = 64; /* several batches per prefill */
+  CHECK_OK(cb_session_create(m, &so, &s));
+  if (s == NULL) return;
+  CHECK_ERR(cb_session_set_abort_callback(NULL, count_and_abort, &ab), CB_ERR_INVALID_ARGUMENT);
+
+  /* Uncancelled: the first 10 tokens, then the rest; the callback is asked
+   * several times per layer of every batch. */
+  CHECK_OK(cb_session_prefill(s, ids, 10));
+  CHECK_OK(cb_session_logits(s, &l, &nv));
+  first = (float*)malloc(nv * sizeof(float));
+  whole = (float*)malloc(nv * sizeof(float));
+  if (first == NULL || whole == NULL) goto done;
+  memcpy(first, l, nv * sizeof(float));
+  memset(&ab, 0, sizeof ab);
+  CHECK_OK(cb_session_set_abort_callback(s, count_and_abort, &ab));
+  CHECK_OK(cb_session_prefill(s, ids + 10, n - 10));
+  calls_per_prefill = ab.calls;
+  CHECK(calls_per_prefill >= 4 * info.n_layer * (int)((n - 10 + 63) / 64));
+  CHECK_OK(cb_session_logits(s, &l, &nv));
+  memcpy(whole, l, nv * sizeof(float));
+
+  /* Cancelled half-way through the second batch: n_past and the logits are
+   * those before the call. */
+  CHECK_OK(cb_session_reset(s));
+  CHECK_OK(cb_session_prefill(s, ids, 10));
+  memset(&ab, 0, sizeof ab);
+  ab.stop_at = calls_per_prefill / 2;
+  CHECK_ERR(cb_session_prefill(s, ids + 10, n - 10), CB_ERR_CANCELLED);
+  CHECK(ab.calls == ab.stop_at);
+  CHECK(cb_session_n_past(s) == 10);
+  CHECK_OK(cb_session_logits(s, &l, &nv2));
+  CHECK(nv2 == nv && memcmp(l, first, nv * sizeof(float)) == 0);
+  /* The same prefill without the callback: as if never cancelled. */
+  CHECK_OK(cb_session_set_abort_callback(s, NULL, NULL));
+  CHECK_OK(cb_session_prefill(s, ids + 10, n - 10));
+  CHECK(cb_session_n_past(s) == (int32_t)n);
+  CHECK_OK(cb_session_logits(s, &l, &nv2));
+  CHECK(memcmp(l, whole, nv * sizeof(float)) == 0);
+
+  /* cb_generate: a prompt cancelled at once leaves the session as it was;
+   * a flag set after two tokens stops the decoding there. */
+  {
+    cb_generate_options go;
+    cb_generate_stats gs;
+    cb_generate_options_init(&go);
+    go.max_tokens = 8;
+    CHECK_OK(cb_session_reset(s));
+    memset(&ab, 0, sizeof ab);
+    ab.flag = 1;
+    CHECK_OK(cb_session_set_abort_callback(s, count_and_abort, &ab));
+    CHECK_ERR(cb_generate(s, ids, 40, &go, NULL, NULL, NULL), CB_ERR_CANCELLED);
+    CHECK(cb_session_n_past(s) == 0 && ab.calls == 1);
+    memset(&ab, 0, sizeof ab);
+    cb_generate_stats_init(&gs);
+    CHECK_ERR(cb_generate(s, ids, 40, &go, flag_after_two, &ab, &gs), CB_ERR_CANCELLED);
+    CHECK(strstr(cb_last_error(), "abort callback") != NULL);
+    CHECK(gs.n_generated == 2 && gs.stop_reason == CB_STOP_CANCELLED);
+    CHECK(cb_session_n_past(s) == 42); /* the prompt and both tokens (the second pending) */
+  }
+
+  /* cb_rag_prefill cancelled part-way leaves the session empty; without the
+   * callback the request then runs. */
+  {
+    cb_rag_options ro;
+    cb_rag_stats st;
+    cb_rag_options_init(&ro);
+    ro.mode = CB_MODE_FULL;
+    CHECK_OK(cb_session_reset(s));
+    memset(&ab, 0, sizeof ab);
+    ab.stop_at = 3 * info.n_layer;
+    CHECK_OK(cb_session_set_abort_callback(s, count_and_abort, &ab));
+    cb_rag_stats_init(&st);
+    CHECK_ERR(cb_rag_prefill(s, NULL, kRagChunks, 2, kRagQuestion, &ro, &st), CB_ERR_CANCELLED);
+    CHECK(cb_session_n_past(s) == 0);
+    CHECK_OK(cb_session_set_abort_callback(s, NULL, NULL));
+    CHECK_OK(cb_rag_prefill(s, NULL, kRagChunks, 2, kRagQuestion, &ro, &st));
+    CHECK(cb_session_n_past(s) == st.n_tokens);
+  }
+done:
+  free(first);
+  free(whole);
+  cb_session_free(s);
+}
+
+/* One RAG request on the reset session `s`, then greedy generation of up
+ * to 12 tokens into `out`; the first-token logits are copied to `logits`
+ * (n_vocab floats) when not NULL. */
+cb_status rag_answer(cb_session* s, cb_chunk_cache* cache, const cb_rag_options* ro,
+                     cb_rag_stats* st, collector* out, float* logits, int32_t n_vocab) {
+  cb_generate_options go;
+  cb_generate_stats gs;
+  cb_status status;
+  memset(out, 0, sizeof *out);
+  if (cb_session_reset(s) != CB_OK) return CB_ERR_INTERNAL;
+  status = cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, ro, st);
+  if (status != CB_OK) return status;
+  if (logits != NULL) {
+    const float* l = NULL;
+    size_t n = 0;
+    status = cb_session_logits(s, &l, &n);
+    if (status != CB_OK) return status;
+    if (n != (size_t)n_vocab) return CB_ERR_INTERNAL;
+    memcpy(logits, l, n * sizeof(float));
+  }
+  cb_generate_options_init(&go);
+  go.max_tokens = 12;
+  cb_generate_stats_init(&gs);
+  status = cb_generate(s, NULL, 0, &go, collect, out, &gs);
+  /* The request's time to first token includes the RAG prefill. */
+  if (st != NULL) CHECK(gs.prefill_ms >= st->total_ms && gs.ttft_ms >= gs.prefill_ms);
+  return status;
+}
+
+int32_t argmax(const float* v, int32_t n) {
+  int32_t i, best = 0;
+  for (i = 1; i < n; ++i)
+    if (v[i] > v[best]) best = i;
+  return best;
+}
+
+/* ||a - b|| / ||b|| */
+double rel_l2(const float* a, const float* b, int32_t n) {
+  double num = 0.0, den = 0.0;
+  int32_t i;
+  for (i = 0; i < n; ++i) {
+    num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    den += (double)b[i] * b[i];
+  }
+  return den > 0.0 ? sqrt(num / den) : 1.0;
+}
+
+/* The chunk cache on flash: a miss is computed and written back, the next
+ * request reads it from the store and answers the same; bad options are
+ * refused. */
+void test_rag_store(cb_model* m) {
+  char dir[] = "/tmp/cb_c_api_store.XXXXXX";
+  cb_chunk_cache* cache = NULL;
+  cb_store_options so;
+  cb_session_options sess_o;
+  cb_session* s = NULL;
+  cb_rag_options ro;
+  cb_rag_stats st;
+  cb_chunk_cache_stats cs;
+  collector c1, c2;
+  char cmd[128];
+
+  CHECK(mkdtemp(dir) != NULL);
+  cb_store_options_init(&so);
+  CHECK(so.struct_size == sizeof so && so.codec == CB_CODEC_Q8 && so.capacity_bytes > 0);
+  CHECK_ERR(cb_chunk_cache_open(NULL, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, NULL), CB_ERR_INVALID_ARGUMENT);
+  so.codec = (cb_codec)9;
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  CHECK(cache == NULL);
+  so.codec = CB_CODEC_Q8;
+  so.struct_size = 3;
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_open("/proc/no_such_dir/store", NULL, &cache), CB_ERR_IO);
+  CHECK(strlen(cb_last_error()) > 0);
+  cb_store_options_init(&so);
+  CHECK_OK(cb_chunk_cache_open(dir, &so, &cache));
+  CHECK_ERR(cb_chunk_cache_flush(NULL), CB_ERR_INVALID_ARGUMENT);
+
+  cb_session_options_init(&sess_o);
+  sess_o.n_threads = 2;
+  sess_o.n_ctx = 512;
+  CHECK_OK(cb_session_create(m, &sess_o, &s));
+  cb_rag_options_init(&ro);
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c1, NULL, 0));
+  CHECK(st.cache_misses == 2 && st.cache_hits == 0);
+  CHECK_OK(cb_chunk_cache_flush(cache));
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c2, NULL, 0));
+  CHECK(st.cache_hits == 2 && st.cache_misses == 0);
+  CHECK(strstr(c2.text, "4721") != NULL);
+  CHECK(st.pipelined == 1 && st.bytes_read > 0);
+  /* Only a discrete GPU copies loaded KV (upload_ms, timed by the GPU). */
+  CHECK(st.upload_ms >= 0.0);
+  if (strcmp(backend_of(m), "cpu") == 0) CHECK(st.upload_ms == 0.0);
+  /* The same request without the loader thread gives the same answer; a
+   * stats struct from before upload_ms existed is still filled. */
+  ro.pipeline = 0;
+  cb_rag_stats_init(&st);
+  st.struct_size = offsetof(cb_rag_stats, upload_ms);
+  st.upload_ms = -7.0;
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c1, NULL, 0));
+  CHECK(st.pipelined == 0 && strcmp(c1.text, c2.text) == 0);
+  CHECK(st.bytes_read > 0 && st.upload_ms == -7.0);
+  /* Auto ratio: the controller's choice is at least r_min = 0.15. */
+  ro.pipeline = 1;
+  ro.auto_ratio = 1;
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c1, NULL, 0));
+  CHECK(st.ratio >= 0.15f && st.ratio <= 1.0f);
+  ro.mode = CB_MODE_REUSE;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  ro.mode = CB_MODE_BLEND;
+  ro.auto_ratio = 0;
+  cb_chunk_cache_stats_init(&cs);
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 2 && cs.hits >= 2 && cs.bytes_read > 0 && cs.corrupt_drops == 0);
+
+  /* The caller's read speed overrides the measured one: at an assumed
+   * 1 byte/s, reading could never hide behind recompute, so the controller
+   * recomputes everything and reads nothing.  A struct from before the
+   * field existed is still accepted. */
+  cb_chunk_cache_free(cache);
+  cache = NULL;
+  cb_store_options_init(&so);
+  so.struct_size = offsetof(cb_store_options, assumed_read_bytes_per_sec);
+  CHECK_OK(cb_chunk_cache_open(dir, &so, &cache));
+  cb_chunk_cache_free(cache);
+  cache = NULL;
+  cb_store_options_init(&so);
+  so.assumed_read_bytes_per_sec = -1.0;
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  so.assumed_read_bytes_per_sec = 1.0;
+  CHECK_OK(cb_chunk_cache_open(dir, &so, &cache));
+  ro.auto_ratio = 1;
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c1, NULL, 0));
+  CHECK(st.ratio == 1.0f && st.bytes_read == 0 && st.cache_hits == 2);
+  CHECK(strstr(c1.text, "4721") != NULL);
+  ro.auto_ratio = 0;
+  cb_chunk_cache_stats_init(&cs);
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 2 && cs.hits >= 2 && cs.bytes_read == 0); /* found, not read */
+  CHECK_OK(cb_chunk_cache_clear(cache));
+  cb_chunk_cache_stats_init(&cs);
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 0);
+
+  cb_session_free(s);
+  cb_chunk_cache_free(cache);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
+/* Precomputing chunks from text (an ingest step): what cb_chunk_cache_add
+ * stores is what cb_rag_prefill finds with the same options, in RAM and on
+ * flash; other options (namespace, system prompt, chunk head) do not see it. */
+void test_chunk_cache_add(cb_model* m) {
+  char dir[] = "/tmp/cb_c_api_add.XXXXXX";
+  char cmd[128];
+  char text[64], with_blank[160];
+  int made_dir = 0;
+  cb_chunk_cache* cache = NULL;
+  cb_session* s = NULL;
+  cb_session* small = NULL;
+  cb_session_options so;
+  cb_rag_options ro, other;
+  cb_rag_stats st;
+  cb_chunk_cache_stats cs;
+  collector c;
+  int32_t computed = -1, n_tok = -1, found = -1, ids[64];
+  size_t n = 0, i;
+  char* long_chunk;
+
+  cb_session_options_init(&so);
+  so.n_ctx = 512;
+  so.n_threads = 2;
+  CHECK_OK(cb_session_create(m, &so, &s));
+  CHECK_OK(cb_chunk_cache_create(&cache));
+  if (s == NULL || cache == NULL) goto done;
+  cb_rag_options_init(&ro);
+
+  /* RAM: absent, added (computed once), then found. */
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], &ro, &found));
+  CHECK(found == 0);
+  CHECK_OK(cb_chunk_cache_add(s, cache, kRagChunks[0], &ro, &computed, &n_tok));
+  CHECK(computed == 1);
+  CHECK(cb_session_n_past(s) == 0);
+  /* The chunk's tokens are its text plus a blank line, tokenized as data. */
+  snprintf(with_blank, sizeof with_blank, "%s\n\n", kRagChunks[0]);
+  CHECK_OK(cb_tokenize(m, with_blank, CB_NUL_TERMINATED, 0, 0, ids, 64, &n));
+  CHECK(n > 0 && n_tok == (int32_t)n);
+  snprintf(text, sizeof text, "%.40s", kRagChunks[0]);
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], NULL, &found));
+  CHECK(found == 1);
+  computed = -1;
+  CHECK_OK(cb_chunk_cache_add(s, cache, kRagChunks[0], NULL, &computed, NULL));
+  CHECK(computed == 0);
+  CHECK_OK(cb_chunk_cache_add(s, cache, kRagChunks[1], &ro, NULL, NULL));
+  cb_chunk_cache_stats_init(&cs);
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 2);
+  /* A prefix of a chunk is another chunk. */
+  CHECK_OK(cb_chunk_cache_contains(m, cache, text, &ro, &found));
+  CHECK(found == 0);
+
+  /* Each part of the key separates entries. */
+  other = ro;
+  other.cache_namespace = "tenant-b";
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], &other, &found));
+  CHECK(found == 0);
+  other = ro;
+  other.system_prompt = "You are a terse assistant.";
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], &other, &found));
+  CHECK(found == 0);
+  other = ro;
+  other.chunk_head = CB_CHUNK_HEAD_NONE;
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], &other, &found));
+  CHECK(found == 0);
+  /* The default namespace is both NULL and "". */
+  other = ro;
+  other.cache_namespace = "";
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], &other, &found));
+  CHECK(found == 1);
+
+  /* The request finds both chunks and answers from them. */
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c, NULL, 0));
+  CHECK(st.cache_hits == 2 && st.cache_misses == 0);
+  CHECK(strstr(c.text, "4721") != NULL);
+
+  /* With another chunk head and namespace: added there, found there. */
+  other = ro;
+  other.chunk_head = CB_CHUNK_HEAD_NONE;
+  other.cache_namespace = "tenant-b";
+  CHECK_OK(cb_session_reset(s));
+  for (i = 0; i < 2; ++i) {
+    computed = -1;
+    CHECK_OK(cb_chunk_cache_add(s, cache, kRagChunks[i], &other, &computed, NULL));
+    CHECK(computed == 1);
+  }
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &other, &st, &c, NULL, 0));
+  CHECK(st.cache_hits == 2 && st.cache_misses == 0);
+  /* Removed from that namespace only: a miss there, still a hit in the
+   * default one; a second removal finds nothing. */
+  found = -1;
+  CHECK_OK(cb_chunk_cache_remove(m, cache, kRagChunks[1], &other, &found));
+  CHECK(found == 1);
+  CHECK_OK(cb_chunk_cache_remove(m, cache, kRagChunks[1], &other, &found));
+  CHECK(found == 0);
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[1], &other, &found));
+  CHECK(found == 0);
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[1], &ro, &found));
+  CHECK(found == 1);
+  CHECK_OK(cb_chunk_cache_remove(m, cache, "never added", NULL, NULL));
+  CHECK_ERR(cb_chunk_cache_remove(m, cache, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_remove(NULL, cache, kRagChunks[1], NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+
+  /* Misuse. */
+  CHECK_OK(cb_session_reset(s));
+  CHECK_ERR(cb_chunk_cache_add(NULL, cache, kRagChunks[0], NULL, NULL, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_add(s, NULL, kRagChunks[0], NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_add(s, cache, NULL, NULL, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_contains(NULL, cache, kRagChunks[0], NULL, &found),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_contains(m, NULL, kRagChunks[0], NULL, &found), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_contains(m, cache, NULL, NULL, &found), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_contains(m, cache, kRagChunks[0], NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  other = ro;
+  other.struct_size = 5;
+  CHECK_ERR(cb_chunk_cache_add(s, cache, "new chunk", &other, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_contains(m, cache, kRagChunks[0], &other, &found),
+            CB_ERR_INVALID_ARGUMENT);
+  other = ro;
+  other.chunk_head = (cb_chunk_head)7;
+  CHECK_ERR(cb_chunk_cache_add(s, cache, "new chunk", &other, NULL, NULL), CB_ERR_INVALID_ARGUMENT);
+  /* A session that is not empty; outputs untouched on error. */
+  CHECK_OK(cb_tokenize(m, "Hello", CB_NUL_TERMINATED, 0, 0, ids, 64, &n));
+  CHECK_OK(cb_session_prefill(s, ids, n));
+  computed = -7;
+  CHECK_ERR(cb_chunk_cache_add(s, cache, "new chunk", NULL, &computed, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK(computed == -7);
+  CHECK_OK(cb_session_reset(s));
+  /* A chunk (plus its head) longer than the context: nothing stored, the
+   * session stays empty and usable. */
+  cb_session_options_init(&so);
+  so.n_ctx = 48;
+  so.n_threads = 2;
+  CHECK_OK(cb_session_create(m, &so, &small));
+  long_chunk = (char*)malloc(2000);
+  if (small != NULL && long_chunk != NULL) {
+    long_chunk[0] = '\0';
+    for (i = 0; i < 40; ++i) strcat(long_chunk, "The vault is closed. ");
+    CHECK_ERR(cb_chunk_cache_add(small, cache, long_chunk, NULL, NULL, NULL),
+              CB_ERR_CONTEXT_OVERFLOW);
+    CHECK(cb_session_n_past(small) == 0);
+    CHECK_OK(cb_chunk_cache_contains(m, cache, long_chunk, NULL, &found));
+    CHECK(found == 0);
+    /* A short chunk without a chunk head fits. */
+    other = ro;
+    other.chunk_head = CB_CHUNK_HEAD_NONE;
+    CHECK_OK(cb_chunk_cache_add(small, cache, "A short chunk.", &other, &computed, &n_tok));
+    CHECK(computed == 1 && n_tok > 0 && cb_session_n_past(small) == 0);
+  }
+  free(long_chunk);
+  cb_session_free(small);
+
+  /* Flash: added chunks are written at once, survive closing the cache, and
+   * are hits for the request; contains counts as a lookup in the stats. */
+  cb_chunk_cache_free(cache);
+  cache = NULL;
+  made_dir = mkdtemp(dir) != NULL;
+  CHECK(made_dir);
+  if (!made_dir) goto done;
+  CHECK_OK(cb_chunk_cache_open(dir, NULL, &cache));
+  if (cache == NULL) goto done;
+  for (i = 0; i < 2; ++i) {
+    computed = -1;
+    CHECK_OK(cb_chunk_cache_add(s, cache, kRagChunks[i], &ro, &computed, NULL));
+    CHECK(computed == 1);
+    CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[i], &ro, &found));
+    CHECK(found == 1);
+  }
+  CHECK_OK(cb_chunk_cache_flush(cache));
+  cb_chunk_cache_free(cache);
+  cache = NULL;
+  CHECK_OK(cb_chunk_cache_open(dir, NULL, &cache));
+  if (cache == NULL) goto done;
+  cb_chunk_cache_stats_init(&cs);
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 2 && cs.hits == 0 && cs.misses == 0);
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[1], &ro, &found));
+  CHECK(found == 1);
+  CHECK_OK(cb_chunk_cache_contains(m, cache, "not ingested", &ro, &found));
+  CHECK(found == 0);
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.hits == 1 && cs.misses == 1);
+  computed = -1;
+  CHECK_OK(cb_chunk_cache_add(s, cache, kRagChunks[0], &ro, &computed, NULL));
+  CHECK(computed == 0);
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c, NULL, 0));
+  CHECK(st.cache_hits == 2 && st.cache_misses == 0 && st.bytes_read > 0);
+  CHECK(strstr(c.text, "4721") != NULL);
+  /* Removal on flash deletes the entry, also across a reopen. */
+  CHECK_OK(cb_chunk_cache_remove(m, cache, kRagChunks[0], &ro, &found));
+  CHECK(found == 1);
+  cb_chunk_cache_free(cache);
+  cache = NULL;
+  CHECK_OK(cb_chunk_cache_open(dir, NULL, &cache));
+  if (cache == NULL) goto done;
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+  CHECK(cs.n_entries == 1);
+  CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], &ro, &found));
+  CHECK(found == 0);
+
+done:
+  cb_session_free(s);
+  cb_chunk_cache_free(cache);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (made_dir) CHECK(system(cmd) == 0);
+}
+
+/* A token callback that misuses its own session: calls into it (refused)
+ * and frees it after `free_at` tokens (carried out when cb_generate
+ * returns). */
