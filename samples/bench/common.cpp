@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "long_option.h"
 #include "model_path.h"
 #include "number_arg.h"
 
@@ -77,18 +78,9 @@ Args parse_args(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h") arg = "--help";
+    if (arg.rfind("--", 0) != 0) usage_error("unexpected argument '" + arg + "'");
     std::string value;
-    bool has_inline = false;
-    if (arg.rfind("--", 0) == 0) {
-      const size_t eq = arg.find('=');
-      if (eq != std::string::npos) {
-        value = arg.substr(eq + 1);
-        arg = arg.substr(0, eq);
-        has_inline = true;
-      }
-    } else {
-      usage_error("unexpected argument '" + arg + "'");
-    }
+    const bool has_inline = cbs::split_inline_value(arg, value);
     if (switches.count(arg)) {
       if (has_inline) usage_error("option " + arg + " takes no value");
       a.switches.insert(arg);

@@ -18,6 +18,7 @@
 #include "answer.h"
 #include "app.h"
 #include "ingest.h"
+#include "long_option.h"
 #include "number_arg.h"
 #include "ratio_arg.h"
 
@@ -133,15 +134,7 @@ int run(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     std::string value;
-    bool has_inline = false;
-    if (arg.rfind("--", 0) == 0) {
-      const size_t eq = arg.find('=');
-      if (eq != std::string::npos) {
-        value = arg.substr(eq + 1);
-        arg = arg.substr(0, eq);
-        has_inline = true;
-      }
-    }
+    const bool has_inline = cbs::split_inline_value(arg, value);
     auto next = [&]() -> std::string {
       if (has_inline) return value;
       if (i + 1 >= argc) usage("option " + arg + " needs a value");
