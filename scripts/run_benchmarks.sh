@@ -16,8 +16,9 @@
 # Environment: BUILD (default build: where bin/cb_bench, bin/test_runtime,
 # bin/test_cache and bin/rag_assistant are), OUT (default docs/bench; a new
 # temporary directory with --quick), THREADS (default 2, as in BENCHMARKS.md),
-# CB_MODEL (the model), DATASET (the quality sections' data set: a JSON list
-# of {question, answers[], ctxs[{title, text}]}, e.g. a MuSiQue dev split).
+# CB_MODEL (the model), DATASET or CB_DEV_DATA (the quality sections' data
+# set: a JSON list of {question, answers[], ctxs[{title, text}]}, e.g. a
+# MuSiQue dev split written by scripts/musique_dataset.py).
 #
 # After a full run into docs/bench, scripts/write_benchmarks_md.py rewrites
 # the regions between <!-- generated:NAME --> markers of docs/BENCHMARKS.md
@@ -100,7 +101,7 @@ else
 fi
 [ "$NO_DOC" = 1 ] && DOC=""
 BENCH="$BUILD/bin/cb_bench"
-DATASET="${DATASET:-}"
+DATASET="${DATASET:-${CB_DEV_DATA:-}}"
 MODEL_ARGS=()
 [ -n "${CB_MODEL:-}" ] && MODEL_ARGS=(--model "$CB_MODEL")
 if [ ! -x "$BENCH" ]; then

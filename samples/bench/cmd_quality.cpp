@@ -278,8 +278,11 @@ std::optional<double> gap_closed(double mode, double reuse) {
 
 int cmd_quality(const Args& a) {
   auto it = a.values.find("--dataset");
-  if (it == a.values.end() || it->second.empty()) usage_error("quality needs --dataset FILE");
-  const std::string path = it->second;
+  const char* env = std::getenv("CB_DEV_DATA");
+  const std::string path = it != a.values.end() ? it->second : env != nullptr ? env : "";
+  if (path.empty())
+    usage_error(
+        "quality needs --dataset FILE (or $CB_DEV_DATA; scripts/musique_dataset.py writes one)");
   const long long limit = parse_int(a, "--limit", 0, 1, 1LL << 40);
   const long long max_chunks = parse_int(a, "--max-chunks", 0, 1, 1LL << 20);
   const std::vector<cb_check_layer> schedule = parse_schedule(a);

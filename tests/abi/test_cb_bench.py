@@ -37,6 +37,7 @@ def check(cond, what, detail=""):
 def run(bench, args, env=None, timeout=300):
     e = dict(os.environ)
     e.pop("CB_MODEL", None)
+    e.pop("CB_DEV_DATA", None)
     if env:
         e.update(env)
     p = subprocess.run([bench] + args, capture_output=True, timeout=timeout, env=e)
@@ -103,6 +104,37 @@ def is_png(path):
             return f.read(8) == PNG_SIGNATURE and os.path.getsize(path) > 1000
     except OSError:
         return False
+
+
+def test_musique_dataset(bench, common, tmp):
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                          "musique_dataset.py")
+    split = os.path.join(tmp, "musique.jsonl")
+    paragraphs = [{"idx": i, "title": ex["title"], "paragraph_text": ex["text"],
+                   "is_supporting": i == 0} for i, ex in enumerate(TINY_DATASET[0]["ctxs"])]
+    with open(split, "w") as f:
+        for answerable in (False, True):
+            f.write(json.dumps({"id": "q", "question": TINY_DATASET[0]["question"],
+                                "answer": TINY_DATASET[0]["answers"][0],
+                                "answer_aliases": ["alias"], "paragraphs": paragraphs,
+                                "answerable": answerable}) + "\n")
+    out = os.path.join(tmp, "musique.json")
+    p = subprocess.run([sys.executable, script, split, out], capture_output=True, text=True)
+    data = json.load(open(out)) if p.returncode == 0 else []
+    check(p.returncode == 0 and len(data) == 1
+          and data[0]["answers"] == TINY_DATASET[0]["answers"][:1] + ["alias"]
+          and data[0]["ctxs"] == TINY_DATASET[0]["ctxs"],
+          "musique_dataset.py: answerable questions in cb_bench's format", p.stderr)
+    rc, out_text, err = run(bench, ["quality", "--limit", "1", "--modes", "full,reuse",
+                                    "--tf-tokens", "2", "--json"] + common,
+                            env={"CB_DEV_DATA": out})
+    check(rc == 0 and [o.get("mode") for o in json_lines(out_text) or []] == ["full", "reuse"],
+          "quality reads $CB_DEV_DATA without --dataset", describe(rc, out_text, err))
+    with open(split, "w") as f:
+        f.write('{"question": "no paragraphs"}\n')
+    p = subprocess.run([sys.executable, script, split, out], capture_output=True, text=True)
+    check(p.returncode == 1 and "not a MuSiQue question" in p.stderr,
+          "musique_dataset.py: a line that is not a MuSiQue question is an error", p.stderr)
 
 
 def test_plots(bench, common, dataset, tmp):
@@ -268,6 +300,9 @@ def test_rag(bench, common):
             json.dump([{"question": "x", "answers": ["y"], "ctxs": [{"title": 3}]}], f)
         expect_error(bench, ["quality", "--dataset", wrong] + common,
                      "quality: wrong dataset structure", must_contain="example 0")
+
+        # A MuSiQue split through scripts/musique_dataset.py, found by $CB_DEV_DATA.
+        test_musique_dataset(bench, common, tmp)
 
         # Usage errors (exit 2).
         q = ["quality", "--dataset", data]
