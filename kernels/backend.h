@@ -96,6 +96,12 @@ class Backend {
   virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
   // out[i] = a[i] + b[i]  (out may alias a or b)
   virtual void add(const float* a, const float* b, int64_t n, float* out) = 0;
+  // x[r][i] += bias[i] for r < n_rows, i < dim: a projection's bias (bias
+  // may be host memory).  Bitwise what add() gives row by row, which is how
+  // the default does it; a backend may do it in one pass.
+  virtual void add_bias(float* x, const float* bias, int64_t n_rows, int64_t dim) {
+    for (int64_t r = 0; r < n_rows; ++r) add(x + r * dim, bias, dim, x + r * dim);
+  }
   // dst[r] = src[idx[r]]   (rows of row_len floats)
   virtual void gather_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
                            float* dst) = 0;

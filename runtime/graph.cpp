@@ -115,6 +115,10 @@ void Graph::add_into(TensorId dst, TensorId src) {
   push(Op::kAdd, dst, src);
 }
 
+void Graph::add_bias(TensorId x, const float* bias) {
+  push(Op::kAddBias, x).vec = bias;
+}
+
 TensorId Graph::gather_rows(TensorId src, const int32_t* idx, int64_t n) {
   TensorId out = new_tensor(n, tensors_[src].cols);
   push(Op::kGatherRows, out, src).ints = idx;
@@ -232,6 +236,9 @@ void Graph::run_node(Backend& be, const Node& n, void* arena) const {
       break;
     case Op::kAdd:
       be.add(out, a, to.rows * to.cols, out);
+      break;
+    case Op::kAddBias:
+      be.add_bias(out, n.vec, to.rows, to.cols);
       break;
     case Op::kGatherRows:
       be.gather_rows(a, to.cols, n.ints, to.rows, out);

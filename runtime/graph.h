@@ -42,7 +42,8 @@ class Graph {
   TensorId attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId v, int64_t n_kv,
                      int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale);
   TensorId silu_mul(TensorId gate, TensorId up);
-  void add_into(TensorId dst, TensorId src);  // dst += src
+  void add_into(TensorId dst, TensorId src);     // dst += src
+  void add_bias(TensorId x, const float* bias);  // every row of x += bias (cols floats)
   TensorId gather_rows(TensorId src, const int32_t* idx, int64_t n);
   void scatter_rows(TensorId src, const int32_t* idx, TensorId dst);  // dst[idx[r]] = src[r]
 
@@ -70,6 +71,7 @@ class Graph {
     kAttention,
     kSiluMul,
     kAdd,
+    kAddBias,
     kGatherRows,
     kScatterRows
   };

@@ -16,20 +16,23 @@ TensorId LlamaLayer::attention_input(TensorId x) {
   return g_.rmsnorm(x, w_.attn_norm, hp_.rms_eps);
 }
 
-TensorId LlamaLayer::project(const WeightView& w, TensorId h, TensorId out) {
-  if (out == kNewTensor) return g_.matmul(w, h, mm_);
-  g_.matmul_into(w, h, out, mm_);
+TensorId LlamaLayer::project(const WeightView& w, const float* bias, TensorId h, TensorId out) {
+  if (out == kNewTensor)
+    out = g_.matmul(w, h, mm_);
+  else
+    g_.matmul_into(w, h, out, mm_);
+  if (bias != nullptr) g_.add_bias(out, bias);
   return out;
 }
 
 TensorId LlamaLayer::project_q(TensorId h, TensorId out) {
-  return project(w_.wq, h, out);
+  return project(w_.wq, w_.bq, h, out);
 }
 TensorId LlamaLayer::project_k(TensorId h, TensorId out) {
-  return project(w_.wk, h, out);
+  return project(w_.wk, w_.bk, h, out);
 }
 TensorId LlamaLayer::project_v(TensorId h, TensorId out) {
-  return project(w_.wv, h, out);
+  return project(w_.wv, w_.bv, h, out);
 }
 
 void LlamaLayer::rope_q(TensorId q, const int32_t* pos) {

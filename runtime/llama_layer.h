@@ -6,7 +6,8 @@
 //
 // One layer over rows x of the residual stream at positions pos:
 //   h = rmsnorm(x)                                   attention_input
-//   q, k, v = Wq h, Wk h, Wv h                       project_q, _k, _v
+//   q, k, v = Wq h + bq, Wk h + bk, Wv h + bv        project_q, _k, _v
+//     (the biases where the architecture has them: qwen2)
 //   q, k rotated to their positions                  rope_q, rope_k
 //   a = attention of q over the layer's KV cache     attention
 //   x += Wo a                                        attention_output
@@ -51,7 +52,7 @@ class LlamaLayer {
   static constexpr TensorId kNewTensor = -1;
 
  private:
-  TensorId project(const WeightView& w, TensorId h, TensorId out);
+  TensorId project(const WeightView& w, const float* bias, TensorId h, TensorId out);
 
   Graph& g_;
   const LlamaHparams& hp_;

@@ -4,8 +4,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "kernels/cpu/dequantize.h"
+#include "kernels/dtype.h"
 #include "platform/error.h"
 #include "runtime/tokenizer/vocab_gguf.h"
 
@@ -18,7 +20,30 @@ std::string shape_text(const GgufTensor& t) {
   return s + "]";
 }
 
+// NEOX-style RoPE (qwen2) rotates the pairs (x[i], x[i + rot/2]) of a head;
+// the runtime's kernels rotate adjacent pairs (x[2i], x[2i+1]), at the same
+// frequency for the same i.  Reordering the rows of Wq and Wk (and of their
+// biases) so that row i + rot/2 follows row i turns one into the other:
+// q.k sums over a head's dimensions, so attention is unchanged, and K is
+// cached in that order.  Returns the source row of every row.
+std::vector<int64_t> neox_rows_as_adjacent(int64_t n_heads, int64_t head_dim, int64_t rot_dim) {
+  std::vector<int64_t> order(static_cast<size_t>(n_heads * head_dim));
+  for (int64_t h = 0; h < n_heads; ++h) {
+    int64_t* o = order.data() + h * head_dim;
+    for (int64_t i = 0; i < rot_dim / 2; ++i) {
+      o[2 * i] = h * head_dim + i;
+      o[2 * i + 1] = h * head_dim + i + rot_dim / 2;
+    }
+    for (int64_t i = rot_dim; i < head_dim; ++i) o[i] = h * head_dim + i;
+  }
+  return order;
+}
+
 }  // namespace
+
+const char* arch_name(Arch a) {
+  return a == Arch::kQwen2 ? "qwen2" : "llama";
+}
 
 const float* Model::f32_vector(const std::string& name, int64_t n) {
   const GgufTensor* t = gguf_.find_tensor(name);
@@ -42,13 +67,35 @@ WeightView Model::matrix(const std::string& name, int64_t n_in, int64_t n_out) {
   return WeightView{t->data, t->type, n_in, n_out};
 }
 
+WeightView Model::reordered_rows(const WeightView& w, const std::vector<int64_t>& order) {
+  const size_t row = dtype_row_bytes(w.type, w.n_in);
+  owned_rows_.emplace_back(row * order.size());
+  unsigned char* out = owned_rows_.back().data();
+  for (size_t i = 0; i < order.size(); ++i)
+    std::memcpy(out + i * row, static_cast<const unsigned char*>(w.data) + order[i] * row, row);
+  return WeightView{out, w.type, w.n_in, w.n_out};
+}
+
+const float* Model::reordered(const float* v, const std::vector<int64_t>& order) {
+  owned_.emplace_back(order.size());
+  for (size_t i = 0; i < order.size(); ++i) owned_.back()[i] = v[order[i]];
+  return owned_.back().data();
+}
+
 std::unique_ptr<Model> Model::load(const std::string& path) {
   std::unique_ptr<Model> m(new Model(GgufFile::open(path)));
   const GgufFile& f = m->gguf_;
   try {
-    std::string arch = f.get_string("general.architecture").value_or("");
-    if (arch != "llama")
-      fail(ErrorCode::kUnsupported, "unsupported architecture '" + arch + "' (supported: llama)");
+    const std::string arch = f.get_string("general.architecture").value_or("");
+    LlamaHparams& hp = m->hp_;
+    if (arch == "llama")
+      hp.arch = Arch::kLlama;
+    else if (arch == "qwen2")
+      hp.arch = Arch::kQwen2;
+    else
+      fail(ErrorCode::kUnsupported,
+           "unsupported architecture '" + arch + "' (supported: llama, qwen2)");
+    const std::string k = arch + ".";
     auto req = [&](const std::string& key) -> int64_t {
       auto v = f.get_int(key);
       if (!v) fail(ErrorCode::kFormat, "missing metadata '" + key + "'");
@@ -56,32 +103,30 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
         fail(ErrorCode::kFormat, "metadata '" + key + "' out of range: " + std::to_string(*v));
       return *v;
     };
-    LlamaHparams& hp = m->hp_;
-    hp.n_layer = req("llama.block_count");
-    hp.n_embd = req("llama.embedding_length");
-    hp.n_ff = req("llama.feed_forward_length");
-    hp.n_head = req("llama.attention.head_count");
+    hp.n_layer = req(k + "block_count");
+    hp.n_embd = req(k + "embedding_length");
+    hp.n_ff = req(k + "feed_forward_length");
+    hp.n_head = req(k + "attention.head_count");
     hp.n_head_kv =
-        f.has("llama.attention.head_count_kv") ? req("llama.attention.head_count_kv") : hp.n_head;
-    hp.n_ctx_train = req("llama.context_length");
+        f.has(k + "attention.head_count_kv") ? req(k + "attention.head_count_kv") : hp.n_head;
+    hp.n_ctx_train = req(k + "context_length");
     if (hp.n_embd % hp.n_head != 0 || hp.n_head % hp.n_head_kv != 0)
       fail(ErrorCode::kFormat, "head counts do not divide the embedding size");
-    hp.head_dim = f.has("llama.attention.key_length") ? req("llama.attention.key_length")
-                                                      : hp.n_embd / hp.n_head;
-    if (f.has("llama.attention.value_length") && req("llama.attention.value_length") != hp.head_dim)
+    hp.head_dim =
+        f.has(k + "attention.key_length") ? req(k + "attention.key_length") : hp.n_embd / hp.n_head;
+    if (f.has(k + "attention.value_length") && req(k + "attention.value_length") != hp.head_dim)
       fail(ErrorCode::kUnsupported, "key and value head sizes differ");
-    hp.rot_dim =
-        f.has("llama.rope.dimension_count") ? req("llama.rope.dimension_count") : hp.head_dim;
+    hp.rot_dim = f.has(k + "rope.dimension_count") ? req(k + "rope.dimension_count") : hp.head_dim;
     if (hp.rot_dim > hp.head_dim || hp.rot_dim % 2 != 0 || hp.head_dim % 2 != 0)
       fail(ErrorCode::kFormat, "invalid RoPE dimension count");
-    hp.rope_freq_base = static_cast<float>(f.get_float("llama.rope.freq_base").value_or(10000.0));
+    hp.rope_freq_base = static_cast<float>(f.get_float(k + "rope.freq_base").value_or(10000.0));
     hp.rms_eps =
-        static_cast<float>(f.get_float("llama.attention.layer_norm_rms_epsilon").value_or(1e-5));
+        static_cast<float>(f.get_float(k + "attention.layer_norm_rms_epsilon").value_or(1e-5));
     if (!(hp.rope_freq_base > 0) || !std::isfinite(hp.rope_freq_base) || !(hp.rms_eps > 0) ||
         !std::isfinite(hp.rms_eps))
       fail(ErrorCode::kFormat, "invalid RoPE base or RMS epsilon (each must be finite and > 0)");
-    std::string scaling = f.get_string("llama.rope.scaling.type").value_or("none");
-    if ((scaling != "none" && f.get_float("llama.rope.scaling.factor").value_or(1.0) != 1.0) ||
+    std::string scaling = f.get_string(k + "rope.scaling.type").value_or("none");
+    if ((scaling != "none" && f.get_float(k + "rope.scaling.factor").value_or(1.0) != 1.0) ||
         f.find_tensor("rope_freqs.weight"))
       fail(ErrorCode::kUnsupported, "RoPE scaling ('" + scaling + "') is not supported yet");
 
@@ -95,6 +140,12 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     m->output_norm_ = m->f32_vector("output_norm.weight", hp.n_embd);
 
     const int64_t q_dim = hp.n_head * hp.head_dim;
+    const bool neox = hp.arch == Arch::kQwen2;
+    const std::vector<int64_t> q_rows =
+        neox ? neox_rows_as_adjacent(hp.n_head, hp.head_dim, hp.rot_dim) : std::vector<int64_t>{};
+    const std::vector<int64_t> k_rows =
+        neox ? neox_rows_as_adjacent(hp.n_head_kv, hp.head_dim, hp.rot_dim)
+             : std::vector<int64_t>{};
     for (int64_t l = 0; l < hp.n_layer; ++l) {
       const std::string p = "blk." + std::to_string(l) + ".";
       LayerWeights w;
@@ -103,6 +154,17 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
       w.wk = m->matrix(p + "attn_k.weight", hp.n_embd, hp.kv_dim());
       w.wv = m->matrix(p + "attn_v.weight", hp.n_embd, hp.kv_dim());
       w.wo = m->matrix(p + "attn_output.weight", q_dim, hp.n_embd);
+      if (hp.arch == Arch::kQwen2) {
+        w.bq = m->f32_vector(p + "attn_q.bias", q_dim);
+        w.bk = m->f32_vector(p + "attn_k.bias", hp.kv_dim());
+        w.bv = m->f32_vector(p + "attn_v.bias", hp.kv_dim());
+      }
+      if (neox) {
+        w.wq = m->reordered_rows(w.wq, q_rows);
+        w.wk = m->reordered_rows(w.wk, k_rows);
+        if (w.bq) w.bq = m->reordered(w.bq, q_rows);
+        if (w.bk) w.bk = m->reordered(w.bk, k_rows);
+      }
       w.ffn_norm = m->f32_vector(p + "ffn_norm.weight", hp.n_embd);
       w.w_gate = m->matrix(p + "ffn_gate.weight", hp.n_embd, hp.n_ff);
       w.w_up = m->matrix(p + "ffn_up.weight", hp.n_embd, hp.n_ff);

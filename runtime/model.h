@@ -1,6 +1,7 @@
-// A Llama-family model loaded from GGUF: hyper-parameters from the llama.*
-// keys, weights used in place from the mapping, and the tokenizer.  Nothing
-// here is specific to one model; the file's metadata is authoritative.
+// A Llama-family model loaded from GGUF: hyper-parameters from the
+// architecture's keys (llama.*, qwen2.*), weights used in place from the
+// mapping, and the tokenizer.  Nothing here is specific to one model; the
+// file's metadata is authoritative.
 //
 // A Model is immutable after load and may be shared by many sessions on many
 // threads.
@@ -17,7 +18,14 @@
 
 namespace cb {
 
+// The architectures a Model loads (general.architecture).  Both run the
+// Llama block of llama_layer.h; qwen2 adds biases to the Q, K and V
+// projections and rotates NEOX-style (see Model::load).
+enum class Arch { kLlama, kQwen2 };
+const char* arch_name(Arch a);
+
 struct LlamaHparams {
+  Arch arch = Arch::kLlama;
   int64_t n_layer = 0;
   int64_t n_embd = 0;
   int64_t n_ff = 0;
@@ -36,7 +44,8 @@ struct LlamaHparams {
 struct LayerWeights {
   const float* attn_norm = nullptr;  // n_embd
   WeightView wq, wk, wv, wo;
-  const float* ffn_norm = nullptr;  // n_embd
+  const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // projection biases (qwen2)
+  const float* ffn_norm = nullptr;                          // n_embd
   WeightView w_gate, w_up, w_down;
 };
 
@@ -64,6 +73,9 @@ class Model {
   explicit Model(GgufFile f) : gguf_(std::move(f)) {}
   const float* f32_vector(const std::string& name, int64_t n);
   WeightView matrix(const std::string& name, int64_t n_in, int64_t n_out);
+  // Copies of a matrix's rows and of a vector, reordered: out[i] = in[order[i]].
+  WeightView reordered_rows(const WeightView& w, const std::vector<int64_t>& order);
+  const float* reordered(const float* v, const std::vector<int64_t>& order);
 
   GgufFile gguf_;
   LlamaHparams hp_;
@@ -72,7 +84,8 @@ class Model {
   WeightView tok_embd_, output_;
   const float* output_norm_ = nullptr;
   std::vector<LayerWeights> layers_;
-  std::vector<std::vector<float>> owned_;  // norm weights converted to f32
+  std::vector<std::vector<float>> owned_;               // norm weights converted to f32
+  std::vector<std::vector<unsigned char>> owned_rows_;  // reordered matrices
   mutable std::once_flag fingerprint_once_;
   mutable std::string fingerprint_;
 };

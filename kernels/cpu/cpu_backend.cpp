@@ -333,6 +333,28 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void add_bias(float* x, const float* bias, int64_t n_rows, int64_t dim) override {
+    check(n_rows >= 0 && dim > 0, "add_bias: bad shape");
+    split(n_rows, tasks_for(n_rows * dim), 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        float* row = x + r * dim;
+#if CB_HAVE_AVX2_KERNELS
+        if (level_ == Level::kAvx2) {
+          avx2::add(row, bias, dim, row);
+          continue;
+        }
+#endif
+#if CB_HAVE_NEON_KERNELS
+        if (level_ == Level::kNeon) {
+          neon::add(row, bias, dim, row);
+          continue;
+        }
+#endif
+        ref::add(row, bias, dim, row);
+      }
+    });
+  }
+
   void gather_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
                    float* dst) override {
     ref::gather_rows(src, row_len, idx, n, dst);

@@ -82,7 +82,10 @@ void split_gpt2(const DecodedText& t, uint32_t begin, uint32_t end, Ends& out) {
   }
 }
 
-void split_llama3(const DecodedText& t, uint32_t begin, uint32_t end, Ends& out) {
+// Llama 3's regex; qwen2's is the same with \p{N} for \p{N}{1,3}
+// (max_digits 1).
+void split_llama3(const DecodedText& t, uint32_t begin, uint32_t end, uint32_t max_digits,
+                  Ends& out) {
   uint32_t pos = begin;
   while (pos < end) {
     if (const uint32_t n = contraction(t, pos, end, /*ignore_case=*/true)) {
@@ -97,9 +100,9 @@ void split_llama3(const DecodedText& t, uint32_t begin, uint32_t end, Ends& out)
       out.push_back(pos);
       continue;
     }
-    // \p{N}{1,3}
+    // \p{N}{1,max_digits}
     if (is_number(t, pos)) {
-      const uint32_t limit = std::min(end, pos + 3);
+      const uint32_t limit = std::min(end, pos + max_digits);
       pos = run(pos, limit, [&](uint32_t i) { return is_number(t, i); });
       out.push_back(pos);
       continue;
@@ -171,7 +174,10 @@ void apply_step(SplitStep step, const DecodedText& t, uint32_t begin, uint32_t e
       split_gpt2(t, begin, end, out);
       return;
     case SplitStep::kLlama3:
-      split_llama3(t, begin, end, out);
+      split_llama3(t, begin, end, 3, out);
+      return;
+    case SplitStep::kQwen2:
+      split_llama3(t, begin, end, 1, out);
       return;
     case SplitStep::kEachNumber:
       isolate_matches(begin, end, out, [&](uint32_t i) { return is_number(t, i) ? 1u : 0u; });
@@ -216,6 +222,7 @@ PreTokenizerSpec pre_tokenizer_spec(const std::string& pre) {
   if (pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe" || pre == "falcon3") {
     return {{S::kLlama3}, true, true};
   }
+  if (pre == "qwen2") return {{S::kQwen2}, false, false};
   if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "command-r" ||
       pre == "codeshell" || pre == "exaone") {
     return {{S::kEachNumber, S::kGpt2}, false, false};

@@ -22,6 +22,8 @@ enum class SplitStep : uint8_t {
   // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
   //  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
   kLlama3,
+  // kLlama3 with \p{N} for \p{N}{1,3}: every number character on its own
+  kQwen2,
   // \p{N}: every number character on its own.
   kEachNumber,
   // \p{N}+

@@ -5,6 +5,9 @@
 #                            into ${CMAKE_BINARY_DIR}/oracle/reference; fixture
 #                            `reference_logits` for the C++ tests that compare against it.
 #   oracle_golden_fresh      tests/golden/llamacpp.json was generated from the model in use.
+#   oracle_arch_reference    a random-weight GGUF per architecture (tests/oracle/
+#                            write_random_gguf.py) and its float64 reference logits into
+#                            ${CMAKE_BINARY_DIR}/oracle/arch; also fixture `reference_logits`.
 #
 # The oracle venv (numpy + gguf, pinned) lives in ${CB_CACHE_DIR:-~/.cache/cacheblend-rt}/venv,
 # created by scripts/oracle_venv.sh on first use.  llama-cpp-python is not needed here: the
@@ -24,6 +27,12 @@ if(CB_BASH)
     FIXTURES_SETUP reference_logits
     LABELS oracle
     TIMEOUT 900)
+  add_test(NAME oracle_arch_reference
+           COMMAND ${CB_BASH} ${CB_ORACLE_DIR}/run_arch_reference.sh ${CMAKE_BINARY_DIR}/oracle/arch)
+  set_tests_properties(oracle_arch_reference PROPERTIES
+    FIXTURES_SETUP reference_logits
+    LABELS oracle
+    TIMEOUT 600)
 else()
   message(WARNING "bash not found: oracle_reference_logits is not defined")
 endif()

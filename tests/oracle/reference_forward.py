@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Float64 NumPy reference forward pass of a Llama-architecture GGUF model.
+"""Float64 NumPy reference forward pass of a Llama-family GGUF model (llama, qwen2).
 
 An oracle for the C++ runtime: independent of it (weights dequantized by the
 `gguf` package, every activation in float64, no quantized activations), simple
@@ -15,13 +15,14 @@ DIR/prompts.txt (one line per prompt: "name id id ...", for C++ readers).  Resul
 ${CB_CACHE_DIR:-~/.cache/cacheblend-rt}/reference/<key>, key = sha256 of
 (model, this script, prompts file, numpy and gguf versions), so a re-run is a copy.
 
-Model: hparams from the `llama.*` keys; per layer
-    x += Wo · attn(rope(Wq·n), rope(Wk·n), Wv·n)    n = rmsnorm(x) · attn_norm
-    x += Wdown · (silu(Wgate·n) * Wup·n)            n = rmsnorm(x) · ffn_norm
+Model: hparams from the `<arch>.*` keys; per layer
+    x += Wo · attn(rope(Wq·n + bq), rope(Wk·n + bk), Wv·n + bv)    n = rmsnorm(x) · attn_norm
+    x += Wdown · (silu(Wgate·n) * Wup·n)                           n = rmsnorm(x) · ffn_norm
 logits = (output.weight or tied token_embd.weight) · (rmsnorm(x) · output_norm).
-RoPE rotates adjacent pairs (x[2i], x[2i+1]) by pos · base^(-2i/rot_dim) (the GGUF
-converter permuted Wq/Wk for this layout).  Attention is causal and grouped:
-query head h reads KV head h // (n_head / n_head_kv).
+The biases are qwen2's (llama has none).  RoPE rotates by pos · base^(-2i/rot_dim)
+the pairs (x[2i], x[2i+1]) in llama files (the GGUF converter permuted Wq/Wk for
+this layout) and the pairs (x[i], x[i + rot_dim/2]) in qwen2 files (NEOX style).
+Attention is causal and grouped: query head h reads KV head h // (n_head / n_head_kv).
 """
 from __future__ import annotations
 
@@ -93,9 +94,11 @@ class Model:
         self.reader = gguf.GGUFReader(str(path))
         self.tensors = {t.name: t for t in self.reader.tensors}
         arch = self.field("general.architecture")
-        if arch != "llama":
-            raise SystemExit(f"reference_forward: architecture {arch!r} is not 'llama'")
-        p = "llama."
+        if arch not in ("llama", "qwen2"):
+            raise SystemExit(f"reference_forward: architecture {arch!r} is not llama or qwen2")
+        self.arch = arch
+        self.neox = arch == "qwen2"
+        p = arch + "."
         self.n_layer = int(self.field(p + "block_count"))
         self.n_embd = int(self.field(p + "embedding_length"))
         self.n_ff = int(self.field(p + "feed_forward_length"))
@@ -122,7 +125,7 @@ class Model:
     def field(self, key: str, default=None):
         f = self.reader.fields.get(key)
         if f is None:
-            if default is None and key != "llama.rope.scaling.type":
+            if default is None and not key.endswith(".rope.scaling.type"):
                 raise SystemExit(f"reference_forward: GGUF key {key} missing")
             return default
         return f.contents()
@@ -158,15 +161,21 @@ def rope_tables(m: Model, n_pos: int, freq_factors: np.ndarray | None):
     return np.cos(ang), np.sin(ang)
 
 
-def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rot_dim: int) -> np.ndarray:
-    """x: (T, heads, head_dim); rotate adjacent pairs of the first rot_dim dims."""
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rot_dim: int,
+         neox: bool = False) -> np.ndarray:
+    """x: (T, heads, head_dim); rotate the pairs of the first rot_dim dims:
+    adjacent (x[2i], x[2i+1]), or with neox (x[i], x[i + rot_dim/2])."""
     out = x.copy()
-    x0 = x[..., 0:rot_dim:2]
-    x1 = x[..., 1:rot_dim:2]
+    if neox:
+        i0, i1 = slice(0, rot_dim // 2), slice(rot_dim // 2, rot_dim)
+    else:
+        i0, i1 = slice(0, rot_dim, 2), slice(1, rot_dim, 2)
+    x0 = x[..., i0]
+    x1 = x[..., i1]
     c = cos[:, None, :]
     s = sin[:, None, :]
-    out[..., 0:rot_dim:2] = x0 * c - x1 * s
-    out[..., 1:rot_dim:2] = x0 * s + x1 * c
+    out[..., i0] = x0 * c - x1 * s
+    out[..., i1] = x0 * s + x1 * c
     return out
 
 
@@ -206,16 +215,20 @@ def forward(m: Model, prompts: list[list[int]]) -> list[np.ndarray]:
         attn_norm = m.weight(b + "attn_norm.weight")
         wq, wk, wv = m.weight(b + "attn_q.weight"), m.weight(b + "attn_k.weight"), m.weight(b + "attn_v.weight")
         wo = m.weight(b + "attn_output.weight")
+        zero_q, zero_kv = np.zeros(H * D), np.zeros(Hkv * D)
+        bq = m.weight(b + "attn_q.bias") if m.has(b + "attn_q.bias") else zero_q
+        bk = m.weight(b + "attn_k.bias") if m.has(b + "attn_k.bias") else zero_kv
+        bv = m.weight(b + "attn_v.bias") if m.has(b + "attn_v.bias") else zero_kv
         ffn_norm = m.weight(b + "ffn_norm.weight")
         wg, wu, wd = m.weight(b + "ffn_gate.weight"), m.weight(b + "ffn_up.weight"), m.weight(b + "ffn_down.weight")
         for i, x in enumerate(xs):
             T = x.shape[0]
             h = rmsnorm(x, attn_norm, m.eps)
-            q = (h @ wq.T).reshape(T, H, D)
-            k = (h @ wk.T).reshape(T, Hkv, D)
-            v = (h @ wv.T).reshape(T, Hkv, D)
-            q = rope(q, cos[:T], sin[:T], m.rot_dim)
-            k = rope(k, cos[:T], sin[:T], m.rot_dim)
+            q = (h @ wq.T + bq).reshape(T, H, D)
+            k = (h @ wk.T + bk).reshape(T, Hkv, D)
+            v = (h @ wv.T + bv).reshape(T, Hkv, D)
+            q = rope(q, cos[:T], sin[:T], m.rot_dim, m.neox)
+            k = rope(k, cos[:T], sin[:T], m.rot_dim, m.neox)
             x = x + attention(q, k, v, H // Hkv) @ wo.T
             h = rmsnorm(x, ffn_norm, m.eps)
             x = x + (silu(h @ wg.T) * (h @ wu.T)) @ wd.T

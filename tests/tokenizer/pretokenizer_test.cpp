@@ -84,6 +84,18 @@ TEST(PreTokenizerLlama3, Rules) {
   EXPECT_EQ(words("llama-bpe", "  \t\n  x"), (W{"  \t\n", " ", " x"}));
 }
 
+TEST(PreTokenizerQwen2, Llama3RulesWithSingleDigits) {
+  EXPECT_EQ(words("qwen2", "1234567"), (W{"1", "2", "3", "4", "5", "6", "7"}));
+  EXPECT_EQ(words("qwen2", "DON'T stop"), (W{"DON", "'T", " stop"}));
+  EXPECT_EQ(words("qwen2", "(hello) 42"), (W{"(hello", ")", " ", "4", "2"}));
+  // One regex over the whole text: the spaces before a digit are matched
+  // as Llama 3 matches them (a number split off first would end the run).
+  EXPECT_EQ(words("qwen2", "a  1"), (W{"a", " ", " ", "1"}));
+  EXPECT_EQ(words("llama3", "a  1"), (W{"a", " ", " ", "1"}));
+  EXPECT_FALSE(pre_tokenizer_spec("qwen2").ignore_merges);
+  EXPECT_FALSE(pre_tokenizer_spec("qwen2").add_bos_default);
+}
+
 TEST(PreTokenizerDefault, LlamaCppDefaultSequence) {
   EXPECT_EQ(words("default", "a+b=12345"), (W{"a", "+", "b", "=", "123", "45"}));
   EXPECT_EQ(words("default", "x, y"), (W{"x", ",", " y"}));
