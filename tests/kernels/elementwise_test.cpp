@@ -89,6 +89,23 @@ TEST(Add, ExactAndAliasing) {
   }
 }
 
+TEST(AddBias, EveryRowExactly) {
+  std::mt19937 rng(35);
+  for (CpuKernelLevel level : levels()) {
+    auto be = make_cpu_backend(3, level);
+    for (auto [rows, dim] : {std::pair<int64_t, int64_t>{1, 7}, {5, 96}, {700, 130}}) {
+      const std::vector<float> x = test::random_floats(rng, rows * dim);
+      const std::vector<float> bias = test::random_floats(rng, dim);
+      std::vector<float> want = x;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < dim; ++i) want[r * dim + i] = x[r * dim + i] + bias[i];
+      std::vector<float> out = x;
+      be->add_bias(out.data(), bias.data(), rows, dim);
+      EXPECT_TRUE(test::bitwise_equal(out, want)) << rows << " x " << dim;
+    }
+  }
+}
+
 TEST(GatherScatter, RoundTrip) {
   std::mt19937 rng(34);
   auto be = make_cpu_backend(2);
