@@ -77,6 +77,20 @@ TensorId Graph::rmsnorm(TensorId x, const float* weight, float eps) {
   return out;
 }
 
+TensorId Graph::rmsnorm_groups(TensorId x, const float* weight, int64_t group, float eps,
+                               TensorId out) {
+  if (group <= 0 || tensors_[x].cols % group != 0)
+    fail(ErrorCode::kInternal, "graph: rmsnorm groups do not divide the row");
+  if (out < 0) out = new_tensor(tensors_[x].rows, tensors_[x].cols);
+  if (out == x || tensors_[out].rows != tensors_[x].rows || tensors_[out].cols != tensors_[x].cols)
+    fail(ErrorCode::kInternal, "graph: rmsnorm groups output shape");
+  Node& n = push(Op::kRmsNormGroups, out, x);
+  n.vec = weight;
+  n.f = eps;
+  n.p[0] = group;
+  return out;
+}
+
 void Graph::rope(TensorId x, const int32_t* pos, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
                  float freq_base) {
   if (tensors_[x].cols != n_heads * head_dim) fail(ErrorCode::kInternal, "graph: rope shape");
@@ -211,6 +225,9 @@ void Graph::run_node(Backend& be, const Node& n, void* arena) const {
       break;
     case Op::kRmsNorm:
       be.rmsnorm(a, n.vec, to.rows, to.cols, n.f, out);
+      break;
+    case Op::kRmsNormGroups:
+      be.rmsnorm(a, n.vec, to.rows * to.cols / n.p[0], n.p[0], n.f, out);
       break;
     case Op::kRope:
       be.rope(out, n.ints, to.rows, n.p[0], n.p[1], n.p[2], n.f);

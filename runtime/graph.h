@@ -35,6 +35,11 @@ class Graph {
   TensorId matmul(const WeightView& w, TensorId x, Precision p = Precision::kF32);
   void matmul_into(const WeightView& w, TensorId x, TensorId out, Precision p = Precision::kF32);
   TensorId rmsnorm(TensorId x, const float* weight, float eps);
+  // rmsnorm of every `group` consecutive floats of x (one head of a row: the
+  // Q/K norms of qwen3), weight of `group` floats, into `out` (x's shape;
+  // not x) when given, else into a new tensor.
+  TensorId rmsnorm_groups(TensorId x, const float* weight, int64_t group, float eps,
+                          TensorId out = -1);
   // In place on x (n_heads heads of head_dim per row).
   void rope(TensorId x, const int32_t* pos, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
             float freq_base);
@@ -67,6 +72,7 @@ class Graph {
     kGetRows,
     kMatMul,
     kRmsNorm,
+    kRmsNormGroups,
     kRope,
     kAttention,
     kSiluMul,

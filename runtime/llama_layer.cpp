@@ -16,23 +16,26 @@ TensorId LlamaLayer::attention_input(TensorId x) {
   return g_.rmsnorm(x, w_.attn_norm, hp_.rms_eps);
 }
 
-TensorId LlamaLayer::project(const WeightView& w, const float* bias, TensorId h, TensorId out) {
-  if (out == kNewTensor)
-    out = g_.matmul(w, h, mm_);
-  else
-    g_.matmul_into(w, h, out, mm_);
-  if (bias != nullptr) g_.add_bias(out, bias);
-  return out;
+TensorId LlamaLayer::project(const WeightView& w, const float* bias, const float* head_norm,
+                             TensorId h, TensorId out) {
+  // With a head norm the product goes to the arena first: the norm reads it
+  // whole into `out`.
+  const TensorId product = out == kNewTensor || head_norm != nullptr ? g_.matmul(w, h, mm_) : out;
+  if (product == out) g_.matmul_into(w, h, out, mm_);
+  if (bias != nullptr) g_.add_bias(product, bias);
+  if (head_norm == nullptr) return product;
+  return g_.rmsnorm_groups(product, head_norm, hp_.head_dim, hp_.rms_eps,
+                           out == kNewTensor ? -1 : out);
 }
 
 TensorId LlamaLayer::project_q(TensorId h, TensorId out) {
-  return project(w_.wq, w_.bq, h, out);
+  return project(w_.wq, w_.bq, w_.q_norm, h, out);
 }
 TensorId LlamaLayer::project_k(TensorId h, TensorId out) {
-  return project(w_.wk, w_.bk, h, out);
+  return project(w_.wk, w_.bk, w_.k_norm, h, out);
 }
 TensorId LlamaLayer::project_v(TensorId h, TensorId out) {
-  return project(w_.wv, w_.bv, h, out);
+  return project(w_.wv, w_.bv, nullptr, h, out);
 }
 
 void LlamaLayer::rope_q(TensorId q, const int32_t* pos) {

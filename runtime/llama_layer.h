@@ -7,7 +7,8 @@
 // One layer over rows x of the residual stream at positions pos:
 //   h = rmsnorm(x)                                   attention_input
 //   q, k, v = Wq h + bq, Wk h + bk, Wv h + bv        project_q, _k, _v
-//     (the biases where the architecture has them: qwen2)
+//     (the biases where the architecture has them: qwen2; qwen3 then
+//     normalises each head of q and k, rmsnorm with its own weights)
 //   q, k rotated to their positions                  rope_q, rope_k
 //   a = attention of q over the layer's KV cache     attention
 //   x += Wo a                                        attention_output
@@ -52,7 +53,8 @@ class LlamaLayer {
   static constexpr TensorId kNewTensor = -1;
 
  private:
-  TensorId project(const WeightView& w, const float* bias, TensorId h, TensorId out);
+  TensorId project(const WeightView& w, const float* bias, const float* head_norm, TensorId h,
+                   TensorId out);
 
   Graph& g_;
   const LlamaHparams& hp_;

@@ -42,7 +42,15 @@ std::vector<int64_t> neox_rows_as_adjacent(int64_t n_heads, int64_t head_dim, in
 }  // namespace
 
 const char* arch_name(Arch a) {
-  return a == Arch::kQwen2 ? "qwen2" : "llama";
+  switch (a) {
+    case Arch::kQwen2:
+      return "qwen2";
+    case Arch::kQwen3:
+      return "qwen3";
+    case Arch::kLlama:
+      break;
+  }
+  return "llama";
 }
 
 const float* Model::f32_vector(const std::string& name, int64_t n) {
@@ -92,9 +100,11 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
       hp.arch = Arch::kLlama;
     else if (arch == "qwen2")
       hp.arch = Arch::kQwen2;
+    else if (arch == "qwen3")
+      hp.arch = Arch::kQwen3;
     else
       fail(ErrorCode::kUnsupported,
-           "unsupported architecture '" + arch + "' (supported: llama, qwen2)");
+           "unsupported architecture '" + arch + "' (supported: llama, qwen2, qwen3)");
     const std::string k = arch + ".";
     auto req = [&](const std::string& key) -> int64_t {
       auto v = f.get_int(key);
@@ -140,12 +150,14 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     m->output_norm_ = m->f32_vector("output_norm.weight", hp.n_embd);
 
     const int64_t q_dim = hp.n_head * hp.head_dim;
-    const bool neox = hp.arch == Arch::kQwen2;
+    const bool neox = hp.arch == Arch::kQwen2 || hp.arch == Arch::kQwen3;
     const std::vector<int64_t> q_rows =
         neox ? neox_rows_as_adjacent(hp.n_head, hp.head_dim, hp.rot_dim) : std::vector<int64_t>{};
     const std::vector<int64_t> k_rows =
         neox ? neox_rows_as_adjacent(hp.n_head_kv, hp.head_dim, hp.rot_dim)
              : std::vector<int64_t>{};
+    const std::vector<int64_t> head_order =
+        neox ? neox_rows_as_adjacent(1, hp.head_dim, hp.rot_dim) : std::vector<int64_t>{};
     for (int64_t l = 0; l < hp.n_layer; ++l) {
       const std::string p = "blk." + std::to_string(l) + ".";
       LayerWeights w;
@@ -159,11 +171,17 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
         w.bk = m->f32_vector(p + "attn_k.bias", hp.kv_dim());
         w.bv = m->f32_vector(p + "attn_v.bias", hp.kv_dim());
       }
+      if (hp.arch == Arch::kQwen3) {
+        w.q_norm = m->f32_vector(p + "attn_q_norm.weight", hp.head_dim);
+        w.k_norm = m->f32_vector(p + "attn_k_norm.weight", hp.head_dim);
+      }
       if (neox) {
         w.wq = m->reordered_rows(w.wq, q_rows);
         w.wk = m->reordered_rows(w.wk, k_rows);
         if (w.bq) w.bq = m->reordered(w.bq, q_rows);
         if (w.bk) w.bk = m->reordered(w.bk, k_rows);
+        if (w.q_norm) w.q_norm = m->reordered(w.q_norm, head_order);
+        if (w.k_norm) w.k_norm = m->reordered(w.k_norm, head_order);
       }
       w.ffn_norm = m->f32_vector(p + "ffn_norm.weight", hp.n_embd);
       w.w_gate = m->matrix(p + "ffn_gate.weight", hp.n_embd, hp.n_ff);

@@ -18,10 +18,11 @@
 
 namespace cb {
 
-// The architectures a Model loads (general.architecture).  Both run the
+// The architectures a Model loads (general.architecture).  All run the
 // Llama block of llama_layer.h; qwen2 adds biases to the Q, K and V
-// projections and rotates NEOX-style (see Model::load).
-enum class Arch { kLlama, kQwen2 };
+// projections, qwen3 an RMS norm of each query and key head, and both
+// rotate NEOX-style (see Model::load).
+enum class Arch { kLlama, kQwen2, kQwen3 };
 const char* arch_name(Arch a);
 
 struct LlamaHparams {
@@ -45,6 +46,7 @@ struct LayerWeights {
   const float* attn_norm = nullptr;  // n_embd
   WeightView wq, wk, wv, wo;
   const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // projection biases (qwen2)
+  const float *q_norm = nullptr, *k_norm = nullptr;         // per-head norms, head_dim (qwen3)
   const float* ffn_norm = nullptr;                          // n_embd
   WeightView w_gate, w_up, w_down;
 };

@@ -166,7 +166,7 @@ TEST_P(Architecture, FusorIdentities) {
     ASSERT_NEAR(k[i], in_place[i], 1e-4f * (1.0f + std::fabs(in_place[i]))) << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(RandomWeights, Architecture, testing::Values("llama", "qwen2"),
+INSTANTIATE_TEST_SUITE_P(RandomWeights, Architecture, testing::Values("llama", "qwen2", "qwen3"),
                          [](const testing::TestParamInfo<const char*>& i) {
                            return std::string(i.param);
                          });

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Float64 NumPy reference forward pass of a Llama-family GGUF model (llama, qwen2).
+"""Float64 NumPy reference forward pass of a Llama-family GGUF model (llama, qwen2, qwen3).
 
 An oracle for the C++ runtime: independent of it (weights dequantized by the
 `gguf` package, every activation in float64, no quantized activations), simple
@@ -19,9 +19,11 @@ Model: hparams from the `<arch>.*` keys; per layer
     x += Wo · attn(rope(Wq·n + bq), rope(Wk·n + bk), Wv·n + bv)    n = rmsnorm(x) · attn_norm
     x += Wdown · (silu(Wgate·n) * Wup·n)                           n = rmsnorm(x) · ffn_norm
 logits = (output.weight or tied token_embd.weight) · (rmsnorm(x) · output_norm).
-The biases are qwen2's (llama has none).  RoPE rotates by pos · base^(-2i/rot_dim)
-the pairs (x[2i], x[2i+1]) in llama files (the GGUF converter permuted Wq/Wk for
-this layout) and the pairs (x[i], x[i + rot_dim/2]) in qwen2 files (NEOX style).
+The biases are qwen2's (the others have none); qwen3 normalises each head of q
+and k (rmsnorm, weights attn_q_norm / attn_k_norm) before RoPE.  RoPE rotates by
+pos · base^(-2i/rot_dim) the pairs (x[2i], x[2i+1]) in llama files (the GGUF
+converter permuted Wq/Wk for this layout) and the pairs (x[i], x[i + rot_dim/2])
+in qwen2 and qwen3 files (NEOX style).
 Attention is causal and grouped: query head h reads KV head h // (n_head / n_head_kv).
 """
 from __future__ import annotations
@@ -94,10 +96,11 @@ class Model:
         self.reader = gguf.GGUFReader(str(path))
         self.tensors = {t.name: t for t in self.reader.tensors}
         arch = self.field("general.architecture")
-        if arch not in ("llama", "qwen2"):
-            raise SystemExit(f"reference_forward: architecture {arch!r} is not llama or qwen2")
+        if arch not in ("llama", "qwen2", "qwen3"):
+            raise SystemExit(f"reference_forward: architecture {arch!r} is not llama, qwen2 "
+                             "or qwen3")
         self.arch = arch
-        self.neox = arch == "qwen2"
+        self.neox = arch in ("qwen2", "qwen3")
         p = arch + "."
         self.n_layer = int(self.field(p + "block_count"))
         self.n_embd = int(self.field(p + "embedding_length"))
@@ -219,6 +222,8 @@ def forward(m: Model, prompts: list[list[int]]) -> list[np.ndarray]:
         bq = m.weight(b + "attn_q.bias") if m.has(b + "attn_q.bias") else zero_q
         bk = m.weight(b + "attn_k.bias") if m.has(b + "attn_k.bias") else zero_kv
         bv = m.weight(b + "attn_v.bias") if m.has(b + "attn_v.bias") else zero_kv
+        q_norm = m.weight(b + "attn_q_norm.weight") if m.has(b + "attn_q_norm.weight") else None
+        k_norm = m.weight(b + "attn_k_norm.weight") if m.has(b + "attn_k_norm.weight") else None
         ffn_norm = m.weight(b + "ffn_norm.weight")
         wg, wu, wd = m.weight(b + "ffn_gate.weight"), m.weight(b + "ffn_up.weight"), m.weight(b + "ffn_down.weight")
         for i, x in enumerate(xs):
@@ -227,6 +232,10 @@ def forward(m: Model, prompts: list[list[int]]) -> list[np.ndarray]:
             q = (h @ wq.T + bq).reshape(T, H, D)
             k = (h @ wk.T + bk).reshape(T, Hkv, D)
             v = (h @ wv.T + bv).reshape(T, Hkv, D)
+            if q_norm is not None:
+                q = rmsnorm(q, q_norm, m.eps)
+            if k_norm is not None:
+                k = rmsnorm(k, k_norm, m.eps)
             q = rope(q, cos[:T], sin[:T], m.rot_dim, m.neox)
             k = rope(k, cos[:T], sin[:T], m.rot_dim, m.neox)
             x = x + attention(q, k, v, H // Hkv) @ wo.T

@@ -10,8 +10,8 @@ Writes DIR/<arch>.gguf and DIR/<arch>.prompts.json ({"prompts": [{"name",
 "ids"}]}, reference_forward.py's input).  The shapes are small but keep
 what the architectures differ in: grouped-query attention (4 query heads on
 2 KV heads), a head size that is not the embedding size's share, untied
-output weights, and for qwen2 the Q/K/V biases (drawn large enough to
-matter) and NEOX-style RoPE.  The tokenizer is byte-level BPE over the 256
+output weights, for qwen2 the Q/K/V biases (drawn large enough to matter),
+for qwen3 the per-head Q/K norms, and for both NEOX-style RoPE.  The tokenizer is byte-level BPE over the 256
 byte symbols, four merges and three ChatML control tokens.
 """
 import argparse
@@ -43,7 +43,7 @@ def byte_symbols():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arch", required=True, choices=["llama", "qwen2"])
+    ap.add_argument("--arch", required=True, choices=["llama", "qwen2", "qwen3"])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--type", default="q8_0", choices=["f32", "f16", "q8_0"],
                     help="type of the weight matrices (default q8_0)")
@@ -70,7 +70,7 @@ def main():
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2" if a.arch == "qwen2" else "smollm")
+    w.add_tokenizer_pre("qwen2" if a.arch.startswith("qwen") else "smollm")
     w.add_token_list(tokens)
     w.add_token_types([gguf.TokenType.NORMAL] * (256 + len(MERGES)) +
                       [gguf.TokenType.CONTROL] * len(SPECIAL))
@@ -103,6 +103,9 @@ def main():
             vector(b + "attn_q.bias", q_dim, 0.0, 0.5)
             vector(b + "attn_k.bias", kv_dim, 0.0, 0.5)
             vector(b + "attn_v.bias", kv_dim, 0.0, 0.5)
+        if a.arch == "qwen3":
+            vector(b + "attn_q_norm.weight", HEAD_DIM, 1.0, 0.5)
+            vector(b + "attn_k_norm.weight", HEAD_DIM, 1.0, 0.5)
         matrix(b + "attn_output.weight", N_EMBD, q_dim)
         vector(b + "ffn_norm.weight", N_EMBD, 1.0, 0.1)
         matrix(b + "ffn_gate.weight", N_FF, N_EMBD)
