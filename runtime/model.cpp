@@ -90,7 +90,12 @@ const float* Model::reordered(const float* v, const std::vector<int64_t>& order)
   return owned_.back().data();
 }
 
-std::unique_ptr<Model> Model::load(const std::string& path) {
+ChatFormat Model::chat_format() const {
+  if (!chat_format_) fail(ErrorCode::kUnsupported, chat_format_error_);
+  return *chat_format_;
+}
+
+std::unique_ptr<Model> Model::load(const std::string& path, std::optional<ChatFormat> chat_format) {
   std::unique_ptr<Model> m(new Model(GgufFile::open(path)));
   const GgufFile& f = m->gguf_;
   try {
@@ -194,6 +199,15 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     if (m->tokenizer_->n_vocab() > hp.n_vocab)
       fail(ErrorCode::kFormat, "tokenizer has more tokens than the embedding matrix");
     m->name_ = f.get_string("general.name").value_or(path);
+    m->chat_format_ = chat_format;
+    if (!chat_format) {
+      try {
+        m->chat_format_ =
+            detect_chat_format(f.get_string("tokenizer.chat_template"), *m->tokenizer_);
+      } catch (const Error& e) {
+        m->chat_format_error_ = e.what();
+      }
+    }
   } catch (const Error& e) {
     throw Error(e.code(), path + ": " + e.what());
   }

@@ -9,10 +9,12 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "runtime/chat_format.h"
 #include "runtime/gguf/gguf_file.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -54,7 +56,9 @@ struct LayerWeights {
 class Model {
  public:
   // Throws cb::Error: kIo, kFormat, kUnsupported (architecture, tensor type).
-  static std::unique_ptr<Model> load(const std::string& path);
+  // `chat_format` overrides the format the file's chat template names.
+  static std::unique_ptr<Model> load(const std::string& path,
+                                     std::optional<ChatFormat> chat_format = std::nullopt);
 
   const LlamaHparams& hparams() const { return hp_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -66,6 +70,11 @@ class Model {
   const WeightView& output() const { return output_; }  // token_embd when tied
   const float* output_norm() const { return output_norm_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
+  // The chat format of prompts for this model (chat_format.h).  Throws
+  // cb::Error(kUnsupported) with the reason when the file's template is
+  // unknown and load() was given none: the model still runs, but cannot
+  // format a chat.
+  ChatFormat chat_format() const;
 
   // Stable 128-bit hash (hex) of all file bytes (metadata and tensor data):
   // the model's identity in chunk-cache keys.  Computed on first use.
@@ -86,6 +95,8 @@ class Model {
   WeightView tok_embd_, output_;
   const float* output_norm_ = nullptr;
   std::vector<LayerWeights> layers_;
+  std::optional<ChatFormat> chat_format_;
+  std::string chat_format_error_;                       // why chat_format_ is empty
   std::vector<std::vector<float>> owned_;               // norm weights converted to f32
   std::vector<std::vector<unsigned char>> owned_rows_;  // reordered matrices
   mutable std::once_flag fingerprint_once_;

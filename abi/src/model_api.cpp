@@ -1,7 +1,9 @@
 // The C API of models, tokens and text: translation and checks only.
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "api.h"
 #include "kernels/backend.h"
 #include "platform/thread_pool.h"
+#include "runtime/chat_format.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 using namespace cb::api;
@@ -24,6 +27,7 @@ void cb_model_options_init(cb_model_options* opts) {
   opts->struct_size = sizeof(*opts);
   opts->n_threads = 0;
   opts->backend = CB_BACKEND_AUTO;
+  opts->chat_template = CB_CHAT_TEMPLATE_AUTO;
 }
 
 cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model** out_model) {
@@ -59,8 +63,24 @@ cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model
       throw cb::Error(e.code(), std::string("CB_BACKEND_CUDA: ") + e.what() +
                                     "; use CB_BACKEND_CPU or CB_BACKEND_AUTO");
     }
+    std::optional<cb::ChatFormat> chat_format;
+    switch (enum_value(o.chat_template)) {
+      case CB_CHAT_TEMPLATE_AUTO:
+        break;
+      case CB_CHAT_TEMPLATE_CHATML:
+        chat_format = cb::ChatFormat::kChatML;
+        break;
+      case CB_CHAT_TEMPLATE_LLAMA3:
+        chat_format = cb::ChatFormat::kLlama3;
+        break;
+      case CB_CHAT_TEMPLATE_GEMMA:
+        chat_format = cb::ChatFormat::kGemma;
+        break;
+      default:
+        invalid("unknown chat_template value");
+    }
     auto state = std::make_shared<ModelState>();
-    state->model = cb::Model::load(path);
+    state->model = cb::Model::load(path, chat_format);
     state->n_threads = o.n_threads;
     state->name = state->model->name().empty() ? basename_of(path) : state->model->name();
     state->architecture =
@@ -94,7 +114,7 @@ cb_status cb_model_get_info(const cb_model* model, cb_model_info* info) {
   return guard("cb_model_get_info", [&] {
     const cb::Model& m = model_of(model);
     const size_t size = output_size(
-        info, sizeof(cb_model_info),
+        info, offsetof(cb_model_info, chat_template),
         "info is NULL or info->struct_size is not a known size (use cb_model_info_init)");
     const cb::LlamaHparams& hp = m.hparams();
     const ModelState& st = *model->state;
@@ -113,6 +133,11 @@ cb_status cb_model_get_info(const cb_model* model, cb_model_info* info) {
     out.architecture = st.architecture.c_str();
     out.backend = st.backend.c_str();
     out.kernels = st.kernels.c_str();
+    try {
+      out.chat_template = cb::chat_format_name(m.chat_format());
+    } catch (const cb::Error&) {
+      out.chat_template = "";
+    }
     std::memcpy(static_cast<void*>(info), &out, size);
     info->struct_size = size;
     return CB_OK;
@@ -202,7 +227,7 @@ int cb_token_is_end_of_generation(const cb_model* model, int32_t token) {
 cb_status cb_chat_format(const cb_model* model, const cb_chat_message* messages, size_t n_messages,
                          int add_assistant_header, char* buf, size_t capacity, size_t* out_len) {
   return guard("cb_chat_format", [&] {
-    (void)model_of(model);  // the template will come from the model's metadata
+    const cb::ChatFormat format = model_of(model).chat_format();
     require(out_len != nullptr, "out_len is NULL");
     require(messages != nullptr || n_messages == 0, "messages is NULL");
     std::vector<cb::ChatMessage> msgs;
@@ -212,7 +237,8 @@ cb_status cb_chat_format(const cb_model* model, const cb_chat_message* messages,
       require(messages[i].content != nullptr, "a message's content is NULL");
       msgs.push_back({messages[i].role, messages[i].content});
     }
-    return write_text(cb::format_chatml(msgs, add_assistant_header != 0), buf, capacity, out_len);
+    return write_text(cb::format_chat(format, msgs, add_assistant_header != 0), buf, capacity,
+                      out_len);
   });
 }
 

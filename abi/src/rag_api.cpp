@@ -62,7 +62,8 @@ ChunkEntry chunk_entry(const cb::Model& model, const char* chunk_text, const cb_
   const ChunkKeyOptions ko = chunk_key_options(read_rag_options(opts));
   ChunkEntry e;
   e.tokens = cb::rag_chunk_tokens(model.tokenizer(), chunk_text);
-  e.head = cb::chunk_head_tokens(ko.head, cb::rag_prompt_head(model.tokenizer(), ko.system_prompt));
+  e.head = cb::chunk_head_tokens(
+      ko.head, cb::rag_prompt_head(model.tokenizer(), model.chat_format(), ko.system_prompt));
   e.key = cb::chunk_cache_key(model, ko.head, e.head, e.tokens, ko.ns);
   return e;
 }
@@ -425,8 +426,8 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     std::vector<std::string> texts;
     texts.reserve(n_chunks);
     for (size_t i = 0; i < n_chunks; ++i) texts.emplace_back(chunk_texts[i]);
-    const cb::RagPrompt prompt =
-        cb::build_rag_prompt(model.tokenizer(), key_opts.system_prompt, texts, question);
+    const cb::RagPrompt prompt = cb::build_rag_prompt(model.tokenizer(), model.chat_format(),
+                                                      key_opts.system_prompt, texts, question);
 
     session->generator->forget_logits();
     cb::RagPrefillStats rs;

@@ -14,23 +14,22 @@ std::vector<int32_t> RagPrompt::tokens() const {
   return t;
 }
 
-RagPrompt build_rag_prompt(const Tokenizer& tok, std::string_view system_prompt,
+RagPrompt build_rag_prompt(const Tokenizer& tok, ChatFormat format, std::string_view system_prompt,
                            std::span<const std::string> chunk_texts, std::string_view question) {
   RagPrompt p;
-  p.head = rag_prompt_head(tok, system_prompt);
+  p.head = rag_prompt_head(tok, format, system_prompt);
   for (const std::string& c : chunk_texts) p.chunks.push_back(rag_chunk_tokens(tok, c));
   p.suffix = tok.encode("Question: ", false, false);
   auto q = tok.encode(question, false, false);
   p.suffix.insert(p.suffix.end(), q.begin(), q.end());
-  auto tail = tok.encode("<|im_end|>\n<|im_start|>assistant\n", false, true);
+  auto tail = tok.encode(rag_turns(format, system_prompt).after_question, false, true);
   p.suffix.insert(p.suffix.end(), tail.begin(), tail.end());
   return p;
 }
 
-std::vector<int32_t> rag_prompt_head(const Tokenizer& tok, std::string_view system_prompt) {
-  const std::string head =
-      "<|im_start|>system\n" + std::string(system_prompt) + "<|im_end|>\n<|im_start|>user\n";
-  return tok.encode(head, false, true);
+std::vector<int32_t> rag_prompt_head(const Tokenizer& tok, ChatFormat format,
+                                     std::string_view system_prompt) {
+  return tok.encode(rag_turns(format, system_prompt).head, false, true);
 }
 
 std::vector<int32_t> rag_chunk_tokens(const Tokenizer& tok, std::string_view chunk_text) {

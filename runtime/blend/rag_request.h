@@ -13,6 +13,7 @@
 #include "runtime/blend/chunk_store.h"
 #include "runtime/blend/fusor.h"
 #include "runtime/blend/loading_controller.h"
+#include "runtime/chat_format.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
 
@@ -25,16 +26,19 @@ struct RagPrompt {
   std::vector<int32_t> tokens() const;       // P + C_1 + ... + C_N + S
 };
 
-// ChatML layout:  P = system turn + "<|im_start|>user\n";  each chunk is its
-// text followed by a blank line;  S = "Question: ...<|im_end|>\n" +
-// "<|im_start|>assistant\n".
-RagPrompt build_rag_prompt(const Tokenizer& tok, std::string_view system_prompt,
+// In the model's chat format (rag_turns): P = system turn + the opening of
+// the user turn; each chunk is its text followed by a blank line; S =
+// "Question: " + question + the end of the user turn + the opening of the
+// assistant's.  (ChatML: P = "<|im_start|>system\n...<|im_end|>\n
+// <|im_start|>user\n", S = "Question: ...<|im_end|>\n<|im_start|>assistant\n".)
+RagPrompt build_rag_prompt(const Tokenizer& tok, ChatFormat format, std::string_view system_prompt,
                            std::span<const std::string> chunk_texts, std::string_view question);
 // The two pieces of build_rag_prompt that decide a chunk's cache key, for
 // callers that precompute or look up one chunk outside a request (an app's
 // ingest step): they must tokenize exactly as a request does, or the chunk
 // would never be found.
-std::vector<int32_t> rag_prompt_head(const Tokenizer& tok, std::string_view system_prompt);
+std::vector<int32_t> rag_prompt_head(const Tokenizer& tok, ChatFormat format,
+                                     std::string_view system_prompt);
 std::vector<int32_t> rag_chunk_tokens(const Tokenizer& tok, std::string_view chunk_text);
 
 // The tokens a chunk's KV is precomputed after (the "chunk head").

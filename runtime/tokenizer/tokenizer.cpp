@@ -292,17 +292,4 @@ std::optional<int32_t> Tokenizer::find_token(std::string_view text) const {
   return id;
 }
 
-std::string format_chatml(std::span<const ChatMessage> messages, bool add_assistant_header) {
-  std::string out;
-  for (const ChatMessage& msg : messages) {
-    out += "<|im_start|>";
-    out += msg.role;
-    out += '\n';
-    out += msg.content;
-    out += "<|im_end|>\n";
-  }
-  if (add_assistant_header) out += "<|im_start|>assistant\n";
-  return out;
-}
-
 }  // namespace cb

@@ -73,12 +73,4 @@ class Tokenizer {
   Impl* impl_;
 };
 
-// ChatML (SmolLM2, Qwen, ...):  <|im_start|>{role}\n{content}<|im_end|>\n ...
-// and, when add_assistant_header, a trailing "<|im_start|>assistant\n".
-struct ChatMessage {
-  std::string role;
-  std::string content;
-};
-std::string format_chatml(std::span<const ChatMessage> messages, bool add_assistant_header);
-
 }  // namespace cb

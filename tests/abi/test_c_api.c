@@ -8,6 +8,7 @@
  * twice or of the wrong type.  Prints "N passed, N failed"; exit status 1 on
  * failure. */
 #define _POSIX_C_SOURCE 200809L
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -272,6 +273,55 @@ void test_chat_format_errors(cb_model* m) {
   CHECK(len > sizeof buf);
 }
 
+/* The chat template family: the model's own, named by the caller, and the
+ * structs of callers built before the field existed. */
+void test_chat_templates(cb_model* m, const char* path) {
+  cb_model_info info;
+  cb_model_options mo;
+  cb_model* m2 = NULL;
+  cb_chat_message msg;
+  char buf[256];
+  size_t len = 0;
+  const char* want =
+      "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  cb_model_info_init(&info);
+  CHECK_OK(cb_model_get_info(m, &info));
+  CHECK(info.chat_template != NULL && info.chat_template[0] != '\0');
+  cb_model_info_init(&info);
+  info.struct_size = offsetof(cb_model_info, chat_template);
+  CHECK_OK(cb_model_get_info(m, &info));
+
+  cb_model_options_init(&mo);
+  mo.n_threads = 1;
+  mo.chat_template = CB_CHAT_TEMPLATE_LLAMA3;
+  CHECK_OK(cb_model_load(path, &mo, &m2));
+  if (m2 != NULL) {
+    msg.role = "user";
+    msg.content = "Hi";
+    CHECK_OK(cb_chat_format(m2, &msg, 1, 1, buf, sizeof buf, &len));
+    CHECK(len == strlen(want) && strcmp(buf, want) == 0);
+    cb_model_info_init(&info);
+    CHECK_OK(cb_model_get_info(m2, &info));
+    CHECK(strcmp(info.chat_template, "llama3") == 0);
+    cb_model_free(m2);
+    m2 = NULL;
+  }
+  mo.chat_template = (cb_chat_template)99;
+  CHECK_ERR(cb_model_load(path, &mo, &m2), CB_ERR_INVALID_ARGUMENT);
+  CHECK(m2 == NULL);
+  cb_model_options_init(&mo);
+  mo.struct_size = offsetof(cb_model_options, chat_template);
+  mo.chat_template = CB_CHAT_TEMPLATE_GEMMA; /* beyond the caller's struct: not read */
+  CHECK_OK(cb_model_load(path, &mo, &m2));
+  if (m2 != NULL) {
+    cb_model_info_init(&info);
+    CHECK_OK(cb_model_get_info(m2, &info));
+    CHECK(strcmp(info.chat_template, "gemma") != 0);
+    cb_model_free(m2);
+  }
+}
+
 int main(void) {
   const char* path = getenv("CB_MODEL");
   cb_model* m = NULL;
@@ -290,6 +340,7 @@ int main(void) {
     test_model_info(m);
     test_tokens(m);
     test_chat_format_errors(m);
+    test_chat_templates(m, path);
     test_generate(m);
     test_generation_controls(m);
     test_context_limits(m);

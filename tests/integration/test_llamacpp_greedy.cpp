@@ -19,6 +19,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "runtime/chat_format.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -85,7 +86,7 @@ TEST(LlamaCppGolden, ChatAnswerNamesParis) {
   auto golden = nlohmann::json::parse(in);
   auto model = Model::load(test::model_path());
   std::vector<ChatMessage> chat = {{"user", "What is the capital of France?"}};
-  auto ids = model->tokenizer().encode(format_chatml(chat, true), false, true);
+  auto ids = model->tokenizer().encode(format_chat(ChatFormat::kChatML, chat, true), false, true);
   Session s(*model, {.n_ctx = 256, .n_threads = 2});
   auto logits = s.prefill(ids);
   std::vector<int32_t> out;

@@ -40,8 +40,8 @@ inline RagPrompt lighthouse_prompt(const Model& model) {
       "The lighthouse on Kell Island was built in 1862 by the engineer Mara Voss.",
       "Mara Voss was born in the harbour town of Pellwick and trained in Glasgow.",
       "Pellwick lies on the northern coast and is known for its herring fleet."};
-  return build_rag_prompt(model.tokenizer(), "Answer from the documents.", texts,
-                          "Where was the builder of the Kell Island lighthouse born?");
+  return build_rag_prompt(model.tokenizer(), ChatFormat::kChatML, "Answer from the documents.",
+                          texts, "Where was the builder of the Kell Island lighthouse born?");
 }
 
 // lighthouse_prompt() with each chunk's KV precomputed on the CPU.

@@ -33,8 +33,9 @@ class FlashFusion : public testing::Test {
     std::vector<std::string> chunks = {
         "The lighthouse on Kell Island was built in 1862 by the engineer Mara Voss.",
         "Mara Voss was born in the harbour town of Pellwick and trained in Glasgow."};
-    prompt = build_rag_prompt(model().tokenizer(), "Answer from the documents.", chunks,
-                              "Where was the builder of the Kell Island lighthouse born?");
+    prompt =
+        build_rag_prompt(model().tokenizer(), ChatFormat::kChatML, "Answer from the documents.",
+                         chunks, "Where was the builder of the Kell Island lighthouse born?");
   }
   void TearDown() override { fs::remove_all(dir); }
 

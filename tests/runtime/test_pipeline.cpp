@@ -261,7 +261,8 @@ TEST(PipelineBench, DISABLED_PipelinedVsSerialAtBalancedReadCap) {
   fs::remove_all(dir);
   const int n_threads =
       std::getenv("CB_BENCH_THREADS") ? std::atoi(std::getenv("CB_BENCH_THREADS")) : 2;
-  RagPrompt p = build_rag_prompt(model().tokenizer(), "Answer from the documents.", {}, "");
+  RagPrompt p = build_rag_prompt(model().tokenizer(), ChatFormat::kChatML,
+                                 "Answer from the documents.", {}, "");
   uint32_t x = 12345;
   for (int c = 0; c < 8; ++c) {
     std::vector<int32_t> chunk(512);

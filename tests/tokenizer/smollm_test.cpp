@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "platform/error.h"
+#include "runtime/chat_format.h"
 #include "tests/tokenizer/tokenizer_test_util.h"
 
 namespace cb {
@@ -88,7 +89,7 @@ TEST(SmolLM2Tokenizer, KnownIds) {
 TEST(SmolLM2Tokenizer, ChatMlMarkersAreSingleTokens) {
   const Tokenizer& t = model_tokenizer();
   const std::vector<ChatMessage> chat = {{"system", "Be brief."}, {"user", "Hi there"}};
-  const std::string prompt = format_chatml(chat, /*add_assistant_header=*/true);
+  const std::string prompt = format_chat(ChatFormat::kChatML, chat, /*add_assistant_header=*/true);
   EXPECT_EQ(prompt,
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi "
             "there<|im_end|>\n<|im_start|>assistant\n");

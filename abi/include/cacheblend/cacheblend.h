@@ -142,6 +142,20 @@ CB_API const char* cb_last_error(void);
 
 typedef struct cb_model cb_model;
 
+/* The chat template families: how a conversation becomes prompt text
+ * (cb_chat_format, and the turns around a RAG request's chunks). */
+typedef enum cb_chat_template {
+  /* The format the model's GGUF tokenizer.chat_template names, recognised by
+   * its markers (or, without a template, by the vocabulary's control
+   * tokens).  A template of an unknown family is not an error at load: the
+   * calls that need a format give CB_ERR_UNSUPPORTED saying so. */
+  CB_CHAT_TEMPLATE_AUTO = 0,
+  CB_CHAT_TEMPLATE_CHATML = 1, /* <|im_start|>role\n...<|im_end|>\n (SmolLM2, Qwen) */
+  CB_CHAT_TEMPLATE_LLAMA3 = 2, /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+  CB_CHAT_TEMPLATE_GEMMA = 3   /* <start_of_turn>role\n...<end_of_turn>\n; assistant is "model",
+                                system text opens the next user turn */
+} cb_chat_template;
+
 typedef enum cb_backend {
   /* CUDA (cb_model_options.device) when the library was built with it (the
    * build found nvcc, or CB_CUDA=ON) and that CUDA device is present, else
@@ -166,6 +180,9 @@ typedef struct cb_model_options {
    * Ignored on the CPU.  Added in 0.1.x: a struct that ends before it
    * (older callers) means device 0. */
   int32_t device;
+  /* The chat template family (default CB_CHAT_TEMPLATE_AUTO: the model's
+   * own).  Added in 0.1.x: a struct that ends before it means AUTO. */
+  cb_chat_template chat_template;
 } cb_model_options;
 
 /* Fills `opts` with defaults (struct_size included).  NULL is ignored. */
@@ -206,6 +223,11 @@ typedef struct cb_model_info {
   const char* architecture; /* "llama" */
   const char* backend;      /* "cpu" or "cuda" */
   const char* kernels;      /* CPU kernel level in use: "avx2", "scalar", ...; "cuda" */
+  /* The chat template family in use: "chatml", "llama3" or "gemma"; ""
+   * when the model's template is of no known family and cb_model_options
+   * named none.  Added in 0.1.x: a struct that ends before it is still filled
+   * up to its end. */
+  const char* chat_template;
 } cb_model_info;
 
 /* Sets info->struct_size and zeroes the rest.  NULL is ignored. */
@@ -269,12 +291,13 @@ typedef struct cb_chat_message {
   const char* content; /* NUL-terminated UTF-8 */
 } cb_chat_message;
 
-/* Formats a conversation with the model's chat template (currently ChatML:
- * "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then
- * "<|im_start|>assistant\n" when add_assistant_header is non-zero).  The
+/* Formats a conversation in the model's chat template (cb_chat_template; ChatML
+ * for instance gives "<|im_start|>{role}\n{content}<|im_end|>\n" per message,
+ * then "<|im_start|>assistant\n" when add_assistant_header is non-zero).  The
  * result is text to pass to cb_tokenize with parse_special set.  Buffer rules
  * as for cb_detokenize.  n_messages may be 0 (messages may then be NULL).
- * Thread-safe. */
+ * CB_ERR_UNSUPPORTED when the model's template is of no known family and
+ * cb_model_options.chat_template named none.  Thread-safe. */
 CB_API cb_status cb_chat_format(const cb_model* model, const cb_chat_message* messages,
                                 size_t n_messages, int add_assistant_header, char* buf,
                                 size_t capacity, size_t* out_len);
@@ -716,11 +739,15 @@ typedef struct cb_rag_stats {
 /* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */
 CB_API void cb_rag_stats_init(cb_rag_stats* stats);
 
-/* Prefills the empty `session` with a retrieval-augmented request:
+/* Prefills the empty `session` with a retrieval-augmented request, in the
+ * model's chat template (cb_chat_template); with ChatML:
  *   [system turn + "<|im_start|>user\n"] + chunk_1 + ... + chunk_N +
  *   ["Question: " question "<|im_end|>\n<|im_start|>assistant\n"]
- * (ChatML; each chunk is its text followed by a blank line, tokenized on its
- * own; text in chunks and question is never parsed as control tokens).
+ * (each chunk is its text followed by a blank line, tokenized on its own;
+ * text in chunks and question is never parsed as control tokens).  Gemma
+ * has no system turn: the system prompt opens the user turn.
+ * CB_ERR_UNSUPPORTED when the model's template is of no known family and
+ * cb_model_options.chat_template named none.
  * Chunks missing from `cache` are computed and stored first (in modes other
  * than FULL); then the request's KV is built as `opts->mode` says.
  *   session     must be empty (a new session or one after cb_session_reset).

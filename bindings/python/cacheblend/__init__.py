@@ -18,7 +18,7 @@ from .errors import (BufferTooSmallError, CancelledError, ContextOverflowError, 
                      OutOfMemoryError, Status, UnsupportedError)
 from .model import Model
 from .session import Session
-from .types import (Backend, ChunkAdded, ChunkCacheStats, ChunkHead, Codec, GenerateStats, Mode,
+from .types import (Backend, ChatTemplate, ChunkAdded, ChunkCacheStats, ChunkHead, Codec, GenerateStats, Mode,
                     ModelInfo, RagOptions, RagStats, Select, StopReason, mode_name, select_name)
 
 __version__ = "0.1.0"
@@ -30,7 +30,7 @@ def library_version():
 
 
 __all__ = [
-    "Backend", "BufferTooSmallError", "CancelledError", "ChunkAdded", "ChunkCache",
+    "Backend", "BufferTooSmallError", "ChatTemplate", "CancelledError", "ChunkAdded", "ChunkCache",
     "ChunkCacheStats", "ChunkHead", "Codec", "ContextOverflowError", "Error", "FormatError",
     "GenerateStats", "InternalError", "InvalidArgumentError", "IoError", "Mode", "Model",
     "ModelInfo", "OutOfMemoryError", "RagOptions", "RagStats", "Select", "Session", "Status",

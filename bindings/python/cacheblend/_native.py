@@ -42,7 +42,7 @@ ChunkCachePtr = POINTER(_CChunkCache)
 # --- Structs, in header order.
 class ModelOptions(Structure):
     _fields_ = [("struct_size", c_size_t), ("n_threads", c_int32), ("backend", c_enum),
-                ("device", c_int32)]
+                ("device", c_int32), ("chat_template", c_enum)]
 
 
 class ModelInfo(Structure):
@@ -50,7 +50,7 @@ class ModelInfo(Structure):
                 ("n_head", c_int32), ("n_head_kv", c_int32), ("head_dim", c_int32),
                 ("n_ff", c_int32), ("n_vocab", c_int32), ("n_ctx_train", c_int32),
                 ("file_size", c_uint64), ("name", c_char_p), ("architecture", c_char_p),
-                ("backend", c_char_p), ("kernels", c_char_p)]
+                ("backend", c_char_p), ("kernels", c_char_p), ("chat_template", c_char_p)]
 
 
 class ChatMessage(Structure):

@@ -5,7 +5,7 @@ from ctypes import byref, c_char, c_int32, c_size_t
 
 from . import _native
 from .errors import Closeable, Status, check, closed_error
-from .types import Backend, c_int32_array, c_string, model_info
+from .types import Backend, ChatTemplate, c_int32_array, c_string, model_info
 from ._native import lib
 
 
@@ -60,12 +60,14 @@ class Model(Closeable):
     backend    Backend or name: "auto" (CUDA when built with it and a GPU is
                present, else CPU), "cpu", "cuda"
     device     the CUDA device for "cuda" and "auto"
+    chat_template  ChatTemplate or name: "auto" (the family the model's
+               template names), "chatml", "llama3", "gemma"
 
     Use it as a context manager, or call close(); sessions made from it keep
     working after it is closed.
     """
 
-    def __init__(self, path, n_threads=None, backend=None, device=None):
+    def __init__(self, path, n_threads=None, backend=None, device=None, chat_template=None):
         self._shared = None
         opts = _native.new_options(_native.ModelOptions, lib.cb_model_options_init)
         if n_threads is not None:
@@ -74,6 +76,8 @@ class Model(Closeable):
             opts.backend = int(Backend.coerce(backend))
         if device is not None:
             opts.device = device
+        if chat_template is not None:
+            opts.chat_template = int(ChatTemplate.coerce(chat_template))
         ptr = _native.ModelPtr()
         check(lib.cb_model_load(c_string(os.fsencode(path), "path"), byref(opts), byref(ptr)))
         self._shared = _SharedModel(ptr)

@@ -27,6 +27,13 @@ class Backend(_NamedEnum):
     CUDA = 2
 
 
+class ChatTemplate(_NamedEnum):
+    AUTO = 0
+    CHATML = 1
+    LLAMA3 = 2
+    GEMMA = 3
+
+
 class StopReason(_NamedEnum):
     NONE = 0
     MAX_TOKENS = 1
@@ -99,6 +106,7 @@ class ModelInfo:
     architecture: str
     backend: str  # "cpu" or "cuda"
     kernels: str  # CPU kernel level in use ("avx2", ...) or "cuda"
+    chat_template: str  # "chatml", "llama3", "gemma"; "" when of no known family
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,16 @@ def test_library_and_model_info(model):
     assert model.eos is not None and model.is_end_of_generation(model.eos)
 
 
+def test_chat_template_named_or_the_models_own(model):
+    assert model.info.chat_template == "chatml"
+    with cb.Model(MODEL_PATH, n_threads=1, chat_template="gemma") as gemma:
+        assert gemma.info.chat_template == "gemma"
+        assert gemma.chat_format([("system", "Be brief."), ("user", "hi")]) == (
+            "<start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\n")
+    with pytest.raises(ValueError, match="vicuna"):
+        cb.Model(MODEL_PATH, chat_template="vicuna")
+
+
 def test_tokenize_round_trip(model):
     text = "Hello, world! Café 123"
     ids = model.tokenize(text, add_special=False)
