@@ -80,10 +80,11 @@ class Backend {
   virtual void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
                        float* out) = 0;
   // In place: for each row r and head, rotate adjacent pairs (x[2i], x[2i+1])
-  // of the first rot_dim dims by angle pos[r] * freq_base^(-2i/rot_dim).
-  // x is n_rows x (n_heads * head_dim).
+  // of the first rot_dim dims by angle pos[r] * freq_base^(-2i/rot_dim),
+  // divided by freq_factors[i] when freq_factors (rot_dim / 2 floats, host
+  // memory: Llama 3's rope_freqs) is not null.  x is n_rows x (n_heads * head_dim).
   virtual void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
-                    int64_t rot_dim, float freq_base) = 0;
+                    int64_t rot_dim, float freq_base, const float* freq_factors) = 0;
   virtual void attention(const AttentionArgs& a) = 0;
   // Query-aware selection, what each key adds to the attention output:
   // out[j] += sum over the a.n_q query rows and a.n_head heads h of

@@ -92,7 +92,7 @@ TensorId Graph::rmsnorm_groups(TensorId x, const float* weight, int64_t group, f
 }
 
 void Graph::rope(TensorId x, const int32_t* pos, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
-                 float freq_base) {
+                 float freq_base, const float* freq_factors) {
   if (tensors_[x].cols != n_heads * head_dim) fail(ErrorCode::kInternal, "graph: rope shape");
   Node& n = push(Op::kRope, x);
   n.ints = pos;
@@ -100,6 +100,7 @@ void Graph::rope(TensorId x, const int32_t* pos, int64_t n_heads, int64_t head_d
   n.p[1] = head_dim;
   n.p[2] = rot_dim;
   n.f = freq_base;
+  n.vec = freq_factors;
 }
 
 TensorId Graph::attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId v, int64_t n_kv,
@@ -230,7 +231,7 @@ void Graph::run_node(Backend& be, const Node& n, void* arena) const {
       be.rmsnorm(a, n.vec, to.rows * to.cols / n.p[0], n.p[0], n.f, out);
       break;
     case Op::kRope:
-      be.rope(out, n.ints, to.rows, n.p[0], n.p[1], n.p[2], n.f);
+      be.rope(out, n.ints, to.rows, n.p[0], n.p[1], n.p[2], n.f, n.vec);
       break;
     case Op::kAttention: {
       AttentionArgs args;

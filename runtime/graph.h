@@ -40,9 +40,10 @@ class Graph {
   // not x) when given, else into a new tensor.
   TensorId rmsnorm_groups(TensorId x, const float* weight, int64_t group, float eps,
                           TensorId out = -1);
-  // In place on x (n_heads heads of head_dim per row).
+  // In place on x (n_heads heads of head_dim per row); freq_factors as
+  // Backend::rope's (may be null).
   void rope(TensorId x, const int32_t* pos, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
-            float freq_base);
+            float freq_base, const float* freq_factors);
   // Queries x positions over the first n_kv rows of k / v (see AttentionArgs).
   TensorId attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId v, int64_t n_kv,
                      int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale);

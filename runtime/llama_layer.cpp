@@ -39,11 +39,12 @@ TensorId LlamaLayer::project_v(TensorId h, TensorId out) {
 }
 
 void LlamaLayer::rope_q(TensorId q, const int32_t* pos) {
-  g_.rope(q, pos, hp_.n_head, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base);
+  g_.rope(q, pos, hp_.n_head, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base, hp_.rope_freq_factors);
 }
 
 void LlamaLayer::rope_k(TensorId k, const int32_t* pos) {
-  g_.rope(k, pos, hp_.n_head_kv, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base);
+  g_.rope(k, pos, hp_.n_head_kv, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base,
+          hp_.rope_freq_factors);
 }
 
 TensorId LlamaLayer::attention(TensorId q, const int32_t* q_pos, TensorId k_cache, TensorId v_cache,
@@ -68,11 +69,12 @@ void add_output_head(Graph& g, const LlamaHparams& hp, const float* output_norm,
 }
 
 void rope_keys(Backend& be, const LlamaHparams& hp, float* k, const int32_t* pos, int64_t n) {
-  be.rope(k, pos, n, hp.n_head_kv, hp.head_dim, hp.rot_dim, hp.rope_freq_base);
+  be.rope(k, pos, n, hp.n_head_kv, hp.head_dim, hp.rot_dim, hp.rope_freq_base,
+          hp.rope_freq_factors);
 }
 
 void rope_queries(Backend& be, const LlamaHparams& hp, float* q, const int32_t* pos, int64_t n) {
-  be.rope(q, pos, n, hp.n_head, hp.head_dim, hp.rot_dim, hp.rope_freq_base);
+  be.rope(q, pos, n, hp.n_head, hp.head_dim, hp.rot_dim, hp.rope_freq_base, hp.rope_freq_factors);
 }
 
 AttentionArgs attention_args(const LlamaHparams& hp, const float* q, const int32_t* q_pos,

@@ -140,10 +140,15 @@ std::unique_ptr<Model> Model::load(const std::string& path, std::optional<ChatFo
     if (!(hp.rope_freq_base > 0) || !std::isfinite(hp.rope_freq_base) || !(hp.rms_eps > 0) ||
         !std::isfinite(hp.rms_eps))
       fail(ErrorCode::kFormat, "invalid RoPE base or RMS epsilon (each must be finite and > 0)");
+    // Llama 3.1+ scales RoPE by per-pair frequency divisors, stored in the
+    // file (rope_freqs.weight); the other scalings (linear, YaRN) are not
+    // implemented.
     std::string scaling = f.get_string(k + "rope.scaling.type").value_or("none");
-    if ((scaling != "none" && f.get_float(k + "rope.scaling.factor").value_or(1.0) != 1.0) ||
-        f.find_tensor("rope_freqs.weight"))
+    if (scaling != "none" && scaling != "llama3" &&
+        f.get_float(k + "rope.scaling.factor").value_or(1.0) != 1.0)
       fail(ErrorCode::kUnsupported, "RoPE scaling ('" + scaling + "') is not supported yet");
+    if (f.find_tensor("rope_freqs.weight"))
+      hp.rope_freq_factors = m->f32_vector("rope_freqs.weight", hp.rot_dim / 2);
 
     const GgufTensor* emb = f.find_tensor("token_embd.weight");
     if (!emb || emb->dims.size() != 2)

@@ -39,6 +39,9 @@ struct LlamaHparams {
   int64_t n_vocab = 0;
   int64_t n_ctx_train = 0;
   float rope_freq_base = 10000.0f;
+  // Per-pair divisors of RoPE's frequencies (rot_dim / 2 floats: Llama 3.1+'s
+  // rope_freqs), or null.
+  const float* rope_freq_factors = nullptr;
   float rms_eps = 1e-5f;
 
   int64_t kv_dim() const { return n_head_kv * head_dim; }

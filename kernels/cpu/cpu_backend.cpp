@@ -224,17 +224,17 @@ class CpuBackend final : public Backend {
   }
 
   void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
-            int64_t rot_dim, float freq_base) override {
+            int64_t rot_dim, float freq_base, const float* freq_factors) override {
     check(n_rows >= 0 && n_heads > 0 && head_dim > 0, "rope: bad shape");
     check(rot_dim >= 0 && rot_dim <= head_dim && rot_dim % 2 == 0,
           "rope: rot_dim must be even and at most head_dim");
     if (n_rows == 0) return;
     const int64_t row = n_heads * head_dim;
     const int32_t max_pos = *std::max_element(pos, pos + n_rows);
-    const auto angles = rope_table_.covering(max_pos, rot_dim, freq_base);
+    const auto angles = rope_table_.covering(max_pos, rot_dim, freq_base, freq_factors);
     split(n_rows, tasks_for(n_rows * row), 1, [&](int64_t r0, int64_t r1) {
       RopeTable::rope(x + r0 * row, pos + r0, r1 - r0, n_heads, head_dim, rot_dim, *angles,
-                      freq_base);
+                      freq_base, freq_factors);
     });
   }
 

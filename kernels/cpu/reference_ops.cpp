@@ -187,11 +187,12 @@ void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, f
   }
 }
 
-std::vector<double> rope_inv_freq(int64_t rot_dim, float freq_base) {
+std::vector<double> rope_inv_freq(int64_t rot_dim, float freq_base, const float* freq_factors) {
   std::vector<double> inv_freq(static_cast<size_t>(rot_dim / 2));
   for (size_t i = 0; i < inv_freq.size(); ++i) {
     inv_freq[i] = std::pow(static_cast<double>(freq_base),
                            -2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
+    if (freq_factors != nullptr) inv_freq[i] /= static_cast<double>(freq_factors[i]);
   }
   return inv_freq;
 }
@@ -217,8 +218,8 @@ void rope_rotate(float* row, int64_t n_heads, int64_t head_dim, int64_t n_pairs,
 }
 
 void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
-          int64_t rot_dim, float freq_base) {
-  const std::vector<double> inv_freq = rope_inv_freq(rot_dim, freq_base);
+          int64_t rot_dim, float freq_base, const float* freq_factors) {
+  const std::vector<double> inv_freq = rope_inv_freq(rot_dim, freq_base, freq_factors);
   const int64_t n_pairs = rot_dim / 2;
   std::vector<float> cos_t(static_cast<size_t>(n_pairs)), sin_t(static_cast<size_t>(n_pairs));
   for (int64_t r = 0; r < n_rows; ++r) {

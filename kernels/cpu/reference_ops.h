@@ -53,11 +53,12 @@ void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, f
 // Angles are computed in f64 and rounded once, so positions in the
 // thousands rotate as accurately as small ones.
 void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
-          int64_t rot_dim, float freq_base);
+          int64_t rot_dim, float freq_base, const float* freq_factors = nullptr);
 // rope()'s two halves, for callers that keep the angles (rope_table.h):
 // the inverse frequency of each of the rot_dim / 2 pairs; the cos and sin of
 // one position's angles; one row of n_heads heads rotated by them.
-std::vector<double> rope_inv_freq(int64_t rot_dim, float freq_base);
+std::vector<double> rope_inv_freq(int64_t rot_dim, float freq_base,
+                                  const float* freq_factors = nullptr);
 void rope_angles(int32_t pos, const std::vector<double>& inv_freq, float* cos_t, float* sin_t);
 void rope_rotate(float* row, int64_t n_heads, int64_t head_dim, int64_t n_pairs, const float* cos_t,
                  const float* sin_t);

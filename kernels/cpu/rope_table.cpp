@@ -7,18 +7,22 @@
 namespace cb {
 
 std::shared_ptr<const RopeTable::Angles> RopeTable::covering(int32_t max_pos, int64_t rot_dim,
-                                                             float freq_base) {
+                                                             float freq_base,
+                                                             const float* freq_factors) {
   const int64_t n_pairs = rot_dim / 2;
   const int64_t bytes_per_pos = 2 * n_pairs * static_cast<int64_t>(sizeof(float));
   const int32_t cap = static_cast<int32_t>(std::min<int64_t>(
       INT32_MAX, static_cast<int64_t>(kMaxBytes) / std::max<int64_t>(1, bytes_per_pos)));
   const int32_t want = std::min(cap, std::max(0, max_pos) + 1);
+  const std::vector<float> factors = freq_factors
+                                         ? std::vector<float>(freq_factors, freq_factors + n_pairs)
+                                         : std::vector<float>{};
   std::lock_guard lock(mu_);
   auto it = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) {
-    return e.rot_dim == rot_dim && e.freq_base == freq_base;
+    return e.rot_dim == rot_dim && e.freq_base == freq_base && e.freq_factors == factors;
   });
   if (it == entries_.end()) {
-    entries_.push_back({rot_dim, freq_base, std::make_shared<Angles>()});
+    entries_.push_back({rot_dim, freq_base, factors, std::make_shared<Angles>()});
     it = entries_.end() - 1;
   }
   if (it->angles->n_pos >= want) return it->angles;
@@ -33,7 +37,7 @@ std::shared_ptr<const RopeTable::Angles> RopeTable::covering(int32_t max_pos, in
   grown->sin_t = old.sin_t;
   grown->cos_t.resize(len);
   grown->sin_t.resize(len);
-  const std::vector<double> inv_freq = ref::rope_inv_freq(rot_dim, freq_base);
+  const std::vector<double> inv_freq = ref::rope_inv_freq(rot_dim, freq_base, freq_factors);
   for (int32_t p = old.n_pos; p < grown->n_pos; ++p)
     ref::rope_angles(p, inv_freq, grown->cos_t.data() + static_cast<size_t>(p) * n_pairs,
                      grown->sin_t.data() + static_cast<size_t>(p) * n_pairs);
@@ -42,7 +46,8 @@ std::shared_ptr<const RopeTable::Angles> RopeTable::covering(int32_t max_pos, in
 }
 
 void RopeTable::rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads,
-                     int64_t head_dim, int64_t rot_dim, const Angles& angles, float freq_base) {
+                     int64_t head_dim, int64_t rot_dim, const Angles& angles, float freq_base,
+                     const float* freq_factors) {
   const int64_t n_pairs = rot_dim / 2, row = n_heads * head_dim;
   for (int64_t r = 0; r < n_rows; ++r) {
     if (pos[r] >= 0 && pos[r] < angles.n_pos) {
@@ -50,7 +55,7 @@ void RopeTable::rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_hea
       ref::rope_rotate(x + r * row, n_heads, head_dim, n_pairs, angles.cos_t.data() + off,
                        angles.sin_t.data() + off);
     } else {
-      ref::rope(x + r * row, pos + r, 1, n_heads, head_dim, rot_dim, freq_base);
+      ref::rope(x + r * row, pos + r, 1, n_heads, head_dim, rot_dim, freq_base, freq_factors);
     }
   }
 }

@@ -6,8 +6,9 @@
 //
 // The table holds them as ref::rope computes them (f64 angle, rounded
 // once), so a rotation through the table is bitwise the one computed in
-// place.  It grows on demand up to kMaxBytes per (rot_dim, freq_base);
-// positions past that, and negative ones, are computed in place.
+// place.  It grows on demand up to kMaxBytes per (rot_dim, freq_base,
+// frequency factors); positions past that, and negative ones, are computed
+// in place.
 #pragma once
 
 #include <cstdint>
@@ -28,19 +29,23 @@ class RopeTable {
     std::vector<float> sin_t;
   };
 
-  // Angles for (rot_dim, freq_base) that hold every position in [0, max_pos]
-  // the cap allows.  The result is immutable and stays valid while held, also
+  // Angles for (rot_dim, freq_base, freq_factors: rot_dim / 2 floats or
+  // null, compared by value) that hold every position in [0, max_pos] the
+  // cap allows.  The result is immutable and stays valid while held, also
   // when another thread grows the table.  Thread-safe.
-  std::shared_ptr<const Angles> covering(int32_t max_pos, int64_t rot_dim, float freq_base);
+  std::shared_ptr<const Angles> covering(int32_t max_pos, int64_t rot_dim, float freq_base,
+                                         const float* freq_factors);
 
   // x (n_rows rows of n_heads x head_dim) rotated as ref::rope rotates it.
   static void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
-                   int64_t rot_dim, const Angles& angles, float freq_base);
+                   int64_t rot_dim, const Angles& angles, float freq_base,
+                   const float* freq_factors);
 
  private:
   struct Entry {
     int64_t rot_dim;
     float freq_base;
+    std::vector<float> freq_factors;  // empty: none
     std::shared_ptr<const Angles> angles;
   };
   std::mutex mu_;

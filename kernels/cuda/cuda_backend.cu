@@ -380,14 +380,16 @@ __global__ void row_sq_diff_kernel(const float* __restrict__ a, const float* __r
 // One thread per (row, rotated pair): the angle in f64 (as ref::rope), then
 // the same rotation for every head of the row.
 __global__ void rope_kernel(float* x, const int32_t* __restrict__ pos, int64_t n_rows,
-                            int64_t n_heads, int64_t head_dim, int64_t rot_dim, float freq_base) {
+                            int64_t n_heads, int64_t head_dim, int64_t rot_dim, float freq_base,
+                            const float* __restrict__ freq_factors) {
   const int64_t n_pairs = rot_dim / 2;
   const int64_t total = n_rows * n_pairs;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = t / n_pairs, i = t % n_pairs;
-    const double inv_freq = pow(static_cast<double>(freq_base),
-                                -2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
+    double inv_freq = pow(static_cast<double>(freq_base),
+                          -2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
+    if (freq_factors != nullptr) inv_freq /= static_cast<double>(freq_factors[i]);
     const double angle = static_cast<double>(pos[r]) * inv_freq;
     const float c = static_cast<float>(cos(angle)), s = static_cast<float>(sin(angle));
     for (int64_t h = 0; h < n_heads; ++h) {
@@ -1038,7 +1040,7 @@ class CudaBackend final : public Backend {
   }
 
   void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
-            int64_t rot_dim, float freq_base) override {
+            int64_t rot_dim, float freq_base, const float* freq_factors) override {
     check(n_rows >= 0 && n_heads > 0 && head_dim > 0, "rope: bad shape");
     check(rot_dim >= 0 && rot_dim <= head_dim && rot_dim % 2 == 0,
           "rope: rot_dim must be even and at most head_dim");
@@ -1046,9 +1048,10 @@ class CudaBackend final : public Backend {
     Call c(*this);
     float* dx = c.out(x, n_rows * n_heads * head_dim, true);
     const int32_t* dpos = c.in(pos, n_rows);
+    const float* dfactors = freq_factors ? c.in(freq_factors, rot_dim / 2) : nullptr;
     const int64_t total = n_rows * (rot_dim / 2);
-    rope_kernel<<<grid_for(total), kEltThreads, 0, c.stream()>>>(dx, dpos, n_rows, n_heads,
-                                                                 head_dim, rot_dim, freq_base);
+    rope_kernel<<<grid_for(total), kEltThreads, 0, c.stream()>>>(
+        dx, dpos, n_rows, n_heads, head_dim, rot_dim, freq_base, dfactors);
     launch_check("rope_kernel");
     c.finish();
   }

@@ -359,7 +359,8 @@ class PipelineBench {
     const size_t bytes = layer_bytes();
     be_.upload(k_[l], staging_, bytes);
     be_.upload(v_[l], staging_ + bytes / sizeof(float), bytes);
-    be_.rope(k_[l], kv_pos_.data(), t_, sh_.n_head_kv, sh_.head_dim, sh_.head_dim, 500000.0f);
+    be_.rope(k_[l], kv_pos_.data(), t_, sh_.n_head_kv, sh_.head_dim, sh_.head_dim, 500000.0f,
+             nullptr);
   }
 
   // One layer for rows_ rows as one batch; returns its GPU time (events).
@@ -372,8 +373,8 @@ class PipelineBench {
     be_.matmul(wq_, xn_, r, q_);
     be_.matmul(wk_, xn_, r, kn_);
     be_.matmul(wv_, xn_, r, vn_);
-    be_.rope(q_, qpos_.data(), r, s.n_head, s.head_dim, s.head_dim, 500000.0f);
-    be_.rope(kn_, qpos_.data(), r, s.n_head_kv, s.head_dim, s.head_dim, 500000.0f);
+    be_.rope(q_, qpos_.data(), r, s.n_head, s.head_dim, s.head_dim, 500000.0f, nullptr);
+    be_.rope(kn_, qpos_.data(), r, s.n_head_kv, s.head_dim, s.head_dim, 500000.0f, nullptr);
     be_.scatter_rows(kn_, s.kv_dim(), qpos_dev_, r, k_[l]);
     be_.scatter_rows(vn_, s.kv_dim(), qpos_dev_, r, v_[l]);
     cb::AttentionArgs a;

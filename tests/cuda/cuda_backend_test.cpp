@@ -258,7 +258,7 @@ TEST_F(Cuda, RopeMatchesReference) {
     std::vector<float> x = test::random_floats(rng, n_rows * row);
     const std::vector<int32_t> pos = {0, 1, 2, 17, 100, 511, 4095, 8000, 3};
     float* dx = dev(x);
-    be_->rope(dx, dev(pos), n_rows, s.n_heads, s.head_dim, s.rot_dim, 10000.0f);
+    be_->rope(dx, dev(pos), n_rows, s.n_heads, s.head_dim, s.rot_dim, 10000.0f, nullptr);
     ref::rope(x.data(), pos.data(), n_rows, s.n_heads, s.head_dim, s.rot_dim, 10000.0f);
     const std::vector<float> got = host(dx, x.size());
     for (size_t i = 0; i < got.size(); ++i) {
@@ -461,7 +461,7 @@ TEST_F(Cuda, AcceptsHostMemoryArguments) {
   std::vector<float> r = test::random_floats(rng, 2 * 64), r_ref = r;
   const std::vector<int32_t> pos = {5, 1000};
   ref::rope(r_ref.data(), pos.data(), 2, 1, 64, 64, 10000.0f);
-  be_->rope(r.data(), pos.data(), 2, 1, 64, 64, 10000.0f);
+  be_->rope(r.data(), pos.data(), 2, 1, 64, 64, 10000.0f, nullptr);
   for (size_t i = 0; i < r.size(); ++i) EXPECT_NEAR(r[i], r_ref[i], 2e-6) << i;
 }
 
@@ -481,7 +481,7 @@ TEST_F(Cuda, HostInputsChangedBetweenCallsAreSeen) {
     for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expect[i], 1e-6) << round;
     std::vector<float> r = x, r_ref = x;
     ref::rope(r_ref.data(), pos.data(), n_rows, 1, dim, dim, 10000.0f);
-    be_->rope(r.data(), pos.data(), n_rows, 1, dim, dim, 10000.0f);
+    be_->rope(r.data(), pos.data(), n_rows, 1, dim, dim, 10000.0f, nullptr);
     for (size_t i = 0; i < r.size(); ++i) EXPECT_NEAR(r[i], r_ref[i], 2e-6) << round;
     for (float& v : wt) v *= -1.5f;  // same addresses, new contents
     pos[0] += 100;
@@ -493,7 +493,7 @@ TEST_F(Cuda, RejectsBadArguments) {
   const WeightView w{nullptr, DType::Q4_0, 33, 1};
   EXPECT_THROW(be_->matmul(w, nullptr, 1, nullptr), Error);
   EXPECT_THROW(be_->rmsnorm(nullptr, nullptr, 1, 0, 1e-5f, nullptr), Error);
-  EXPECT_THROW(be_->rope(nullptr, nullptr, 1, 1, 8, 9, 10000.0f), Error);
+  EXPECT_THROW(be_->rope(nullptr, nullptr, 1, 1, 8, 9, 10000.0f, nullptr), Error);
 }
 
 // ---------------------------------------------------------------- top_k --

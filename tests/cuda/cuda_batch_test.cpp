@@ -90,7 +90,7 @@ class Chain {
       be_.rmsnorm(h_, norm_.data(), R, kD, 1e-5f, t1_);
       be_.matmul(wa_, t1_, R, t2_);
       for (int64_t i = 0; i < R; ++i) pos[i] = static_cast<int32_t>(it * 13 + 3 * i);
-      be_.rope(t2_, pos.data(), R, kHeads, kHeadDim, kHeadDim, 10000.0f);
+      be_.rope(t2_, pos.data(), R, kHeads, kHeadDim, kHeadDim, 10000.0f, nullptr);
       std::fill(pos.begin(), pos.end(), -7);
       be_.silu_mul(t2_, t2_, R * kD2, t3_);
       be_.matmul(wb_, t3_, R, t4_);
@@ -189,7 +189,7 @@ TEST_F(Cuda, ErrorInsideABatchLeavesItUsable) {
   float* out = dev(std::vector<float>(static_cast<size_t>(n)));
   be_->begin_batch();
   be_->add(dev(a), dev(b), n, out);
-  EXPECT_THROW(be_->rope(out, nullptr, 1, 1, 8, 9, 10000.0f), Error);
+  EXPECT_THROW(be_->rope(out, nullptr, 1, 1, 8, 9, 10000.0f, nullptr), Error);
   be_->end_batch();
   EXPECT_TRUE(test::bitwise_equal(host(out, expect.size()), expect));
   be_->add(out, dev(std::vector<float>(static_cast<size_t>(n), 0.0f)), n, out);
@@ -319,7 +319,7 @@ TEST_F(Cuda, LoaderThreadUploadsBesideABatch) {
         }
         for (int64_t i = 0; i < kChunkRows; ++i) pos[i] = static_cast<int32_t>(row0 + 3 + i);
         be->rope(kc + row0 * kKvDim, pos.data(), kChunkRows, kHeadsKv, kHeadDim, kHeadDim,
-                 100000.0f);
+                 100000.0f, nullptr);
         // The rope returned: both copies (queued before it) are done, so the
         // staging memory may be refilled for the next chunk.
       }

@@ -26,7 +26,8 @@ constexpr int64_t kHeads = 3, kHeadDim = 64;
 
 std::vector<float> rotate(Backend& be, std::vector<float> x, std::vector<int32_t> pos,
                           int64_t rot_dim = kHeadDim, float base = 100000.0f) {
-  be.rope(x.data(), pos.data(), static_cast<int64_t>(pos.size()), kHeads, kHeadDim, rot_dim, base);
+  be.rope(x.data(), pos.data(), static_cast<int64_t>(pos.size()), kHeads, kHeadDim, rot_dim, base,
+          nullptr);
   return x;
 }
 
@@ -70,6 +71,42 @@ TEST(Rope, MatchesFloat64AtLargePositions) {
   }
 }
 
+// Llama 3.1+'s rope_freqs: pair i's frequency divided by factors[i].  The
+// table (keyed by the factors' values: a second set gets its own) and the
+// in-place path past its cap agree bitwise with the reference, which
+// matches float64.
+TEST(Rope, FrequencyFactorsDivideEachPairsFrequency) {
+  std::mt19937 rng(28);
+  auto be = make_cpu_backend(2);
+  std::vector<float> factors(kHeadDim / 2), other(kHeadDim / 2, 1.0f);
+  for (int64_t i = 0; i < kHeadDim / 2; ++i) factors[i] = 1.0f + 7.0f * i / (kHeadDim / 2);
+  const int32_t past_cap =
+      static_cast<int32_t>(RopeTable::kMaxBytes / (2 * (kHeadDim / 2) * sizeof(float))) + 3;
+  const std::vector<int32_t> pos = {0, 5, 4095, past_cap};
+  const std::vector<float> x = test::random_floats(rng, 4 * kHeads * kHeadDim);
+  const float base = 500000.0f;
+  for (const std::vector<float>* f : {&factors, &other, &factors}) {
+    std::vector<float> y = x, want = x;
+    be->rope(y.data(), pos.data(), 4, kHeads, kHeadDim, kHeadDim, base, f->data());
+    ref::rope(want.data(), pos.data(), 4, kHeads, kHeadDim, kHeadDim, base, f->data());
+    EXPECT_TRUE(test::bitwise_equal(y, want));
+    for (size_t r = 0; r < 3; ++r) {
+      for (int64_t i = 0; i < kHeadDim / 2; ++i) {
+        const double theta =
+            pos[r] * std::pow(static_cast<double>(base), -2.0 * i / kHeadDim) / (*f)[i];
+        const double a = x[r * kHeads * kHeadDim + 2 * i], b = x[r * kHeads * kHeadDim + 2 * i + 1];
+        EXPECT_NEAR(y[r * kHeads * kHeadDim + 2 * i], a * std::cos(theta) - b * std::sin(theta),
+                    1e-6);
+      }
+    }
+  }
+  // All-ones factors rotate as no factors.
+  std::vector<float> ones = x, none = x;
+  be->rope(ones.data(), pos.data(), 4, kHeads, kHeadDim, kHeadDim, base, other.data());
+  be->rope(none.data(), pos.data(), 4, kHeads, kHeadDim, kHeadDim, base, nullptr);
+  EXPECT_TRUE(test::bitwise_equal(ones, none));
+}
+
 TEST(Rope, PartialRotationLeavesTailAlone) {
   std::mt19937 rng(24);
   auto be = make_cpu_backend(1);
@@ -84,7 +121,7 @@ TEST(Rope, PartialRotationLeavesTailAlone) {
   }
   std::vector<float> z = x;
   const std::vector<int32_t> pos = {1, 1};
-  EXPECT_THROW(be->rope(z.data(), pos.data(), 2, kHeads, kHeadDim, 33, 10000.0f), Error);
+  EXPECT_THROW(be->rope(z.data(), pos.data(), 2, kHeads, kHeadDim, 33, 10000.0f, nullptr), Error);
 }
 
 std::vector<float> reference(std::vector<float> x, const std::vector<int32_t>& pos, int64_t rot_dim,

@@ -8,7 +8,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="$1"
 PY="$("$ROOT/scripts/oracle_venv.sh" --print-python)"
 mkdir -p "$OUT"
-for arch in llama qwen2 qwen3; do
+for arch in llama llama3 qwen2 qwen3; do
   "$PY" "$ROOT/tests/oracle/write_random_gguf.py" --arch "$arch" --out "$OUT"
   "$PY" "$ROOT/tests/oracle/reference_forward.py" --no-cache --model "$OUT/$arch.gguf" \
     --prompts "$OUT/$arch.prompts.json" --out "$OUT/$arch"

@@ -6,7 +6,9 @@ the same file).
 
     write_random_gguf.py --arch qwen2 --out DIR [--type q8_0] [--seed N]
 
-Writes DIR/<arch>.gguf and DIR/<arch>.prompts.json ({"prompts": [{"name",
+`--arch llama3` writes a `llama` file with Llama 3.1's RoPE: base 500000 and
+per-pair frequency divisors (rope_freqs.weight).  Writes DIR/<arch>.gguf and
+DIR/<arch>.prompts.json ({"prompts": [{"name",
 "ids"}]}, reference_forward.py's input).  The shapes are small but keep
 what the architectures differ in: grouped-query attention (4 query heads on
 2 KV heads), a head size that is not the embedding size's share, untied
@@ -43,7 +45,7 @@ def byte_symbols():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arch", required=True, choices=["llama", "qwen2", "qwen3"])
+    ap.add_argument("--arch", required=True, choices=["llama", "llama3", "qwen2", "qwen3"])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--type", default="q8_0", choices=["f32", "f16", "q8_0"],
                     help="type of the weight matrices (default q8_0)")
@@ -57,7 +59,8 @@ def main():
 
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / f"{a.arch}.gguf"
-    w = gguf.GGUFWriter(str(path), a.arch)
+    arch = "llama" if a.arch == "llama3" else a.arch
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"random {a.arch}")
     w.add_context_length(N_CTX)
     w.add_embedding_length(N_EMBD)
@@ -67,10 +70,10 @@ def main():
     w.add_head_count_kv(N_HEAD_KV)
     w.add_key_length(HEAD_DIM)
     w.add_value_length(HEAD_DIM)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(500000.0 if a.arch == "llama3" else 10000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2" if a.arch.startswith("qwen") else "smollm")
+    w.add_tokenizer_pre({"llama": "smollm", "llama3": "llama-bpe"}.get(a.arch, "qwen2"))
     w.add_token_list(tokens)
     w.add_token_types([gguf.TokenType.NORMAL] * (256 + len(MERGES)) +
                       [gguf.TokenType.CONTROL] * len(SPECIAL))
@@ -111,6 +114,10 @@ def main():
         matrix(b + "ffn_gate.weight", N_FF, N_EMBD)
         matrix(b + "ffn_up.weight", N_FF, N_EMBD)
         matrix(b + "ffn_down.weight", N_EMBD, N_FF)
+    if a.arch == "llama3":
+        # Divisors from 1 (the fastest pairs) to 8 (the slowest), as Llama 3.1's.
+        w.add_tensor("rope_freqs.weight",
+                     np.linspace(1.0, 8.0, HEAD_DIM // 2).astype(np.float32))
     vector("output_norm.weight", N_EMBD, 1.0, 0.1)
     matrix("output.weight", n_vocab, N_EMBD)
     w.write_header_to_file()

@@ -63,9 +63,9 @@ class ForwardingBackend : public Backend {
     inner_->rmsnorm(x, weight, n_rows, dim, eps, out);
   }
   void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
-            int64_t rot_dim, float freq_base) override {
+            int64_t rot_dim, float freq_base, const float* freq_factors) override {
     op({x});
-    inner_->rope(x, pos, n_rows, n_heads, head_dim, rot_dim, freq_base);
+    inner_->rope(x, pos, n_rows, n_heads, head_dim, rot_dim, freq_base, freq_factors);
   }
   void attention(const AttentionArgs& a) override {
     op({a.q, a.k, a.v, a.out});

@@ -11,6 +11,7 @@
 #include "platform/error.h"
 #include "runtime/blend/fusor.h"
 #include "runtime/blend/selection.h"
+#include "runtime/llama_layer.h"
 #include "runtime/model.h"
 #include "tests/runtime/forwarding_backend.h"
 #include "tests/runtime/model_path.h"
@@ -205,8 +206,7 @@ TEST_F(FusorTest, StoredLayer0KeyRotatedEqualsKeyComputedInPlace) {
   std::vector<float> k(kv[2].k.begin(), kv[2].k.begin() + len * kv_dim);
   std::vector<int32_t> pos(static_cast<size_t>(len));
   for (int64_t i = 0; i < len; ++i) pos[i] = static_cast<int32_t>(p0 + i);
-  s.backend().rope(k.data(), pos.data(), len, hp.n_head_kv, hp.head_dim, hp.rot_dim,
-                   hp.rope_freq_base);
+  rope_keys(s.backend(), hp, k.data(), pos.data(), len);
   const float* in_place_k = s.k_cache(0) + p0 * kv_dim;
   const float* in_place_v = s.v_cache(0) + p0 * kv_dim;
   for (int64_t i = 0; i < len * kv_dim; ++i) {

@@ -17,6 +17,7 @@
 #include "runtime/blend/flash_chunk_store.h"
 #include "runtime/blend/layer_pipeline.h"
 #include "runtime/blend/rag_request.h"
+#include "runtime/llama_layer.h"
 #include "tests/runtime/model_path.h"
 #include "tests/runtime/rag_request_fixture.h"
 
@@ -192,8 +193,7 @@ TEST_F(PipelineTest, LookAheadIsBoundedAndTheLoaderAlwaysJoins) {
     std::vector<int32_t> pos(static_cast<size_t>(len));
     std::iota(pos.begin(), pos.end(), begin);
     const auto& hp = model().hparams();
-    s.backend().rope(k.data(), pos.data(), len, hp.n_head_kv, hp.head_dim, hp.rot_dim,
-                     hp.rope_freq_base);
+    rope_keys(s.backend(), hp, k.data(), pos.data(), len);
     EXPECT_TRUE(std::equal(k.begin(), k.end(), s.k_cache(0) + begin * kv_dim));
     EXPECT_TRUE(
         std::equal(kv[0].v.begin(), kv[0].v.begin() + len * kv_dim, s.v_cache(0) + begin * kv_dim));
