@@ -139,7 +139,8 @@ Tokenizer::Impl::Impl(TokenizerVocab v) : vocab(std::move(v)) {
     const auto id = static_cast<int32_t>(i);
     const bool eog_text = tok::is_end_of_generation_text(vocab.tokens[i]);
     if (eog_text) types[i] = static_cast<int32_t>(TokenType::kControl);
-    if (eog_text || id == vocab.eos_id || id == vocab.eot_id) eog_ids.push_back(id);
+    if (eog_text || id == vocab.eos_id || id == vocab.eot_id || id == vocab.eom_id)
+      eog_ids.push_back(id);
   }
 
   index = tok::TokenIndex(vocab.tokens);

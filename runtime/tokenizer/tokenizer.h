@@ -30,6 +30,7 @@ struct TokenizerVocab {
   int32_t bos_id = -1;
   int32_t eos_id = -1;
   int32_t eot_id = -1;  // end of turn (e.g. <|im_end|>), -1 if none
+  int32_t eom_id = -1;  // end of message (Llama 3.1's <|eom_id|>), -1 if none
   int32_t unk_id = -1;
   int32_t pad_id = -1;
   bool add_bos = false;                  // tokenizer.ggml.add_bos_token

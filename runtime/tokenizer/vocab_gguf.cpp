@@ -68,6 +68,7 @@ TokenizerVocab read_tokenizer_vocab(const GgufFile& file) {
   v.bos_id = read_token_id(file, "tokenizer.ggml.bos_token_id", n);
   v.eos_id = read_token_id(file, "tokenizer.ggml.eos_token_id", n);
   v.eot_id = read_token_id(file, "tokenizer.ggml.eot_token_id", n);
+  v.eom_id = read_token_id(file, "tokenizer.ggml.eom_token_id", n);
   v.unk_id = read_token_id(file, "tokenizer.ggml.unknown_token_id", n);
   v.pad_id = read_token_id(file, "tokenizer.ggml.padding_token_id", n);
   if (v.eot_id < 0) v.eot_id = tok::find_eot_by_text(v.tokens);

@@ -121,6 +121,20 @@ TEST(ByteBpe, AddedBosEosAndSpecialTokens) {
   EXPECT_FALSE(t.is_end_of_generation(n - 3));
 }
 
+// The end-of-turn and end-of-message ids of the metadata end a generation
+// whatever their text (Llama 3.1 names <|eom_id|> by id).
+TEST(ByteBpe, MetadataEndIdsEndAGeneration) {
+  TokenizerVocab v = tiny_vocab("gpt2", {"<turn-over>", "<msg-over>", "<other>"}, {});
+  const auto n = static_cast<int32_t>(v.tokens.size());
+  v.token_types.assign(v.tokens.size(), static_cast<int32_t>(TokenType::kNormal));
+  v.eot_id = n - 3;
+  v.eom_id = n - 2;
+  const Tokenizer t(std::move(v));
+  EXPECT_TRUE(t.is_end_of_generation(n - 3));
+  EXPECT_TRUE(t.is_end_of_generation(n - 2));
+  EXPECT_FALSE(t.is_end_of_generation(n - 1));
+}
+
 TEST(ByteBpe, BadMergesAreFormatErrors) {
   const auto expect_format_error = [](TokenizerVocab v) {
     try {
