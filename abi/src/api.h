@@ -26,6 +26,22 @@
 #include "runtime/model.h"
 #include "runtime/session.h"
 
+// The *_init of programs built before they became inline: still exported,
+// each writing the size its struct had then.  The public header declares
+// them only outside the library (CB_BUILDING_LIBRARY).
+extern "C" {
+CB_API void cb_model_options_init(cb_model_options* opts);
+CB_API void cb_model_info_init(cb_model_info* info);
+CB_API void cb_session_options_init(cb_session_options* opts);
+CB_API void cb_sampling_options_init(cb_sampling_options* opts);
+CB_API void cb_generate_options_init(cb_generate_options* opts);
+CB_API void cb_generate_stats_init(cb_generate_stats* stats);
+CB_API void cb_store_options_init(cb_store_options* opts);
+CB_API void cb_chunk_cache_stats_init(cb_chunk_cache_stats* stats);
+CB_API void cb_rag_options_init(cb_rag_options* opts);
+CB_API void cb_rag_stats_init(cb_rag_stats* stats);
+}
+
 namespace cb::api {
 
 // Thrown inside the C API only: a ready-made status + message.
@@ -72,15 +88,27 @@ void require(bool ok, const char* message);
 // each struct is the current one; when a struct grows, its old size stays
 // accepted and the fields it lacks keep their defaults.
 template <class T>
-T read_options(const T* user, void (*init)(T*), size_t min_size, const char* what) {
+T read_options(const T* user, void (*init)(T*, size_t), size_t min_size, const char* what) {
   T out;
-  init(&out);
+  init(&out, sizeof(T));
   if (user == nullptr) return out;
   if (user->struct_size < min_size || user->struct_size > sizeof(T))
     throw ApiError{CB_ERR_INVALID_ARGUMENT, what};
   std::memcpy(static_cast<void*>(&out), user, user->struct_size);
   out.struct_size = sizeof(T);
   return out;
+}
+
+// What every cb_*_init_sized does: the first `size` bytes of `defaults`
+// (all of it when the library's struct is shorter), struct_size set to
+// their count.  Nothing when `user` is null or `size` cannot hold
+// struct_size (a later call with the struct reports the size).
+template <class T>
+void write_defaults(T* user, const T& defaults, size_t size) {
+  if (user == nullptr || size < sizeof(size_t)) return;
+  T out = defaults;
+  out.struct_size = size < sizeof(T) ? size : sizeof(T);
+  std::memcpy(static_cast<void*>(user), &out, out.struct_size);
 }
 
 // Output structs: same rule; returns how many bytes the caller's struct has.

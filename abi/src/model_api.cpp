@@ -21,13 +21,19 @@ extern "C" {
 // ---------------------------------------------------------------------------
 // Model
 
+void cb_model_options_init_sized(cb_model_options* opts, size_t struct_size) {
+  cb_model_options d;
+  std::memset(static_cast<void*>(&d), 0, sizeof(d));
+  d.n_threads = 0;
+  d.backend = CB_BACKEND_AUTO;
+  d.chat_template = CB_CHAT_TEMPLATE_AUTO;
+  write_defaults(opts, d, struct_size);
+}
+
+// The exported entry point of programs built before *_init became inline:
+// their struct has this size.
 void cb_model_options_init(cb_model_options* opts) {
-  if (opts == nullptr) return;
-  std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
-  opts->struct_size = sizeof(*opts);
-  opts->n_threads = 0;
-  opts->backend = CB_BACKEND_AUTO;
-  opts->chat_template = CB_CHAT_TEMPLATE_AUTO;
+  cb_model_options_init_sized(opts, offsetof(cb_model_options, chat_template));
 }
 
 cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model** out_model) {
@@ -38,7 +44,7 @@ cb_status cb_model_load(const char* path, const cb_model_options* opts, cb_model
     // Callers built before `device` existed pass a smaller struct: still
     // valid, device 0.
     const cb_model_options o = read_options(
-        opts, cb_model_options_init, offsetof(cb_model_options, device),
+        opts, cb_model_options_init_sized, offsetof(cb_model_options, device),
         "cb_model_options.struct_size is not a known size (use cb_model_options_init)");
     require(o.n_threads >= 0 && o.n_threads <= cb::ThreadPool::kMaxThreads,
             "n_threads must be in [0, 512]");
@@ -104,10 +110,16 @@ void cb_model_free(cb_model* model) {
   delete model;
 }
 
+void cb_model_info_init_sized(cb_model_info* info, size_t struct_size) {
+  cb_model_info d;
+  std::memset(static_cast<void*>(&d), 0, sizeof(d));
+  write_defaults(info, d, struct_size);
+}
+
+// The exported entry point of programs built before *_init became inline:
+// their struct has this size.
 void cb_model_info_init(cb_model_info* info) {
-  if (info == nullptr) return;
-  std::memset(static_cast<void*>(info), 0, sizeof(*info));
-  info->struct_size = sizeof(*info);
+  cb_model_info_init_sized(info, offsetof(cb_model_info, chat_template));
 }
 
 cb_status cb_model_get_info(const cb_model* model, cb_model_info* info) {
@@ -119,7 +131,7 @@ cb_status cb_model_get_info(const cb_model* model, cb_model_info* info) {
     const cb::LlamaHparams& hp = m.hparams();
     const ModelState& st = *model->state;
     cb_model_info out;
-    cb_model_info_init(&out);
+    cb_model_info_init_sized(&out, sizeof(out));
     out.n_layer = clamp_i32(hp.n_layer);
     out.n_embd = clamp_i32(hp.n_embd);
     out.n_head = clamp_i32(hp.n_head);

@@ -46,7 +46,7 @@ ChunkKeyOptions chunk_key_options(const cb_rag_options& o) {
 }
 
 cb_rag_options read_rag_options(const cb_rag_options* opts) {
-  return read_options(opts, cb_rag_options_init, offsetof(cb_rag_options, select),
+  return read_options(opts, cb_rag_options_init_sized, offsetof(cb_rag_options, select),
                       "cb_rag_options.struct_size is not a known size (use cb_rag_options_init)");
 }
 
@@ -86,15 +86,21 @@ cb_status cb_chunk_cache_create(cb_chunk_cache** out_cache) {
   });
 }
 
+void cb_store_options_init_sized(cb_store_options* opts, size_t struct_size) {
+  cb_store_options d;
+  std::memset(static_cast<void*>(&d), 0, sizeof(d));
+  const cb::cache::StoreOptions store;
+  d.capacity_bytes = store.capacity_bytes;
+  d.codec = static_cast<cb_codec>(store.codec);
+  d.read_bytes_per_sec = store.read_bytes_per_sec;
+  d.busy_timeout_ms = store.busy_timeout_ms;
+  write_defaults(opts, d, struct_size);
+}
+
+// The exported entry point of programs built before *_init became inline:
+// their struct has this size.
 void cb_store_options_init(cb_store_options* opts) {
-  if (opts == nullptr) return;
-  std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
-  opts->struct_size = sizeof(*opts);
-  const cb::cache::StoreOptions d;
-  opts->capacity_bytes = d.capacity_bytes;
-  opts->codec = static_cast<cb_codec>(d.codec);
-  opts->read_bytes_per_sec = d.read_bytes_per_sec;
-  opts->busy_timeout_ms = d.busy_timeout_ms;
+  cb_store_options_init_sized(opts, sizeof(cb_store_options));
 }
 
 cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
@@ -104,7 +110,7 @@ cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
     *out_cache = nullptr;
     require(dir != nullptr && *dir != '\0', "dir is NULL or empty");
     cb_store_options o;
-    cb_store_options_init(&o);
+    cb_store_options_init_sized(&o, sizeof(o));
     if (opts != nullptr) {
       // Callers built before assumed_read_bytes_per_sec existed pass a
       // smaller struct: still valid, the new field keeps its default.
@@ -146,10 +152,16 @@ void cb_chunk_cache_free(cb_chunk_cache* cache) {
   delete cache;  // pending writes finish first (cb::ChunkCache's destructor)
 }
 
+void cb_chunk_cache_stats_init_sized(cb_chunk_cache_stats* stats, size_t struct_size) {
+  cb_chunk_cache_stats d;
+  std::memset(static_cast<void*>(&d), 0, sizeof(d));
+  write_defaults(stats, d, struct_size);
+}
+
+// The exported entry point of programs built before *_init became inline:
+// their struct has this size.
 void cb_chunk_cache_stats_init(cb_chunk_cache_stats* stats) {
-  if (stats == nullptr) return;
-  std::memset(static_cast<void*>(stats), 0, sizeof(*stats));
-  stats->struct_size = sizeof(*stats);
+  cb_chunk_cache_stats_init_sized(stats, sizeof(cb_chunk_cache_stats));
 }
 
 cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_stats* stats) {
@@ -159,7 +171,7 @@ cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_s
         stats, sizeof(cb_chunk_cache_stats),
         "stats is NULL or stats->struct_size is not a known size (use cb_chunk_cache_stats_init)");
     cb_chunk_cache_stats out;
-    cb_chunk_cache_stats_init(&out);
+    cb_chunk_cache_stats_init_sized(&out, sizeof(out));
     const cb::cache::StoreStats st = cache->impl->stats();
     out.n_entries = st.entries;
     out.bytes = st.bytes;
@@ -228,24 +240,30 @@ const char* cb_select_name(cb_select select) {
   return s ? cb::selection_name(*s) : "unknown";
 }
 
+void cb_rag_options_init_sized(cb_rag_options* opts, size_t struct_size) {
+  cb_rag_options d;
+  std::memset(static_cast<void*>(&d), 0, sizeof(d));
+  d.mode = CB_MODE_BLEND;
+  d.ratio = cb::kDefaultRatio;
+  d.schedule = nullptr;
+  d.n_schedule = 0;
+  d.chunk_head = CB_CHUNK_HEAD_PROMPT;
+  d.system_prompt = nullptr;
+  d.cache_namespace = nullptr;
+  d.pipeline = 1;
+  d.auto_ratio = 0;
+  d.select = CB_SELECT_DEFAULT;
+  d.sink_tokens = 0;
+  d.seed = 0;
+  d.guard_share = 0.0f;
+  d.guard_max_ratio = 0.5f;
+  write_defaults(opts, d, struct_size);
+}
+
+// The exported entry point of programs built before *_init became inline:
+// their struct has this size.
 void cb_rag_options_init(cb_rag_options* opts) {
-  if (opts == nullptr) return;
-  std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
-  opts->struct_size = sizeof(*opts);
-  opts->mode = CB_MODE_BLEND;
-  opts->ratio = cb::kDefaultRatio;
-  opts->schedule = nullptr;
-  opts->n_schedule = 0;
-  opts->chunk_head = CB_CHUNK_HEAD_PROMPT;
-  opts->system_prompt = nullptr;
-  opts->cache_namespace = nullptr;
-  opts->pipeline = 1;
-  opts->auto_ratio = 0;
-  opts->select = CB_SELECT_DEFAULT;
-  opts->sink_tokens = 0;
-  opts->seed = 0;
-  opts->guard_share = 0.0f;
-  opts->guard_max_ratio = 0.5f;
+  cb_rag_options_init_sized(opts, sizeof(cb_rag_options));
 }
 
 cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const char* chunk_text,
@@ -338,10 +356,16 @@ cb_status cb_chunk_cache_remove(const cb_model* model, cb_chunk_cache* cache,
   });
 }
 
+void cb_rag_stats_init_sized(cb_rag_stats* stats, size_t struct_size) {
+  cb_rag_stats d;
+  std::memset(static_cast<void*>(&d), 0, sizeof(d));
+  write_defaults(stats, d, struct_size);
+}
+
+// The exported entry point of programs built before *_init became inline:
+// their struct has this size.
 void cb_rag_stats_init(cb_rag_stats* stats) {
-  if (stats == nullptr) return;
-  std::memset(static_cast<void*>(stats), 0, sizeof(*stats));
-  stats->struct_size = sizeof(*stats);
+  cb_rag_stats_init_sized(stats, sizeof(cb_rag_stats));
 }
 
 cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char* const* chunk_texts,
@@ -447,7 +471,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
 
     if (stats != nullptr) {
       cb_rag_stats out;
-      cb_rag_stats_init(&out);
+      cb_rag_stats_init_sized(&out, sizeof(out));
       out.n_tokens = clamp_i32(rs.fusion.n_tokens);
       out.n_reused = clamp_i32(rs.fusion.n_reused);
       out.cache_hits = clamp_i32(rs.cache_hits);

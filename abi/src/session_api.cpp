@@ -40,10 +40,16 @@ extern "C" {
 // ---------------------------------------------------------------------------
 // Session
 
+void cb_session_options_init_sized(cb_session_options* opts, size_t struct_size) {
+  cb_session_options d;
+  std::memset(static_cast<void*>(&d), 0, sizeof(d));
+  write_defaults(opts, d, struct_size);
+}
+
+// The exported entry point of programs built before *_init became inline:
+// their struct has this size.
 void cb_session_options_init(cb_session_options* opts) {
-  if (opts == nullptr) return;
-  std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
-  opts->struct_size = sizeof(*opts);
+  cb_session_options_init_sized(opts, sizeof(cb_session_options));
 }
 
 cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
@@ -52,7 +58,7 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
     (void)model_of(model);
     require(out_session != nullptr, "out_session is NULL");
     const cb_session_options o = read_options(
-        opts, cb_session_options_init, sizeof(cb_session_options),
+        opts, cb_session_options_init_sized, sizeof(cb_session_options),
         "cb_session_options.struct_size is not a known size (use cb_session_options_init)");
     require(o.n_ctx >= 0, "n_ctx must be >= 0 (0: the default)");
     require(o.n_threads >= 0 && o.n_threads <= cb::ThreadPool::kMaxThreads,
@@ -143,32 +149,50 @@ cb_status cb_session_reset(cb_session* session) {
 // ---------------------------------------------------------------------------
 // Sampling and generation
 
+void cb_sampling_options_init_sized(cb_sampling_options* opts, size_t struct_size) {
+  cb_sampling_options d;
+  std::memset(static_cast<void*>(&d), 0, sizeof(d));
+  d.temperature = 0.0f;
+  d.top_k = 0;
+  d.top_p = 1.0f;
+  d.seed = 0;
+  d.min_p = 0.0f;
+  d.repeat_penalty = 1.0f;
+  d.repeat_last_n = 64;
+  write_defaults(opts, d, struct_size);
+}
+
+// The exported entry point of programs built before *_init became inline:
+// their struct has this size.
 void cb_sampling_options_init(cb_sampling_options* opts) {
-  if (opts == nullptr) return;
-  std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
-  opts->struct_size = sizeof(*opts);
-  opts->temperature = 0.0f;
-  opts->top_k = 0;
-  opts->top_p = 1.0f;
-  opts->seed = 0;
-  opts->min_p = 0.0f;
-  opts->repeat_penalty = 1.0f;
-  opts->repeat_last_n = 64;
+  cb_sampling_options_init_sized(opts, sizeof(cb_sampling_options));
 }
 
+void cb_generate_options_init_sized(cb_generate_options* opts, size_t struct_size) {
+  cb_generate_options d;
+  std::memset(static_cast<void*>(&d), 0, sizeof(d));
+  d.max_tokens = 256;
+  d.stop_at_end_of_generation = 1;
+  d.sampling = nullptr;
+  write_defaults(opts, d, struct_size);
+}
+
+// The exported entry point of programs built before *_init became inline:
+// their struct has this size.
 void cb_generate_options_init(cb_generate_options* opts) {
-  if (opts == nullptr) return;
-  std::memset(static_cast<void*>(opts), 0, sizeof(*opts));
-  opts->struct_size = sizeof(*opts);
-  opts->max_tokens = 256;
-  opts->stop_at_end_of_generation = 1;
-  opts->sampling = nullptr;
+  cb_generate_options_init_sized(opts, sizeof(cb_generate_options));
 }
 
+void cb_generate_stats_init_sized(cb_generate_stats* stats, size_t struct_size) {
+  cb_generate_stats d;
+  std::memset(static_cast<void*>(&d), 0, sizeof(d));
+  write_defaults(stats, d, struct_size);
+}
+
+// The exported entry point of programs built before *_init became inline:
+// their struct has this size.
 void cb_generate_stats_init(cb_generate_stats* stats) {
-  if (stats == nullptr) return;
-  std::memset(static_cast<void*>(stats), 0, sizeof(*stats));
-  stats->struct_size = sizeof(*stats);
+  cb_generate_stats_init_sized(stats, sizeof(cb_generate_stats));
 }
 
 cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_prompt,
@@ -184,7 +208,7 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
             : output_size(stats, sizeof(cb_generate_stats),
                           "stats->struct_size is not a known size (use cb_generate_stats_init)");
     const cb_generate_options o = read_options(
-        opts, cb_generate_options_init, offsetof(cb_generate_options, stop_strings),
+        opts, cb_generate_options_init_sized, offsetof(cb_generate_options, stop_strings),
         "cb_generate_options.struct_size is not a known size (use cb_generate_options_init)");
     require(o.stop_strings != nullptr || o.n_stop_strings == 0,
             "stop_strings is NULL but n_stop_strings is not 0");
@@ -197,7 +221,7 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
     }
     const cb::StopStrings stops(std::move(stop_texts));  // refuses empty strings
     const cb_sampling_options so = read_options(
-        o.sampling, cb_sampling_options_init, offsetof(cb_sampling_options, min_p),
+        o.sampling, cb_sampling_options_init_sized, offsetof(cb_sampling_options, min_p),
         "cb_sampling_options.struct_size is not a known size (use cb_sampling_options_init)");
     cb::SamplerOptions sopt;
     sopt.temperature = so.temperature;
@@ -210,7 +234,7 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
     cb::Sampler sampler(sopt);  // validates the values
 
     cb_generate_stats st;
-    cb_generate_stats_init(&st);
+    cb_generate_stats_init_sized(&st, sizeof(st));
     auto publish = [&] {
       if (stats != nullptr) {
         std::memcpy(static_cast<void*>(stats), &st, stats_size);

@@ -85,6 +85,7 @@ void test_model_info(cb_model* m);
 void test_tokens(cb_model* m);
 void test_chat_format_errors(cb_model* m);
 void test_chat_templates(cb_model* m, const char* path);
+void test_init_sizes(const char* path);
 /* test_c_api_generate.c */
 void test_generate(cb_model* m);
 void test_generation_controls(cb_model* m);

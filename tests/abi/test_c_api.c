@@ -8,6 +8,8 @@
  * twice or of the wrong type.  Prints "N passed, N failed"; exit status 1 on
  * failure. */
 #define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* RTLD_DEFAULT */
+#include <dlfcn.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -273,6 +275,55 @@ void test_chat_format_errors(cb_model* m) {
   CHECK(len > sizeof buf);
 }
 
+/* The *_init functions write sizeof(struct) as this header declares it and
+ * no more; *_init_sized writes the size it is given; the exported
+ * cb_model_options_init of programs built before the inline one writes the
+ * size those programs' struct has (before chat_template). */
+void test_init_sizes(const char* path) {
+  union {
+    cb_model_options o;
+    unsigned char b[512];
+  } u;
+  const size_t old_size = offsetof(cb_model_options, chat_template);
+  void* sym = dlsym(RTLD_DEFAULT, "cb_model_options_init");
+  void (*legacy)(cb_model_options*) = NULL;
+  cb_model* m = NULL;
+  size_t i;
+  int untouched = 1;
+
+  memset(u.b, 0xAB, sizeof u.b);
+  cb_model_options_init(&u.o);
+  CHECK(u.o.struct_size == sizeof(cb_model_options));
+  CHECK(u.o.chat_template == CB_CHAT_TEMPLATE_AUTO && u.o.device == 0);
+  for (i = sizeof(cb_model_options); i < sizeof u.b; ++i) untouched = untouched && u.b[i] == 0xAB;
+  CHECK(untouched);
+
+  memset(u.b, 0xAB, sizeof u.b);
+  cb_model_options_init_sized(&u.o, old_size);
+  CHECK(u.o.struct_size == old_size);
+  for (i = old_size; i < sizeof u.b; ++i) untouched = untouched && u.b[i] == 0xAB;
+  CHECK(untouched);
+  u.o.n_threads = 1;
+  CHECK_OK(cb_model_load(path, &u.o, &m));
+  cb_model_free(m);
+  m = NULL;
+
+  CHECK(sym != NULL);
+  if (sym != NULL) {
+    memcpy(&legacy, &sym, sizeof legacy);
+    memset(u.b, 0xAB, sizeof u.b);
+    legacy(&u.o);
+    CHECK(u.o.struct_size == old_size);
+    for (i = old_size; i < sizeof u.b; ++i) untouched = untouched && u.b[i] == 0xAB;
+    CHECK(untouched);
+  }
+  /* Too small to hold struct_size: nothing is written. */
+  memset(u.b, 0xAB, sizeof u.b);
+  cb_model_options_init_sized(&u.o, 3);
+  for (i = 0; i < sizeof u.b; ++i) untouched = untouched && u.b[i] == 0xAB;
+  CHECK(untouched);
+}
+
 /* The chat template family: the model's own, named by the caller, and the
  * structs of callers built before the field existed. */
 void test_chat_templates(cb_model* m, const char* path) {
@@ -341,6 +392,7 @@ int main(void) {
     test_tokens(m);
     test_chat_format_errors(m);
     test_chat_templates(m, path);
+    test_init_sizes(path);
     test_generate(m);
     test_generation_controls(m);
     test_context_limits(m);

@@ -39,6 +39,11 @@
  *   The library accepts the struct sizes of this and of earlier header
  *   versions; an unknown struct_size gives CB_ERR_INVALID_ARGUMENT.  Passing
  *   NULL instead of an options struct means "all defaults".
+ *   The *_init() functions are inline: they pass sizeof(struct) as this
+ *   header declares it to cb_*_init_sized(), which writes that many bytes
+ *   and no more, so a newer library with a longer struct never writes past
+ *   a program's own.  Bindings that lay out a struct themselves call
+ *   cb_*_init_sized() with their size.
  *
  * THREADING
  *   A cb_model is immutable after loading: it may be shared by any number of
@@ -186,7 +191,12 @@ typedef struct cb_model_options {
 } cb_model_options;
 
 /* Fills `opts` with defaults (struct_size included).  NULL is ignored. */
-CB_API void cb_model_options_init(cb_model_options* opts);
+CB_API void cb_model_options_init_sized(cb_model_options* opts, size_t struct_size);
+#ifndef CB_BUILDING_LIBRARY
+static inline void cb_model_options_init(cb_model_options* opts) {
+  cb_model_options_init_sized(opts, sizeof(*opts));
+}
+#endif
 
 /* Loads a GGUF model (memory-mapped; the file must not change while the
  * model is loaded).  `opts` may be NULL for defaults.  On success *out_model
@@ -231,7 +241,12 @@ typedef struct cb_model_info {
 } cb_model_info;
 
 /* Sets info->struct_size and zeroes the rest.  NULL is ignored. */
-CB_API void cb_model_info_init(cb_model_info* info);
+CB_API void cb_model_info_init_sized(cb_model_info* info, size_t struct_size);
+#ifndef CB_BUILDING_LIBRARY
+static inline void cb_model_info_init(cb_model_info* info) {
+  cb_model_info_init_sized(info, sizeof(*info));
+}
+#endif
 
 /* Fills `info` (whose struct_size the caller sets) with the model's
  * hyper-parameters and identity.  Thread-safe. */
@@ -323,7 +338,12 @@ typedef struct cb_session_options {
 } cb_session_options;
 
 /* Fills `opts` with defaults.  NULL is ignored. */
-CB_API void cb_session_options_init(cb_session_options* opts);
+CB_API void cb_session_options_init_sized(cb_session_options* opts, size_t struct_size);
+#ifndef CB_BUILDING_LIBRARY
+static inline void cb_session_options_init(cb_session_options* opts) {
+  cb_session_options_init_sized(opts, sizeof(*opts));
+}
+#endif
 
 /* Creates a session (an empty KV cache) on `model`.  `opts` may be NULL.
  * The session holds a reference to the model.  On success *out_session
@@ -413,7 +433,12 @@ typedef struct cb_sampling_options {
 } cb_sampling_options;
 
 /* Fills `opts` with defaults (greedy).  NULL is ignored. */
-CB_API void cb_sampling_options_init(cb_sampling_options* opts);
+CB_API void cb_sampling_options_init_sized(cb_sampling_options* opts, size_t struct_size);
+#ifndef CB_BUILDING_LIBRARY
+static inline void cb_sampling_options_init(cb_sampling_options* opts) {
+  cb_sampling_options_init_sized(opts, sizeof(*opts));
+}
+#endif
 
 typedef struct cb_generate_options {
   size_t struct_size;
@@ -437,7 +462,12 @@ typedef struct cb_generate_options {
 } cb_generate_options;
 
 /* Fills `opts` with defaults.  NULL is ignored. */
-CB_API void cb_generate_options_init(cb_generate_options* opts);
+CB_API void cb_generate_options_init_sized(cb_generate_options* opts, size_t struct_size);
+#ifndef CB_BUILDING_LIBRARY
+static inline void cb_generate_options_init(cb_generate_options* opts) {
+  cb_generate_options_init_sized(opts, sizeof(*opts));
+}
+#endif
 
 /* Called once per generated token, on the thread that called cb_generate.
  * `piece` holds the token's bytes (piece_len of them, followed by a NUL); it
@@ -476,7 +506,12 @@ typedef struct cb_generate_stats {
 } cb_generate_stats;
 
 /* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */
-CB_API void cb_generate_stats_init(cb_generate_stats* stats);
+CB_API void cb_generate_stats_init_sized(cb_generate_stats* stats, size_t struct_size);
+#ifndef CB_BUILDING_LIBRARY
+static inline void cb_generate_stats_init(cb_generate_stats* stats) {
+  cb_generate_stats_init_sized(stats, sizeof(*stats));
+}
+#endif
 
 /* Appends `prompt` to the session and generates up to max_tokens tokens,
  * reporting each to `callback` (may be NULL) as it is chosen.
@@ -542,7 +577,12 @@ typedef struct cb_store_options {
 } cb_store_options;
 
 /* Sets opts->struct_size and the defaults.  NULL is ignored. */
-CB_API void cb_store_options_init(cb_store_options* opts);
+CB_API void cb_store_options_init_sized(cb_store_options* opts, size_t struct_size);
+#ifndef CB_BUILDING_LIBRARY
+static inline void cb_store_options_init(cb_store_options* opts) {
+  cb_store_options_init_sized(opts, sizeof(*opts));
+}
+#endif
 
 /* Opens the chunk cache kept on flash in directory `dir` (created if needed):
  * an SQLite index plus one blob per chunk, one compressed segment per layer,
@@ -572,7 +612,12 @@ typedef struct cb_chunk_cache_stats {
 } cb_chunk_cache_stats;
 
 /* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */
-CB_API void cb_chunk_cache_stats_init(cb_chunk_cache_stats* stats);
+CB_API void cb_chunk_cache_stats_init_sized(cb_chunk_cache_stats* stats, size_t struct_size);
+#ifndef CB_BUILDING_LIBRARY
+static inline void cb_chunk_cache_stats_init(cb_chunk_cache_stats* stats) {
+  cb_chunk_cache_stats_init_sized(stats, sizeof(*stats));
+}
+#endif
 
 /* Fills `stats` (whose struct_size the caller sets).  Thread-safe. */
 CB_API cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_stats* stats);
@@ -696,7 +741,12 @@ typedef struct cb_rag_options {
 } cb_rag_options;
 
 /* Fills `opts` with defaults.  NULL is ignored. */
-CB_API void cb_rag_options_init(cb_rag_options* opts);
+CB_API void cb_rag_options_init_sized(cb_rag_options* opts, size_t struct_size);
+#ifndef CB_BUILDING_LIBRARY
+static inline void cb_rag_options_init(cb_rag_options* opts) {
+  cb_rag_options_init_sized(opts, sizeof(*opts));
+}
+#endif
 
 typedef struct cb_rag_stats {
   size_t struct_size;        /* set by the caller (cb_rag_stats_init) */
@@ -737,7 +787,12 @@ typedef struct cb_rag_stats {
 } cb_rag_stats;
 
 /* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */
-CB_API void cb_rag_stats_init(cb_rag_stats* stats);
+CB_API void cb_rag_stats_init_sized(cb_rag_stats* stats, size_t struct_size);
+#ifndef CB_BUILDING_LIBRARY
+static inline void cb_rag_stats_init(cb_rag_stats* stats) {
+  cb_rag_stats_init_sized(stats, sizeof(*stats));
+}
+#endif
 
 /* Prefills the empty `session` with a retrieval-augmented request, in the
  * model's chat template (cb_chat_template); with ChatML:

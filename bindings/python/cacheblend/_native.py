@@ -125,14 +125,14 @@ _I32P = POINTER(c_int32)
 _SIZEP = POINTER(c_size_t)
 _BUF = POINTER(c_char)
 
-# name: (restype, argtypes).  The *_init functions take void*: they are only
-# ever given an oversized scratch buffer (see new_options).
+# name: (restype, argtypes).  The *_init_sized functions take void*: they are
+# given a struct of these bindings with its size (see new_options).
 _PROTOTYPES = {
     "cb_version": (c_char_p, []),
     "cb_version_number": (c_int, []),
     "cb_status_string": (c_char_p, [c_enum]),
     "cb_last_error": (c_char_p, []),
-    "cb_model_options_init": (None, [c_void_p]),
+    "cb_model_options_init_sized": (None, [c_void_p, c_size_t]),
     "cb_model_load": (c_enum, [c_char_p, POINTER(ModelOptions), POINTER(ModelPtr)]),
     "cb_model_free": (None, [ModelPtr]),
     "cb_model_get_info": (c_enum, [ModelPtr, POINTER(ModelInfo)]),
@@ -145,7 +145,7 @@ _PROTOTYPES = {
     "cb_token_is_end_of_generation": (c_int, [ModelPtr, c_int32]),
     "cb_chat_format": (c_enum, [ModelPtr, POINTER(ChatMessage), c_size_t, c_int, _BUF,
                                 c_size_t, _SIZEP]),
-    "cb_session_options_init": (None, [c_void_p]),
+    "cb_session_options_init_sized": (None, [c_void_p, c_size_t]),
     "cb_session_create": (c_enum, [ModelPtr, POINTER(SessionOptions), POINTER(SessionPtr)]),
     "cb_session_free": (None, [SessionPtr]),
     "cb_session_prefill": (c_enum, [SessionPtr, _I32P, c_size_t]),
@@ -154,20 +154,20 @@ _PROTOTYPES = {
     "cb_session_reset": (c_enum, [SessionPtr]),
     "cb_session_set_abort_callback": (c_enum, [SessionPtr, AbortCallback, c_void_p]),
     "cb_session_logits": (c_enum, [SessionPtr, POINTER(POINTER(c_float)), _SIZEP]),
-    "cb_sampling_options_init": (None, [c_void_p]),
-    "cb_generate_options_init": (None, [c_void_p]),
+    "cb_sampling_options_init_sized": (None, [c_void_p, c_size_t]),
+    "cb_generate_options_init_sized": (None, [c_void_p, c_size_t]),
     "cb_generate": (c_enum, [SessionPtr, _I32P, c_size_t, POINTER(GenerateOptions),
                              TokenCallback, c_void_p, POINTER(GenerateStats)]),
     "cb_chunk_cache_create": (c_enum, [POINTER(ChunkCachePtr)]),
     "cb_chunk_cache_free": (None, [ChunkCachePtr]),
-    "cb_store_options_init": (None, [c_void_p]),
+    "cb_store_options_init_sized": (None, [c_void_p, c_size_t]),
     "cb_chunk_cache_open": (c_enum, [c_char_p, POINTER(StoreOptions), POINTER(ChunkCachePtr)]),
     "cb_chunk_cache_flush": (c_enum, [ChunkCachePtr]),
     "cb_chunk_cache_get_stats": (c_enum, [ChunkCachePtr, POINTER(ChunkCacheStats)]),
     "cb_chunk_cache_clear": (c_enum, [ChunkCachePtr]),
     "cb_mode_name": (c_char_p, [c_enum]),
     "cb_select_name": (c_char_p, [c_enum]),
-    "cb_rag_options_init": (None, [c_void_p]),
+    "cb_rag_options_init_sized": (None, [c_void_p, c_size_t]),
     "cb_rag_prefill": (c_enum, [SessionPtr, ChunkCachePtr, POINTER(c_char_p), c_size_t,
                                 c_char_p, POINTER(RagOptions), POINTER(RagStats)]),
     "cb_chunk_cache_add": (c_enum, [SessionPtr, ChunkCachePtr, c_char_p, POINTER(RagOptions),
@@ -177,8 +177,8 @@ _PROTOTYPES = {
     "cb_chunk_cache_remove": (c_enum, [ModelPtr, ChunkCachePtr, c_char_p, POINTER(RagOptions),
                                        _I32P]),
 }
-# The stats and info *_init functions only set struct_size and zero the rest,
-# which new_stats does without a call.
+# The stats and info *_init_sized functions only set struct_size and zero the
+# rest, which new_stats does without a call.
 
 
 def _file_names():
@@ -253,22 +253,15 @@ def _bind(cdll, path):
 _cdll, library_path = _load()
 lib = _bind(_cdll, library_path)
 
-# Scratch space for *_init: comfortably larger than any options struct, so a
-# newer library that fills a bigger struct cannot write past it.
-_SCRATCH = 4096
-
-
-def new_options(cls, init):
-    """A `cls` struct holding the library's defaults, sized for these bindings."""
+def new_options(cls, init_sized):
+    """A `cls` struct holding the library's defaults, sized for these bindings:
+    `init_sized` (a cb_*_init_sized) writes no more than sizeof(cls)."""
     size = ctypes.sizeof(cls)
-    scratch = (c_char * _SCRATCH)()
-    init(scratch)
-    lib_size = c_size_t.from_buffer(scratch).value
-    if lib_size < size:
-        raise RuntimeError(f"cacheblend: the library's {cls.__name__} ({lib_size} bytes) is "
-                           f"older than these bindings' ({size} bytes)")
-    opts = cls.from_buffer_copy(scratch)
-    opts.struct_size = size
+    opts = cls()
+    init_sized(ctypes.byref(opts), size)
+    if opts.struct_size < size:
+        raise RuntimeError(f"cacheblend: the library's {cls.__name__} ({opts.struct_size} bytes) "
+                           f"is older than these bindings' ({size} bytes)")
     return opts
 
 

@@ -45,7 +45,7 @@ class ChunkCache(Closeable):
                 raise TypeError("store options need a directory path")
             check(lib.cb_chunk_cache_create(byref(ptr)))
         else:
-            opts = _native.new_options(_native.StoreOptions, lib.cb_store_options_init)
+            opts = _native.new_options(_native.StoreOptions, lib.cb_store_options_init_sized)
             for name, value in store_options.items():
                 if value is not None:
                     setattr(opts, name, int(Codec.coerce(value)) if name == "codec" else value)

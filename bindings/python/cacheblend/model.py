@@ -69,7 +69,7 @@ class Model(Closeable):
 
     def __init__(self, path, n_threads=None, backend=None, device=None, chat_template=None):
         self._shared = None
-        opts = _native.new_options(_native.ModelOptions, lib.cb_model_options_init)
+        opts = _native.new_options(_native.ModelOptions, lib.cb_model_options_init_sized)
         if n_threads is not None:
             opts.n_threads = n_threads
         if backend is not None:

@@ -14,12 +14,12 @@ from ._native import lib
 
 
 def _generate_options(max_tokens, stop, stop_at_end_of_generation, sampling):
-    go = _native.new_options(_native.GenerateOptions, lib.cb_generate_options_init)
+    go = _native.new_options(_native.GenerateOptions, lib.cb_generate_options_init_sized)
     go.max_tokens = max_tokens
     go.stop_at_end_of_generation = int(bool(stop_at_end_of_generation))
     sampling = {k: v for k, v in sampling.items() if v is not None}
     if sampling:
-        s = _native.new_options(_native.SamplingOptions, lib.cb_sampling_options_init)
+        s = _native.new_options(_native.SamplingOptions, lib.cb_sampling_options_init_sized)
         for name, value in sampling.items():
             setattr(s, name, value)
         go.sampling = ctypes.pointer(s)  # go keeps s alive
@@ -55,7 +55,7 @@ class Session(Closeable):
         shared = model._shared
         if shared is None:
             raise closed_error("Model")
-        opts = _native.new_options(_native.SessionOptions, lib.cb_session_options_init)
+        opts = _native.new_options(_native.SessionOptions, lib.cb_session_options_init_sized)
         for name, value in (("n_ctx", n_ctx), ("n_threads", n_threads), ("n_batch", n_batch)):
             if value is not None:
                 setattr(opts, name, value)

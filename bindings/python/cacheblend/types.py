@@ -219,7 +219,7 @@ class RagOptions:
     def to_struct(self):
         """The C struct.  It references the strings and the schedule array it
         was given (ctypes keeps them alive with it), so keep it for the call."""
-        s = _native.new_options(_native.RagOptions, lib.cb_rag_options_init)
+        s = _native.new_options(_native.RagOptions, lib.cb_rag_options_init_sized)
         for f in fields(self):
             value = getattr(self, f.name)
             if value is None:

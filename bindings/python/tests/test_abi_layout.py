@@ -26,8 +26,8 @@ HEADER = INCLUDE / "cacheblend" / "cacheblend.h"
 
 # Declared in the header, deliberately not bound: the bindings set
 # struct_size and zero the struct themselves (see _native.new_stats).
-UNBOUND = {"cb_model_info_init", "cb_generate_stats_init", "cb_chunk_cache_stats_init",
-           "cb_rag_stats_init"}
+UNBOUND = {"cb_model_info_init_sized", "cb_generate_stats_init_sized",
+           "cb_chunk_cache_stats_init_sized", "cb_rag_stats_init_sized"}
 
 STRUCTS = [_native.ModelOptions, _native.ModelInfo, _native.ChatMessage,
            _native.SessionOptions, _native.SamplingOptions, _native.GenerateOptions,
@@ -171,8 +171,8 @@ def test_structs_and_prototypes_match_the_header(tmp_path):
     assert set(ours) == set(header)
     wrong = []
     for key, value in ours.items():
-        # The *_init functions take void*: the bindings hand them a scratch buffer.
-        if value == "*void" and key.endswith("_init arg0") and header[key].startswith("*s"):
+        # The *_init_sized functions take void*: the bindings hand them a struct.
+        if value == "*void" and key.endswith("_init_sized arg0") and header[key].startswith("*s"):
             continue
         if value != header[key]:
             wrong.append(f"{key}: bindings {value}, header {header[key]}")
