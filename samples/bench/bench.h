@@ -55,6 +55,7 @@ struct Common {
   int n_ctx = 0;
   cb_backend backend = CB_BACKEND_AUTO;
   int device = 0;
+  cb_chat_template chat_template = CB_CHAT_TEMPLATE_AUTO;
   bool json = false;
 };
 Common common_options(const Args& a);

@@ -38,8 +38,8 @@ void check(cb_status s, const std::string& what) {
 // Command line
 
 Args parse_args(int argc, char** argv) {
-  static const std::set<std::string> kCommon = {"--model", "--threads", "--n-ctx", "--backend",
-                                                "--device"};
+  static const std::set<std::string> kCommon = {"--model",   "--threads", "--n-ctx",
+                                                "--backend", "--device",  "--chat-template"};
   static const std::map<std::string, std::set<std::string>> kValueFlags = {
       {"generate",
        {"--prompt", "--system", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
@@ -161,6 +161,18 @@ Common common_options(const Args& a) {
     else if (it->second != "auto")
       usage_error("option --backend: expected cpu, cuda or auto, got '" + it->second + "'");
   }
+  if (auto it = a.values.find("--chat-template"); it != a.values.end()) {
+    static const std::map<std::string, cb_chat_template> kTemplates = {
+        {"auto", CB_CHAT_TEMPLATE_AUTO},
+        {"chatml", CB_CHAT_TEMPLATE_CHATML},
+        {"llama3", CB_CHAT_TEMPLATE_LLAMA3},
+        {"gemma", CB_CHAT_TEMPLATE_GEMMA}};
+    auto t = kTemplates.find(it->second);
+    if (t == kTemplates.end())
+      usage_error("option --chat-template: expected auto, chatml, llama3 or gemma, got '" +
+                  it->second + "'");
+    c.chat_template = t->second;
+  }
   auto model = a.values.find("--model");
   if (model != a.values.end() && model->second.empty()) usage_error("option --model: empty path");
   try {
@@ -177,6 +189,7 @@ void load_model(const Common& c, Model& model) {
   mo.n_threads = c.threads;
   mo.backend = c.backend;
   mo.device = c.device;
+  mo.chat_template = c.chat_template;
   check(cb_model_load(c.model_path.c_str(), &mo, &model.h),
         "cannot load model '" + c.model_path + "'");
 }

@@ -400,6 +400,17 @@ def main():
     rc, out, err = run(bench, ["generate", "--chat", "--prompt", "What is the capital of France?",
                                "--max-tokens", "16"] + common)
     check(rc == 0 and "Paris" in out, "generate --chat answers Paris", describe(rc, out, err))
+    # --chat-template: the model's own (ChatML) by name, and another family's
+    # layout (Gemma's turns are a different number of tokens).
+    n_prompt = {}
+    for t in ("chatml", "gemma"):
+        rc, out, err = run(bench, ["generate", "--chat", "--prompt", "Hi", "--max-tokens", "1",
+                                   "--chat-template", t, "--json"] + common)
+        n_prompt[t] = (json_lines(out) or [{}])[0].get("n_prompt") if rc == 0 else None
+    check(None not in n_prompt.values() and n_prompt["chatml"] != n_prompt["gemma"],
+          "generate --chat-template lays the chat out in the named family", str(n_prompt))
+    expect_error(bench, ["generate", "--chat", "--prompt", "Hi", "--chat-template", "vicuna"]
+                 + common, "generate --chat-template vicuna", code=2, must_contain="vicuna")
 
     # --json: one object with the contract's fields.
     rc, out, err = run(bench, ["generate", "--chat", "--prompt", "What is the capital of France?",
