@@ -614,6 +614,12 @@ __global__ void add_kernel(const float* a, const float* b, int64_t n, float* out
   }
 }
 
+__global__ void add_bias_kernel(float* x, const float* __restrict__ bias, int64_t n, int64_t dim) {
+  CB_GRID_STRIDE(i, n) {
+    x[i] = x[i] + bias[i % dim];
+  }
+}
+
 __global__ void gather_rows_kernel(const float* __restrict__ src, int64_t row_len,
                                    const int32_t* __restrict__ idx, int64_t n,
                                    float* __restrict__ dst) {
@@ -1128,6 +1134,18 @@ class CudaBackend final : public Backend {
     float* dout = c.out(out, n, false);
     add_kernel<<<grid_for(n), kEltThreads, 0, c.stream()>>>(da, db, n, dout);
     launch_check("add_kernel");
+    c.finish();
+  }
+
+  void add_bias(float* x, const float* bias, int64_t n_rows, int64_t dim) override {
+    check(n_rows >= 0 && dim > 0, "add_bias: bad shape");
+    if (n_rows == 0) return;
+    Call c(*this);
+    float* dx = c.out(x, n_rows * dim, true);
+    const float* db = c.in(bias, dim);
+    add_bias_kernel<<<grid_for(n_rows * dim), kEltThreads, 0, c.stream()>>>(dx, db, n_rows * dim,
+                                                                            dim);
+    launch_check("add_bias_kernel");
     c.finish();
   }
 

@@ -394,6 +394,17 @@ TEST_F(Cuda, ElementwiseOpsMatchReference) {
     be_->add(a, dev(u), n, a);
     EXPECT_TRUE(test::bitwise_equal(host(a, expect.size()), expect)) << "add n=" << n;
   }
+  // add_bias (qwen2's projection biases), the bias in host memory.
+  for (auto [rows, dim] : {std::pair<int64_t, int64_t>{1, 7}, {300, 96}}) {
+    const std::vector<float> x = test::random_floats(rng, rows * dim);
+    const std::vector<float> bias = test::random_floats(rng, dim);
+    std::vector<float> expect = x;
+    for (int64_t r = 0; r < rows; ++r)
+      ref::add(&expect[r * dim], bias.data(), dim, &expect[r * dim]);
+    float* dx = dev(x);
+    be_->add_bias(dx, bias.data(), rows, dim);
+    EXPECT_TRUE(test::bitwise_equal(host(dx, expect.size()), expect)) << "add_bias " << rows;
+  }
 }
 
 TEST_F(Cuda, RowOpsMatchReference) {
