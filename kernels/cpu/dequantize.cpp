@@ -31,6 +31,17 @@ void block_q4_1(const BlockQ4_1& b, float* y) {
   }
 }
 
+void block_q5_0(const BlockQ5_0& b, float* y) {
+  const float d = f16_to_f32(b.d);
+  for (int i = 0; i < kQK; ++i) y[i] = static_cast<float>(q5_quant(b.qs, b.qh, i) - 16) * d;
+}
+
+void block_q5_1(const BlockQ5_1& b, float* y) {
+  const float d = f16_to_f32(b.d);
+  const float m = f16_to_f32(b.m);
+  for (int i = 0; i < kQK; ++i) y[i] = static_cast<float>(q5_quant(b.qs, b.qh, i)) * d + m;
+}
+
 void block_q8_0(const BlockQ8_0& b, float* y) {
   const float d = f16_to_f32(b.d);
   for (int j = 0; j < kQK; ++j) y[j] = static_cast<float>(b.qs[j]) * d;
@@ -108,6 +119,10 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       return blocks<BlockQ4_0, block_q4_0>(src, dst, nb, be);
     case DType::Q4_1:
       return blocks<BlockQ4_1, block_q4_1>(src, dst, nb, be);
+    case DType::Q5_0:
+      return blocks<BlockQ5_0, block_q5_0>(src, dst, nb, be);
+    case DType::Q5_1:
+      return blocks<BlockQ5_1, block_q5_1>(src, dst, nb, be);
     case DType::Q8_0:
       return blocks<BlockQ8_0, block_q8_0>(src, dst, nb, be);
     case DType::Q4_K:

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <type_traits>
 
 #include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/quant_blocks.h"
@@ -126,6 +127,34 @@ struct DecodeQ4_1 {
     }
   }
 };
+
+// Q5_0 / Q5_1: decoded element by element (the 5th bits are scattered across
+// qh), then handed on as Q4's four vectors are.  The same float products as
+// dequantize.cpp.
+template <bool kHasMin>
+struct DecodeQ5 {
+  using Block = std::conditional_t<kHasMin, BlockQ5_1, BlockQ5_0>;
+  template <class Sink>
+  static void decode(const void* row, int64_t k0, int64_t k1, Sink& s) {
+    const Block* b = static_cast<const Block*>(row) + k0 / kQK;
+    alignas(32) float v[kQK];
+    for (int64_t k = k0; k < k1; k += kQK, ++b) {
+      const float d = half(b->d);
+      for (int i = 0; i < kQK; ++i) {
+        const int q = q5_quant(b->qs, b->qh, i);
+        if constexpr (kHasMin) {
+          v[i] = static_cast<float>(q) * d + half(b->m);
+        } else {
+          v[i] = static_cast<float>(q - 16) * d;
+        }
+      }
+      s.vec(k, _mm256_load_ps(v), _mm256_load_ps(v + 8), _mm256_load_ps(v + 16),
+            _mm256_load_ps(v + 24));
+    }
+  }
+};
+using DecodeQ5_0 = DecodeQ5<false>;
+using DecodeQ5_1 = DecodeQ5<true>;
 
 struct DecodeQ8_0 {
   template <class Sink>
@@ -571,6 +600,10 @@ void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y, int64
       return matmul_typed<DecodeQ4_0>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q4_1:
       return matmul_typed<DecodeQ4_1>(w, x, n_rows, y, o_begin, o_end);
+    case DType::Q5_0:
+      return matmul_typed<DecodeQ5_0>(w, x, n_rows, y, o_begin, o_end);
+    case DType::Q5_1:
+      return matmul_typed<DecodeQ5_1>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q8_0:
       return matmul_typed<DecodeQ8_0>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q4_K:

@@ -26,6 +26,30 @@ struct BlockQ4_1 {
   uint8_t qs[kQK / 2];
 };
 
+// Q4_0 with a fifth bit: x[i] = (q[i] - 16) * d, q[i] = nibble as in Q4_0
+// | bit i of the little-endian 32-bit qh << 4.
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[kQK / 2];
+};
+
+// x[i] = q[i] * d + m, the 5-bit q[i] as in Q5_0.
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[kQK / 2];
+};
+
+// The 5-bit quant of element i (0..31) of a Q5_0 / Q5_1 block.
+inline int q5_quant(const uint8_t* qs, const uint8_t* qh, int i) {
+  const uint32_t h = static_cast<uint32_t>(qh[0]) | static_cast<uint32_t>(qh[1]) << 8 |
+                     static_cast<uint32_t>(qh[2]) << 16 | static_cast<uint32_t>(qh[3]) << 24;
+  const int nibble = i < kQK / 2 ? qs[i] & 0x0F : qs[i - kQK / 2] >> 4;
+  return nibble | static_cast<int>((h >> i) & 1u) << 4;
+}
+
 // x[i] = q[i] * d.
 struct BlockQ8_0 {
   uint16_t d;

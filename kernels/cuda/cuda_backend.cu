@@ -41,6 +41,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -136,6 +137,7 @@ __device__ __forceinline__ float load_elem(const uint8_t* row, int64_t i) {
 // quantized type, so a group meets one scale (Q6_K: two groups of 16).  The
 // expressions mirror dequantize.cpp; element e of the group is:
 //   Q4_0, Q4_1: qs[e % 16], low nibble for e < 16, high nibble after
+//   Q5_0, Q5_1: the same nibble, with bit e of qh as its fifth bit
 //   Q4_K: sub-block s = g % 8 lives in chunk s / 2 (low or high nibbles)
 //   Q6_K: see BlockQ6_K (s / 4 is the half, s % 4 the 32-element run)
 template <DType T, int N>
@@ -157,6 +159,24 @@ __device__ __forceinline__ void decode_part(const uint8_t* row, int64_t g, int e
       const int e = e0 + l;
       const int q = (b->qs[e % 16] >> (4 * (e / 16))) & 0x0F;
       w[l] = __fadd_rn(__fmul_rn(static_cast<float>(q), d), m);
+    }
+  } else if constexpr (T == DType::Q5_0 || T == DType::Q5_1) {
+    using Block = std::conditional_t<T == DType::Q5_1, BlockQ5_1, BlockQ5_0>;
+    const Block* b = reinterpret_cast<const Block*>(row) + g;
+    const float d = h2f(b->d);
+    const uint32_t h = static_cast<uint32_t>(b->qh[0]) | static_cast<uint32_t>(b->qh[1]) << 8 |
+                       static_cast<uint32_t>(b->qh[2]) << 16 |
+                       static_cast<uint32_t>(b->qh[3]) << 24;
+#pragma unroll
+    for (int l = 0; l < N; ++l) {
+      const int e = e0 + l;
+      const int q = ((b->qs[e % 16] >> (4 * (e / 16))) & 0x0F) | static_cast<int>((h >> e) & 1u)
+                                                                     << 4;
+      if constexpr (T == DType::Q5_1) {
+        w[l] = __fadd_rn(__fmul_rn(static_cast<float>(q), d), h2f(b->m));
+      } else {
+        w[l] = __fmul_rn(static_cast<float>(q - 16), d);
+      }
     }
   } else if constexpr (T == DType::Q8_0) {
     const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(row) + g;
@@ -226,6 +246,10 @@ constexpr int step_bytes() {
       return 8 * static_cast<int>(sizeof(BlockQ4_0));
     case DType::Q4_1:
       return 8 * static_cast<int>(sizeof(BlockQ4_1));
+    case DType::Q5_0:
+      return 8 * static_cast<int>(sizeof(BlockQ5_0));
+    case DType::Q5_1:
+      return 8 * static_cast<int>(sizeof(BlockQ5_1));
     case DType::Q8_0:
       return 8 * static_cast<int>(sizeof(BlockQ8_0));
     case DType::Q4_K:
@@ -714,6 +738,10 @@ void dispatch_type(DType t, Args&&... args) {
       return Op<DType::Q4_0>::run(args...);
     case DType::Q4_1:
       return Op<DType::Q4_1>::run(args...);
+    case DType::Q5_0:
+      return Op<DType::Q5_0>::run(args...);
+    case DType::Q5_1:
+      return Op<DType::Q5_1>::run(args...);
     case DType::Q8_0:
       return Op<DType::Q8_0>::run(args...);
     case DType::Q4_K:

@@ -47,7 +47,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", required=True, choices=["llama", "llama3", "qwen2", "qwen3"])
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--type", default="q8_0", choices=["f32", "f16", "q8_0"],
+    ap.add_argument("--type", default="q8_0", choices=["f32", "f16", "q8_0", "q5_0", "q5_1"],
                     help="type of the weight matrices (default q8_0)")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
@@ -55,7 +55,8 @@ def main():
     tokens = byte_symbols() + [m.replace(" ", "") for m in MERGES] + SPECIAL
     n_vocab = len(tokens)
     qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-             "q8_0": gguf.GGMLQuantizationType.Q8_0}[a.type]
+             "q8_0": gguf.GGMLQuantizationType.Q8_0, "q5_0": gguf.GGMLQuantizationType.Q5_0,
+             "q5_1": gguf.GGMLQuantizationType.Q5_1}[a.type]
 
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / f"{a.arch}.gguf"

@@ -112,6 +112,21 @@ TEST(Gguf, BadTensorInfo) {
   EXPECT_EQ(code_of(dims({64}, 0, 16)), ErrorCode::kFormat);             // data past the end
 }
 
+// A type ggml has and this runtime does not decode is named in the error.
+TEST(Gguf, UnsupportedTypeIsNamed) {
+  GgufBuilder b;
+  b.tensor("blk.0.ffn_down.weight", 13, {256}, std::vector<uint8_t>(176));  // Q5_K
+  const auto bytes = b.bytes();
+  try {
+    GgufFile::parse(bytes.data(), bytes.size());
+    FAIL() << "a Q5_K tensor must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("Q5_K (13)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("blk.0.ffn_down.weight"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Gguf, TensorOffsetOutsideFile) {
   GgufBuilder b;
   b.tensor("t", 0, {4}, f32_bytes(4));
