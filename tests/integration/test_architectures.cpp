@@ -1,10 +1,11 @@
 // Every architecture against the float64 reference on a random-weight model
 // of its own, written at test time with the `gguf` package
-// (tests/oracle/write_random_gguf.py; the CTest fixture `arch_models` writes
+// (tests/oracle/write_random_gguf.py; CTest's oracle_arch_reference writes
 // them and the reference logits into build/oracle/arch/).  Then the fusor's
-// identities on each: r = 1 is full prefill, r = 0 is reuse, and a stored
-// chunk's layer-0 K rotated to a new position is the K computed there (the
-// re-positioning follows the architecture's RoPE).
+// identities on each:
+// r = 1 is full prefill, r = 0 is reuse, and a stored chunk's layer-0 K
+// rotated to a new position is the K computed there (the re-positioning
+// follows the architecture's RoPE).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,21 +21,14 @@
 #include "runtime/llama_layer.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
+#include "tests/integration/reference_logits.h"
 
 namespace cb {
 namespace {
 
 const std::string kDir = CB_BINARY_DIR "/oracle/arch";
 
-std::vector<double> read_f64(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  std::vector<double> v(static_cast<size_t>(in.tellg()) / sizeof(double));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()),
-          static_cast<std::streamsize>(v.size() * sizeof(double)));
-  return v;
-}
+using test::read_f64;
 
 struct Prompt {
   std::string name;
@@ -83,20 +77,11 @@ TEST_P(Architecture, LastLogitsMatchFloat64Reference) {
     const std::vector<double> ref = read_f64(dir() + "/" + p.name + ".logits.f64");
     ASSERT_EQ(ref.size(), static_cast<size_t>(model->hparams().n_vocab)) << p.name;
     Session s(*model, {.n_ctx = 512, .n_threads = 2, .n_batch = 64});
-    auto logits = s.prefill(p.ids);
-    double num = 0, den = 0;
-    size_t ref_top = 0, our_top = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      num += (logits[i] - ref[i]) * (logits[i] - ref[i]);
-      den += ref[i] * ref[i];
-      if (ref[i] > ref[ref_top]) ref_top = i;
-      if (logits[i] > logits[our_top]) our_top = i;
-    }
-    const double err = std::sqrt(num / den);
-    std::printf("  %-6s %-12s %3zu tokens  rel L2 %.2e\n", GetParam(), p.name.c_str(),
-                p.ids.size(), err);
-    EXPECT_LE(err, 1e-3) << p.name;
-    EXPECT_EQ(our_top, ref_top) << p.name;
+    const test::LogitsError e = test::compare_logits(s.prefill(p.ids), ref);
+    std::printf("  %-6s %-12s %3zu tokens  rel L2 %.2e\n", GetParam(), p.name.c_str(), p.ids.size(),
+                e.rel_l2);
+    EXPECT_LE(e.rel_l2, 1e-3) << p.name;
+    EXPECT_TRUE(e.same_argmax) << p.name;
   }
 }
 
@@ -157,8 +142,8 @@ TEST_P(Architecture, FusorIdentities) {
   // Chunk 2, stored after the head alone, rotated to where it sits here.
   const LlamaHparams& hp = model->hparams();
   const int64_t kv_dim = hp.kv_dim();
-  const int64_t p0 = static_cast<int64_t>(req.head.size() + req.chunks[0].size() +
-                                          req.chunks[1].size());
+  const int64_t p0 =
+      static_cast<int64_t>(req.head.size() + req.chunks[0].size() + req.chunks[1].size());
   const int64_t len = static_cast<int64_t>(req.chunks[2].size());
   std::vector<float> k(kv[2].k.begin(), kv[2].k.begin() + len * kv_dim);
   std::vector<int32_t> pos(static_cast<size_t>(len));
@@ -169,7 +154,8 @@ TEST_P(Architecture, FusorIdentities) {
     ASSERT_NEAR(k[i], in_place[i], 1e-4f * (1.0f + std::fabs(in_place[i]))) << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(RandomWeights, Architecture, testing::Values("llama", "llama3", "qwen2", "qwen3"),
+INSTANTIATE_TEST_SUITE_P(RandomWeights, Architecture,
+                         testing::Values("llama", "llama3", "qwen2", "qwen3"),
                          [](const testing::TestParamInfo<const char*>& i) {
                            return std::string(i.param);
                          });

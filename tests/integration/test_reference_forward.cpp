@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
+#include "tests/integration/reference_logits.h"
 #include "tests/runtime/model_path.h"
 
 namespace cb {
@@ -23,16 +24,6 @@ nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read " + path);
   return nlohmann::json::parse(in);
-}
-
-std::vector<double> read_f64(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  std::vector<double> v(static_cast<size_t>(in.tellg()) / sizeof(double));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()),
-          static_cast<std::streamsize>(v.size() * sizeof(double)));
-  return v;
 }
 
 // Whether `name` is one of the comma-separated names of `list`.
@@ -60,24 +51,15 @@ void expect_reference_logits(const SessionOptions& opts) {
     if (only != nullptr && !named_in(only, name)) continue;
     ++compared;
     std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
-    std::vector<double> ref = read_f64(dir + "/" + name + ".logits.f64");
+    std::vector<double> ref = test::read_f64(dir + "/" + name + ".logits.f64");
     ASSERT_EQ(ref.size(), static_cast<size_t>(model->hparams().n_vocab)) << name;
 
     Session s(*model, opts);
-    auto logits = s.prefill(ids);
-    double num = 0, den = 0;
-    size_t ref_top = 0, our_top = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      num += (logits[i] - ref[i]) * (logits[i] - ref[i]);
-      den += ref[i] * ref[i];
-      if (ref[i] > ref[ref_top]) ref_top = i;
-      if (logits[i] > logits[our_top]) our_top = i;
-    }
-    double err = std::sqrt(num / den);
-    std::printf("  %-16s %3zu tokens  rel L2 %.2e  top-1 %s\n", name.c_str(), ids.size(), err,
-                ref_top == our_top ? "same" : "DIFFERENT");
-    EXPECT_LE(err, 1e-3) << name;
-    EXPECT_EQ(our_top, ref_top) << name;
+    const test::LogitsError e = test::compare_logits(s.prefill(ids), ref);
+    std::printf("  %-16s %3zu tokens  rel L2 %.2e  top-1 %s\n", name.c_str(), ids.size(), e.rel_l2,
+                e.same_argmax ? "same" : "DIFFERENT");
+    EXPECT_LE(e.rel_l2, 1e-3) << name;
+    EXPECT_TRUE(e.same_argmax) << name;
   }
   EXPECT_GT(compared, 0) << "no reference prompt is named in CB_REFERENCE_PROMPTS";
 }
