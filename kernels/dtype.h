@@ -16,6 +16,7 @@ enum class DType : uint32_t {
   Q5_1 = 7,
   Q8_0 = 8,
   Q4_K = 12,
+  Q5_K = 13,
   Q6_K = 14,
   BF16 = 30,
 };

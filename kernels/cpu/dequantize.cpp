@@ -65,6 +65,26 @@ void block_q4_k(const BlockQ4_K& b, float* y) {
   }
 }
 
+void block_q5_k(const BlockQ5_K& b, float* y) {
+  const float d = f16_to_f32(b.d);
+  const float dmin = f16_to_f32(b.dmin);
+  for (int c = 0; c < 4; ++c) {  // as Q4_K, the fifth bits from qh
+    uint8_t sc_lo, m_lo, sc_hi, m_hi;
+    q4k_scale_min(b.scales, 2 * c, &sc_lo, &m_lo);
+    q4k_scale_min(b.scales, 2 * c + 1, &sc_hi, &m_hi);
+    const float d_lo = d * sc_lo, min_lo = dmin * m_lo;
+    const float d_hi = d * sc_hi, min_hi = dmin * m_hi;
+    const uint8_t* q = b.qs + 32 * c;
+    float* out = y + 64 * c;
+    for (int l = 0; l < 32; ++l) {
+      const int lo = (q[l] & 0x0F) | ((b.qh[l] >> (2 * c)) & 1) << 4;
+      const int hi = (q[l] >> 4) | ((b.qh[l] >> (2 * c + 1)) & 1) << 4;
+      out[l] = d_lo * static_cast<float>(lo) - min_lo;
+      out[l + 32] = d_hi * static_cast<float>(hi) - min_hi;
+    }
+  }
+}
+
 void block_q6_k(const BlockQ6_K& b, float* y) {
   const float d = f16_to_f32(b.d);
   for (int half = 0; half < 2; ++half) {
@@ -127,6 +147,8 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       return blocks<BlockQ8_0, block_q8_0>(src, dst, nb, be);
     case DType::Q4_K:
       return blocks<BlockQ4_K, block_q4_k>(src, dst, nb, be);
+    case DType::Q5_K:
+      return blocks<BlockQ5_K, block_q5_k>(src, dst, nb, be);
     case DType::Q6_K:
       return blocks<BlockQ6_K, block_q6_k>(src, dst, nb, be);
   }

@@ -68,6 +68,17 @@ struct BlockQ4_K {
   uint8_t qs[kQKK / 2];
 };
 
+// Q4_K with a fifth bit per element: sub-block s (elements 32 s .. 32 s + 31,
+// quants in chunk s / 2 as in Q4_K) takes bit s of qh[l] for its element l,
+// and x = (d * sc[s]) * (q + 16 * bit) - (dmin * m[s]).
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[kQKK / 8];
+  uint8_t qs[kQKK / 2];
+};
+
 // 16 groups of 16 elements; element e has the signed 6-bit quant
 // q = (4 low bits from ql) | (2 high bits from qh) - 32 and
 // x = (d * scales[e / 16]) * q.  Each half of 128 elements uses 64 bytes of

@@ -139,6 +139,7 @@ __device__ __forceinline__ float load_elem(const uint8_t* row, int64_t i) {
 //   Q4_0, Q4_1: qs[e % 16], low nibble for e < 16, high nibble after
 //   Q5_0, Q5_1: the same nibble, with bit e of qh as its fifth bit
 //   Q4_K: sub-block s = g % 8 lives in chunk s / 2 (low or high nibbles)
+//   Q5_K: as Q4_K, with bit s of qh[e] as the fifth bit
 //   Q6_K: see BlockQ6_K (s / 4 is the half, s % 4 the 32-element run)
 template <DType T, int N>
 __device__ __forceinline__ void decode_part(const uint8_t* row, int64_t g, int e0, float* w) {
@@ -195,6 +196,21 @@ __device__ __forceinline__ void decode_part(const uint8_t* row, int64_t g, int e
 #pragma unroll
     for (int l = 0; l < N; ++l) {
       w[l] = __fsub_rn(__fmul_rn(dd, static_cast<float>((q[l] >> shift) & 0x0F)), mm);
+    }
+  } else if constexpr (T == DType::Q5_K) {
+    const BlockQ5_K* b = reinterpret_cast<const BlockQ5_K*>(row) + g / 8;
+    const int s = static_cast<int>(g % 8);
+    int sc, m;
+    q4k_scale_min_dev(b->scales, s, &sc, &m);
+    const float dd = __fmul_rn(h2f(b->d), static_cast<float>(sc));
+    const float mm = __fmul_rn(h2f(b->dmin), static_cast<float>(m));
+    const uint8_t* q = b->qs + 32 * (s / 2) + e0;
+    const uint8_t* qh = b->qh + e0;
+    const int shift = (s % 2) * 4;
+#pragma unroll
+    for (int l = 0; l < N; ++l) {
+      const int v = ((q[l] >> shift) & 0x0F) | ((qh[l] >> s) & 1) << 4;
+      w[l] = __fsub_rn(__fmul_rn(dd, static_cast<float>(v)), mm);
     }
   } else if constexpr (T == DType::Q6_K) {
     const BlockQ6_K* b = reinterpret_cast<const BlockQ6_K*>(row) + g / 8;
@@ -254,6 +270,8 @@ constexpr int step_bytes() {
       return 8 * static_cast<int>(sizeof(BlockQ8_0));
     case DType::Q4_K:
       return static_cast<int>(sizeof(BlockQ4_K));
+    case DType::Q5_K:
+      return static_cast<int>(sizeof(BlockQ5_K));
     case DType::Q6_K:
       return static_cast<int>(sizeof(BlockQ6_K));
     default:
@@ -746,6 +764,8 @@ void dispatch_type(DType t, Args&&... args) {
       return Op<DType::Q8_0>::run(args...);
     case DType::Q4_K:
       return Op<DType::Q4_K>::run(args...);
+    case DType::Q5_K:
+      return Op<DType::Q5_K>::run(args...);
     case DType::Q6_K:
       return Op<DType::Q6_K>::run(args...);
   }

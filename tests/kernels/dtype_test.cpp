@@ -27,6 +27,7 @@ TEST(DType, GeometryMatchesGgml) {
       {DType::Q5_1, "Q5_1", 32, sizeof(BlockQ5_1)},
       {DType::Q8_0, "Q8_0", 32, sizeof(BlockQ8_0)},
       {DType::Q4_K, "Q4_K", 256, sizeof(BlockQ4_K)},
+      {DType::Q5_K, "Q5_K", 256, sizeof(BlockQ5_K)},
       {DType::Q6_K, "Q6_K", 256, sizeof(BlockQ6_K)},
   };
   for (const Row& r : rows) {
@@ -43,11 +44,11 @@ TEST(DType, GeometryMatchesGgml) {
 }
 
 TEST(DType, RejectsOtherTypes) {
-  for (uint32_t id : {4u, 5u, 9u, 10u, 11u, 13u, 15u, 16u, 29u, 31u, 1000u}) {
+  for (uint32_t id : {4u, 5u, 9u, 10u, 11u, 15u, 16u, 20u, 29u, 31u, 1000u}) {
     EXPECT_FALSE(dtype_supported(id)) << id;
   }
   try {
-    dtype_block_bytes(static_cast<DType>(13));  // Q5_K
+    dtype_block_bytes(static_cast<DType>(11));  // Q3_K
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);

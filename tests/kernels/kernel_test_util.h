@@ -25,7 +25,7 @@ namespace cb::test {
 
 inline constexpr DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,
                                       DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0,
-                                      DType::Q4_K, DType::Q6_K};
+                                      DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
 inline bool avx2_available() {
   const CpuFeatures& f = cpu_features();
@@ -118,6 +118,7 @@ inline std::vector<uint8_t> random_weight(std::mt19937& rng, DType t, int64_t n_
     case DType::Q4_1:
     case DType::Q5_1:
     case DType::Q4_K:
+    case DType::Q5_K:
       scale_offsets = {0, 2};
       break;
     case DType::Q6_K:
