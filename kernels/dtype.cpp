@@ -26,6 +26,7 @@ constexpr DTypeInfo kTypes[] = {
     {DType::Q5_0, "Q5_0", 32, 22},   {DType::Q5_1, "Q5_1", 32, 24},
     {DType::Q8_0, "Q8_0", 32, 34},   {DType::Q4_K, "Q4_K", 256, 144},
     {DType::Q6_K, "Q6_K", 256, 210}, {DType::Q5_K, "Q5_K", 256, 176},
+    {DType::Q2_K, "Q2_K", 256, 84},  {DType::Q3_K, "Q3_K", 256, 110},
     {DType::BF16, "BF16", 1, 2},
 };
 

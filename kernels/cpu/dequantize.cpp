@@ -85,6 +85,29 @@ void block_q5_k(const BlockQ5_K& b, float* y) {
   }
 }
 
+void block_q2_k(const BlockQ2_K& b, float* y) {
+  const float d = f16_to_f32(b.d);
+  const float dmin = f16_to_f32(b.dmin);
+  for (int e = 0; e < kQKK; ++e) {
+    const int s = e / 32, r = e / 16, l = e % 32;
+    const int q = (b.qs[32 * (s / 4) + l] >> (2 * (s % 4))) & 3;
+    const float dl = d * static_cast<float>(b.scales[r] & 0x0F);
+    const float ml = dmin * static_cast<float>(b.scales[r] >> 4);
+    y[e] = dl * static_cast<float>(q) - ml;
+  }
+}
+
+void block_q3_k(const BlockQ3_K& b, float* y) {
+  const float d = f16_to_f32(b.d);
+  for (int e = 0; e < kQKK; ++e) {
+    const int s = e / 32, r = e / 16, l = e % 32;
+    const int q = (b.qs[32 * (s / 4) + l] >> (2 * (s % 4))) & 3;
+    const int high = (b.hmask[l] >> s) & 1;
+    const float dl = d * static_cast<float>(q3k_scale(b.scales, r) - 32);
+    y[e] = dl * static_cast<float>(q - (high ? 0 : 4));
+  }
+}
+
 void block_q6_k(const BlockQ6_K& b, float* y) {
   const float d = f16_to_f32(b.d);
   for (int half = 0; half < 2; ++half) {
@@ -149,6 +172,10 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       return blocks<BlockQ4_K, block_q4_k>(src, dst, nb, be);
     case DType::Q5_K:
       return blocks<BlockQ5_K, block_q5_k>(src, dst, nb, be);
+    case DType::Q2_K:
+      return blocks<BlockQ2_K, block_q2_k>(src, dst, nb, be);
+    case DType::Q3_K:
+      return blocks<BlockQ3_K, block_q3_k>(src, dst, nb, be);
     case DType::Q6_K:
       return blocks<BlockQ6_K, block_q6_k>(src, dst, nb, be);
   }

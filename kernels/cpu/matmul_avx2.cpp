@@ -19,9 +19,11 @@
 #include <new>
 #include <type_traits>
 
+#include "kernels/cpu/dequantize.h"
 #include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/quant_blocks.h"
 #include "kernels/cpu/simd_avx2.h"
+#include "kernels/dtype.h"
 
 namespace cb::avx2 {
 namespace {
@@ -154,6 +156,24 @@ struct DecodeQ5 {
   }
 };
 using DecodeQ5_0 = DecodeQ5<false>;
+
+// Q2_K, Q3_K: a super-block through dequantize_row (the reference's own
+// arithmetic), then handed on 32 elements at a time.
+template <DType kType>
+struct DecodeViaDequantize {
+  template <class Sink>
+  static void decode(const void* row, int64_t k0, int64_t k1, Sink& s) {
+    const size_t block = dtype_block_bytes(kType);
+    const auto* b = static_cast<const uint8_t*>(row) + static_cast<size_t>(k0 / kQKK) * block;
+    alignas(32) float v[kQKK];
+    for (int64_t k = k0; k < k1; k += kQKK, b += block) {
+      dequantize_row(kType, b, v, kQKK);
+      for (int i = 0; i < kQKK; i += kQK)
+        s.vec(k + i, _mm256_load_ps(v + i), _mm256_load_ps(v + i + 8), _mm256_load_ps(v + i + 16),
+              _mm256_load_ps(v + i + 24));
+    }
+  }
+};
 
 // Q5_K: decoded element by element, 64 at a time (two sub-blocks), with the
 // float operations of dequantize.cpp.
@@ -641,6 +661,10 @@ void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y, int64
       return matmul_typed<DecodeQ4_K>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q5_K:
       return matmul_typed<DecodeQ5_K>(w, x, n_rows, y, o_begin, o_end);
+    case DType::Q2_K:
+      return matmul_typed<DecodeViaDequantize<DType::Q2_K>>(w, x, n_rows, y, o_begin, o_end);
+    case DType::Q3_K:
+      return matmul_typed<DecodeViaDequantize<DType::Q3_K>>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q6_K:
       return matmul_typed<DecodeQ6_K>(w, x, n_rows, y, o_begin, o_end);
   }

@@ -79,6 +79,37 @@ struct BlockQ5_K {
   uint8_t qs[kQKK / 2];
 };
 
+// Q2_K and Q3_K: 16 runs of 16 elements.  Sub-block s (elements 32 s ..
+// 32 s + 31) takes 2-bit quants from bits 2 (s % 4) of qs[32 (s / 4) + e]
+// for its element e, and run r = 2 s + e / 16 has its own scale.
+// Q2_K: scales[r] holds a 4-bit scale (low) and a 4-bit min (high), and
+// x = (d * scale) * q - (dmin * min).
+struct BlockQ2_K {
+  uint8_t scales[kQKK / 16];
+  uint8_t qs[kQKK / 4];
+  uint16_t d;
+  uint16_t dmin;
+};
+
+// Q3_K: a third bit, bit s of hmask[e], set means +0 and clear means -4;
+// 6-bit scales packed in 12 bytes (q3k_scale), centred on 32:
+// x = (d * (scale - 32)) * (q - (bit ? 0 : 4)).
+struct BlockQ3_K {
+  uint8_t hmask[kQKK / 8];
+  uint8_t qs[kQKK / 4];
+  uint8_t scales[12];
+  uint16_t d;
+};
+
+// Run r's (0..15) 6-bit scale of a Q3_K block: its low 4 bits are the low
+// (r < 8) or high nibble of scales[r % 8], its high 2 bits bits 2 (r / 4) of
+// scales[8 + r % 4].
+inline int q3k_scale(const uint8_t* scales, int r) {
+  const int low = r < 8 ? scales[r] & 0x0F : scales[r - 8] >> 4;
+  const int high = (scales[8 + r % 4] >> (2 * (r / 4))) & 3;
+  return low | high << 4;
+}
+
 // 16 groups of 16 elements; element e has the signed 6-bit quant
 // q = (4 low bits from ql) | (2 high bits from qh) - 32 and
 // x = (d * scales[e / 16]) * q.  Each half of 128 elements uses 64 bytes of

@@ -140,6 +140,7 @@ __device__ __forceinline__ float load_elem(const uint8_t* row, int64_t i) {
 //   Q5_0, Q5_1: the same nibble, with bit e of qh as its fifth bit
 //   Q4_K: sub-block s = g % 8 lives in chunk s / 2 (low or high nibbles)
 //   Q5_K: as Q4_K, with bit s of qh[e] as the fifth bit
+//   Q2_K, Q3_K: see BlockQ2_K / BlockQ3_K (two scales per group)
 //   Q6_K: see BlockQ6_K (s / 4 is the half, s % 4 the 32-element run)
 template <DType T, int N>
 __device__ __forceinline__ void decode_part(const uint8_t* row, int64_t g, int e0, float* w) {
@@ -212,6 +213,27 @@ __device__ __forceinline__ void decode_part(const uint8_t* row, int64_t g, int e
       const int v = ((q[l] >> shift) & 0x0F) | ((qh[l] >> s) & 1) << 4;
       w[l] = __fsub_rn(__fmul_rn(dd, static_cast<float>(v)), mm);
     }
+  } else if constexpr (T == DType::Q2_K || T == DType::Q3_K) {
+    const int s = static_cast<int>(g % 8);
+#pragma unroll
+    for (int l = 0; l < N; ++l) {
+      const int e = e0 + l, r = 2 * s + e / 16;
+      if constexpr (T == DType::Q2_K) {
+        const BlockQ2_K* b = reinterpret_cast<const BlockQ2_K*>(row) + g / 8;
+        const int q = (b->qs[32 * (s / 4) + e] >> (2 * (s % 4))) & 3;
+        const float dl = __fmul_rn(h2f(b->d), static_cast<float>(b->scales[r] & 0x0F));
+        const float ml = __fmul_rn(h2f(b->dmin), static_cast<float>(b->scales[r] >> 4));
+        w[l] = __fsub_rn(__fmul_rn(dl, static_cast<float>(q)), ml);
+      } else {
+        const BlockQ3_K* b = reinterpret_cast<const BlockQ3_K*>(row) + g / 8;
+        const int q = (b->qs[32 * (s / 4) + e] >> (2 * (s % 4))) & 3;
+        const int high = (b->hmask[e] >> s) & 1;
+        const int low4 = r < 8 ? b->scales[r] & 0x0F : b->scales[r - 8] >> 4;
+        const int sc = low4 | ((b->scales[8 + r % 4] >> (2 * (r / 4))) & 3) << 4;
+        const float dl = __fmul_rn(h2f(b->d), static_cast<float>(sc - 32));
+        w[l] = __fmul_rn(dl, static_cast<float>(q - (high ? 0 : 4)));
+      }
+    }
   } else if constexpr (T == DType::Q6_K) {
     const BlockQ6_K* b = reinterpret_cast<const BlockQ6_K*>(row) + g / 8;
     const int s = static_cast<int>(g % 8);
@@ -272,6 +294,10 @@ constexpr int step_bytes() {
       return static_cast<int>(sizeof(BlockQ4_K));
     case DType::Q5_K:
       return static_cast<int>(sizeof(BlockQ5_K));
+    case DType::Q2_K:
+      return static_cast<int>(sizeof(BlockQ2_K));
+    case DType::Q3_K:
+      return static_cast<int>(sizeof(BlockQ3_K));
     case DType::Q6_K:
       return static_cast<int>(sizeof(BlockQ6_K));
     default:
@@ -766,6 +792,10 @@ void dispatch_type(DType t, Args&&... args) {
       return Op<DType::Q4_K>::run(args...);
     case DType::Q5_K:
       return Op<DType::Q5_K>::run(args...);
+    case DType::Q2_K:
+      return Op<DType::Q2_K>::run(args...);
+    case DType::Q3_K:
+      return Op<DType::Q3_K>::run(args...);
     case DType::Q6_K:
       return Op<DType::Q6_K>::run(args...);
   }

@@ -29,6 +29,8 @@ TEST(DType, GeometryMatchesGgml) {
       {DType::Q4_K, "Q4_K", 256, sizeof(BlockQ4_K)},
       {DType::Q5_K, "Q5_K", 256, sizeof(BlockQ5_K)},
       {DType::Q6_K, "Q6_K", 256, sizeof(BlockQ6_K)},
+      {DType::Q2_K, "Q2_K", 256, sizeof(BlockQ2_K)},
+      {DType::Q3_K, "Q3_K", 256, sizeof(BlockQ3_K)},
   };
   for (const Row& r : rows) {
     SCOPED_TRACE(r.name);
@@ -44,11 +46,11 @@ TEST(DType, GeometryMatchesGgml) {
 }
 
 TEST(DType, RejectsOtherTypes) {
-  for (uint32_t id : {4u, 5u, 9u, 10u, 11u, 15u, 16u, 20u, 29u, 31u, 1000u}) {
+  for (uint32_t id : {4u, 5u, 9u, 15u, 16u, 20u, 29u, 31u, 1000u}) {
     EXPECT_FALSE(dtype_supported(id)) << id;
   }
   try {
-    dtype_block_bytes(static_cast<DType>(11));  // Q3_K
+    dtype_block_bytes(static_cast<DType>(20));  // IQ4_NL
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);

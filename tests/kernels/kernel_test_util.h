@@ -23,9 +23,9 @@
 
 namespace cb::test {
 
-inline constexpr DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,
-                                      DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0,
-                                      DType::Q4_K, DType::Q5_K, DType::Q6_K};
+inline constexpr DType kAllTypes[] = {
+    DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+    DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q2_K, DType::Q3_K};
 
 inline bool avx2_available() {
   const CpuFeatures& f = cpu_features();
@@ -123,6 +123,12 @@ inline std::vector<uint8_t> random_weight(std::mt19937& rng, DType t, int64_t n_
       break;
     case DType::Q6_K:
       scale_offsets = {208};
+      break;
+    case DType::Q2_K:
+      scale_offsets = {80, 82};
+      break;
+    case DType::Q3_K:
+      scale_offsets = {108};
       break;
     default:
       break;
