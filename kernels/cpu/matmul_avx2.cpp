@@ -157,8 +157,8 @@ struct DecodeQ5 {
 };
 using DecodeQ5_0 = DecodeQ5<false>;
 
-// Q2_K, Q3_K: a super-block through dequantize_row (the reference's own
-// arithmetic), then handed on 32 elements at a time.
+// Q2_K, Q3_K, Q5_K: a super-block through dequantize_row (the reference's
+// own arithmetic), then handed on 32 elements at a time.
 template <DType kType>
 struct DecodeViaDequantize {
   template <class Sink>
@@ -175,36 +175,6 @@ struct DecodeViaDequantize {
   }
 };
 
-// Q5_K: decoded element by element, 64 at a time (two sub-blocks), with the
-// float operations of dequantize.cpp.
-struct DecodeQ5_K {
-  template <class Sink>
-  static void decode(const void* row, int64_t k0, int64_t k1, Sink& s) {
-    const BlockQ5_K* b = static_cast<const BlockQ5_K*>(row) + k0 / kQKK;
-    alignas(32) float v[64];
-    for (int64_t k = k0; k < k1; k += kQKK, ++b) {
-      const float d = half(b->d), dmin = half(b->dmin);
-      for (int c = 0; c < 4; ++c) {
-        uint8_t sc_lo, m_lo, sc_hi, m_hi;
-        q4k_scale_min(b->scales, 2 * c, &sc_lo, &m_lo);
-        q4k_scale_min(b->scales, 2 * c + 1, &sc_hi, &m_hi);
-        const float d_lo = d * sc_lo, min_lo = dmin * m_lo;
-        const float d_hi = d * sc_hi, min_hi = dmin * m_hi;
-        const uint8_t* q = b->qs + 32 * c;
-        for (int l = 0; l < 32; ++l) {
-          const int lo = (q[l] & 0x0F) | ((b->qh[l] >> (2 * c)) & 1) << 4;
-          const int hi = (q[l] >> 4) | ((b->qh[l] >> (2 * c + 1)) & 1) << 4;
-          v[l] = d_lo * static_cast<float>(lo) - min_lo;
-          v[l + 32] = d_hi * static_cast<float>(hi) - min_hi;
-        }
-        s.vec(k + 64 * c, _mm256_load_ps(v), _mm256_load_ps(v + 8), _mm256_load_ps(v + 16),
-              _mm256_load_ps(v + 24));
-        s.vec(k + 64 * c + 32, _mm256_load_ps(v + 32), _mm256_load_ps(v + 40),
-              _mm256_load_ps(v + 48), _mm256_load_ps(v + 56));
-      }
-    }
-  }
-};
 using DecodeQ5_1 = DecodeQ5<true>;
 
 struct DecodeQ8_0 {
@@ -660,7 +630,7 @@ void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y, int64
     case DType::Q4_K:
       return matmul_typed<DecodeQ4_K>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q5_K:
-      return matmul_typed<DecodeQ5_K>(w, x, n_rows, y, o_begin, o_end);
+      return matmul_typed<DecodeViaDequantize<DType::Q5_K>>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q2_K:
       return matmul_typed<DecodeViaDequantize<DType::Q2_K>>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q3_K:
