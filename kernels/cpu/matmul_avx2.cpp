@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
-#include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/dequantize.h"
 #include "kernels/cpu/ops_avx2.h"
@@ -130,52 +130,27 @@ struct DecodeQ4_1 {
   }
 };
 
-// Q5_0 / Q5_1: decoded element by element (the 5th bits are scattered across
-// qh), then handed on as Q4's four vectors are.  The same float products as
-// dequantize.cpp.
-template <bool kHasMin>
-struct DecodeQ5 {
-  using Block = std::conditional_t<kHasMin, BlockQ5_1, BlockQ5_0>;
-  template <class Sink>
-  static void decode(const void* row, int64_t k0, int64_t k1, Sink& s) {
-    const Block* b = static_cast<const Block*>(row) + k0 / kQK;
-    alignas(32) float v[kQK];
-    for (int64_t k = k0; k < k1; k += kQK, ++b) {
-      const float d = half(b->d);
-      for (int i = 0; i < kQK; ++i) {
-        const int q = q5_quant(b->qs, b->qh, i);
-        if constexpr (kHasMin) {
-          v[i] = static_cast<float>(q) * d + half(b->m);
-        } else {
-          v[i] = static_cast<float>(q - 16) * d;
-        }
-      }
-      s.vec(k, _mm256_load_ps(v), _mm256_load_ps(v + 8), _mm256_load_ps(v + 16),
-            _mm256_load_ps(v + 24));
-    }
-  }
-};
-using DecodeQ5_0 = DecodeQ5<false>;
-
-// Q2_K, Q3_K, Q5_K: a super-block through dequantize_row (the reference's
-// own arithmetic), then handed on 32 elements at a time.
+// The 5-bit and the 2/3-bit types (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K), whose
+// bits are scattered across several arrays: the range is decoded by
+// dequantize_row (the reference's own arithmetic) into a per-thread buffer,
+// then handed on 32 elements at a time.
 template <DType kType>
 struct DecodeViaDequantize {
   template <class Sink>
   static void decode(const void* row, int64_t k0, int64_t k1, Sink& s) {
-    const size_t block = dtype_block_bytes(kType);
-    const auto* b = static_cast<const uint8_t*>(row) + static_cast<size_t>(k0 / kQKK) * block;
-    alignas(32) float v[kQKK];
-    for (int64_t k = k0; k < k1; k += kQKK, b += block) {
-      dequantize_row(kType, b, v, kQKK);
-      for (int i = 0; i < kQKK; i += kQK)
-        s.vec(k + i, _mm256_load_ps(v + i), _mm256_load_ps(v + i + 8), _mm256_load_ps(v + i + 16),
-              _mm256_load_ps(v + i + 24));
+    thread_local std::vector<float> v;
+    v.resize(static_cast<size_t>(k1 - k0));
+    const int64_t block_elems = dtype_block_elems(kType);
+    const auto* b = static_cast<const uint8_t*>(row) +
+                    static_cast<size_t>(k0 / block_elems) * dtype_block_bytes(kType);
+    dequantize_row(kType, b, v.data(), k1 - k0);
+    for (int64_t i = 0; i < k1 - k0; i += kQK) {
+      const float* p = v.data() + i;
+      s.vec(k0 + i, _mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _mm256_loadu_ps(p + 16),
+            _mm256_loadu_ps(p + 24));
     }
   }
 };
-
-using DecodeQ5_1 = DecodeQ5<true>;
 
 struct DecodeQ8_0 {
   template <class Sink>
@@ -622,9 +597,9 @@ void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y, int64
     case DType::Q4_1:
       return matmul_typed<DecodeQ4_1>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q5_0:
-      return matmul_typed<DecodeQ5_0>(w, x, n_rows, y, o_begin, o_end);
+      return matmul_typed<DecodeViaDequantize<DType::Q5_0>>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q5_1:
-      return matmul_typed<DecodeQ5_1>(w, x, n_rows, y, o_begin, o_end);
+      return matmul_typed<DecodeViaDequantize<DType::Q5_1>>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q8_0:
       return matmul_typed<DecodeQ8_0>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q4_K:
