@@ -111,6 +111,15 @@ void write_defaults(T* user, const T& defaults, size_t size) {
   std::memcpy(static_cast<void*>(user), &out, out.struct_size);
 }
 
+// write_defaults for a struct whose defaults are all zero (the stats and
+// info structs, the session options).
+template <class T>
+void write_zeros(T* user, size_t size) {
+  T zeros;
+  std::memset(static_cast<void*>(&zeros), 0, sizeof(zeros));
+  write_defaults(user, zeros, size);
+}
+
 // Output structs: same rule; returns how many bytes the caller's struct has.
 template <class T>
 size_t output_size(const T* user, size_t min_size, const char* what) {

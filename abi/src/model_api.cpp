@@ -111,9 +111,7 @@ void cb_model_free(cb_model* model) {
 }
 
 void cb_model_info_init_sized(cb_model_info* info, size_t struct_size) {
-  cb_model_info d;
-  std::memset(static_cast<void*>(&d), 0, sizeof(d));
-  write_defaults(info, d, struct_size);
+  write_zeros(info, struct_size);
 }
 
 // The exported entry point of programs built before *_init became inline:

@@ -153,9 +153,7 @@ void cb_chunk_cache_free(cb_chunk_cache* cache) {
 }
 
 void cb_chunk_cache_stats_init_sized(cb_chunk_cache_stats* stats, size_t struct_size) {
-  cb_chunk_cache_stats d;
-  std::memset(static_cast<void*>(&d), 0, sizeof(d));
-  write_defaults(stats, d, struct_size);
+  write_zeros(stats, struct_size);
 }
 
 // The exported entry point of programs built before *_init became inline:
@@ -357,9 +355,7 @@ cb_status cb_chunk_cache_remove(const cb_model* model, cb_chunk_cache* cache,
 }
 
 void cb_rag_stats_init_sized(cb_rag_stats* stats, size_t struct_size) {
-  cb_rag_stats d;
-  std::memset(static_cast<void*>(&d), 0, sizeof(d));
-  write_defaults(stats, d, struct_size);
+  write_zeros(stats, struct_size);
 }
 
 // The exported entry point of programs built before *_init became inline:

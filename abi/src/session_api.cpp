@@ -41,9 +41,7 @@ extern "C" {
 // Session
 
 void cb_session_options_init_sized(cb_session_options* opts, size_t struct_size) {
-  cb_session_options d;
-  std::memset(static_cast<void*>(&d), 0, sizeof(d));
-  write_defaults(opts, d, struct_size);
+  write_zeros(opts, struct_size);
 }
 
 // The exported entry point of programs built before *_init became inline:
@@ -184,9 +182,7 @@ void cb_generate_options_init(cb_generate_options* opts) {
 }
 
 void cb_generate_stats_init_sized(cb_generate_stats* stats, size_t struct_size) {
-  cb_generate_stats d;
-  std::memset(static_cast<void*>(&d), 0, sizeof(d));
-  write_defaults(stats, d, struct_size);
+  write_zeros(stats, struct_size);
 }
 
 // The exported entry point of programs built before *_init became inline:

@@ -1,6 +1,7 @@
 #include "kernels/cpu/dequantize.h"
 
 #include <string>
+#include <type_traits>
 
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/quant_blocks.h"
@@ -47,7 +48,11 @@ void block_q8_0(const BlockQ8_0& b, float* y) {
   for (int j = 0; j < kQK; ++j) y[j] = static_cast<float>(b.qs[j]) * d;
 }
 
-void block_q4_k(const BlockQ4_K& b, float* y) {
+// Q4_K and Q5_K: one layout of scales and nibbles; Q5_K adds each element's
+// fifth bit from qh (bit s of qh[l] for sub-block s).
+template <class Block>
+void block_q45_k(const Block& b, float* y) {
+  constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5_K>;
   const float d = f16_to_f32(b.d);
   const float dmin = f16_to_f32(b.dmin);
   for (int c = 0; c < 4; ++c) {  // 4 chunks of 64 elements = 2 sub-blocks
@@ -59,26 +64,11 @@ void block_q4_k(const BlockQ4_K& b, float* y) {
     const uint8_t* q = b.qs + 32 * c;
     float* out = y + 64 * c;
     for (int l = 0; l < 32; ++l) {
-      out[l] = d_lo * static_cast<float>(q[l] & 0x0F) - min_lo;
-      out[l + 32] = d_hi * static_cast<float>(q[l] >> 4) - min_hi;
-    }
-  }
-}
-
-void block_q5_k(const BlockQ5_K& b, float* y) {
-  const float d = f16_to_f32(b.d);
-  const float dmin = f16_to_f32(b.dmin);
-  for (int c = 0; c < 4; ++c) {  // as Q4_K, the fifth bits from qh
-    uint8_t sc_lo, m_lo, sc_hi, m_hi;
-    q4k_scale_min(b.scales, 2 * c, &sc_lo, &m_lo);
-    q4k_scale_min(b.scales, 2 * c + 1, &sc_hi, &m_hi);
-    const float d_lo = d * sc_lo, min_lo = dmin * m_lo;
-    const float d_hi = d * sc_hi, min_hi = dmin * m_hi;
-    const uint8_t* q = b.qs + 32 * c;
-    float* out = y + 64 * c;
-    for (int l = 0; l < 32; ++l) {
-      const int lo = (q[l] & 0x0F) | ((b.qh[l] >> (2 * c)) & 1) << 4;
-      const int hi = (q[l] >> 4) | ((b.qh[l] >> (2 * c + 1)) & 1) << 4;
+      int lo = q[l] & 0x0F, hi = q[l] >> 4;
+      if constexpr (kFifthBit) {
+        lo |= ((b.qh[l] >> (2 * c)) & 1) << 4;
+        hi |= ((b.qh[l] >> (2 * c + 1)) & 1) << 4;
+      }
       out[l] = d_lo * static_cast<float>(lo) - min_lo;
       out[l + 32] = d_hi * static_cast<float>(hi) - min_hi;
     }
@@ -169,9 +159,9 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q8_0:
       return blocks<BlockQ8_0, block_q8_0>(src, dst, nb, be);
     case DType::Q4_K:
-      return blocks<BlockQ4_K, block_q4_k>(src, dst, nb, be);
+      return blocks<BlockQ4_K, block_q45_k<BlockQ4_K>>(src, dst, nb, be);
     case DType::Q5_K:
-      return blocks<BlockQ5_K, block_q5_k>(src, dst, nb, be);
+      return blocks<BlockQ5_K, block_q45_k<BlockQ5_K>>(src, dst, nb, be);
     case DType::Q2_K:
       return blocks<BlockQ2_K, block_q2_k>(src, dst, nb, be);
     case DType::Q3_K:

@@ -185,8 +185,9 @@ __device__ __forceinline__ void decode_part(const uint8_t* row, int64_t g, int e
     const float d = h2f(b->d);
 #pragma unroll
     for (int l = 0; l < N; ++l) w[l] = __fmul_rn(static_cast<float>(b->qs[e0 + l]), d);
-  } else if constexpr (T == DType::Q4_K) {
-    const BlockQ4_K* b = reinterpret_cast<const BlockQ4_K*>(row) + g / 8;
+  } else if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
+    using Block = std::conditional_t<T == DType::Q5_K, BlockQ5_K, BlockQ4_K>;
+    const Block* b = reinterpret_cast<const Block*>(row) + g / 8;
     const int s = static_cast<int>(g % 8);
     int sc, m;
     q4k_scale_min_dev(b->scales, s, &sc, &m);
@@ -196,21 +197,8 @@ __device__ __forceinline__ void decode_part(const uint8_t* row, int64_t g, int e
     const int shift = (s % 2) * 4;
 #pragma unroll
     for (int l = 0; l < N; ++l) {
-      w[l] = __fsub_rn(__fmul_rn(dd, static_cast<float>((q[l] >> shift) & 0x0F)), mm);
-    }
-  } else if constexpr (T == DType::Q5_K) {
-    const BlockQ5_K* b = reinterpret_cast<const BlockQ5_K*>(row) + g / 8;
-    const int s = static_cast<int>(g % 8);
-    int sc, m;
-    q4k_scale_min_dev(b->scales, s, &sc, &m);
-    const float dd = __fmul_rn(h2f(b->d), static_cast<float>(sc));
-    const float mm = __fmul_rn(h2f(b->dmin), static_cast<float>(m));
-    const uint8_t* q = b->qs + 32 * (s / 2) + e0;
-    const uint8_t* qh = b->qh + e0;
-    const int shift = (s % 2) * 4;
-#pragma unroll
-    for (int l = 0; l < N; ++l) {
-      const int v = ((q[l] >> shift) & 0x0F) | ((qh[l] >> s) & 1) << 4;
+      int v = (q[l] >> shift) & 0x0F;
+      if constexpr (T == DType::Q5_K) v |= ((b->qh[e0 + l] >> s) & 1) << 4;
       w[l] = __fsub_rn(__fmul_rn(dd, static_cast<float>(v)), mm);
     }
   } else if constexpr (T == DType::Q2_K || T == DType::Q3_K) {
