@@ -28,8 +28,10 @@ struct WeightView {
 
 // Attention of n_q query rows over the first n_kv rows of a layer's KV cache.
 // KV row j holds the key/value of the token at global position j, so the
-// causal mask is "key j visible to query i iff j <= q_pos[i]".  Query rows may
-// be any subset of positions in any order (CacheBlend recomputes a subset).
+// causal mask is "key j visible to query i iff j <= q_pos[i]", and with a
+// sliding window of w keys (a local layer of Gemma 3) also j > q_pos[i] - w.
+// Query rows may be any subset of positions in any order (CacheBlend
+// recomputes a subset).
 // Grouped-query attention: query head h reads KV head h / (n_head / n_head_kv).
 struct AttentionArgs {
   const float* q = nullptr;        // n_q x (n_head * head_dim), RoPE already applied
@@ -42,8 +44,19 @@ struct AttentionArgs {
   int64_t n_head_kv = 0;
   int64_t head_dim = 0;
   float scale = 0.0f;    // usually 1/sqrt(head_dim)
+  int64_t window = 0;    // keys a query sees, its own included; 0 = all before it
   float* out = nullptr;  // n_q x (n_head * head_dim)
 };
+
+// The keys [attention_first_key, attention_key_end) that query row qi sees.
+inline int64_t attention_key_end(const AttentionArgs& a, int64_t qi) {
+  const int64_t end = static_cast<int64_t>(a.q_pos[qi]) + 1;
+  return end < 0 ? 0 : (end < a.n_kv ? end : a.n_kv);
+}
+inline int64_t attention_first_key(const AttentionArgs& a, int64_t qi) {
+  const int64_t first = a.window > 0 ? static_cast<int64_t>(a.q_pos[qi]) + 1 - a.window : 0;
+  return first > 0 ? first : 0;
+}
 
 class Backend {
  public:
@@ -95,6 +108,11 @@ class Backend {
   virtual void attention_contributions(const AttentionArgs& a, float* out) = 0;
   // out[i] = silu(gate[i]) * up[i]
   virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
+  // out[i] = gelu(gate[i]) * up[i], GELU in its tanh form (Gemma's GeGLU):
+  // gelu(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))).
+  virtual void gelu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
+  // x[i] *= s  (Gemma's embedding scale)
+  virtual void scale(float* x, int64_t n, float s) = 0;
   // out[i] = a[i] + b[i]  (out may alias a or b)
   virtual void add(const float* a, const float* b, int64_t n, float* out) = 0;
   // x[r][i] += bias[i] for r < n_rows, i < dim: a projection's bias (bias

@@ -104,7 +104,8 @@ void Graph::rope(TensorId x, const int32_t* pos, int64_t n_heads, int64_t head_d
 }
 
 TensorId Graph::attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId v, int64_t n_kv,
-                          int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale) {
+                          int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale,
+                          int64_t window) {
   if (n_kv > tensors_[k].rows || n_kv > tensors_[v].rows)
     fail(ErrorCode::kInternal, "graph: attention over more rows than the cache holds");
   TensorId out = new_tensor(tensors_[q].rows, n_head * head_dim);
@@ -114,6 +115,7 @@ TensorId Graph::attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId
   n.p[1] = n_head;
   n.p[2] = n_head_kv;
   n.p[3] = head_dim;
+  n.p[4] = window;
   n.f = scale;
   return out;
 }
@@ -122,6 +124,16 @@ TensorId Graph::silu_mul(TensorId gate, TensorId up) {
   TensorId out = new_tensor(tensors_[gate].rows, tensors_[gate].cols);
   push(Op::kSiluMul, out, gate, up);
   return out;
+}
+
+TensorId Graph::gelu_mul(TensorId gate, TensorId up) {
+  TensorId out = new_tensor(tensors_[gate].rows, tensors_[gate].cols);
+  push(Op::kGeluMul, out, gate, up);
+  return out;
+}
+
+void Graph::scale(TensorId x, float s) {
+  push(Op::kScale, x).f = s;
 }
 
 void Graph::add_into(TensorId dst, TensorId src) {
@@ -245,12 +257,19 @@ void Graph::run_node(Backend& be, const Node& n, void* arena) const {
       args.n_head_kv = n.p[2];
       args.head_dim = n.p[3];
       args.scale = n.f;
+      args.window = n.p[4];
       args.out = out;
       be.attention(args);
       break;
     }
     case Op::kSiluMul:
       be.silu_mul(a, ptr(n.b, arena), to.rows * to.cols, out);
+      break;
+    case Op::kGeluMul:
+      be.gelu_mul(a, ptr(n.b, arena), to.rows * to.cols, out);
+      break;
+    case Op::kScale:
+      be.scale(out, to.rows * to.cols, n.f);
       break;
     case Op::kAdd:
       be.add(out, a, to.rows * to.cols, out);

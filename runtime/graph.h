@@ -44,10 +44,14 @@ class Graph {
   // Backend::rope's (may be null).
   void rope(TensorId x, const int32_t* pos, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
             float freq_base, const float* freq_factors);
-  // Queries x positions over the first n_kv rows of k / v (see AttentionArgs).
+  // Queries x positions over the first n_kv rows of k / v, each seeing the
+  // last `window` keys up to its own when window > 0 (see AttentionArgs).
   TensorId attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId v, int64_t n_kv,
-                     int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale);
+                     int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale,
+                     int64_t window = 0);
   TensorId silu_mul(TensorId gate, TensorId up);
+  TensorId gelu_mul(TensorId gate, TensorId up);
+  void scale(TensorId x, float s);               // x *= s, in place
   void add_into(TensorId dst, TensorId src);     // dst += src
   void add_bias(TensorId x, const float* bias);  // every row of x += bias (cols floats)
   TensorId gather_rows(TensorId src, const int32_t* idx, int64_t n);
@@ -77,6 +81,8 @@ class Graph {
     kRope,
     kAttention,
     kSiluMul,
+    kGeluMul,
+    kScale,
     kAdd,
     kAddBias,
     kGatherRows,
@@ -94,7 +100,7 @@ class Graph {
     const WeightView* weight = nullptr;
     const float* vec = nullptr;
     const int32_t* ints = nullptr;
-    int64_t p[4] = {0, 0, 0, 0};
+    int64_t p[5] = {0, 0, 0, 0, 0};
     float f = 0.0f;
   };
 

@@ -39,28 +39,48 @@ TensorId LlamaLayer::project_v(TensorId h, TensorId out) {
 }
 
 void LlamaLayer::rope_q(TensorId q, const int32_t* pos) {
-  g_.rope(q, pos, hp_.n_head, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base, hp_.rope_freq_factors);
+  g_.rope(q, pos, hp_.n_head, hp_.head_dim, hp_.rot_dim, hp_.rope_base(layer_),
+          hp_.rope_freq_factors);
 }
 
 void LlamaLayer::rope_k(TensorId k, const int32_t* pos) {
-  g_.rope(k, pos, hp_.n_head_kv, hp_.head_dim, hp_.rot_dim, hp_.rope_freq_base,
+  g_.rope(k, pos, hp_.n_head_kv, hp_.head_dim, hp_.rot_dim, hp_.rope_base(layer_),
           hp_.rope_freq_factors);
 }
 
 TensorId LlamaLayer::attention(TensorId q, const int32_t* q_pos, TensorId k_cache, TensorId v_cache,
                                int64_t n_kv) {
   return g_.attention(q, q_pos, k_cache, v_cache, n_kv, hp_.n_head, hp_.n_head_kv, hp_.head_dim,
-                      attention_scale(hp_));
+                      attention_scale(hp_), hp_.attention_window(layer_));
+}
+
+void LlamaLayer::add_branch(TensorId x, TensorId branch, const float* post_norm) {
+  g_.add_into(x, post_norm ? g_.rmsnorm(branch, post_norm, hp_.rms_eps) : branch);
 }
 
 void LlamaLayer::attention_output(TensorId x, TensorId a) {
-  g_.add_into(x, g_.matmul(w_.wo, a, mm_));
+  add_branch(x, g_.matmul(w_.wo, a, mm_), w_.attn_post_norm);
 }
 
 void LlamaLayer::ffn(TensorId x) {
   TensorId h = g_.rmsnorm(x, w_.ffn_norm, hp_.rms_eps);
-  TensorId m = g_.silu_mul(g_.matmul(w_.w_gate, h, mm_), g_.matmul(w_.w_up, h, mm_));
-  g_.add_into(x, g_.matmul(w_.w_down, m, mm_));
+  TensorId gate = g_.matmul(w_.w_gate, h, mm_), up = g_.matmul(w_.w_up, h, mm_);
+  TensorId m =
+      hp_.ffn_activation == Activation::kGeluTanh ? g_.gelu_mul(gate, up) : g_.silu_mul(gate, up);
+  add_branch(x, g_.matmul(w_.w_down, m, mm_), w_.ffn_post_norm);
+}
+
+TensorId add_embeddings(Graph& g, const LlamaHparams& hp, const WeightView& tok_embd,
+                        const int32_t* ids, int64_t n) {
+  TensorId x = g.get_rows(tok_embd, ids, n);
+  if (hp.embedding_scale != 1.0f) g.scale(x, hp.embedding_scale);
+  return x;
+}
+
+void embed_tokens(Backend& be, const LlamaHparams& hp, const WeightView& tok_embd,
+                  const int32_t* ids, int64_t n, float* out) {
+  be.get_rows(tok_embd, ids, n, out);
+  if (hp.embedding_scale != 1.0f) be.scale(out, n * hp.n_embd, hp.embedding_scale);
 }
 
 void add_output_head(Graph& g, const LlamaHparams& hp, const float* output_norm,
@@ -68,18 +88,20 @@ void add_output_head(Graph& g, const LlamaHparams& hp, const float* output_norm,
   g.matmul_into(output, g.rmsnorm(x, output_norm, hp.rms_eps), logits, mm);
 }
 
-void rope_keys(Backend& be, const LlamaHparams& hp, float* k, const int32_t* pos, int64_t n) {
-  be.rope(k, pos, n, hp.n_head_kv, hp.head_dim, hp.rot_dim, hp.rope_freq_base,
+void rope_keys(Backend& be, const LlamaHparams& hp, int64_t layer, float* k, const int32_t* pos,
+               int64_t n) {
+  be.rope(k, pos, n, hp.n_head_kv, hp.head_dim, hp.rot_dim, hp.rope_base(layer),
           hp.rope_freq_factors);
 }
 
-void rope_queries(Backend& be, const LlamaHparams& hp, float* q, const int32_t* pos, int64_t n) {
-  be.rope(q, pos, n, hp.n_head, hp.head_dim, hp.rot_dim, hp.rope_freq_base, hp.rope_freq_factors);
+void rope_queries(Backend& be, const LlamaHparams& hp, int64_t layer, float* q, const int32_t* pos,
+                  int64_t n) {
+  be.rope(q, pos, n, hp.n_head, hp.head_dim, hp.rot_dim, hp.rope_base(layer), hp.rope_freq_factors);
 }
 
-AttentionArgs attention_args(const LlamaHparams& hp, const float* q, const int32_t* q_pos,
-                             int64_t n_q, const float* k_cache, const float* v_cache,
-                             int64_t n_kv) {
+AttentionArgs attention_args(const LlamaHparams& hp, int64_t layer, const float* q,
+                             const int32_t* q_pos, int64_t n_q, const float* k_cache,
+                             const float* v_cache, int64_t n_kv) {
   AttentionArgs a;
   a.q = q;
   a.q_pos = q_pos;
@@ -91,6 +113,7 @@ AttentionArgs attention_args(const LlamaHparams& hp, const float* q, const int32
   a.n_head_kv = hp.n_head_kv;
   a.head_dim = hp.head_dim;
   a.scale = attention_scale(hp);
+  a.window = hp.attention_window(layer);
   return a;
 }
 

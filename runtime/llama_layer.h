@@ -7,12 +7,16 @@
 // One layer over rows x of the residual stream at positions pos:
 //   h = rmsnorm(x)                                   attention_input
 //   q, k, v = Wq h + bq, Wk h + bk, Wv h + bv        project_q, _k, _v
-//     (the biases where the architecture has them: qwen2; qwen3 then
-//     normalises each head of q and k, rmsnorm with its own weights)
+//     (the biases where the architecture has them: qwen2; qwen3 and gemma3
+//     then normalise each head of q and k, rmsnorm with its own weights)
 //   q, k rotated to their positions                  rope_q, rope_k
+//     (with the layer's RoPE base: gemma3's local layers have their own)
 //   a = attention of q over the layer's KV cache     attention
-//   x += Wo a                                        attention_output
-//   x += Wdown (silu(Wgate h2) * Wup h2),  h2 = rmsnorm(x)    ffn
+//     (a local layer's queries see only the last sliding_window keys)
+//   x += post(Wo a)                                  attention_output
+//   x += post(Wdown (act(Wgate h2) * Wup h2)),  h2 = rmsnorm(x)    ffn
+//     (act: silu, or GELU for gemma3; post: gemma3's output norms, else
+//     nothing)
 // Split where callers work between the pieces: the session keeps only the
 // last row's query at the last layer, the fusor narrows its rows between
 // the projections and the attention, the bench times each piece.
@@ -30,9 +34,9 @@ class LlamaLayer {
  public:
   // Adds the pieces to `g`; `mm` is the precision of every weight product
   // (decode's int8 activations or f32).
-  LlamaLayer(Graph& g, const LlamaHparams& hp, const LayerWeights& w,
+  LlamaLayer(Graph& g, const LlamaHparams& hp, const LayerWeights& w, int64_t layer,
              Graph::Precision mm = Graph::Precision::kF32)
-      : g_(g), hp_(hp), w_(w), mm_(mm) {}
+      : g_(g), hp_(hp), w_(w), layer_(layer), mm_(mm) {}
 
   TensorId attention_input(TensorId x);
   // The projections of the normed rows h, into `out` (a tensor of h's rows)
@@ -55,27 +59,41 @@ class LlamaLayer {
  private:
   TensorId project(const WeightView& w, const float* bias, const float* head_norm, TensorId h,
                    TensorId out);
+  // x += branch, through the branch's output norm when the layer has one.
+  void add_branch(TensorId x, TensorId branch, const float* post_norm);
 
   Graph& g_;
   const LlamaHparams& hp_;
   const LayerWeights& w_;
+  int64_t layer_;
   Graph::Precision mm_;
 };
+
+// The residual stream's first rows: the embeddings of tokens ids[0..n),
+// scaled as the architecture does.  In a graph, and into backend memory
+// outside one.
+TensorId add_embeddings(Graph& g, const LlamaHparams& hp, const WeightView& tok_embd,
+                        const int32_t* ids, int64_t n);
+void embed_tokens(Backend& be, const LlamaHparams& hp, const WeightView& tok_embd,
+                  const int32_t* ids, int64_t n, float* out);
 
 // After the last layer: the logits (a 1 x n_vocab tensor) of the single row x.
 void add_output_head(Graph& g, const LlamaHparams& hp, const float* output_norm,
                      const WeightView& output, TensorId x, TensorId logits,
                      Graph::Precision mm = Graph::Precision::kF32);
 
-// The rotations of rope_k / rope_q on rows in backend memory, outside a
-// graph: cached chunk K placed at its positions in the request, fresh rows
-// compared with cached ones.  Bitwise the same as the graph's.
-void rope_keys(Backend& be, const LlamaHparams& hp, float* k, const int32_t* pos, int64_t n);
-void rope_queries(Backend& be, const LlamaHparams& hp, float* q, const int32_t* pos, int64_t n);
+// The rotations of rope_k / rope_q of `layer` on rows in backend memory,
+// outside a graph: cached chunk K placed at its positions in the request,
+// fresh rows compared with cached ones.  Bitwise the same as the graph's.
+void rope_keys(Backend& be, const LlamaHparams& hp, int64_t layer, float* k, const int32_t* pos,
+               int64_t n);
+void rope_queries(Backend& be, const LlamaHparams& hp, int64_t layer, float* q, const int32_t* pos,
+                  int64_t n);
 
-// The attention of LlamaLayer::attention as Backend arguments, for callers
-// that call the backend directly (out is left for the caller).
-AttentionArgs attention_args(const LlamaHparams& hp, const float* q, const int32_t* q_pos,
-                             int64_t n_q, const float* k_cache, const float* v_cache, int64_t n_kv);
+// The attention of LlamaLayer::attention of `layer` as Backend arguments,
+// for callers that call the backend directly (out is left for the caller).
+AttentionArgs attention_args(const LlamaHparams& hp, int64_t layer, const float* q,
+                             const int32_t* q_pos, int64_t n_q, const float* k_cache,
+                             const float* v_cache, int64_t n_kv);
 
 }  // namespace cb

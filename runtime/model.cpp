@@ -47,6 +47,8 @@ const char* arch_name(Arch a) {
       return "qwen2";
     case Arch::kQwen3:
       return "qwen3";
+    case Arch::kGemma3:
+      return "gemma3";
     case Arch::kLlama:
       break;
   }
@@ -107,9 +109,12 @@ std::unique_ptr<Model> Model::load(const std::string& path, std::optional<ChatFo
       hp.arch = Arch::kQwen2;
     else if (arch == "qwen3")
       hp.arch = Arch::kQwen3;
+    else if (arch == "gemma3")
+      hp.arch = Arch::kGemma3;
     else
       fail(ErrorCode::kUnsupported,
-           "unsupported architecture '" + arch + "' (supported: llama, qwen2, qwen3)");
+           "unsupported architecture '" + arch + "' (supported: llama, qwen2, qwen3, gemma3)");
+    const bool gemma = hp.arch == Arch::kGemma3;
     const std::string k = arch + ".";
     auto req = [&](const std::string& key) -> int64_t {
       auto v = f.get_int(key);
@@ -149,6 +154,24 @@ std::unique_ptr<Model> Model::load(const std::string& path, std::optional<ChatFo
       fail(ErrorCode::kUnsupported, "RoPE scaling ('" + scaling + "') is not supported yet");
     if (f.find_tensor("rope_freqs.weight"))
       hp.rope_freq_factors = m->f32_vector("rope_freqs.weight", hp.rot_dim / 2);
+    if (gemma) {
+      // As llama.cpp reads Gemma 3: five local layers to one global and RoPE
+      // base 10000 on local layers, unless the file says otherwise.
+      hp.embedding_scale = std::sqrt(static_cast<float>(hp.n_embd));
+      hp.ffn_activation = Activation::kGeluTanh;
+      if (f.has(k + "attention.sliding_window")) {
+        hp.sliding_window = req(k + "attention.sliding_window");
+        hp.sliding_window_pattern = f.has(k + "attention.sliding_window_pattern")
+                                        ? req(k + "attention.sliding_window_pattern")
+                                        : 6;
+      }
+      hp.rope_freq_base_local =
+          static_cast<float>(f.get_float(k + "rope.freq_base_swa").value_or(10000.0));
+      if (!(hp.rope_freq_base_local > 0) || !std::isfinite(hp.rope_freq_base_local))
+        fail(ErrorCode::kFormat, "invalid local RoPE base");
+      if (f.get_float(k + "final_logit_softcapping").value_or(0.0) != 0.0)
+        fail(ErrorCode::kUnsupported, "final logit soft-capping is not supported");
+    }
 
     const GgufTensor* emb = f.find_tensor("token_embd.weight");
     if (!emb || emb->dims.size() != 2)
@@ -160,7 +183,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, std::optional<ChatFo
     m->output_norm_ = m->f32_vector("output_norm.weight", hp.n_embd);
 
     const int64_t q_dim = hp.n_head * hp.head_dim;
-    const bool neox = hp.arch == Arch::kQwen2 || hp.arch == Arch::kQwen3;
+    const bool neox = hp.arch != Arch::kLlama;
     const std::vector<int64_t> q_rows =
         neox ? neox_rows_as_adjacent(hp.n_head, hp.head_dim, hp.rot_dim) : std::vector<int64_t>{};
     const std::vector<int64_t> k_rows =
@@ -181,7 +204,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, std::optional<ChatFo
         w.bk = m->f32_vector(p + "attn_k.bias", hp.kv_dim());
         w.bv = m->f32_vector(p + "attn_v.bias", hp.kv_dim());
       }
-      if (hp.arch == Arch::kQwen3) {
+      if (hp.arch == Arch::kQwen3 || gemma) {
         w.q_norm = m->f32_vector(p + "attn_q_norm.weight", hp.head_dim);
         w.k_norm = m->f32_vector(p + "attn_k_norm.weight", hp.head_dim);
       }
@@ -197,6 +220,10 @@ std::unique_ptr<Model> Model::load(const std::string& path, std::optional<ChatFo
       w.w_gate = m->matrix(p + "ffn_gate.weight", hp.n_embd, hp.n_ff);
       w.w_up = m->matrix(p + "ffn_up.weight", hp.n_embd, hp.n_ff);
       w.w_down = m->matrix(p + "ffn_down.weight", hp.n_ff, hp.n_embd);
+      if (gemma) {
+        w.attn_post_norm = m->f32_vector(p + "post_attention_norm.weight", hp.n_embd);
+        w.ffn_post_norm = m->f32_vector(p + "post_ffw_norm.weight", hp.n_embd);
+      }
       m->layers_.push_back(w);
     }
 

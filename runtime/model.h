@@ -23,9 +23,14 @@ namespace cb {
 // The architectures a Model loads (general.architecture).  All run the
 // Llama block of llama_layer.h; qwen2 adds biases to the Q, K and V
 // projections, qwen3 an RMS norm of each query and key head, and both
-// rotate NEOX-style (see Model::load).
-enum class Arch { kLlama, kQwen2, kQwen3 };
+// rotate NEOX-style (see Model::load).  gemma3 has qwen3's head norms and
+// rotation, scales the embeddings, norms the attention's and the
+// feed-forward's outputs too, gates with GELU, and its local layers attend
+// to a sliding window with their own RoPE base.
+enum class Arch { kLlama, kQwen2, kQwen3, kGemma3 };
 const char* arch_name(Arch a);
+
+enum class Activation { kSilu, kGeluTanh };  // the feed-forward's gate
 
 struct LlamaHparams {
   Arch arch = Arch::kLlama;
@@ -43,8 +48,25 @@ struct LlamaHparams {
   // rope_freqs), or null.
   const float* rope_freq_factors = nullptr;
   float rms_eps = 1e-5f;
+  float embedding_scale = 1.0f;  // token embeddings are multiplied by it (gemma3: sqrt(n_embd))
+  Activation ffn_activation = Activation::kSilu;
+  // Local layers (gemma3): every layer but each sliding_window_pattern-th
+  // (layer % pattern == pattern - 1 is global) sees only the last
+  // sliding_window keys, and rotates with rope_freq_base_local.
+  int64_t sliding_window = 0;
+  int64_t sliding_window_pattern = 0;
+  float rope_freq_base_local = 10000.0f;
 
   int64_t kv_dim() const { return n_head_kv * head_dim; }
+  bool is_local(int64_t layer) const {
+    return sliding_window > 0 && sliding_window_pattern > 0 &&
+           layer % sliding_window_pattern < sliding_window_pattern - 1;
+  }
+  // Keys a query of `layer` sees (0 = all before it) and its RoPE base.
+  int64_t attention_window(int64_t layer) const { return is_local(layer) ? sliding_window : 0; }
+  float rope_base(int64_t layer) const {
+    return is_local(layer) ? rope_freq_base_local : rope_freq_base;
+  }
 };
 
 struct LayerWeights {
@@ -54,6 +76,9 @@ struct LayerWeights {
   const float *q_norm = nullptr, *k_norm = nullptr;         // per-head norms, head_dim (qwen3)
   const float* ffn_norm = nullptr;                          // n_embd
   WeightView w_gate, w_up, w_down;
+  // Norms of the attention's and the feed-forward's outputs before they join
+  // the residual stream (gemma3), n_embd each, or null.
+  const float *attn_post_norm = nullptr, *ffn_post_norm = nullptr;
 };
 
 class Model {

@@ -151,9 +151,9 @@ void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision m
   const int64_t n_kv = n_past_ + n;
 
   Graph g;
-  TensorId x = g.get_rows(tok_embd_, tokens, n);
+  TensorId x = add_embeddings(g, hp, tok_embd_, tokens, n);
   for (int64_t l = 0; l < hp.n_layer; ++l) {
-    LlamaLayer layer(g, hp, layers_[static_cast<size_t>(l)], mm);
+    LlamaLayer layer(g, hp, layers_[static_cast<size_t>(l)], l, mm);
     TensorId h = layer.attention_input(x);
     TensorId k = layer.project_k(h);
     TensorId v = layer.project_v(h);

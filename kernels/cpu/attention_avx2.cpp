@@ -6,7 +6,8 @@
 //     tile, or once per call for all tiles (transpose_key_blocks),
 //  2. scores S = Q K^T for six rows at a time: per d, 2 loads of kt and
 //     6 broadcasts feed 12 FMAs into 12 registers holding 6 x 16 scores,
-//  3. per row: the causal mask (key j visible iff j <= q_pos), the block
+//  3. per row: the causal mask (key j visible iff j <= q_pos, and j >
+//     q_pos - window with a sliding window), the block
 //     maximum, the rescale of what was accumulated (only when the maximum
 //     grows), and the exponentials 8 at a time,
 //  4. O += P V for six rows at a time: per key, 2 loads of the V row and 6
@@ -181,15 +182,16 @@ constexpr ScoresFn kScores[kRowGroup + 1] = {nullptr,        scores_rows<1>, sco
 constexpr PvFn kPv[kRowGroup + 1] = {nullptr,    pv_rows<1>, pv_rows<2>, pv_rows<3>,
                                      pv_rows<4>, pv_rows<5>, pv_rows<6>};
 
-// Turns the raw scores s[0..32) of a row with `live` visible keys of this
-// block into softmax weights against the row's running maximum (updated),
-// masked to exactly 0 past `live`; returns the factor that rescales what
+// Turns the raw scores s[0..32) of a row whose visible keys in this block
+// are [lo, hi) into softmax weights against the row's running maximum
+// (updated), masked to exactly 0 outside; returns the factor that rescales what
 // the row accumulated so far, and adds the weights to the row's
 // denominator, kept as 8 lane sums (added up once, after the last block:
 // a horizontal sum per block would put its latency on the row's chain).
 // kWhole: all 32 keys are visible (masks of all ones, skipped).
 template <bool kWhole>
-float softmax_block(float* s, int64_t live, float scale, float* running_max, __m256* denom) {
+float softmax_block(float* s, int64_t lo, int64_t hi, float scale, float* running_max,
+                    __m256* denom) {
   const __m256 lane = _mm256_castsi256_ps(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   const __m256 vscale = _mm256_set1_ps(scale);
   const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
@@ -198,8 +200,10 @@ float softmax_block(float* s, int64_t live, float scale, float* running_max, __m
   for (int i = 0; i < 4; ++i) {
     __m256 x = _mm256_mul_ps(_mm256_load_ps(s + 8 * i), vscale);
     if constexpr (!kWhole) {
-      masks[i] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-          _mm256_set1_epi32(static_cast<int>(live - 8 * i)), _mm256_castps_si256(lane)));
+      const __m256i lanes = _mm256_castps_si256(lane);
+      masks[i] = _mm256_castsi256_ps(_mm256_andnot_si256(
+          _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lo - 8 * i)), lanes),
+          _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(hi - 8 * i)), lanes)));
       x = _mm256_blendv_ps(neg_inf, x, masks[i]);
     }
     _mm256_store_ps(s + 8 * i, x);
@@ -241,28 +245,30 @@ void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_b
   const int64_t n_rows = nq * nh;
 
   const float* qrow[kMaxRows];
-  int64_t n_keys[kMaxRows];  // visible keys of each row
+  int64_t first_key[kMaxRows], n_keys[kMaxRows];  // each row sees keys [first_key, n_keys)
   float running_max[kMaxRows], carry[kMaxRows];
   __m256 denom[kMaxRows];
-  int64_t live[kMaxRows];
-  int64_t keys_needed = 0;
+  int64_t lo[kMaxRows], hi[kMaxRows];
+  int64_t keys_needed = 0, first_needed = a.n_kv;
   for (int64_t r = 0; r < n_rows; ++r) {
     const int64_t qi = q_begin + r / nh, h = h_begin + r % nh;
     qrow[r] = a.q + qi * q_stride + h * hd;
-    const int64_t last = static_cast<int64_t>(a.q_pos[qi]);
-    n_keys[r] = last + 1 < a.n_kv ? (last + 1 > 0 ? last + 1 : 0) : a.n_kv;
+    n_keys[r] = attention_key_end(a, qi);
+    first_key[r] = attention_first_key(a, qi);
     keys_needed = n_keys[r] > keys_needed ? n_keys[r] : keys_needed;
+    first_needed = first_key[r] < first_needed ? first_key[r] : first_needed;
     running_max[r] = -INFINITY;
     denom[r] = _mm256_setzero_ps();
     for (int64_t d = 0; d < hd; ++d) sc.o[r * hd + d] = 0.0f;
   }
 
-  for (int64_t j0 = 0; j0 < keys_needed; j0 += kKeyBlock) {
+  for (int64_t j0 = first_needed / kKeyBlock * kKeyBlock; j0 < keys_needed; j0 += kKeyBlock) {
     const int64_t nb = keys_needed - j0 < kKeyBlock ? keys_needed - j0 : kKeyBlock;
     const float* kb = kbase + j0 * kv_stride;
     for (int64_t r = 0; r < n_rows; ++r) {
-      const int64_t l = n_keys[r] - j0;
-      live[r] = l < 0 ? 0 : (l < nb ? l : nb);
+      const int64_t l = first_key[r] - j0, h = n_keys[r] - j0;
+      lo[r] = l < 0 ? 0 : (l < nb ? l : nb);
+      hi[r] = h < lo[r] ? lo[r] : (h < nb ? h : nb);
     }
     // Scores.
     const float* kt = sc.kt;
@@ -275,16 +281,16 @@ void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_b
     for (int64_t r0 = 0; r0 < n_rows; r0 += kRowGroup) {
       const int64_t mr = n_rows - r0 < kRowGroup ? n_rows - r0 : kRowGroup;
       int64_t nj = 0;
-      for (int64_t r = r0; r < r0 + mr; ++r) nj = live[r] > nj ? live[r] : nj;
+      for (int64_t r = r0; r < r0 + mr; ++r) nj = hi[r] > lo[r] && hi[r] > nj ? hi[r] : nj;
       if (nj == 0) continue;
       float* s = sc.s + r0 * kKeyBlock;
       kScores[mr](qrow + r0, kt, hd, s);
       for (int64_t r = r0; r < r0 + mr; ++r) {
         float* sr = sc.s + r * kKeyBlock;
-        if (live[r] == kKeyBlock) {
-          carry[r] = softmax_block<true>(sr, live[r], a.scale, &running_max[r], &denom[r]);
-        } else if (live[r] > 0) {
-          carry[r] = softmax_block<false>(sr, live[r], a.scale, &running_max[r], &denom[r]);
+        if (lo[r] == 0 && hi[r] == kKeyBlock) {
+          carry[r] = softmax_block<true>(sr, 0, kKeyBlock, a.scale, &running_max[r], &denom[r]);
+        } else if (hi[r] > lo[r]) {
+          carry[r] = softmax_block<false>(sr, lo[r], hi[r], a.scale, &running_max[r], &denom[r]);
         } else {  // no visible key in this block: leave the row unchanged
           carry[r] = 1.0f;
           for (int64_t j = 0; j < kKeyBlock; ++j) sr[j] = 0.0f;
@@ -343,13 +349,6 @@ void attention_one(const AttentionArgs& a, int64_t qi, int64_t head) {
   attention_tile(a, qi, qi + 1, head, head + 1);
 }
 
-namespace {
-int64_t visible_keys(const AttentionArgs& a, int64_t qi) {
-  const int64_t n = static_cast<int64_t>(a.q_pos[qi]) + 1;
-  return n < a.n_kv ? n : a.n_kv;
-}
-}  // namespace
-
 void attention_weight_sums_head(const AttentionArgs& a, int64_t head, float* sums) {
   const int64_t hd = a.head_dim, n_kv = a.n_kv;
   if (hd > kMaxHeadDim || a.n_q == 0 || n_kv == 0) {
@@ -376,12 +375,13 @@ void attention_weight_sums_head(const AttentionArgs& a, int64_t head, float* sum
   const __m256 vscale = _mm256_set1_ps(a.scale);
   for (int64_t p0 = 0; p0 < a.n_q; p0 += kRowsPerPass) {
     const int64_t np = a.n_q - p0 < kRowsPerPass ? a.n_q - p0 : kRowsPerPass;
-    int64_t live = 0;  // keys any row of the pass sees
+    int64_t live = 0, first = n_kv;  // keys any row of the pass sees: [first, live)
     for (int64_t r = 0; r < np; ++r) {
-      const int64_t seen = visible_keys(a, p0 + r);
+      const int64_t seen = attention_key_end(a, p0 + r), f = attention_first_key(a, p0 + r);
       if (seen > live) live = seen;
+      if (f < first) first = f;
     }
-    for (int64_t j0 = 0; j0 < live; j0 += kKeyBlock) {
+    for (int64_t j0 = first / kKeyBlock * kKeyBlock; j0 < live; j0 += kKeyBlock) {
       const int64_t nb = n_kv - j0 < kKeyBlock ? n_kv - j0 : kKeyBlock;
       transpose_keys(kbase + j0 * ld, ld, nb, hd, sc.kt);
       for (int64_t q0 = 0; q0 < np; q0 += kRowGroup) {
@@ -395,14 +395,14 @@ void attention_weight_sums_head(const AttentionArgs& a, int64_t head, float* sum
       }
     }
     for (int64_t r = 0; r < np; ++r) {
-      const int64_t nk = visible_keys(a, p0 + r);
-      if (nk <= 0) continue;
+      const int64_t nk = attention_key_end(a, p0 + r), j_first = attention_first_key(a, p0 + r);
+      if (nk <= j_first) continue;
       float* s = rows + r * padded;
       __m256 vmax = _mm256_set1_ps(-INFINITY);
-      int64_t j = 0;
+      int64_t j = j_first;
       for (; j + 8 <= nk; j += 8) {
-        const __m256 x = _mm256_mul_ps(_mm256_load_ps(s + j), vscale);
-        _mm256_store_ps(s + j, x);
+        const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + j), vscale);
+        _mm256_storeu_ps(s + j, x);
         vmax = _mm256_max_ps(vmax, x);
       }
       float m = hmax(vmax);
@@ -412,9 +412,9 @@ void attention_weight_sums_head(const AttentionArgs& a, int64_t head, float* sum
       }
       const __m256 vm = _mm256_set1_ps(m);
       __m256 vsum = _mm256_setzero_ps();
-      for (j = 0; j + 8 <= nk; j += 8) {
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(s + j), vm));
-        _mm256_store_ps(s + j, e);
+      for (j = j_first; j + 8 <= nk; j += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(s + j, e);
         vsum = _mm256_add_ps(vsum, e);
       }
       float l = hsum(vsum);
@@ -424,9 +424,9 @@ void attention_weight_sums_head(const AttentionArgs& a, int64_t head, float* sum
       }
       const float inv = 1.0f / l;
       const __m256 vinv = _mm256_set1_ps(inv);
-      for (j = 0; j + 8 <= nk; j += 8)
+      for (j = j_first; j + 8 <= nk; j += 8)
         _mm256_storeu_ps(sums + j,
-                         _mm256_fmadd_ps(_mm256_load_ps(s + j), vinv, _mm256_loadu_ps(sums + j)));
+                         _mm256_fmadd_ps(_mm256_loadu_ps(s + j), vinv, _mm256_loadu_ps(sums + j)));
       for (; j < nk; ++j) sums[j] += s[j] * inv;
     }
   }

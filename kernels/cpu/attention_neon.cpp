@@ -148,13 +148,15 @@ constexpr PvFn kPv[kRowGroup + 1] = {nullptr,    pv_rows<1>, pv_rows<2>, pv_rows
                                      pv_rows<4>, pv_rows<5>, pv_rows<6>};
 
 // Softmax weights of one row's block of scores (see avx2 softmax_block).
-float softmax_block(float* s, int64_t live, float scale, float* running_max, float* denom) {
+float softmax_block(float* s, int64_t lo, int64_t hi, float scale, float* running_max,
+                    float* denom) {
   const int32x4_t lane = {0, 1, 2, 3};
   const float32x4_t neg_inf = vdupq_n_f32(-INFINITY);
   uint32x4_t masks[8];
   float32x4_t vmax = neg_inf;
   for (int i = 0; i < 8; ++i) {
-    masks[i] = vcltq_s32(lane, vdupq_n_s32(static_cast<int32_t>(live - 4 * i)));
+    masks[i] = vandq_u32(vcltq_s32(lane, vdupq_n_s32(static_cast<int32_t>(hi - 4 * i))),
+                         vcgeq_s32(lane, vdupq_n_s32(static_cast<int32_t>(lo - 4 * i))));
     const float32x4_t x = vbslq_f32(masks[i], vmulq_n_f32(vld1q_f32(s + 4 * i), scale), neg_inf);
     vst1q_f32(s + 4 * i, x);
     vmax = vmaxq_f32(vmax, x);
@@ -188,39 +190,41 @@ void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t
   const int64_t n_rows = nq * nh;
 
   const float* qrow[kMaxRows];
-  int64_t n_keys[kMaxRows], live[kMaxRows];
+  int64_t first_key[kMaxRows], n_keys[kMaxRows], lo[kMaxRows], hi[kMaxRows];
   float running_max[kMaxRows], denom[kMaxRows], carry[kMaxRows];
-  int64_t keys_needed = 0;
+  int64_t keys_needed = 0, first_needed = a.n_kv;
   for (int64_t r = 0; r < n_rows; ++r) {
     const int64_t qi = q_begin + r / nh, h = h_begin + r % nh;
     qrow[r] = a.q + qi * q_stride + h * hd;
-    const int64_t last = static_cast<int64_t>(a.q_pos[qi]);
-    n_keys[r] = last + 1 < a.n_kv ? (last + 1 > 0 ? last + 1 : 0) : a.n_kv;
+    n_keys[r] = attention_key_end(a, qi);
+    first_key[r] = attention_first_key(a, qi);
     keys_needed = n_keys[r] > keys_needed ? n_keys[r] : keys_needed;
+    first_needed = first_key[r] < first_needed ? first_key[r] : first_needed;
     running_max[r] = -INFINITY;
     denom[r] = 0.0f;
     for (int64_t d = 0; d < hd; ++d) sc.o[r * hd + d] = 0.0f;
   }
 
-  for (int64_t j0 = 0; j0 < keys_needed; j0 += kKeyBlock) {
+  for (int64_t j0 = first_needed / kKeyBlock * kKeyBlock; j0 < keys_needed; j0 += kKeyBlock) {
     const int64_t nb = keys_needed - j0 < kKeyBlock ? keys_needed - j0 : kKeyBlock;
     for (int64_t r = 0; r < n_rows; ++r) {
-      const int64_t l = n_keys[r] - j0;
-      live[r] = l < 0 ? 0 : (l < nb ? l : nb);
+      const int64_t l = first_key[r] - j0, h = n_keys[r] - j0;
+      lo[r] = l < 0 ? 0 : (l < nb ? l : nb);
+      hi[r] = h < lo[r] ? lo[r] : (h < nb ? h : nb);
     }
     transpose_keys(kbase + j0 * kv_stride, kv_stride, nb, hd, sc.kt);
     const float* vb = vbase + j0 * kv_stride;
     for (int64_t r0 = 0; r0 < n_rows; r0 += kRowGroup) {
       const int64_t mr = n_rows - r0 < kRowGroup ? n_rows - r0 : kRowGroup;
       int64_t nj = 0;
-      for (int64_t r = r0; r < r0 + mr; ++r) nj = live[r] > nj ? live[r] : nj;
+      for (int64_t r = r0; r < r0 + mr; ++r) nj = hi[r] > lo[r] && hi[r] > nj ? hi[r] : nj;
       if (nj == 0) continue;
       float* s = sc.s + r0 * kKeyBlock;
       kScores[mr](qrow + r0, sc.kt, hd, s);
       for (int64_t r = r0; r < r0 + mr; ++r) {
         float* sr = sc.s + r * kKeyBlock;
-        if (live[r] > 0) {
-          carry[r] = softmax_block(sr, live[r], a.scale, &running_max[r], &denom[r]);
+        if (hi[r] > lo[r]) {
+          carry[r] = softmax_block(sr, lo[r], hi[r], a.scale, &running_max[r], &denom[r]);
         } else {  // no visible key in this block: leave the row unchanged
           carry[r] = 1.0f;
           for (int64_t j = 0; j < kKeyBlock; ++j) sr[j] = 0.0f;

@@ -321,6 +321,24 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void gelu_mul(const float* gate, const float* up, int64_t n, float* out) override {
+    split(n, tasks_for(8 * n), 8, [&](int64_t i0, int64_t i1) {
+#if CB_HAVE_AVX2_KERNELS
+      if (level_ == Level::kAvx2) return avx2::gelu_mul(gate + i0, up + i0, i1 - i0, out + i0);
+#endif
+#if CB_HAVE_NEON_KERNELS
+      if (level_ == Level::kNeon) return neon::gelu_mul(gate + i0, up + i0, i1 - i0, out + i0);
+#endif
+      ref::gelu_mul(gate + i0, up + i0, i1 - i0, out + i0);
+    });
+  }
+
+  void scale(float* x, int64_t n, float s) override {
+    split(n, tasks_for(n), 8, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) x[i] *= s;
+    });
+  }
+
   void add(const float* a, const float* b, int64_t n, float* out) override {
     split(n, tasks_for(n), 8, [&](int64_t i0, int64_t i1) {
 #if CB_HAVE_AVX2_KERNELS

@@ -48,6 +48,26 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = gate[i] / (1.0f + __builtin_expf(-gate[i])) * up[i];
 }
 
+// gelu(x) = x / 2 * (1 + tanh(u)) = x / (1 + e^(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+void gelu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  const float k = 1.5957691216057308f;  // 2 sqrt(2 / pi)
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 neg_k = _mm256_set1_ps(-k);
+  const __m256 c = _mm256_set1_ps(0.044715f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(c, g), _mm256_mul_ps(g, g), g);
+    const __m256 e = exp256(_mm256_mul_ps(neg_k, inner));  // e^(-2u)
+    const __m256 y = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(y, _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + __builtin_expf(-k * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
 void add(const float* a, const float* b, int64_t n, float* out) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {

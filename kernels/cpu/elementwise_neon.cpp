@@ -42,6 +42,24 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+// gelu(x) = x / 2 * (1 + tanh(u)) = x / (1 + e^(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+void gelu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  const float k = 1.5957691216057308f;  // 2 sqrt(2 / pi)
+  const float32x4_t one = vdupq_n_f32(1.0f);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float32x4_t g = vld1q_f32(gate + i);
+    const float32x4_t inner = vfmaq_f32(g, vmulq_n_f32(g, 0.044715f), vmulq_f32(g, g));
+    const float32x4_t e = exp4(vmulq_n_f32(inner, -k));
+    const float32x4_t y = vdivq_f32(g, vaddq_f32(one, e));
+    vst1q_f32(out + i, vmulq_f32(y, vld1q_f32(up + i)));
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-k * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
 void add(const float* a, const float* b, int64_t n, float* out) {
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) vst1q_f32(out + i, vaddq_f32(vld1q_f32(a + i), vld1q_f32(b + i)));

@@ -39,6 +39,7 @@ void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, 
 void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
              float* out);
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+void gelu_mul(const float* gate, const float* up, int64_t n, float* out);
 void add(const float* a, const float* b, int64_t n, float* out);
 
 }  // namespace cb::neon

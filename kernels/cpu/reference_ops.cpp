@@ -233,10 +233,12 @@ int64_t attention_weights_one(const AttentionArgs& a, int64_t qi, int64_t head, 
   const int64_t kv_stride = a.n_head_kv * a.head_dim;
   const int64_t kv_head = head / (a.n_head / a.n_head_kv);
   const float* q = a.q + qi * q_stride + head * a.head_dim;
-  const int64_t n_keys = std::min<int64_t>(static_cast<int64_t>(a.q_pos[qi]) + 1, a.n_kv);
-  if (n_keys <= 0) return 0;
+  const int64_t n_keys = attention_key_end(a, qi);
+  const int64_t first = attention_first_key(a, qi);
+  if (n_keys <= first) return 0;
+  std::fill(w, w + first, 0.0f);
   float max_score = -INFINITY;
-  for (int64_t j = 0; j < n_keys; ++j) {
+  for (int64_t j = first; j < n_keys; ++j) {
     const float* k = a.k + j * kv_stride + kv_head * a.head_dim;
     float s = 0.0f;
     for (int64_t d = 0; d < a.head_dim; ++d) s += q[d] * k[d];
@@ -244,12 +246,12 @@ int64_t attention_weights_one(const AttentionArgs& a, int64_t qi, int64_t head, 
     max_score = std::max(max_score, w[j]);
   }
   float sum = 0.0f;
-  for (int64_t j = 0; j < n_keys; ++j) {
+  for (int64_t j = first; j < n_keys; ++j) {
     w[j] = std::exp(w[j] - max_score);
     sum += w[j];
   }
   const float inv = 1.0f / sum;
-  for (int64_t j = 0; j < n_keys; ++j) w[j] *= inv;
+  for (int64_t j = first; j < n_keys; ++j) w[j] *= inv;
   return n_keys;
 }
 
@@ -277,6 +279,16 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
     out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+// gelu(x) = x / 2 * (1 + tanh(u)) = x / (1 + e^(-2u)): the second form has
+// no cancellation for negative x.
+void gelu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  const float k = 1.5957691216057308f;  // 2 sqrt(2 / pi)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-k * (g + 0.044715f * g * g * g))) * up[i];
   }
 }
 

@@ -74,6 +74,7 @@ void attention(const AttentionArgs& a);
 int64_t attention_weights_one(const AttentionArgs& a, int64_t qi, int64_t head, float* w);
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+void gelu_mul(const float* gate, const float* up, int64_t n, float* out);
 void add(const float* a, const float* b, int64_t n, float* out);
 void gather_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n, float* dst);
 void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n, float* dst);

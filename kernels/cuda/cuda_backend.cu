@@ -480,6 +480,13 @@ __device__ __forceinline__ void reduce_scatter32(float* v, int lane) {
   }
 }
 
+// The first key query row qi sees: past the sliding window, if any.
+__device__ __forceinline__ int64_t first_visible_key(const AttentionArgs& a, int64_t qi) {
+  return a.window > 0
+             ? max(static_cast<int64_t>(0), static_cast<int64_t>(a.q_pos[qi]) + 1 - a.window)
+             : 0;
+}
+
 // One block per (query row, head); its kAttnWarps warps split the visible
 // keys into interleaved tiles of 32 and each runs an online softmax (running
 // max m and sum l, accumulator rescaled by exp(m_old - m_new) when the max
@@ -505,9 +512,10 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
   }
 
   const int64_t n_keys = min(static_cast<int64_t>(a.q_pos[qi]) + 1, a.n_kv);
+  const int64_t first = first_visible_key(a, qi);
   float acc[kDimsPerLane] = {};
   float m = -INFINITY, l = 0.0f;
-  for (int64_t j0 = 32 * warp; j0 < n_keys; j0 += 32 * kAttnWarps) {
+  for (int64_t j0 = first + 32 * warp; j0 < n_keys; j0 += 32 * kAttnWarps) {
     const int n_tile = static_cast<int>(min(static_cast<int64_t>(32), n_keys - j0));
     // Rows past the tile's end are clamped to its last key rather than
     // skipped, so every load is unconditional and all 32 rows are in flight
@@ -573,7 +581,7 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
   }
   __syncthreads();
   float* out = a.out + qi * q_stride + h * hd;
-  if (n_keys <= 0) {  // no visible key: zero output
+  if (n_keys <= first) {  // no visible key: zero output
     for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) out[d] = 0.0f;
     return;
   }
@@ -613,7 +621,7 @@ __global__ void attn_row_stats_kernel(AttentionArgs a, int64_t group, float* m_o
   const int64_t qi = blockIdx.x / a.n_head, h = blockIdx.x % a.n_head;
   const int64_t n_keys = min(static_cast<int64_t>(a.q_pos[qi]) + 1, a.n_kv);
   float m = -INFINITY, l = 0.0f;
-  for (int64_t j = threadIdx.x; j < n_keys; j += 32) {
+  for (int64_t j = first_visible_key(a, qi) + threadIdx.x; j < n_keys; j += 32) {
     const float s = attn_score(a, qi, h, group, j);
     const float m_new = fmaxf(m, s);
     l = l * expf(m - m_new) + expf(s - m_new);
@@ -639,7 +647,7 @@ __global__ void attn_key_sums_kernel(AttentionArgs a, int64_t group, const float
     for (int64_t d = 0; d < a.head_dim; ++d) norm += v[d] * v[d];
     float sum = 0.0f;
     for (int64_t qi = 0; qi < a.n_q; ++qi) {
-      if (j > a.q_pos[qi]) continue;
+      if (j > a.q_pos[qi] || j < first_visible_key(a, qi)) continue;
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         const int64_t row = qi * a.n_head + h;
         sum += expf(attn_score(a, qi, h, group, j) - m[row]) / l[row];
@@ -664,6 +672,19 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, f
 }
 
 // No __restrict__: out may alias a or b.
+__global__ void gelu_mul_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  CB_GRID_STRIDE(i, n) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + expf(-1.5957691216057308f * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float s) {
+  CB_GRID_STRIDE(i, n) {
+    x[i] *= s;
+  }
+}
+
 __global__ void add_kernel(const float* a, const float* b, int64_t n, float* out) {
   CB_GRID_STRIDE(i, n) {
     out[i] = a[i] + b[i];
@@ -1188,6 +1209,28 @@ class CudaBackend final : public Backend {
     float* dout = c.out(out, n, false);
     silu_mul_kernel<<<grid_for(n), kEltThreads, 0, c.stream()>>>(dg, du, n, dout);
     launch_check("silu_mul_kernel");
+    c.finish();
+  }
+
+  void gelu_mul(const float* gate, const float* up, int64_t n, float* out) override {
+    check(n >= 0, "gelu_mul: negative size");
+    if (n == 0) return;
+    Call c(*this);
+    const float* dg = c.in(gate, n);
+    const float* du = c.in(up, n);
+    float* dout = c.out(out, n, false);
+    gelu_mul_kernel<<<grid_for(n), kEltThreads, 0, c.stream()>>>(dg, du, n, dout);
+    launch_check("gelu_mul_kernel");
+    c.finish();
+  }
+
+  void scale(float* x, int64_t n, float s) override {
+    check(n >= 0, "scale: negative size");
+    if (n == 0) return;
+    Call c(*this);
+    float* dx = c.out(x, n, true);
+    scale_kernel<<<grid_for(n), kEltThreads, 0, c.stream()>>>(dx, n, s);
+    launch_check("scale_kernel");
     c.finish();
   }
 

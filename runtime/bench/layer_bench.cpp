@@ -82,7 +82,7 @@ class LayerRunner {
       for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
         const int64_t b = std::min(kRowBatch, r - r0);
         Graph g;
-        LlamaLayer layer(g, hp_, w);
+        LlamaLayer layer(g, hp_, w, layer_);
         TensorId h = layer.attention_input(g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd));
         layer.project_q(h, g.external(q_.data() + r0 * q_dim, b, q_dim));
         layer.project_k(h, g.external(k_.data() + r0 * kv_dim, b, kv_dim));
@@ -93,7 +93,7 @@ class LayerRunner {
     a_.resize(static_cast<size_t>(r * q_dim));
     time(ms[kAttention], [&] {
       Graph g;
-      LlamaLayer layer(g, hp_, w);
+      LlamaLayer layer(g, hp_, w, layer_);
       TensorId k = g.external(k_.data(), r, kv_dim);
       TensorId v = g.external(v_.data(), r, kv_dim);
       layer.rope_q(g.external(q_.data(), r, q_dim), rows.data());
@@ -104,7 +104,7 @@ class LayerRunner {
       // Straight to the backend, as Graph::execute would, so the output
       // lands in a_ for the next phase.
       for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
-        AttentionArgs args = attention_args(hp_, q_.data() + r0 * q_dim, rows.data() + r0,
+        AttentionArgs args = attention_args(hp_, layer_, q_.data() + r0 * q_dim, rows.data() + r0,
                                             std::min(kRowBatch, r - r0), s_.k_cache(layer_),
                                             s_.v_cache(layer_), n_kv);
         args.out = a_.data() + r0 * q_dim;
@@ -115,9 +115,9 @@ class LayerRunner {
       for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
         const int64_t b = std::min(kRowBatch, r - r0);
         Graph g;
-        LlamaLayer(g, hp_, w).attention_output(
-            g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd),
-            g.external(a_.data() + r0 * q_dim, b, q_dim));
+        LlamaLayer(g, hp_, w, layer_)
+            .attention_output(g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd),
+                              g.external(a_.data() + r0 * q_dim, b, q_dim));
         exec(g);
       }
     });
@@ -125,7 +125,7 @@ class LayerRunner {
       for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
         const int64_t b = std::min(kRowBatch, r - r0);
         Graph g;
-        LlamaLayer(g, hp_, w).ffn(g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd));
+        LlamaLayer(g, hp_, w, layer_).ffn(g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd));
         exec(g);
       }
     });
@@ -163,7 +163,7 @@ int cmd_layer(const Options& o) {
   std::vector<int32_t> ids(static_cast<size_t>(n));
   for (int32_t& t : ids) t = tok(rng);
   std::vector<float> x0(static_cast<size_t>(n * hp.n_embd));
-  s.backend().get_rows(s.token_embd(), ids.data(), n, x0.data());
+  embed_tokens(s.backend(), hp, s.token_embd(), ids.data(), n, x0.data());
 
   std::vector<int32_t> all(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) all[i] = static_cast<int32_t>(i);

@@ -33,11 +33,11 @@ void FusedForward::project(int64_t layer) {
   for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
     const int64_t b = std::min(kRowBatch, r - r0);
     Graph g;
-    LlamaLayer layer(g, hp_, w);
-    TensorId h = layer.attention_input(g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd));
-    layer.project_q(h, g.external(q_.data() + r0 * q_dim, b, q_dim));
-    layer.project_k(h, g.external(k_.data() + r0 * kv_dim, b, kv_dim));
-    layer.project_v(h, g.external(v_.data() + r0 * kv_dim, b, kv_dim));
+    LlamaLayer block(g, hp_, w, layer);
+    TensorId h = block.attention_input(g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd));
+    block.project_q(h, g.external(q_.data() + r0 * q_dim, b, q_dim));
+    block.project_k(h, g.external(k_.data() + r0 * kv_dim, b, kv_dim));
+    block.project_v(h, g.external(v_.data() + r0 * kv_dim, b, kv_dim));
     run_graph(g);
   }
   if (capture) {
@@ -53,7 +53,7 @@ void FusedForward::project(int64_t layer) {
 
 AttentionArgs FusedForward::question_rows(const float* q, const int32_t* pos, int64_t n_q,
                                           int64_t layer) {
-  return attention_args(hp_, q, pos, n_q, s_.k_cache(layer), s_.v_cache(layer), n_);
+  return attention_args(hp_, layer, q, pos, n_q, s_.k_cache(layer), s_.v_cache(layer), n_);
 }
 
 void FusedForward::deviation(int64_t layer, std::span<const int32_t> cand,
@@ -73,7 +73,7 @@ void FusedForward::deviation(int64_t layer, std::span<const int32_t> cand,
   if (with_k) {
     // The cache holds K rotated to its position: rotate the fresh K alike.
     be_.gather_rows(k_.data(), kv_dim, cand.data(), n_cand, fresh_.data());
-    rope_keys(be_, hp_, fresh_.data(), cand_pos.data(), n_cand);
+    rope_keys(be_, hp_, layer, fresh_.data(), cand_pos.data(), n_cand);
     be_.gather_rows(s_.k_cache(layer), kv_dim, cand_pos.data(), n_cand, old_.data());
     be_.row_sq_diff(fresh_.data(), old_.data(), n_cand * parts, part_len,
                     dev_.data() + n_cand * parts);
@@ -121,13 +121,13 @@ void FusedForward::question_attention(int64_t layer, std::span<const int32_t> ca
   // layer: fresh where computed, cached elsewhere.
   old_.reserve(static_cast<size_t>(nu * kv_dim));
   be_.gather_rows(k_.data(), kv_dim, u_idx.data(), nu, old_.data());
-  rope_keys(be_, hp_, old_.data(), u_pos.data(), nu);
+  rope_keys(be_, hp_, layer, old_.data(), u_pos.data(), nu);
   be_.scatter_rows(old_.data(), kv_dim, u_pos.data(), nu, s_.k_cache(layer));
   be_.gather_rows(v_.data(), kv_dim, u_idx.data(), nu, old_.data());
   be_.scatter_rows(old_.data(), kv_dim, u_pos.data(), nu, s_.v_cache(layer));
   fresh_.reserve(static_cast<size_t>(nq * q_dim));
   be_.gather_rows(q_.data(), q_dim, q_idx.data(), nq, fresh_.data());
-  rope_queries(be_, hp_, fresh_.data(), q_pos.data(), nq);
+  rope_queries(be_, hp_, layer, fresh_.data(), q_pos.data(), nq);
   std::vector<float> sums(static_cast<size_t>(n_), 0.0f);
   be_.attention_contributions(question_rows(fresh_.data(), q_pos.data(), nq, layer), sums.data());
   for (size_t j = 0; j < cand_pos.size(); ++j) score[j] = sums[cand_pos[j]];
@@ -212,7 +212,7 @@ void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
   // or before its position, all of which are in place.
   {
     Graph g;
-    LlamaLayer block(g, hp_, w);
+    LlamaLayer block(g, hp_, w, layer);
     TensorId k = g.external(k_.data(), r, kv_dim);
     TensorId v = g.external(v_.data(), r, kv_dim);
     block.rope_q(g.external(q_.data(), r, q_dim), rows.data());
@@ -232,7 +232,7 @@ void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
   for (int64_t r0 = out_begin; r0 < r; r0 += kRowBatch) {
     const int64_t b = std::min(kRowBatch, r - r0);
     Graph g;
-    LlamaLayer block(g, hp_, w);
+    LlamaLayer block(g, hp_, w, layer);
     TensorId x = g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd);
     TensorId q = g.external(q_.data() + r0 * q_dim, b, q_dim);
     TensorId kc = g.external(s_.k_cache(layer), s_.n_ctx(), kv_dim);
@@ -278,7 +278,8 @@ bool FusedForward::run(bool want_logits) {
   {
     std::vector<int32_t> ids(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) ids[i] = tokens_[rows[i]];
-    be_.get_rows(s_.token_embd(), ids.data(), static_cast<int64_t>(ids.size()), x_.data());
+    embed_tokens(be_, hp_, s_.token_embd(), ids.data(), static_cast<int64_t>(ids.size()),
+                 x_.data());
   }
   {
     // The loader starts as soon as the pipeline exists and is joined when it

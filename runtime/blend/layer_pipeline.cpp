@@ -113,7 +113,7 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
     for (++c; c < chunks_.size() && chunks_[c].begin == end; ++c) end += chunks_[c].len;
     pos_.resize(static_cast<size_t>(end - begin));
     std::iota(pos_.begin(), pos_.end(), begin);
-    rope_keys(be, hp, kc + static_cast<int64_t>(begin) * kv_dim, pos_.data(), end - begin);
+    rope_keys(be, hp, layer, kc + static_cast<int64_t>(begin) * kv_dim, pos_.data(), end - begin);
   }
   st.rope_ms += ms_since(t1);
   if (staging_) {

@@ -270,6 +270,7 @@ TEST_F(Cuda, RopeMatchesReference) {
 struct AttnCase {
   int64_t n_head, n_head_kv, head_dim, n_kv;
   std::vector<int32_t> q_pos;
+  int64_t window = 0;  // sliding window (gemma3's local layers); 0 = none
 };
 
 // Query rows are a subset of positions in any order, including one with a
@@ -290,6 +291,7 @@ AttentionArgs host_args(const AttnCase& c, const std::vector<float>& q, const st
   a.n_head_kv = c.n_head_kv;
   a.head_dim = c.head_dim;
   a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  a.window = c.window;
   return a;
 }
 
@@ -302,6 +304,10 @@ TEST_F(Cuda, AttentionMatchesReference) {
       {8, 2, 128, 257, {256, 128, 1, 255, 100}},
       {4, 4, 256, 40, {39, 7, 12}},
       {2, 1, 17, 33, {32, 31, 0}},
+      // Sliding windows starting inside a tile, on a tile boundary, wider
+      // than a row's history.
+      {4, 1, 256, 300, {299, 63, 150, 40, 3}, 32},
+      {6, 2, 72, 100, {99, 40, 63, 64, 200}, 20},
   };
   for (const AttnCase& c : cases) {
     const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
@@ -335,6 +341,7 @@ TEST_F(Cuda, AttentionContributionsMatchCpu) {
       {9, 3, 64, 70, {69, 0, 31, 32, 33, 5}},
       {6, 2, 72, 100, {99, 40, 63, 64, 200}},
       {2, 1, 17, 33, {32, 31, 0}},
+      {6, 2, 72, 100, {99, 40, 63, 64, 200}, 20},
   };
   for (const AttnCase& c : cases) {
     const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
@@ -387,6 +394,19 @@ TEST_F(Cuda, ElementwiseOpsMatchReference) {
     for (size_t i = 0; i < got.size(); ++i) {
       EXPECT_NEAR(got[i], expect[i], 1e-6 * (1.0 + std::fabs(expect[i]))) << "silu_mul " << i;
     }
+
+    ref::gelu_mul(g.data(), u.data(), n, expect.data());
+    be_->gelu_mul(dev(g), dev(u), n, out);
+    got = host(out, expect.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i], expect[i], 1e-5 * (1.0 + std::fabs(expect[i]))) << "gelu_mul " << i;
+    }
+
+    std::vector<float> scaled = g;
+    for (float& x : scaled) x *= 25.3f;
+    float* dg = dev(g);
+    be_->scale(dg, n, 25.3f);
+    EXPECT_TRUE(test::bitwise_equal(host(dg, scaled.size()), scaled)) << "scale n=" << n;
 
     // add, with out aliasing its first operand (as the runtime's residual).
     ref::add(g.data(), u.data(), n, expect.data());

@@ -148,14 +148,14 @@ TEST_P(Architecture, FusorIdentities) {
   std::vector<float> k(kv[2].k.begin(), kv[2].k.begin() + len * kv_dim);
   std::vector<int32_t> pos(static_cast<size_t>(len));
   std::iota(pos.begin(), pos.end(), static_cast<int32_t>(p0));
-  rope_keys(full_session.backend(), hp, k.data(), pos.data(), len);
+  rope_keys(full_session.backend(), hp, 0, k.data(), pos.data(), len);
   const float* in_place = full_session.k_cache(0) + p0 * kv_dim;
   for (int64_t i = 0; i < len * kv_dim; ++i)
     ASSERT_NEAR(k[i], in_place[i], 1e-4f * (1.0f + std::fabs(in_place[i]))) << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(RandomWeights, Architecture,
-                         testing::Values("llama", "llama3", "qwen2", "qwen3"),
+                         testing::Values("llama", "llama3", "qwen2", "qwen3", "gemma3"),
                          [](const testing::TestParamInfo<const char*>& i) {
                            return std::string(i.param);
                          });

@@ -23,62 +23,22 @@
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
+#include "tests/integration/llamacpp_golden.h"
 #include "tests/runtime/model_path.h"
 
 namespace cb {
 namespace {
 
-constexpr double kNearTie = 0.5;  // logits; llama.cpp's own noise is ~0.1-0.3 here
-
-// Returns how many prompts matched over every step; checks each divergence.
-int greedy_against_golden(bool int8_decode) {
-  std::ifstream in(CB_SOURCE_DIR "/tests/golden/llamacpp.json");
-  EXPECT_TRUE(in) << "missing tests/golden/llamacpp.json (scripts/regen_goldens.sh makes it)";
-  if (!in) return 0;
-  auto golden = nlohmann::json::parse(in);
-  auto model = Model::load(test::model_path());
-  int exact = 0;
-  for (const auto& g : golden["greedy"]) {
-    const std::string name = g["name"];
-    auto prompt = g["prompt_ids"].get<std::vector<int32_t>>();
-    auto expect = g["ids"].get<std::vector<int32_t>>();
-    Session s(*model, {.n_ctx = 512, .n_threads = 2, .int8_decode = int8_decode});
-    auto logits = s.prefill(prompt);
-    size_t step = 0;
-    for (; step < expect.size(); ++step) {
-      int32_t ours = argmax(logits);
-      if (ours != expect[step]) {
-        const auto& top2 = g["top2"][step];
-        double margin = top2["logits"][0].get<double>() - top2["logits"][1].get<double>();
-        const double our_margin = logits[ours] - logits[expect[step]];
-        std::printf(
-            "  %-16s diverges at step %zu: ours %d, llama.cpp %d (runner-up %d, margin %.3f; "
-            "our margin %.3f)\n",
-            name.c_str(), step, ours, expect[step], top2["ids"][1].get<int>(), margin, our_margin);
-        if (int8_decode) {
-          EXPECT_LT(our_margin, kNearTie) << name << " step " << step << " is not a near-tie";
-        } else {
-          EXPECT_EQ(ours, top2["ids"][1].get<int32_t>()) << name << " step " << step;
-          EXPECT_LT(margin, kNearTie) << name << " step " << step << " is not a near-tie";
-        }
-        break;
-      }
-      if (step + 1 < expect.size()) logits = s.decode(ours);
-    }
-    if (step == expect.size()) {
-      ++exact;
-      std::printf("  %-16s all %zu tokens equal\n", name.c_str(), expect.size());
-    }
-  }
-  return exact;
-}
+const std::string kGolden = CB_SOURCE_DIR "/tests/golden/llamacpp.json";
 
 TEST(LlamaCppGolden, GreedyContinuationsMatch) {
-  EXPECT_GE(greedy_against_golden(/*int8_decode=*/false), 5);
+  EXPECT_GE(test::greedy_against_golden(kGolden, test::model_path(), /*int8_decode=*/false, {}), 5);
 }
 
 TEST(LlamaCppGolden, GreedyContinuationsMatchWithInt8Decode) {
-  EXPECT_GE(greedy_against_golden(/*int8_decode=*/true), 4);
+  EXPECT_GE(test::greedy_against_golden(kGolden, test::model_path(), /*int8_decode=*/true,
+                                        {.by_our_logits = true}),
+            4);
 }
 
 TEST(LlamaCppGolden, ChatAnswerNamesParis) {

@@ -1,6 +1,8 @@
 // attention against a float64 softmax: causal mask by global position, query
 // rows that are an arbitrary subset of positions in arbitrary order, GQA,
-// head sizes with SIMD tails, and key counts that cross the kernel's blocks.
+// head sizes with SIMD tails, key counts that cross the kernel's blocks, and
+// sliding windows that start inside a block, on its boundary, or past a
+// query's keys.
 //
 // Tolerance: 1e-5 absolute on outputs of magnitude ~1 (V ~ N(0,1)).  The f32
 // paths are off by ~1e-7 (score rounding, a ~1e-7 polynomial exp); an
@@ -21,7 +23,12 @@ namespace {
 struct Case {
   int64_t n_head, n_head_kv, head_dim, n_kv;
   std::vector<int32_t> q_pos;
+  int64_t window = 0;
 };
+
+int64_t first_key(const Case& c, int64_t i) {
+  return c.window > 0 ? std::max<int64_t>(0, c.q_pos[i] + 1 - c.window) : 0;
+}
 
 struct Data {
   std::vector<float> q, k, v;
@@ -37,6 +44,7 @@ struct Data {
     a.n_head_kv = c.n_head_kv;
     a.head_dim = c.head_dim;
     a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    a.window = c.window;
     a.out = out;
     return a;
   }
@@ -55,12 +63,12 @@ std::vector<double> attention_f64(const Case& c, const Data& d) {
   const double scale = 1.0f / std::sqrt(static_cast<float>(hd));  // as the args
   std::vector<double> out(n_q * c.n_head * hd, 0.0);
   for (int64_t i = 0; i < n_q; ++i) {
-    const int64_t n_keys = std::min<int64_t>(c.q_pos[i] + 1, c.n_kv);
+    const int64_t n_keys = std::min<int64_t>(c.q_pos[i] + 1, c.n_kv), j0 = first_key(c, i);
     for (int64_t h = 0; h < c.n_head; ++h) {
       const int64_t g = h / group;
-      std::vector<double> s(n_keys);
+      std::vector<double> s(n_keys, -INFINITY);
       double mx = -INFINITY;
-      for (int64_t j = 0; j < n_keys; ++j) {
+      for (int64_t j = j0; j < n_keys; ++j) {
         double dot = 0.0;
         for (int64_t e = 0; e < hd; ++e) {
           dot += static_cast<double>(d.q[(i * c.n_head + h) * hd + e]) *
@@ -71,7 +79,7 @@ std::vector<double> attention_f64(const Case& c, const Data& d) {
       }
       double sum = 0.0;
       for (double& x : s) sum += (x = std::exp(x - mx));
-      for (int64_t j = 0; j < n_keys; ++j) {
+      for (int64_t j = j0; j < n_keys; ++j) {
         for (int64_t e = 0; e < hd; ++e) {
           out[(i * c.n_head + h) * hd + e] += s[j] / sum * d.v[(j * c.n_head_kv + g) * hd + e];
         }
@@ -98,6 +106,11 @@ std::vector<Case> cases() {
       {4, 4, 20, 40, {39, 1, 17, 0}},   // no GQA; head size with a tail of 4
       {6, 2, 40, 33, {32, 31, 2, 30}},  // head size not a multiple of 16
       {2, 1, 128, 1000, {999, 517}},    // long context, wide heads
+      // Sliding windows: starting mid-block for most rows; on a block
+      // boundary (row 63: keys 32..63); wider than some rows' history.
+      {9, 3, 64, 70, {69, 0, 33, 5, 31, 32, 64, 100, 12}, 20},
+      {4, 1, 256, 300, {299, 63, 150, 40, 3}, 32},
+      {2, 1, 128, 1000, {999, 517, 7}, 513},
   };
 }
 
@@ -215,6 +228,25 @@ TEST(Attention, MaskedKeysAreIgnored) {
   }
 }
 
+// Keys before a query's window must not matter either.
+TEST(Attention, KeysBeforeTheWindowAreIgnored) {
+  std::mt19937 rng(17);
+  const Case c{4, 2, 32, 120, {119, 100}, 16};  // the rows see keys 104.. and 85..
+  Data d = make_data(rng, c);
+  for (CpuKernelLevel level : test::all_levels()) {
+    auto be = make_cpu_backend(2, level);
+    std::vector<float> before(d.q.size()), after(d.q.size());
+    be->attention(d.args(c, before.data()));
+    Data changed = d;
+    for (size_t i = 0; i < static_cast<size_t>(85 * c.n_head_kv * c.head_dim); ++i) {
+      changed.k[i] = 100.0f;
+      changed.v[i] = -100.0f;
+    }
+    be->attention(changed.args(c, after.data()));
+    EXPECT_TRUE(test::bitwise_equal(before, after));
+  }
+}
+
 TEST(Attention, BackendIndependentOfThreadCount) {
   std::mt19937 rng(14);
   const Case c = cases()[0];
@@ -243,12 +275,12 @@ std::vector<double> contributions_f64(const Case& c, const Data& d) {
   const double scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<double> out(static_cast<size_t>(c.n_kv), 0.0);
   for (int64_t i = 0; i < n_q; ++i) {
-    const int64_t n_keys = std::min<int64_t>(c.q_pos[i] + 1, c.n_kv);
+    const int64_t n_keys = std::min<int64_t>(c.q_pos[i] + 1, c.n_kv), j0 = first_key(c, i);
     for (int64_t h = 0; h < c.n_head; ++h) {
       const int64_t g = h / group;
-      std::vector<double> s(n_keys);
+      std::vector<double> s(n_keys, -INFINITY);
       double mx = -INFINITY, sum = 0.0;
-      for (int64_t j = 0; j < n_keys; ++j) {
+      for (int64_t j = j0; j < n_keys; ++j) {
         double dot = 0.0;
         for (int64_t e = 0; e < hd; ++e)
           dot += static_cast<double>(d.q[(i * c.n_head + h) * hd + e]) *
@@ -256,7 +288,7 @@ std::vector<double> contributions_f64(const Case& c, const Data& d) {
         mx = std::max(mx, s[j] = dot * scale);
       }
       for (double& x : s) sum += (x = std::exp(x - mx));
-      for (int64_t j = 0; j < n_keys; ++j) {
+      for (int64_t j = j0; j < n_keys; ++j) {
         double norm = 0.0;
         for (int64_t e = 0; e < hd; ++e) {
           const double v = d.v[(j * c.n_head_kv + g) * hd + e];

@@ -1,4 +1,5 @@
-// rmsnorm, silu_mul, add, gather/scatter and get_rows at both kernel levels.
+// rmsnorm, silu_mul, gelu_mul, scale, add, gather/scatter and get_rows at both
+// kernel levels.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -65,6 +66,43 @@ TEST(SiluMul, MatchesFloat64) {
         ASSERT_NEAR(out[i], want, 1e-6 * std::fabs(want) + 1e-30) << "g=" << g[i];
       }
     }
+  }
+}
+
+// gelu(g) * u (tanh form) against float64, as silu_mul.
+TEST(GeluMul, MatchesFloat64) {
+  std::mt19937 rng(34);
+  for (CpuKernelLevel level : levels()) {
+    auto be = make_cpu_backend(2, level);
+    for (int64_t n : {1, 7, 8, 2048, 100003}) {
+      std::vector<float> g = test::random_floats(rng, n, 4.0f);
+      const std::vector<float> u = test::random_floats(rng, n);
+      const float extremes[] = {0.0f, -100.0f, 100.0f, -6.0f, 6.0f, 1e-20f};
+      for (size_t i = 0; i < 6 && i < g.size(); ++i) g[i] = extremes[i];
+      std::vector<float> out(n);
+      be->gelu_mul(g.data(), u.data(), n, out.data());
+      for (int64_t i = 0; i < n; ++i) {
+        // x / 2 (1 + tanh(v)) = x / (1 + e^(-2v)); the first cancels for x << 0.
+        const double x = g[i];
+        const double v = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+        const double want = x / (1.0 + std::exp(-2.0 * v)) * u[i];
+        // The exponent 2v is rounded in f32: the relative error grows with it.
+        const double tol = 2e-7 * (8.0 + std::fabs(2.0 * v)) * std::fabs(want) + 1e-30;
+        ASSERT_NEAR(out[i], want, tol) << "g=" << g[i];
+      }
+    }
+  }
+}
+
+TEST(Scale, MultipliesInPlace) {
+  std::mt19937 rng(35);
+  for (CpuKernelLevel level : levels()) {
+    auto be = make_cpu_backend(2, level);
+    std::vector<float> x = test::random_floats(rng, 1001);
+    std::vector<float> want = x;
+    for (float& v : want) v *= 25.3f;
+    be->scale(x.data(), static_cast<int64_t>(x.size()), 25.3f);
+    EXPECT_TRUE(test::bitwise_equal(x, want));
   }
 }
 

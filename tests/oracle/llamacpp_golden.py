@@ -6,6 +6,7 @@ llama-cpp-python and points it at the peer's libllama).  Needs llama_cpp.
 
     llamacpp_golden.py --model M.gguf --golden tests/golden/llamacpp.json
                        --prompts tests/golden/reference_prompts.json [--dump-logits DIR]
+                       [--chat chatml|gemma] [--n-batch N]
 
 llamacpp.json:
   "tokenize": [{"text", "add_special", "parse_special", "ids"}]   llama_tokenize()
@@ -20,9 +21,13 @@ reference_prompts.json: the greedy prompts' ids, the input of reference_forward.
 --dump-logits DIR: llama.cpp's last-prompt-position logits per prompt as
 <name>.logits.f32 (for tests/oracle/compare_reference.py; not committed).
 
-Chat prompts are plain ChatML built here as text, "<|im_start|>role\\ncontent<|im_end|>\\n"
-per turn, then "<|im_start|>assistant\\n"; the model file's own Jinja template is not
-used (it injects a default system turn when there is none).
+Chat prompts are built here as text in the model family's format (--chat): plain ChatML,
+"<|im_start|>role\\ncontent<|im_end|>\\n" per turn, then "<|im_start|>assistant\\n"; or
+Gemma's, "<start_of_turn>user\\ncontent<end_of_turn>\\n" per turn (a system turn joins
+the first user turn, as Gemma's template does), then "<start_of_turn>model\\n".  The
+model file's own Jinja template is not used (SmolLM2's injects a default system turn).
+--n-batch 1 evaluates prompts one token at a time (a peer built for a CPU whose batched
+path fails on some architectures still gives the same logits to its precision).
 """
 from __future__ import annotations
 
@@ -46,16 +51,32 @@ def chatml(turns: list[tuple[str, str]]) -> str:
     return "".join(f"<|im_start|>{r}\n{c}<|im_end|>\n" for r, c in turns) + "<|im_start|>assistant\n"
 
 
+def gemma(turns: list[tuple[str, str]]) -> str:
+    system = "".join(c + "\n\n" for r, c in turns if r == "system")
+    out = []
+    for r, c in (t for t in turns if t[0] != "system"):
+        role = "model" if r == "assistant" else "user"
+        if role == "user" and system:
+            c, system = system + c, ""
+        out.append(f"<start_of_turn>{role}\n{c}<end_of_turn>\n")
+    return "".join(out) + "<start_of_turn>model\n"
+
+
+CHAT = {"chatml": chatml, "gemma": gemma}
+chat = chatml
+
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
-# (name, text): all tokenized with parse_special=True, add_special=True.
-PROMPTS = [
+
+def prompts() -> list[tuple[str, str]]:
+  """(name, text): all tokenized with parse_special=True, add_special=True."""
+  return [
     ("plain_france", "The capital of France is"),
     ("plain_days", "Monday, Tuesday, Wednesday,"),
     ("plain_story", "Once upon a time, in a small village at the edge of the forest,"),
     ("code_fib", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
-    ("chat_france", chatml([("user", "What is the capital of France?")])),
-    ("chat_system_math", chatml([("system", SYSTEM), ("user", "What is 12 plus 30?")])),
+    ("chat_france", chat([("user", "What is the capital of France?")])),
+    ("chat_system_math", chat([("system", SYSTEM), ("user", "What is 12 plus 30?")])),
     ("chat_rag", chatml([
         ("system", "Answer the question using the context. Answer in at most five words."),
         ("user", "Context: The Eiffel Tower was completed in 1889 for the World's Fair in Paris. "
@@ -67,11 +88,11 @@ PROMPTS = [
     ("plain_list", "Here is a list of fruits: apple, banana, cherry,"),
     ("plain_numbers", "1, 2, 3, 4, 5, 6, 7,"),
     ("plain_recipe", "To make a simple pancake batter, mix one cup of flour with"),
-    ("chat_planets", chatml([("user", "Name the planets of the solar system in order.")])),
-    ("chat_translate", chatml([("system", SYSTEM),
+    ("chat_planets", chat([("user", "Name the planets of the solar system in order.")])),
+    ("chat_translate", chat([("system", SYSTEM),
                                ("user", "Translate to French: Good morning, how are you?")])),
-    ("chat_poem", chatml([("user", "Write a short poem about the sea.")])),
-]
+    ("chat_poem", chat([("user", "Write a short poem about the sea.")])),
+  ]
 
 # (text, add_special, parse_special)
 TOKENIZE = [
@@ -97,6 +118,12 @@ TOKENIZE = [
     ("https://example.com/path?q=1&r=two user.name@example.org", False, False),
     ("¿Qué tal? ¡Sí! Ελληνικά Русский текст العربية עברית", False, False),
     ("The year 1999 vs. 2000: 3.5x faster, 10,000,000 rows, -0.001 error", False, False),
+]
+
+GEMMA_TOKENIZE = [
+    ("<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n", True, True),
+    ("<start_of_turn>user\nHi there<end_of_turn>\n", False, False),
+    ("Tabs\tand    runs     of spaces\n\n\n\nand newlines", False, False),
 ]
 
 
@@ -140,9 +167,14 @@ def main() -> int:
     ap.add_argument("--golden", required=True, type=Path)
     ap.add_argument("--prompts", required=True, type=Path)
     ap.add_argument("--dump-logits", type=Path)
+    ap.add_argument("--chat", choices=sorted(CHAT), default="chatml")
+    ap.add_argument("--n-batch", type=int, default=N_CTX)
     a = ap.parse_args()
+    global chat
+    chat = CHAT[a.chat]
+    tokenize_cases = TOKENIZE + (GEMMA_TOKENIZE if a.chat == "gemma" else [])
 
-    llm = llama_cpp.Llama(model_path=str(a.model), n_ctx=N_CTX, n_batch=N_CTX, n_threads=N_THREADS,
+    llm = llama_cpp.Llama(model_path=str(a.model), n_ctx=N_CTX, n_batch=a.n_batch, n_threads=N_THREADS,
                           n_threads_batch=N_THREADS, logits_all=True, flash_attn=False,
                           seed=0, verbose=False)
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
@@ -152,13 +184,13 @@ def main() -> int:
     # parse_special=special).
     tokenize = [{"text": t, "add_special": add, "parse_special": sp,
                  "ids": llm.tokenize(t.encode("utf-8"), add_bos=add, special=sp)}
-                for t, add, sp in TOKENIZE]
+                for t, add, sp in tokenize_cases]
 
     greedy = []
     ref_prompts = []
     if a.dump_logits:
         a.dump_logits.mkdir(parents=True, exist_ok=True)
-    for name, text in PROMPTS:
+    for name, text in prompts():
         ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
         llm.reset()
         llm.eval(ids)
@@ -194,9 +226,9 @@ def main() -> int:
         "n_ctx": N_CTX, "n_threads": N_THREADS, "n_gen": N_GEN, "flash_attn": False,
         "kv_cache_type": "f16",
         "sampling": "argmax over the logits (no sampler chain, no repetition penalty)",
-        "chat_format": "plain ChatML built as text: <|im_start|>role\\ncontent<|im_end|>\\n per turn, "
-                       "then <|im_start|>assistant\\n; tokenized with add_special=True, parse_special=True",
-        "note_add_special": "SmolLM2 has tokenizer.ggml.add_bos_token=false, so add_special adds nothing",
+        "chat_format": f"{a.chat} built as text (see llamacpp_golden.py); tokenized with "
+                       "add_special=True, parse_special=True",
+        "n_batch": a.n_batch,
         "regenerate": "scripts/regen_goldens.sh",
     }
     a.golden.write_text(dump({"meta": meta, "tokenize": tokenize, "greedy": greedy}))

@@ -4,7 +4,11 @@
 #                            reference_forward.py) over tests/golden/reference_prompts.json
 #                            into ${CMAKE_BINARY_DIR}/oracle/reference; fixture
 #                            `reference_logits` for the C++ tests that compare against it.
-#   oracle_golden_fresh      tests/golden/llamacpp.json was generated from the model in use.
+#   oracle_gemma3_reference  the same for Gemma 3 270M (models/gemma-3-270m-q4_k_m.gguf) over
+#                            tests/golden/reference_prompts_gemma3.json into
+#                            ${CMAKE_BINARY_DIR}/oracle/gemma3; also fixture `reference_logits`.
+#   oracle_golden_fresh      tests/golden/llamacpp.json was generated from the model in use
+#                            (and llamacpp_gemma3.json from Gemma 3 270M).
 #   oracle_arch_reference    a random-weight GGUF per architecture (tests/oracle/
 #                            write_random_gguf.py) and its float64 reference logits into
 #                            ${CMAKE_BINARY_DIR}/oracle/arch; also fixture `reference_logits`.
@@ -27,6 +31,13 @@ if(CB_BASH)
     FIXTURES_SETUP reference_logits
     LABELS oracle
     TIMEOUT 900)
+  add_test(NAME oracle_gemma3_reference
+           COMMAND ${CB_BASH} ${CB_ORACLE_DIR}/run_reference.sh ${CB_GEMMA3_MODEL}
+                   ${CMAKE_BINARY_DIR}/oracle/gemma3 ${CB_GOLDEN_DIR}/reference_prompts_gemma3.json)
+  set_tests_properties(oracle_gemma3_reference PROPERTIES
+    FIXTURES_SETUP reference_logits
+    LABELS oracle
+    TIMEOUT 900)
   add_test(NAME oracle_arch_reference
            COMMAND ${CB_BASH} ${CB_ORACLE_DIR}/run_arch_reference.sh ${CMAKE_BINARY_DIR}/oracle/arch)
   set_tests_properties(oracle_arch_reference PROPERTIES
@@ -42,4 +53,9 @@ if(Python3_Interpreter_FOUND)
            COMMAND ${Python3_EXECUTABLE} ${CB_ORACLE_DIR}/check_golden_fresh.py ${CB_DEFAULT_MODEL}
                    ${CB_GOLDEN_DIR}/llamacpp.json ${CB_GOLDEN_DIR}/reference_prompts.json)
   set_tests_properties(oracle_golden_fresh PROPERTIES LABELS oracle TIMEOUT 120)
+  add_test(NAME oracle_golden_fresh_gemma3
+           COMMAND ${Python3_EXECUTABLE} ${CB_ORACLE_DIR}/check_golden_fresh.py ${CB_GEMMA3_MODEL}
+                   ${CB_GOLDEN_DIR}/llamacpp_gemma3.json
+                   ${CB_GOLDEN_DIR}/reference_prompts_gemma3.json --fixed-model)
+  set_tests_properties(oracle_golden_fresh_gemma3 PROPERTIES LABELS oracle TIMEOUT 120)
 endif()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Float64 NumPy reference forward pass of a Llama-family GGUF model (llama, qwen2, qwen3).
+"""Float64 NumPy reference forward pass of a Llama-family GGUF model (llama, qwen2, qwen3, gemma3).
 
 An oracle for the C++ runtime: independent of it (weights dequantized by the
 `gguf` package, every activation in float64, no quantized activations), simple
@@ -23,8 +23,14 @@ The biases are qwen2's (the others have none); qwen3 normalises each head of q
 and k (rmsnorm, weights attn_q_norm / attn_k_norm) before RoPE.  RoPE rotates by
 pos · base^(-2i/rot_dim) the pairs (x[2i], x[2i+1]) in llama files (the GGUF
 converter permuted Wq/Wk for this layout) and the pairs (x[i], x[i + rot_dim/2])
-in qwen2 and qwen3 files (NEOX style).
+in qwen2, qwen3 and gemma3 files (NEOX style).
 Attention is causal and grouped: query head h reads KV head h // (n_head / n_head_kv).
+gemma3 (as llama.cpp builds it): the embeddings are scaled by sqrt(n_embd); q and k
+are normalised per head as in qwen3; the attention's and the feed-forward's outputs
+are normalised (post_attention_norm, post_ffw_norm) before they are added; the gate
+is GELU (tanh form) instead of silu; layers il with il % pattern != pattern - 1
+(sliding_window_pattern, default 6) are local: a query sees only the last
+sliding_window keys, and RoPE uses rope.freq_base_swa (default 10000).
 """
 from __future__ import annotations
 
@@ -96,11 +102,11 @@ class Model:
         self.reader = gguf.GGUFReader(str(path))
         self.tensors = {t.name: t for t in self.reader.tensors}
         arch = self.field("general.architecture")
-        if arch not in ("llama", "qwen2", "qwen3"):
-            raise SystemExit(f"reference_forward: architecture {arch!r} is not llama, qwen2 "
-                             "or qwen3")
+        if arch not in ("llama", "qwen2", "qwen3", "gemma3"):
+            raise SystemExit(f"reference_forward: architecture {arch!r} is not llama, qwen2, "
+                             "qwen3 or gemma3")
         self.arch = arch
-        self.neox = arch in ("qwen2", "qwen3")
+        self.neox = arch in ("qwen2", "qwen3", "gemma3")
         p = arch + "."
         self.n_layer = int(self.field(p + "block_count"))
         self.n_embd = int(self.field(p + "embedding_length"))
@@ -120,6 +126,11 @@ class Model:
             self.rope_pos_scale = 1.0 / float(self.field(p + "rope.scaling.factor", 1.0))
         elif scaling not in ("none", None):
             raise SystemExit(f"reference_forward: rope scaling {scaling!r} is not supported")
+        self.window, self.pattern, self.rope_base_local = 0, 0, self.rope_base
+        if arch == "gemma3":
+            self.window = int(self.field(p + "attention.sliding_window", 0))
+            self.pattern = int(self.field(p + "attention.sliding_window_pattern", 6))
+            self.rope_base_local = float(self.field(p + "rope.freq_base_swa", 10000.0))
         if self.n_head % self.n_head_kv:
             raise SystemExit("reference_forward: head_count not a multiple of head_count_kv")
         emb = self.tensors["token_embd.weight"]
@@ -154,9 +165,13 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope_tables(m: Model, n_pos: int, freq_factors: np.ndarray | None):
+def is_local(m: Model, il: int) -> bool:
+    return m.window > 0 and m.pattern > 0 and il % m.pattern != m.pattern - 1
+
+
+def rope_tables(m: Model, n_pos: int, freq_factors: np.ndarray | None, base: float):
     i = np.arange(m.rot_dim // 2, dtype=np.float64)
-    inv_freq = m.rope_base ** (-2.0 * i / m.rot_dim)
+    inv_freq = base ** (-2.0 * i / m.rot_dim)
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors
     pos = np.arange(n_pos, dtype=np.float64) * m.rope_pos_scale
@@ -182,13 +197,17 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rot_dim: int,
     return out
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_rep: int) -> np.ndarray:
-    """q: (T, H, D), k, v: (T, Hkv, D) -> (T, H*D); causal, grouped-query."""
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_rep: int,
+              window: int = 0) -> np.ndarray:
+    """q: (T, H, D), k, v: (T, Hkv, D) -> (T, H*D); causal, grouped-query; with a
+    window, query t sees keys t - window < s <= t."""
     T, H, D = q.shape
     k = np.repeat(k, n_rep, axis=1)  # head h -> kv head h // n_rep
     v = np.repeat(v, n_rep, axis=1)
     scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(D)
     mask = np.triu(np.ones((T, T), dtype=bool), k=1)
+    if window > 0:
+        mask |= np.tril(np.ones((T, T), dtype=bool), k=-window)
     scores[:, mask] = -np.inf
     scores -= scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
@@ -201,6 +220,10 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
 def forward(m: Model, prompts: list[list[int]]) -> list[np.ndarray]:
     """Runs all prompts layer by layer (each tensor dequantized once); returns
     each prompt's last-position logits (float64, n_vocab)."""
@@ -208,13 +231,22 @@ def forward(m: Model, prompts: list[list[int]]) -> list[np.ndarray]:
     for ids in prompts:
         if not ids or min(ids) < 0 or max(ids) >= m.n_vocab:
             raise SystemExit(f"reference_forward: token id out of range in {ids}")
-    xs = [emb[np.asarray(ids)] for ids in prompts]
+    gemma = m.arch == "gemma3"
+    scale = np.sqrt(m.n_embd) if gemma else 1.0
+    xs = [emb[np.asarray(ids)] * scale for ids in prompts]
     freq_factors = m.weight("rope_freqs.weight") if m.has("rope_freqs.weight") else None
     n_pos = max(len(ids) for ids in prompts)
-    cos, sin = rope_tables(m, n_pos, freq_factors)
+    tables = {base: rope_tables(m, n_pos, freq_factors, base)
+              for base in {m.rope_base, m.rope_base_local}}
+    act = gelu if gemma else silu
     H, Hkv, D = m.n_head, m.n_head_kv, m.head_dim
     for il in range(m.n_layer):
         b = f"blk.{il}."
+        local = is_local(m, il)
+        cos, sin = tables[m.rope_base_local if local else m.rope_base]
+        window = m.window if local else 0
+        post_attn = m.weight(b + "post_attention_norm.weight") if gemma else None
+        post_ffn = m.weight(b + "post_ffw_norm.weight") if gemma else None
         attn_norm = m.weight(b + "attn_norm.weight")
         wq, wk, wv = m.weight(b + "attn_q.weight"), m.weight(b + "attn_k.weight"), m.weight(b + "attn_v.weight")
         wo = m.weight(b + "attn_output.weight")
@@ -238,9 +270,11 @@ def forward(m: Model, prompts: list[list[int]]) -> list[np.ndarray]:
                 k = rmsnorm(k, k_norm, m.eps)
             q = rope(q, cos[:T], sin[:T], m.rot_dim, m.neox)
             k = rope(k, cos[:T], sin[:T], m.rot_dim, m.neox)
-            x = x + attention(q, k, v, H // Hkv) @ wo.T
+            a_out = attention(q, k, v, H // Hkv, window) @ wo.T
+            x = x + (rmsnorm(a_out, post_attn, m.eps) if gemma else a_out)
             h = rmsnorm(x, ffn_norm, m.eps)
-            x = x + (silu(h @ wg.T) * (h @ wu.T)) @ wd.T
+            f_out = (act(h @ wg.T) * (h @ wu.T)) @ wd.T
+            x = x + (rmsnorm(f_out, post_ffn, m.eps) if gemma else f_out)
             xs[i] = x
     out_norm = m.weight("output_norm.weight")
     w_out = m.weight("output.weight") if m.has("output.weight") else emb

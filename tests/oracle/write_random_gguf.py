@@ -13,8 +13,12 @@ DIR/<arch>.prompts.json ({"prompts": [{"name",
 what the architectures differ in: grouped-query attention (4 query heads on
 2 KV heads), a head size that is not the embedding size's share, untied
 output weights, for qwen2 the Q/K/V biases (drawn large enough to matter),
-for qwen3 the per-head Q/K norms, and for both NEOX-style RoPE.  The tokenizer is byte-level BPE over the 256
-byte symbols, four merges and three ChatML control tokens.
+for qwen3 the per-head Q/K norms, and for both NEOX-style RoPE.  gemma3 adds
+to qwen3's the embedding scale, the output norms of the attention and the
+feed-forward, GELU, tied output weights, and a sliding window of 32 keys on
+its local layers (two of every three) with their own RoPE base.  The
+tokenizer is byte-level BPE over the 256 byte symbols, four merges and three
+ChatML control tokens.
 """
 import argparse
 import json
@@ -45,7 +49,7 @@ def byte_symbols():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arch", required=True, choices=["llama", "llama3", "qwen2", "qwen3"])
+    ap.add_argument("--arch", required=True, choices=["llama", "llama3", "qwen2", "qwen3", "gemma3"])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--type", default="q8_0", choices=["f32", "f16", "q8_0", "q5_0", "q5_1"],
                     help="type of the weight matrices (default q8_0)")
@@ -71,7 +75,10 @@ def main():
     w.add_head_count_kv(N_HEAD_KV)
     w.add_key_length(HEAD_DIM)
     w.add_value_length(HEAD_DIM)
-    w.add_rope_freq_base(500000.0 if a.arch == "llama3" else 10000.0)
+    w.add_rope_freq_base({"llama3": 500000.0, "gemma3": 1000000.0}.get(a.arch, 10000.0))
+    if a.arch == "gemma3":
+        w.add_sliding_window(32)
+        w.add_uint32("gemma3.attention.sliding_window_pattern", 3)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre({"llama": "smollm", "llama3": "llama-bpe"}.get(a.arch, "qwen2"))
@@ -107,7 +114,7 @@ def main():
             vector(b + "attn_q.bias", q_dim, 0.0, 0.5)
             vector(b + "attn_k.bias", kv_dim, 0.0, 0.5)
             vector(b + "attn_v.bias", kv_dim, 0.0, 0.5)
-        if a.arch == "qwen3":
+        if a.arch in ("qwen3", "gemma3"):
             vector(b + "attn_q_norm.weight", HEAD_DIM, 1.0, 0.5)
             vector(b + "attn_k_norm.weight", HEAD_DIM, 1.0, 0.5)
         matrix(b + "attn_output.weight", N_EMBD, q_dim)
@@ -115,12 +122,16 @@ def main():
         matrix(b + "ffn_gate.weight", N_FF, N_EMBD)
         matrix(b + "ffn_up.weight", N_FF, N_EMBD)
         matrix(b + "ffn_down.weight", N_EMBD, N_FF)
+        if a.arch == "gemma3":
+            vector(b + "post_attention_norm.weight", N_EMBD, 1.0, 0.3)
+            vector(b + "post_ffw_norm.weight", N_EMBD, 1.0, 0.3)
     if a.arch == "llama3":
         # Divisors from 1 (the fastest pairs) to 8 (the slowest), as Llama 3.1's.
         w.add_tensor("rope_freqs.weight",
                      np.linspace(1.0, 8.0, HEAD_DIM // 2).astype(np.float32))
     vector("output_norm.weight", N_EMBD, 1.0, 0.1)
-    matrix("output.weight", n_vocab, N_EMBD)
+    if a.arch != "gemma3":
+        matrix("output.weight", n_vocab, N_EMBD)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -79,6 +79,14 @@ class ForwardingBackend : public Backend {
     op({gate, up, out});
     inner_->silu_mul(gate, up, n, out);
   }
+  void gelu_mul(const float* gate, const float* up, int64_t n, float* out) override {
+    op({gate, up, out});
+    inner_->gelu_mul(gate, up, n, out);
+  }
+  void scale(float* x, int64_t n, float s) override {
+    op({x});
+    inner_->scale(x, n, s);
+  }
   void add(const float* a, const float* b, int64_t n, float* out) override {
     op({a, b, out});
     inner_->add(a, b, n, out);

@@ -206,7 +206,7 @@ TEST_F(FusorTest, StoredLayer0KeyRotatedEqualsKeyComputedInPlace) {
   std::vector<float> k(kv[2].k.begin(), kv[2].k.begin() + len * kv_dim);
   std::vector<int32_t> pos(static_cast<size_t>(len));
   for (int64_t i = 0; i < len; ++i) pos[i] = static_cast<int32_t>(p0 + i);
-  rope_keys(s.backend(), hp, k.data(), pos.data(), len);
+  rope_keys(s.backend(), hp, 0, k.data(), pos.data(), len);
   const float* in_place_k = s.k_cache(0) + p0 * kv_dim;
   const float* in_place_v = s.v_cache(0) + p0 * kv_dim;
   for (int64_t i = 0; i < len * kv_dim; ++i) {

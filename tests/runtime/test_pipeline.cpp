@@ -193,7 +193,7 @@ TEST_F(PipelineTest, LookAheadIsBoundedAndTheLoaderAlwaysJoins) {
     std::vector<int32_t> pos(static_cast<size_t>(len));
     std::iota(pos.begin(), pos.end(), begin);
     const auto& hp = model().hparams();
-    rope_keys(s.backend(), hp, k.data(), pos.data(), len);
+    rope_keys(s.backend(), hp, 0, k.data(), pos.data(), len);
     EXPECT_TRUE(std::equal(k.begin(), k.end(), s.k_cache(0) + begin * kv_dim));
     EXPECT_TRUE(
         std::equal(kv[0].v.begin(), kv[0].v.begin() + len * kv_dim, s.v_cache(0) + begin * kv_dim));
