@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Regenerates the llama.cpp golden files (tests/golden/llamacpp.json and
-# tests/golden/reference_prompts.json), then validates the float64 NumPy
-# reference against llama.cpp on the same prompts.  Not part of CI: run it by
-# hand after changing the model, the pins or the golden prompts; commit the two
-# files it writes.  The validation fails (exit 1) if the reference and llama.cpp
+# tests/golden/reference_prompts.json; for Gemma 3 270M llamacpp_gemma3.json and
+# reference_prompts_gemma3.json, with the points where llama.cpp parts from the
+# float64 reference), then validates the float64 NumPy reference against
+# llama.cpp on the same prompts and on a random-weight model of every
+# architecture.  Not part of CI: run it by hand after changing a model, the
+# pins or the golden prompts; commit the files it writes.  The validation fails (exit 1) if the reference and llama.cpp
 # disagree: to float32 precision on an F32 copy of the model, or by more than
 # 0.2 relative L2 / a non-near-tie argmax on the quantized model.
 #
@@ -63,6 +65,16 @@ if [ "$check_only" = 0 ]; then
   CB_LLAMA_CPP_COMMIT="$CB_PIN_LLAMA_CPP_COMMIT" LLAMA_CPP_LIB_PATH="$LIBDIR" \
     "$VENV/bin/python" "$ROOT/tests/oracle/llamacpp_golden.py" \
       --model "$MODEL" --golden "$GOLDEN" --prompts "$PROMPTS" --dump-logits "$LOGITS"
+  # Gemma 3 one token at a time: this peer's batched path fails on it.
+  GEMMA="$ROOT/models/gemma-3-270m-q4_k_m.gguf"
+  [ -f "$GEMMA" ] || { log "$GEMMA not found (run scripts/setup.sh model)"; exit 1; }
+  CB_LLAMA_CPP_COMMIT="$CB_PIN_LLAMA_CPP_COMMIT" LLAMA_CPP_LIB_PATH="$LIBDIR" \
+    "$VENV/bin/python" "$ROOT/tests/oracle/llamacpp_golden.py" --model "$GEMMA" \
+      --golden "$ROOT/tests/golden/llamacpp_gemma3.json" --chat gemma --n-batch 1 \
+      --prompts "$ROOT/tests/golden/reference_prompts_gemma3.json"
+  "$("$ROOT/scripts/oracle_venv.sh" --print-python)" "$ROOT/tests/oracle/reference_divergences.py" \
+    --model "$GEMMA" --golden "$ROOT/tests/golden/llamacpp_gemma3.json" \
+    --prompts "$ROOT/tests/golden/reference_prompts_gemma3.json"
 fi
 
 ensure_venv
@@ -90,4 +102,21 @@ log "reference vs llama.cpp, F32 weights and KV cache (must agree to ~1e-6):"
 log "reference vs llama.cpp on the quantized model as shipped (activations rounded to 8 bits; ~1e-2):"
 "$PY" "$ROOT/tests/oracle/compare_reference.py" --reference "$ROOT/build/peer/reference" \
   --llamacpp "$LOGITS" --golden "$GOLDEN" --max-rel-l2 0.2
+# The float64 reference's reading of every architecture against llama.cpp's: a
+# random-weight model of each in F32 (write_random_gguf.py --type f32), F32 KV
+# cache, prompts fed one token at a time.  Agreement to float32 precision, but
+# for gemma3, where llama.cpp rounds GELU's inputs to f16 (~3e-4).
+ARCH_DIR="$ROOT/build/peer/arch-f32"
+mkdir -p "$ARCH_DIR"
+for arch in llama llama3 qwen2 qwen3 gemma3; do
+  "$PY" "$ROOT/tests/oracle/write_random_gguf.py" --arch "$arch" --type f32 --out "$ARCH_DIR"
+  "$PY" "$ROOT/tests/oracle/reference_forward.py" --no-cache --model "$ARCH_DIR/$arch.gguf" \
+    --prompts "$ARCH_DIR/$arch.prompts.json" --out "$ARCH_DIR/$arch-reference"
+  LLAMA_CPP_LIB_PATH="$LIBDIR" "$VENV/bin/python" "$ROOT/tests/oracle/llamacpp_logits.py" \
+    --model "$ARCH_DIR/$arch.gguf" --prompts "$ARCH_DIR/$arch.prompts.json" \
+    --out "$ARCH_DIR/$arch-llamacpp" --kv f32 --n-batch 1
+  log "reference vs llama.cpp, random-weight $arch, F32 weights and KV cache:"
+  "$PY" "$ROOT/tests/oracle/compare_reference.py" --reference "$ARCH_DIR/$arch-reference" \
+    --llamacpp "$ARCH_DIR/$arch-llamacpp" --max-rel-l2 "$([ "$arch" = gemma3 ] && echo 1e-3 || echo 1e-4)"
+done
 log "done"

@@ -25,13 +25,17 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #define CB_HAVE_AVX2_KERNELS 1
+#define CB_AVX2_KERNEL(f) f
 #else
 #define CB_HAVE_AVX2_KERNELS 0
+#define CB_AVX2_KERNEL(f) nullptr
 #endif
 #if defined(__aarch64__)
 #define CB_HAVE_NEON_KERNELS 1
+#define CB_NEON_KERNEL(f) f
 #else
 #define CB_HAVE_NEON_KERNELS 0
+#define CB_NEON_KERNEL(f) nullptr
 #endif
 
 namespace cb {
@@ -310,27 +314,13 @@ class CpuBackend final : public Backend {
   }
 
   void silu_mul(const float* gate, const float* up, int64_t n, float* out) override {
-    split(n, tasks_for(8 * n), 8, [&](int64_t i0, int64_t i1) {
-#if CB_HAVE_AVX2_KERNELS
-      if (level_ == Level::kAvx2) return avx2::silu_mul(gate + i0, up + i0, i1 - i0, out + i0);
-#endif
-#if CB_HAVE_NEON_KERNELS
-      if (level_ == Level::kNeon) return neon::silu_mul(gate + i0, up + i0, i1 - i0, out + i0);
-#endif
-      ref::silu_mul(gate + i0, up + i0, i1 - i0, out + i0);
-    });
+    gated(gate, up, n, out, CB_AVX2_KERNEL(avx2::silu_mul), CB_NEON_KERNEL(neon::silu_mul),
+          ref::silu_mul);
   }
 
   void gelu_mul(const float* gate, const float* up, int64_t n, float* out) override {
-    split(n, tasks_for(8 * n), 8, [&](int64_t i0, int64_t i1) {
-#if CB_HAVE_AVX2_KERNELS
-      if (level_ == Level::kAvx2) return avx2::gelu_mul(gate + i0, up + i0, i1 - i0, out + i0);
-#endif
-#if CB_HAVE_NEON_KERNELS
-      if (level_ == Level::kNeon) return neon::gelu_mul(gate + i0, up + i0, i1 - i0, out + i0);
-#endif
-      ref::gelu_mul(gate + i0, up + i0, i1 - i0, out + i0);
-    });
+    gated(gate, up, n, out, CB_AVX2_KERNEL(avx2::gelu_mul), CB_NEON_KERNEL(neon::gelu_mul),
+          ref::gelu_mul);
   }
 
   void scale(float* x, int64_t n, float s) override {
@@ -431,6 +421,18 @@ class CpuBackend final : public Backend {
 
   int64_t tasks_for(int64_t work, int64_t per_thread = 1) const {
     return std::clamp<int64_t>(work / kMinWorkPerTask, 1, per_thread * pool_.size());
+  }
+
+  // A gated activation (silu_mul, gelu_mul) in slices, by this level's kernel
+  // (null where the build has none).
+  using GateKernel = void (*)(const float*, const float*, int64_t, float*);
+  void gated(const float* gate, const float* up, int64_t n, float* out, GateKernel avx2_kernel,
+             GateKernel neon_kernel, GateKernel ref_kernel) {
+    GateKernel kernel = ref_kernel;
+    if (level_ == Level::kAvx2 && avx2_kernel) kernel = avx2_kernel;
+    if (level_ == Level::kNeon && neon_kernel) kernel = neon_kernel;
+    split(n, tasks_for(8 * n), 8,
+          [&](int64_t i0, int64_t i1) { kernel(gate + i0, up + i0, i1 - i0, out + i0); });
   }
 
   // Calls fn(begin, end) on up to n_tasks contiguous slices of [0, n), each

@@ -209,42 +209,34 @@ TEST(Attention, BackendWithSharedKeyTransposeMatchesTiles) {
   }
 }
 
-// Keys after a query's position must not matter: change them and compare.
-TEST(Attention, MaskedKeysAreIgnored) {
-  std::mt19937 rng(13);
-  const Case c{4, 2, 32, 50, {20, 3}};
+// Keys [begin, end) must not matter to any query row of c: change them and
+// compare, bit for bit, at every kernel level.
+void expect_keys_ignored(const Case& c, int64_t begin, int64_t end, unsigned seed) {
+  std::mt19937 rng(seed);
   Data d = make_data(rng, c);
+  Data changed = d;
+  const int64_t row = c.n_head_kv * c.head_dim;
+  for (int64_t i = begin * row; i < end * row; ++i) {
+    changed.k[static_cast<size_t>(i)] = 100.0f;
+    changed.v[static_cast<size_t>(i)] = -100.0f;
+  }
   for (CpuKernelLevel level : test::all_levels()) {
     auto be = make_cpu_backend(2, level);
     std::vector<float> before(d.q.size()), after(d.q.size());
     be->attention(d.args(c, before.data()));
-    Data changed = d;
-    for (size_t i = 21 * c.n_head_kv * c.head_dim; i < changed.k.size(); ++i) {
-      changed.k[i] = 100.0f;
-      changed.v[i] = -100.0f;
-    }
     be->attention(changed.args(c, after.data()));
-    EXPECT_TRUE(test::bitwise_equal(before, after));
+    EXPECT_TRUE(test::bitwise_equal(before, after)) << "level " << static_cast<int>(level);
   }
 }
 
-// Keys before a query's window must not matter either.
+// Keys after a query's position.
+TEST(Attention, MaskedKeysAreIgnored) {
+  expect_keys_ignored({4, 2, 32, 50, {20, 3}}, 21, 50, 13);
+}
+
+// Keys before a query's window: the rows see keys 104.. and 85...
 TEST(Attention, KeysBeforeTheWindowAreIgnored) {
-  std::mt19937 rng(17);
-  const Case c{4, 2, 32, 120, {119, 100}, 16};  // the rows see keys 104.. and 85..
-  Data d = make_data(rng, c);
-  for (CpuKernelLevel level : test::all_levels()) {
-    auto be = make_cpu_backend(2, level);
-    std::vector<float> before(d.q.size()), after(d.q.size());
-    be->attention(d.args(c, before.data()));
-    Data changed = d;
-    for (size_t i = 0; i < static_cast<size_t>(85 * c.n_head_kv * c.head_dim); ++i) {
-      changed.k[i] = 100.0f;
-      changed.v[i] = -100.0f;
-    }
-    be->attention(changed.args(c, after.data()));
-    EXPECT_TRUE(test::bitwise_equal(before, after));
-  }
+  expect_keys_ignored({4, 2, 32, 120, {119, 100}, 16}, 0, 85, 17);
 }
 
 TEST(Attention, BackendIndependentOfThreadCount) {

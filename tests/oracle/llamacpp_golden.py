@@ -42,6 +42,9 @@ from pathlib import Path
 import numpy as np
 import llama_cpp
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from golden_json import dump  # noqa: E402
+
 N_GEN = 32
 N_CTX = 512
 N_THREADS = 2
@@ -133,32 +136,6 @@ def sha256_file(path: Path) -> str:
         for b in iter(lambda: f.read(1 << 22), b""):
             h.update(b)
     return h.hexdigest()
-
-
-def dump(doc: dict) -> str:
-    """JSON with one line per field of each list entry (readable diffs, compact id lists)."""
-    def c(v):
-        return json.dumps(v, ensure_ascii=False)
-    out = ["{"]
-    keys = list(doc)
-    for i, k in enumerate(keys):
-        v = doc[k]
-        sep = "," if i < len(keys) - 1 else ""
-        if isinstance(v, list):
-            out.append(f" {c(k)}: [")
-            for j, e in enumerate(v):
-                fields = ",\n".join(f"   {c(fk)}: {c(fv)}" for fk, fv in e.items())
-                out.append("  {\n" + fields + "\n  }" + ("," if j < len(v) - 1 else ""))
-            out.append(" ]" + sep)
-        elif isinstance(v, dict):
-            fields = ",\n".join(f"  {c(fk)}: {c(fv)}" for fk, fv in v.items())
-            out.append(f" {c(k)}: {{\n{fields}\n }}{sep}")
-        else:
-            out.append(f" {c(k)}: {c(v)}{sep}")
-    out.append("}")
-    text = "\n".join(out) + "\n"
-    assert json.loads(text) == doc
-    return text
 
 
 def main() -> int:

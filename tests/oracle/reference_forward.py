@@ -224,9 +224,10 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-def forward(m: Model, prompts: list[list[int]]) -> list[np.ndarray]:
+def forward(m: Model, prompts: list[list[int]], last_n: int = 1) -> list[np.ndarray]:
     """Runs all prompts layer by layer (each tensor dequantized once); returns
-    each prompt's last-position logits (float64, n_vocab)."""
+    each prompt's logits (float64) of its last position (n_vocab), or with
+    last_n > 1 of its last last_n positions (last_n x n_vocab)."""
     emb = m.weight("token_embd.weight")  # (n_vocab, n_embd)
     for ids in prompts:
         if not ids or min(ids) < 0 or max(ids) >= m.n_vocab:
@@ -278,7 +279,9 @@ def forward(m: Model, prompts: list[list[int]]) -> list[np.ndarray]:
             xs[i] = x
     out_norm = m.weight("output_norm.weight")
     w_out = m.weight("output.weight") if m.has("output.weight") else emb
-    return [rmsnorm(x[-1], out_norm, m.eps) @ w_out.T for x in xs]
+    if last_n == 1:
+        return [rmsnorm(x[-1], out_norm, m.eps) @ w_out.T for x in xs]
+    return [rmsnorm(x[-last_n:], out_norm, m.eps) @ w_out.T for x in xs]
 
 
 def main() -> int:

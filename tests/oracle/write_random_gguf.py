@@ -11,7 +11,8 @@ per-pair frequency divisors (rope_freqs.weight).  Writes DIR/<arch>.gguf and
 DIR/<arch>.prompts.json ({"prompts": [{"name",
 "ids"}]}, reference_forward.py's input).  The shapes are small but keep
 what the architectures differ in: grouped-query attention (4 query heads on
-2 KV heads), a head size that is not the embedding size's share, untied
+2 KV heads), a head size that is not the embedding size's share (but for
+qwen2, whose loader in llama.cpp takes the share), untied
 output weights, for qwen2 the Q/K/V biases (drawn large enough to matter),
 for qwen3 the per-head Q/K norms, and for both NEOX-style RoPE.  gemma3 adds
 to qwen3's the embedding scale, the output norms of the attention and the
@@ -62,6 +63,9 @@ def main():
              "q8_0": gguf.GGMLQuantizationType.Q8_0, "q5_0": gguf.GGMLQuantizationType.Q5_0,
              "q5_1": gguf.GGMLQuantizationType.Q5_1}[a.type]
 
+    global HEAD_DIM
+    if a.arch == "qwen2":
+        HEAD_DIM = N_EMBD // N_HEAD
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / f"{a.arch}.gguf"
     arch = "llama" if a.arch == "llama3" else a.arch
@@ -93,7 +97,7 @@ def main():
     def matrix(name, n_out, n_in):
         x = rng.standard_normal((n_out, n_in)).astype(np.float32) / np.sqrt(n_in)
         if qtype == gguf.GGMLQuantizationType.F32:
-            w.add_tensor(name, x)
+            w.add_tensor(name, x.astype(np.float32))
         elif qtype == gguf.GGMLQuantizationType.F16:
             w.add_tensor(name, x.astype(np.float16))
         else:
