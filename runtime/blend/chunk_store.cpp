@@ -12,6 +12,7 @@ class SharedChunkSource final : public ChunkLayerSource {
     return reader_.fetch_layer(layer, k, v);
   }
   uint64_t layer_bytes(int64_t layer) const override { return reader_.layer_bytes(layer); }
+  std::optional<cache::KvShape> shape() const override { return kv_->shape; }
 
  private:
   std::shared_ptr<const cache::ChunkKV> kv_;
