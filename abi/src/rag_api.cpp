@@ -94,6 +94,7 @@ void cb_store_options_init_sized(cb_store_options* opts, size_t struct_size) {
   d.codec = static_cast<cb_codec>(store.codec);
   d.read_bytes_per_sec = store.read_bytes_per_sec;
   d.busy_timeout_ms = store.busy_timeout_ms;
+  d.redis_timeout_ms = cb::cache::RedisOptions{}.command_timeout_ms;
   write_defaults(opts, d, struct_size);
 }
 
@@ -131,8 +132,28 @@ cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
     so.codec = static_cast<cb::cache::Codec>(codec);
     so.read_bytes_per_sec = o.read_bytes_per_sec;
     so.busy_timeout_ms = o.busy_timeout_ms;
+    cb::ChunkCacheTiers tiers;
+    tiers.ram_budget_bytes = o.ram_budget_bytes;
+    if (o.slow_dir != nullptr) {
+      require(*o.slow_dir != '\0', "slow_dir is empty (NULL: no slow tier)");
+      tiers.slow_dir = o.slow_dir;
+    }
+    tiers.slow_read_bytes_per_sec = o.slow_read_bytes_per_sec;
+    if (o.redis_address != nullptr) {
+      require(o.redis_timeout_ms > 0, "redis_timeout_ms must be positive");
+      cb::cache::RedisOptions ro;
+      ro.codec = so.codec;
+      cb::cache::parse_redis_address(o.redis_address, ro);  // kInvalidArgument names the problem
+      if (o.redis_password != nullptr) ro.password = o.redis_password;
+      if (o.redis_username != nullptr) ro.username = o.redis_username;
+      ro.connect_timeout_ms = ro.command_timeout_ms = o.redis_timeout_ms;
+      tiers.redis = ro;
+    } else {
+      require(o.redis_password == nullptr && o.redis_username == nullptr,
+              "redis_password or redis_username set without redis_address");
+    }
     auto cache = std::make_unique<cb_chunk_cache>();
-    cache->impl = std::make_unique<cb::ChunkCache>(dir, so, o.assumed_read_bytes_per_sec);
+    cache->impl = std::make_unique<cb::ChunkCache>(dir, so, o.assumed_read_bytes_per_sec, tiers);
     live_handles().add(HandleKind::kCache, cache.get());
     *out_cache = cache.release();
     return CB_OK;

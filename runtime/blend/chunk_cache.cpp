@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "platform/error.h"
+#include "runtime/blend/redis_chunk_store.h"
 
 namespace cb {
 namespace {
@@ -18,15 +19,56 @@ constexpr size_t kPendingSaves = 2;
 ChunkCache::ChunkCache() = default;
 
 ChunkCache::ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
-                       double assumed_read_bytes_per_sec)
-    : flash_(std::make_unique<FlashChunkStore>(
+                       double assumed_read_bytes_per_sec, const ChunkCacheTiers& tiers)
+    : flash_(std::make_shared<FlashChunkStore>(
           std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir, opts)))),
-      assumed_read_bytes_per_sec_(assumed_read_bytes_per_sec) {}
+      assumed_read_bytes_per_sec_(assumed_read_bytes_per_sec) {
+  if (!tiers.any()) return;
+  // Read speeds placement would predict with (it has no compute model here,
+  // so only their order matters): RAM free, flash at its assumed speed or a
+  // typical one, the slow directory at its cap, the server at about 1 GbE.
+  const auto tier = [](const char* name, double read, int rank, std::shared_ptr<ChunkStore> store,
+                       std::optional<cache::Codec> codec, uint64_t capacity) {
+    ChunkTier t;
+    t.cost.name = name;
+    t.cost.read_bytes_per_s = read;
+    t.cost.cost_rank = rank;
+    t.store = std::move(store);
+    t.codec = codec;
+    t.capacity_bytes = capacity;
+    return t;
+  };
+  std::vector<ChunkTier> list;
+  if (tiers.ram_budget_bytes > 0) {
+    ram_tier_ = std::make_shared<RamChunkStore>();
+    list.push_back(tier("ram", 0.0, 3, ram_tier_, std::nullopt, tiers.ram_budget_bytes));
+  }
+  const double flash_read = assumed_read_bytes_per_sec > 0.0 ? assumed_read_bytes_per_sec
+                            : opts.read_bytes_per_sec > 0
+                                ? static_cast<double>(opts.read_bytes_per_sec)
+                                : 1e9;
+  list.push_back(tier("flash", flash_read, 2, flash_, opts.codec, 0));
+  if (!tiers.slow_dir.empty()) {
+    cache::StoreOptions slow_opts = opts;
+    slow_opts.read_bytes_per_sec = tiers.slow_read_bytes_per_sec;
+    slow_ = std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(tiers.slow_dir, slow_opts));
+    const double read = tiers.slow_read_bytes_per_sec > 0
+                            ? static_cast<double>(tiers.slow_read_bytes_per_sec)
+                            : flash_read / 10.0;
+    list.push_back(tier("slow", read, 1, std::make_shared<FlashChunkStore>(slow_), opts.codec, 0));
+  }
+  if (tiers.redis) {
+    redis_ = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(*tiers.redis));
+    list.push_back(
+        tier("redis", 1.25e8, 0, std::make_shared<RedisChunkStore>(redis_), tiers.redis->codec, 0));
+  }
+  tiered_ = std::make_unique<TieredChunkStore>(std::move(list));
+}
 
 ChunkCache::~ChunkCache() {
   saves_.reset();  // runs the saves still queued
   try {
-    if (flash_) flash_->store().flush();
+    flush();
   } catch (...) {
   }
 }
@@ -45,11 +87,23 @@ void ChunkCache::clear() {
   } else {
     table_.clear();
   }
+  if (ram_tier_) ram_tier_->clear();
+  if (slow_) {
+    slow_->flush();
+    slow_->clear();
+  }
+  if (redis_) {
+    redis_->flush();
+    redis_->clear();
+  }
+  if (tiered_) tiered_->forget_all();
 }
 
 void ChunkCache::flush() {
   if (saves_) saves_->flush();
   if (flash_) flash_->store().flush();
+  if (slow_) slow_->flush();
+  if (redis_) redis_->flush();
 }
 
 LoadingController& ChunkCache::controller_for(Session& s, const std::string& device) {

@@ -7,19 +7,33 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 
 #include "cache/flash_store.h"
+#include "cache/redis_store.h"
 #include "cache/write_back_queue.h"
 #include "runtime/blend/calibration.h"
 #include "runtime/blend/chunk_store.h"
 #include "runtime/blend/flash_chunk_store.h"
 #include "runtime/blend/loading_controller.h"
 #include "runtime/blend/rag_request.h"
+#include "runtime/blend/tiered_chunk_store.h"
 #include "runtime/session.h"
 
 namespace cb {
+
+// Storage tiers around the store on flash (tiered_chunk_store.h): all off by
+// default.  New chunks go to the fastest tier (no compute model is known
+// when the cache opens) and move down as the RAM budget overflows.
+struct ChunkCacheTiers {
+  uint64_t ram_budget_bytes = 0;         // > 0: a RAM tier (decoded f32 bytes) before flash
+  std::string slow_dir;                  // a slower directory after flash (an SD card); "": none
+  uint64_t slow_read_bytes_per_sec = 0;  // its read cap; 0: none
+  std::optional<cache::RedisOptions> redis;  // a Redis server as the last tier
+  bool any() const { return ram_budget_bytes > 0 || !slow_dir.empty() || redis.has_value(); }
+};
 
 class ChunkCache {
  public:
@@ -29,18 +43,24 @@ class ChunkCache {
   // assumed_read_bytes_per_sec pins the store's read speed for the loading
   // controller; 0 lets it be measured.
   ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
-             double assumed_read_bytes_per_sec);
+             double assumed_read_bytes_per_sec, const ChunkCacheTiers& tiers = {});
   // Pending store writes and calibration saves finish first; a failure
   // then has nowhere to go, and what it concerns is simply absent.
   ~ChunkCache();
   ChunkCache(const ChunkCache&) = delete;
   ChunkCache& operator=(const ChunkCache&) = delete;
 
-  ChunkStore& kv() { return flash_ ? static_cast<ChunkStore&>(*flash_) : table_; }
+  ChunkStore& kv() {
+    if (tiered_) return *tiered_;
+    return flash_ ? static_cast<ChunkStore&>(*flash_) : table_;
+  }
+  // The tiers around the store on flash; null without tiers.
+  const TieredChunkStore* tiers() const { return tiered_.get(); }
   // The store on flash; null in RAM.
   cache::FlashStore* store() { return flash_ ? &flash_->store() : nullptr; }
   const cache::FlashStore* store() const { return flash_ ? &flash_->store() : nullptr; }
-  // Entries and bytes; on flash the store's whole statistics.
+  // Entries and bytes; on flash the store's whole statistics (with tiers:
+  // the flash tier's).
   cache::StoreStats stats() const;
   void clear();
   // Returns once queued store writes and calibration saves are done.
@@ -61,7 +81,12 @@ class ChunkCache {
   LoadingController& controller_for(Session& s, const std::string& device);
 
   RamChunkStore table_;
-  std::unique_ptr<FlashChunkStore> flash_;
+  std::shared_ptr<FlashChunkStore> flash_;
+  // With tiers: the stores besides flash, and the store over all of them.
+  std::shared_ptr<RamChunkStore> ram_tier_;
+  std::shared_ptr<cache::FlashStore> slow_;
+  std::shared_ptr<cache::RedisStore> redis_;
+  std::unique_ptr<TieredChunkStore> tiered_;
   double assumed_read_bytes_per_sec_ = 0.0;
   std::mutex auto_mu_;  // serializes auto-ratio requests: the controller learns from each
   std::unique_ptr<CalibrationDb> calibration_db_;

@@ -348,6 +348,17 @@ bool TieredChunkStore::remove(const cache::ChunkKey& key) {
   return any;
 }
 
+void TieredChunkStore::forget_all() {
+  State& s = *state_;
+  std::lock_guard lock(s.mu);
+  for (State::Tier& t : s.tiers) {
+    t.entries.clear();
+    t.lru.clear();
+    t.stats.budget_bytes = 0;
+  }
+  s.slow_hits.clear();
+}
+
 TieredStats TieredChunkStore::stats() const {
   const State& s = *state_;
   std::lock_guard lock(s.mu);

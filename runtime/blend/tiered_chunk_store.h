@@ -89,6 +89,10 @@ class TieredChunkStore final : public ChunkStore {
   // From every tier.  false: no tier had it.
   bool remove(const cache::ChunkKey& key) override;
 
+  // Forgets what the budgets hold and the promotion counts: for after the
+  // tiers' own stores were cleared.
+  void forget_all();
+
   // The tier (index) a new chunk of this shape is placed in.
   size_t placement(const cache::KvShape& shape) const;
   size_t n_tiers() const;

@@ -574,6 +574,24 @@ typedef struct cb_store_options {
    * it, and it is kept in DIR/calibration.sqlite as an override until a
    * cache is opened with 0 here.  0 (default): measured on this device. */
   double assumed_read_bytes_per_sec;
+  /* Storage tiers around the store on flash, all off by default (fields
+   * added after assumed_read_bytes_per_sec: a program built with an earlier
+   * header passes a shorter struct and gets none).  With tiers, a chunk is
+   * read from the fastest tier holding it, a chunk read in full from a
+   * slower tier is copied one tier up, and new chunks go to the fastest tier
+   * and move down as the RAM budget overflows (least recently used first).
+   * The strings are copied by cb_chunk_cache_open. */
+  uint64_t ram_budget_bytes;        /* > 0: a RAM tier of this many bytes (f32 KV) before flash */
+  const char* slow_dir;             /* a slower directory after flash (an SD card); NULL: none */
+  uint64_t slow_read_bytes_per_sec; /* that directory's read cap; 0: none */
+  /* A Redis or Valkey server as the last tier: "host:port" or
+   * "redis://[[user]:password@]host[:port][/db]".  No TLS.  NULL: none.  A
+   * server that is down, slow, full or answers errors makes misses and
+   * dropped writes, never errors; it is not contacted beyond the timeout. */
+  const char* redis_address;
+  const char* redis_password; /* NULL: the address's, if any */
+  const char* redis_username; /* ACL user; NULL: the address's, or the default user */
+  int32_t redis_timeout_ms;   /* connect and command timeout; default 1000 */
 } cb_store_options;
 
 /* Sets opts->struct_size and the defaults.  NULL is ignored. */
