@@ -176,15 +176,22 @@ class RedisStore::Connection {
   ReplyPtr command(std::initializer_list<std::string_view> args) {
     std::lock_guard lock(mu_);
     SigpipeBlock no_sigpipe;
-    if (!ctx_ && !connect()) return nullptr;
+    if (!ctx_ && !connect()) {
+      up_.store(false, std::memory_order_relaxed);
+      return nullptr;
+    }
     ReplyPtr reply = run(args);
     if (!reply) {
       owner_.note_error("redis " + std::string(*args.begin()) + " on " + address() +
                         " failed: " + (ctx_->errstr[0] ? ctx_->errstr : "no reply"));
       drop();
     }
+    up_.store(reply != nullptr, std::memory_order_relaxed);
     return reply;
   }
+
+  // Whether the last command found the server answering.
+  bool up() const { return up_.load(std::memory_order_relaxed); }
 
  private:
   std::string address() const { return options_.host + ":" + std::to_string(options_.port); }
@@ -260,6 +267,7 @@ class RedisStore::Connection {
   const RedisOptions& options_;
   RedisStore& owner_;
   std::mutex mu_;
+  std::atomic<bool> up_{false};
   redisContext* ctx_ = nullptr;
   std::chrono::steady_clock::time_point retry_at_{};
   std::string connect_error_;  // why the last connect failed
@@ -365,6 +373,10 @@ std::string RedisStore::value_name(const ChunkKey& key) const {
   ChunkKey resolved = key;
   resolved.codec = resolve(key);
   return options_.key_prefix + serialize_key(resolved);
+}
+
+bool RedisStore::reachable() const {
+  return reader_->up();
 }
 
 bool RedisStore::ping() {

@@ -137,6 +137,9 @@ class RedisStore {
 
   // True when the server answers PING (connecting if needed).
   bool ping();
+  // Whether the last lookup, layer read or ping answered (sent nothing):
+  // false while the server is down, unreachable or refuses this client.
+  bool reachable() const;
 
   std::optional<RedisChunkHandle> lookup(const ChunkKey& key);
   // Reads, verifies and decodes one layer into k_out and v_out (each

@@ -24,12 +24,15 @@ ChunkCache::ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
           std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir, opts)))),
       assumed_read_bytes_per_sec_(assumed_read_bytes_per_sec) {
   if (!tiers.any()) return;
-  // Read speeds placement would predict with (it has no compute model here,
-  // so only their order matters): RAM free, flash at its assumed speed or a
-  // typical one, the slow directory at its cap, the server at about 1 GbE.
+  if (!(tiers.placement_ratio >= 0.0 && tiers.placement_ratio <= 1.0))
+    fail(ErrorCode::kInvalidArgument, "placement ratio must be in [0, 1]");
+  // Read speeds placement predicts with until the calibration knows a
+  // tier: RAM free, flash at its assumed speed or a typical one, the slow
+  // directory at its cap, the server at about 1 GbE.
   const auto tier = [](const char* name, double read, int rank, std::shared_ptr<ChunkStore> store,
-                       std::optional<cache::Codec> codec, uint64_t capacity) {
+                       std::optional<cache::Codec> codec, uint64_t capacity, bool shared = false) {
     ChunkTier t;
+    t.shared = shared;
     t.cost.name = name;
     t.cost.read_bytes_per_s = read;
     t.cost.cost_rank = rank;
@@ -59,10 +62,12 @@ ChunkCache::ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
   }
   if (tiers.redis) {
     redis_ = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(*tiers.redis));
-    list.push_back(
-        tier("redis", 1.25e8, 0, std::make_shared<RedisChunkStore>(redis_), tiers.redis->codec, 0));
+    list.push_back(tier("redis", 1.25e8, 0, std::make_shared<RedisChunkStore>(redis_),
+                        tiers.redis->codec, 0, true));
   }
-  tiered_ = std::make_unique<TieredChunkStore>(std::move(list));
+  TieredChunkStoreOptions topts;
+  topts.ratio = tiers.placement_ratio;
+  tiered_ = std::make_unique<TieredChunkStore>(std::move(list), topts);
 }
 
 ChunkCache::~ChunkCache() {
@@ -79,6 +84,63 @@ cache::StoreStats ChunkCache::stats() const {
   st.entries = table_.size();
   st.bytes = table_.bytes();
   return st;
+}
+
+TieredStats ChunkCache::tier_stats() const {
+  if (tiered_) return tiered_->stats();
+  TieredStats out;
+  if (flash_) {
+    const cache::StoreStats st = flash_->store().stats();
+    TierStats t;
+    t.name = "flash";
+    t.hits = st.hits;
+    t.misses = st.misses;
+    t.bytes_read = st.bytes_read;
+    out.tiers.push_back(t);
+    out.misses = st.misses;
+  }
+  return out;
+}
+
+void ChunkCache::prepare_placement(Session& s, int n_threads) {
+  if (!tiered_ || tiered_->has_calibration(s.model().fingerprint())) return;
+  std::lock_guard lock(auto_mu_);
+  if (tiered_->has_calibration(s.model().fingerprint())) return;
+  LoadingController& ctrl = controller_for(s, default_device_id(s.backend().name(), n_threads));
+  tiered_->set_calibration(s.model().fingerprint(), ctrl.calibration());
+}
+
+void ChunkCache::add(const cache::ChunkKey& key, cache::ChunkKV kv) {
+  if (tiered_) {
+    const std::optional<size_t> tier = tiered_->put_placed(key, std::move(kv));
+    flush();  // queued puts (flash, the slow directory, the server) are done
+    if (!tier) {
+      std::string why;
+      for (const TierStats& t : tiered_->stats().tiers)
+        if (!t.last_error.empty()) why += " " + t.name + ": " + t.last_error + ";";
+      fail(ErrorCode::kIo, "no storage tier took the chunk's KV" +
+                               (why.empty() ? std::string() : " (" + why.substr(1) + ")"));
+    }
+    return;
+  }
+  if (!flash_) {
+    table_.put(key, std::move(kv));
+    return;
+  }
+  cache::PutResult put;
+  try {
+    put = flash_->store().put(key, kv.view());
+  } catch (const Error& err) {
+    // The store refuses values its codec cannot hold (inf, NaN, beyond f16):
+    // not the caller's argument, so not kInvalidArgument.
+    if (err.code() != ErrorCode::kInvalidArgument) throw;
+    fail(ErrorCode::kUnsupported,
+         std::string("the chunk's KV cannot be stored on flash: ") + err.what());
+  }
+  if (put == cache::PutResult::kNoRoom)
+    fail(ErrorCode::kIo,
+         "the chunk does not fit in the cache on flash (larger than its capacity_bytes, or every "
+         "other entry is pinned)");
 }
 
 void ChunkCache::clear() {
@@ -143,6 +205,7 @@ std::span<const float> ChunkCache::prefill(Session& s, const RagPrompt& prompt,
   std::unique_lock<std::mutex> auto_lock;
   std::string device;
   try {
+    prepare_placement(s, n_threads);  // before anything uses the (empty) session
     if (auto_ratio) {
       auto_lock = std::unique_lock<std::mutex>(auto_mu_);
       device = default_device_id(s.backend().name(), n_threads);

@@ -25,13 +25,17 @@
 namespace cb {
 
 // Storage tiers around the store on flash (tiered_chunk_store.h): all off by
-// default.  New chunks go to the fastest tier (no compute model is known
-// when the cache opens) and move down as the RAM budget overflows.
+// default.  New chunks are placed for `placement_ratio` with the compute
+// model of their model on this device: the one the loading controller
+// measures (a short probe in the caller's session the first time a model
+// puts a chunk, then kept in DIR/calibration.sqlite).  The Redis tier is
+// shared: every new chunk is also written there, for other devices.
 struct ChunkCacheTiers {
   uint64_t ram_budget_bytes = 0;         // > 0: a RAM tier (decoded f32 bytes) before flash
   std::string slow_dir;                  // a slower directory after flash (an SD card); "": none
   uint64_t slow_read_bytes_per_sec = 0;  // its read cap; 0: none
   std::optional<cache::RedisOptions> redis;  // a Redis server as the last tier
+  double placement_ratio = kDefaultRatio;    // the recompute ratio new chunks are placed for
   bool any() const { return ram_budget_bytes > 0 || !slow_dir.empty() || redis.has_value(); }
 };
 
@@ -62,6 +66,21 @@ class ChunkCache {
   // Entries and bytes; on flash the store's whole statistics (with tiers:
   // the flash tier's).
   cache::StoreStats stats() const;
+  // Per tier, fastest first: with tiers, the tiered store's counters; on
+  // flash alone, one tier "flash" (hits, misses, bytes read); in RAM, none.
+  TieredStats tier_stats() const;
+
+  // With tiers: gives placement the compute model of the session's model
+  // on this device (measured by a short probe in `s`, which must be empty,
+  // the first time; kept beside the store), once per model.  A no-op
+  // without tiers.
+  void prepare_placement(Session& s, int n_threads);
+  // Stores a chunk computed by an ingest step now (not queued: an ingest
+  // adds many chunks quickly and must lose none to a full write-back
+  // queue, and the chunk must be found right after).  With tiers, in the
+  // tier placement picks (and the shared tier); throws cb::Error(kIo) when
+  // no tier takes it.  Without tiers, in the store on flash (or in RAM).
+  void add(const cache::ChunkKey& key, cache::ChunkKV kv);
   void clear();
   // Returns once queued store writes and calibration saves are done.
   void flush();

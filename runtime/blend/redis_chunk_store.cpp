@@ -1,5 +1,7 @@
 #include "runtime/blend/redis_chunk_store.h"
 
+#include "platform/error.h"
+
 namespace cb {
 namespace {
 
@@ -27,14 +29,24 @@ class RedisChunkSource final : public ChunkLayerSource {
 
 }  // namespace
 
+[[noreturn]] void RedisChunkStore::unreachable() const {
+  fail(ErrorCode::kIo, "redis server unreachable: " + store_->stats().last_error);
+}
+
 std::unique_ptr<ChunkLayerSource> RedisChunkStore::find(const cache::ChunkKey& key) {
   std::optional<cache::RedisChunkHandle> h = store_->lookup(key);
-  if (!h) return nullptr;
+  if (!h) {
+    if (!store_->reachable()) unreachable();
+    return nullptr;
+  }
   return std::make_unique<RedisChunkSource>(store_, std::move(*h));
 }
 
 void RedisChunkStore::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
-  store_->put_async(key, std::move(kv));
+  // Known down: refused here, so a tiered store keeps the chunk elsewhere.
+  if (!store_->reachable() && !store_->ping()) unreachable();
+  if (!store_->put_async(key, std::move(kv)))
+    fail(ErrorCode::kIo, "redis write-back queue full: chunk not stored");
 }
 
 }  // namespace cb

@@ -2,7 +2,10 @@
 // cache::RedisStore.  Lookups read the value's header, layers are read one
 // GETRANGE at a time as the fusor asks for them, and new chunks are written
 // back asynchronously so a miss never waits for the network.  A server that
-// is down, slow or full makes misses and dropped puts, never errors.
+// is down or unreachable makes find and put throw cb::Error(kIo) with the
+// store's last error (a tiered store counts that as the tier failing and
+// goes on without it); one that is slow or full makes misses and dropped
+// puts.
 #pragma once
 
 #include <memory>
@@ -16,8 +19,9 @@ class RedisChunkStore final : public ChunkStore {
  public:
   explicit RedisChunkStore(std::shared_ptr<cache::RedisStore> store) : store_(std::move(store)) {}
   std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) override;
-  // Queued for write-back; dropped (and counted in the store's stats) when
-  // the queue is full or the server refuses it.
+  // Queued for write-back; kIo when the server is known to be down (the
+  // last read found it so, and a PING now does too) or the queue is full.
+  // A server that refuses the write later counts it in the store's stats.
   void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
   // After the write-backs queued before it, the value goes (DEL).
   bool remove(const cache::ChunkKey& key) override {
@@ -28,6 +32,7 @@ class RedisChunkStore final : public ChunkStore {
   const cache::RedisStore& store() const { return *store_; }
 
  private:
+  [[noreturn]] void unreachable() const;
   std::shared_ptr<cache::RedisStore> store_;
 };
 

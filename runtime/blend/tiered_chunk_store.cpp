@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <list>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -54,7 +55,8 @@ struct TieredChunkStore::State {
   };
 
   State(std::vector<ChunkTier> configs, TieredChunkStoreOptions opts, Calibration cal)
-      : options(std::move(opts)), controller(std::move(cal), options.controller) {
+      : options(std::move(opts)),
+        controller(std::make_shared<LoadingController>(std::move(cal), options.controller)) {
     for (ChunkTier& c : configs) {
       Tier t;
       t.stats.name = c.cost.name;
@@ -146,18 +148,26 @@ struct TieredChunkStore::State {
   }
 
   // Puts the chunk in tier i, or the first tier below it that takes it.
-  bool store_in(size_t i, const cache::ChunkKey& key, const std::string& id, cache::ChunkKV kv,
-                Arrival arrival) {
+  // `skip_shared`: pass over the shared tiers below i (a put already wrote
+  // through to them).
+  // Returns the tier that took it.
+  // `only_this`: tier i or nothing.
+  std::optional<size_t> store_in(size_t i, const cache::ChunkKey& key, const std::string& id,
+                                 cache::ChunkKV kv, Arrival arrival, bool skip_shared = false,
+                                 bool only_this = false) {
     const uint64_t bytes = decoded_bytes(kv);
-    for (; i < tiers.size(); ++i) {
+    const size_t first = i;
+    const size_t end = only_this ? i + 1 : tiers.size();
+    for (; i < end; ++i) {
       Tier& t = tiers[i];
+      if (skip_shared && i > first && t.config.shared) continue;
       const bool budgeted = t.config.capacity_bytes > 0;
       if (budgeted) {
         if (bytes > t.config.capacity_bytes) continue;  // never fits here
         forget(i, id);                                  // a put of a chunk already here replaces it
         make_room(i, bytes);
       }
-      const bool last = i + 1 == tiers.size();
+      const bool last = i + 1 == end;
       try {
         // A copy for every tier but the last: the chunk must survive a put
         // that fails.
@@ -174,9 +184,9 @@ struct TieredChunkStore::State {
       (arrival == Arrival::kPlaced     ? t.stats.placed
        : arrival == Arrival::kPromoted ? t.stats.promoted_in
                                        : t.stats.demoted_in)++;
-      return true;
+      return i;
     }
-    return false;
+    return std::nullopt;
   }
 
   // A promoting source read every layer of the chunk from tier `from`.
@@ -193,9 +203,26 @@ struct TieredChunkStore::State {
     }
   }
 
+  // Copies of a new chunk placed in tier `placed` into the shared tiers
+  // below it.
+  void write_through(size_t placed, const cache::ChunkKey& key, const cache::ChunkKV& kv) {
+    for (size_t j = placed + 1; j < tiers.size(); ++j) {
+      if (!tiers[j].config.shared) continue;
+      try {
+        tiers[j].config.store->put(key, cache::ChunkKV(kv));
+        tiers[j].stats.placed++;
+      } catch (const std::exception& e) {
+        note_failure(j, e.what());
+      }
+    }
+  }
+
   std::vector<Tier> tiers;
   TieredChunkStoreOptions options;
-  LoadingController controller;  // placement's predictions; thread-safe on its own
+  // Placement's predictions (thread-safe on their own): the options'
+  // calibration, and per model the one set_calibration gave.
+  std::shared_ptr<LoadingController> controller;
+  std::map<std::string, std::shared_ptr<LoadingController>> model_controllers;
   mutable std::mutex mu;
   uint64_t misses = 0;
   std::unordered_map<std::string, int> slow_hits;
@@ -203,31 +230,43 @@ struct TieredChunkStore::State {
 
 namespace {
 
-// Serves a chunk from a slower tier and keeps a copy of each layer read;
-// once every layer has been read, the copy goes one tier up.
-class PromotingSource final : public ChunkLayerSource {
+// Serves a chunk from tier `from`, counting what it reads there; from a
+// slower tier it also keeps a copy of each layer read, and once every layer
+// has been read, the copy goes one tier up.
+class TierSource final : public ChunkLayerSource {
  public:
   using State = TieredChunkStore::State;
-  PromotingSource(std::shared_ptr<State> state, std::unique_ptr<ChunkLayerSource> inner,
-                  cache::ChunkKey key, size_t from, const cache::KvShape& shape)
-      : state_(std::move(state)),
-        inner_(std::move(inner)),
-        key_(std::move(key)),
-        from_(from),
-        copy_(shape),
-        got_(static_cast<size_t>(shape.n_layers), false) {}
+  TierSource(std::shared_ptr<State> state, std::unique_ptr<ChunkLayerSource> inner,
+             cache::ChunkKey key, size_t from, std::optional<cache::KvShape> shape)
+      : state_(std::move(state)), inner_(std::move(inner)), key_(std::move(key)), from_(from) {
+    if (from_ > 0 && shape) {
+      copy_.emplace(*shape);
+      got_.assign(static_cast<size_t>(shape->n_layers), false);
+    }
+  }
 
   bool fetch_layer(int64_t layer, float* k, float* v) override {
     if (!inner_->fetch_layer(layer, k, v)) {
       failed_ = true;
+      std::lock_guard lock(state_->mu);
+      state_->tiers[from_].stats.read_failures++;
       return false;
     }
-    if (failed_ || layer < 0 || layer >= copy_.shape.n_layers || got_[layer]) return true;
-    const size_t n = static_cast<size_t>(copy_.shape.layer_floats());
-    std::memcpy(copy_.k_layer(static_cast<int>(layer)), k, n * sizeof(float));
-    std::memcpy(copy_.v_layer(static_cast<int>(layer)), v, n * sizeof(float));
+    {
+      const uint64_t bytes = inner_->layer_bytes(layer);
+      std::lock_guard lock(state_->mu);
+      state_->tiers[from_].stats.bytes_read += bytes;
+    }
+    if (!copy_ || failed_ || layer < 0 || layer >= copy_->shape.n_layers || got_[layer])
+      return true;
+    const size_t n = static_cast<size_t>(copy_->shape.layer_floats());
+    std::memcpy(copy_->k_layer(static_cast<int>(layer)), k, n * sizeof(float));
+    std::memcpy(copy_->v_layer(static_cast<int>(layer)), v, n * sizeof(float));
     got_[layer] = true;
-    if (++n_got_ == copy_.shape.n_layers) state_->on_full_read(key_, std::move(copy_), from_);
+    if (++n_got_ == copy_->shape.n_layers) {
+      state_->on_full_read(key_, std::move(*copy_), from_);
+      copy_.reset();
+    }
     return true;
   }
   uint64_t layer_bytes(int64_t layer) const override { return inner_->layer_bytes(layer); }
@@ -239,7 +278,7 @@ class PromotingSource final : public ChunkLayerSource {
   std::unique_ptr<ChunkLayerSource> inner_;
   cache::ChunkKey key_;
   size_t from_;
-  cache::ChunkKV copy_;
+  std::optional<cache::ChunkKV> copy_;  // from a slower tier: what the fusor read
   std::vector<bool> got_;
   int n_got_ = 0;
   bool failed_ = false;
@@ -277,21 +316,48 @@ ChunkStore& TieredChunkStore::tier_store(size_t tier) {
   return *state_->tiers.at(tier).config.store;
 }
 
-size_t TieredChunkStore::placement(const cache::KvShape& shape) const {
+void TieredChunkStore::set_calibration(const std::string& model_fingerprint, Calibration cal) {
+  State& s = *state_;
+  auto ctrl = std::make_shared<LoadingController>(with_tiers(std::move(cal),
+                                                             [&] {
+                                                               std::vector<ChunkTier> configs;
+                                                               for (const State::Tier& t : s.tiers)
+                                                                 configs.push_back(t.config);
+                                                               return configs;
+                                                             }()),
+                                                  s.options.controller);
+  std::lock_guard lock(s.mu);
+  s.model_controllers[model_fingerprint] = std::move(ctrl);
+}
+
+bool TieredChunkStore::has_calibration(const std::string& model_fingerprint) const {
   const State& s = *state_;
+  std::lock_guard lock(s.mu);
+  return s.model_controllers.count(model_fingerprint) > 0;
+}
+
+size_t TieredChunkStore::placement(const cache::KvShape& shape,
+                                   const std::string& model_fingerprint) const {
+  const State& s = *state_;
+  std::shared_ptr<const LoadingController> controller;
+  {
+    std::lock_guard lock(s.mu);
+    auto it = s.model_controllers.find(model_fingerprint);
+    controller = it != s.model_controllers.end() ? it->second : s.controller;
+  }
   RequestShape request;
   request.n_tokens = shape.n_tokens;
   request.n_reused = shape.n_tokens;
   request.n_layers = shape.n_layers;
   request.first_check_layer = s.options.first_check_layer;
-  const double compute = s.controller.predict_compute_s(request, s.options.ratio);
+  const double compute = controller->predict_compute_s(request, s.options.ratio);
   std::vector<TierChoice> choices;
   for (const State::Tier& t : s.tiers) {
     request.loads = {
         {t.config.cost.name, t.config.codec, stored_bytes_per_layer(t.config.codec, shape)}};
-    const double load = s.controller.predict_load_s(request);
+    const double load = controller->predict_load_s(request);
     choices.push_back({t.config.cost, load, compute,
-                       (1.0 - s.controller.options().hide_margin) * load <= compute});
+                       (1.0 - controller->options().hide_margin) * load <= compute});
   }
   return *pick_cheapest_hidden(choices);
 }
@@ -310,14 +376,14 @@ std::unique_ptr<ChunkLayerSource> TieredChunkStore::find(const cache::ChunkKey& 
     }
     std::lock_guard lock(s.mu);
     if (!src) {
+      s.tiers[i].stats.misses++;
       s.forget(i, id);  // gone from the store (its own eviction): stop counting it
       continue;
     }
     s.tiers[i].stats.hits++;
     s.touch(i, id);
-    if (i == 0 || !src->shape()) return src;
-    const cache::KvShape shape = *src->shape();
-    return std::make_unique<PromotingSource>(state_, std::move(src), key, i, shape);
+    const std::optional<cache::KvShape> shape = src->shape();
+    return std::make_unique<TierSource>(state_, std::move(src), key, i, shape);
   }
   std::lock_guard lock(s.mu);
   s.misses++;
@@ -325,10 +391,28 @@ std::unique_ptr<ChunkLayerSource> TieredChunkStore::find(const cache::ChunkKey& 
 }
 
 void TieredChunkStore::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
-  const size_t tier = placement(kv.shape);
+  put_placed(key, std::move(kv));
+}
+
+std::optional<size_t> TieredChunkStore::put_placed(const cache::ChunkKey& key, cache::ChunkKV kv) {
+  const size_t tier = placement(kv.shape, key.model_fingerprint);
   State& s = *state_;
   std::lock_guard lock(s.mu);
-  s.store_in(tier, key, cache::serialize_key(key), std::move(kv), Arrival::kPlaced);
+  const std::string id = cache::serialize_key(key);
+  s.write_through(tier, key, kv);
+  // Failing that tier and every one below, the nearest faster tier that
+  // takes it (the chunk was computed: better kept fast than lost).
+  if (tier == 0)
+    return s.store_in(0, key, id, std::move(kv), Arrival::kPlaced, /*skip_shared=*/true);
+  if (std::optional<size_t> at =
+          s.store_in(tier, key, id, cache::ChunkKV(kv), Arrival::kPlaced, /*skip_shared=*/true))
+    return at;
+  for (size_t up = tier; up-- > 0;) {
+    if (std::optional<size_t> at = s.store_in(up, key, id, cache::ChunkKV(kv), Arrival::kPlaced,
+                                              /*skip_shared=*/true, /*only_this=*/true))
+      return at;
+  }
+  return std::nullopt;
 }
 
 bool TieredChunkStore::remove(const cache::ChunkKey& key) {

@@ -10,8 +10,12 @@
 //   put: the chunk goes to the tier the loading controller's inverse rule
 //     picks (pick_cheapest_hidden): for the configured ratio r, the cheapest
 //     tier whose predicted load of the chunk still hides behind the partial
-//     prefill's recompute; the fastest when none does.  A tier that fails
-//     passes the chunk to the next one down.
+//     prefill's recompute; the fastest when none does.  The compute model
+//     is the chunk's model's (set_calibration), else the options'.  A tier
+//     that fails passes the chunk to the next one down, and when none below
+//     takes it, to the nearest one above.  A shared tier (a
+//     server other devices read) also gets a copy of every chunk placed
+//     above it, so that they find what this one computed.
 //   budgets: a tier with capacity_bytes keeps to it (in decoded bytes, f32 K
 //     and V): the least recently used chunks are demoted to the next tier
 //     (cache::plan_eviction picks them), or dropped from the last tier.  A
@@ -48,6 +52,9 @@ struct ChunkTier {
   std::shared_ptr<ChunkStore> store;
   std::optional<cache::Codec> codec;  // how the store keeps chunks; none: f32 in RAM
   uint64_t capacity_bytes = 0;        // decoded bytes this tier may hold; 0: no budget here
+  // Written through: every chunk placed in a tier above is also put here
+  // (a server that other processes and devices share).
+  bool shared = false;
 };
 
 struct TieredChunkStoreOptions {
@@ -62,13 +69,16 @@ struct TieredChunkStoreOptions {
 
 struct TierStats {
   std::string name;
-  uint64_t hits = 0;          // finds this tier served
-  uint64_t placed = 0;        // new chunks put here
-  uint64_t promoted_in = 0;   // chunks copied here from the tier below
-  uint64_t demoted_in = 0;    // chunks moved here from the tier above
-  uint64_t dropped = 0;       // chunks removed for the budget with nowhere lower to go
-  uint64_t failures = 0;      // finds and puts that threw
-  uint64_t budget_bytes = 0;  // decoded bytes held against capacity_bytes
+  uint64_t hits = 0;           // finds this tier served
+  uint64_t misses = 0;         // finds that reached this tier and did not find the chunk here
+  uint64_t bytes_read = 0;     // stored bytes of the layers read from this tier
+  uint64_t read_failures = 0;  // layer reads from this tier that failed (the chunk is computed)
+  uint64_t placed = 0;         // new chunks put here (a shared tier: also those placed above)
+  uint64_t promoted_in = 0;    // chunks copied here from the tier below
+  uint64_t demoted_in = 0;     // chunks moved here from the tier above
+  uint64_t dropped = 0;        // chunks removed for the budget with nowhere lower to go
+  uint64_t failures = 0;       // finds and puts that threw
+  uint64_t budget_bytes = 0;   // decoded bytes held against capacity_bytes
   std::string last_error;
 };
 
@@ -86,6 +96,10 @@ class TieredChunkStore final : public ChunkStore {
 
   std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) override;
   void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
+  // put(), saying where the chunk went: the tier that took it, or nullopt
+  // when every tier failed or refused it (puts that a store queues and
+  // later fails are counted by that store).
+  std::optional<size_t> put_placed(const cache::ChunkKey& key, cache::ChunkKV kv);
   // From every tier.  false: no tier had it.
   bool remove(const cache::ChunkKey& key) override;
 
@@ -93,8 +107,14 @@ class TieredChunkStore final : public ChunkStore {
   // tiers' own stores were cleared.
   void forget_all();
 
-  // The tier (index) a new chunk of this shape is placed in.
-  size_t placement(const cache::KvShape& shape) const;
+  // The calibration placement predicts chunks of this model with (its
+  // compute model, decode costs and measured tiers; tiers it lacks keep
+  // their configured costs), instead of the options'.  Thread-safe.
+  void set_calibration(const std::string& model_fingerprint, Calibration cal);
+  bool has_calibration(const std::string& model_fingerprint) const;
+
+  // The tier (index) a new chunk of this shape (of this model) is placed in.
+  size_t placement(const cache::KvShape& shape, const std::string& model_fingerprint = {}) const;
   size_t n_tiers() const;
   ChunkStore& tier_store(size_t tier);
   TieredStats stats() const;
