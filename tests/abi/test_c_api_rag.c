@@ -342,6 +342,12 @@ void test_rag_tiers(cb_model* m) {
   so.slow_dir = "";
   CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
   CHECK(cache == NULL);
+  so.slow_dir = NULL;
+  CHECK(so.placement_ratio > 0.19f && so.placement_ratio < 0.21f);
+  so.placement_ratio = 1.5f;
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(cb_last_error(), "placement_ratio") != NULL);
+  CHECK(cache == NULL);
 
   cb_store_options_init(&so);
   so.ram_budget_bytes = (uint64_t)256 << 20;
@@ -364,6 +370,31 @@ void test_rag_tiers(cb_model* m) {
   CHECK_OK(rag_answer(s, cache, &ro, &st, &c2, NULL, 0));
   CHECK(st.cache_hits == 2 && st.cache_misses == 0);
   CHECK(strstr(c2.text, "4721") != NULL);
+  {
+    /* Per-tier counters: every tier named, fastest first; the two hits of
+     * the second request served by local tiers, the absent server failing. */
+    static const char* const names[] = {"ram", "flash", "slow", "redis"};
+    size_t n_tiers = 0, i;
+    uint64_t hits = 0, placed = 0;
+    cb_tier_stats ts;
+    CHECK_OK(cb_chunk_cache_n_tiers(cache, &n_tiers));
+    CHECK(n_tiers == 4);
+    for (i = 0; i < n_tiers && i < 4; ++i) {
+      cb_tier_stats_init(&ts);
+      CHECK_OK(cb_chunk_cache_get_tier_stats(cache, i, &ts));
+      CHECK(ts.struct_size == sizeof ts && strcmp(ts.name, names[i]) == 0);
+      hits += ts.hits;
+      if (i < 3) placed += ts.placed;
+      if (i == 3) CHECK(ts.failures >= 1 && ts.hits == 0);
+    }
+    CHECK(hits == 2 && placed == 2);
+    cb_tier_stats_init(&ts);
+    CHECK_ERR(cb_chunk_cache_get_tier_stats(cache, 4, &ts), CB_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(cb_last_error(), "tier 4") != NULL);
+    ts.struct_size = 3;
+    CHECK_ERR(cb_chunk_cache_get_tier_stats(cache, 0, &ts), CB_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(cb_chunk_cache_n_tiers(cache, NULL), CB_ERR_INVALID_ARGUMENT);
+  }
   CHECK_OK(cb_chunk_cache_clear(cache));
   cb_rag_stats_init(&st);
   CHECK_OK(rag_answer(s, cache, &ro, &st, &c2, NULL, 0));
@@ -402,6 +433,9 @@ void test_chunk_cache_add(cb_model* m) {
   CHECK_OK(cb_chunk_cache_create(&cache));
   if (s == NULL || cache == NULL) goto done;
   cb_rag_options_init(&ro);
+  n = 9;
+  CHECK_OK(cb_chunk_cache_n_tiers(cache, &n));
+  CHECK(n == 0); /* a cache in RAM has no storage tiers */
 
   /* RAM: absent, added (computed once), then found. */
   CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], &ro, &found));

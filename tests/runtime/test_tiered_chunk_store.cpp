@@ -289,6 +289,51 @@ TEST(TieredChunkStore, BadConfigurationIsAClearError) {
                Error);
 }
 
+// set_calibration gives one model's chunks a compute model: they are placed
+// by it, other models' chunks still by the options' (none here: fastest).
+TEST(TieredChunkStore, PlacementUsesTheChunksModelsCalibration) {
+  ThreeTiers t(0, calibrated(0.5));
+  ThreeTiers u(0);  // uncalibrated, ratio 0.15 ...
+  EXPECT_EQ(u.store->placement(kShape, "model-A"), 0u);
+  EXPECT_FALSE(u.store->has_calibration("model-A"));
+  Calibration cal;
+  cal.compute = CalibratedCompute{{1e-4, 0.0, 0.0}};
+  u.store->set_calibration("model-A", cal);  // ... now knows model-A's compute
+  EXPECT_TRUE(u.store->has_calibration("model-A"));
+  EXPECT_EQ(u.store->placement(kShape, "model-A"), 1u);  // as at_015 above: flash
+  EXPECT_EQ(u.store->placement(kShape, "model-B"), 0u);
+  const cache::ChunkKey a = make_key(tokens(30));  // model-A
+  EXPECT_EQ(u.store->put_placed(a, make_kv(kShape, 30)), 1u);
+  u.flush();
+  EXPECT_TRUE(u.flash->lookup(a));
+  EXPECT_EQ(t.store->placement(kShape, "model-A"), 2u);  // the options' calibration
+}
+
+// Per-tier counters: lookups that reach a tier and miss there, hits, and
+// the stored bytes read through each tier's sources.
+TEST(TieredChunkStore, CountsMissesHitsAndBytesPerTier) {
+  ThreeTiers t(0);
+  const cache::ChunkKey key = make_key(tokens(31));
+  t.store->tier_store(2).put(key, make_kv(kShape, 31));
+  t.flush();
+  auto src = t.store->find(key);
+  ASSERT_TRUE(src);
+  uint64_t stored = 0;
+  for (int l = 0; l < kShape.n_layers; ++l) stored += src->layer_bytes(l);
+  EXPECT_GT(stored, 0u);
+  ASSERT_TRUE(read_all(*src));
+  EXPECT_FALSE(t.store->find(make_key(tokens(32))));
+  const TieredStats st = t.store->stats();
+  EXPECT_EQ(st.tiers[0].misses, 2u);
+  EXPECT_EQ(st.tiers[1].misses, 2u);
+  EXPECT_EQ(st.tiers[2].misses, 1u);
+  EXPECT_EQ(st.tiers[2].hits, 1u);
+  EXPECT_EQ(st.tiers[2].bytes_read, stored);
+  EXPECT_EQ(st.tiers[0].bytes_read + st.tiers[1].bytes_read, 0u);
+  EXPECT_EQ(st.tiers[2].read_failures, 0u);
+  EXPECT_EQ(st.misses, 1u);
+}
+
 TEST(TieredChunkStore, SourcesOutliveTheStore) {
   ThreeTiers t(0);
   const cache::ChunkKey key = make_key(tokens(6));
@@ -335,6 +380,82 @@ TEST(TieredChunkStoreRedis, DemotesToAndPromotesFromRedis) {
   EXPECT_EQ(st.tiers[0].promoted_in, 1u);
   EXPECT_EQ(st.tiers[1].demoted_in, 2u);
   EXPECT_EQ(st.tiers[1].hits, 1u);
+}
+
+// A shared tier gets a copy of every chunk placed above it: a second store
+// (another device: its own RAM) over the same server is served from it.
+TEST(TieredChunkStoreRedis, ASharedTierGetsEveryPlacedChunk) {
+  cache::testing::RedisServer server;
+  ASSERT_EQ(server.start(), "");
+  cache::RedisOptions ro;
+  ro.port = server.port();
+  ro.codec = Codec::kF16;
+  const auto device = [&](std::shared_ptr<RamChunkStore> ram,
+                          std::shared_ptr<cache::RedisStore> redis) {
+    std::vector<ChunkTier> tiers;
+    tiers.push_back(tier("ram", 0.0, 1, std::move(ram), std::nullopt, 4 * kChunkBytes));
+    tiers.push_back(tier("redis", 1e8, 0, std::make_shared<RedisChunkStore>(redis), Codec::kF16));
+    tiers.back().shared = true;
+    return std::make_unique<TieredChunkStore>(std::move(tiers));
+  };
+  auto redis1 = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
+  auto redis2 = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
+  auto ram1 = std::make_shared<RamChunkStore>(), ram2 = std::make_shared<RamChunkStore>();
+  auto one = device(ram1, redis1), two = device(ram2, redis2);
+  const cache::ChunkKey key = make_key(tokens(40));
+  EXPECT_EQ(one->put_placed(key, make_kv(kShape, 40)), 0u);  // uncalibrated: RAM
+  redis1->flush();
+  EXPECT_TRUE(ram1->find(key));
+  EXPECT_EQ(one->stats().tiers[1].placed, 1u);  // and written through
+  auto src = two->find(key);
+  ASSERT_TRUE(src);
+  auto got = read_all(*src);
+  ASSERT_TRUE(got);
+  EXPECT_TRUE(cache::testing::equals_f16_of(*got, make_kv(kShape, 40)));
+  const TieredStats st = two->stats();
+  EXPECT_EQ(st.tiers[0].misses, 1u);
+  EXPECT_EQ(st.tiers[1].hits, 1u);
+  EXPECT_GT(st.tiers[1].bytes_read, 0u);
+  EXPECT_EQ(st.tiers[0].promoted_in, 1u);  // read in full: now in device two's RAM
+  EXPECT_TRUE(ram2->find(key));
+}
+
+// The server killed: a source already handed out fails its reads (counted),
+// lookups count the tier as failing, and a chunk placed on the server goes
+// to the nearest tier above instead.
+TEST(TieredChunkStoreRedis, AKilledServerFailsOverToTheTiersAbove) {
+  cache::testing::RedisServer server;
+  ASSERT_EQ(server.start(), "");
+  TempDir dir;
+  cache::StoreOptions so;
+  so.codec = Codec::kF16;
+  auto flash = std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir.path(), so));
+  cache::RedisOptions ro;
+  ro.port = server.port();
+  ro.codec = Codec::kF16;
+  auto redis = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
+  std::vector<ChunkTier> tiers;
+  tiers.push_back(tier("flash", 1e8, 1, std::make_shared<FlashChunkStore>(flash), Codec::kF16));
+  tiers.push_back(tier("redis", 1e8, 0, std::make_shared<RedisChunkStore>(redis), Codec::kF16));
+  tiers.back().shared = true;
+  TieredChunkStore store(std::move(tiers), calibrated(0.15));  // Redis hides: placed there
+  const cache::ChunkKey a = make_key(tokens(41)), b = make_key(tokens(42));
+  EXPECT_EQ(store.put_placed(a, make_kv(kShape, 41)), 1u);
+  redis->flush();
+  EXPECT_FALSE(flash->lookup(a));
+  auto src = store.find(a);
+  ASSERT_TRUE(src);
+  server.stop();
+  EXPECT_FALSE(read_all(*src));
+  EXPECT_FALSE(store.find(a));
+  EXPECT_EQ(store.put_placed(b, make_kv(kShape, 42)), 0u);  // flash, the tier above
+  flash->flush();
+  EXPECT_TRUE(flash->lookup(b));
+  const TieredStats st = store.stats();
+  EXPECT_GE(st.tiers[1].read_failures, 1u);
+  EXPECT_GE(st.tiers[1].failures, 2u);  // the lookup and the put
+  EXPECT_NE(st.tiers[1].last_error.find("unreachable"), std::string::npos);
+  EXPECT_EQ(st.tiers[0].placed, 1u);
 }
 
 TEST(TieredChunkStoreRedis, AServerThatIsDownIsPassedOver) {
