@@ -205,7 +205,8 @@ std::span<const float> ChunkCache::prefill(Session& s, const RagPrompt& prompt,
   std::unique_lock<std::mutex> auto_lock;
   std::string device;
   try {
-    prepare_placement(s, n_threads);  // before anything uses the (empty) session
+    // Before anything uses the (still empty) session; FULL stores nothing.
+    if (opts.blend.mode != BlendMode::kFull) prepare_placement(s, n_threads);
     if (auto_ratio) {
       auto_lock = std::unique_lock<std::mutex>(auto_mu_);
       device = default_device_id(s.backend().name(), n_threads);
