@@ -246,10 +246,15 @@ class TierSource final : public ChunkLayerSource {
   }
 
   bool fetch_layer(int64_t layer, float* k, float* v) override {
-    if (!inner_->fetch_layer(layer, k, v)) {
-      failed_ = true;
-      std::lock_guard lock(state_->mu);
-      state_->tiers[from_].stats.read_failures++;
+    bool ok = false;
+    try {
+      ok = inner_->fetch_layer(layer, k, v);
+    } catch (...) {
+      note_read_failure();
+      throw;  // the fusor computes the chunk, as for false
+    }
+    if (!ok) {
+      note_read_failure();
       return false;
     }
     {
@@ -274,6 +279,12 @@ class TierSource final : public ChunkLayerSource {
   std::optional<cache::KvShape> shape() const override { return inner_->shape(); }
 
  private:
+  void note_read_failure() {
+    failed_ = true;
+    std::lock_guard lock(state_->mu);
+    state_->tiers[from_].stats.read_failures++;
+  }
+
   std::shared_ptr<State> state_;
   std::unique_ptr<ChunkLayerSource> inner_;
   cache::ChunkKey key_;
