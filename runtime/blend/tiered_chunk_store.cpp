@@ -1,5 +1,6 @@
 #include "runtime/blend/tiered_chunk_store.h"
 
+#include <algorithm>
 #include <cstring>
 #include <list>
 #include <map>
@@ -197,10 +198,24 @@ struct TieredChunkStore::State {
       if (slow_hits.size() >= kMaxTrackedSlowHits) slow_hits.clear();
       if (++slow_hits[id] < options.promote_after_hits) return;
       slow_hits.erase(id);
-      store_in(from - 1, key, id, std::move(kv), Arrival::kPromoted);
+      if (const std::optional<size_t> to = promotion_target(from))
+        store_in(*to, key, id, std::move(kv), Arrival::kPromoted, false, /*only_this=*/true);
     } catch (const std::exception& e) {
       note_failure(from - 1, std::string("promotion failed: ") + e.what());
     }
+  }
+
+  // Where a chunk read in full from tier `from` is copied: the nearest tier
+  // above that reads at least as fast (read speed 0: RAM, free).  A slower
+  // local tier listed above a faster remote one (an SD card over a server)
+  // is passed over.
+  std::optional<size_t> promotion_target(size_t from) const {
+    const double src = tiers[from].config.cost.read_bytes_per_s;
+    for (size_t j = from; j-- > 0;) {
+      const double r = tiers[j].config.cost.read_bytes_per_s;
+      if (r <= 0.0 || (src > 0.0 && r >= src)) return j;
+    }
+    return std::nullopt;
   }
 
   // Copies of a new chunk placed in tier `placed` into the shared tiers
@@ -361,7 +376,12 @@ size_t TieredChunkStore::placement(const cache::KvShape& shape,
   request.n_reused = shape.n_tokens;
   request.n_layers = shape.n_layers;
   request.first_check_layer = s.options.first_check_layer;
-  const double compute = controller->predict_compute_s(request, s.options.ratio);
+  // The chunk's share of a request's compute: the per-layer fixed cost is
+  // paid once per request, not per chunk, so it hides no chunk's loads.
+  RequestShape none = request;
+  none.n_tokens = none.n_reused = 0;
+  const double compute = std::max(0.0, controller->predict_compute_s(request, s.options.ratio) -
+                                           controller->predict_compute_s(none, s.options.ratio));
   std::vector<TierChoice> choices;
   for (const State::Tier& t : s.tiers) {
     request.loads = {

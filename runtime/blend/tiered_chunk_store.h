@@ -5,12 +5,18 @@
 //   find: the fastest tier holding the chunk serves it.  A tier that fails
 //     (throws) is skipped and counted; the lookup falls through to the next.
 //     A chunk served from a slower tier and read in full (every layer) is
-//     promoted: the layers the fusor read are copied one tier up, without
-//     reading anything twice (after promote_after_hits such hits).
+//     promoted: the layers the fusor read are copied to the nearest tier
+//     above that reads at least as fast (one tier up, unless that one is
+//     slower), without reading anything twice (after promote_after_hits
+//     such hits).
 //   put: the chunk goes to the tier the loading controller's inverse rule
 //     picks (pick_cheapest_hidden): for the configured ratio r, the cheapest
 //     tier whose predicted load of the chunk still hides behind the partial
-//     prefill's recompute; the fastest when none does.  The compute model
+//     prefill's recompute (the chunk's marginal share of it: a request's
+//     fixed per-layer cost hides nothing); the fastest when none does.
+//     Loads are assumed to overlap the recompute, as with the HKVD-style
+//     policies; with lookahead they overlap only its reuse pass, so a tier
+//     judged hidden may not be.  The compute model
 //     is the chunk's model's (set_calibration), else the options'.  A tier
 //     that fails passes the chunk to the next one down, and when none below
 //     takes it, to the nearest one above.  A shared tier (a

@@ -333,9 +333,9 @@ int ttft_tiers(const Args& a, const Common& c, Model& model, Session& session,
       r.blocked.push_back(st.blocked_ms);
       r.st = st;
       const std::vector<cb_tier_stats> after = tier_stats_of(t.cache);
-      r.hits.resize(after.size(), 0.0);
       r.tier_names.clear();
-      for (size_t i = 0; i < after.size(); ++i) {
+      if (r.mode != CB_MODE_FULL) r.hits.resize(after.size(), 0.0);
+      for (size_t i = 0; i < after.size() && r.mode != CB_MODE_FULL; ++i) {
         // A store without tiers has one, named after the store here.
         r.tier_names.push_back(t.label == "tiered" ? after[i].name : t.label);
         if (i < before.size())

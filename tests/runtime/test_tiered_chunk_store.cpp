@@ -309,6 +309,42 @@ TEST(TieredChunkStore, PlacementUsesTheChunksModelsCalibration) {
   EXPECT_EQ(t.store->placement(kShape, "model-A"), 2u);  // the options' calibration
 }
 
+// A model's fixed per-layer cost is paid once per request, whatever its
+// chunks: it hides no chunk's load, so it does not move placement.
+TEST(TieredChunkStore, FixedPerLayerCostHidesNoLoad) {
+  TieredChunkStoreOptions o = calibrated(0.15);
+  o.calibration.compute = CalibratedCompute{{1e-4, 0.0, 1.0}};  // + 1 s per layer
+  ThreeTiers t(0, o);
+  EXPECT_EQ(t.store->placement(kShape), 1u);  // flash, as without it; not the 5 MB/s dir
+}
+
+// Promotion goes to the nearest tier above that reads at least as fast: a
+// chunk read from a fast remote tier skips a slow directory listed above it.
+TEST(TieredChunkStore, PromotionSkipsASlowerTierAbove) {
+  TempDir dir;
+  cache::StoreOptions so;
+  so.codec = Codec::kF16;
+  auto sd = std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir.sub("sd"), so));
+  auto fast = std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir.sub("fast"), so));
+  auto ram = std::make_shared<RamChunkStore>();
+  std::vector<ChunkTier> tiers;
+  tiers.push_back(tier("ram", 0.0, 2, ram, std::nullopt, 4 * kChunkBytes));
+  tiers.push_back(tier("sd", 5e6, 1, std::make_shared<FlashChunkStore>(sd), Codec::kF16));
+  tiers.push_back(tier("remote", 1e8, 0, std::make_shared<FlashChunkStore>(fast), Codec::kF16));
+  TieredChunkStore store(std::move(tiers));
+  const cache::ChunkKey key = make_key(tokens(33));
+  store.tier_store(2).put(key, make_kv(kShape, 33));
+  fast->flush();
+  auto src = store.find(key);
+  ASSERT_TRUE(src);
+  ASSERT_TRUE(read_all(*src));
+  sd->flush();
+  EXPECT_TRUE(ram->find(key));    // promoted past the slower directory ...
+  EXPECT_FALSE(sd->lookup(key));  // ... which got nothing
+  EXPECT_EQ(store.stats().tiers[0].promoted_in, 1u);
+  EXPECT_EQ(store.stats().tiers[1].promoted_in, 0u);
+}
+
 // Per-tier counters: lookups that reach a tier and miss there, hits, and
 // the stored bytes read through each tier's sources.
 TEST(TieredChunkStore, CountsMissesHitsAndBytesPerTier) {

@@ -578,7 +578,7 @@ typedef struct cb_store_options {
    * added after assumed_read_bytes_per_sec: a program built with an earlier
    * header passes a shorter struct and gets none).  With tiers, a chunk is
    * read from the fastest tier holding it, a chunk read in full from a
-   * slower tier is copied one tier up, and new chunks go to the cheapest
+   * slower tier is copied to the nearest faster one, and new chunks go to the cheapest
    * tier whose loads a blend at `placement_ratio` still hides (the fastest
    * when none does) and move down as the RAM budget overflows (least
    * recently used first).  The Redis tier is shared: every new chunk is also
