@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <cstring>
+
 #include "platform/error.h"
 
 namespace cb::cache {
@@ -61,6 +63,21 @@ uint64_t hash_key(const ChunkKey& key, Codec codec) {
   const uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   return h;
+}
+
+std::string serialize_key(const ChunkKey& key) {
+  std::string s;
+  for (const std::string* part : {&key.model_fingerprint, &key.chunk_head, &key.ns}) {
+    s += std::to_string(part->size());
+    s += ':';
+    s += *part;
+  }
+  s += key.codec ? codec_name(*key.codec) : "-";
+  s += ':';
+  const size_t off = s.size();
+  s.resize(off + key.tokens.size() * sizeof(int32_t));
+  std::memcpy(s.data() + off, key.tokens.data(), key.tokens.size() * sizeof(int32_t));
+  return s;
 }
 
 }  // namespace cb::cache

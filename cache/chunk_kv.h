@@ -70,4 +70,10 @@ struct ChunkKey {
 // candidate rows; equality is always confirmed on the full key.
 uint64_t hash_key(const ChunkKey& key, Codec codec);
 
+// Every field of the key in one byte string (length-prefixed strings, the
+// codec's name or "-" when unset, the token ids as raw int32): two keys
+// serialize equal exactly when they are equal, so it can name an entry
+// without a hash collision.
+std::string serialize_key(const ChunkKey& key);
+
 }  // namespace cb::cache

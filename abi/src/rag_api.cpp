@@ -94,6 +94,8 @@ void cb_store_options_init_sized(cb_store_options* opts, size_t struct_size) {
   d.codec = static_cast<cb_codec>(store.codec);
   d.read_bytes_per_sec = store.read_bytes_per_sec;
   d.busy_timeout_ms = store.busy_timeout_ms;
+  d.redis_timeout_ms = cb::cache::RedisOptions{}.command_timeout_ms;
+  d.placement_ratio = cb::kDefaultRatio;
   write_defaults(opts, d, struct_size);
 }
 
@@ -131,8 +133,32 @@ cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
     so.codec = static_cast<cb::cache::Codec>(codec);
     so.read_bytes_per_sec = o.read_bytes_per_sec;
     so.busy_timeout_ms = o.busy_timeout_ms;
+    cb::ChunkCacheTiers tiers;
+    tiers.ram_budget_bytes = o.ram_budget_bytes;
+    if (o.slow_dir != nullptr) {
+      require(*o.slow_dir != '\0', "slow_dir is empty (NULL: no slow tier)");
+      tiers.slow_dir = o.slow_dir;
+    }
+    tiers.slow_read_bytes_per_sec = o.slow_read_bytes_per_sec;
+    require(
+        std::isfinite(o.placement_ratio) && o.placement_ratio >= 0.0f && o.placement_ratio <= 1.0f,
+        "placement_ratio must be in [0, 1]");
+    tiers.placement_ratio = o.placement_ratio;
+    if (o.redis_address != nullptr) {
+      require(o.redis_timeout_ms > 0, "redis_timeout_ms must be positive");
+      cb::cache::RedisOptions ro;
+      ro.codec = so.codec;
+      cb::cache::parse_redis_address(o.redis_address, ro);  // kInvalidArgument names the problem
+      if (o.redis_password != nullptr) ro.password = o.redis_password;
+      if (o.redis_username != nullptr) ro.username = o.redis_username;
+      ro.connect_timeout_ms = ro.command_timeout_ms = o.redis_timeout_ms;
+      tiers.redis = ro;
+    } else {
+      require(o.redis_password == nullptr && o.redis_username == nullptr,
+              "redis_password or redis_username set without redis_address");
+    }
     auto cache = std::make_unique<cb_chunk_cache>();
-    cache->impl = std::make_unique<cb::ChunkCache>(dir, so, o.assumed_read_bytes_per_sec);
+    cache->impl = std::make_unique<cb::ChunkCache>(dir, so, o.assumed_read_bytes_per_sec, tiers);
     live_handles().add(HandleKind::kCache, cache.get());
     *out_cache = cache.release();
     return CB_OK;
@@ -178,6 +204,61 @@ cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_s
     out.evictions = st.evictions;
     out.corrupt_drops = st.corrupt_drops;
     out.bytes_read = st.bytes_read;
+    std::memcpy(static_cast<void*>(stats), &out, size);
+    stats->struct_size = size;
+    return CB_OK;
+  });
+}
+
+void cb_tier_stats_init_sized(cb_tier_stats* stats, size_t struct_size) {
+  write_zeros(stats, struct_size);
+}
+
+cb_status cb_chunk_cache_n_tiers(const cb_chunk_cache* cache, size_t* out_n_tiers) {
+  return guard("cb_chunk_cache_n_tiers", [&] {
+    check_cache(cache);
+    require(out_n_tiers != nullptr, "out_n_tiers is NULL");
+    *out_n_tiers = cache->impl->tier_stats().tiers.size();
+    return CB_OK;
+  });
+}
+
+namespace {
+
+// The tier names a cache builds, as static strings for cb_tier_stats.name.
+const char* static_tier_name(const std::string& name) {
+  for (const char* n : {"ram", "flash", "slow", "redis"})
+    if (name == n) return n;
+  return "other";
+}
+
+}  // namespace
+
+cb_status cb_chunk_cache_get_tier_stats(const cb_chunk_cache* cache, size_t tier,
+                                        cb_tier_stats* stats) {
+  return guard("cb_chunk_cache_get_tier_stats", [&] {
+    check_cache(cache);
+    const size_t size = output_size(
+        stats, sizeof(cb_tier_stats),
+        "stats is NULL or stats->struct_size is not a known size (use cb_tier_stats_init)");
+    const cb::TieredStats all = cache->impl->tier_stats();
+    if (tier >= all.tiers.size())
+      throw cb::Error(cb::ErrorCode::kInvalidArgument,
+                      "tier " + std::to_string(tier) + " does not exist (the cache has " +
+                          std::to_string(all.tiers.size()) + " tier(s))");
+    const cb::TierStats& t = all.tiers[tier];
+    cb_tier_stats out;
+    cb_tier_stats_init_sized(&out, sizeof(out));
+    out.name = static_tier_name(t.name);
+    out.hits = t.hits;
+    out.misses = t.misses;
+    out.bytes_read = t.bytes_read;
+    out.read_failures = t.read_failures;
+    out.placed = t.placed;
+    out.promoted_in = t.promoted_in;
+    out.demoted_in = t.demoted_in;
+    out.failures = t.failures;
+    out.budget_bytes = t.budget_bytes;
     std::memcpy(static_cast<void*>(stats), &out, size);
     stats->struct_size = size;
     return CB_OK;
@@ -292,32 +373,15 @@ cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const c
       session->generator->forget_logits();
       cb::cache::ChunkKV kv;
       try {
+        // With storage tiers, placement learns the model's compute cost
+        // first (a probe in this empty session, once per model).
+        cache->impl->prepare_placement(s, session->n_threads);
         kv = cb::precompute_chunk_kv(s, e.head, e.tokens);
       } catch (...) {
         s.truncate(0);  // the session is left empty whatever happened
         throw;
       }
-      if (cb::cache::FlashStore* store = cache->impl->store()) {
-        // Written now, not queued like a request's misses: an ingest step
-        // adds many chunks quickly and must not lose any to a full
-        // write-back queue, and the chunk must be found right after.
-        cb::cache::PutResult put;
-        try {
-          put = store->put(e.key, kv.view());
-        } catch (const cb::Error& err) {
-          // The store refuses values its codec cannot hold (inf, NaN, beyond
-          // f16): not the caller's argument, so not INVALID_ARGUMENT.
-          if (err.code() != cb::ErrorCode::kInvalidArgument) throw;
-          throw cb::Error(cb::ErrorCode::kUnsupported,
-                          std::string("the chunk's KV cannot be stored on flash: ") + err.what());
-        }
-        if (put == cb::cache::PutResult::kNoRoom)
-          throw ApiError{CB_ERR_IO,
-                         "the chunk does not fit in the cache on flash (larger than its "
-                         "capacity_bytes, or every other entry is pinned)"};
-      } else {
-        cache->impl->kv().put(e.key, std::move(kv));
-      }
+      cache->impl->add(e.key, std::move(kv));
       computed = 1;
     }
     if (out_computed != nullptr) *out_computed = computed;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "platform/error.h"
+#include "runtime/blend/redis_chunk_store.h"
 
 namespace cb {
 namespace {
@@ -18,15 +19,61 @@ constexpr size_t kPendingSaves = 2;
 ChunkCache::ChunkCache() = default;
 
 ChunkCache::ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
-                       double assumed_read_bytes_per_sec)
-    : flash_(std::make_unique<FlashChunkStore>(
+                       double assumed_read_bytes_per_sec, const ChunkCacheTiers& tiers)
+    : flash_(std::make_shared<FlashChunkStore>(
           std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir, opts)))),
-      assumed_read_bytes_per_sec_(assumed_read_bytes_per_sec) {}
+      assumed_read_bytes_per_sec_(assumed_read_bytes_per_sec) {
+  if (!tiers.any()) return;
+  if (!(tiers.placement_ratio >= 0.0 && tiers.placement_ratio <= 1.0))
+    fail(ErrorCode::kInvalidArgument, "placement ratio must be in [0, 1]");
+  // Read speeds placement predicts with until the calibration knows a
+  // tier: RAM free, flash at its assumed speed or a typical one, the slow
+  // directory at its cap, the server at about 1 GbE.
+  const auto tier = [](const char* name, double read, int rank, std::shared_ptr<ChunkStore> store,
+                       std::optional<cache::Codec> codec, uint64_t capacity, bool shared = false) {
+    ChunkTier t;
+    t.shared = shared;
+    t.cost.name = name;
+    t.cost.read_bytes_per_s = read;
+    t.cost.cost_rank = rank;
+    t.store = std::move(store);
+    t.codec = codec;
+    t.capacity_bytes = capacity;
+    return t;
+  };
+  std::vector<ChunkTier> list;
+  if (tiers.ram_budget_bytes > 0) {
+    ram_tier_ = std::make_shared<RamChunkStore>();
+    list.push_back(tier("ram", 0.0, 3, ram_tier_, std::nullopt, tiers.ram_budget_bytes));
+  }
+  const double flash_read = assumed_read_bytes_per_sec > 0.0 ? assumed_read_bytes_per_sec
+                            : opts.read_bytes_per_sec > 0
+                                ? static_cast<double>(opts.read_bytes_per_sec)
+                                : 1e9;
+  list.push_back(tier("flash", flash_read, 2, flash_, opts.codec, 0));
+  if (!tiers.slow_dir.empty()) {
+    cache::StoreOptions slow_opts = opts;
+    slow_opts.read_bytes_per_sec = tiers.slow_read_bytes_per_sec;
+    slow_ = std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(tiers.slow_dir, slow_opts));
+    const double read = tiers.slow_read_bytes_per_sec > 0
+                            ? static_cast<double>(tiers.slow_read_bytes_per_sec)
+                            : flash_read / 10.0;
+    list.push_back(tier("slow", read, 1, std::make_shared<FlashChunkStore>(slow_), opts.codec, 0));
+  }
+  if (tiers.redis) {
+    redis_ = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(*tiers.redis));
+    list.push_back(tier("redis", 1.25e8, 0, std::make_shared<RedisChunkStore>(redis_),
+                        tiers.redis->codec, 0, true));
+  }
+  TieredChunkStoreOptions topts;
+  topts.ratio = tiers.placement_ratio;
+  tiered_ = std::make_unique<TieredChunkStore>(std::move(list), topts);
+}
 
 ChunkCache::~ChunkCache() {
   saves_.reset();  // runs the saves still queued
   try {
-    if (flash_) flash_->store().flush();
+    flush();
   } catch (...) {
   }
 }
@@ -39,17 +86,86 @@ cache::StoreStats ChunkCache::stats() const {
   return st;
 }
 
+TieredStats ChunkCache::tier_stats() const {
+  if (tiered_) return tiered_->stats();
+  TieredStats out;
+  if (flash_) {
+    const cache::StoreStats st = flash_->store().stats();
+    TierStats t;
+    t.name = "flash";
+    t.hits = st.hits;
+    t.misses = st.misses;
+    t.bytes_read = st.bytes_read;
+    out.tiers.push_back(t);
+    out.misses = st.misses;
+  }
+  return out;
+}
+
+void ChunkCache::prepare_placement(Session& s, int n_threads) {
+  if (!tiered_ || tiered_->has_calibration(s.model().fingerprint())) return;
+  std::lock_guard lock(auto_mu_);
+  if (tiered_->has_calibration(s.model().fingerprint())) return;
+  LoadingController& ctrl = controller_for(s, default_device_id(s.backend().name(), n_threads));
+  tiered_->set_calibration(s.model().fingerprint(), ctrl.calibration());
+}
+
+void ChunkCache::add(const cache::ChunkKey& key, cache::ChunkKV kv) {
+  if (tiered_) {
+    const std::optional<size_t> tier = tiered_->put_placed(key, std::move(kv));
+    flush();  // queued puts (flash, the slow directory, the server) are done
+    if (!tier) {
+      std::string why;
+      for (const TierStats& t : tiered_->stats().tiers)
+        if (!t.last_error.empty()) why += " " + t.name + ": " + t.last_error + ";";
+      fail(ErrorCode::kIo, "no storage tier took the chunk's KV" +
+                               (why.empty() ? std::string() : " (" + why.substr(1) + ")"));
+    }
+    return;
+  }
+  if (!flash_) {
+    table_.put(key, std::move(kv));
+    return;
+  }
+  cache::PutResult put;
+  try {
+    put = flash_->store().put(key, kv.view());
+  } catch (const Error& err) {
+    // The store refuses values its codec cannot hold (inf, NaN, beyond f16):
+    // not the caller's argument, so not kInvalidArgument.
+    if (err.code() != ErrorCode::kInvalidArgument) throw;
+    fail(ErrorCode::kUnsupported,
+         std::string("the chunk's KV cannot be stored on flash: ") + err.what());
+  }
+  if (put == cache::PutResult::kNoRoom)
+    fail(ErrorCode::kIo,
+         "the chunk does not fit in the cache on flash (larger than its capacity_bytes, or every "
+         "other entry is pinned)");
+}
+
 void ChunkCache::clear() {
   if (flash_) {
     flash_->store().clear();
   } else {
     table_.clear();
   }
+  if (ram_tier_) ram_tier_->clear();
+  if (slow_) {
+    slow_->flush();
+    slow_->clear();
+  }
+  if (redis_) {
+    redis_->flush();
+    redis_->clear();
+  }
+  if (tiered_) tiered_->forget_all();
 }
 
 void ChunkCache::flush() {
   if (saves_) saves_->flush();
   if (flash_) flash_->store().flush();
+  if (slow_) slow_->flush();
+  if (redis_) redis_->flush();
 }
 
 LoadingController& ChunkCache::controller_for(Session& s, const std::string& device) {
@@ -89,6 +205,8 @@ std::span<const float> ChunkCache::prefill(Session& s, const RagPrompt& prompt,
   std::unique_lock<std::mutex> auto_lock;
   std::string device;
   try {
+    // Before anything uses the (still empty) session; FULL stores nothing.
+    if (opts.blend.mode != BlendMode::kFull) prepare_placement(s, n_threads);
     if (auto_ratio) {
       auto_lock = std::unique_lock<std::mutex>(auto_mu_);
       device = default_device_id(s.backend().name(), n_threads);

@@ -7,19 +7,37 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 
 #include "cache/flash_store.h"
+#include "cache/redis_store.h"
 #include "cache/write_back_queue.h"
 #include "runtime/blend/calibration.h"
 #include "runtime/blend/chunk_store.h"
 #include "runtime/blend/flash_chunk_store.h"
 #include "runtime/blend/loading_controller.h"
 #include "runtime/blend/rag_request.h"
+#include "runtime/blend/tiered_chunk_store.h"
 #include "runtime/session.h"
 
 namespace cb {
+
+// Storage tiers around the store on flash (tiered_chunk_store.h): all off by
+// default.  New chunks are placed for `placement_ratio` with the compute
+// model of their model on this device: the one the loading controller
+// measures (a short probe in the caller's session the first time a model
+// puts a chunk, then kept in DIR/calibration.sqlite).  The Redis tier is
+// shared: every new chunk is also written there, for other devices.
+struct ChunkCacheTiers {
+  uint64_t ram_budget_bytes = 0;         // > 0: a RAM tier (decoded f32 bytes) before flash
+  std::string slow_dir;                  // a slower directory after flash (an SD card); "": none
+  uint64_t slow_read_bytes_per_sec = 0;  // its read cap; 0: none
+  std::optional<cache::RedisOptions> redis;  // a Redis server as the last tier
+  double placement_ratio = kDefaultRatio;    // the recompute ratio new chunks are placed for
+  bool any() const { return ram_budget_bytes > 0 || !slow_dir.empty() || redis.has_value(); }
+};
 
 class ChunkCache {
  public:
@@ -29,19 +47,40 @@ class ChunkCache {
   // assumed_read_bytes_per_sec pins the store's read speed for the loading
   // controller; 0 lets it be measured.
   ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
-             double assumed_read_bytes_per_sec);
+             double assumed_read_bytes_per_sec, const ChunkCacheTiers& tiers = {});
   // Pending store writes and calibration saves finish first; a failure
   // then has nowhere to go, and what it concerns is simply absent.
   ~ChunkCache();
   ChunkCache(const ChunkCache&) = delete;
   ChunkCache& operator=(const ChunkCache&) = delete;
 
-  ChunkStore& kv() { return flash_ ? static_cast<ChunkStore&>(*flash_) : table_; }
+  ChunkStore& kv() {
+    if (tiered_) return *tiered_;
+    return flash_ ? static_cast<ChunkStore&>(*flash_) : table_;
+  }
+  // The tiers around the store on flash; null without tiers.
+  const TieredChunkStore* tiers() const { return tiered_.get(); }
   // The store on flash; null in RAM.
   cache::FlashStore* store() { return flash_ ? &flash_->store() : nullptr; }
   const cache::FlashStore* store() const { return flash_ ? &flash_->store() : nullptr; }
-  // Entries and bytes; on flash the store's whole statistics.
+  // Entries and bytes; on flash the store's whole statistics (with tiers:
+  // the flash tier's).
   cache::StoreStats stats() const;
+  // Per tier, fastest first: with tiers, the tiered store's counters; on
+  // flash alone, one tier "flash" (hits, misses, bytes read); in RAM, none.
+  TieredStats tier_stats() const;
+
+  // With tiers: gives placement the compute model of the session's model
+  // on this device (measured by a short probe in `s`, which must be empty,
+  // the first time; kept beside the store), once per model.  A no-op
+  // without tiers.
+  void prepare_placement(Session& s, int n_threads);
+  // Stores a chunk computed by an ingest step now (not queued: an ingest
+  // adds many chunks quickly and must lose none to a full write-back
+  // queue, and the chunk must be found right after).  With tiers, in the
+  // tier placement picks (and the shared tier); throws cb::Error(kIo) when
+  // no tier takes it.  Without tiers, in the store on flash (or in RAM).
+  void add(const cache::ChunkKey& key, cache::ChunkKV kv);
   void clear();
   // Returns once queued store writes and calibration saves are done.
   void flush();
@@ -61,7 +100,12 @@ class ChunkCache {
   LoadingController& controller_for(Session& s, const std::string& device);
 
   RamChunkStore table_;
-  std::unique_ptr<FlashChunkStore> flash_;
+  std::shared_ptr<FlashChunkStore> flash_;
+  // With tiers: the stores besides flash, and the store over all of them.
+  std::shared_ptr<RamChunkStore> ram_tier_;
+  std::shared_ptr<cache::FlashStore> slow_;
+  std::shared_ptr<cache::RedisStore> redis_;
+  std::unique_ptr<TieredChunkStore> tiered_;
   double assumed_read_bytes_per_sec_ = 0.0;
   std::mutex auto_mu_;  // serializes auto-ratio requests: the controller learns from each
   std::unique_ptr<CalibrationDb> calibration_db_;

@@ -24,6 +24,9 @@ class ChunkLayerSource {
   // loading controller's T_load input and the per-request bytes_read.
   virtual uint64_t layer_bytes(int64_t /*layer*/) const { return 0; }
   virtual std::optional<cache::Codec> codec() const { return std::nullopt; }
+  // The chunk's KV geometry when the source knows it (a store's sources
+  // do); what a copy of the chunk into another store is sized by.
+  virtual std::optional<cache::KvShape> shape() const { return std::nullopt; }
 };
 
 // A ChunkLayerSource over KV held in memory.
@@ -32,6 +35,7 @@ class MemoryChunkSource final : public ChunkLayerSource {
   explicit MemoryChunkSource(const cache::ChunkKV& kv) : kv_(kv) {}
   bool fetch_layer(int64_t layer, float* k, float* v) override;
   uint64_t layer_bytes(int64_t layer) const override;
+  std::optional<cache::KvShape> shape() const override { return kv_.shape; }
 
  private:
   const cache::ChunkKV& kv_;

@@ -1,24 +1,7 @@
 #include "runtime/blend/chunk_store.h"
 
-#include <cstring>
-
 namespace cb {
 namespace {
-
-std::string serialize(const cache::ChunkKey& key) {
-  std::string s;
-  for (const std::string* part : {&key.model_fingerprint, &key.chunk_head, &key.ns}) {
-    s += std::to_string(part->size());
-    s += ':';
-    s += *part;
-  }
-  s += key.codec ? cache::codec_name(*key.codec) : "-";
-  s += ':';
-  const size_t off = s.size();
-  s.resize(off + key.tokens.size() * sizeof(int32_t));
-  std::memcpy(s.data() + off, key.tokens.data(), key.tokens.size() * sizeof(int32_t));
-  return s;
-}
 
 // Keeps the entry alive while a request reads it.
 class SharedChunkSource final : public ChunkLayerSource {
@@ -29,6 +12,7 @@ class SharedChunkSource final : public ChunkLayerSource {
     return reader_.fetch_layer(layer, k, v);
   }
   uint64_t layer_bytes(int64_t layer) const override { return reader_.layer_bytes(layer); }
+  std::optional<cache::KvShape> shape() const override { return kv_->shape; }
 
  private:
   std::shared_ptr<const cache::ChunkKV> kv_;
@@ -39,7 +23,7 @@ class SharedChunkSource final : public ChunkLayerSource {
 
 std::unique_ptr<ChunkLayerSource> RamChunkStore::find(const cache::ChunkKey& key) {
   std::lock_guard lock(mu_);
-  auto it = entries_.find(serialize(key));
+  auto it = entries_.find(cache::serialize_key(key));
   if (it == entries_.end()) return nullptr;
   return std::make_unique<SharedChunkSource>(it->second);
 }
@@ -48,7 +32,7 @@ void RamChunkStore::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
   auto entry = std::make_shared<const cache::ChunkKV>(std::move(kv));
   const size_t n = (entry->k.size() + entry->v.size()) * sizeof(float);
   std::lock_guard lock(mu_);
-  auto [it, inserted] = entries_.try_emplace(serialize(key), entry);
+  auto [it, inserted] = entries_.try_emplace(cache::serialize_key(key), entry);
   if (!inserted) {
     bytes_ -= (it->second->k.size() + it->second->v.size()) * sizeof(float);
     it->second = entry;
@@ -58,7 +42,7 @@ void RamChunkStore::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
 
 bool RamChunkStore::remove(const cache::ChunkKey& key) {
   std::lock_guard lock(mu_);
-  auto it = entries_.find(serialize(key));
+  auto it = entries_.find(cache::serialize_key(key));
   if (it == entries_.end()) return false;
   bytes_ -= (it->second->k.size() + it->second->v.size()) * sizeof(float);
   entries_.erase(it);

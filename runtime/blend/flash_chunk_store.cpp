@@ -18,6 +18,7 @@ class FlashChunkSource final : public ChunkLayerSource {
                                                     : 0;
   }
   std::optional<cache::Codec> codec() const override { return handle_.codec(); }
+  std::optional<cache::KvShape> shape() const override { return handle_.shape(); }
 
  private:
   std::shared_ptr<cache::FlashStore> store_;

@@ -215,7 +215,9 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
   st.n_tokens = n;
   st.pipelined = pipeline.enabled;
 
-  if (opts.mode == BlendMode::kFull) {
+  // A plain prefill of every token: FULL, and a request left without any
+  // cached KV (every chunk failed to load), which is then exactly FULL.
+  const auto full_prefill = [&] {
     auto logits = s.prefill(tokens);
     st.rows_per_layer.assign(static_cast<size_t>(hp.n_layer), n);
     st.final_rows.resize(static_cast<size_t>(n));
@@ -225,7 +227,8 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     st.recompute_ms = st.compute_ms;
     return logits;
-  }
+  };
+  if (opts.mode == BlendMode::kFull) return full_prefill();
   const bool blend = opts.mode == BlendMode::kBlend;
   st.ratio = !blend ? 0.0 : opts.schedule.empty() ? 1.0 : opts.schedule.back().ratio;
 
@@ -243,7 +246,10 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
 
   const int64_t kv_dim = hp.kv_dim();
   // The options this request runs with.
+  const bool any_cached = std::any_of(use.begin(), use.end(), [](uint8_t u) { return u != 0; });
   for (;;) {
+    if (any_cached && std::none_of(use.begin(), use.end(), [](uint8_t u) { return u != 0; }))
+      return full_prefill();
     // What runs: a failed chunk, now computed, changes what pays.
     const BlendOptions used =
         blend ? without_costly_lookahead(opts, segments, use, n, hp.n_layer) : opts;

@@ -17,6 +17,26 @@ std::vector<CheckLayer> schedule_with_ratio(std::span<const CheckLayer> schedule
   return out;
 }
 
+std::optional<size_t> pick_cheapest_hidden(std::span<const TierChoice> options) {
+  if (options.empty()) return std::nullopt;
+  std::optional<size_t> best_hidden;
+  size_t fastest = 0;
+  for (size_t i = 0; i < options.size(); ++i) {
+    const TierChoice& o = options[i];
+    if (o.load_s < options[fastest].load_s) fastest = i;
+    if (!o.hidden) continue;
+    if (!best_hidden) {
+      best_hidden = i;
+      continue;
+    }
+    const TierChoice& b = options[*best_hidden];
+    if (o.tier.cost_rank < b.tier.cost_rank ||
+        (o.tier.cost_rank == b.tier.cost_rank && o.load_s < b.load_s))
+      best_hidden = i;
+  }
+  return best_hidden ? *best_hidden : fastest;
+}
+
 LoadingController::LoadingController(Calibration cal, LoadingControllerOptions opts)
     : opts_(opts), cal_(std::move(cal)) {
   if (!(opts_.r_min >= 0.0 && opts_.r_min <= 1.0))
@@ -141,15 +161,7 @@ std::optional<TierChoice> LoadingController::cheapest_hidden_tier(const RequestS
     const double load = load_s_locked(shape, &t.tier.name);
     options.push_back({t.tier, load, compute, (1.0 - opts_.hide_margin) * load <= compute});
   }
-  std::sort(options.begin(), options.end(), [](const TierChoice& a, const TierChoice& b) {
-    if (a.tier.cost_rank != b.tier.cost_rank) return a.tier.cost_rank < b.tier.cost_rank;
-    return a.load_s < b.load_s;
-  });
-  for (const TierChoice& o : options)
-    if (o.hidden) return o;
-  return *std::min_element(
-      options.begin(), options.end(),
-      [](const TierChoice& a, const TierChoice& b) { return a.load_s < b.load_s; });
+  return options[*pick_cheapest_hidden(options)];
 }
 
 void LoadingController::observe_fusion(const RequestShape& shape, const FusionStats& st) {

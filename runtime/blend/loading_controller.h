@@ -96,6 +96,13 @@ struct TierChoice {
   bool hidden = false;     // (1 - hide_margin) x load_s <= compute_s
 };
 
+// The inverse rule itself, pure: of `options` (a tier each, with its
+// predicted load and the compute at the chosen ratio), the index of the
+// cheapest (lowest cost_rank; ties: faster) whose load is hidden; when none
+// is, the fastest.  nullopt when empty.  cheapest_hidden_tier applies it to
+// the calibrated tiers, the tiered chunk store to its own.
+std::optional<size_t> pick_cheapest_hidden(std::span<const TierChoice> options);
+
 // The schedule with its last check layer's ratio set to r; an earlier check
 // layer keeps its own ratio when larger (gradual filtering only narrows).
 // An empty schedule becomes [(1, r)].

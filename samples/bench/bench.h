@@ -71,6 +71,8 @@ cbs::JsonObject header(const char* bench, const Common& c, const Model& model,
 // A prompt that does not fit is the caller's mistake: says it plainly.
 void check_generate(cb_status s, const Session& session, size_t n_prompt);
 double median(std::vector<double> v);
+// KL(P || Q) of the softmax distributions of two logit vectors, in double.
+double kl_softmax(const std::vector<float>& p_logits, const std::vector<float>& q_logits);
 
 // RAG requests: shared by ttft and quality.
 struct ChunkCache : cbs::ChunkCacheHandle {

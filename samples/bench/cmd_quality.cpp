@@ -123,25 +123,6 @@ double answer_f1(const std::string& prediction, const std::string& reference) {
   return 2.0 * precision * recall / (precision + recall);
 }
 
-// KL(P || Q) of the softmax distributions of two logit vectors, in double.
-double kl_softmax(const std::vector<float>& p_logits, const std::vector<float>& q_logits) {
-  auto log_sum_exp = [](const std::vector<float>& v) {
-    double mx = -INFINITY;
-    for (float x : v) mx = std::max(mx, static_cast<double>(x));
-    double sum = 0.0;
-    for (float x : v) sum += std::exp(static_cast<double>(x) - mx);
-    return mx + std::log(sum);
-  };
-  const double lp = log_sum_exp(p_logits), lq = log_sum_exp(q_logits);
-  double kl = 0.0;
-  for (size_t i = 0; i < p_logits.size(); ++i) {
-    const double a = static_cast<double>(p_logits[i]) - lp;
-    const double b = static_cast<double>(q_logits[i]) - lq;
-    kl += std::exp(a) * (a - b);
-  }
-  return std::max(0.0, kl);
-}
-
 int32_t argmax_of(const std::vector<float>& v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -49,7 +50,8 @@ Args parse_args(int argc, char** argv) {
       {"ttft",
        {"--chunks", "--chunk-tokens", "--query-tokens", "--ratio", "--modes", "--repeat",
         "--chunk-head", "--codec", "--storage-mbps", "--store", "--pipeline", "--plot", "--select",
-        "--sink-tokens"}},
+        "--sink-tokens", "--tiers", "--ram-budget-mb", "--slow-mbps", "--redis",
+        "--placement-ratio"}},
       {"quality",
        {"--dataset", "--limit", "--max-chunks", "--ratio", "--modes", "--chunk-head",
         "--max-tokens", "--codec", "--storage-mbps", "--store", "--plot", "--select",
@@ -246,6 +248,25 @@ void check_generate(cb_status s, const Session& session, size_t n_prompt) {
         "the prompt (" + std::to_string(n_prompt) + " tokens) does not fit in the context (" +
         std::to_string(cb_session_n_ctx(session.h)) + " tokens); shorten it or raise --n-ctx");
   check(s, "generation failed");
+}
+
+// KL(P || Q) of the softmax distributions of two logit vectors, in double.
+double kl_softmax(const std::vector<float>& p_logits, const std::vector<float>& q_logits) {
+  auto log_sum_exp = [](const std::vector<float>& v) {
+    double mx = -INFINITY;
+    for (float x : v) mx = std::max(mx, static_cast<double>(x));
+    double sum = 0.0;
+    for (float x : v) sum += std::exp(static_cast<double>(x) - mx);
+    return mx + std::log(sum);
+  };
+  const double lp = log_sum_exp(p_logits), lq = log_sum_exp(q_logits);
+  double kl = 0.0;
+  for (size_t i = 0; i < p_logits.size(); ++i) {
+    const double a = static_cast<double>(p_logits[i]) - lp;
+    const double b = static_cast<double>(q_logits[i]) - lq;
+    kl += std::exp(a) * (a - b);
+  }
+  return std::max(0.0, kl);
 }
 
 double median(std::vector<double> v) {

@@ -67,6 +67,8 @@ struct Result {
   double ttft_ms = 0.0;  // from the start of the RAG prefill to the first token
   double prefill_ms = 0.0;
   cb_rag_stats rag{};
+  // Each storage tier's counters for this question (after minus before).
+  std::vector<cb_tier_stats> tiers;
   int n_generated = 0;
   bool cancelled = false;
   bool cancelled_in_prefill = false;  // no answer began
@@ -83,7 +85,7 @@ class Assistant {
                   " holds no documents: ingest some first ('rag_assistant --store DIR ingest "
                   "PATH...')");
     load_model(common, model_);
-    open_chunk_cache(common.store, cache_);
+    open_chunk_cache(common, cache_);
     n_ctx_train_ = model_n_ctx_train(model_);
   }
 
@@ -115,6 +117,7 @@ class Assistant {
     Result r;
     r.sources = sources;
     cb_rag_stats_init(&r.rag);
+    const std::vector<cb_tier_stats> before = tier_stats(cache_);
     check(cb_session_reset(session_.h), "cannot reset the session");
     cancellable_ = cancellable;
     const auto t0 = Clock::now();
@@ -130,6 +133,20 @@ class Assistant {
                   cb_last_error() + " (use a smaller --top-k)");
     check(s, std::string("RAG prefill (") + cb_mode_name(opts_.mode) + ") failed");
     const auto t1 = Clock::now();
+    r.tiers = tier_stats(cache_);
+    for (size_t i = 0; i < r.tiers.size() && i < before.size(); ++i) {
+      cb_tier_stats& t = r.tiers[i];
+      const cb_tier_stats& b = before[i];
+      t.hits -= b.hits;
+      t.misses -= b.misses;
+      t.bytes_read -= b.bytes_read;
+      t.read_failures -= b.read_failures;
+      t.placed -= b.placed;
+      t.promoted_in -= b.promoted_in;
+      t.demoted_in -= b.demoted_in;
+      t.failures -= b.failures;
+    }
+    warn_about_storage(r);
 
     cb_sampling_options so;
     cb_sampling_options_init(&so);
@@ -161,7 +178,28 @@ class Assistant {
     return r;
   }
 
+  // A storage tier that failed during the request (a server that went
+  // away) costs time, never the answer: the chunks it could not serve were
+  // computed.  Said on stderr, so the answer on stdout stays clean.
+  static void warn_about_storage(const Result& r) {
+    for (const cb_tier_stats& t : r.tiers)
+      if (t.failures > 0 || t.read_failures > 0)
+        std::fprintf(stderr,
+                     "rag_assistant: warning: storage tier '%s' failed during this question "
+                     "(%llu failed lookup(s) or store(s), %llu failed read(s)); its chunks were "
+                     "computed instead\n",
+                     t.name, static_cast<unsigned long long>(t.failures),
+                     static_cast<unsigned long long>(t.read_failures));
+    if (r.rag.chunks_recomputed > 0)
+      std::fprintf(stderr,
+                   "rag_assistant: warning: %d cached chunk(s) could not be read and were "
+                   "computed%s\n",
+                   r.rag.chunks_recomputed,
+                   r.rag.cache_hits == 0 ? " (the request was a full prefill)" : "");
+  }
+
   const char* mode_name() const { return cb_mode_name(opts_.mode); }
+  bool tiered() const { return common_.tiers.any(); }
   int threads() const { return common_.threads; }
 
  private:
@@ -201,13 +239,20 @@ std::string ratio_text(const Result& r, const AskOptions& o) {
   return buf;
 }
 
-void print_report(const Result& r, const AskOptions& o, const char* mode, FILE* out) {
+void print_report(const Result& r, const AskOptions& o, const char* mode, bool tiered, FILE* out) {
   std::fprintf(out,
                "\n---\nTTFT %.1f ms (RAG prefill %.1f ms) | mode %s, r = %s | chunk cache: "
                "%d hit(s), %d miss(es) | %d context tokens, %d answer tokens%s\n",
                r.ttft_ms, r.prefill_ms, mode, ratio_text(r, o).c_str(), r.rag.cache_hits,
                r.rag.cache_misses, r.rag.n_tokens, r.n_generated,
                r.cancelled ? " (cancelled)" : "");
+  if (tiered) {
+    std::fprintf(out, "storage tiers (hits):");
+    for (size_t i = 0; i < r.tiers.size(); ++i)
+      std::fprintf(out, "%s %s %llu", i ? "," : "", r.tiers[i].name,
+                   static_cast<unsigned long long>(r.tiers[i].hits));
+    std::fprintf(out, "\n");
+  }
   std::fprintf(out, "sources:");
   for (size_t i = 0; i < r.sources.size(); ++i)
     std::fprintf(out, "%s [%zu] %s #%d", i ? "," : "", i + 1, r.sources[i].display.c_str(),
@@ -240,6 +285,19 @@ int run_ask(const CommonOptions& common, const AskOptions& opts, const std::stri
           .add("bm25", c.score);
       src.push_back(std::move(s));
     }
+    std::vector<cbs::JsonObject> tiers;
+    for (const cb_tier_stats& t : r.tiers) {
+      cbs::JsonObject j;
+      j.add("name", t.name)
+          .add("hits", static_cast<int64_t>(t.hits))
+          .add("misses", static_cast<int64_t>(t.misses))
+          .add("bytes_read", static_cast<int64_t>(t.bytes_read))
+          .add("read_failures", static_cast<int64_t>(t.read_failures))
+          .add("placed", static_cast<int64_t>(t.placed))
+          .add("promoted_in", static_cast<int64_t>(t.promoted_in))
+          .add("failures", static_cast<int64_t>(t.failures));
+      tiers.push_back(std::move(j));
+    }
     cbs::JsonObject o;
     o.add("question", question)
         .add("answer", r.answer)
@@ -253,6 +311,8 @@ int run_ask(const CommonOptions& common, const AskOptions& opts, const std::stri
         .add("sources", src)
         .add("cache_hits", r.rag.cache_hits)
         .add("cache_misses", r.rag.cache_misses)
+        .add("chunks_recomputed", r.rag.chunks_recomputed)
+        .add("tiers", tiers)
         .add("n_ctx", r.rag.n_tokens)
         .add("n_reused", r.rag.n_reused)
         .add("computed_fraction", r.rag.computed_fraction)
@@ -260,7 +320,7 @@ int run_ask(const CommonOptions& common, const AskOptions& opts, const std::stri
         .add("threads", static_cast<int64_t>(a.threads()));
     std::printf("%s\n", o.str().c_str());
   } else {
-    print_report(r, opts, a.mode_name(), stdout);
+    print_report(r, opts, a.mode_name(), a.tiered(), stdout);
   }
   return 0;
 }
@@ -316,7 +376,7 @@ int run_chat(const CommonOptions& common, const AskOptions& opts) {
       continue;
     }
     if (r.cancelled) std::printf(" [stopped]");
-    print_report(r, opts, a.mode_name(), stdout);
+    print_report(r, opts, a.mode_name(), a.tiered(), stdout);
   }
   return 0;
 }

@@ -53,11 +53,33 @@ void load_model(const CommonOptions& o, Model& model) {
         "cannot load the model '" + o.model_path + "'");
 }
 
-void open_chunk_cache(const std::string& store, ChunkCache& cache) {
+void open_chunk_cache(const CommonOptions& o, ChunkCache& cache) {
   cb_store_options so;
   cb_store_options_init(&so);
-  check(cb_chunk_cache_open(kv_dir(store).c_str(), &so, &cache.h),
-        "cannot open the chunk KV store in '" + kv_dir(store) + "'");
+  const TierOptions& t = o.tiers;
+  so.ram_budget_bytes = t.ram_budget_bytes;
+  if (!t.slow_dir.empty()) so.slow_dir = t.slow_dir.c_str();
+  so.slow_read_bytes_per_sec = t.slow_read_bytes_per_sec;
+  if (!t.redis_address.empty()) {
+    so.redis_address = t.redis_address.c_str();
+    if (!t.redis_password.empty()) so.redis_password = t.redis_password.c_str();
+    if (!t.redis_username.empty()) so.redis_username = t.redis_username.c_str();
+    if (t.redis_timeout_ms > 0) so.redis_timeout_ms = t.redis_timeout_ms;
+  }
+  if (t.placement_ratio >= 0.0f) so.placement_ratio = t.placement_ratio;
+  check(cb_chunk_cache_open(kv_dir(o.store).c_str(), &so, &cache.h),
+        "cannot open the chunk KV store in '" + kv_dir(o.store) + "'");
+}
+
+std::vector<cb_tier_stats> tier_stats(const ChunkCache& cache) {
+  size_t n = 0;
+  check(cb_chunk_cache_n_tiers(cache.h, &n), "cannot read the storage tiers");
+  std::vector<cb_tier_stats> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    cb_tier_stats_init(&out[i]);
+    check(cb_chunk_cache_get_tier_stats(cache.h, i, &out[i]), "cannot read the storage tiers");
+  }
+  return out;
 }
 
 void create_session(const Model& model, int threads, int n_ctx, Session& session) {

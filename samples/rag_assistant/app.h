@@ -29,11 +29,26 @@ using Model = cbs::ModelHandle;
 using Session = cbs::SessionHandle;
 using ChunkCache = cbs::ChunkCacheHandle;
 
+// Storage tiers around the chunk KV store (cb_store_options): all off by
+// default.
+struct TierOptions {
+  uint64_t ram_budget_bytes = 0;         // --ram-budget-mb
+  std::string slow_dir;                  // --slow-dir
+  uint64_t slow_read_bytes_per_sec = 0;  // --slow-read-mbps
+  std::string redis_address;             // --redis
+  std::string redis_password;            // --redis-password, else $CB_REDIS_PASSWORD
+  std::string redis_username;            // --redis-user, else $CB_REDIS_USER
+  int redis_timeout_ms = 0;              // --redis-timeout-ms; 0: the library's default
+  float placement_ratio = -1.0f;         // --placement-ratio; < 0: the library's default
+  bool any() const { return ram_budget_bytes > 0 || !slow_dir.empty() || !redis_address.empty(); }
+};
+
 // Options every command understands.
 struct CommonOptions {
   std::string store;       // --store DIR
   std::string model_path;  // --model, else $CB_MODEL, else the default
   int threads = 0;         // --threads, else the cores available to us
+  TierOptions tiers;
 };
 
 // The model to load: `flag` (--model) when given, else $CB_MODEL, else
@@ -46,7 +61,11 @@ std::string resolve_model_path(const std::string& flag);
 int available_cores();
 
 void load_model(const CommonOptions& o, Model& model);
-void open_chunk_cache(const std::string& store, ChunkCache& cache);
+void open_chunk_cache(const CommonOptions& o, ChunkCache& cache);
+
+// The chunk cache's storage tiers and their counters so far, fastest first
+// (one, "flash", without tiers).
+std::vector<cb_tier_stats> tier_stats(const ChunkCache& cache);
 void create_session(const Model& model, int threads, int n_ctx, Session& session);
 int model_n_ctx_train(const Model& model);
 

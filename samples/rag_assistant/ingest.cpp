@@ -322,7 +322,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   // KV precompute for every chunk the chunk store lacks, whether its file
   // is new or an earlier ingest was interrupted or the store evicted it.
   ChunkCache cache;
-  open_chunk_cache(common.store, cache);
+  open_chunk_cache(common, cache);
   const cb_rag_options ro = base_rag_options();
   std::vector<ChunkRecord> todo;
   const std::vector<ChunkRecord> chunks = db->all_chunks();

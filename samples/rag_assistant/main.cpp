@@ -68,6 +68,22 @@ const char* const kUsage =
     "  --threads N     compute threads (default: the CPU cores available)\n"
     "  --help          this text\n"
     "\n"
+    "storage tiers around DIR/kv (all off by default; give the same to every command):\n"
+    "  --ram-budget-mb N        keep up to N MB of chunk KV in RAM in front of DIR/kv\n"
+    "  --slow-dir PATH          a slower directory after DIR/kv (an SD card)\n"
+    "  --slow-read-mbps X       its read speed cap in MB/s (emulates slow storage)\n"
+    "  --redis ADDR             a Redis server shared with other devices, the last tier:\n"
+    "                           host:port or redis://[[user]:password@]host[:port][/db];\n"
+    "                           every new chunk is also written there\n"
+    "  --redis-password P       its password (default: $CB_REDIS_PASSWORD)\n"
+    "  --redis-user U           its ACL user (default: $CB_REDIS_USER)\n"
+    "  --redis-timeout-ms N     connect and command timeout (default 1000)\n"
+    "  --placement-ratio R      the recompute ratio new chunks are placed for (default 0.2):\n"
+    "                           the cheapest tier whose reads that much recompute hides\n"
+    "  A tier that fails (a server that went away) costs time, never the answer: the\n"
+    "  chunks it cannot serve are computed, with a warning on stderr; ask then also\n"
+    "  reports each tier's hits.\n"
+    "\n"
     "exit status: 0 success, 1 error, 2 usage error\n";
 
 struct UsageError {
@@ -127,6 +143,7 @@ int run(int argc, char** argv) {
   std::string command, model_flag;
   std::vector<std::string> positional;
   bool threads_given = false, help = false, ratio_given = false, select_given = false;
+  bool slow_read_given = false, redis_auth_given = false;
   // Which options a command accepts (checked after parsing, when the
   // command is known: global options may come before or after it).
   std::vector<std::string> ingest_only, ask_only, ask_chat;
@@ -154,6 +171,30 @@ int run(int argc, char** argv) {
     } else if (arg == "--threads") {
       common.threads = static_cast<int>(parse_long(arg, next(), 1, 512));
       threads_given = true;
+    } else if (arg == "--ram-budget-mb") {
+      common.tiers.ram_budget_bytes = static_cast<uint64_t>(parse_long(arg, next(), 1, 1 << 20))
+                                      << 20;
+    } else if (arg == "--slow-dir") {
+      common.tiers.slow_dir = next();
+      if (common.tiers.slow_dir.empty()) usage("option --slow-dir: empty path");
+    } else if (arg == "--slow-read-mbps") {
+      common.tiers.slow_read_bytes_per_sec =
+          static_cast<uint64_t>(parse_number(arg, next(), 0.001, 1e6) * 1e6);
+      slow_read_given = true;
+    } else if (arg == "--redis") {
+      common.tiers.redis_address = next();
+      if (common.tiers.redis_address.empty()) usage("option --redis: empty address");
+    } else if (arg == "--redis-password") {
+      common.tiers.redis_password = next();
+      redis_auth_given = true;
+    } else if (arg == "--redis-user") {
+      common.tiers.redis_username = next();
+      redis_auth_given = true;
+    } else if (arg == "--redis-timeout-ms") {
+      common.tiers.redis_timeout_ms = static_cast<int>(parse_long(arg, next(), 1, 600000));
+      redis_auth_given = true;
+    } else if (arg == "--placement-ratio") {
+      common.tiers.placement_ratio = static_cast<float>(parse_number(arg, next(), 0.0, 1.0));
     } else if (arg == "--chunk-tokens") {
       ingest.chunk_tokens = static_cast<size_t>(parse_long(arg, next(), 16, 8192));
       ingest_only.push_back(arg);
@@ -234,6 +275,18 @@ int run(int argc, char** argv) {
     usage("option --select applies to --mode blend only");
   if (ask.auto_ratio && ask.mode != CB_MODE_BLEND)
     usage("--ratio auto applies to --mode blend only");
+
+  if (slow_read_given && common.tiers.slow_dir.empty())
+    usage("option --slow-read-mbps needs --slow-dir");
+  if (redis_auth_given && common.tiers.redis_address.empty())
+    usage("options --redis-password, --redis-user and --redis-timeout-ms need --redis");
+  if (!common.tiers.redis_address.empty()) {
+    // From the environment, so a password need not appear in the process list.
+    const char* pw = std::getenv("CB_REDIS_PASSWORD");
+    if (common.tiers.redis_password.empty() && pw != nullptr) common.tiers.redis_password = pw;
+    const char* user = std::getenv("CB_REDIS_USER");
+    if (common.tiers.redis_username.empty() && user != nullptr) common.tiers.redis_username = user;
+  }
 
   if (!threads_given) common.threads = rag::available_cores();
   common.model_path = rag::resolve_model_path(model_flag);

@@ -96,6 +96,7 @@ void test_concurrent_use_of_one_session(cb_model* m);
 /* test_c_api_rag.c */
 void test_abort_callback(cb_model* m);
 void test_rag_store(cb_model* m);
+void test_rag_tiers(cb_model* m);
 void test_chunk_cache_add(cb_model* m);
 /* test_c_api_handles.c */
 void test_handles(cb_model* m, const char* path);

@@ -401,6 +401,7 @@ int main(void) {
     test_rag(m);
     test_abort_callback(m);
     test_rag_store(m);
+    test_rag_tiers(m);
     test_chunk_cache_add(m);
     test_handles(m, path);
     cb_model_free(m);

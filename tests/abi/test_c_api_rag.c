@@ -309,6 +309,103 @@ void test_rag_store(cb_model* m) {
   CHECK(system(cmd) == 0);
 }
 
+/* Storage tiers: RAM (budget) + flash + a slow directory + a Redis server
+ * that is not there.  The request answers the same, the second one from the
+ * RAM tier; the absent server costs misses, not errors; bad tier options are
+ * refused with a message. */
+void test_rag_tiers(cb_model* m) {
+  char dir[] = "/tmp/cb_c_api_tiers.XXXXXX";
+  char slow[160], cmd[400];
+  cb_chunk_cache* cache = NULL;
+  cb_store_options so;
+  cb_session_options sess_o;
+  cb_session* s = NULL;
+  cb_rag_options ro;
+  cb_rag_stats st;
+  collector c1, c2;
+
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(slow, sizeof slow, "%s/sd", dir);
+  cb_store_options_init(&so);
+  CHECK(so.ram_budget_bytes == 0 && so.slow_dir == NULL && so.redis_address == NULL);
+  CHECK(so.redis_timeout_ms > 0);
+  so.redis_address = "127.0.0.1:notaport";
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(cb_last_error(), "port") != NULL);
+  so.redis_address = "rediss://127.0.0.1:6380";
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(cb_last_error(), "TLS") != NULL);
+  so.redis_address = NULL;
+  so.redis_password = "secret";
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  so.redis_password = NULL;
+  so.slow_dir = "";
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  CHECK(cache == NULL);
+  so.slow_dir = NULL;
+  CHECK(so.placement_ratio > 0.19f && so.placement_ratio < 0.21f);
+  so.placement_ratio = 1.5f;
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(cb_last_error(), "placement_ratio") != NULL);
+  CHECK(cache == NULL);
+
+  cb_store_options_init(&so);
+  so.ram_budget_bytes = (uint64_t)256 << 20;
+  so.slow_dir = slow;
+  so.slow_read_bytes_per_sec = 10000000;
+  so.redis_address = "127.0.0.1:1"; /* nothing listens there */
+  so.redis_timeout_ms = 200;
+  CHECK_OK(cb_chunk_cache_open(dir, &so, &cache));
+
+  cb_session_options_init(&sess_o);
+  sess_o.n_threads = 2;
+  sess_o.n_ctx = 512;
+  CHECK_OK(cb_session_create(m, &sess_o, &s));
+  cb_rag_options_init(&ro);
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c1, NULL, 0));
+  CHECK(st.cache_misses == 2 && st.cache_hits == 0);
+  CHECK_OK(cb_chunk_cache_flush(cache));
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c2, NULL, 0));
+  CHECK(st.cache_hits == 2 && st.cache_misses == 0);
+  CHECK(strstr(c2.text, "4721") != NULL);
+  {
+    /* Per-tier counters: every tier named, fastest first; the two hits of
+     * the second request served by local tiers, the absent server failing. */
+    static const char* const names[] = {"ram", "flash", "slow", "redis"};
+    size_t n_tiers = 0, i;
+    uint64_t hits = 0, placed = 0;
+    cb_tier_stats ts;
+    CHECK_OK(cb_chunk_cache_n_tiers(cache, &n_tiers));
+    CHECK(n_tiers == 4);
+    for (i = 0; i < n_tiers && i < 4; ++i) {
+      cb_tier_stats_init(&ts);
+      CHECK_OK(cb_chunk_cache_get_tier_stats(cache, i, &ts));
+      CHECK(ts.struct_size == sizeof ts && strcmp(ts.name, names[i]) == 0);
+      hits += ts.hits;
+      if (i < 3) placed += ts.placed;
+      if (i == 3) CHECK(ts.failures >= 1 && ts.hits == 0);
+    }
+    CHECK(hits == 2 && placed == 2);
+    cb_tier_stats_init(&ts);
+    CHECK_ERR(cb_chunk_cache_get_tier_stats(cache, 4, &ts), CB_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(cb_last_error(), "tier 4") != NULL);
+    ts.struct_size = 3;
+    CHECK_ERR(cb_chunk_cache_get_tier_stats(cache, 0, &ts), CB_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(cb_chunk_cache_n_tiers(cache, NULL), CB_ERR_INVALID_ARGUMENT);
+  }
+  CHECK_OK(cb_chunk_cache_clear(cache));
+  cb_rag_stats_init(&st);
+  CHECK_OK(rag_answer(s, cache, &ro, &st, &c2, NULL, 0));
+  CHECK(st.cache_misses == 2 && st.cache_hits == 0);
+
+  cb_session_free(s);
+  cb_chunk_cache_free(cache);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
 /* Precomputing chunks from text (an ingest step): what cb_chunk_cache_add
  * stores is what cb_rag_prefill finds with the same options, in RAM and on
  * flash; other options (namespace, system prompt, chunk head) do not see it. */
@@ -336,6 +433,9 @@ void test_chunk_cache_add(cb_model* m) {
   CHECK_OK(cb_chunk_cache_create(&cache));
   if (s == NULL || cache == NULL) goto done;
   cb_rag_options_init(&ro);
+  n = 9;
+  CHECK_OK(cb_chunk_cache_n_tiers(cache, &n));
+  CHECK(n == 0); /* a cache in RAM has no storage tiers */
 
   /* RAM: absent, added (computed once), then found. */
   CHECK_OK(cb_chunk_cache_contains(m, cache, kRagChunks[0], &ro, &found));

@@ -6,7 +6,9 @@
 $CB_MODEL, when set, overrides --model.  Checks the chat answer, the --json
 output (generate, prefill, decode, ttft, quality on a tiny dataset written
 here: teacher-forced fidelity, the gap closed, selection policies), --plot FILE.png for ttft (against the ratio and against a list of read
-caps) and quality (against a list of ratios), and that bad input (truncated / wrong-magic / absurd model files, a
+caps) and quality (against a list of ratios), ttft --tiers (the same request against ram,
+flash, slow and tiered stores: per-tier hits, and bitwise the same logits whichever tier
+served, given one codec), and that bad input (truncated / wrong-magic / absurd model files, a
 prompt longer than the context, a missing file, bad flags) gives a one-line
 "cb_bench: error: " message and exit status 1 (2 for usage errors), never a
 crash.  Prints "N passed, N failed"; exit status 1 on any failure.
@@ -186,6 +188,49 @@ def test_plots(bench, common, dataset, tmp):
     expect_error(bench, ttft + ["--plot", os.path.join(tmp, "y.png")] + common,
                  "--plot without gnuplot on the PATH", must_contain="gnuplot",
                  env={"PATH": tmp})
+
+
+def test_tiers(bench, common):
+    """ttft --tiers: the same request against ram, flash, slow and tiered stores."""
+    t = ["ttft", "--chunks", "3", "--chunk-tokens", "64", "--query-tokens", "8", "--repeat", "1",
+         "--ratio", "0.15"]
+    # 64 tokens x 30 layers x 2 x 192 f32 = 2.8 MB per chunk: the RAM tier
+    # holds one of the three.
+    rc, out, err = run(bench, t + ["--tiers", "ram,flash,slow,tiered", "--ram-budget-mb", "4",
+                                   "--json"] + common)
+    objs = json_lines(out) or []
+    check(rc == 0 and [(o.get("store"), o.get("mode")) for o in objs]
+          == [("-", "full"), ("ram", "blend"), ("flash", "blend"), ("slow", "blend"),
+              ("tiered", "blend")], "ttft --tiers --json: full, then blend per store",
+          describe(rc, out, err))
+    by = {o.get("store"): o for o in objs}
+    tiered, slow = by.get("tiered", {}), by.get("slow", {})
+    check(all(o.get("cache_hits") == 3 and o.get("cache_misses") == 0 and o.get("ttft_ms", 0) > 0
+              for o in objs if o.get("mode") == "blend")
+          and by.get("ram", {}).get("ttft_vs_ram") == 1 and by.get("ram", {}).get("kl_vs_ram") == 0
+          and slow.get("load_ms", 0) > 1000 * slow.get("bytes_read", 0) / 10e6 * 0.9,
+          "ttft --tiers: every chunk cached; the slow store reads at its cap", out)
+    # One codec (f16) on flash, the slow directory and the tiered store: the
+    # tier a chunk came from changes nothing in the output.
+    check(slow.get("logits_identical_to_flash") is True
+          and tiered.get("logits_identical_to_flash") is True
+          and 0 <= tiered.get("kl_vs_ram", 1) < 1e-4,
+          "ttft --tiers: same codec, bitwise the same logits whichever tier served", out)
+    hits = tiered.get("tier_hits_per_request", "")
+    check(hits.startswith("ram:") and " flash:" in hits and " slow:" in hits
+          and sum(float(h.split(":")[1]) for h in hits.split()) == 3,
+          "ttft --tiers: per-tier hits of the tiered store", hits)
+    rc, out, err = run(bench, t + ["--tiers", "flash,tiered", "--ram-budget-mb", "4"] + common)
+    check(rc == 0 and "vs_ram" in out and "tier hits per request" in out,
+          "ttft --tiers: the table", describe(rc, out, err))
+    expect_error(bench, t + ["--tiers", "ram,disk"] + common, "ttft --tiers ram,disk", code=2,
+                 must_contain="disk")
+    expect_error(bench, t + ["--tiers", "tiered"] + common, "ttft --tiers tiered without a budget",
+                 code=2, must_contain="--ram-budget-mb")
+    expect_error(bench, t + ["--tiers", "flash", "--store", "/tmp/x"] + common,
+                 "ttft --tiers with --store", code=2, must_contain="--store")
+    expect_error(bench, t + ["--ram-budget-mb", "4"] + common, "ttft --ram-budget-mb without --tiers",
+                 code=2, must_contain="--tiers")
 
 
 def test_rag(bench, common):
@@ -449,6 +494,7 @@ def main():
     check(rc == 0 and "tok/s" in out, "prefill prints a table", describe(rc, out, err))
 
     test_rag(bench, common)
+    test_tiers(bench, common)
 
     # Help and usage errors (exit 2).
     rc, out, err = run(bench, ["--help"])

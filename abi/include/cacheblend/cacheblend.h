@@ -574,6 +574,34 @@ typedef struct cb_store_options {
    * it, and it is kept in DIR/calibration.sqlite as an override until a
    * cache is opened with 0 here.  0 (default): measured on this device. */
   double assumed_read_bytes_per_sec;
+  /* Storage tiers around the store on flash, all off by default (fields
+   * added after assumed_read_bytes_per_sec: a program built with an earlier
+   * header passes a shorter struct and gets none).  With tiers, a chunk is
+   * read from the fastest tier holding it, a chunk read in full from a
+   * slower tier is copied to the nearest faster one, and new chunks go to the cheapest
+   * tier whose loads a blend at `placement_ratio` still hides (the fastest
+   * when none does) and move down as the RAM budget overflows (least
+   * recently used first).  The Redis tier is shared: every new chunk is also
+   * written there, so other processes and devices find it.  The strings are
+   * copied by cb_chunk_cache_open. */
+  uint64_t ram_budget_bytes;        /* > 0: a RAM tier of this many bytes (f32 KV) before flash */
+  const char* slow_dir;             /* a slower directory after flash (an SD card); NULL: none */
+  uint64_t slow_read_bytes_per_sec; /* that directory's read cap; 0: none */
+  /* A Redis or Valkey server as the last tier: "host:port" or
+   * "redis://[[user]:password@]host[:port][/db]".  No TLS.  NULL: none.  A
+   * server that is down, slow, full or answers errors makes misses and
+   * dropped writes, never errors; it is not contacted beyond the timeout. */
+  const char* redis_address;
+  const char* redis_password; /* NULL: the address's, if any */
+  const char* redis_username; /* ACL user; NULL: the address's, or the default user */
+  int32_t redis_timeout_ms;   /* connect and command timeout; default 1000 */
+  /* The recompute ratio, in [0, 1], that placement plans for (default: the
+   * default cb_rag_options.ratio, 0.2).  Placement predicts with the model's
+   * compute cost on this device, measured by a short probe in the caller's
+   * session the first time a model stores a chunk (kept in
+   * DIR/calibration.sqlite, as auto_ratio's).  Added after
+   * redis_timeout_ms: a struct that ends before it gets the default. */
+  float placement_ratio;
 } cb_store_options;
 
 /* Sets opts->struct_size and the defaults.  NULL is ignored. */
@@ -621,6 +649,41 @@ static inline void cb_chunk_cache_stats_init(cb_chunk_cache_stats* stats) {
 
 /* Fills `stats` (whose struct_size the caller sets).  Thread-safe. */
 CB_API cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_stats* stats);
+
+/* One storage tier's counters since the cache was opened. */
+typedef struct cb_tier_stats {
+  size_t struct_size;     /* set by the caller (cb_tier_stats_init) */
+  const char* name;       /* "ram", "flash", "slow" or "redis"; static */
+  uint64_t hits;          /* lookups this tier served */
+  uint64_t misses;        /* lookups that reached this tier and did not find the chunk */
+  uint64_t bytes_read;    /* stored bytes of the layers read from this tier */
+  uint64_t read_failures; /* layer reads that failed (the chunk was computed instead) */
+  uint64_t placed;        /* new chunks stored here (redis: also those stored above it) */
+  uint64_t promoted_in;   /* chunks copied here from the tier below after a full read */
+  uint64_t demoted_in;    /* chunks moved here from the tier above (RAM budget) */
+  uint64_t failures;      /* lookups and stores that failed in this tier */
+  uint64_t budget_bytes;  /* ram: decoded bytes held against ram_budget_bytes; else 0 */
+} cb_tier_stats;
+
+/* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */
+CB_API void cb_tier_stats_init_sized(cb_tier_stats* stats, size_t struct_size);
+#ifndef CB_BUILDING_LIBRARY
+static inline void cb_tier_stats_init(cb_tier_stats* stats) {
+  cb_tier_stats_init_sized(stats, sizeof(*stats));
+}
+#endif
+
+/* The number of storage tiers, fastest first: with tiers (cb_store_options)
+ * ram (if budgeted), flash, slow (if any), redis (if any); a cache on flash
+ * without tiers has one, "flash"; a cache in RAM (cb_chunk_cache_create)
+ * none.  Writes *out_n_tiers.  Thread-safe. */
+CB_API cb_status cb_chunk_cache_n_tiers(const cb_chunk_cache* cache, size_t* out_n_tiers);
+
+/* Fills `stats` (whose struct_size the caller sets) with tier `tier`'s
+ * counters (0 = fastest).  Errors: CB_ERR_INVALID_ARGUMENT (NULLs, an
+ * unknown struct_size, tier >= the number of tiers).  Thread-safe. */
+CB_API cb_status cb_chunk_cache_get_tier_stats(const cb_chunk_cache* cache, size_t tier,
+                                               cb_tier_stats* stats);
 
 /* Removes every entry.  Thread-safe. */
 CB_API cb_status cb_chunk_cache_clear(cb_chunk_cache* cache);

@@ -1,0 +1,39 @@
+// The chunk store on a Redis or Valkey server: a ChunkStore over
+// cache::RedisStore.  Lookups read the value's header, layers are read one
+// GETRANGE at a time as the fusor asks for them, and new chunks are written
+// back asynchronously so a miss never waits for the network.  A server that
+// is down or unreachable makes find and put throw cb::Error(kIo) with the
+// store's last error (a tiered store counts that as the tier failing and
+// goes on without it); one that is slow or full makes misses and dropped
+// puts.
+#pragma once
+
+#include <memory>
+
+#include "cache/redis_store.h"
+#include "runtime/blend/chunk_store.h"
+
+namespace cb {
+
+class RedisChunkStore final : public ChunkStore {
+ public:
+  explicit RedisChunkStore(std::shared_ptr<cache::RedisStore> store) : store_(std::move(store)) {}
+  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) override;
+  // Queued for write-back; kIo when the server is known to be down (the
+  // last read found it so, and a PING now does too) or the queue is full.
+  // A server that refuses the write later counts it in the store's stats.
+  void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
+  // After the write-backs queued before it, the value goes (DEL).
+  bool remove(const cache::ChunkKey& key) override {
+    store_->flush();
+    return store_->remove(key);
+  }
+  cache::RedisStore& store() { return *store_; }
+  const cache::RedisStore& store() const { return *store_; }
+
+ private:
+  [[noreturn]] void unreachable() const;
+  std::shared_ptr<cache::RedisStore> store_;
+};
+
+}  // namespace cb

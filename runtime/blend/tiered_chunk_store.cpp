@@ -1,0 +1,486 @@
+#include "runtime/blend/tiered_chunk_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "cache/eviction.h"
+#include "platform/error.h"
+
+namespace cb {
+namespace {
+
+// Full reads from slower tiers remembered per chunk for promote_after_hits;
+// beyond this many chunks the counts start over (a bound, not a policy).
+constexpr size_t kMaxTrackedSlowHits = 65536;
+
+uint64_t decoded_bytes(const cache::ChunkKV& kv) {
+  return (kv.k.size() + kv.v.size()) * sizeof(float);
+}
+
+// Stored bytes per layer of a chunk in `codec` (none: f32), before zstd: the
+// codec's payload plus its scales.  Placement only needs the magnitude.
+double stored_bytes_per_layer(std::optional<cache::Codec> codec, const cache::KvShape& s) {
+  const double values = 2.0 * static_cast<double>(s.n_tokens) * static_cast<double>(s.kv_dim());
+  if (!codec) return 4.0 * values;
+  const double head_dim = std::max(1, s.head_dim);
+  switch (*codec) {
+    case cache::Codec::kF16:
+      return 2.0 * values;
+    case cache::Codec::kQ8:  // an f16 scale per (token, head)
+      return values * (1.0 + 2.0 / head_dim);
+    case cache::Codec::kQ4:  // f16 scale and offset per group of 32 (K) or a head (V)
+      return values * (0.5 + 2.0 / 32.0 + 2.0 / head_dim);
+  }
+  return 4.0 * values;
+}
+
+enum class Arrival { kPlaced, kPromoted, kDemoted };
+
+}  // namespace
+
+struct TieredChunkStore::State {
+  struct Budgeted {
+    cache::ChunkKey key;
+    uint64_t bytes = 0;
+    std::list<std::string>::iterator lru;
+  };
+  struct Tier {
+    ChunkTier config;
+    TierStats stats;
+    std::list<std::string> lru;  // serialized keys, least recently used first
+    std::unordered_map<std::string, Budgeted> entries;
+  };
+
+  State(std::vector<ChunkTier> configs, TieredChunkStoreOptions opts, Calibration cal)
+      : options(std::move(opts)),
+        controller(std::make_shared<LoadingController>(std::move(cal), options.controller)) {
+    for (ChunkTier& c : configs) {
+      Tier t;
+      t.stats.name = c.cost.name;
+      t.config = std::move(c);
+      tiers.push_back(std::move(t));
+    }
+  }
+
+  // Everything below runs with mu held.
+
+  void note_failure(size_t i, const std::string& what) {
+    tiers[i].stats.failures++;
+    tiers[i].stats.last_error = what;
+  }
+
+  void touch(size_t i, const std::string& id) {
+    Tier& t = tiers[i];
+    auto it = t.entries.find(id);
+    if (it != t.entries.end()) t.lru.splice(t.lru.end(), t.lru, it->second.lru);
+  }
+
+  void forget(size_t i, const std::string& id) {
+    Tier& t = tiers[i];
+    auto it = t.entries.find(id);
+    if (it == t.entries.end()) return;
+    t.stats.budget_bytes -= it->second.bytes;
+    t.lru.erase(it->second.lru);
+    t.entries.erase(it);
+  }
+
+  // The whole chunk from tier i, or nullopt.
+  std::optional<cache::ChunkKV> read_whole(size_t i, const cache::ChunkKey& key) {
+    try {
+      std::unique_ptr<ChunkLayerSource> src = tiers[i].config.store->find(key);
+      if (!src || !src->shape()) return std::nullopt;
+      cache::ChunkKV kv(*src->shape());
+      for (int l = 0; l < kv.shape.n_layers; ++l)
+        if (!src->fetch_layer(l, kv.k_layer(l), kv.v_layer(l))) return std::nullopt;
+      return kv;
+    } catch (const std::exception& e) {
+      note_failure(i, e.what());
+      return std::nullopt;
+    }
+  }
+
+  bool holds(size_t i, const cache::ChunkKey& key) {
+    try {
+      return tiers[i].config.store->find(key) != nullptr;
+    } catch (const std::exception& e) {
+      note_failure(i, e.what());
+      return false;
+    }
+  }
+
+  // Moves tier i's chunk `id` one tier down (or drops it from the last).
+  void demote(size_t i, const std::string& id) {
+    const cache::ChunkKey key = tiers[i].entries.at(id).key;
+    forget(i, id);
+    if (i + 1 < tiers.size()) {
+      if (holds(i + 1, key)) {
+        touch(i + 1, id);
+        tiers[i + 1].stats.demoted_in++;
+      } else if (std::optional<cache::ChunkKV> kv = read_whole(i, key)) {
+        store_in(i + 1, key, id, std::move(*kv), Arrival::kDemoted);
+      }
+    } else {
+      tiers[i].stats.dropped++;
+    }
+    try {
+      tiers[i].config.store->remove(key);
+    } catch (const std::exception& e) {
+      note_failure(i, e.what());
+    }
+  }
+
+  // Demotes tier i's least recently used chunks until `incoming` fits.
+  void make_room(size_t i, uint64_t incoming) {
+    Tier& t = tiers[i];
+    std::vector<cache::EvictionCandidate> candidates;
+    std::vector<std::string> ids;
+    for (const std::string& id : t.lru) {
+      candidates.push_back({static_cast<int64_t>(ids.size()), t.entries.at(id).bytes});
+      ids.push_back(id);
+    }
+    const size_t n =
+        cache::plan_eviction(t.stats.budget_bytes, incoming, t.config.capacity_bytes, candidates)
+            .value_or(ids.size());
+    for (size_t v = 0; v < n; ++v) demote(i, ids[v]);
+  }
+
+  // Puts the chunk in tier i, or the first tier below it that takes it.
+  // `skip_shared`: pass over the shared tiers below i (a put already wrote
+  // through to them).
+  // Returns the tier that took it.
+  // `only_this`: tier i or nothing.
+  std::optional<size_t> store_in(size_t i, const cache::ChunkKey& key, const std::string& id,
+                                 cache::ChunkKV kv, Arrival arrival, bool skip_shared = false,
+                                 bool only_this = false) {
+    const uint64_t bytes = decoded_bytes(kv);
+    const size_t first = i;
+    const size_t end = only_this ? i + 1 : tiers.size();
+    for (; i < end; ++i) {
+      Tier& t = tiers[i];
+      if (skip_shared && i > first && t.config.shared) continue;
+      const bool budgeted = t.config.capacity_bytes > 0;
+      if (budgeted) {
+        if (bytes > t.config.capacity_bytes) continue;  // never fits here
+        forget(i, id);                                  // a put of a chunk already here replaces it
+        make_room(i, bytes);
+      }
+      const bool last = i + 1 == end;
+      try {
+        // A copy for every tier but the last: the chunk must survive a put
+        // that fails.
+        t.config.store->put(key, last ? std::move(kv) : cache::ChunkKV(kv));
+      } catch (const std::exception& e) {
+        note_failure(i, e.what());
+        continue;
+      }
+      if (budgeted) {
+        t.lru.push_back(id);
+        t.entries[id] = {key, bytes, std::prev(t.lru.end())};
+        t.stats.budget_bytes += bytes;
+      }
+      (arrival == Arrival::kPlaced     ? t.stats.placed
+       : arrival == Arrival::kPromoted ? t.stats.promoted_in
+                                       : t.stats.demoted_in)++;
+      return i;
+    }
+    return std::nullopt;
+  }
+
+  // A promoting source read every layer of the chunk from tier `from`.
+  void on_full_read(const cache::ChunkKey& key, cache::ChunkKV kv, size_t from) {
+    std::lock_guard lock(mu);
+    try {
+      const std::string id = cache::serialize_key(key);
+      if (slow_hits.size() >= kMaxTrackedSlowHits) slow_hits.clear();
+      if (++slow_hits[id] < options.promote_after_hits) return;
+      slow_hits.erase(id);
+      if (const std::optional<size_t> to = promotion_target(from))
+        store_in(*to, key, id, std::move(kv), Arrival::kPromoted, false, /*only_this=*/true);
+    } catch (const std::exception& e) {
+      note_failure(from - 1, std::string("promotion failed: ") + e.what());
+    }
+  }
+
+  // Where a chunk read in full from tier `from` is copied: the nearest tier
+  // above that reads at least as fast (read speed 0: RAM, free).  A slower
+  // local tier listed above a faster remote one (an SD card over a server)
+  // is passed over.
+  std::optional<size_t> promotion_target(size_t from) const {
+    const double src = tiers[from].config.cost.read_bytes_per_s;
+    for (size_t j = from; j-- > 0;) {
+      const double r = tiers[j].config.cost.read_bytes_per_s;
+      if (r <= 0.0 || (src > 0.0 && r >= src)) return j;
+    }
+    return std::nullopt;
+  }
+
+  // Copies of a new chunk placed in tier `placed` into the shared tiers
+  // below it.
+  void write_through(size_t placed, const cache::ChunkKey& key, const cache::ChunkKV& kv) {
+    for (size_t j = placed + 1; j < tiers.size(); ++j) {
+      if (!tiers[j].config.shared) continue;
+      try {
+        tiers[j].config.store->put(key, cache::ChunkKV(kv));
+        tiers[j].stats.placed++;
+      } catch (const std::exception& e) {
+        note_failure(j, e.what());
+      }
+    }
+  }
+
+  std::vector<Tier> tiers;
+  TieredChunkStoreOptions options;
+  // Placement's predictions (thread-safe on their own): the options'
+  // calibration, and per model the one set_calibration gave.
+  std::shared_ptr<LoadingController> controller;
+  std::map<std::string, std::shared_ptr<LoadingController>> model_controllers;
+  mutable std::mutex mu;
+  uint64_t misses = 0;
+  std::unordered_map<std::string, int> slow_hits;
+};
+
+namespace {
+
+// Serves a chunk from tier `from`, counting what it reads there; from a
+// slower tier it also keeps a copy of each layer read, and once every layer
+// has been read, the copy goes one tier up.
+class TierSource final : public ChunkLayerSource {
+ public:
+  using State = TieredChunkStore::State;
+  TierSource(std::shared_ptr<State> state, std::unique_ptr<ChunkLayerSource> inner,
+             cache::ChunkKey key, size_t from, std::optional<cache::KvShape> shape)
+      : state_(std::move(state)), inner_(std::move(inner)), key_(std::move(key)), from_(from) {
+    if (from_ > 0 && shape) {
+      copy_.emplace(*shape);
+      got_.assign(static_cast<size_t>(shape->n_layers), false);
+    }
+  }
+
+  bool fetch_layer(int64_t layer, float* k, float* v) override {
+    bool ok = false;
+    try {
+      ok = inner_->fetch_layer(layer, k, v);
+    } catch (...) {
+      note_read_failure();
+      throw;  // the fusor computes the chunk, as for false
+    }
+    if (!ok) {
+      note_read_failure();
+      return false;
+    }
+    {
+      const uint64_t bytes = inner_->layer_bytes(layer);
+      std::lock_guard lock(state_->mu);
+      state_->tiers[from_].stats.bytes_read += bytes;
+    }
+    if (!copy_ || failed_ || layer < 0 || layer >= copy_->shape.n_layers || got_[layer])
+      return true;
+    const size_t n = static_cast<size_t>(copy_->shape.layer_floats());
+    std::memcpy(copy_->k_layer(static_cast<int>(layer)), k, n * sizeof(float));
+    std::memcpy(copy_->v_layer(static_cast<int>(layer)), v, n * sizeof(float));
+    got_[layer] = true;
+    if (++n_got_ == copy_->shape.n_layers) {
+      state_->on_full_read(key_, std::move(*copy_), from_);
+      copy_.reset();
+    }
+    return true;
+  }
+  uint64_t layer_bytes(int64_t layer) const override { return inner_->layer_bytes(layer); }
+  std::optional<cache::Codec> codec() const override { return inner_->codec(); }
+  std::optional<cache::KvShape> shape() const override { return inner_->shape(); }
+
+ private:
+  void note_read_failure() {
+    failed_ = true;
+    std::lock_guard lock(state_->mu);
+    state_->tiers[from_].stats.read_failures++;
+  }
+
+  std::shared_ptr<State> state_;
+  std::unique_ptr<ChunkLayerSource> inner_;
+  cache::ChunkKey key_;
+  size_t from_;
+  std::optional<cache::ChunkKV> copy_;  // from a slower tier: what the fusor read
+  std::vector<bool> got_;
+  int n_got_ = 0;
+  bool failed_ = false;
+};
+
+Calibration with_tiers(Calibration cal, const std::vector<ChunkTier>& tiers) {
+  for (const ChunkTier& t : tiers)
+    if (!cal.find_tier(t.cost.name)) cal.set_tier({t.cost, 0, true});
+  return cal;
+}
+
+}  // namespace
+
+TieredChunkStore::TieredChunkStore(std::vector<ChunkTier> tiers, TieredChunkStoreOptions options) {
+  if (tiers.empty()) fail(ErrorCode::kInvalidArgument, "tiered chunk store: no tiers");
+  for (const ChunkTier& t : tiers)
+    if (!t.store)
+      fail(ErrorCode::kInvalidArgument,
+           "tiered chunk store: tier '" + t.cost.name + "' has no store");
+  if (!(options.ratio >= 0.0 && options.ratio <= 1.0))
+    fail(ErrorCode::kInvalidArgument, "tiered chunk store: ratio must be in [0, 1]");
+  if (options.promote_after_hits < 1)
+    fail(ErrorCode::kInvalidArgument, "tiered chunk store: promote_after_hits must be >= 1");
+  Calibration cal = with_tiers(options.calibration, tiers);
+  state_ = std::make_shared<State>(std::move(tiers), std::move(options), std::move(cal));
+}
+
+TieredChunkStore::~TieredChunkStore() = default;
+
+size_t TieredChunkStore::n_tiers() const {
+  return state_->tiers.size();
+}
+
+ChunkStore& TieredChunkStore::tier_store(size_t tier) {
+  return *state_->tiers.at(tier).config.store;
+}
+
+void TieredChunkStore::set_calibration(const std::string& model_fingerprint, Calibration cal) {
+  State& s = *state_;
+  auto ctrl = std::make_shared<LoadingController>(with_tiers(std::move(cal),
+                                                             [&] {
+                                                               std::vector<ChunkTier> configs;
+                                                               for (const State::Tier& t : s.tiers)
+                                                                 configs.push_back(t.config);
+                                                               return configs;
+                                                             }()),
+                                                  s.options.controller);
+  std::lock_guard lock(s.mu);
+  s.model_controllers[model_fingerprint] = std::move(ctrl);
+}
+
+bool TieredChunkStore::has_calibration(const std::string& model_fingerprint) const {
+  const State& s = *state_;
+  std::lock_guard lock(s.mu);
+  return s.model_controllers.count(model_fingerprint) > 0;
+}
+
+size_t TieredChunkStore::placement(const cache::KvShape& shape,
+                                   const std::string& model_fingerprint) const {
+  const State& s = *state_;
+  std::shared_ptr<const LoadingController> controller;
+  {
+    std::lock_guard lock(s.mu);
+    auto it = s.model_controllers.find(model_fingerprint);
+    controller = it != s.model_controllers.end() ? it->second : s.controller;
+  }
+  RequestShape request;
+  request.n_tokens = shape.n_tokens;
+  request.n_reused = shape.n_tokens;
+  request.n_layers = shape.n_layers;
+  request.first_check_layer = s.options.first_check_layer;
+  // The chunk's share of a request's compute: the per-layer fixed cost is
+  // paid once per request, not per chunk, so it hides no chunk's loads.
+  RequestShape none = request;
+  none.n_tokens = none.n_reused = 0;
+  const double compute = std::max(0.0, controller->predict_compute_s(request, s.options.ratio) -
+                                           controller->predict_compute_s(none, s.options.ratio));
+  std::vector<TierChoice> choices;
+  for (const State::Tier& t : s.tiers) {
+    request.loads = {
+        {t.config.cost.name, t.config.codec, stored_bytes_per_layer(t.config.codec, shape)}};
+    const double load = controller->predict_load_s(request);
+    choices.push_back({t.config.cost, load, compute,
+                       (1.0 - controller->options().hide_margin) * load <= compute});
+  }
+  return *pick_cheapest_hidden(choices);
+}
+
+std::unique_ptr<ChunkLayerSource> TieredChunkStore::find(const cache::ChunkKey& key) {
+  State& s = *state_;
+  const std::string id = cache::serialize_key(key);
+  for (size_t i = 0; i < s.tiers.size(); ++i) {
+    std::unique_ptr<ChunkLayerSource> src;
+    try {
+      src = s.tiers[i].config.store->find(key);
+    } catch (const std::exception& e) {
+      std::lock_guard lock(s.mu);
+      s.note_failure(i, e.what());
+      continue;
+    }
+    std::lock_guard lock(s.mu);
+    if (!src) {
+      s.tiers[i].stats.misses++;
+      s.forget(i, id);  // gone from the store (its own eviction): stop counting it
+      continue;
+    }
+    s.tiers[i].stats.hits++;
+    s.touch(i, id);
+    const std::optional<cache::KvShape> shape = src->shape();
+    return std::make_unique<TierSource>(state_, std::move(src), key, i, shape);
+  }
+  std::lock_guard lock(s.mu);
+  s.misses++;
+  return nullptr;
+}
+
+void TieredChunkStore::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
+  put_placed(key, std::move(kv));
+}
+
+std::optional<size_t> TieredChunkStore::put_placed(const cache::ChunkKey& key, cache::ChunkKV kv) {
+  const size_t tier = placement(kv.shape, key.model_fingerprint);
+  State& s = *state_;
+  std::lock_guard lock(s.mu);
+  const std::string id = cache::serialize_key(key);
+  s.write_through(tier, key, kv);
+  // Failing that tier and every one below, the nearest faster tier that
+  // takes it (the chunk was computed: better kept fast than lost).
+  if (tier == 0)
+    return s.store_in(0, key, id, std::move(kv), Arrival::kPlaced, /*skip_shared=*/true);
+  if (std::optional<size_t> at =
+          s.store_in(tier, key, id, cache::ChunkKV(kv), Arrival::kPlaced, /*skip_shared=*/true))
+    return at;
+  for (size_t up = tier; up-- > 0;) {
+    if (std::optional<size_t> at = s.store_in(up, key, id, cache::ChunkKV(kv), Arrival::kPlaced,
+                                              /*skip_shared=*/true, /*only_this=*/true))
+      return at;
+  }
+  return std::nullopt;
+}
+
+bool TieredChunkStore::remove(const cache::ChunkKey& key) {
+  State& s = *state_;
+  const std::string id = cache::serialize_key(key);
+  bool any = false;
+  for (size_t i = 0; i < s.tiers.size(); ++i) {
+    try {
+      any = s.tiers[i].config.store->remove(key) || any;
+    } catch (const std::exception& e) {
+      std::lock_guard lock(s.mu);
+      s.note_failure(i, e.what());
+    }
+    std::lock_guard lock(s.mu);
+    s.forget(i, id);
+  }
+  return any;
+}
+
+void TieredChunkStore::forget_all() {
+  State& s = *state_;
+  std::lock_guard lock(s.mu);
+  for (State::Tier& t : s.tiers) {
+    t.entries.clear();
+    t.lru.clear();
+    t.stats.budget_bytes = 0;
+  }
+  s.slow_hits.clear();
+}
+
+TieredStats TieredChunkStore::stats() const {
+  const State& s = *state_;
+  std::lock_guard lock(s.mu);
+  TieredStats out;
+  for (const State::Tier& t : s.tiers) out.tiers.push_back(t.stats);
+  out.misses = s.misses;
+  return out;
+}
+
+}  // namespace cb

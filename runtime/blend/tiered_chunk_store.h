@@ -1,0 +1,136 @@
+// Chunk KV over an ordered list of storage tiers, fastest first: e.g. RAM
+// with a byte budget, internal flash, a slower directory (an SD card), a
+// Redis server shared by devices.  Each tier is a ChunkStore of its own.
+//
+//   find: the fastest tier holding the chunk serves it.  A tier that fails
+//     (throws) is skipped and counted; the lookup falls through to the next.
+//     A chunk served from a slower tier and read in full (every layer) is
+//     promoted: the layers the fusor read are copied to the nearest tier
+//     above that reads at least as fast (one tier up, unless that one is
+//     slower), without reading anything twice (after promote_after_hits
+//     such hits).
+//   put: the chunk goes to the tier the loading controller's inverse rule
+//     picks (pick_cheapest_hidden): for the configured ratio r, the cheapest
+//     tier whose predicted load of the chunk still hides behind the partial
+//     prefill's recompute (the chunk's marginal share of it: a request's
+//     fixed per-layer cost hides nothing); the fastest when none does.
+//     Loads are assumed to overlap the recompute, as with the HKVD-style
+//     policies; with lookahead they overlap only its reuse pass, so a tier
+//     judged hidden may not be.  The compute model
+//     is the chunk's model's (set_calibration), else the options'.  A tier
+//     that fails passes the chunk to the next one down, and when none below
+//     takes it, to the nearest one above.  A shared tier (a
+//     server other devices read) also gets a copy of every chunk placed
+//     above it, so that they find what this one computed.
+//   budgets: a tier with capacity_bytes keeps to it (in decoded bytes, f32 K
+//     and V): the least recently used chunks are demoted to the next tier
+//     (cache::plan_eviction picks them), or dropped from the last tier.  A
+//     chunk larger than the budget goes to the next tier.  Tiers without a
+//     budget keep to their own capacity (a FlashStore's LRU, a server's
+//     maxmemory policy).
+//
+// Slower tiers keep their copy when a chunk is promoted (they are larger),
+// so a demotion usually finds the chunk already there and writes nothing.
+// Every tier returns the same KV for a chunk up to its codec (RAM: exact
+// f32), so which tier serves a chunk changes speed, not the blend's output
+// beyond that codec's rounding.
+//
+// Thread-safe.  Sources handed out stay valid after the store is gone.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/blend/calibration.h"
+#include "runtime/blend/chunk_store.h"
+#include "runtime/blend/loading_controller.h"
+
+namespace cb {
+
+struct ChunkTier {
+  // The tier's name (as the calibration names tiers), read speed (0: in RAM,
+  // reads cost nothing) and cost rank (lower: cheaper per byte).  A tier the
+  // calibration does not know is predicted from these.
+  StorageTier cost;
+  std::shared_ptr<ChunkStore> store;
+  std::optional<cache::Codec> codec;  // how the store keeps chunks; none: f32 in RAM
+  uint64_t capacity_bytes = 0;        // decoded bytes this tier may hold; 0: no budget here
+  // Written through: every chunk placed in a tier above is also put here
+  // (a server that other processes and devices share).
+  bool shared = false;
+};
+
+struct TieredChunkStoreOptions {
+  double ratio = 0.15;  // the recompute ratio new chunks are placed for
+  // The compute model and decode costs placement predicts with.  Without a
+  // compute model nothing hides a load, and chunks go to the fastest tier.
+  Calibration calibration;
+  LoadingControllerOptions controller;
+  int first_check_layer = 1;   // as the blend's schedule: layers before it compute every token
+  int promote_after_hits = 1;  // full reads from a slower tier before a copy moves up
+};
+
+struct TierStats {
+  std::string name;
+  uint64_t hits = 0;           // finds this tier served
+  uint64_t misses = 0;         // finds that reached this tier and did not find the chunk here
+  uint64_t bytes_read = 0;     // stored bytes of the layers read from this tier
+  uint64_t read_failures = 0;  // layer reads from this tier that failed (the chunk is computed)
+  uint64_t placed = 0;         // new chunks put here (a shared tier: also those placed above)
+  uint64_t promoted_in = 0;    // chunks copied here from the tier below
+  uint64_t demoted_in = 0;     // chunks moved here from the tier above
+  uint64_t dropped = 0;        // chunks removed for the budget with nowhere lower to go
+  uint64_t failures = 0;       // finds and puts that threw
+  uint64_t budget_bytes = 0;   // decoded bytes held against capacity_bytes
+  std::string last_error;
+};
+
+struct TieredStats {
+  std::vector<TierStats> tiers;  // in tier order
+  uint64_t misses = 0;           // finds no tier could serve
+};
+
+class TieredChunkStore final : public ChunkStore {
+ public:
+  // Throws kInvalidArgument for no tiers, a tier without a store, a ratio
+  // outside [0, 1] or promote_after_hits < 1.
+  explicit TieredChunkStore(std::vector<ChunkTier> tiers, TieredChunkStoreOptions options = {});
+  ~TieredChunkStore() override;
+
+  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) override;
+  void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
+  // put(), saying where the chunk went: the tier that took it, or nullopt
+  // when every tier failed or refused it (puts that a store queues and
+  // later fails are counted by that store).
+  std::optional<size_t> put_placed(const cache::ChunkKey& key, cache::ChunkKV kv);
+  // From every tier.  false: no tier had it.
+  bool remove(const cache::ChunkKey& key) override;
+
+  // Forgets what the budgets hold and the promotion counts: for after the
+  // tiers' own stores were cleared.
+  void forget_all();
+
+  // The calibration placement predicts chunks of this model with (its
+  // compute model, decode costs and measured tiers; tiers it lacks keep
+  // their configured costs), instead of the options'.  Thread-safe.
+  void set_calibration(const std::string& model_fingerprint, Calibration cal);
+  bool has_calibration(const std::string& model_fingerprint) const;
+
+  // The tier (index) a new chunk of this shape (of this model) is placed in.
+  size_t placement(const cache::KvShape& shape, const std::string& model_fingerprint = {}) const;
+  size_t n_tiers() const;
+  ChunkStore& tier_store(size_t tier);
+  TieredStats stats() const;
+
+  // Defined in the .cpp; the sources a find hands out share it, so they
+  // stay valid (and may still promote) after the store is gone.
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;  // shared with the promoting sources
+};
+
+}  // namespace cb

@@ -1,0 +1,171 @@
+// A real redis-server for the remote-tier tests: started on a free loopback
+// port with persistence off in a temporary directory, killed at teardown.
+// The binary comes from the redis-server package (scripts/setup.sh); the
+// tests fail, not skip, without it.
+#pragma once
+
+#include <arpa/inet.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache_test_util.h"
+
+namespace cb::cache::testing {
+
+// The redis-server binary: $CB_REDIS_SERVER, else the first on PATH or in
+// /usr/bin and /usr/sbin; "" when there is none.
+inline std::string find_redis_server() {
+  if (const char* env = std::getenv("CB_REDIS_SERVER"); env && *env)
+    return access(env, X_OK) == 0 ? env : "";
+  std::vector<std::string> dirs = {"/usr/bin", "/usr/sbin", "/usr/local/bin"};
+  if (const char* path = std::getenv("PATH")) {
+    std::string p = path;
+    size_t start = 0;
+    while (start <= p.size()) {
+      const size_t end = p.find(':', start);
+      dirs.insert(dirs.end() - 3, p.substr(start, end == std::string::npos ? end : end - start));
+      if (end == std::string::npos) break;
+      start = end + 1;
+    }
+  }
+  for (const std::string& d : dirs) {
+    const std::string candidate = d + "/redis-server";
+    if (!d.empty() && access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// A loopback port nothing listens on right now.
+inline int free_loopback_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+class RedisServer {
+ public:
+  // extra: more redis-server arguments, e.g. {"--requirepass", "secret"}.
+  explicit RedisServer(std::vector<std::string> extra = {}) : extra_(std::move(extra)) {}
+  ~RedisServer() { stop(); }
+  RedisServer(const RedisServer&) = delete;
+  RedisServer& operator=(const RedisServer&) = delete;
+
+  // Starts the server (on a new free port unless it ran before: then on
+  // the same one) and waits until it answers.  "" on success, else why not.
+  std::string start() {
+    binary_ = find_redis_server();
+    if (binary_.empty())
+      return "redis-server not found (the redis-server package): run scripts/setup.sh";
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      if (port_ == 0 || attempt > 0) port_ = free_loopback_port();
+      if (launch() && wait_ready()) return "";
+      stop();
+    }
+    return "redis-server " + binary_ + " did not start; see " + dir_.sub("redis.log");
+  }
+
+  // SIGKILL: the server vanishes mid-conversation.
+  void stop() {
+    if (pid_ > 0) {
+      kill(pid_, SIGCONT);
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = 0;
+    }
+  }
+  // SIGSTOP / SIGCONT: a server that accepts nothing and answers nothing.
+  void pause() { kill(pid_, SIGSTOP); }
+  void resume() { kill(pid_, SIGCONT); }
+
+  int port() const { return port_; }
+
+  // A direct hiredis connection for the test's own commands.
+  redisContext* connect(const std::string& password = "") const {
+    timeval tv{2, 0};
+    redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, tv);
+    if (c && !c->err && !password.empty()) {
+      auto* r = static_cast<redisReply*>(redisCommand(c, "AUTH %s", password.c_str()));
+      if (r) freeReplyObject(r);
+    }
+    return c;
+  }
+
+ private:
+  bool launch() {
+    std::vector<std::string> args = {binary_,
+                                     "--port",
+                                     std::to_string(port_),
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--dir",
+                                     dir_.path(),
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--logfile",
+                                     dir_.sub("redis.log")};
+    args.insert(args.end(), extra_.begin(), extra_.end());
+    pid_ = fork();
+    if (pid_ < 0) return false;
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(binary_.c_str(), argv.data());
+      _exit(127);
+    }
+    return true;
+  }
+
+  bool wait_ready() {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = 0;  // exited: the port was taken, or bad arguments
+        return false;
+      }
+      redisContext* c = connect();
+      if (c && !c->err) {
+        auto* r = static_cast<redisReply*>(redisCommand(c, "PING"));
+        // A password-protected server answers NOAUTH: it is up all the same.
+        const bool up = r != nullptr;
+        if (r) freeReplyObject(r);
+        redisFree(c);
+        if (up) return true;
+      } else if (c) {
+        redisFree(c);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  std::vector<std::string> extra_;
+  TempDir dir_;
+  std::string binary_;
+  int port_ = 0;
+  pid_t pid_ = 0;
+};
+
+}  // namespace cb::cache::testing

@@ -1,0 +1,519 @@
+// The tiered chunk store: placement by the loading controller's inverse rule
+// (pure), lookups served by the fastest tier holding a chunk, promotion of
+// chunks read in full from a slower tier, RAM budget overflow demoting to the
+// next tier, and fallthrough past a tier that fails -- over real stores
+// (RAM, flash directories, a real redis-server).
+#include "runtime/blend/tiered_chunk_store.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "../cache/cache_test_util.h"
+#include "../cache/redis_test_util.h"
+#include "cache/flash_store.h"
+#include "cache/redis_store.h"
+#include "platform/error.h"
+#include "runtime/blend/flash_chunk_store.h"
+#include "runtime/blend/redis_chunk_store.h"
+
+namespace cb {
+namespace {
+
+using cache::Codec;
+using cache::testing::make_key;
+using cache::testing::make_kv;
+using cache::testing::make_tokens;
+using cache::testing::TempDir;
+
+// 10 layers x 100 tokens x 64: 25600 f16 bytes per layer, 512000 f32 bytes.
+const cache::KvShape kShape{10, 100, 1, 64};
+constexpr uint64_t kChunkBytes = 2 * 10 * 100 * 64 * 4;
+
+// One tier (built field by field: GCC 12 warns falsely about the strings
+// of nested braced aggregates).
+ChunkTier tier(const char* name, double read_bytes_per_s, int rank,
+               std::shared_ptr<ChunkStore> store, std::optional<Codec> codec = std::nullopt,
+               uint64_t capacity_bytes = 0) {
+  ChunkTier t;
+  t.cost.name = name;
+  t.cost.read_bytes_per_s = read_bytes_per_s;
+  t.cost.cost_rank = rank;
+  t.store = std::move(store);
+  t.codec = codec;
+  t.capacity_bytes = capacity_bytes;
+  return t;
+}
+
+TierChoice choice(const char* name, int rank, double load, bool hidden) {
+  TierChoice c;
+  c.tier.name = name;
+  c.tier.cost_rank = rank;
+  c.load_s = load;
+  c.compute_s = 1.0;
+  c.hidden = hidden;
+  return c;
+}
+
+TEST(PickCheapestHidden, CheapestHiddenElseFastest) {
+  EXPECT_FALSE(pick_cheapest_hidden({}).has_value());
+  std::vector<TierChoice> o = {choice("ram", 2, 0.0, true), choice("flash", 1, 0.1, true),
+                               choice("sd", 0, 0.9, false)};
+  EXPECT_EQ(pick_cheapest_hidden(o), 1u);
+  o[2].hidden = true;
+  EXPECT_EQ(pick_cheapest_hidden(o), 2u);
+  // Same rank: the faster one.
+  o.push_back(choice("sd2", 0, 0.5, true));
+  EXPECT_EQ(pick_cheapest_hidden(o), 3u);
+  // Nothing hidden: the fastest, whatever its cost.
+  for (TierChoice& c : o) c.hidden = false;
+  EXPECT_EQ(pick_cheapest_hidden(o), 0u);
+}
+
+std::vector<int32_t> tokens(int seed) {
+  return make_tokens(kShape.n_tokens, seed);
+}
+
+bool same_bits(const cache::ChunkKV& a, const cache::ChunkKV& b) {
+  return a.shape == b.shape &&
+         std::memcmp(a.k.data(), b.k.data(), a.k.size() * sizeof(float)) == 0 &&
+         std::memcmp(a.v.data(), b.v.data(), a.v.size() * sizeof(float)) == 0;
+}
+
+// Every layer through `src`, or nullopt.
+std::optional<cache::ChunkKV> read_all(ChunkLayerSource& src) {
+  if (!src.shape()) return std::nullopt;
+  cache::ChunkKV kv(*src.shape());
+  for (int l = 0; l < kv.shape.n_layers; ++l)
+    if (!src.fetch_layer(l, kv.k_layer(l), kv.v_layer(l))) return std::nullopt;
+  return kv;
+}
+
+// RAM (budget `ram_bytes`), flash (f16), and a 5 MB/s directory (f16).
+struct ThreeTiers {
+  explicit ThreeTiers(uint64_t ram_bytes, TieredChunkStoreOptions opts = {}) {
+    cache::StoreOptions so;
+    so.codec = Codec::kF16;
+    flash = cache::FlashStore::open(dir.sub("flash"), so);
+    so.read_bytes_per_sec = 5'000'000;
+    sd = cache::FlashStore::open(dir.sub("sd"), so);
+    ram = std::make_shared<RamChunkStore>();
+    std::vector<ChunkTier> tiers;
+    tiers.push_back(tier("ram", 0.0, 2, ram, std::nullopt, ram_bytes));
+    tiers.push_back(tier("flash", 1e8, 1, std::make_shared<FlashChunkStore>(flash), Codec::kF16));
+    tiers.push_back(tier("sd", 5e6, 0, std::make_shared<FlashChunkStore>(sd), Codec::kF16));
+    store = std::make_unique<TieredChunkStore>(std::move(tiers), opts);
+  }
+  void flush() {
+    flash->flush();
+    sd->flush();
+  }
+  TempDir dir;
+  std::shared_ptr<cache::FlashStore> flash, sd;
+  std::shared_ptr<RamChunkStore> ram;
+  std::unique_ptr<TieredChunkStore> store;
+};
+
+TieredChunkStoreOptions calibrated(double ratio) {
+  TieredChunkStoreOptions o;
+  o.ratio = ratio;
+  o.calibration.compute = CalibratedCompute{{1e-4, 0.0, 0.0}};  // 0.1 ms per row and layer
+  return o;
+}
+
+// Compute at r: 0.01 s (layer 0, every token) + 9 x 100 r x 1e-4 s.  Loads:
+// flash 10 x 25600 B / 1e8 = 2.6 ms, hidden from r = 0; the 5 MB/s
+// directory 51 ms, hidden (x 0.8) only from r ~ 0.35.
+TEST(TieredChunkStore, PlacesOnTheCheapestTierThatStaysHidden) {
+  ThreeTiers at_015(0, calibrated(0.15));
+  EXPECT_EQ(at_015.store->placement(kShape), 1u);  // flash
+  ThreeTiers at_05(0, calibrated(0.5));
+  EXPECT_EQ(at_05.store->placement(kShape), 2u);  // the slow directory
+  ThreeTiers uncalibrated(0);
+  EXPECT_EQ(uncalibrated.store->placement(kShape), 0u);  // nothing hides: RAM
+
+  // put() follows placement.
+  const cache::ChunkKey key = make_key(tokens(1));
+  at_05.store->put(key, make_kv(kShape, 1));
+  at_05.flush();
+  EXPECT_FALSE(at_05.ram->find(key));
+  EXPECT_FALSE(at_05.flash->lookup(key));
+  EXPECT_TRUE(at_05.sd->lookup(key));
+  EXPECT_EQ(at_05.store->stats().tiers[2].placed, 1u);
+}
+
+TEST(TieredChunkStore, TheFastestTierHoldingTheChunkServesIt) {
+  ThreeTiers t(0);
+  const cache::ChunkKey key = make_key(tokens(2));
+  const cache::ChunkKV kv = make_kv(kShape, 2);
+  t.store->tier_store(2).put(key, kv);
+  t.store->tier_store(0).put(key, kv);
+  t.flush();
+  auto src = t.store->find(key);
+  ASSERT_TRUE(src);
+  auto got = read_all(*src);
+  ASSERT_TRUE(got);
+  EXPECT_TRUE(same_bits(*got, kv));  // RAM: exact f32, not the directory's f16
+  const TieredStats st = t.store->stats();
+  EXPECT_EQ(st.tiers[0].hits, 1u);
+  EXPECT_EQ(st.tiers[2].hits, 0u);
+  EXPECT_FALSE(t.store->find(make_key(tokens(99))));
+  EXPECT_EQ(t.store->stats().misses, 1u);
+}
+
+TEST(TieredChunkStore, AChunkReadInFullFromASlowerTierMovesUp) {
+  TieredChunkStoreOptions opts;
+  opts.promote_after_hits = 2;
+  ThreeTiers t(0, opts);
+  const cache::ChunkKey key = make_key(tokens(3));
+  const cache::ChunkKV kv = make_kv(kShape, 3);
+  t.store->tier_store(2).put(key, kv);
+  t.flush();
+  // A partial read promotes nothing.
+  {
+    auto src = t.store->find(key);
+    ASSERT_TRUE(src);
+    cache::ChunkKV tmp(kShape);
+    ASSERT_TRUE(src->fetch_layer(0, tmp.k_layer(0), tmp.v_layer(0)));
+  }
+  // One full read: still below promote_after_hits.
+  auto first = t.store->find(key);
+  ASSERT_TRUE(first && read_all(*first));
+  t.flush();
+  EXPECT_FALSE(t.flash->lookup(key));
+  // The second full read copies it one tier up (flash), keeping the slow copy.
+  auto second = t.store->find(key);
+  ASSERT_TRUE(second);
+  auto from_sd = read_all(*second);
+  ASSERT_TRUE(from_sd);
+  t.flush();
+  EXPECT_TRUE(t.flash->lookup(key));
+  EXPECT_TRUE(t.sd->lookup(key));
+  EXPECT_EQ(t.store->stats().tiers[1].promoted_in, 1u);
+  // Now flash serves it, bit for bit what the slow tier served (both f16).
+  auto third = t.store->find(key);
+  ASSERT_TRUE(third);
+  auto from_flash = read_all(*third);
+  ASSERT_TRUE(from_flash);
+  EXPECT_TRUE(same_bits(*from_flash, *from_sd));
+  EXPECT_TRUE(cache::testing::equals_f16_of(*from_flash, kv));
+  const TieredStats st = t.store->stats();
+  EXPECT_EQ(st.tiers[1].hits, 1u);
+  EXPECT_EQ(st.tiers[2].hits, 3u);
+}
+
+TEST(TieredChunkStore, RamBudgetOverflowDemotesTheLeastRecentlyUsed) {
+  ThreeTiers t(2 * kChunkBytes);  // uncalibrated: new chunks go to RAM
+  std::vector<cache::ChunkKey> keys;
+  for (int i = 0; i < 3; ++i) keys.push_back(make_key(tokens(10 + i)));
+  t.store->put(keys[0], make_kv(kShape, 10));
+  t.store->put(keys[1], make_kv(kShape, 11));
+  ASSERT_TRUE(t.store->find(keys[0]));  // keys[1] is now the least recently used
+  t.store->put(keys[2], make_kv(kShape, 12));
+  t.flush();
+  EXPECT_TRUE(t.ram->find(keys[0]));
+  EXPECT_FALSE(t.ram->find(keys[1]));
+  EXPECT_TRUE(t.ram->find(keys[2]));
+  EXPECT_EQ(t.ram->bytes(), 2 * kChunkBytes);
+  auto h = t.flash->lookup(keys[1]);
+  ASSERT_TRUE(h);
+  auto demoted = cache::testing::fetch_all(*t.flash, *h);
+  ASSERT_TRUE(demoted);
+  EXPECT_TRUE(cache::testing::equals_f16_of(*demoted, make_kv(kShape, 11)));
+  TieredStats st = t.store->stats();
+  EXPECT_EQ(st.tiers[0].budget_bytes, 2 * kChunkBytes);
+  EXPECT_EQ(st.tiers[1].demoted_in, 1u);
+  // Still found, now from flash.
+  EXPECT_TRUE(t.store->find(keys[1]));
+  EXPECT_EQ(t.store->stats().tiers[1].hits, 1u);
+  // Larger than the whole budget: straight to the next tier.
+  const cache::KvShape big{10, 300, 1, 64};
+  const cache::ChunkKey big_key = make_key(make_tokens(300, 5));
+  t.store->put(big_key, make_kv(big, 5));
+  t.flush();
+  EXPECT_FALSE(t.ram->find(big_key));
+  EXPECT_TRUE(t.flash->lookup(big_key));
+  // remove() takes it from every tier.
+  EXPECT_TRUE(t.store->remove(keys[1]));
+  EXPECT_FALSE(t.store->find(keys[1]));
+}
+
+// A tier whose storage fails: every call throws, as a FlashStore does when
+// its index cannot be read.
+class FailingStore final : public ChunkStore {
+ public:
+  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey&) override {
+    fail(ErrorCode::kIo, "index unreadable (test)");
+  }
+  void put(const cache::ChunkKey&, cache::ChunkKV) override {
+    fail(ErrorCode::kIo, "disk full (test)");
+  }
+  bool remove(const cache::ChunkKey&) override { fail(ErrorCode::kIo, "gone (test)"); }
+};
+
+TEST(TieredChunkStore, AFailingTierIsSkipped) {
+  auto ram = std::make_shared<RamChunkStore>();
+  std::vector<ChunkTier> tiers;
+  tiers.push_back(tier("broken", 0.0, 0, std::make_shared<FailingStore>()));
+  tiers.push_back(tier("ram", 0.0, 1, ram));
+  TieredChunkStore store(std::move(tiers));
+  const cache::ChunkKey key = make_key(tokens(4));
+  const cache::ChunkKV kv = make_kv(kShape, 4);
+  EXPECT_EQ(store.placement(kShape), 0u);  // the broken tier would be chosen...
+  store.put(key, kv);                      // ...and the chunk falls through to RAM
+  EXPECT_TRUE(ram->find(key));
+  auto src = store.find(key);
+  ASSERT_TRUE(src);
+  auto got = read_all(*src);
+  ASSERT_TRUE(got);
+  EXPECT_TRUE(same_bits(*got, kv));
+  EXPECT_TRUE(store.remove(key));
+  const TieredStats st = store.stats();
+  // find, put, the promotion after the full read, remove.
+  EXPECT_EQ(st.tiers[0].failures, 4u);
+  EXPECT_EQ(st.tiers[0].last_error, "gone (test)");
+  EXPECT_EQ(st.tiers[1].placed, 1u);
+  EXPECT_EQ(st.tiers[1].hits, 1u);
+}
+
+TEST(TieredChunkStore, BadConfigurationIsAClearError) {
+  EXPECT_THROW(TieredChunkStore({}), Error);
+  EXPECT_THROW(TieredChunkStore({tier("ram", 0.0, 0, nullptr)}), Error);
+  TieredChunkStoreOptions o;
+  o.ratio = 1.5;
+  EXPECT_THROW(TieredChunkStore({tier("ram", 0.0, 0, std::make_shared<RamChunkStore>())}, o),
+               Error);
+  o = {};
+  o.promote_after_hits = 0;
+  EXPECT_THROW(TieredChunkStore({tier("ram", 0.0, 0, std::make_shared<RamChunkStore>())}, o),
+               Error);
+}
+
+// set_calibration gives one model's chunks a compute model: they are placed
+// by it, other models' chunks still by the options' (none here: fastest).
+TEST(TieredChunkStore, PlacementUsesTheChunksModelsCalibration) {
+  ThreeTiers t(0, calibrated(0.5));
+  ThreeTiers u(0);  // uncalibrated, ratio 0.15 ...
+  EXPECT_EQ(u.store->placement(kShape, "model-A"), 0u);
+  EXPECT_FALSE(u.store->has_calibration("model-A"));
+  Calibration cal;
+  cal.compute = CalibratedCompute{{1e-4, 0.0, 0.0}};
+  u.store->set_calibration("model-A", cal);  // ... now knows model-A's compute
+  EXPECT_TRUE(u.store->has_calibration("model-A"));
+  EXPECT_EQ(u.store->placement(kShape, "model-A"), 1u);  // as at_015 above: flash
+  EXPECT_EQ(u.store->placement(kShape, "model-B"), 0u);
+  const cache::ChunkKey a = make_key(tokens(30));  // model-A
+  EXPECT_EQ(u.store->put_placed(a, make_kv(kShape, 30)), 1u);
+  u.flush();
+  EXPECT_TRUE(u.flash->lookup(a));
+  EXPECT_EQ(t.store->placement(kShape, "model-A"), 2u);  // the options' calibration
+}
+
+// A model's fixed per-layer cost is paid once per request, whatever its
+// chunks: it hides no chunk's load, so it does not move placement.
+TEST(TieredChunkStore, FixedPerLayerCostHidesNoLoad) {
+  TieredChunkStoreOptions o = calibrated(0.15);
+  o.calibration.compute = CalibratedCompute{{1e-4, 0.0, 1.0}};  // + 1 s per layer
+  ThreeTiers t(0, o);
+  EXPECT_EQ(t.store->placement(kShape), 1u);  // flash, as without it; not the 5 MB/s dir
+}
+
+// Promotion goes to the nearest tier above that reads at least as fast: a
+// chunk read from a fast remote tier skips a slow directory listed above it.
+TEST(TieredChunkStore, PromotionSkipsASlowerTierAbove) {
+  TempDir dir;
+  cache::StoreOptions so;
+  so.codec = Codec::kF16;
+  auto sd = std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir.sub("sd"), so));
+  auto fast = std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir.sub("fast"), so));
+  auto ram = std::make_shared<RamChunkStore>();
+  std::vector<ChunkTier> tiers;
+  tiers.push_back(tier("ram", 0.0, 2, ram, std::nullopt, 4 * kChunkBytes));
+  tiers.push_back(tier("sd", 5e6, 1, std::make_shared<FlashChunkStore>(sd), Codec::kF16));
+  tiers.push_back(tier("remote", 1e8, 0, std::make_shared<FlashChunkStore>(fast), Codec::kF16));
+  TieredChunkStore store(std::move(tiers));
+  const cache::ChunkKey key = make_key(tokens(33));
+  store.tier_store(2).put(key, make_kv(kShape, 33));
+  fast->flush();
+  auto src = store.find(key);
+  ASSERT_TRUE(src);
+  ASSERT_TRUE(read_all(*src));
+  sd->flush();
+  EXPECT_TRUE(ram->find(key));    // promoted past the slower directory ...
+  EXPECT_FALSE(sd->lookup(key));  // ... which got nothing
+  EXPECT_EQ(store.stats().tiers[0].promoted_in, 1u);
+  EXPECT_EQ(store.stats().tiers[1].promoted_in, 0u);
+}
+
+// Per-tier counters: lookups that reach a tier and miss there, hits, and
+// the stored bytes read through each tier's sources.
+TEST(TieredChunkStore, CountsMissesHitsAndBytesPerTier) {
+  ThreeTiers t(0);
+  const cache::ChunkKey key = make_key(tokens(31));
+  t.store->tier_store(2).put(key, make_kv(kShape, 31));
+  t.flush();
+  auto src = t.store->find(key);
+  ASSERT_TRUE(src);
+  uint64_t stored = 0;
+  for (int l = 0; l < kShape.n_layers; ++l) stored += src->layer_bytes(l);
+  EXPECT_GT(stored, 0u);
+  ASSERT_TRUE(read_all(*src));
+  EXPECT_FALSE(t.store->find(make_key(tokens(32))));
+  const TieredStats st = t.store->stats();
+  EXPECT_EQ(st.tiers[0].misses, 2u);
+  EXPECT_EQ(st.tiers[1].misses, 2u);
+  EXPECT_EQ(st.tiers[2].misses, 1u);
+  EXPECT_EQ(st.tiers[2].hits, 1u);
+  EXPECT_EQ(st.tiers[2].bytes_read, stored);
+  EXPECT_EQ(st.tiers[0].bytes_read + st.tiers[1].bytes_read, 0u);
+  EXPECT_EQ(st.tiers[2].read_failures, 0u);
+  EXPECT_EQ(st.misses, 1u);
+}
+
+TEST(TieredChunkStore, SourcesOutliveTheStore) {
+  ThreeTiers t(0);
+  const cache::ChunkKey key = make_key(tokens(6));
+  t.store->tier_store(1).put(key, make_kv(kShape, 6));
+  t.flush();
+  auto src = t.store->find(key);
+  ASSERT_TRUE(src);
+  t.store.reset();
+  auto got = read_all(*src);  // completes a promotion into the orphaned RAM tier
+  ASSERT_TRUE(got);
+  EXPECT_TRUE(cache::testing::equals_f16_of(*got, make_kv(kShape, 6)));
+}
+
+// RAM over a real Redis tier: overflow demotes into Redis, a full read from
+// Redis promotes back; and a Redis tier that is down is passed over.
+TEST(TieredChunkStoreRedis, DemotesToAndPromotesFromRedis) {
+  cache::testing::RedisServer server;
+  ASSERT_EQ(server.start(), "");
+  cache::RedisOptions ro;
+  ro.port = server.port();
+  ro.codec = Codec::kF16;
+  auto redis = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
+  auto ram = std::make_shared<RamChunkStore>();
+  std::vector<ChunkTier> tiers;
+  tiers.push_back(tier("ram", 0.0, 1, ram, std::nullopt, kChunkBytes));
+  tiers.push_back(tier("redis", 1e8, 0, std::make_shared<RedisChunkStore>(redis), Codec::kF16));
+  TieredChunkStore store(std::move(tiers));
+  const cache::ChunkKey a = make_key(tokens(20)), b = make_key(tokens(21));
+  store.put(a, make_kv(kShape, 20));
+  store.put(b, make_kv(kShape, 21));  // a goes down to Redis
+  redis->flush();
+  EXPECT_FALSE(ram->find(a));
+  ASSERT_TRUE(redis->lookup(a));
+  auto src = store.find(a);
+  ASSERT_TRUE(src);
+  auto got = read_all(*src);  // promoted to RAM; b goes down
+  ASSERT_TRUE(got);
+  EXPECT_TRUE(cache::testing::equals_f16_of(*got, make_kv(kShape, 20)));
+  redis->flush();
+  EXPECT_TRUE(ram->find(a));
+  EXPECT_FALSE(ram->find(b));
+  EXPECT_TRUE(redis->lookup(b));
+  const TieredStats st = store.stats();
+  EXPECT_EQ(st.tiers[0].promoted_in, 1u);
+  EXPECT_EQ(st.tiers[1].demoted_in, 2u);
+  EXPECT_EQ(st.tiers[1].hits, 1u);
+}
+
+// A shared tier gets a copy of every chunk placed above it: a second store
+// (another device: its own RAM) over the same server is served from it.
+TEST(TieredChunkStoreRedis, ASharedTierGetsEveryPlacedChunk) {
+  cache::testing::RedisServer server;
+  ASSERT_EQ(server.start(), "");
+  cache::RedisOptions ro;
+  ro.port = server.port();
+  ro.codec = Codec::kF16;
+  const auto device = [&](std::shared_ptr<RamChunkStore> ram,
+                          std::shared_ptr<cache::RedisStore> redis) {
+    std::vector<ChunkTier> tiers;
+    tiers.push_back(tier("ram", 0.0, 1, std::move(ram), std::nullopt, 4 * kChunkBytes));
+    tiers.push_back(tier("redis", 1e8, 0, std::make_shared<RedisChunkStore>(redis), Codec::kF16));
+    tiers.back().shared = true;
+    return std::make_unique<TieredChunkStore>(std::move(tiers));
+  };
+  auto redis1 = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
+  auto redis2 = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
+  auto ram1 = std::make_shared<RamChunkStore>(), ram2 = std::make_shared<RamChunkStore>();
+  auto one = device(ram1, redis1), two = device(ram2, redis2);
+  const cache::ChunkKey key = make_key(tokens(40));
+  EXPECT_EQ(one->put_placed(key, make_kv(kShape, 40)), 0u);  // uncalibrated: RAM
+  redis1->flush();
+  EXPECT_TRUE(ram1->find(key));
+  EXPECT_EQ(one->stats().tiers[1].placed, 1u);  // and written through
+  auto src = two->find(key);
+  ASSERT_TRUE(src);
+  auto got = read_all(*src);
+  ASSERT_TRUE(got);
+  EXPECT_TRUE(cache::testing::equals_f16_of(*got, make_kv(kShape, 40)));
+  const TieredStats st = two->stats();
+  EXPECT_EQ(st.tiers[0].misses, 1u);
+  EXPECT_EQ(st.tiers[1].hits, 1u);
+  EXPECT_GT(st.tiers[1].bytes_read, 0u);
+  EXPECT_EQ(st.tiers[0].promoted_in, 1u);  // read in full: now in device two's RAM
+  EXPECT_TRUE(ram2->find(key));
+}
+
+// The server killed: a source already handed out fails its reads (counted),
+// lookups count the tier as failing, and a chunk placed on the server goes
+// to the nearest tier above instead.
+TEST(TieredChunkStoreRedis, AKilledServerFailsOverToTheTiersAbove) {
+  cache::testing::RedisServer server;
+  ASSERT_EQ(server.start(), "");
+  TempDir dir;
+  cache::StoreOptions so;
+  so.codec = Codec::kF16;
+  auto flash = std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir.path(), so));
+  cache::RedisOptions ro;
+  ro.port = server.port();
+  ro.codec = Codec::kF16;
+  auto redis = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
+  std::vector<ChunkTier> tiers;
+  tiers.push_back(tier("flash", 1e8, 1, std::make_shared<FlashChunkStore>(flash), Codec::kF16));
+  tiers.push_back(tier("redis", 1e8, 0, std::make_shared<RedisChunkStore>(redis), Codec::kF16));
+  tiers.back().shared = true;
+  TieredChunkStore store(std::move(tiers), calibrated(0.15));  // Redis hides: placed there
+  const cache::ChunkKey a = make_key(tokens(41)), b = make_key(tokens(42));
+  EXPECT_EQ(store.put_placed(a, make_kv(kShape, 41)), 1u);
+  redis->flush();
+  EXPECT_FALSE(flash->lookup(a));
+  auto src = store.find(a);
+  ASSERT_TRUE(src);
+  server.stop();
+  EXPECT_FALSE(read_all(*src));
+  EXPECT_FALSE(store.find(a));
+  EXPECT_EQ(store.put_placed(b, make_kv(kShape, 42)), 0u);  // flash, the tier above
+  flash->flush();
+  EXPECT_TRUE(flash->lookup(b));
+  const TieredStats st = store.stats();
+  EXPECT_GE(st.tiers[1].read_failures, 1u);
+  EXPECT_GE(st.tiers[1].failures, 2u);  // the lookup and the put
+  EXPECT_NE(st.tiers[1].last_error.find("unreachable"), std::string::npos);
+  EXPECT_EQ(st.tiers[0].placed, 1u);
+}
+
+TEST(TieredChunkStoreRedis, AServerThatIsDownIsPassedOver) {
+  TempDir dir;
+  auto flash = std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir.path()));
+  cache::RedisOptions ro;
+  ro.port = cache::testing::free_loopback_port();
+  auto redis = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
+  std::vector<ChunkTier> tiers;
+  tiers.push_back(tier("redis", 1e8, 1, std::make_shared<RedisChunkStore>(redis), Codec::kQ8));
+  tiers.push_back(tier("flash", 1e8, 0, std::make_shared<FlashChunkStore>(flash), Codec::kQ8));
+  TieredChunkStore store(std::move(tiers));
+  const cache::ChunkKey key = make_key(tokens(7), Codec::kQ8);
+  ASSERT_EQ(flash->put(key, make_kv(kShape, 7).view()), cache::PutResult::kStored);
+  auto src = store.find(key);
+  ASSERT_TRUE(src);
+  EXPECT_TRUE(read_all(*src));  // the promotion to Redis is dropped, counted there
+  redis->flush();
+  EXPECT_EQ(store.stats().tiers[1].hits, 1u);
+  EXPECT_GE(redis->stats().errors, 1u);
+  EXPECT_NE(redis->stats().last_error.find("cannot connect"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cb
