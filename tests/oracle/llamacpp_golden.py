@@ -80,7 +80,7 @@ def prompts() -> list[tuple[str, str]]:
     ("code_fib", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
     ("chat_france", chat([("user", "What is the capital of France?")])),
     ("chat_system_math", chat([("system", SYSTEM), ("user", "What is 12 plus 30?")])),
-    ("chat_rag", chatml([
+    ("chat_rag", chat([
         ("system", "Answer the question using the context. Answer in at most five words."),
         ("user", "Context: The Eiffel Tower was completed in 1889 for the World's Fair in Paris. "
                  "It is 330 metres tall.\nQuestion: When was the Eiffel Tower completed?")])),
