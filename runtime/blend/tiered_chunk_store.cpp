@@ -211,10 +211,10 @@ struct TieredChunkStore::State {
 
   // Whether a chunk read in full from tier `from` for the count-th time is
   // copied up: into a tier with room, or, when that tier's budget is full,
-  // only if read more often than the least recently used chunk there (which
-  // it would push out).  Without that rule a working set larger than the
-  // budget, read in a cycle, would copy every chunk up and push it out again
-  // before its next read: work for no hit.
+  // only if read more often (by more than one read) than the least recently
+  // used chunk there was hit (it would push that one out).  Without that rule a working set larger
+  // than the budget, read in a cycle, would copy every chunk up and push it out again before its
+  // next read: work for no hit.
   bool admits(size_t from, uint64_t bytes, int count) const {
     const std::optional<size_t> to = promotion_target(from);
     if (!to) return false;
@@ -222,7 +222,12 @@ struct TieredChunkStore::State {
     if (t.config.capacity_bytes == 0) return true;
     if (bytes > t.config.capacity_bytes) return false;
     if (t.stats.budget_bytes + bytes <= t.config.capacity_bytes || t.lru.empty()) return true;
-    return static_cast<uint64_t>(count) > t.entries.at(t.lru.front()).hits;
+    // By more than one: a chunk read by the same requests as the victim is
+    // one read ahead of it or behind it depending on the order of the
+    // request's lookups, and must not count as more often.  A victim never
+    // hit since it came gives way to any read.
+    const uint64_t victim = t.entries.at(t.lru.front()).hits;
+    return static_cast<uint64_t>(count) > (victim == 0 ? 0 : victim + 1);
   }
 
   // Where a chunk read in full from tier `from` is copied: the nearest tier

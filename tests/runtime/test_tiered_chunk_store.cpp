@@ -345,9 +345,9 @@ TEST(TieredChunkStore, PromotionSkipsASlowerTierAbove) {
   EXPECT_EQ(store.stats().tiers[1].promoted_in, 0u);
 }
 
-// A full RAM tier takes a promoted chunk only if it was read more often than
-// the chunk it would push out: a working set larger than the budget, read in
-// a cycle, does not churn it.
+// A full RAM tier takes a promoted chunk only if it was read more often (by
+// more than one read) than the chunk it would push out was hit: a working
+// set larger than the budget, read in a cycle, does not churn it.
 TEST(TieredChunkStore, AFullTierAdmitsOnlyAChunkReadMoreOften) {
   ThreeTiers t(kChunkBytes);  // RAM holds one chunk
   const cache::ChunkKey a = make_key(tokens(34)), b = make_key(tokens(35));
@@ -359,11 +359,13 @@ TEST(TieredChunkStore, AFullTierAdmitsOnlyAChunkReadMoreOften) {
     return src && read_all(*src).has_value();
   };
   ASSERT_TRUE(read(a));  // a: 1 hit in RAM
-  ASSERT_TRUE(read(b));  // b: 1 full read from flash, not more than a's
-  EXPECT_TRUE(t.ram->find(a));
-  EXPECT_FALSE(t.ram->find(b));
-  EXPECT_EQ(t.store->stats().tiers[0].promoted_in, 0u);
-  ASSERT_TRUE(read(b));  // b: 2 > 1: in, and a goes down to flash
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(read(b));  // b: 1, then 2 full reads from flash: not more than 1 + 1
+    EXPECT_TRUE(t.ram->find(a));
+    EXPECT_FALSE(t.ram->find(b));
+    EXPECT_EQ(t.store->stats().tiers[0].promoted_in, 0u);
+  }
+  ASSERT_TRUE(read(b));  // b: 3 > 2: in, and a goes down to flash
   t.flush();
   EXPECT_TRUE(t.ram->find(b));
   EXPECT_FALSE(t.ram->find(a));
