@@ -47,6 +47,7 @@ struct TieredChunkStore::State {
     cache::ChunkKey key;
     uint64_t bytes = 0;
     std::list<std::string>::iterator lru;
+    uint64_t hits = 0;  // finds this tier served it since it came
   };
   struct Tier {
     ChunkTier config;
@@ -191,18 +192,42 @@ struct TieredChunkStore::State {
   }
 
   // A promoting source read every layer of the chunk from tier `from`.
-  void on_full_read(const cache::ChunkKey& key, cache::ChunkKV kv, size_t from) {
+  // `kv`: the copy the source kept; none when it kept none (only counted).
+  void on_full_read(const cache::ChunkKey& key, std::optional<cache::ChunkKV> kv, size_t from) {
     std::lock_guard lock(mu);
     try {
       const std::string id = cache::serialize_key(key);
       if (slow_hits.size() >= kMaxTrackedSlowHits) slow_hits.clear();
-      if (++slow_hits[id] < options.promote_after_hits) return;
+      const int count = ++slow_hits[id];
+      if (!kv || count < options.promote_after_hits || !admits(from, decoded_bytes(*kv), count))
+        return;  // (still counting)
       slow_hits.erase(id);
       if (const std::optional<size_t> to = promotion_target(from))
-        store_in(*to, key, id, std::move(kv), Arrival::kPromoted, false, /*only_this=*/true);
+        store_in(*to, key, id, std::move(*kv), Arrival::kPromoted, false, /*only_this=*/true);
     } catch (const std::exception& e) {
       note_failure(from - 1, std::string("promotion failed: ") + e.what());
     }
+  }
+
+  // Whether a chunk read in full from tier `from` for the count-th time is
+  // copied up: into a tier with room, or, when that tier's budget is full,
+  // only if read more often (by more than one read) than the least recently
+  // used chunk there was hit (it would push that one out).  Without that rule a working set larger
+  // than the budget, read in a cycle, would copy every chunk up and push it out again before its
+  // next read: work for no hit.
+  bool admits(size_t from, uint64_t bytes, int count) const {
+    const std::optional<size_t> to = promotion_target(from);
+    if (!to) return false;
+    const Tier& t = tiers[*to];
+    if (t.config.capacity_bytes == 0) return true;
+    if (bytes > t.config.capacity_bytes) return false;
+    if (t.stats.budget_bytes + bytes <= t.config.capacity_bytes || t.lru.empty()) return true;
+    // By more than one: a chunk read by the same requests as the victim is
+    // one read ahead of it or behind it depending on the order of the
+    // request's lookups, and must not count as more often.  A victim never
+    // hit since it came gives way to any read.
+    const uint64_t victim = t.entries.at(t.lru.front()).hits;
+    return static_cast<uint64_t>(count) > (victim == 0 ? 0 : victim + 1);
   }
 
   // Where a chunk read in full from tier `from` is copied: the nearest tier
@@ -251,12 +276,15 @@ namespace {
 class TierSource final : public ChunkLayerSource {
  public:
   using State = TieredChunkStore::State;
+  // From a slower tier, full reads are counted; with `promote`, a copy of
+  // what is read is kept for a promotion.
   TierSource(std::shared_ptr<State> state, std::unique_ptr<ChunkLayerSource> inner,
-             cache::ChunkKey key, size_t from, std::optional<cache::KvShape> shape)
+             cache::ChunkKey key, size_t from, std::optional<cache::KvShape> shape, bool promote)
       : state_(std::move(state)), inner_(std::move(inner)), key_(std::move(key)), from_(from) {
     if (from_ > 0 && shape) {
-      copy_.emplace(*shape);
-      got_.assign(static_cast<size_t>(shape->n_layers), false);
+      n_layers_ = shape->n_layers;
+      got_.assign(static_cast<size_t>(n_layers_), false);
+      if (promote) copy_.emplace(*shape);
     }
   }
 
@@ -277,15 +305,17 @@ class TierSource final : public ChunkLayerSource {
       std::lock_guard lock(state_->mu);
       state_->tiers[from_].stats.bytes_read += bytes;
     }
-    if (!copy_ || failed_ || layer < 0 || layer >= copy_->shape.n_layers || got_[layer])
-      return true;
-    const size_t n = static_cast<size_t>(copy_->shape.layer_floats());
-    std::memcpy(copy_->k_layer(static_cast<int>(layer)), k, n * sizeof(float));
-    std::memcpy(copy_->v_layer(static_cast<int>(layer)), v, n * sizeof(float));
+    if (failed_ || layer < 0 || layer >= n_layers_ || got_[layer]) return true;
+    if (copy_) {
+      const size_t n = static_cast<size_t>(copy_->shape.layer_floats());
+      std::memcpy(copy_->k_layer(static_cast<int>(layer)), k, n * sizeof(float));
+      std::memcpy(copy_->v_layer(static_cast<int>(layer)), v, n * sizeof(float));
+    }
     got_[layer] = true;
-    if (++n_got_ == copy_->shape.n_layers) {
-      state_->on_full_read(key_, std::move(*copy_), from_);
+    if (++n_got_ == n_layers_) {
+      std::optional<cache::ChunkKV> copy = std::move(copy_);
       copy_.reset();
+      state_->on_full_read(key_, std::move(copy), from_);
     }
     return true;
   }
@@ -306,6 +336,7 @@ class TierSource final : public ChunkLayerSource {
   size_t from_;
   std::optional<cache::ChunkKV> copy_;  // from a slower tier: what the fusor read
   std::vector<bool> got_;
+  int n_layers_ = 0;  // 0: not counting (the fastest tier, or no shape)
   int n_got_ = 0;
   bool failed_ = false;
 };
@@ -413,8 +444,16 @@ std::unique_ptr<ChunkLayerSource> TieredChunkStore::find(const cache::ChunkKey& 
     }
     s.tiers[i].stats.hits++;
     s.touch(i, id);
+    if (auto e = s.tiers[i].entries.find(id); e != s.tiers[i].entries.end()) e->second.hits++;
     const std::optional<cache::KvShape> shape = src->shape();
-    return std::make_unique<TierSource>(state_, std::move(src), key, i, shape);
+    bool promote = false;
+    if (i > 0 && shape) {
+      auto c = s.slow_hits.find(id);
+      const int count = (c == s.slow_hits.end() ? 0 : c->second) + 1;  // this read's
+      promote = count >= s.options.promote_after_hits &&
+                s.admits(i, 2 * shape->layer_floats() * shape->n_layers * sizeof(float), count);
+    }
+    return std::make_unique<TierSource>(state_, std::move(src), key, i, shape, promote);
   }
   std::lock_guard lock(s.mu);
   s.misses++;

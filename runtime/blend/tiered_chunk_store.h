@@ -8,7 +8,10 @@
 //     promoted: the layers the fusor read are copied to the nearest tier
 //     above that reads at least as fast (one tier up, unless that one is
 //     slower), without reading anything twice (after promote_after_hits
-//     such hits).
+//     such hits).  A tier whose budget is full admits it only if it was
+//     read in full more often (by more than one read; by any, if never)
+//     than that tier's least recently used chunk was hit there: a cyclic
+//     working set larger than the budget does not churn it.
 //   put: the chunk goes to the tier the loading controller's inverse rule
 //     picks (pick_cheapest_hidden): for the configured ratio r, the cheapest
 //     tier whose predicted load of the chunk still hides behind the partial

@@ -345,6 +345,36 @@ TEST(TieredChunkStore, PromotionSkipsASlowerTierAbove) {
   EXPECT_EQ(store.stats().tiers[1].promoted_in, 0u);
 }
 
+// A full RAM tier takes a promoted chunk only if it was read more often (by
+// more than one read) than the chunk it would push out was hit: a working
+// set larger than the budget, read in a cycle, does not churn it.
+TEST(TieredChunkStore, AFullTierAdmitsOnlyAChunkReadMoreOften) {
+  ThreeTiers t(kChunkBytes);  // RAM holds one chunk
+  const cache::ChunkKey a = make_key(tokens(34)), b = make_key(tokens(35));
+  t.store->put(a, make_kv(kShape, 34));  // uncalibrated: RAM
+  t.store->tier_store(1).put(b, make_kv(kShape, 35));
+  t.flush();
+  const auto read = [&](const cache::ChunkKey& key) {
+    auto src = t.store->find(key);
+    return src && read_all(*src).has_value();
+  };
+  ASSERT_TRUE(read(a));  // a: 1 hit in RAM
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(read(b));  // b: 1, then 2 full reads from flash: not more than 1 + 1
+    EXPECT_TRUE(t.ram->find(a));
+    EXPECT_FALSE(t.ram->find(b));
+    EXPECT_EQ(t.store->stats().tiers[0].promoted_in, 0u);
+  }
+  ASSERT_TRUE(read(b));  // b: 3 > 2: in, and a goes down to flash
+  t.flush();
+  EXPECT_TRUE(t.ram->find(b));
+  EXPECT_FALSE(t.ram->find(a));
+  EXPECT_TRUE(t.flash->lookup(a));
+  const TieredStats st = t.store->stats();
+  EXPECT_EQ(st.tiers[0].promoted_in, 1u);
+  EXPECT_EQ(st.tiers[1].demoted_in, 1u);
+}
+
 // Per-tier counters: lookups that reach a tier and miss there, hits, and
 // the stored bytes read through each tier's sources.
 TEST(TieredChunkStore, CountsMissesHitsAndBytesPerTier) {

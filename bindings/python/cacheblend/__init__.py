@@ -19,7 +19,8 @@ from .errors import (BufferTooSmallError, CancelledError, ContextOverflowError, 
 from .model import Model
 from .session import Session
 from .types import (Backend, ChatTemplate, ChunkAdded, ChunkCacheStats, ChunkHead, Codec, GenerateStats, Mode,
-                    ModelInfo, RagOptions, RagStats, Select, StopReason, mode_name, select_name)
+                    ModelInfo, RagOptions, RagStats, Select, StopReason, TierStats, mode_name,
+                    select_name)
 
 __version__ = "0.1.0"
 
@@ -34,6 +35,6 @@ __all__ = [
     "ChunkCacheStats", "ChunkHead", "Codec", "ContextOverflowError", "Error", "FormatError",
     "GenerateStats", "InternalError", "InvalidArgumentError", "IoError", "Mode", "Model",
     "ModelInfo", "OutOfMemoryError", "RagOptions", "RagStats", "Select", "Session", "Status",
-    "StopReason", "UnsupportedError", "library_path", "library_version", "mode_name",
+    "StopReason", "TierStats", "UnsupportedError", "library_path", "library_version", "mode_name",
     "select_name",
 ]

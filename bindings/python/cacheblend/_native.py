@@ -83,13 +83,24 @@ class GenerateStats(Structure):
 class StoreOptions(Structure):
     _fields_ = [("struct_size", c_size_t), ("capacity_bytes", c_uint64), ("codec", c_enum),
                 ("read_bytes_per_sec", c_uint64), ("busy_timeout_ms", c_int32),
-                ("assumed_read_bytes_per_sec", c_double)]
+                ("assumed_read_bytes_per_sec", c_double), ("ram_budget_bytes", c_uint64),
+                ("slow_dir", c_char_p), ("slow_read_bytes_per_sec", c_uint64),
+                ("redis_address", c_char_p), ("redis_password", c_char_p),
+                ("redis_username", c_char_p), ("redis_timeout_ms", c_int32),
+                ("placement_ratio", c_float)]
 
 
 class ChunkCacheStats(Structure):
     _fields_ = [("struct_size", c_size_t), ("n_entries", c_uint64), ("bytes", c_uint64),
                 ("hits", c_uint64), ("misses", c_uint64), ("evictions", c_uint64),
                 ("corrupt_drops", c_uint64), ("bytes_read", c_uint64)]
+
+
+class TierStats(Structure):
+    _fields_ = [("struct_size", c_size_t), ("name", c_char_p), ("hits", c_uint64),
+                ("misses", c_uint64), ("bytes_read", c_uint64), ("read_failures", c_uint64),
+                ("placed", c_uint64), ("promoted_in", c_uint64), ("demoted_in", c_uint64),
+                ("failures", c_uint64), ("budget_bytes", c_uint64)]
 
 
 class CheckLayer(Structure):
@@ -165,6 +176,8 @@ _PROTOTYPES = {
     "cb_chunk_cache_flush": (c_enum, [ChunkCachePtr]),
     "cb_chunk_cache_get_stats": (c_enum, [ChunkCachePtr, POINTER(ChunkCacheStats)]),
     "cb_chunk_cache_clear": (c_enum, [ChunkCachePtr]),
+    "cb_chunk_cache_n_tiers": (c_enum, [ChunkCachePtr, _SIZEP]),
+    "cb_chunk_cache_get_tier_stats": (c_enum, [ChunkCachePtr, c_size_t, POINTER(TierStats)]),
     "cb_mode_name": (c_char_p, [c_enum]),
     "cb_select_name": (c_char_p, [c_enum]),
     "cb_rag_options_init_sized": (None, [c_void_p, c_size_t]),

@@ -1,15 +1,18 @@
 """ChunkCache: precomputed KV of text chunks, in RAM or in a directory."""
 import os
-from ctypes import byref, c_int32
+from ctypes import byref, c_int32, c_size_t
 
 from . import _native
 from .errors import Closeable, check, closed_error
 from .session import Session
-from .types import ChunkAdded, Codec, c_string, chunk_cache_stats, rag_struct
+from .types import ChunkAdded, Codec, c_string, chunk_cache_stats, rag_struct, tier_stats
 from ._native import lib
 
 _STORE_OPTIONS = ("capacity_bytes", "codec", "read_bytes_per_sec", "busy_timeout_ms",
-                  "assumed_read_bytes_per_sec")
+                  "assumed_read_bytes_per_sec", "ram_budget_bytes", "slow_dir",
+                  "slow_read_bytes_per_sec", "redis_address", "redis_password",
+                  "redis_username", "redis_timeout_ms", "placement_ratio")
+_STRING_OPTIONS = ("slow_dir", "redis_address", "redis_password", "redis_username")
 
 
 def _model_ptr(model):
@@ -31,6 +34,9 @@ class ChunkCache(Closeable):
       codec           Codec or name: "f16", "q8", "q4" [q8]
       read_bytes_per_sec, busy_timeout_ms, assumed_read_bytes_per_sec:
                       as cb_store_options in cacheblend.h
+      storage tiers   ram_budget_bytes, slow_dir, slow_read_bytes_per_sec,
+                      redis_address, redis_password, redis_username,
+                      redis_timeout_ms, placement_ratio: as cb_store_options
     Safe to use from several threads at once; close() must not race with use.
     """
 
@@ -47,8 +53,13 @@ class ChunkCache(Closeable):
         else:
             opts = _native.new_options(_native.StoreOptions, lib.cb_store_options_init_sized)
             for name, value in store_options.items():
-                if value is not None:
-                    setattr(opts, name, int(Codec.coerce(value)) if name == "codec" else value)
+                if value is None:
+                    continue
+                if name == "codec":
+                    value = int(Codec.coerce(value))
+                elif name in _STRING_OPTIONS:
+                    value = c_string(os.fsencode(value), name)
+                setattr(opts, name, value)
             check(lib.cb_chunk_cache_open(c_string(os.fsencode(path), "path"), byref(opts),
                                           byref(ptr)))
         self._handle = ptr
@@ -121,3 +132,15 @@ class ChunkCache(Closeable):
         stats = _native.new_stats(_native.ChunkCacheStats)
         check(lib.cb_chunk_cache_get_stats(self._ptr(), byref(stats)))
         return chunk_cache_stats(stats)
+
+    def tier_stats(self):
+        """[TierStats], fastest first: the storage tiers' counters (one, "flash",
+        for a directory cache without tiers; none in RAM)."""
+        n = c_size_t(0)
+        check(lib.cb_chunk_cache_n_tiers(self._ptr(), byref(n)))
+        out = []
+        for i in range(n.value):
+            stats = _native.new_stats(_native.TierStats)
+            check(lib.cb_chunk_cache_get_tier_stats(self._ptr(), i, byref(stats)))
+            out.append(tier_stats(stats))
+        return out

@@ -154,6 +154,21 @@ class ChunkCacheStats:
 
 
 @dataclass(frozen=True)
+class TierStats:
+    """One storage tier's counters (cb_tier_stats)."""
+    name: str
+    hits: int
+    misses: int
+    bytes_read: int
+    read_failures: int
+    placed: int
+    promoted_in: int
+    demoted_in: int
+    failures: int
+    budget_bytes: int
+
+
+@dataclass(frozen=True)
 class ChunkAdded:
     computed: bool  # False: the chunk was already cached
     n_tokens: int
@@ -173,6 +188,10 @@ def rag_stats(struct):
 
 def chunk_cache_stats(struct):
     return _from_struct(ChunkCacheStats, struct)
+
+
+def tier_stats(struct):
+    return _from_struct(TierStats, struct)
 
 
 @dataclass

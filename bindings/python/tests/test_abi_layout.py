@@ -27,11 +27,12 @@ HEADER = INCLUDE / "cacheblend" / "cacheblend.h"
 # Declared in the header, deliberately not bound: the bindings set
 # struct_size and zero the struct themselves (see _native.new_stats).
 UNBOUND = {"cb_model_info_init_sized", "cb_generate_stats_init_sized",
-           "cb_chunk_cache_stats_init_sized", "cb_rag_stats_init_sized"}
+           "cb_chunk_cache_stats_init_sized", "cb_rag_stats_init_sized",
+           "cb_tier_stats_init_sized"}
 
 STRUCTS = [_native.ModelOptions, _native.ModelInfo, _native.ChatMessage,
            _native.SessionOptions, _native.SamplingOptions, _native.GenerateOptions,
-           _native.GenerateStats, _native.StoreOptions, _native.ChunkCacheStats,
+           _native.GenerateStats, _native.StoreOptions, _native.ChunkCacheStats, _native.TierStats,
            _native.CheckLayer, _native.RagOptions, _native.RagStats]
 
 ENUM_PREFIXES = {cb.Backend: "CB_BACKEND_", cb.ChatTemplate: "CB_CHAT_TEMPLATE_", cb.StopReason: "CB_STOP_", cb.Codec: "CB_CODEC_",

@@ -238,6 +238,27 @@ def test_chunk_cache_on_disk_persists(model, session, tmp_path):
         assert session.last_rag_stats.bytes_read > 0
 
 
+def test_chunk_cache_tiers(model, session, tmp_path):
+    """Storage tiers through the store options, and their counters."""
+    with cb.ChunkCache() as ram:
+        assert ram.tier_stats() == []
+    with pytest.raises(cb.InvalidArgumentError, match="placement_ratio"):
+        cb.ChunkCache(tmp_path / "bad", placement_ratio=1.5)
+    with cb.ChunkCache(tmp_path / "store", codec="f16", ram_budget_bytes=64 << 20,
+                       slow_dir=tmp_path / "sd", slow_read_bytes_per_sec=10_000_000,
+                       placement_ratio=0.15) as cache:
+        session.rag_prefill(CHUNKS, QUESTION, cache)
+        cache.flush()
+        tiers = cache.tier_stats()
+        assert [t.name for t in tiers] == ["ram", "flash", "slow"]
+        assert sum(t.placed for t in tiers) == 3
+        answer = session.rag_generate(CHUNKS, QUESTION, cache, max_tokens=12)
+        assert "4721" in answer
+        tiers = cache.tier_stats()
+        assert sum(t.hits for t in tiers) == 3
+        assert tiers[0].misses + tiers[0].hits >= 6
+
+
 def test_errors_carry_status_and_message(tmp_path, session):
     missing = tmp_path / "no-such-model.gguf"
     with pytest.raises(cb.Error) as err:
