@@ -1,9 +1,10 @@
 // Where a cached chunk's KV comes from, a layer at a time: the interface
 // the fusor and the layerwise pipeline read through, implemented by the
-// in-memory chunk table and the flash chunk store.
+// chunk store in RAM and the storage tiers (flash, Redis).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 #include "cache/chunk_kv.h"
@@ -39,6 +40,31 @@ class MemoryChunkSource final : public ChunkLayerSource {
 
  private:
   const cache::ChunkKV& kv_;
+};
+
+// A ChunkLayerSource over a handle of a storage tier (cache::FlashStore's
+// ChunkHandle, cache::RedisStore's RedisChunkHandle): the handle keeps the
+// entry readable, the shared store outlives the source.  A segment the store
+// cannot read or verify is false: the fusor computes the chunk instead.
+template <class Store, class Handle>
+class StoredChunkSource final : public ChunkLayerSource {
+ public:
+  StoredChunkSource(std::shared_ptr<Store> store, Handle handle)
+      : store_(std::move(store)), handle_(std::move(handle)) {}
+  bool fetch_layer(int64_t layer, float* k, float* v) override {
+    return in_range(layer) && store_->fetch_layer(handle_, static_cast<int>(layer), k, v);
+  }
+  uint64_t layer_bytes(int64_t layer) const override {
+    return in_range(layer) ? handle_.layer_bytes(static_cast<int>(layer)) : 0;
+  }
+  std::optional<cache::Codec> codec() const override { return handle_.codec(); }
+  std::optional<cache::KvShape> shape() const override { return handle_.shape(); }
+
+ private:
+  bool in_range(int64_t layer) const { return layer >= 0 && layer < handle_.n_layers(); }
+
+  std::shared_ptr<Store> store_;
+  Handle handle_;
 };
 
 }  // namespace cb

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "tier_stats.h"
 
 namespace cbbench {
 
@@ -174,13 +175,8 @@ std::string temp_dir(const char* what) {
 }
 
 std::vector<cb_tier_stats> tier_stats_of(const ChunkCache& cache) {
-  size_t n = 0;
-  check(cb_chunk_cache_n_tiers(cache.h, &n), "cannot read the storage tiers");
-  std::vector<cb_tier_stats> out(n);
-  for (size_t i = 0; i < n; ++i) {
-    cb_tier_stats_init(&out[i]);
-    check(cb_chunk_cache_get_tier_stats(cache.h, i, &out[i]), "cannot read the storage tiers");
-  }
+  std::vector<cb_tier_stats> out;
+  check(cbs::read_tier_stats(cache.h, out), "cannot read the storage tiers");
   return out;
 }
 

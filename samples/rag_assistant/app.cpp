@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "model_path.h"
+#include "tier_stats.h"
 
 namespace rag {
 namespace {
@@ -72,13 +73,8 @@ void open_chunk_cache(const CommonOptions& o, ChunkCache& cache) {
 }
 
 std::vector<cb_tier_stats> tier_stats(const ChunkCache& cache) {
-  size_t n = 0;
-  check(cb_chunk_cache_n_tiers(cache.h, &n), "cannot read the storage tiers");
-  std::vector<cb_tier_stats> out(n);
-  for (size_t i = 0; i < n; ++i) {
-    cb_tier_stats_init(&out[i]);
-    check(cb_chunk_cache_get_tier_stats(cache.h, i, &out[i]), "cannot read the storage tiers");
-  }
+  std::vector<cb_tier_stats> out;
+  check(cbs::read_tier_stats(cache.h, out), "cannot read the storage tiers");
   return out;
 }
 
