@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "cache/codec.h"
+#include "cache/throttle.h"
 #include "cache/write_back_queue.h"
 #include "platform/error.h"
 
@@ -350,6 +351,7 @@ std::unique_ptr<RedisStore> RedisStore::open(const RedisOptions& options) {
 
 RedisStore::RedisStore(const RedisOptions& options)
     : options_(options),
+      throttle_(std::make_unique<Throttle>(options.read_bytes_per_sec)),
       reader_(std::make_unique<Connection>(options_, *this)),
       writer_(std::make_unique<Connection>(options_, *this)),
       counters_(std::make_unique<Counters>()),
@@ -442,6 +444,7 @@ bool RedisStore::fetch_layer(const RedisChunkHandle& handle, int layer, float* k
   const SegmentRef& seg = handle.segments_[layer];
   if (seg.size == 0) return false;
   const uint64_t t0 = now_ns();
+  throttle_->acquire(seg.size);
   ReplyPtr r = reader_->command({"GETRANGE", handle.name_, std::to_string(seg.offset),
                                  std::to_string(seg.offset + seg.size - 1)});
   counters_->read_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);

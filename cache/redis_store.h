@@ -66,6 +66,7 @@
 
 namespace cb::cache {
 
+class Throttle;
 class WriteBackQueue;
 
 struct RedisOptions {
@@ -79,6 +80,7 @@ struct RedisOptions {
   int command_timeout_ms = 1000;     // per send or receive on the socket
   int reconnect_interval_ms = 1000;  // after a failed connect
   uint64_t ttl_seconds = 0;          // per value; 0: none (the server's eviction policy)
+  uint64_t read_bytes_per_sec = 0;   // fetch_layer read cap (a slow link); 0 = none
   Codec codec = Codec::kQ8;          // for keys that leave codec unset
   int zstd_level = 1;                // as StoreOptions::zstd_level
   size_t write_back_depth = 16;      // put_async jobs that may wait
@@ -119,7 +121,7 @@ struct RedisStoreStats {
   uint64_t async_queued = 0;
   uint64_t async_dropped = 0;            // put_async refused: queue full
   uint64_t bytes_read = 0;               // by fetch_layer
-  uint64_t read_ns = 0;                  // fetch_layer round trips
+  uint64_t read_ns = 0;                  // fetch_layer round trips, read-cap waits included
   std::array<CodecCounters, 4> codec{};  // indexed by static_cast<int>(Codec)
   std::string last_error;                // "" until something fails
 };
@@ -176,6 +178,7 @@ class RedisStore {
   void note_error(const std::string& message);
 
   RedisOptions options_;
+  std::unique_ptr<Throttle> throttle_;
   std::unique_ptr<Connection> reader_;
   std::unique_ptr<Connection> writer_;
 

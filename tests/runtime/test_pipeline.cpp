@@ -1,5 +1,6 @@
 // The layerwise load pipeline: pipelined and serial fusion give bitwise
-// identical results (chunks in RAM, in the flash store, behind a read cap);
+// identical results (chunks in RAM, in the flash store, on a Redis server,
+// behind a read cap, where the loads overlap the computation);
 // a chunk that fails on the loader side is computed instead, never a hang or
 // a crash; the look-ahead bound holds; the auto ratio reaches the fusion.
 #include <gtest/gtest.h>
@@ -14,9 +15,11 @@
 
 #include <unistd.h>
 
+#include "../cache/redis_test_util.h"
 #include "runtime/blend/flash_chunk_store.h"
 #include "runtime/blend/layer_pipeline.h"
 #include "runtime/blend/rag_request.h"
+#include "runtime/blend/redis_chunk_store.h"
 #include "runtime/llama_layer.h"
 #include "tests/runtime/model_path.h"
 #include "tests/runtime/rag_request_fixture.h"
@@ -133,6 +136,47 @@ TEST_F(PipelineTest, PipelinedEqualsSerialFromFlashAndUnderAReadCap) {
     EXPECT_GE(s3.fusion.load_ms, 0.95 * 1e3 * static_cast<double>(s3.fusion.bytes_read) / 2e6);
     store->set_read_bytes_per_sec(0);
   }
+}
+
+// The same from the remote tier (a real redis-server), and behind a read
+// cap there the loader's reads overlap the computation: the compute side
+// waits for less than the loads take (serially it waits for all of them).
+TEST_F(PipelineTest, PipelinedEqualsSerialFromRedisAndOverlapsACappedRead) {
+  cache::testing::RedisServer server;
+  ASSERT_EQ(server.start(), "");
+  cache::RedisOptions ro;
+  ro.port = server.port();
+  ro.codec = cache::Codec::kF16;
+  auto redis = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
+  RedisChunkStore remote(redis);
+  RagPrefillOptions serial;
+  serial.pipeline.enabled = false;
+  rag(remote, serial);  // computes the chunks and stores them on the server
+  redis->flush();
+  RagPrefillStats s1, s2;
+  const auto want = rag(remote, serial, &s1);
+  ASSERT_EQ(s1.cache_hits, 3);
+  EXPECT_EQ(rag(remote, {}, &s2), want);
+  EXPECT_EQ(s2.fusion.bytes_read, s1.fusion.bytes_read);
+
+  // Capped at 20 MB/s: about 70 ms of reads for the 1.4 MB of f16 KV, a
+  // few times less than the computation they can hide behind.
+  ro.read_bytes_per_sec = 20'000'000;
+  RedisChunkStore capped(std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro)));
+  RagPrefillStats cs, cp;
+  EXPECT_EQ(rag(capped, serial, &cs), want);
+  EXPECT_EQ(rag(capped, {}, &cp), want);
+  const double floor_ms = 1e3 * static_cast<double>(cp.fusion.bytes_read) / 20e6;
+  EXPECT_GE(cs.fusion.load_ms, 0.95 * floor_ms);
+  EXPECT_GE(cp.fusion.load_ms, 0.95 * floor_ms);
+  std::printf(
+      "  capped at 20 MB/s: %.1f MB read; serial: load %.0f ms, blocked %.0f ms; "
+      "pipelined: load %.0f ms, blocked %.0f ms, recompute %.0f ms\n",
+      static_cast<double>(cp.fusion.bytes_read) / 1e6, cs.fusion.load_ms, cs.fusion.blocked_ms,
+      cp.fusion.load_ms, cp.fusion.blocked_ms, cp.fusion.recompute_ms);
+  EXPECT_GE(cs.fusion.blocked_ms, cs.fusion.load_ms);
+  EXPECT_LT(cp.fusion.blocked_ms, cp.fusion.load_ms)
+      << "load " << cp.fusion.load_ms << " ms, recompute " << cp.fusion.recompute_ms << " ms";
 }
 
 TEST_F(PipelineTest, LoaderErrorMidRequestComputesTheChunk) {
