@@ -136,6 +136,12 @@ int cmd_generate(const Args& a);
 int cmd_prefill(const Args& a);
 int cmd_decode(const Args& a);
 int cmd_ttft(const Args& a);
+// ttft --tiers (cmd_ttft_tiers.cpp), after cmd_ttft has read the common options.
+int ttft_tiers(const Args& a, const Common& c, Model& model, Session& session,
+               const std::vector<const char*>& chunks, const std::string& question,
+               const std::vector<float>& ratios, const std::vector<cb_mode>& modes,
+               const SelectOptions& sel, cb_chunk_head head, int repeat, int n_chunks,
+               int chunk_tokens, int query_tokens, const std::string& plot);
 int cmd_quality(const Args& a);
 
 }  // namespace cbbench
