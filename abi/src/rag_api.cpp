@@ -308,6 +308,8 @@ std::optional<cb::Selection> selection_of(const cb_select& select) {
       return cb::Selection::kRandom;
     case CB_SELECT_ORACLE:
       return cb::Selection::kOracle;
+    case CB_SELECT_ORACLE_KL:
+      return cb::Selection::kOracleKl;
   }
   return std::nullopt;
 }

@@ -41,13 +41,16 @@ const char* selection_name(Selection s) {
       return "random";
     case Selection::kOracle:
       return "oracle";
+    case Selection::kOracleKl:
+      return "oracle_kl";
   }
   return "?";
 }
 
 std::optional<Selection> parse_selection(std::string_view name) {
   for (Selection s : {Selection::kHkvd, Selection::kHkvdKv, Selection::kAttention,
-                      Selection::kLookahead, Selection::kRandom, Selection::kOracle})
+                      Selection::kLookahead, Selection::kRandom, Selection::kOracle,
+                      Selection::kOracleKl})
     if (name == selection_name(s)) return s;
   return std::nullopt;
 }
@@ -61,6 +64,7 @@ int64_t first_check_layer(Selection s) {
     case Selection::kLookahead:
     case Selection::kRandom:
     case Selection::kOracle:
+    case Selection::kOracleKl:
       return 0;
     case Selection::kHkvd:
     case Selection::kHkvdKv:

@@ -37,6 +37,7 @@ enum class Selection {
   kLookahead,  // a reuse pass first: that contribution summed over all layers
   kRandom,     // seeded uniform pick (baseline)
   kOracle,     // true KV deviation from a full prefill, all layers (study only)
+  kOracleKl,   // what exact KV for the token lowers the answer's KL (study only)
 };
 const char* selection_name(Selection s);
 std::optional<Selection> parse_selection(std::string_view name);

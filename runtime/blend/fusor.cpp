@@ -106,7 +106,7 @@ void configure(FusedForward& f, const RequestLayout& lay, bool blend, bool load,
 }
 
 bool ranks_before_pass(Selection s) {
-  return s == Selection::kLookahead || s == Selection::kOracle;
+  return s == Selection::kLookahead || s == Selection::kOracle || s == Selection::kOracleKl;
 }
 
 // What a policy that ranks in a pass of its own (ranks_before_pass) would
@@ -186,6 +186,113 @@ std::vector<float> download_rows(Backend& be, const float* layer, int64_t n, int
   return out;
 }
 
+// Every layer's KV rows [0, n), on the host.
+struct HostKv {
+  std::vector<std::vector<float>> k, v;
+};
+HostKv download_kv(Session& s, int64_t n) {
+  const int64_t n_layer = s.model().hparams().n_layer, dim = s.model().hparams().kv_dim();
+  HostKv kv;
+  for (int64_t l = 0; l < n_layer; ++l) {
+    kv.k.push_back(download_rows(s.backend(), s.k_cache(l), n, dim));
+    kv.v.push_back(download_rows(s.backend(), s.v_cache(l), n, dim));
+  }
+  return kv;
+}
+
+// Writes rows idx of `from` into the session's KV cache, every layer.
+void put_rows(Session& s, const HostKv& from, const std::vector<int32_t>& idx) {
+  const int64_t n_layer = s.model().hparams().n_layer, dim = s.model().hparams().kv_dim();
+  const int64_t n = static_cast<int64_t>(idx.size());
+  std::vector<float> rows(static_cast<size_t>(n * dim));
+  for (int64_t l = 0; l < n_layer; ++l) {
+    for (const auto* src : {&from.k, &from.v}) {
+      for (int64_t r = 0; r < n; ++r)
+        std::copy_n((*src)[l].data() + idx[r] * dim, dim, rows.data() + r * dim);
+      float* dst = src == &from.k ? s.k_cache(l) : s.v_cache(l);
+      s.backend().scatter_rows(rows.data(), dim, idx.data(), n, dst);
+    }
+  }
+}
+
+// KL(softmax(p) || softmax(q)).
+double kl_of_logits(std::span<const float> p, std::span<const float> q) {
+  const auto log_sum_exp = [](std::span<const float> x) {
+    const float m = *std::max_element(x.begin(), x.end());
+    double sum = 0.0;
+    for (float v : x) sum += std::exp(static_cast<double>(v) - m);
+    return m + std::log(sum);
+  };
+  const double lp = log_sum_exp(p), lq = log_sum_exp(q);
+  double kl = 0.0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double a = p[i] - lp, b = q[i] - lq;
+    kl += std::exp(a) * (a - b);
+  }
+  return kl;
+}
+
+// Reused rows the answer-effect oracle judges together: finer costs a
+// question pass more per request for little change in the choice.
+constexpr int64_t kOracleBlock = 16;
+
+// The oracles' ranking (study only), with the reuse pass's KV in the cache:
+// kOracle, each token's squared deviation of K and V from a full prefill's,
+// summed over layers; kOracleKl, how much the full prefill's KV for the
+// token's block of reused rows, put in place of the reused KV, lowers the
+// KL of the last token's distribution against the full prefill's (the
+// question's rows computed again over it: one pass per block).  Leaves the
+// session empty.
+std::vector<float> oracle_scores(Session& s, std::span<const int32_t> tokens,
+                                 const RequestLayout& lay, Selection sel) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t n_layer = s.model().hparams().n_layer, dim = s.model().hparams().kv_dim();
+  const HostKv reused = download_kv(s, n);
+  const std::vector<float> full_logits = [&] {
+    auto logits = s.prefill(tokens);
+    return std::vector<float>(logits.begin(), logits.end());
+  }();
+  const HostKv full = download_kv(s, n);
+  s.truncate(0);
+  std::vector<float> scores(static_cast<size_t>(n), 0.0f);
+  if (sel == Selection::kOracle) {
+    for (int64_t l = 0; l < n_layer; ++l)
+      for (int64_t p = 0; p < n; ++p) {
+        double d = 0.0;
+        for (int64_t j = p * dim; j < (p + 1) * dim; ++j) {
+          const double dk = full.k[l][j] - reused.k[l][j], dv = full.v[l][j] - reused.v[l][j];
+          d += dk * dk + dv * dv;
+        }
+        scores[p] += static_cast<float>(d);
+      }
+    return scores;
+  }
+  // The rows from `q` on are computed over the cache; the last one always is.
+  const int64_t q = std::min<int64_t>(lay.query_begin, n - 1);
+  std::vector<int32_t> head(static_cast<size_t>(q));
+  std::iota(head.begin(), head.end(), 0);
+  put_rows(s, reused, head);
+  const auto kl_over_cache = [&] {
+    s.set_n_past(q);
+    const double kl = kl_of_logits(full_logits, s.prefill(tokens.subspan(q)));
+    s.truncate(0);
+    return kl;
+  };
+  const double kl_reused = kl_over_cache();
+  std::vector<int32_t> block;
+  for (int64_t p = 0; p < q; ++p) {
+    if (lay.is_cached[p] && !lay.exact[p] && !lay.keep_always[p]) block.push_back(p);
+    if (block.empty() || (static_cast<int64_t>(block.size()) < kOracleBlock && p + 1 < q))
+      continue;
+    put_rows(s, full, block);
+    const float gain = static_cast<float>(kl_reused - kl_over_cache());
+    for (int32_t r : block) scores[r] = gain;
+    put_rows(s, reused, block);
+    block.clear();
+  }
+  return scores;
+}
+
 // A seeded uniform score per position: top-k of it is a random pick.
 std::vector<float> random_scores(int64_t n, uint64_t seed) {
   std::mt19937_64 gen(seed);
@@ -244,7 +351,6 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
     use[i] = 1;
   }
 
-  const int64_t kv_dim = hp.kv_dim();
   // The options this request runs with.
   const bool any_cached = std::any_of(use.begin(), use.end(), [](uint8_t u) { return u != 0; });
   for (;;) {
@@ -282,28 +388,7 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
         add_per_layer(layer_ms, look.layer_ms);
         loaded = true;
       } else if (ok) {
-        // Oracle: squared deviation of K and V from a full prefill's, summed
-        // over layers; its passes are not counted as the selection's cost.
-        std::vector<std::vector<float>> reused_k, reused_v;
-        for (int64_t l = 0; l < hp.n_layer; ++l) {
-          reused_k.push_back(download_rows(s.backend(), s.k_cache(l), n, kv_dim));
-          reused_v.push_back(download_rows(s.backend(), s.v_cache(l), n, kv_dim));
-        }
-        s.prefill(tokens);
-        s.truncate(0);
-        prior.assign(static_cast<size_t>(n), 0.0f);
-        for (int64_t l = 0; l < hp.n_layer; ++l) {
-          const std::vector<float> fk = download_rows(s.backend(), s.k_cache(l), n, kv_dim);
-          const std::vector<float> fv = download_rows(s.backend(), s.v_cache(l), n, kv_dim);
-          for (int64_t p = 0; p < n; ++p) {
-            double d = 0.0;
-            for (int64_t j = p * kv_dim; j < (p + 1) * kv_dim; ++j) {
-              const double dk = fk[j] - reused_k[l][j], dv = fv[j] - reused_v[l][j];
-              d += dk * dk + dv * dv;
-            }
-            prior[p] += static_cast<float>(d);
-          }
-        }
+        prior = oracle_scores(s, tokens, lay, used.selection);
       }
     } else if (blend && used.selection == Selection::kRandom) {
       prior = random_scores(n, used.seed);

@@ -116,14 +116,14 @@ std::vector<cb_select> parse_selects(const Args& a) {
       out.push_back(CB_SELECT_DEFAULT);
       found = true;
     }
-    for (int v = CB_SELECT_HKVD; v <= CB_SELECT_ORACLE && !found; ++v)
+    for (int v = CB_SELECT_HKVD; v <= CB_SELECT_ORACLE_KL && !found; ++v)
       if (name == cb_select_name(static_cast<cb_select>(v))) {
         out.push_back(static_cast<cb_select>(v));
         found = true;
       }
     if (!found)
       usage_error("option --select: unknown policy '" + name +
-                  "' (expected hkvd, hkvd_kv, attention, lookahead, random, oracle or default)");
+                  "' (expected hkvd, hkvd_kv, attention, lookahead, random, oracle, oracle_kl or default)");
     // Compared by name: default and the policy it stands for are one run.
     const std::string resolved = cb_select_name(out.back());
     if (std::count_if(out.begin(), out.end(),

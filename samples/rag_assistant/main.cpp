@@ -119,7 +119,7 @@ cb_mode parse_mode(const std::string& s) {
   usage("option --mode: '" + s + "' is not one of blend, full, reuse, prefix");
 }
 
-// The policies an app would use; the oracle is a study bound (it runs a
+// The policies an app would use; the oracles are study bounds (they run a
 // full prefill first), not offered here.
 cb_select parse_select(const std::string& s) {
   for (cb_select p : {CB_SELECT_DEFAULT, CB_SELECT_LOOKAHEAD, CB_SELECT_HKVD, CB_SELECT_HKVD_KV,

@@ -278,7 +278,8 @@ TEST_F(FusorTest, UnreadableChunkIsRecomputed) {
 
 constexpr Selection kAllSelections[] = {Selection::kHkvd,      Selection::kHkvdKv,
                                         Selection::kAttention, Selection::kLookahead,
-                                        Selection::kRandom,    Selection::kOracle};
+                                        Selection::kRandom,    Selection::kOracle,
+                                        Selection::kOracleKl};
 
 // The identities hold whatever ranks the tokens: all of them is full
 // prefill, none is reuse, and the pipeline changes nothing.

@@ -733,13 +733,17 @@ typedef enum cb_select {
                             * contribution summed over every layer; the best measured
                             * (docs/FIDELITY.md) */
   CB_SELECT_RANDOM = 5,    /* a seeded uniform pick: a baseline for studies */
-  CB_SELECT_ORACLE = 6     /* the tokens whose reused KV deviates most from a full
+  CB_SELECT_ORACLE = 6,    /* the tokens whose reused KV deviates most from a full
                             * prefill's, over all layers; runs a full prefill first, so
-                            * it is slower than FULL: an upper bound for studies only */
+                            * it is slower than FULL: for studies only */
+  CB_SELECT_ORACLE_KL = 7  /* the blocks of 16 reused tokens whose KV from a full prefill,
+                            * put in place of the reused KV, most lowers the last token's
+                            * KL against the full prefill; runs a full prefill and a
+                            * question pass per block first: an upper bound for studies only */
 } cb_select;
 
 /* The policy's name: "hkvd", "hkvd_kv", "attention", "lookahead", "random",
- * "oracle"; CB_SELECT_DEFAULT names the policy it stands for; "unknown" for
+ * "oracle", "oracle_kl"; CB_SELECT_DEFAULT names the policy it stands for; "unknown" for
  * other values.  Static.  Thread-safe. */
 CB_API const char* cb_select_name(cb_select select);
 

@@ -69,6 +69,7 @@ class Select(_NamedEnum):
     LOOKAHEAD = 4
     RANDOM = 5
     ORACLE = 6
+    ORACLE_KL = 7
 
 
 def mode_name(mode):
