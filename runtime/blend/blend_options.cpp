@@ -48,9 +48,9 @@ const char* selection_name(Selection s) {
 }
 
 std::optional<Selection> parse_selection(std::string_view name) {
-  for (Selection s : {Selection::kHkvd, Selection::kHkvdKv, Selection::kAttention,
-                      Selection::kLookahead, Selection::kRandom, Selection::kOracle,
-                      Selection::kOracleKl})
+  for (Selection s :
+       {Selection::kHkvd, Selection::kHkvdKv, Selection::kAttention, Selection::kLookahead,
+        Selection::kRandom, Selection::kOracle, Selection::kOracleKl})
     if (name == selection_name(s)) return s;
   return std::nullopt;
 }

@@ -282,8 +282,7 @@ std::vector<float> oracle_scores(Session& s, std::span<const int32_t> tokens,
   std::vector<int32_t> block;
   for (int64_t p = 0; p < q; ++p) {
     if (lay.is_cached[p] && !lay.exact[p] && !lay.keep_always[p]) block.push_back(p);
-    if (block.empty() || (static_cast<int64_t>(block.size()) < kOracleBlock && p + 1 < q))
-      continue;
+    if (block.empty() || (static_cast<int64_t>(block.size()) < kOracleBlock && p + 1 < q)) continue;
     put_rows(s, full, block);
     const float gain = static_cast<float>(kl_reused - kl_over_cache());
     for (int32_t r : block) scores[r] = gain;
