@@ -146,14 +146,23 @@ std::unique_ptr<Model> Model::load(const std::string& path, std::optional<ChatFo
         !std::isfinite(hp.rms_eps))
       fail(ErrorCode::kFormat, "invalid RoPE base or RMS epsilon (each must be finite and > 0)");
     // Llama 3.1+ scales RoPE by per-pair frequency divisors, stored in the
-    // file (rope_freqs.weight); the other scalings (linear, YaRN) are not
-    // implemented.
-    std::string scaling = f.get_string(k + "rope.scaling.type").value_or("none");
-    if (scaling != "none" && scaling != "llama3" &&
-        f.get_float(k + "rope.scaling.factor").value_or(1.0) != 1.0)
-      fail(ErrorCode::kUnsupported, "RoPE scaling ('" + scaling + "') is not supported yet");
+    // file (rope_freqs.weight); linear scaling divides every frequency by
+    // the factor, which is the same divisor for every pair.  Other scalings
+    // (YaRN) are not implemented.
+    const std::string scaling = f.get_string(k + "rope.scaling.type").value_or("none");
+    const double factor = f.get_float(k + "rope.scaling.factor").value_or(1.0);
     if (f.find_tensor("rope_freqs.weight"))
       hp.rope_freq_factors = m->f32_vector("rope_freqs.weight", hp.rot_dim / 2);
+    if (scaling == "linear" && factor != 1.0) {
+      if (!(factor > 0) || !std::isfinite(factor))
+        fail(ErrorCode::kFormat, "invalid RoPE scaling factor " + std::to_string(factor));
+      if (hp.rope_freq_factors)
+        fail(ErrorCode::kUnsupported, "linear RoPE scaling together with rope_freqs");
+      hp.rope_linear_factors.assign(static_cast<size_t>(hp.rot_dim / 2),
+                                    static_cast<float>(factor));
+    } else if (scaling != "none" && scaling != "llama3" && scaling != "linear" && factor != 1.0) {
+      fail(ErrorCode::kUnsupported, "RoPE scaling ('" + scaling + "') is not supported yet");
+    }
     if (gemma) {
       // As llama.cpp reads Gemma 3: five local layers to one global and RoPE
       // base 10000 on local layers, unless the file says otherwise.
@@ -169,6 +178,11 @@ std::unique_ptr<Model> Model::load(const std::string& path, std::optional<ChatFo
           static_cast<float>(f.get_float(k + "rope.freq_base_swa").value_or(10000.0));
       if (!(hp.rope_freq_base_local > 0) || !std::isfinite(hp.rope_freq_base_local))
         fail(ErrorCode::kFormat, "invalid local RoPE base");
+      // Gemma 3 27B scales its attention by n_embd / n_head instead of the
+      // head size, and its file does not say so (llama.cpp tells the model
+      // by its 62 layers): refused rather than computed wrong.
+      if (hp.n_layer == 62)
+        fail(ErrorCode::kUnsupported, "Gemma 3 27B's attention scale is not supported");
       if (f.get_float(k + "final_logit_softcapping").value_or(0.0) != 0.0)
         fail(ErrorCode::kUnsupported, "final logit soft-capping is not supported");
     }

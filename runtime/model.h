@@ -47,6 +47,9 @@ struct LlamaHparams {
   // Per-pair divisors of RoPE's frequencies (rot_dim / 2 floats: Llama 3.1+'s
   // rope_freqs), or null.
   const float* rope_freq_factors = nullptr;
+  // Linear RoPE scaling (positions divided by the factor, as Gemma 3 4B+
+  // does on its global layers): rot_dim / 2 copies of the factor, or empty.
+  std::vector<float> rope_linear_factors;
   float rms_eps = 1e-5f;
   float embedding_scale = 1.0f;  // token embeddings are multiplied by it (gemma3: sqrt(n_embd))
   Activation ffn_activation = Activation::kSilu;
@@ -66,6 +69,12 @@ struct LlamaHparams {
   int64_t attention_window(int64_t layer) const { return is_local(layer) ? sliding_window : 0; }
   float rope_base(int64_t layer) const {
     return is_local(layer) ? rope_freq_base_local : rope_freq_base;
+  }
+  // The per-pair frequency divisors of `layer` (null: none).  Local layers
+  // are not scaled.
+  const float* rope_factors(int64_t layer) const {
+    if (!rope_linear_factors.empty()) return is_local(layer) ? nullptr : rope_linear_factors.data();
+    return rope_freq_factors;
   }
 };
 

@@ -30,7 +30,9 @@ are normalised per head as in qwen3; the attention's and the feed-forward's outp
 are normalised (post_attention_norm, post_ffw_norm) before they are added; the gate
 is GELU (tanh form) instead of silu; layers il with il % pattern != pattern - 1
 (sliding_window_pattern, default 6) are local: a query sees only the last
-sliding_window keys, and RoPE uses rope.freq_base_swa (default 10000).
+sliding_window keys, and RoPE uses rope.freq_base_swa (default 10000) without
+linear scaling (rope.scaling.type linear: positions divided by rope.scaling.factor,
+on the global layers only).
 """
 from __future__ import annotations
 
@@ -169,12 +171,13 @@ def is_local(m: Model, il: int) -> bool:
     return m.window > 0 and m.pattern > 0 and il % m.pattern != m.pattern - 1
 
 
-def rope_tables(m: Model, n_pos: int, freq_factors: np.ndarray | None, base: float):
+def rope_tables(m: Model, n_pos: int, freq_factors: np.ndarray | None, base: float,
+                pos_scale: float):
     i = np.arange(m.rot_dim // 2, dtype=np.float64)
     inv_freq = base ** (-2.0 * i / m.rot_dim)
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors
-    pos = np.arange(n_pos, dtype=np.float64) * m.rope_pos_scale
+    pos = np.arange(n_pos, dtype=np.float64) * pos_scale
     ang = np.outer(pos, inv_freq)  # (T, rot_dim/2)
     return np.cos(ang), np.sin(ang)
 
@@ -237,14 +240,15 @@ def forward(m: Model, prompts: list[list[int]], last_n: int = 1) -> list[np.ndar
     xs = [emb[np.asarray(ids)] * scale for ids in prompts]
     freq_factors = m.weight("rope_freqs.weight") if m.has("rope_freqs.weight") else None
     n_pos = max(len(ids) for ids in prompts)
-    tables = {base: rope_tables(m, n_pos, freq_factors, base)
-              for base in {m.rope_base, m.rope_base_local}}
+    # Linear RoPE scaling applies to the global layers only (Gemma 3).
+    tables = {True: rope_tables(m, n_pos, freq_factors, m.rope_base_local, 1.0),
+              False: rope_tables(m, n_pos, freq_factors, m.rope_base, m.rope_pos_scale)}
     act = gelu if gemma else silu
     H, Hkv, D = m.n_head, m.n_head_kv, m.head_dim
     for il in range(m.n_layer):
         b = f"blk.{il}."
         local = is_local(m, il)
-        cos, sin = tables[m.rope_base_local if local else m.rope_base]
+        cos, sin = tables[local]
         window = m.window if local else 0
         post_attn = m.weight(b + "post_attention_norm.weight") if gemma else None
         post_ffn = m.weight(b + "post_ffw_norm.weight") if gemma else None

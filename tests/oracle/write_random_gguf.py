@@ -17,7 +17,8 @@ output weights, for qwen2 the Q/K/V biases (drawn large enough to matter),
 for qwen3 the per-head Q/K norms, and for both NEOX-style RoPE.  gemma3 adds
 to qwen3's the embedding scale, the output norms of the attention and the
 feed-forward, GELU, tied output weights, and a sliding window of 32 keys on
-its local layers (two of every three) with their own RoPE base.  The
+its local layers (two of every three) with their own RoPE base, and linear
+RoPE scaling (factor 8) on the global layers, as Gemma 3 4B and larger.  The
 tokenizer is byte-level BPE over the 256 byte symbols, four merges and three
 ChatML control tokens.
 """
@@ -81,6 +82,9 @@ def main():
     w.add_value_length(HEAD_DIM)
     w.add_rope_freq_base({"llama3": 500000.0, "gemma3": 1000000.0}.get(a.arch, 10000.0))
     if a.arch == "gemma3":
+        # As Gemma 3 4B and larger: linear RoPE scaling on the global layers.
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(8.0)
         w.add_sliding_window(32)
         w.add_uint32("gemma3.attention.sliding_window_pattern", 3)
     w.add_layer_norm_rms_eps(1e-6)
