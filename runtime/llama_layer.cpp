@@ -96,7 +96,8 @@ void rope_keys(Backend& be, const LlamaHparams& hp, int64_t layer, float* k, con
 
 void rope_queries(Backend& be, const LlamaHparams& hp, int64_t layer, float* q, const int32_t* pos,
                   int64_t n) {
-  be.rope(q, pos, n, hp.n_head, hp.head_dim, hp.rot_dim, hp.rope_base(layer), hp.rope_factors(layer));
+  be.rope(q, pos, n, hp.n_head, hp.head_dim, hp.rot_dim, hp.rope_base(layer),
+          hp.rope_factors(layer));
 }
 
 AttentionArgs attention_args(const LlamaHparams& hp, int64_t layer, const float* q,
