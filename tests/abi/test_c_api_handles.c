@@ -211,6 +211,7 @@ void test_rag(cb_model* m) {
   CHECK(ro.struct_size == sizeof ro && ro.mode == CB_MODE_BLEND && ro.ratio == 0.2f);
   CHECK(ro.select == CB_SELECT_DEFAULT && strcmp(cb_select_name(ro.select), "lookahead") == 0);
   CHECK(strcmp(cb_select_name(CB_SELECT_HKVD), "hkvd") == 0 &&
+        strcmp(cb_select_name(CB_SELECT_ORACLE_KL), "oracle_kl") == 0 &&
         strcmp(cb_select_name((cb_select)99), "unknown") == 0);
   CHECK(ro.sink_tokens == 0 && ro.guard_share == 0.0f && ro.guard_max_ratio == 0.5f);
   CHECK(ro.chunk_head == CB_CHUNK_HEAD_PROMPT && ro.schedule == NULL && ro.n_schedule == 0);
