@@ -177,12 +177,10 @@ void add_per_layer(std::vector<T>& total, const std::vector<T>& pass) {
   for (size_t l = 0; l < pass.size(); ++l) total[l] += pass[l];
 }
 
-// Rows [0, n) of a KV cache layer, on the host.
-std::vector<float> download_rows(Backend& be, const float* layer, int64_t n, int64_t dim) {
-  std::vector<int32_t> idx(static_cast<size_t>(n));
-  std::iota(idx.begin(), idx.end(), 0);
-  std::vector<float> out(static_cast<size_t>(n * dim));
-  be.gather_rows(layer, dim, idx.data(), n, out.data());
+// Rows [0, n) of a KV cache layer's K (or V), on the host.
+std::vector<float> download_rows(Session& s, int64_t layer, bool v, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n * s.model().hparams().kv_dim()));
+  s.read_kv_rows(layer, v, 0, n, out.data());
   return out;
 }
 
@@ -286,15 +284,15 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
         // over layers; its passes are not counted as the selection's cost.
         std::vector<std::vector<float>> reused_k, reused_v;
         for (int64_t l = 0; l < hp.n_layer; ++l) {
-          reused_k.push_back(download_rows(s.backend(), s.k_cache(l), n, kv_dim));
-          reused_v.push_back(download_rows(s.backend(), s.v_cache(l), n, kv_dim));
+          reused_k.push_back(download_rows(s, l, false, n));
+          reused_v.push_back(download_rows(s, l, true, n));
         }
         s.prefill(tokens);
         s.truncate(0);
         prior.assign(static_cast<size_t>(n), 0.0f);
         for (int64_t l = 0; l < hp.n_layer; ++l) {
-          const std::vector<float> fk = download_rows(s.backend(), s.k_cache(l), n, kv_dim);
-          const std::vector<float> fv = download_rows(s.backend(), s.v_cache(l), n, kv_dim);
+          const std::vector<float> fk = download_rows(s, l, false, n);
+          const std::vector<float> fv = download_rows(s, l, true, n);
           for (int64_t p = 0; p < n; ++p) {
             double d = 0.0;
             for (int64_t j = p * kv_dim; j < (p + 1) * kv_dim; ++j) {

@@ -125,7 +125,7 @@ TEST_P(Architecture, FusorIdentities) {
     auto l = fuse_prefill(s, segs, o);
     return std::vector<float>(l.begin(), l.end());
   };
-  Session full_session(*model, {.n_ctx = 512, .n_threads = 2});
+  Session full_session(*model, {.n_ctx = 512, .n_threads = 2, .kv_type = KvType::kF32});
   auto full_span = full_session.prefill(req.all());
   const std::vector<float> full(full_span.begin(), full_span.end());
 
@@ -149,7 +149,8 @@ TEST_P(Architecture, FusorIdentities) {
   std::vector<int32_t> pos(static_cast<size_t>(len));
   std::iota(pos.begin(), pos.end(), static_cast<int32_t>(p0));
   rope_keys(full_session.backend(), hp, 0, k.data(), pos.data(), len);
-  const float* in_place = full_session.k_cache(0) + p0 * kv_dim;
+  std::vector<float> in_place(static_cast<size_t>(len * kv_dim));
+  full_session.read_kv_rows(0, false, p0, len, in_place.data());
   for (int64_t i = 0; i < len * kv_dim; ++i)
     ASSERT_NEAR(k[i], in_place[i], 1e-4f * (1.0f + std::fabs(in_place[i]))) << i;
 }
