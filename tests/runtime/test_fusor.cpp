@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "runtime/sampler.h"
@@ -74,14 +75,15 @@ class FusorTest : public testing::Test {
     s.push_back({req.suffix});
     return s;
   }
-  std::vector<float> fused(const BlendOptions& o, FusionStats* st = nullptr) {
-    Session s(model(), {.n_ctx = 512, .n_threads = 2});
+  std::vector<float> fused(const BlendOptions& o, FusionStats* st = nullptr,
+                           KvType kv = KvType::kF16, const PipelineOptions& p = {}) {
+    Session s(model(), {.n_ctx = 512, .n_threads = 2, .kv_type = kv});
     auto segs = segments();
-    auto l = fuse_prefill(s, segs, o, st);
+    auto l = fuse_prefill(s, segs, o, st, p);
     return {l.begin(), l.end()};
   }
-  std::vector<float> full() {
-    Session s(model(), {.n_ctx = 512, .n_threads = 2});
+  std::vector<float> full(KvType kv = KvType::kF16) {
+    Session s(model(), {.n_ctx = 512, .n_threads = 2, .kv_type = kv});
     auto l = s.prefill(req.all());
     return {l.begin(), l.end()};
   }
@@ -162,6 +164,27 @@ TEST_F(FusorTest, RatioZeroEqualsReuse) {
   EXPECT_EQ(sb.final_rows, sr.final_rows);
   // Reuse differs from full prefill: chunks never attended to each other.
   EXPECT_GT(rel_l2(r, full()), 1e-3);
+}
+
+// The identities with either cache type.  They are not bitwise in f32
+// either (r = 1 recomputes the leading exact chunk's layer 0, r = 0 carries
+// every row through layer 0), so an f16 cache may round an element either
+// side of a boundary where the two passes differ by an ulp of f32; what the
+// f16 cache must not do is widen them beyond the f32 bar.  The pipeline,
+// whose passes are the same arithmetic, stays bitwise with f16.
+TEST_F(FusorTest, IdentitiesHoldWithEitherCacheType) {
+  for (KvType kv : {KvType::kF32, KvType::kF16}) {
+    const std::vector<float> f = full(kv), r = fused({BlendMode::kReuse, {}}, nullptr, kv);
+    const double one = rel_l2(fused({BlendMode::kBlend, {{1, 1.0f}}}, nullptr, kv), f);
+    const double zero = rel_l2(fused({BlendMode::kBlend, {{1, 0.0f}}}, nullptr, kv), r);
+    std::printf("%s cache: r = 1 vs full prefill %.3e, r = 0 vs reuse %.3e\n", kv_type_name(kv),
+                one, zero);
+    EXPECT_LE(one, 1e-4) << kv_type_name(kv);
+    EXPECT_LE(zero, 1e-4) << kv_type_name(kv);
+    const BlendOptions blend = blend_with(Selection::kHkvd, {{1, 0.3f}});
+    EXPECT_EQ(fused(blend, nullptr, kv, {.enabled = false}), fused(blend, nullptr, kv))
+        << "pipelined equals serial, " << kv_type_name(kv);
+  }
 }
 
 TEST_F(FusorTest, BlendIsBetweenReuseAndFull) {
