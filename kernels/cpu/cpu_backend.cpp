@@ -450,20 +450,20 @@ class CpuBackend final : public Backend {
   // this level's kernel (every level gives the same bits).
   void convert_row(const float* src, int64_t n, uint16_t* dst) const {
 #if CB_HAVE_AVX2_KERNELS
-    if (level_ == Level::kAvx2) return avx2::f32_to_f16(src, n, dst);
+    if (level_ == Level::kAvx2) return avx2::f32_to_f16_row(src, n, dst);
 #endif
 #if CB_HAVE_NEON_KERNELS
-    if (level_ == Level::kNeon) return neon::f32_to_f16(src, n, dst);
+    if (level_ == Level::kNeon) return neon::f32_to_f16_row(src, n, dst);
 #endif
     const int32_t zero = 0;
     ref::scatter_rows_f16(src, n, &zero, 1, dst);
   }
   void convert_row(const uint16_t* src, int64_t n, float* dst) const {
 #if CB_HAVE_AVX2_KERNELS
-    if (level_ == Level::kAvx2) return avx2::f16_to_f32(src, n, dst);
+    if (level_ == Level::kAvx2) return avx2::f16_to_f32_row(src, n, dst);
 #endif
 #if CB_HAVE_NEON_KERNELS
-    if (level_ == Level::kNeon) return neon::f16_to_f32(src, n, dst);
+    if (level_ == Level::kNeon) return neon::f16_to_f32_row(src, n, dst);
 #endif
     const int32_t zero = 0;
     ref::gather_rows_f16(src, n, &zero, 1, dst);

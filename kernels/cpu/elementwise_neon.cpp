@@ -66,7 +66,7 @@ void add(const float* a, const float* b, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-void f32_to_f16(const float* src, int64_t n, uint16_t* dst) {
+void f32_to_f16_row(const float* src, int64_t n, uint16_t* dst) {
   int64_t i = 0;
   for (; i + 4 <= n; i += 4)
     vst1_u16(dst + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(src + i))));
@@ -76,7 +76,7 @@ void f32_to_f16(const float* src, int64_t n, uint16_t* dst) {
   }
 }
 
-void f16_to_f32(const uint16_t* src, int64_t n, float* dst) {
+void f16_to_f32_row(const uint16_t* src, int64_t n, float* dst) {
   int64_t i = 0;
   for (; i + 4 <= n; i += 4)
     vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(src + i))));
