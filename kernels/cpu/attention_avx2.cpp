@@ -25,8 +25,9 @@
 //
 // K/V are f32 or f16 (AttentionArgs::kv_type): the kernels are templates on
 // the element type, and an f16 element is widened exactly where it is
-// loaded (the transpose, the V rows of O += P V), so the arithmetic after
-// the load is the f32 path's, op for op.
+// loaded (the key transpose; a key block's V rows, once per block into
+// scratch rather than once per six-row group), so the arithmetic after the
+// load is the f32 path's, op for op.
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -51,11 +52,13 @@ struct Scratch {
   float* kt = nullptr;  // kMaxHeadDim x kKeyBlock
   float* s = nullptr;   // kMaxRows x kKeyBlock
   float* o = nullptr;   // kMaxRows x kMaxHeadDim
+  float* v = nullptr;   // kKeyBlock x kMaxHeadDim: an f16 block's V rows widened
   Scratch() {
     kt = static_cast<float*>(std::aligned_alloc(64, kMaxHeadDim * kKeyBlock * sizeof(float)));
     s = static_cast<float*>(std::aligned_alloc(64, kMaxRows * kKeyBlock * sizeof(float)));
     o = static_cast<float*>(std::aligned_alloc(64, kMaxRows * kMaxHeadDim * sizeof(float)));
-    if (kt == nullptr || s == nullptr || o == nullptr) {
+    v = static_cast<float*>(std::aligned_alloc(64, kKeyBlock * kMaxHeadDim * sizeof(float)));
+    if (kt == nullptr || s == nullptr || o == nullptr || v == nullptr) {
       release();
       throw std::bad_alloc();
     }
@@ -65,8 +68,26 @@ struct Scratch {
     std::free(kt);
     std::free(s);
     std::free(o);
+    std::free(v);
   }
 };
+
+// The V rows [0, nb) of a key block as pv_rows reads them, with their row
+// stride in *ld: f32 rows in place; f16 rows widened into buf (hd apart).
+const float* v_rows(const float* vb, int64_t, int64_t, float*, int64_t*) {
+  return vb;
+}
+const float* v_rows(const uint16_t* vb, int64_t nb, int64_t hd, float* buf, int64_t* ld) {
+  for (int64_t j = 0; j < nb; ++j) {
+    const uint16_t* src = vb + j * *ld;
+    float* dst = buf + j * hd;
+    int64_t d = 0;
+    for (; d + 8 <= hd; d += 8) _mm256_storeu_ps(dst + d, load8(src + d));
+    for (; d < hd; ++d) dst[d] = to_f32(src[d]);
+  }
+  *ld = hd;
+  return buf;
+}
 
 Scratch& scratch() {
   thread_local Scratch buffers;
@@ -286,7 +307,8 @@ void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_b
     } else {
       transpose_keys(kb, kv_stride, nb, hd, sc.kt);
     }
-    const T* vb = vbase + j0 * kv_stride;
+    int64_t v_ld = kv_stride;
+    const float* vb = v_rows(vbase + j0 * kv_stride, nb, hd, sc.v, &v_ld);
     for (int64_t r0 = 0; r0 < n_rows; r0 += kRowGroup) {
       const int64_t mr = n_rows - r0 < kRowGroup ? n_rows - r0 : kRowGroup;
       int64_t nj = 0;
@@ -305,7 +327,7 @@ void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_b
           for (int64_t j = 0; j < kKeyBlock; ++j) sr[j] = 0.0f;
         }
       }
-      kPv<T>[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, kv_stride);
+      kPv<float>[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, v_ld);
     }
   }
 

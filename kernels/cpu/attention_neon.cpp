@@ -6,7 +6,8 @@
 // not depend on the tiling.  K/V rows below n_kv are expected to be finite
 // (keys past a row's position inside a tile's range get weight exactly 0).
 // K/V are f32 or f16 (AttentionArgs::kv_type); an f16 element is widened
-// exactly where it is loaded, so the arithmetic is the f32 path's.
+// exactly where it is loaded (the key transpose; a key block's V rows, once
+// per block into scratch), so the arithmetic is the f32 path's.
 #include <cmath>
 #include <cstdlib>
 #include <new>
@@ -27,6 +28,7 @@ struct Scratch {
   float* kt = alloc(kMaxHeadDim * kKeyBlock);
   float* s = alloc(kMaxRows * kKeyBlock);
   float* o = alloc(kMaxRows * kMaxHeadDim);
+  float* v = alloc(kKeyBlock * kMaxHeadDim);  // an f16 block's V rows widened
   static float* alloc(int64_t n) {
     void* p = std::aligned_alloc(64, static_cast<size_t>(n) * sizeof(float));
     if (p == nullptr) throw std::bad_alloc();
@@ -36,8 +38,26 @@ struct Scratch {
     std::free(kt);
     std::free(s);
     std::free(o);
+    std::free(v);
   }
 };
+
+// The V rows [0, nb) of a key block as pv_rows reads them, with their row
+// stride in *ld: f32 rows in place; f16 rows widened into buf (hd apart).
+const float* v_rows(const float* vb, int64_t, int64_t, float*, int64_t*) {
+  return vb;
+}
+const float* v_rows(const uint16_t* vb, int64_t nb, int64_t hd, float* buf, int64_t* ld) {
+  for (int64_t j = 0; j < nb; ++j) {
+    const uint16_t* src = vb + j * *ld;
+    float* dst = buf + j * hd;
+    int64_t d = 0;
+    for (; d + 4 <= hd; d += 4) vst1q_f32(dst + d, load4(src + d));
+    for (; d < hd; ++d) dst[d] = to_f32(src[d]);
+  }
+  *ld = hd;
+  return buf;
+}
 
 Scratch& scratch() {
   thread_local Scratch buffers;
@@ -220,7 +240,8 @@ void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t
       hi[r] = h < lo[r] ? lo[r] : (h < nb ? h : nb);
     }
     transpose_keys(kbase + j0 * kv_stride, kv_stride, nb, hd, sc.kt);
-    const T* vb = vbase + j0 * kv_stride;
+    int64_t v_ld = kv_stride;
+    const float* vb = v_rows(vbase + j0 * kv_stride, nb, hd, sc.v, &v_ld);
     for (int64_t r0 = 0; r0 < n_rows; r0 += kRowGroup) {
       const int64_t mr = n_rows - r0 < kRowGroup ? n_rows - r0 : kRowGroup;
       int64_t nj = 0;
@@ -237,7 +258,7 @@ void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t
           for (int64_t j = 0; j < kKeyBlock; ++j) sr[j] = 0.0f;
         }
       }
-      kPv<T>[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, kv_stride);
+      kPv<float>[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, v_ld);
     }
   }
 
