@@ -33,12 +33,17 @@ struct WeightView {
 // Query rows may be any subset of positions in any order (CacheBlend
 // recomputes a subset).
 // Grouped-query attention: query head h reads KV head h / (n_head / n_head_kv).
+// K and V are elements of kv_type: F32, or F16 (raw binary16 bits, the
+// session's default KV cache).  An F16 cache is read in place, each element
+// widened exactly to f32, so the result is bit for bit the one the same
+// backend gives for an F32 cache holding the f16-rounded values.
 struct AttentionArgs {
   const float* q = nullptr;        // n_q x (n_head * head_dim), RoPE already applied
   const int32_t* q_pos = nullptr;  // n_q global positions
   int64_t n_q = 0;
-  const float* k = nullptr;  // n_kv x (n_head_kv * head_dim), RoPE applied
-  const float* v = nullptr;  // n_kv x (n_head_kv * head_dim)
+  const void* k = nullptr;     // n_kv x (n_head_kv * head_dim) of kv_type, RoPE applied
+  const void* v = nullptr;     // n_kv x (n_head_kv * head_dim) of kv_type
+  DType kv_type = DType::F32;  // F32 or F16
   int64_t n_kv = 0;
   int64_t n_head = 0;
   int64_t n_head_kv = 0;
@@ -131,6 +136,14 @@ class Backend {
   // dst[idx[r]] = src[r]
   virtual void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
                             float* dst) = 0;
+  // The two row moves of an F16 KV cache (raw binary16 bits, row_len per
+  // row).  scatter_rows_f16: dst[idx[r]] = src[r] rounded to f16 (to
+  // nearest, ties to even, as platform/half.h: the same bits on every
+  // backend); gather_rows_f16: dst[r] = src[idx[r]] widened to f32 (exact).
+  virtual void scatter_rows_f16(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
+                                uint16_t* dst) = 0;
+  virtual void gather_rows_f16(const uint16_t* src, int64_t row_len, const int32_t* idx, int64_t n,
+                               float* dst) = 0;
   // CacheBlend's HKVD selection: the indices of the k largest of values[0, n),
   // written to out[0, k) in increasing index order; equal values go to the
   // lower index, so the choice is deterministic.  0 <= k <= n.  `out` may be

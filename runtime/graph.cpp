@@ -27,7 +27,23 @@ TensorId Graph::external(float* data, int64_t rows, int64_t cols) {
   return id;
 }
 
+TensorId Graph::external_kv(void* data, int64_t rows, int64_t cols, DType type) {
+  if (type != DType::F32 && type != DType::F16)
+    fail(ErrorCode::kInternal, "graph: a KV cache is F32 or F16");
+  TensorId id = new_tensor(rows, cols);
+  tensors_[id].external = data;
+  tensors_[id].type = type;
+  return id;
+}
+
 Graph::Node& Graph::push(Op op, TensorId out, TensorId a, TensorId b, TensorId c) {
+  // F16 tensors are KV caches: the destination of a scatter, the K / V of
+  // attention, nothing else.
+  auto is_f32 = [&](TensorId t) { return t < 0 || tensors_[t].type == DType::F32; };
+  const bool ok = op == Op::kAttention        ? is_f32(out) && is_f32(a)
+                  : op == Op::kScatterRowsF16 ? tensors_[out].type == DType::F16 && is_f32(a)
+                                              : is_f32(out) && is_f32(a) && is_f32(b) && is_f32(c);
+  if (!ok) fail(ErrorCode::kInternal, "graph: an f16 tensor given to an op that takes f32");
   int32_t idx = static_cast<int32_t>(nodes_.size());
   for (TensorId t : {out, a, b, c}) {
     if (t < 0) continue;
@@ -108,6 +124,8 @@ TensorId Graph::attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId
                           int64_t window) {
   if (n_kv > tensors_[k].rows || n_kv > tensors_[v].rows)
     fail(ErrorCode::kInternal, "graph: attention over more rows than the cache holds");
+  if (tensors_[k].type != tensors_[v].type)
+    fail(ErrorCode::kInternal, "graph: attention over K and V of different types");
   TensorId out = new_tensor(tensors_[q].rows, n_head * head_dim);
   Node& n = push(Op::kAttention, out, q, k, v);
   n.ints = q_pos;
@@ -154,7 +172,8 @@ TensorId Graph::gather_rows(TensorId src, const int32_t* idx, int64_t n) {
 
 void Graph::scatter_rows(TensorId src, const int32_t* idx, TensorId dst) {
   if (tensors_[src].cols != tensors_[dst].cols) fail(ErrorCode::kInternal, "graph: scatter shape");
-  push(Op::kScatterRows, dst, src).ints = idx;
+  push(tensors_[dst].type == DType::F16 ? Op::kScatterRowsF16 : Op::kScatterRows, dst, src).ints =
+      idx;
 }
 
 size_t Graph::plan() {
@@ -190,11 +209,14 @@ size_t Graph::plan() {
   return arena;
 }
 
-float* Graph::ptr(TensorId t, void* arena) const {
+void* Graph::raw(TensorId t, void* arena) const {
   if (t < 0) return nullptr;
   const Tensor& ten = tensors_[t];
-  return ten.external ? ten.external
-                      : reinterpret_cast<float*>(static_cast<char*>(arena) + ten.offset);
+  return ten.external ? ten.external : static_cast<char*>(arena) + ten.offset;
+}
+
+float* Graph::ptr(TensorId t, void* arena) const {
+  return static_cast<float*>(raw(t, arena));
 }
 
 void Graph::execute(Backend& be, void* arena, size_t begin, size_t end,
@@ -250,8 +272,9 @@ void Graph::run_node(Backend& be, const Node& n, void* arena) const {
       args.q = a;
       args.q_pos = n.ints;
       args.n_q = to.rows;
-      args.k = ptr(n.b, arena);
-      args.v = ptr(n.c, arena);
+      args.k = raw(n.b, arena);
+      args.v = raw(n.c, arena);
+      args.kv_type = tensors_[n.b].type;
       args.n_kv = n.p[0];
       args.n_head = n.p[1];
       args.n_head_kv = n.p[2];
@@ -282,6 +305,10 @@ void Graph::run_node(Backend& be, const Node& n, void* arena) const {
       break;
     case Op::kScatterRows:
       be.scatter_rows(a, to.cols, n.ints, tensors_[n.a].rows, out);
+      break;
+    case Op::kScatterRowsF16:
+      be.scatter_rows_f16(a, to.cols, n.ints, tensors_[n.a].rows,
+                          static_cast<uint16_t*>(raw(n.out, arena)));
       break;
   }
 }

@@ -1,9 +1,10 @@
 // A minimal compute graph.  Model code describes a forward pass as a list of
-// ops over 2-D f32 tensors; plan() assigns every intermediate tensor a slot in
-// one reusable arena (tensors whose lifetimes do not overlap share memory);
-// execute() runs the ops, in order, on a Backend.  The node list is the
-// schedule: there is no reordering, so a caller can run a range of nodes (one
-// layer) and do other work in between (the CacheBlend pipeline does).
+// ops over 2-D f32 tensors (and KV caches of f32 or f16, see external_kv);
+// plan() assigns every intermediate tensor a slot in one reusable arena
+// (tensors whose lifetimes do not overlap share memory); execute() runs the
+// ops, in order, on a Backend.  The node list is the schedule: there is no
+// reordering, so a caller can run a range of nodes (one layer) and do other
+// work in between (the CacheBlend pipeline does).
 #pragma once
 
 #include <cstddef>
@@ -26,6 +27,11 @@ class Graph {
  public:
   // A tensor whose memory the caller owns (inputs, outputs, KV caches).
   TensorId external(float* data, int64_t rows, int64_t cols);
+  // A KV cache whose elements are `type` (F32 or F16, AttentionArgs::kv_type).
+  // An F16 tensor is only the destination of scatter_rows (rows rounded to
+  // f16 on the way in) and the k / v of attention (read in place); any
+  // other op on it is an error.
+  TensorId external_kv(void* data, int64_t rows, int64_t cols, DType type);
 
   // Each op returns its output tensor (placed in the arena) unless noted.
   TensorId get_rows(const WeightView& w, const int32_t* ids, int64_t n);
@@ -55,7 +61,8 @@ class Graph {
   void add_into(TensorId dst, TensorId src);     // dst += src
   void add_bias(TensorId x, const float* bias);  // every row of x += bias (cols floats)
   TensorId gather_rows(TensorId src, const int32_t* idx, int64_t n);
-  void scatter_rows(TensorId src, const int32_t* idx, TensorId dst);  // dst[idx[r]] = src[r]
+  // dst[idx[r]] = src[r]; into an F16 dst, rounded (Backend::scatter_rows_f16).
+  void scatter_rows(TensorId src, const int32_t* idx, TensorId dst);
 
   // Assigns arena offsets; returns the arena size in bytes.  Call once after
   // the last op is added.
@@ -86,11 +93,13 @@ class Graph {
     kAdd,
     kAddBias,
     kGatherRows,
-    kScatterRows
+    kScatterRows,
+    kScatterRowsF16
   };
   struct Tensor {
     int64_t rows = 0, cols = 0;
-    float* external = nullptr;
+    DType type = DType::F32;
+    void* external = nullptr;
     size_t offset = 0;
     int32_t first = -1, last = -1;  // node indices that produce / last touch it
   };
@@ -106,7 +115,8 @@ class Graph {
 
   TensorId new_tensor(int64_t rows, int64_t cols);
   Node& push(Op op, TensorId out, TensorId a = -1, TensorId b = -1, TensorId c = -1);
-  float* ptr(TensorId t, void* arena) const;
+  float* ptr(TensorId t, void* arena) const;  // an F32 tensor's floats
+  void* raw(TensorId t, void* arena) const;   // any tensor's elements
   void run_node(Backend& be, const Node& n, void* arena) const;
 
   std::vector<Tensor> tensors_;

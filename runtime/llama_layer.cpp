@@ -101,14 +101,15 @@ void rope_queries(Backend& be, const LlamaHparams& hp, int64_t layer, float* q, 
 }
 
 AttentionArgs attention_args(const LlamaHparams& hp, int64_t layer, const float* q,
-                             const int32_t* q_pos, int64_t n_q, const float* k_cache,
-                             const float* v_cache, int64_t n_kv) {
+                             const int32_t* q_pos, int64_t n_q, const void* k_cache,
+                             const void* v_cache, DType kv_type, int64_t n_kv) {
   AttentionArgs a;
   a.q = q;
   a.q_pos = q_pos;
   a.n_q = n_q;
   a.k = k_cache;
   a.v = v_cache;
+  a.kv_type = kv_type;
   a.n_kv = n_kv;
   a.n_head = hp.n_head;
   a.n_head_kv = hp.n_head_kv;
@@ -116,6 +117,24 @@ AttentionArgs attention_args(const LlamaHparams& hp, int64_t layer, const float*
   a.scale = attention_scale(hp);
   a.window = hp.attention_window(layer);
   return a;
+}
+
+void store_kv_rows(Backend& be, DType type, const float* src, int64_t row_len, const int32_t* idx,
+                   int64_t n, void* cache) {
+  if (type == DType::F16) {
+    be.scatter_rows_f16(src, row_len, idx, n, static_cast<uint16_t*>(cache));
+  } else {
+    be.scatter_rows(src, row_len, idx, n, static_cast<float*>(cache));
+  }
+}
+
+void load_kv_rows(Backend& be, DType type, const void* cache, int64_t row_len, const int32_t* idx,
+                  int64_t n, float* dst) {
+  if (type == DType::F16) {
+    be.gather_rows_f16(static_cast<const uint16_t*>(cache), row_len, idx, n, dst);
+  } else {
+    be.gather_rows(static_cast<const float*>(cache), row_len, idx, n, dst);
+  }
 }
 
 }  // namespace cb

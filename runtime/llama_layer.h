@@ -93,7 +93,16 @@ void rope_queries(Backend& be, const LlamaHparams& hp, int64_t layer, float* q, 
 // The attention of LlamaLayer::attention of `layer` as Backend arguments,
 // for callers that call the backend directly (out is left for the caller).
 AttentionArgs attention_args(const LlamaHparams& hp, int64_t layer, const float* q,
-                             const int32_t* q_pos, int64_t n_q, const float* k_cache,
-                             const float* v_cache, int64_t n_kv);
+                             const int32_t* q_pos, int64_t n_q, const void* k_cache,
+                             const void* v_cache, DType kv_type, int64_t n_kv);
+
+// Rows of a KV cache of `type` (F32 or F16) in backend memory, outside a
+// graph: store_kv_rows writes cache[idx[r]] = src[r] (rounded to f16 for an
+// F16 cache: the rounding of the graph's scatter_rows), load_kv_rows reads
+// dst[r] = cache[idx[r]] as f32.  Rows are row_len elements.
+void store_kv_rows(Backend& be, DType type, const float* src, int64_t row_len, const int32_t* idx,
+                   int64_t n, void* cache);
+void load_kv_rows(Backend& be, DType type, const void* cache, int64_t row_len, const int32_t* idx,
+                  int64_t n, float* dst);
 
 }  // namespace cb

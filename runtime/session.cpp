@@ -33,6 +33,20 @@ BackendKind resolve_backend(BackendRequest request, int device) {
   return BackendKind::kCuda;
 }
 
+DType kv_dtype(KvType t) {
+  switch (t) {
+    case KvType::kF16:
+      return DType::F16;
+    case KvType::kF32:
+      return DType::F32;
+  }
+  fail(ErrorCode::kInvalidArgument, "unknown KV cache type");
+}
+
+const char* kv_type_name(KvType t) {
+  return t == KvType::kF16 ? "f16" : t == KvType::kF32 ? "f32" : "unknown";
+}
+
 namespace {
 
 std::unique_ptr<Backend> make_backend(const SessionOptions& opts) {
@@ -63,6 +77,8 @@ Session::Session(const Model& model, const SessionOptions& opts, std::unique_ptr
   if (opts.n_batch <= 0) fail(ErrorCode::kInvalidArgument, "batch size must be positive");
   n_batch_ = std::min(opts.n_batch, n_ctx_);
   int8_decode_ = opts.int8_decode;
+  const size_t elem = dtype_block_bytes(cb::kv_dtype(opts.kv_type));  // throws for a bad value
+  kv_type_ = opts.kv_type;
 
   for (const LayerWeights& w : model.layers()) {
     LayerWeights p = w;
@@ -73,24 +89,34 @@ Session::Session(const Model& model, const SessionOptions& opts, std::unique_ptr
   tok_embd_ = backend_->prepare_weight(model.token_embd());
   output_ = backend_->prepare_weight(model.output());
 
-  const size_t kv_bytes = static_cast<size_t>(n_ctx_ * hp.kv_dim()) * sizeof(float);
+  const size_t kv_bytes = static_cast<size_t>(n_ctx_ * hp.kv_dim()) * elem;
   try {
     for (int64_t l = 0; l < hp.n_layer; ++l) {
-      k_cache_.push_back(static_cast<float*>(backend_->alloc_buffer(kv_bytes)));
-      v_cache_.push_back(static_cast<float*>(backend_->alloc_buffer(kv_bytes)));
+      k_cache_.push_back(backend_->alloc_buffer(kv_bytes));
+      v_cache_.push_back(backend_->alloc_buffer(kv_bytes));
     }
   } catch (...) {
-    for (float* p : k_cache_) backend_->free_buffer(p);
-    for (float* p : v_cache_) backend_->free_buffer(p);
+    for (void* p : k_cache_) backend_->free_buffer(p);
+    for (void* p : v_cache_) backend_->free_buffer(p);
     throw;
   }
+  kv_bytes_ = 2 * kv_bytes * static_cast<size_t>(hp.n_layer);
   logits_.resize(static_cast<size_t>(hp.n_vocab));
 }
 
 Session::~Session() {
-  for (float* p : k_cache_) backend_->free_buffer(p);
-  for (float* p : v_cache_) backend_->free_buffer(p);
+  for (void* p : k_cache_) backend_->free_buffer(p);
+  for (void* p : v_cache_) backend_->free_buffer(p);
   if (arena_) backend_->free_buffer(arena_);
+}
+
+void Session::read_kv_rows(int64_t layer, bool v, int64_t first, int64_t n, float* out) {
+  if (layer < 0 || layer >= model_.hparams().n_layer || first < 0 || n < 0 || first + n > n_ctx_)
+    fail(ErrorCode::kInvalidArgument, "KV rows outside the cache");
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), static_cast<int32_t>(first));
+  load_kv_rows(*backend_, kv_dtype(), v ? v_cache_[layer] : k_cache_[layer],
+               model_.hparams().kv_dim(), idx.data(), n, out);
 }
 
 void Session::set_n_past(int64_t n) {
@@ -158,8 +184,8 @@ void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision m
     TensorId k = layer.project_k(h);
     TensorId v = layer.project_v(h);
     layer.rope_k(k, pos.data());
-    TensorId kc = g.external(k_cache_[l], n_ctx_, hp.kv_dim());
-    TensorId vc = g.external(v_cache_[l], n_ctx_, hp.kv_dim());
+    TensorId kc = g.external_kv(k_cache_[l], n_ctx_, hp.kv_dim(), kv_dtype());
+    TensorId vc = g.external_kv(v_cache_[l], n_ctx_, hp.kv_dim(), kv_dtype());
     g.scatter_rows(k, pos.data(), kc);
     g.scatter_rows(v, pos.data(), vc);
     // Past the last layer only the last row is read (the logits): there

@@ -28,6 +28,18 @@ enum class BackendRequest { kAuto, kCpu, kCuda };
 // is usable, or `device` is beyond the count, saying which.
 BackendKind resolve_backend(BackendRequest request, int device);
 
+// The element type of a session's KV cache.  f16 (the default) takes half
+// the memory of f32 (a 1B model at 8K context: 256 MiB instead of 512 MiB);
+// each K/V element is rounded once, to nearest, when it is written, and
+// read back exactly, so the logits move by about 1e-3 relative L2.  f32
+// keeps the cache exact (the float64 oracle tests and llama.cpp goldens
+// pin it).
+enum class KvType : uint8_t { kF16, kF32 };
+// The backend element type of `t` (DType::F16 or DType::F32); throws
+// cb::Error(kInvalidArgument) for a value outside the enum.
+DType kv_dtype(KvType t);
+const char* kv_type_name(KvType t);  // "f16", "f32"
+
 struct SessionOptions {
   int64_t n_ctx = 0;      // 0: min(model's training context, 4096)
   int n_threads = 0;      // 0: all cores
@@ -44,6 +56,7 @@ struct SessionOptions {
   // the k_cache()/v_cache() pointers stay host-accessible (see docs/CUDA.md).
   BackendKind backend = BackendKind::kCpu;
   int device = 0;
+  KvType kv_type = KvType::kF16;
 };
 
 class Session {
@@ -76,11 +89,20 @@ class Session {
   const Model& model() const { return model_; }
   Backend& backend() { return *backend_; }
 
-  // The layer's KV cache: n_ctx rows of kv_dim floats, row j = position j.
-  // K is stored after RoPE.  Backend memory: the host may read or write it
-  // only while no backend batch uses it (not during a Graph::execute).
-  float* k_cache(int64_t layer) { return k_cache_[layer]; }
-  float* v_cache(int64_t layer) { return v_cache_[layer]; }
+  // The layer's KV cache: n_ctx rows of kv_dim elements of kv_dtype() (f32,
+  // or f16 as raw binary16 bits), row j = position j.  K is stored after
+  // RoPE.  Backend memory: the host may read or write it only while no
+  // backend batch uses it (not during a Graph::execute).
+  void* k_cache(int64_t layer) { return k_cache_[layer]; }
+  void* v_cache(int64_t layer) { return v_cache_[layer]; }
+  KvType kv_type() const { return kv_type_; }
+  DType kv_dtype() const { return cb::kv_dtype(kv_type_); }
+  // Bytes of the whole KV cache (every layer's K and V, n_ctx rows).
+  size_t kv_cache_bytes() const { return kv_bytes_; }
+  // Rows [first, first + n) of the layer's K (or V) as f32, into host memory
+  // `out` (n x kv_dim floats), through the backend (for tests and the
+  // fusor's oracle: the cache may be device memory).
+  void read_kv_rows(int64_t layer, bool v, int64_t first, int64_t n, float* out);
 
   // For code that fills the KV cache by other means than prefill() (the
   // CacheBlend fusor): the backend-prepared weights, the logits buffer, and
@@ -108,7 +130,9 @@ class Session {
   int64_t n_batch_ = 0;
   int64_t n_past_ = 0;
   bool int8_decode_ = true;
-  std::vector<float*> k_cache_, v_cache_;
+  KvType kv_type_ = KvType::kF16;
+  size_t kv_bytes_ = 0;
+  std::vector<void*> k_cache_, v_cache_;
   std::vector<LayerWeights> layers_;  // backend-prepared views
   WeightView tok_embd_, output_;
   void* arena_ = nullptr;

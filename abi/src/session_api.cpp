@@ -56,18 +56,22 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
     (void)model_of(model);
     require(out_session != nullptr, "out_session is NULL");
     const cb_session_options o = read_options(
-        opts, cb_session_options_init_sized, sizeof(cb_session_options),
+        opts, cb_session_options_init_sized, offsetof(cb_session_options, kv_type),
         "cb_session_options.struct_size is not a known size (use cb_session_options_init)");
     require(o.n_ctx >= 0, "n_ctx must be >= 0 (0: the default)");
     require(o.n_threads >= 0 && o.n_threads <= cb::ThreadPool::kMaxThreads,
             "n_threads must be in [0, 512] (0: the model's default)");
     require(o.n_batch >= 0, "n_batch must be >= 0 (0: the default)");
+    if (o.kv_type != CB_KV_F16 && o.kv_type != CB_KV_F32)
+      cb::fail(cb::ErrorCode::kInvalidArgument,
+               "kv_type must be CB_KV_F16 (0) or CB_KV_F32 (1), got " + std::to_string(o.kv_type));
     cb::SessionOptions so;
     so.n_ctx = o.n_ctx;
     so.n_threads = o.n_threads > 0 ? o.n_threads : model->state->n_threads;
     if (o.n_batch > 0) so.n_batch = o.n_batch;
     so.backend = model->state->backend_kind;
     so.device = model->state->device;
+    so.kv_type = o.kv_type == CB_KV_F32 ? cb::KvType::kF32 : cb::KvType::kF16;
     auto handle = std::make_unique<cb_session>();
     handle->state = model->state;
     handle->n_threads = so.n_threads;
@@ -106,6 +110,10 @@ int32_t cb_session_n_past(const cb_session* session) {
 
 int32_t cb_session_n_ctx(const cb_session* session) {
   return is_live(session) ? clamp_i32(session->session->n_ctx()) : 0;
+}
+
+uint64_t cb_session_kv_bytes(const cb_session* session) {
+  return is_live(session) ? session->session->kv_cache_bytes() : 0;
 }
 
 cb_status cb_session_logits(const cb_session* session, const float** logits, size_t* n_vocab) {

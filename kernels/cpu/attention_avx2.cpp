@@ -22,6 +22,12 @@
 // position but inside the tile's range get a weight of exactly 0; K/V rows
 // below n_kv are therefore expected to be finite, as every written cache row
 // is.)
+//
+// K/V are f32 or f16 (AttentionArgs::kv_type): the kernels are templates on
+// the element type, and an f16 element is widened exactly where it is
+// loaded (the key transpose; a key block's V rows, once per block into
+// scratch rather than once per six-row group), so the arithmetic after the
+// load is the f32 path's, op for op.
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -46,11 +52,13 @@ struct Scratch {
   float* kt = nullptr;  // kMaxHeadDim x kKeyBlock
   float* s = nullptr;   // kMaxRows x kKeyBlock
   float* o = nullptr;   // kMaxRows x kMaxHeadDim
+  float* v = nullptr;   // kKeyBlock x kMaxHeadDim: an f16 block's V rows widened
   Scratch() {
     kt = static_cast<float*>(std::aligned_alloc(64, kMaxHeadDim * kKeyBlock * sizeof(float)));
     s = static_cast<float*>(std::aligned_alloc(64, kMaxRows * kKeyBlock * sizeof(float)));
     o = static_cast<float*>(std::aligned_alloc(64, kMaxRows * kMaxHeadDim * sizeof(float)));
-    if (kt == nullptr || s == nullptr || o == nullptr) {
+    v = static_cast<float*>(std::aligned_alloc(64, kKeyBlock * kMaxHeadDim * sizeof(float)));
+    if (kt == nullptr || s == nullptr || o == nullptr || v == nullptr) {
       release();
       throw std::bad_alloc();
     }
@@ -60,8 +68,26 @@ struct Scratch {
     std::free(kt);
     std::free(s);
     std::free(o);
+    std::free(v);
   }
 };
+
+// The V rows [0, nb) of a key block as pv_rows reads them, with their row
+// stride in *ld: f32 rows in place; f16 rows widened into buf (hd apart).
+const float* v_rows(const float* vb, int64_t, int64_t, float*, int64_t*) {
+  return vb;
+}
+const float* v_rows(const uint16_t* vb, int64_t nb, int64_t hd, float* buf, int64_t* ld) {
+  for (int64_t j = 0; j < nb; ++j) {
+    const uint16_t* src = vb + j * *ld;
+    float* dst = buf + j * hd;
+    int64_t d = 0;
+    for (; d + 8 <= hd; d += 8) _mm256_storeu_ps(dst + d, load8(src + d));
+    for (; d < hd; ++d) dst[d] = to_f32(src[d]);
+  }
+  *ld = hd;
+  return buf;
+}
 
 Scratch& scratch() {
   thread_local Scratch buffers;
@@ -69,7 +95,8 @@ Scratch& scratch() {
 }
 
 // kt[d * kKeyBlock + j] = k[j * ld + d] for j < nb, d < hd; columns nb..31 zero.
-void transpose_keys(const float* k, int64_t ld, int64_t nb, int64_t hd, float* kt) {
+template <class T>
+void transpose_keys(const T* k, int64_t ld, int64_t nb, int64_t hd, float* kt) {
   if (nb < kKeyBlock) {
     for (int64_t d = 0; d < hd; ++d) {
       for (int64_t j = nb; j < kKeyBlock; ++j) kt[d * kKeyBlock + j] = 0.0f;
@@ -77,17 +104,17 @@ void transpose_keys(const float* k, int64_t ld, int64_t nb, int64_t hd, float* k
   }
   int64_t j = 0;
   for (; j + 8 <= nb; j += 8) {
-    const float* src = k + j * ld;
+    const T* src = k + j * ld;
     int64_t d = 0;
     for (; d + 8 <= hd; d += 8) {
       transpose8(src + d, ld, kt + d * kKeyBlock + j, kKeyBlock);
     }
     for (; d < hd; ++d) {
-      for (int64_t i = 0; i < 8; ++i) kt[d * kKeyBlock + j + i] = src[i * ld + d];
+      for (int64_t i = 0; i < 8; ++i) kt[d * kKeyBlock + j + i] = to_f32(src[i * ld + d]);
     }
   }
   for (; j < nb; ++j) {
-    for (int64_t d = 0; d < hd; ++d) kt[d * kKeyBlock + j] = k[j * ld + d];
+    for (int64_t d = 0; d < hd; ++d) kt[d * kKeyBlock + j] = to_f32(k[j * ld + d]);
   }
 }
 
@@ -125,8 +152,8 @@ void scores_rows(const float* const* q, const float* kt, int64_t hd, float* s) {
 // time.  Each output lane is the same chain (scale, then one FMA per key
 // in order) whatever MR is; a row whose weights end before nj gets FMAs
 // with exactly 0, which leave it unchanged.
-template <int MR>
-void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t nj, const float* v,
+template <int MR, class T>
+void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t nj, const T* v,
              int64_t ld) {
   int64_t d = 0;
   for (; d + 16 <= hd; d += 16) {
@@ -138,8 +165,8 @@ void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t n
       acc1[r] = _mm256_mul_ps(_mm256_loadu_ps(o + r * hd + d + 8), c);
     }
     for (int64_t j = 0; j < nj; ++j) {
-      const __m256 v0 = _mm256_loadu_ps(v + j * ld + d);
-      const __m256 v1 = _mm256_loadu_ps(v + j * ld + d + 8);
+      const __m256 v0 = load8(v + j * ld + d);
+      const __m256 v1 = load8(v + j * ld + d + 8);
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         const __m256 x = _mm256_broadcast_ss(p + r * kKeyBlock + j);
@@ -157,8 +184,8 @@ void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t n
     for (int r = 0; r < MR; ++r) {
       __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(o + r * hd + d), _mm256_set1_ps(carry[r]));
       for (int64_t j = 0; j < nj; ++j) {
-        acc = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * kKeyBlock + j),
-                              _mm256_loadu_ps(v + j * ld + d), acc);
+        acc =
+            _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * kKeyBlock + j), load8(v + j * ld + d), acc);
       }
       _mm256_storeu_ps(o + r * hd + d, acc);
     }
@@ -167,7 +194,7 @@ void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t n
     for (int r = 0; r < MR; ++r) {
       float acc = o[r * hd + d] * carry[r];
       for (int64_t j = 0; j < nj; ++j)
-        acc = __builtin_fmaf(p[r * kKeyBlock + j], v[j * ld + d], acc);
+        acc = __builtin_fmaf(p[r * kKeyBlock + j], to_f32(v[j * ld + d]), acc);
       o[r * hd + d] = acc;
     }
   }
@@ -175,12 +202,14 @@ void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t n
 
 constexpr int kRowGroup = 6;
 using ScoresFn = void (*)(const float* const*, const float*, int64_t, float*);
-using PvFn = void (*)(float*, int64_t, const float*, const float*, int64_t, const float*, int64_t);
+template <class T>
+using PvFn = void (*)(float*, int64_t, const float*, const float*, int64_t, const T*, int64_t);
 constexpr ScoresFn kScores[kRowGroup + 1] = {nullptr,        scores_rows<1>, scores_rows<2>,
                                              scores_rows<3>, scores_rows<4>, scores_rows<5>,
                                              scores_rows<6>};
-constexpr PvFn kPv[kRowGroup + 1] = {nullptr,    pv_rows<1>, pv_rows<2>, pv_rows<3>,
-                                     pv_rows<4>, pv_rows<5>, pv_rows<6>};
+template <class T>
+constexpr PvFn<T> kPv[kRowGroup + 1] = {nullptr,       pv_rows<1, T>, pv_rows<2, T>, pv_rows<3, T>,
+                                        pv_rows<4, T>, pv_rows<5, T>, pv_rows<6, T>};
 
 // Turns the raw scores s[0..32) of a row whose visible keys in this block
 // are [lo, hi) into softmax weights against the row's running maximum
@@ -234,14 +263,15 @@ float softmax_block(float* s, int64_t lo, int64_t hi, float scale, float* runnin
 // q_begin + r / nh, head h_begin + r % nh.
 // key_blocks: the call's transposed keys (transpose_key_blocks), or null
 // to transpose each block here.
+template <class T>
 void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_begin, int64_t nq,
                     int64_t h_begin, int64_t nh, Scratch& sc) {
   const int64_t hd = a.head_dim;
   const int64_t q_stride = a.n_head * hd;
   const int64_t kv_stride = a.n_head_kv * hd;
   const int64_t kv_head = h_begin / (a.n_head / a.n_head_kv);
-  const float* kbase = a.k + kv_head * hd;
-  const float* vbase = a.v + kv_head * hd;
+  const T* kbase = static_cast<const T*>(a.k) + kv_head * hd;
+  const T* vbase = static_cast<const T*>(a.v) + kv_head * hd;
   const int64_t n_rows = nq * nh;
 
   const float* qrow[kMaxRows];
@@ -264,7 +294,7 @@ void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_b
 
   for (int64_t j0 = first_needed / kKeyBlock * kKeyBlock; j0 < keys_needed; j0 += kKeyBlock) {
     const int64_t nb = keys_needed - j0 < kKeyBlock ? keys_needed - j0 : kKeyBlock;
-    const float* kb = kbase + j0 * kv_stride;
+    const T* kb = kbase + j0 * kv_stride;
     for (int64_t r = 0; r < n_rows; ++r) {
       const int64_t l = first_key[r] - j0, h = n_keys[r] - j0;
       lo[r] = l < 0 ? 0 : (l < nb ? l : nb);
@@ -277,7 +307,8 @@ void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_b
     } else {
       transpose_keys(kb, kv_stride, nb, hd, sc.kt);
     }
-    const float* vb = vbase + j0 * kv_stride;
+    int64_t v_ld = kv_stride;
+    const float* vb = v_rows(vbase + j0 * kv_stride, nb, hd, sc.v, &v_ld);
     for (int64_t r0 = 0; r0 < n_rows; r0 += kRowGroup) {
       const int64_t mr = n_rows - r0 < kRowGroup ? n_rows - r0 : kRowGroup;
       int64_t nj = 0;
@@ -296,7 +327,7 @@ void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_b
           for (int64_t j = 0; j < kKeyBlock; ++j) sr[j] = 0.0f;
         }
       }
-      kPv[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, kv_stride);
+      kPv<float>[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, v_ld);
     }
   }
 
@@ -318,7 +349,13 @@ void transpose_key_blocks(const AttentionArgs& a, int64_t g, int64_t b_begin, in
   for (int64_t b = b_begin; b < b_end; ++b) {
     const int64_t j0 = b * kKeyBlock;
     const int64_t nb = a.n_kv - j0 < kKeyBlock ? a.n_kv - j0 : kKeyBlock;
-    transpose_keys(a.k + j0 * ld + g * hd, ld, nb, hd, head + b * hd * kKeyBlock);
+    if (a.kv_type == DType::F16) {
+      transpose_keys(static_cast<const uint16_t*>(a.k) + j0 * ld + g * hd, ld, nb, hd,
+                     head + b * hd * kKeyBlock);
+    } else {
+      transpose_keys(static_cast<const float*>(a.k) + j0 * ld + g * hd, ld, nb, hd,
+                     head + b * hd * kKeyBlock);
+    }
   }
 }
 
@@ -341,7 +378,11 @@ void attention_tile(const AttentionArgs& a, const float* key_blocks, int64_t q_b
   const int64_t q_step = kMaxRows / nh;
   for (int64_t q0 = q_begin; q0 < q_end; q0 += q_step) {
     const int64_t nq = q_end - q0 < q_step ? q_end - q0 : q_step;
-    attention_rows(a, key_blocks, q0, nq, h_begin, nh, sc);
+    if (a.kv_type == DType::F16) {
+      attention_rows<uint16_t>(a, key_blocks, q0, nq, h_begin, nh, sc);
+    } else {
+      attention_rows<float>(a, key_blocks, q0, nq, h_begin, nh, sc);
+    }
   }
 }
 
@@ -349,7 +390,10 @@ void attention_one(const AttentionArgs& a, int64_t qi, int64_t head) {
   attention_tile(a, qi, qi + 1, head, head + 1);
 }
 
-void attention_weight_sums_head(const AttentionArgs& a, int64_t head, float* sums) {
+namespace {
+
+template <class T>
+void weight_sums_head(const AttentionArgs& a, int64_t head, float* sums) {
   const int64_t hd = a.head_dim, n_kv = a.n_kv;
   if (hd > kMaxHeadDim || a.n_q == 0 || n_kv == 0) {
     float* w = static_cast<float*>(std::malloc(static_cast<size_t>(n_kv) * sizeof(float)));
@@ -371,7 +415,7 @@ void attention_weight_sums_head(const AttentionArgs& a, int64_t head, float* sum
       std::aligned_alloc(64, static_cast<size_t>(pass_rows * padded) * sizeof(float)));
   if (rows == nullptr) throw std::bad_alloc();
   const int64_t ld = a.n_head_kv * hd;
-  const float* kbase = a.k + (head / (a.n_head / a.n_head_kv)) * hd;
+  const T* kbase = static_cast<const T*>(a.k) + (head / (a.n_head / a.n_head_kv)) * hd;
   const __m256 vscale = _mm256_set1_ps(a.scale);
   for (int64_t p0 = 0; p0 < a.n_q; p0 += kRowsPerPass) {
     const int64_t np = a.n_q - p0 < kRowsPerPass ? a.n_q - p0 : kRowsPerPass;
@@ -431,6 +475,13 @@ void attention_weight_sums_head(const AttentionArgs& a, int64_t head, float* sum
     }
   }
   std::free(rows);
+}
+
+}  // namespace
+
+void attention_weight_sums_head(const AttentionArgs& a, int64_t head, float* sums) {
+  if (a.kv_type == DType::F16) return weight_sums_head<uint16_t>(a, head, sums);
+  weight_sums_head<float>(a, head, sums);
 }
 
 }  // namespace cb::avx2

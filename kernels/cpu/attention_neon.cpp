@@ -5,6 +5,9 @@
 // accumulators of 4 lanes; an online softmax per row.  A row's result does
 // not depend on the tiling.  K/V rows below n_kv are expected to be finite
 // (keys past a row's position inside a tile's range get weight exactly 0).
+// K/V are f32 or f16 (AttentionArgs::kv_type); an f16 element is widened
+// exactly where it is loaded (the key transpose; a key block's V rows, once
+// per block into scratch), so the arithmetic is the f32 path's.
 #include <cmath>
 #include <cstdlib>
 #include <new>
@@ -25,6 +28,7 @@ struct Scratch {
   float* kt = alloc(kMaxHeadDim * kKeyBlock);
   float* s = alloc(kMaxRows * kKeyBlock);
   float* o = alloc(kMaxRows * kMaxHeadDim);
+  float* v = alloc(kKeyBlock * kMaxHeadDim);  // an f16 block's V rows widened
   static float* alloc(int64_t n) {
     void* p = std::aligned_alloc(64, static_cast<size_t>(n) * sizeof(float));
     if (p == nullptr) throw std::bad_alloc();
@@ -34,8 +38,26 @@ struct Scratch {
     std::free(kt);
     std::free(s);
     std::free(o);
+    std::free(v);
   }
 };
+
+// The V rows [0, nb) of a key block as pv_rows reads them, with their row
+// stride in *ld: f32 rows in place; f16 rows widened into buf (hd apart).
+const float* v_rows(const float* vb, int64_t, int64_t, float*, int64_t*) {
+  return vb;
+}
+const float* v_rows(const uint16_t* vb, int64_t nb, int64_t hd, float* buf, int64_t* ld) {
+  for (int64_t j = 0; j < nb; ++j) {
+    const uint16_t* src = vb + j * *ld;
+    float* dst = buf + j * hd;
+    int64_t d = 0;
+    for (; d + 4 <= hd; d += 4) vst1q_f32(dst + d, load4(src + d));
+    for (; d < hd; ++d) dst[d] = to_f32(src[d]);
+  }
+  *ld = hd;
+  return buf;
+}
 
 Scratch& scratch() {
   thread_local Scratch buffers;
@@ -43,7 +65,8 @@ Scratch& scratch() {
 }
 
 // kt[d * kKeyBlock + j] = k[j * ld + d] for j < nb, d < hd; columns nb..31 zero.
-void transpose_keys(const float* k, int64_t ld, int64_t nb, int64_t hd, float* kt) {
+template <class T>
+void transpose_keys(const T* k, int64_t ld, int64_t nb, int64_t hd, float* kt) {
   if (nb < kKeyBlock) {
     for (int64_t d = 0; d < hd; ++d) {
       for (int64_t j = nb; j < kKeyBlock; ++j) kt[d * kKeyBlock + j] = 0.0f;
@@ -54,11 +77,11 @@ void transpose_keys(const float* k, int64_t ld, int64_t nb, int64_t hd, float* k
     int64_t d = 0;
     for (; d + 4 <= hd; d += 4) transpose4(k + j * ld + d, ld, kt + d * kKeyBlock + j, kKeyBlock);
     for (; d < hd; ++d) {
-      for (int64_t i = 0; i < 4; ++i) kt[d * kKeyBlock + j + i] = k[(j + i) * ld + d];
+      for (int64_t i = 0; i < 4; ++i) kt[d * kKeyBlock + j + i] = to_f32(k[(j + i) * ld + d]);
     }
   }
   for (; j < nb; ++j) {
-    for (int64_t d = 0; d < hd; ++d) kt[d * kKeyBlock + j] = k[j * ld + d];
+    for (int64_t d = 0; d < hd; ++d) kt[d * kKeyBlock + j] = to_f32(k[j * ld + d]);
   }
 }
 
@@ -92,8 +115,8 @@ void scores_rows(const float* const* q, const float* kt, int64_t hd, float* s) {
 }
 
 // o[r] = o[r] * carry[r] + sum_{j < nj} p[r][j] * v_j, 16 dims at a time.
-template <int MR>
-void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t nj, const float* v,
+template <int MR, class T>
+void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t nj, const T* v,
              int64_t ld) {
   int64_t d = 0;
   for (; d + 16 <= hd; d += 16) {
@@ -104,9 +127,9 @@ void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t n
         acc[r][i] = vmulq_n_f32(vld1q_f32(o + r * hd + d + 4 * i), carry[r]);
     }
     for (int64_t j = 0; j < nj; ++j) {
-      const float* vr = v + j * ld + d;
-      const float32x4_t v0 = vld1q_f32(vr), v1 = vld1q_f32(vr + 4);
-      const float32x4_t v2 = vld1q_f32(vr + 8), v3 = vld1q_f32(vr + 12);
+      const T* vr = v + j * ld + d;
+      const float32x4_t v0 = load4(vr), v1 = load4(vr + 4);
+      const float32x4_t v2 = load4(vr + 8), v3 = load4(vr + 12);
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         const float32x4_t x = vld1q_dup_f32(p + r * kKeyBlock + j);
@@ -125,7 +148,7 @@ void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t n
     for (int r = 0; r < MR; ++r) {
       float32x4_t acc = vmulq_n_f32(vld1q_f32(o + r * hd + d), carry[r]);
       for (int64_t j = 0; j < nj; ++j) {
-        acc = vfmaq_f32(acc, vld1q_dup_f32(p + r * kKeyBlock + j), vld1q_f32(v + j * ld + d));
+        acc = vfmaq_f32(acc, vld1q_dup_f32(p + r * kKeyBlock + j), load4(v + j * ld + d));
       }
       vst1q_f32(o + r * hd + d, acc);
     }
@@ -133,19 +156,22 @@ void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t n
   for (; d < hd; ++d) {
     for (int r = 0; r < MR; ++r) {
       float acc = o[r * hd + d] * carry[r];
-      for (int64_t j = 0; j < nj; ++j) acc = std::fma(p[r * kKeyBlock + j], v[j * ld + d], acc);
+      for (int64_t j = 0; j < nj; ++j)
+        acc = std::fma(p[r * kKeyBlock + j], to_f32(v[j * ld + d]), acc);
       o[r * hd + d] = acc;
     }
   }
 }
 
 using ScoresFn = void (*)(const float* const*, const float*, int64_t, float*);
-using PvFn = void (*)(float*, int64_t, const float*, const float*, int64_t, const float*, int64_t);
+template <class T>
+using PvFn = void (*)(float*, int64_t, const float*, const float*, int64_t, const T*, int64_t);
 constexpr ScoresFn kScores[kRowGroup + 1] = {nullptr,        scores_rows<1>, scores_rows<2>,
                                              scores_rows<3>, scores_rows<4>, scores_rows<5>,
                                              scores_rows<6>};
-constexpr PvFn kPv[kRowGroup + 1] = {nullptr,    pv_rows<1>, pv_rows<2>, pv_rows<3>,
-                                     pv_rows<4>, pv_rows<5>, pv_rows<6>};
+template <class T>
+constexpr PvFn<T> kPv[kRowGroup + 1] = {nullptr,       pv_rows<1, T>, pv_rows<2, T>, pv_rows<3, T>,
+                                        pv_rows<4, T>, pv_rows<5, T>, pv_rows<6, T>};
 
 // Softmax weights of one row's block of scores (see avx2 softmax_block).
 float softmax_block(float* s, int64_t lo, int64_t hi, float scale, float* running_max,
@@ -179,14 +205,15 @@ float softmax_block(float* s, int64_t lo, int64_t hi, float scale, float* runnin
   return carry;
 }
 
+template <class T>
 void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t h_begin,
                     int64_t nh, Scratch& sc) {
   const int64_t hd = a.head_dim;
   const int64_t q_stride = a.n_head * hd;
   const int64_t kv_stride = a.n_head_kv * hd;
   const int64_t kv_head = h_begin / (a.n_head / a.n_head_kv);
-  const float* kbase = a.k + kv_head * hd;
-  const float* vbase = a.v + kv_head * hd;
+  const T* kbase = static_cast<const T*>(a.k) + kv_head * hd;
+  const T* vbase = static_cast<const T*>(a.v) + kv_head * hd;
   const int64_t n_rows = nq * nh;
 
   const float* qrow[kMaxRows];
@@ -213,7 +240,8 @@ void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t
       hi[r] = h < lo[r] ? lo[r] : (h < nb ? h : nb);
     }
     transpose_keys(kbase + j0 * kv_stride, kv_stride, nb, hd, sc.kt);
-    const float* vb = vbase + j0 * kv_stride;
+    int64_t v_ld = kv_stride;
+    const float* vb = v_rows(vbase + j0 * kv_stride, nb, hd, sc.v, &v_ld);
     for (int64_t r0 = 0; r0 < n_rows; r0 += kRowGroup) {
       const int64_t mr = n_rows - r0 < kRowGroup ? n_rows - r0 : kRowGroup;
       int64_t nj = 0;
@@ -230,7 +258,7 @@ void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t
           for (int64_t j = 0; j < kKeyBlock; ++j) sr[j] = 0.0f;
         }
       }
-      kPv[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, kv_stride);
+      kPv<float>[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, v_ld);
     }
   }
 
@@ -257,7 +285,12 @@ void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int6
   Scratch& sc = scratch();
   const int64_t q_step = kMaxRows / nh;
   for (int64_t q0 = q_begin; q0 < q_end; q0 += q_step) {
-    attention_rows(a, q0, q_end - q0 < q_step ? q_end - q0 : q_step, h_begin, nh, sc);
+    const int64_t nq = q_end - q0 < q_step ? q_end - q0 : q_step;
+    if (a.kv_type == DType::F16) {
+      attention_rows<uint16_t>(a, q0, nq, h_begin, nh, sc);
+    } else {
+      attention_rows<float>(a, q0, nq, h_begin, nh, sc);
+    }
   }
 }
 

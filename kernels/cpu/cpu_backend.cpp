@@ -21,6 +21,7 @@
 #include "kernels/cpu/rope_table.h"
 #include "platform/cpu_features.h"
 #include "platform/error.h"
+#include "platform/half.h"
 #include "platform/thread_pool.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -244,6 +245,7 @@ class CpuBackend final : public Backend {
 
   void attention(const AttentionArgs& a) override {
     check(a.n_q >= 0 && a.n_kv >= 0 && a.head_dim > 0, "attention: bad shape");
+    check(a.kv_type == DType::F32 || a.kv_type == DType::F16, "attention: K/V must be F32 or F16");
     check(a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0,
           "attention: n_head must be a multiple of n_head_kv");
     if (level_ != Level::kScalar) {
@@ -281,6 +283,8 @@ class CpuBackend final : public Backend {
 
   void attention_contributions(const AttentionArgs& a, float* out) override {
     check(a.n_q >= 0 && a.n_kv >= 0 && a.head_dim > 0, "attention_contributions: bad shape");
+    check(a.kv_type == DType::F32 || a.kv_type == DType::F16,
+          "attention_contributions: K/V must be F32 or F16");
     check(a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0,
           "attention_contributions: n_head must be a multiple of n_head_kv");
     if (a.n_q == 0 || a.n_kv == 0) return;
@@ -301,11 +305,16 @@ class CpuBackend final : public Backend {
       }
     });
     const int64_t group = a.n_head / a.n_head_kv, kv_stride = a.n_head_kv * a.head_dim;
+    const bool f16 = a.kv_type == DType::F16;
     for (int64_t g = 0; g < a.n_head_kv; ++g) {
       for (size_t j = 0; j < n_kv; ++j) {
-        const float* v = a.v + static_cast<int64_t>(j) * kv_stride + g * a.head_dim;
+        const int64_t v = static_cast<int64_t>(j) * kv_stride + g * a.head_dim;
         float norm = 0.0f;
-        for (int64_t d = 0; d < a.head_dim; ++d) norm += v[d] * v[d];
+        for (int64_t d = 0; d < a.head_dim; ++d) {
+          const float x = f16 ? f16_to_f32(static_cast<const uint16_t*>(a.v)[v + d])
+                              : static_cast<const float*>(a.v)[v + d];
+          norm += x * x;
+        }
         norm = std::sqrt(norm);
         for (int64_t h = g * group; h < (g + 1) * group; ++h)
           out[j] += partial[static_cast<size_t>(h) * n_kv + j] * norm;
@@ -373,6 +382,24 @@ class CpuBackend final : public Backend {
     ref::scatter_rows(src, row_len, idx, n, dst);
   }
 
+  void scatter_rows_f16(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
+                        uint16_t* dst) override {
+    check(n >= 0 && row_len >= 0, "scatter_rows_f16: negative size");
+    split(n, tasks_for(8 * n * row_len), 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        convert_row(src + r * row_len, row_len, dst + static_cast<int64_t>(idx[r]) * row_len);
+    });
+  }
+
+  void gather_rows_f16(const uint16_t* src, int64_t row_len, const int32_t* idx, int64_t n,
+                       float* dst) override {
+    check(n >= 0 && row_len >= 0, "gather_rows_f16: negative size");
+    split(n, tasks_for(8 * n * row_len), 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        convert_row(src + static_cast<int64_t>(idx[r]) * row_len, row_len, dst + r * row_len);
+    });
+  }
+
   void row_sq_diff(const float* a, const float* b, int64_t n_rows, int64_t row_len,
                    float* out) override {
     check(n_rows >= 0 && row_len >= 0, "row_sq_diff: negative size");
@@ -418,6 +445,29 @@ class CpuBackend final : public Backend {
     return out;
   }
 #endif
+
+  // One row of an F16 KV cache rounded from f32, or widened to f32, by
+  // this level's kernel (every level gives the same bits).
+  void convert_row(const float* src, int64_t n, uint16_t* dst) const {
+#if CB_HAVE_AVX2_KERNELS
+    if (level_ == Level::kAvx2) return avx2::f32_to_f16_row(src, n, dst);
+#endif
+#if CB_HAVE_NEON_KERNELS
+    if (level_ == Level::kNeon) return neon::f32_to_f16_row(src, n, dst);
+#endif
+    const int32_t zero = 0;
+    ref::scatter_rows_f16(src, n, &zero, 1, dst);
+  }
+  void convert_row(const uint16_t* src, int64_t n, float* dst) const {
+#if CB_HAVE_AVX2_KERNELS
+    if (level_ == Level::kAvx2) return avx2::f16_to_f32_row(src, n, dst);
+#endif
+#if CB_HAVE_NEON_KERNELS
+    if (level_ == Level::kNeon) return neon::f16_to_f32_row(src, n, dst);
+#endif
+    const int32_t zero = 0;
+    ref::gather_rows_f16(src, n, &zero, 1, dst);
+  }
 
   int64_t tasks_for(int64_t work, int64_t per_thread = 1) const {
     return std::clamp<int64_t>(work / kMinWorkPerTask, 1, per_thread * pool_.size());

@@ -76,4 +76,19 @@ void add(const float* a, const float* b, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = a[i] + b[i];
 }
 
+void f32_to_f16_row(const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+void f16_to_f32_row(const uint16_t* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(src + i));
+  for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
+}
+
 }  // namespace cb::avx2

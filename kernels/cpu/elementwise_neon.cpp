@@ -66,4 +66,22 @@ void add(const float* a, const float* b, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = a[i] + b[i];
 }
 
+void f32_to_f16_row(const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    vst1_u16(dst + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(src + i))));
+  for (; i < n; ++i) {
+    const float16x4_t h = vcvt_f16_f32(vdupq_n_f32(src[i]));
+    dst[i] = vget_lane_u16(vreinterpret_u16_f16(h), 0);
+  }
+}
+
+void f16_to_f32_row(const uint16_t* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(src + i))));
+  for (; i < n; ++i)
+    dst[i] = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(src[i]))), 0);
+}
+
 }  // namespace cb::neon

@@ -54,6 +54,10 @@ void attention_tile(const AttentionArgs& a, const float* key_blocks, int64_t q_b
                     int64_t h_begin, int64_t h_end);
 // One query row, one head (a tile of one row).
 void attention_one(const AttentionArgs& a, int64_t qi, int64_t head);
+// n elements rounded to f16 (to nearest, ties to even: the bits of
+// cb::f32_to_f16) and widened back (exact): the rows of an F16 KV cache.
+void f32_to_f16_row(const float* src, int64_t n, uint16_t* dst);
+void f16_to_f32_row(const uint16_t* src, int64_t n, float* dst);
 // The weights of Backend::attention_contributions for one query head: adds
 // each key's attention weight over every query row to sums[0, n_kv).
 void attention_weight_sums_head(const AttentionArgs& a, int64_t head, float* sums);

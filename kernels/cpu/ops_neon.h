@@ -41,5 +41,9 @@ void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, f
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void gelu_mul(const float* gate, const float* up, int64_t n, float* out);
 void add(const float* a, const float* b, int64_t n, float* out);
+// n elements rounded to f16 (FCVTN with the default FPCR: to nearest, ties
+// to even, the bits of cb::f32_to_f16) and widened back (exact).
+void f32_to_f16_row(const float* src, int64_t n, uint16_t* dst);
+void f16_to_f32_row(const uint16_t* src, int64_t n, float* dst);
 
 }  // namespace cb::neon

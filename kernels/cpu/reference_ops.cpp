@@ -228,6 +228,16 @@ void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t
   }
 }
 
+namespace {
+
+// Element i of a K/V row of a's kv_type, as f32 (an f16 widens exactly).
+float kv_at(const AttentionArgs& a, const void* base, int64_t i) {
+  if (a.kv_type == DType::F16) return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
+  return static_cast<const float*>(base)[i];
+}
+
+}  // namespace
+
 int64_t attention_weights_one(const AttentionArgs& a, int64_t qi, int64_t head, float* w) {
   const int64_t q_stride = a.n_head * a.head_dim;
   const int64_t kv_stride = a.n_head_kv * a.head_dim;
@@ -239,9 +249,9 @@ int64_t attention_weights_one(const AttentionArgs& a, int64_t qi, int64_t head, 
   std::fill(w, w + first, 0.0f);
   float max_score = -INFINITY;
   for (int64_t j = first; j < n_keys; ++j) {
-    const float* k = a.k + j * kv_stride + kv_head * a.head_dim;
+    const int64_t k = j * kv_stride + kv_head * a.head_dim;
     float s = 0.0f;
-    for (int64_t d = 0; d < a.head_dim; ++d) s += q[d] * k[d];
+    for (int64_t d = 0; d < a.head_dim; ++d) s += q[d] * kv_at(a, a.k, k + d);
     w[j] = s * a.scale;
     max_score = std::max(max_score, w[j]);
   }
@@ -264,8 +274,8 @@ void attention_one(const AttentionArgs& a, int64_t qi, int64_t head) {
   std::vector<float> w(static_cast<size_t>(std::max<int64_t>(a.n_kv, 0)));
   const int64_t n_keys = attention_weights_one(a, qi, head, w.data());
   for (int64_t j = 0; j < n_keys; ++j) {
-    const float* v = a.v + j * kv_stride + kv_head * a.head_dim;
-    for (int64_t d = 0; d < a.head_dim; ++d) out[d] += w[j] * v[d];
+    const int64_t v = j * kv_stride + kv_head * a.head_dim;
+    for (int64_t d = 0; d < a.head_dim; ++d) out[d] += w[j] * kv_at(a, a.v, v + d);
   }
 }
 
@@ -307,6 +317,22 @@ void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t
   for (int64_t r = 0; r < n; ++r) {
     std::memcpy(dst + static_cast<int64_t>(idx[r]) * row_len, src + r * row_len,
                 static_cast<size_t>(row_len) * sizeof(float));
+  }
+}
+
+void scatter_rows_f16(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
+                      uint16_t* dst) {
+  for (int64_t r = 0; r < n; ++r) {
+    uint16_t* out = dst + static_cast<int64_t>(idx[r]) * row_len;
+    for (int64_t j = 0; j < row_len; ++j) out[j] = f32_to_f16(src[r * row_len + j]);
+  }
+}
+
+void gather_rows_f16(const uint16_t* src, int64_t row_len, const int32_t* idx, int64_t n,
+                     float* dst) {
+  for (int64_t r = 0; r < n; ++r) {
+    const uint16_t* in = src + static_cast<int64_t>(idx[r]) * row_len;
+    for (int64_t j = 0; j < row_len; ++j) dst[r * row_len + j] = f16_to_f32(in[j]);
   }
 }
 

@@ -78,6 +78,12 @@ void gelu_mul(const float* gate, const float* up, int64_t n, float* out);
 void add(const float* a, const float* b, int64_t n, float* out);
 void gather_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n, float* dst);
 void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n, float* dst);
+// Backend::scatter_rows_f16 / gather_rows_f16, one element at a time
+// (platform/half.h's scalar conversions).
+void scatter_rows_f16(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
+                      uint16_t* dst);
+void gather_rows_f16(const uint16_t* src, int64_t row_len, const int32_t* idx, int64_t n,
+                     float* dst);
 // out[r] = sum_j (a[r][j] - b[r][j])^2, accumulated in double.
 void row_sq_diff(const float* a, const float* b, int64_t n_rows, int64_t row_len, float* out);
 

@@ -61,9 +61,24 @@ static inline __m256 exp256(__m256 x) {
 }
 
 // Transposes the 8 x 8 block src[i * lds + j] into dst[j * ldd + i].
-static inline void transpose8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+// Eight consecutive elements as floats: f32, or f16 bits widened (exact).
+static inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+static inline __m256 load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+static inline float to_f32(float x) {
+  return x;
+}
+static inline float to_f32(uint16_t h) {
+  return _cvtsh_ss(h);
+}
+
+template <class T>
+static inline void transpose8(const T* src, int64_t lds, float* dst, int64_t ldd) {
   __m256 r[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; ++i) r[i] = load8(src + i * lds);
   // Interleave pairs of rows, then pairs of pairs, then the 128-bit halves.
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
   const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);

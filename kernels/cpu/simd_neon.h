@@ -25,10 +25,25 @@ static inline float32x4_t exp4(float32x4_t x) {
   return vmulq_f32(p, vreinterpretq_f32_s32(e));
 }
 
+// Four consecutive elements as floats: f32, or f16 bits widened (exact).
+static inline float32x4_t load4(const float* p) {
+  return vld1q_f32(p);
+}
+static inline float32x4_t load4(const uint16_t* p) {
+  return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+}
+static inline float to_f32(float x) {
+  return x;
+}
+static inline float to_f32(uint16_t h) {
+  return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
+}
+
 // Transposes the 4 x 4 block src[i * lds + j] into dst[j * ldd + i].
-static inline void transpose4(const float* src, int64_t lds, float* dst, int64_t ldd) {
-  const float32x4x2_t t01 = vtrnq_f32(vld1q_f32(src), vld1q_f32(src + lds));
-  const float32x4x2_t t23 = vtrnq_f32(vld1q_f32(src + 2 * lds), vld1q_f32(src + 3 * lds));
+template <class T>
+static inline void transpose4(const T* src, int64_t lds, float* dst, int64_t ldd) {
+  const float32x4x2_t t01 = vtrnq_f32(load4(src), load4(src + lds));
+  const float32x4x2_t t23 = vtrnq_f32(load4(src + 2 * lds), load4(src + 3 * lds));
   vst1q_f32(dst, vcombine_f32(vget_low_f32(t01.val[0]), vget_low_f32(t23.val[0])));
   vst1q_f32(dst + ldd, vcombine_f32(vget_low_f32(t01.val[1]), vget_low_f32(t23.val[1])));
   vst1q_f32(dst + 2 * ldd, vcombine_f32(vget_high_f32(t01.val[0]), vget_high_f32(t23.val[0])));

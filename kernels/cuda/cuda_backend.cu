@@ -480,6 +480,14 @@ __device__ __forceinline__ void reduce_scatter32(float* v, int lane) {
   }
 }
 
+// A K/V element as f32: the cache holds f32, or f16 bits (widened exactly).
+__device__ __forceinline__ float kv_load(const float* p) {
+  return *p;
+}
+__device__ __forceinline__ float kv_load(const uint16_t* p) {
+  return __half2float(__ushort_as_half(*p));
+}
+
 // The first key query row qi sees: past the sliding window, if any.
 __device__ __forceinline__ int64_t first_visible_key(const AttentionArgs& a, int64_t qi) {
   return a.window > 0
@@ -494,7 +502,8 @@ __device__ __forceinline__ int64_t first_visible_key(const AttentionArgs& a, int
 // every lane owns the output dimensions lane + 32 t and the matching query
 // values, so K rows (for the scores) and V rows (for the output) are read
 // coalesced.  K and V are read in place at KV head h / group (GQA without
-// copies).
+// copies), as elements of T (float, or uint16_t f16 bits: AttentionArgs::kv_type).
+template <class T>
 __global__ void attention_kernel(AttentionArgs a, int64_t group) {
   extern __shared__ float smem[];  // [kAttnWarps][head_dim] accumulators, m, l
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -502,8 +511,8 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
   const int64_t hd = a.head_dim;
   const int64_t q_stride = a.n_head * hd, kv_stride = a.n_head_kv * hd;
   const float* q = a.q + qi * q_stride + h * hd;
-  const float* kbase = a.k + kvh * hd;
-  const float* vbase = a.v + kvh * hd;
+  const T* kbase = static_cast<const T*>(a.k) + kvh * hd;
+  const T* vbase = static_cast<const T*>(a.v) + kvh * hd;
   float qr[kDimsPerLane];
 #pragma unroll
   for (int t = 0; t < kDimsPerLane; ++t) {
@@ -523,12 +532,12 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
     float part[32];
 #pragma unroll
     for (int kk = 0; kk < 32; ++kk) {
-      const float* k = kbase + (j0 + min(kk, n_tile - 1)) * kv_stride;
+      const T* k = kbase + (j0 + min(kk, n_tile - 1)) * kv_stride;
       float dot = 0.0f;
 #pragma unroll
       for (int t = 0; t < kDimsPerLane; ++t) {
         const int64_t d = lane + 32 * t;
-        if (d < hd) dot += qr[t] * k[d];
+        if (d < hd) dot += qr[t] * kv_load(k + d);
       }
       part[kk] = dot;
     }
@@ -546,11 +555,11 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
       float vv[8][kDimsPerLane];
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
-        const float* v = vbase + (j0 + min(jb + u, n_tile - 1)) * kv_stride;
+        const T* v = vbase + (j0 + min(jb + u, n_tile - 1)) * kv_stride;
 #pragma unroll
         for (int t = 0; t < kDimsPerLane; ++t) {
           const int64_t d = lane + 32 * t;
-          vv[u][t] = d < hd ? v[d] : 0.0f;
+          vv[u][t] = d < hd ? kv_load(v + d) : 0.0f;
         }
       }
 #pragma unroll
@@ -608,21 +617,23 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
 // deterministic (no atomics): one block of one warp per (query row, head)
 // finds its softmax maximum and normaliser; then one thread per key adds
 // its weight over every (row, head) in a fixed order, times its value norm.
+template <class T>
 __device__ __forceinline__ float attn_score(const AttentionArgs& a, int64_t qi, int64_t h,
                                             int64_t group, int64_t j) {
   const float* q = a.q + qi * a.n_head * a.head_dim + h * a.head_dim;
-  const float* k = a.k + j * a.n_head_kv * a.head_dim + (h / group) * a.head_dim;
+  const T* k = static_cast<const T*>(a.k) + j * a.n_head_kv * a.head_dim + (h / group) * a.head_dim;
   float dot = 0.0f;
-  for (int64_t d = 0; d < a.head_dim; ++d) dot += q[d] * k[d];
+  for (int64_t d = 0; d < a.head_dim; ++d) dot += q[d] * kv_load(k + d);
   return dot * a.scale;
 }
 
+template <class T>
 __global__ void attn_row_stats_kernel(AttentionArgs a, int64_t group, float* m_out, float* l_out) {
   const int64_t qi = blockIdx.x / a.n_head, h = blockIdx.x % a.n_head;
   const int64_t n_keys = min(static_cast<int64_t>(a.q_pos[qi]) + 1, a.n_kv);
   float m = -INFINITY, l = 0.0f;
   for (int64_t j = first_visible_key(a, qi) + threadIdx.x; j < n_keys; j += 32) {
-    const float s = attn_score(a, qi, h, group, j);
+    const float s = attn_score<T>(a, qi, h, group, j);
     const float m_new = fmaxf(m, s);
     l = l * expf(m - m_new) + expf(s - m_new);
     m = m_new;
@@ -636,21 +647,22 @@ __global__ void attn_row_stats_kernel(AttentionArgs a, int64_t group, float* m_o
   }
 }
 
+template <class T>
 __global__ void attn_key_sums_kernel(AttentionArgs a, int64_t group, const float* m, const float* l,
                                      float* out) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (j >= a.n_kv) return;
   float total = 0.0f;
   for (int64_t g = 0; g < a.n_head_kv; ++g) {
-    const float* v = a.v + j * a.n_head_kv * a.head_dim + g * a.head_dim;
+    const T* v = static_cast<const T*>(a.v) + j * a.n_head_kv * a.head_dim + g * a.head_dim;
     float norm = 0.0f;
-    for (int64_t d = 0; d < a.head_dim; ++d) norm += v[d] * v[d];
+    for (int64_t d = 0; d < a.head_dim; ++d) norm += kv_load(v + d) * kv_load(v + d);
     float sum = 0.0f;
     for (int64_t qi = 0; qi < a.n_q; ++qi) {
       if (j > a.q_pos[qi] || j < first_visible_key(a, qi)) continue;
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         const int64_t row = qi * a.n_head + h;
-        sum += expf(attn_score(a, qi, h, group, j) - m[row]) / l[row];
+        sum += expf(attn_score<T>(a, qi, h, group, j) - m[row]) / l[row];
       }
     }
     total += sum * sqrtf(norm);
@@ -712,6 +724,26 @@ __global__ void scatter_rows_kernel(const float* __restrict__ src, int64_t row_l
   CB_GRID_STRIDE(t, n * row_len) {
     const int64_t r = t / row_len, j = t % row_len;
     dst[static_cast<int64_t>(idx[r]) * row_len + j] = src[t];
+  }
+}
+
+// The rows of an f16 KV cache: rounded to nearest, ties to even (the bits
+// of cb::f32_to_f16), and widened back exactly.
+__global__ void scatter_rows_f16_kernel(const float* __restrict__ src, int64_t row_len,
+                                        const int32_t* __restrict__ idx, int64_t n,
+                                        uint16_t* __restrict__ dst) {
+  CB_GRID_STRIDE(t, n * row_len) {
+    const int64_t r = t / row_len, j = t % row_len;
+    dst[static_cast<int64_t>(idx[r]) * row_len + j] = __half_as_ushort(__float2half_rn(src[t]));
+  }
+}
+
+__global__ void gather_rows_f16_kernel(const uint16_t* __restrict__ src, int64_t row_len,
+                                       const int32_t* __restrict__ idx, int64_t n,
+                                       float* __restrict__ dst) {
+  CB_GRID_STRIDE(t, n * row_len) {
+    const int64_t r = t / row_len, j = t % row_len;
+    dst[t] = __half2float(__ushort_as_half(src[static_cast<int64_t>(idx[r]) * row_len + j]));
   }
 }
 
@@ -1157,20 +1189,25 @@ class CudaBackend final : public Backend {
       fail(ErrorCode::kUnsupported, "cuda backend: attention head_dim above " +
                                         std::to_string(kMaxHeadDim) + " is not supported");
     }
+    check(a.kv_type == DType::F32 || a.kv_type == DType::F16, "attention: K/V must be F32 or F16");
     if (a.n_q == 0) return;
     check(a.n_q * a.n_head <= INT32_MAX, "attention: too many query rows x heads");
     Call c(*this);
     AttentionArgs d = a;
     const int64_t q_elems = a.n_q * a.n_head * a.head_dim;
-    const int64_t kv_elems = a.n_kv * a.n_head_kv * a.head_dim;
     d.q = c.in(a.q, q_elems);
     d.q_pos = c.in(a.q_pos, a.n_q);
-    d.k = c.in(a.k, kv_elems);
-    d.v = c.in(a.v, kv_elems);
+    stage_kv(c, a, d);
     d.out = c.out(a.out, q_elems, false);
     const size_t smem = static_cast<size_t>(kAttnWarps * (a.head_dim + 2)) * sizeof(float);
-    attention_kernel<<<static_cast<unsigned>(a.n_q * a.n_head), 32 * kAttnWarps, smem,
-                       c.stream()>>>(d, a.n_head / a.n_head_kv);
+    const unsigned blocks = static_cast<unsigned>(a.n_q * a.n_head);
+    if (a.kv_type == DType::F16) {
+      attention_kernel<uint16_t>
+          <<<blocks, 32 * kAttnWarps, smem, c.stream()>>>(d, a.n_head / a.n_head_kv);
+    } else {
+      attention_kernel<float>
+          <<<blocks, 32 * kAttnWarps, smem, c.stream()>>>(d, a.n_head / a.n_head_kv);
+    }
     launch_check("attention_kernel");
     c.finish();
   }
@@ -1179,23 +1216,36 @@ class CudaBackend final : public Backend {
     check(a.n_q >= 0 && a.n_kv >= 0 && a.head_dim > 0, "attention_contributions: bad shape");
     check(a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0,
           "attention_contributions: n_head must be a multiple of n_head_kv");
+    check(a.kv_type == DType::F32 || a.kv_type == DType::F16,
+          "attention_contributions: K/V must be F32 or F16");
     if (a.n_q == 0 || a.n_kv == 0) return;
     check(a.n_q * a.n_head <= INT32_MAX, "attention_contributions: too many query rows x heads");
     Call c(*this);
     AttentionArgs d = a;
     d.q = c.in(a.q, a.n_q * a.n_head * a.head_dim);
     d.q_pos = c.in(a.q_pos, a.n_q);
-    d.k = c.in(a.k, a.n_kv * a.n_head_kv * a.head_dim);
-    d.v = c.in(a.v, a.n_kv * a.n_head_kv * a.head_dim);
+    stage_kv(c, a, d);
     const int64_t rows = a.n_q * a.n_head;
     float* stats = static_cast<float*>(c.temp(static_cast<size_t>(2 * rows) * sizeof(float)));
     float* dout = c.out(out, a.n_kv, true);
     const int64_t group = a.n_head / a.n_head_kv;
-    attn_row_stats_kernel<<<static_cast<unsigned>(rows), 32, 0, c.stream()>>>(d, group, stats,
-                                                                              stats + rows);
+    const bool f16 = a.kv_type == DType::F16;
+    const unsigned row_blocks = static_cast<unsigned>(rows);
+    if (f16) {
+      attn_row_stats_kernel<uint16_t>
+          <<<row_blocks, 32, 0, c.stream()>>>(d, group, stats, stats + rows);
+    } else {
+      attn_row_stats_kernel<float>
+          <<<row_blocks, 32, 0, c.stream()>>>(d, group, stats, stats + rows);
+    }
     launch_check("attn_row_stats_kernel");
-    attn_key_sums_kernel<<<grid_for(a.n_kv), kEltThreads, 0, c.stream()>>>(d, group, stats,
-                                                                           stats + rows, dout);
+    if (f16) {
+      attn_key_sums_kernel<uint16_t>
+          <<<grid_for(a.n_kv), kEltThreads, 0, c.stream()>>>(d, group, stats, stats + rows, dout);
+    } else {
+      attn_key_sums_kernel<float>
+          <<<grid_for(a.n_kv), kEltThreads, 0, c.stream()>>>(d, group, stats, stats + rows, dout);
+    }
     launch_check("attn_key_sums_kernel");
     c.finish();
   }
@@ -1288,6 +1338,36 @@ class CudaBackend final : public Backend {
     scatter_rows_kernel<<<grid_for(n * row_len), kEltThreads, 0, c.stream()>>>(dsrc, row_len, didx,
                                                                                n, ddst);
     launch_check("scatter_rows_kernel");
+    c.finish();
+  }
+
+  void scatter_rows_f16(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
+                        uint16_t* dst) override {
+    check(n >= 0 && row_len >= 0, "scatter_rows_f16: negative size");
+    if (n == 0 || row_len == 0) return;
+    Call c(*this);
+    const int32_t* didx = c.in(idx, n);
+    const float* dsrc = c.in(src, n * row_len);
+    // As scatter_rows: dst's extent is not part of the call.
+    uint16_t* ddst = c.out_in_place(dst);
+    check(ddst != nullptr, "scatter_rows_f16: dst must be backend memory");
+    scatter_rows_f16_kernel<<<grid_for(n * row_len), kEltThreads, 0, c.stream()>>>(dsrc, row_len,
+                                                                                   didx, n, ddst);
+    launch_check("scatter_rows_f16_kernel");
+    c.finish();
+  }
+
+  void gather_rows_f16(const uint16_t* src, int64_t row_len, const int32_t* idx, int64_t n,
+                       float* dst) override {
+    check(n >= 0 && row_len >= 0, "gather_rows_f16: negative size");
+    if (n == 0 || row_len == 0) return;
+    Call c(*this);
+    const int32_t* didx = c.in(idx, n);
+    const uint16_t* dsrc = c.in_unknown_extent(src, row_len, idx, n);
+    float* ddst = c.out(dst, n * row_len, false);
+    gather_rows_f16_kernel<<<grid_for(n * row_len), kEltThreads, 0, c.stream()>>>(dsrc, row_len,
+                                                                                  didx, n, ddst);
+    launch_check("gather_rows_f16_kernel");
     c.finish();
   }
 
@@ -1452,6 +1532,20 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The K and V of an attention call on the device: staged when host memory
+  // (tests), as elements of the call's kv_type.
+  template <class C>
+  static void stage_kv(C& c, const AttentionArgs& a, AttentionArgs& d) {
+    const int64_t kv_elems = a.n_kv * a.n_head_kv * a.head_dim;
+    if (a.kv_type == DType::F16) {
+      d.k = c.in(static_cast<const uint16_t*>(a.k), kv_elems);
+      d.v = c.in(static_cast<const uint16_t*>(a.v), kv_elems);
+    } else {
+      d.k = c.in(static_cast<const float*>(a.k), kv_elems);
+      d.v = c.in(static_cast<const float*>(a.v), kv_elems);
+    }
+  }
+
   enum class Kind { kManaged, kMapped, kWeight };
   struct Block {
     size_t bytes;
@@ -1513,8 +1607,8 @@ class CudaBackend final : public Backend {
 
     // A gather source in host memory: its extent is 1 + the largest row
     // index, read from idx wherever it lives.
-    const float* in_unknown_extent(const float* src, int64_t row_len, const int32_t* idx,
-                                   int64_t n) {
+    template <class T>
+    const T* in_unknown_extent(const T* src, int64_t row_len, const int32_t* idx, int64_t n) {
       if (be_.where(src) == Where::kBackend) return src;
       const int32_t* hidx = idx;
       if (be_.where(idx) == Where::kBackend) {

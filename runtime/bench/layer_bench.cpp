@@ -98,15 +98,17 @@ class LayerRunner {
       TensorId v = g.external(v_.data(), r, kv_dim);
       layer.rope_q(g.external(q_.data(), r, q_dim), rows.data());
       layer.rope_k(k, rows.data());
-      g.scatter_rows(k, rows.data(), g.external(s_.k_cache(layer_), s_.n_ctx(), kv_dim));
-      g.scatter_rows(v, rows.data(), g.external(s_.v_cache(layer_), s_.n_ctx(), kv_dim));
+      g.scatter_rows(k, rows.data(),
+                     g.external_kv(s_.k_cache(layer_), s_.n_ctx(), kv_dim, s_.kv_dtype()));
+      g.scatter_rows(v, rows.data(),
+                     g.external_kv(s_.v_cache(layer_), s_.n_ctx(), kv_dim, s_.kv_dtype()));
       exec(g);
       // Straight to the backend, as Graph::execute would, so the output
       // lands in a_ for the next phase.
       for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
         AttentionArgs args = attention_args(hp_, layer_, q_.data() + r0 * q_dim, rows.data() + r0,
                                             std::min(kRowBatch, r - r0), s_.k_cache(layer_),
-                                            s_.v_cache(layer_), n_kv);
+                                            s_.v_cache(layer_), s_.kv_dtype(), n_kv);
         args.out = a_.data() + r0 * q_dim;
         s_.backend().attention(args);
       }

@@ -53,7 +53,8 @@ void FusedForward::project(int64_t layer) {
 
 AttentionArgs FusedForward::question_rows(const float* q, const int32_t* pos, int64_t n_q,
                                           int64_t layer) {
-  return attention_args(hp_, layer, q, pos, n_q, s_.k_cache(layer), s_.v_cache(layer), n_);
+  return attention_args(hp_, layer, q, pos, n_q, s_.k_cache(layer), s_.v_cache(layer),
+                        s_.kv_dtype(), n_);
 }
 
 void FusedForward::deviation(int64_t layer, std::span<const int32_t> cand,
@@ -68,13 +69,14 @@ void FusedForward::deviation(int64_t layer, std::span<const int32_t> cand,
   dev_.reserve(static_cast<size_t>(2 * n_cand * parts));
   // The cached layer was loaded before this step; fresh rows are in v_/k_.
   be_.gather_rows(v_.data(), kv_dim, cand.data(), n_cand, fresh_.data());
-  be_.gather_rows(s_.v_cache(layer), kv_dim, cand_pos.data(), n_cand, old_.data());
+  load_kv_rows(be_, s_.kv_dtype(), s_.v_cache(layer), kv_dim, cand_pos.data(), n_cand, old_.data());
   be_.row_sq_diff(fresh_.data(), old_.data(), n_cand * parts, part_len, dev_.data());
   if (with_k) {
     // The cache holds K rotated to its position: rotate the fresh K alike.
     be_.gather_rows(k_.data(), kv_dim, cand.data(), n_cand, fresh_.data());
     rope_keys(be_, hp_, layer, fresh_.data(), cand_pos.data(), n_cand);
-    be_.gather_rows(s_.k_cache(layer), kv_dim, cand_pos.data(), n_cand, old_.data());
+    load_kv_rows(be_, s_.kv_dtype(), s_.k_cache(layer), kv_dim, cand_pos.data(), n_cand,
+                 old_.data());
     be_.row_sq_diff(fresh_.data(), old_.data(), n_cand * parts, part_len,
                     dev_.data() + n_cand * parts);
   }
@@ -122,9 +124,9 @@ void FusedForward::question_attention(int64_t layer, std::span<const int32_t> ca
   old_.reserve(static_cast<size_t>(nu * kv_dim));
   be_.gather_rows(k_.data(), kv_dim, u_idx.data(), nu, old_.data());
   rope_keys(be_, hp_, layer, old_.data(), u_pos.data(), nu);
-  be_.scatter_rows(old_.data(), kv_dim, u_pos.data(), nu, s_.k_cache(layer));
+  store_kv_rows(be_, s_.kv_dtype(), old_.data(), kv_dim, u_pos.data(), nu, s_.k_cache(layer));
   be_.gather_rows(v_.data(), kv_dim, u_idx.data(), nu, old_.data());
-  be_.scatter_rows(old_.data(), kv_dim, u_pos.data(), nu, s_.v_cache(layer));
+  store_kv_rows(be_, s_.kv_dtype(), old_.data(), kv_dim, u_pos.data(), nu, s_.v_cache(layer));
   fresh_.reserve(static_cast<size_t>(nq * q_dim));
   be_.gather_rows(q_.data(), q_dim, q_idx.data(), nq, fresh_.data());
   rope_queries(be_, hp_, layer, fresh_.data(), q_pos.data(), nq);
@@ -217,8 +219,10 @@ void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
     TensorId v = g.external(v_.data(), r, kv_dim);
     block.rope_q(g.external(q_.data(), r, q_dim), rows.data());
     block.rope_k(k, rows.data());
-    g.scatter_rows(k, rows.data(), g.external(s_.k_cache(layer), s_.n_ctx(), kv_dim));
-    g.scatter_rows(v, rows.data(), g.external(s_.v_cache(layer), s_.n_ctx(), kv_dim));
+    g.scatter_rows(k, rows.data(),
+                   g.external_kv(s_.k_cache(layer), s_.n_ctx(), kv_dim, s_.kv_dtype()));
+    g.scatter_rows(v, rows.data(),
+                   g.external_kv(s_.v_cache(layer), s_.n_ctx(), kv_dim, s_.kv_dtype()));
     run_graph(g);
   }
   if (attention_by_layer) {
@@ -235,8 +239,8 @@ void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
     LlamaLayer block(g, hp_, w, layer);
     TensorId x = g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd);
     TensorId q = g.external(q_.data() + r0 * q_dim, b, q_dim);
-    TensorId kc = g.external(s_.k_cache(layer), s_.n_ctx(), kv_dim);
-    TensorId vc = g.external(s_.v_cache(layer), s_.n_ctx(), kv_dim);
+    TensorId kc = g.external_kv(s_.k_cache(layer), s_.n_ctx(), kv_dim, s_.kv_dtype());
+    TensorId vc = g.external_kv(s_.v_cache(layer), s_.n_ctx(), kv_dim, s_.kv_dtype());
     block.attention_output(x, block.attention(q, rows.data() + r0, kc, vc, n_));
     block.ffn(x);
     run_graph(g);

@@ -12,6 +12,7 @@
 
 #include "platform/error.h"
 #include "runtime/blend/fused_forward.h"
+#include "runtime/llama_layer.h"
 
 namespace cb {
 
@@ -177,12 +178,10 @@ void add_per_layer(std::vector<T>& total, const std::vector<T>& pass) {
   for (size_t l = 0; l < pass.size(); ++l) total[l] += pass[l];
 }
 
-// Rows [0, n) of a KV cache layer, on the host.
-std::vector<float> download_rows(Backend& be, const float* layer, int64_t n, int64_t dim) {
-  std::vector<int32_t> idx(static_cast<size_t>(n));
-  std::iota(idx.begin(), idx.end(), 0);
-  std::vector<float> out(static_cast<size_t>(n * dim));
-  be.gather_rows(layer, dim, idx.data(), n, out.data());
+// Rows [0, n) of a KV cache layer's K (or V), on the host.
+std::vector<float> download_rows(Session& s, int64_t layer, bool v, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n * s.model().hparams().kv_dim()));
+  s.read_kv_rows(layer, v, 0, n, out.data());
   return out;
 }
 
@@ -191,11 +190,11 @@ struct HostKv {
   std::vector<std::vector<float>> k, v;
 };
 HostKv download_kv(Session& s, int64_t n) {
-  const int64_t n_layer = s.model().hparams().n_layer, dim = s.model().hparams().kv_dim();
+  const int64_t n_layer = s.model().hparams().n_layer;
   HostKv kv;
   for (int64_t l = 0; l < n_layer; ++l) {
-    kv.k.push_back(download_rows(s.backend(), s.k_cache(l), n, dim));
-    kv.v.push_back(download_rows(s.backend(), s.v_cache(l), n, dim));
+    kv.k.push_back(download_rows(s, l, false, n));
+    kv.v.push_back(download_rows(s, l, true, n));
   }
   return kv;
 }
@@ -209,8 +208,8 @@ void put_rows(Session& s, const HostKv& from, const std::vector<int32_t>& idx) {
     for (const auto* src : {&from.k, &from.v}) {
       for (int64_t r = 0; r < n; ++r)
         std::copy_n((*src)[l].data() + idx[r] * dim, dim, rows.data() + r * dim);
-      float* dst = src == &from.k ? s.k_cache(l) : s.v_cache(l);
-      s.backend().scatter_rows(rows.data(), dim, idx.data(), n, dst);
+      void* dst = src == &from.k ? s.k_cache(l) : s.v_cache(l);
+      store_kv_rows(s.backend(), s.kv_dtype(), rows.data(), dim, idx.data(), n, dst);
     }
   }
 }

@@ -38,7 +38,18 @@ LayerPipeline::LayerPipeline(Session& s, std::vector<CachedChunkRef> chunks,
       opts_(opts),
       n_layers_(s.model().hparams().n_layer),
       threaded_(opts.enabled && !chunks_.empty()),
-      staging_(nullptr, StagingFree{&s.backend()}) {
+      staging_(nullptr, StagingFree{&s.backend()}),
+      rows_(nullptr, BufferFree{&s.backend()}) {
+  if (s.kv_dtype() == DType::F16 && !chunks_.empty()) {
+    for (const CachedChunkRef& c : chunks_) {
+      row_offset_.push_back(total_rows_);
+      total_rows_ += c.len;
+      for (int32_t p = c.begin; p < c.begin + c.len; ++p) all_pos_.push_back(p);
+    }
+    rows_.reset(s.backend().alloc_buffer(2 * static_cast<size_t>(total_rows_) *
+                                         static_cast<size_t>(s.model().hparams().kv_dim()) *
+                                         sizeof(float)));
+  }
   if (s.backend().wants_staged_uploads() && !chunks_.empty()) {
     int32_t longest = 0;
     for (const CachedChunkRef& c : chunks_) longest = std::max(longest, c.len);
@@ -58,8 +69,16 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
   const auto& hp = s_.model().hparams();
   Backend& be = s_.backend();
   const int64_t kv_dim = hp.kv_dim();
-  float* kc = s_.k_cache(layer);
-  float* vc = s_.v_cache(layer);
+  // Where the rows land: the cache rows themselves (f32), or the f32 rows
+  // buffer that is rotated and rounded into the cache after the fetches.
+  const bool f16 = rows_ != nullptr;
+  float* const k_base =
+      f16 ? static_cast<float*>(rows_.get()) : static_cast<float*>(s_.k_cache(layer));
+  float* const v_base =
+      f16 ? k_base + total_rows_ * kv_dim : static_cast<float*>(s_.v_cache(layer));
+  auto first_row = [&](size_t c) {
+    return f16 ? row_offset_[c] : static_cast<int64_t>(chunks_[c].begin);
+  };
   UploadDrain drain;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     if (threaded_) {
@@ -69,8 +88,8 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
       if (stop_) return LoadResult::kStopped;
     }
     const CachedChunkRef& ch = chunks_[c];
-    float* const k_rows = kc + static_cast<int64_t>(ch.begin) * kv_dim;
-    float* const v_rows = vc + static_cast<int64_t>(ch.begin) * kv_dim;
+    float* const k_rows = k_base + first_row(c) * kv_dim;
+    float* const v_rows = v_base + first_row(c) * kv_dim;
     const size_t bytes = static_cast<size_t>(ch.len * kv_dim) * sizeof(float);
     float* k = k_rows;
     float* v = v_rows;
@@ -105,15 +124,21 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
   // One rotation per run of adjacent chunks (usually the whole run of
   // retrieved chunks): RoPE is row-wise, so this equals rotating chunk by
   // chunk, and each backend call costs the loader a turn on the backend's
-  // thread pool, which it shares with the compute side.
+  // thread pool, which it shares with the compute side.  (Adjacent chunks
+  // are adjacent in the f16 path's rows buffer too: it keeps their order.)
   const auto t1 = Clock::now();
   for (size_t c = 0; c < chunks_.size();) {
     const int32_t begin = chunks_[c].begin;
+    const int64_t row = first_row(c);
     int32_t end = begin + chunks_[c].len;
     for (++c; c < chunks_.size() && chunks_[c].begin == end; ++c) end += chunks_[c].len;
     pos_.resize(static_cast<size_t>(end - begin));
     std::iota(pos_.begin(), pos_.end(), begin);
-    rope_keys(be, hp, layer, kc + static_cast<int64_t>(begin) * kv_dim, pos_.data(), end - begin);
+    rope_keys(be, hp, layer, k_base + row * kv_dim, pos_.data(), end - begin);
+  }
+  if (f16) {
+    store_kv_rows(be, DType::F16, k_base, kv_dim, all_pos_.data(), total_rows_, s_.k_cache(layer));
+    store_kv_rows(be, DType::F16, v_base, kv_dim, all_pos_.data(), total_rows_, s_.v_cache(layer));
   }
   st.rope_ms += ms_since(t1);
   if (staging_) {

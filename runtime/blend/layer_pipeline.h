@@ -17,6 +17,17 @@
 // batch, completes after the copies, so a layer is in place when it is
 // handed over.
 //
+// An f16 KV cache (SessionOptions::kv_type) cannot take the sources' f32
+// rows directly, nor be rotated in place without a second rounding: there
+// the rows go (fetched, or uploaded from staging) into an f32 buffer of the
+// pipeline's, in backend memory, holding one layer of every cached chunk
+// (K then V, chunks in request order: 8 bytes per element, 32 MiB for 8K
+// cached tokens of a 1B Llama), are rotated there, and are then stored
+// into the cache rows by Backend::scatter_rows_f16.  So each element is
+// rounded once, after RoPE, exactly as prefill stores it, and a chunk's
+// cache rows are bitwise those a full prefill would write given the same
+// f32 K and V.
+//
 // How far ahead: PipelineOptions::max_layers_ahead bounds the look-ahead
 // (1 = classic double buffering).  The default is no bound: the first
 // layers compute every row (layer 0 before the first check) and take many
@@ -68,7 +79,7 @@ struct CachedChunkRef {
 struct PipelineLoadStats {
   uint64_t bytes_read = 0;  // stored bytes, per the sources' layer_bytes()
   double fetch_ms = 0.0;    // in fetch_layer: read + decode (+ throttle waits)
-  double rope_ms = 0.0;     // rotating the loaded K
+  double rope_ms = 0.0;     // rotating the loaded K (f16 cache: and storing the rows)
   double upload_ms = 0.0;   // staged copies, as the backend timed them (wait_uploads)
   double blocked_ms = 0.0;  // the compute side waiting in synchronize()
   int64_t layers_loaded = 0;
@@ -118,6 +129,17 @@ class LayerPipeline {
   };
   std::unique_ptr<void, StagingFree> staging_;
   size_t slot_floats_ = 0;
+  // f16 cache only: the f32 rows of one layer of every chunk (K of all,
+  // then V of all), freed by the destructor; chunk c's rows start at
+  // row_offset_[c].  all_pos_: the global positions of those rows.
+  struct BufferFree {
+    Backend* be;
+    void operator()(void* p) const { be->free_buffer(p); }
+  };
+  std::unique_ptr<void, BufferFree> rows_;
+  std::vector<int64_t> row_offset_;
+  int64_t total_rows_ = 0;
+  std::vector<int32_t> all_pos_;
 
   // Shared with the loader thread, guarded by mu_.
   std::mutex mu_;

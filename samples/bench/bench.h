@@ -56,11 +56,13 @@ struct Common {
   cb_backend backend = CB_BACKEND_AUTO;
   int device = 0;
   cb_chat_template chat_template = CB_CHAT_TEMPLATE_AUTO;
+  int32_t kv_type = CB_KV_F16;
   bool json = false;
 };
 Common common_options(const Args& a);
 void load_model(const Common& c, Model& model);
-void create_session(const Model& model, int threads, int n_ctx, Session& s);
+// A session of n_ctx tokens with c's threads and KV type.
+void create_session(const Model& model, const Common& c, int n_ctx, Session& s);
 std::vector<int32_t> tokenize(const Model& model, const std::string& text, bool add_special,
                               bool parse_special);
 std::string model_name(const Model& model);

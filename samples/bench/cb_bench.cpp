@@ -122,6 +122,8 @@ const char* const kUsage =
     "  --n-ctx N        session context size in tokens (default: what the command\n"
     "                   needs, at most the model's context; generate: min(model\n"
     "                   context, 4096))\n"
+    "  --kv-type T      the session's KV cache: f16 (default, half the memory) or\n"
+    "                   f32 (exact)\n"
     "  --json           print one JSON object per line instead of text\n"
     "  --help           this text\n"
     "\n"

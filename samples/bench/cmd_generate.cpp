@@ -89,7 +89,7 @@ int cmd_generate(const Args& a) {
   if (ids.empty()) usage_error("the prompt is empty");
 
   Session session;
-  create_session(model, c.threads, c.n_ctx, session);
+  create_session(model, c, c.n_ctx, session);
 
   cb_generate_options go;
   cb_generate_options_init(&go);
@@ -178,7 +178,7 @@ int cmd_prefill(const Args& a) {
   Model model;
   load_model(c, model);
   Session session;
-  create_session(model, c.threads, c.n_ctx > 0 ? c.n_ctx : n, session);
+  create_session(model, c, c.n_ctx > 0 ? c.n_ctx : n, session);
   const std::vector<int32_t> ids = bench_tokens(model, static_cast<size_t>(n));
 
   // Warm-up: touches every weight page and the session's buffers.
@@ -197,7 +197,8 @@ int cmd_prefill(const Args& a) {
         .add("tok_s", tok_s)
         .add("ms_best", best)
         .add("tok_s_best", best > 0 ? n * 1000.0 / best : 0.0)
-        .add("ms_runs", ms);
+        .add("ms_runs", ms)
+        .add("kv_bytes", static_cast<int64_t>(cb_session_kv_bytes(session.h)));
     std::printf("%s\n", o.str().c_str());
   } else {
     std::printf("%-8s %7s %7s %10s %11s %11s  %s\n", "bench", "threads", "tokens", "ms(med)",
@@ -217,7 +218,7 @@ int cmd_decode(const Args& a) {
   Model model;
   load_model(c, model);
   Session session;
-  create_session(model, c.threads, c.n_ctx > 0 ? c.n_ctx : ctx + n + 1, session);
+  create_session(model, c, c.n_ctx > 0 ? c.n_ctx : ctx + n + 1, session);
   const std::vector<int32_t> prompt = bench_tokens(model, static_cast<size_t>(ctx));
 
   // Warm-up.

@@ -308,7 +308,7 @@ int cmd_quality(const Args& a) {
   const int n_ctx =
       c.n_ctx > 0 ? c.n_ctx : static_cast<int>(std::min<long long>(need, n_ctx_train));
   Session session;
-  create_session(model, c.threads, n_ctx, session);
+  create_session(model, c, n_ctx, session);
   ChunkCache cache;
   const std::string codec = open_chunk_cache(a, cache);
 

@@ -194,7 +194,7 @@ int cmd_ttft(const Args& a) {
       c.n_ctx > 0 ? c.n_ctx : static_cast<int>(std::min<long long>(need, n_ctx_train));
 
   Session session;
-  create_session(model, c.threads, n_ctx, session);
+  create_session(model, c, n_ctx, session);
   if (a.values.count("--tiers"))
     return ttft_tiers(a, c, model, session, chunks, question, ratios, modes, sel, head, repeat,
                       n_chunks, chunk_tokens, query_tokens, plot);

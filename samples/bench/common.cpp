@@ -39,8 +39,8 @@ void check(cb_status s, const std::string& what) {
 // Command line
 
 Args parse_args(int argc, char** argv) {
-  static const std::set<std::string> kCommon = {"--model",   "--threads", "--n-ctx",
-                                                "--backend", "--device",  "--chat-template"};
+  static const std::set<std::string> kCommon = {
+      "--model", "--threads", "--n-ctx", "--backend", "--device", "--chat-template", "--kv-type"};
   static const std::map<std::string, std::set<std::string>> kValueFlags = {
       {"generate",
        {"--prompt", "--system", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
@@ -163,6 +163,12 @@ Common common_options(const Args& a) {
     else if (it->second != "auto")
       usage_error("option --backend: expected cpu, cuda or auto, got '" + it->second + "'");
   }
+  if (auto it = a.values.find("--kv-type"); it != a.values.end()) {
+    if (it->second == "f32")
+      c.kv_type = CB_KV_F32;
+    else if (it->second != "f16")
+      usage_error("option --kv-type: expected f16 or f32, got '" + it->second + "'");
+  }
   if (auto it = a.values.find("--chat-template"); it != a.values.end()) {
     static const std::map<std::string, cb_chat_template> kTemplates = {
         {"auto", CB_CHAT_TEMPLATE_AUTO},
@@ -196,11 +202,12 @@ void load_model(const Common& c, Model& model) {
         "cannot load model '" + c.model_path + "'");
 }
 
-void create_session(const Model& model, int threads, int n_ctx, Session& s) {
+void create_session(const Model& model, const Common& c, int n_ctx, Session& s) {
   cb_session_options so;
   cb_session_options_init(&so);
-  so.n_threads = threads;
+  so.n_threads = c.threads;
   so.n_ctx = n_ctx;
+  so.kv_type = c.kv_type;
   check(cb_session_create(model.h, &so, &s.h), "cannot create a session");
 }
 
@@ -236,6 +243,7 @@ cbs::JsonObject header(const char* bench, const Common& c, const Model& model, c
   o.add("bench", bench)
       .add("mode", mode)
       .add("threads", static_cast<int64_t>(c.threads))
+      .add("kv_type", c.kv_type == CB_KV_F32 ? "f32" : "f16")
       .add("model", c.model_path)
       .add("model_name", model_name(model))
       .add("kernels", kernels_name(model));

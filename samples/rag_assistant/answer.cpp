@@ -212,7 +212,7 @@ class Assistant {
     if (need > n_ctx_train_) need = n_ctx_train_;  // cb_rag_prefill reports what overflows
     if (session_.h != nullptr && cb_session_n_ctx(session_.h) >= need) return;
     Session fresh;
-    create_session(model_, common_.threads, std::max(need, 512), fresh);
+    create_session(model_, common_, std::max(need, 512), fresh);
     std::swap(session_.h, fresh.h);
     const std::vector<int32_t> warm = tokenize(model_, "Warm-up.");
     check(cb_session_prefill(session_.h, warm.data(), warm.size()), "warm-up failed");

@@ -78,11 +78,12 @@ std::vector<cb_tier_stats> tier_stats(const ChunkCache& cache) {
   return out;
 }
 
-void create_session(const Model& model, int threads, int n_ctx, Session& session) {
+void create_session(const Model& model, const CommonOptions& o, int n_ctx, Session& session) {
   cb_session_options so;
   cb_session_options_init(&so);
-  so.n_threads = threads;
+  so.n_threads = o.threads;
   so.n_ctx = n_ctx;
+  so.kv_type = o.kv_type;
   check(cb_session_create(model.h, &so, &session.h), "cannot create a session");
 }
 

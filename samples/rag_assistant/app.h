@@ -45,9 +45,10 @@ struct TierOptions {
 
 // Options every command understands.
 struct CommonOptions {
-  std::string store;       // --store DIR
-  std::string model_path;  // --model, else $CB_MODEL, else the default
-  int threads = 0;         // --threads, else the cores available to us
+  std::string store;            // --store DIR
+  std::string model_path;       // --model, else $CB_MODEL, else the default
+  int threads = 0;              // --threads, else the cores available to us
+  int32_t kv_type = CB_KV_F16;  // --kv-type f16|f32
   TierOptions tiers;
 };
 
@@ -66,7 +67,8 @@ void open_chunk_cache(const CommonOptions& o, ChunkCache& cache);
 // The chunk cache's storage tiers and their counters so far, fastest first
 // (one, "flash", without tiers).
 std::vector<cb_tier_stats> tier_stats(const ChunkCache& cache);
-void create_session(const Model& model, int threads, int n_ctx, Session& session);
+// A session of n_ctx tokens with o's threads and KV type.
+void create_session(const Model& model, const CommonOptions& o, int n_ctx, Session& session);
 int model_n_ctx_train(const Model& model);
 
 std::vector<int32_t> tokenize(const Model& model, std::string_view text);

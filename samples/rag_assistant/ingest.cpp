@@ -355,7 +355,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
     // blank line cb_rag_prefill adds after each chunk.
     const int n_ctx = std::min(model_n_ctx_train(model), max_tokens + 256);
     Session session;
-    create_session(model, common.threads, n_ctx, session);
+    create_session(model, common, n_ctx, session);
     Progress progress("precomputing chunk KV", todo.size());
     for (size_t i = 0; i < todo.size(); ++i) {
       int32_t n = 0;

@@ -66,6 +66,7 @@ const char* const kUsage =
     "  --model PATH    GGUF model (default: $CB_MODEL, else\n"
     "                  models/SmolLM2-135M-Instruct.Q4_1.gguf here or in the source tree)\n"
     "  --threads N     compute threads (default: the CPU cores available)\n"
+    "  --kv-type T     the sessions' KV cache: f16 (default, half the memory) or f32\n"
     "  --help          this text\n"
     "\n"
     "storage tiers around DIR/kv (all off by default; give the same to every command):\n"
@@ -171,6 +172,10 @@ int run(int argc, char** argv) {
     } else if (arg == "--threads") {
       common.threads = static_cast<int>(parse_long(arg, next(), 1, 512));
       threads_given = true;
+    } else if (arg == "--kv-type") {
+      const std::string t = next();
+      if (t != "f16" && t != "f32") usage("option --kv-type: expected f16 or f32, got '" + t + "'");
+      common.kv_type = t == "f32" ? CB_KV_F32 : CB_KV_F16;
     } else if (arg == "--ram-budget-mb") {
       common.tiers.ram_budget_bytes = static_cast<uint64_t>(parse_long(arg, next(), 1, 1 << 20))
                                       << 20;

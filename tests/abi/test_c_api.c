@@ -396,6 +396,7 @@ int main(void) {
     test_generate(m);
     test_generation_controls(m);
     test_context_limits(m);
+    test_kv_types(m);
     test_threads(m);
     test_concurrent_use_of_one_session(m);
     test_rag(m);

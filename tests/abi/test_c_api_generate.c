@@ -3,6 +3,7 @@
  * session used from two threads at once. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -262,7 +263,9 @@ void test_context_limits(cb_model* m) {
   CHECK_ERR(cb_session_create(m, &so, &s), CB_ERR_INVALID_ARGUMENT);
   CHECK(s == NULL);
   cb_session_options_init(&so);
-  so.struct_size = sizeof(so) - 1;
+  so.struct_size = offsetof(cb_session_options, kv_type) - 1; /* no header had this size */
+  CHECK_ERR(cb_session_create(m, &so, &s), CB_ERR_INVALID_ARGUMENT);
+  so.struct_size = sizeof(so) + 8; /* a header from the future */
   CHECK_ERR(cb_session_create(m, &so, &s), CB_ERR_INVALID_ARGUMENT);
 
   /* A prompt longer than the context. */
@@ -292,6 +295,65 @@ void test_context_limits(cb_model* m) {
   CHECK(cb_session_n_past(s) == 8);
   CHECK_ERR(cb_session_prefill(s, ids, 1), CB_ERR_CONTEXT_OVERFLOW);
   cb_session_free(s);
+}
+
+/* The KV cache's element type: f16 by default (also for a caller built
+ * before the field, whose struct ends before it), f32 on request at twice
+ * the bytes, unknown values refused with a message naming the field; both
+ * types answer the same greedy tokens on a short prompt. */
+void test_kv_types(cb_model* m) {
+  cb_session* s16 = NULL;
+  cb_session* s32 = NULL;
+  cb_session* old = NULL;
+  cb_session* bad = NULL;
+  cb_session_options so;
+  cb_generate_options go;
+  cb_model_info info;
+  int32_t ids[128];
+  collector c16, c32;
+  size_t n;
+  uint64_t want;
+
+  cb_model_info_init(&info);
+  CHECK_OK(cb_model_get_info(m, &info));
+  want = (uint64_t)info.n_layer * 256u * 2u * (uint64_t)info.n_head_kv * (uint64_t)info.head_dim;
+
+  cb_session_options_init(&so);
+  CHECK(so.kv_type == CB_KV_F16);
+  so.n_ctx = 256;
+  so.n_threads = 2;
+  CHECK_OK(cb_session_create(m, &so, &s16));
+  so.kv_type = CB_KV_F32;
+  CHECK_OK(cb_session_create(m, &so, &s32));
+  /* The struct of a program built before kv_type: the field is not read. */
+  so.struct_size = offsetof(cb_session_options, kv_type);
+  so.reserved0 = 12345; /* its padding there: ignored */
+  CHECK_OK(cb_session_create(m, &so, &old));
+  so.struct_size = sizeof(so);
+  so.reserved0 = 0;
+  so.kv_type = 2;
+  CHECK_ERR(cb_session_create(m, &so, &bad), CB_ERR_INVALID_ARGUMENT);
+  CHECK(bad == NULL && strstr(cb_last_error(), "kv_type") != NULL);
+  so.kv_type = -1;
+  CHECK_ERR(cb_session_create(m, &so, &bad), CB_ERR_INVALID_ARGUMENT);
+  CHECK(cb_session_kv_bytes(NULL) == 0);
+  if (s16 == NULL || s32 == NULL || old == NULL) goto done;
+  CHECK(cb_session_kv_bytes(s16) == 2 * want);
+  CHECK(cb_session_kv_bytes(s32) == 4 * want);
+  CHECK(cb_session_kv_bytes(old) == 2 * want);
+
+  n = chat_prompt(m, "What is the capital of France? Please answer in one word.", ids, 128);
+  cb_generate_options_init(&go);
+  go.max_tokens = 6;
+  memset(&c16, 0, sizeof c16);
+  memset(&c32, 0, sizeof c32);
+  CHECK_OK(cb_generate(s16, ids, n, &go, collect, &c16, NULL));
+  CHECK_OK(cb_generate(s32, ids, n, &go, collect, &c32, NULL));
+  CHECK(c16.n_tokens > 0 && strcmp(c16.text, c32.text) == 0);
+done:
+  cb_session_free(s16);
+  cb_session_free(s32);
+  cb_session_free(old);
 }
 
 /* The session keeps the model alive after cb_model_free. */

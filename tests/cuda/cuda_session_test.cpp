@@ -184,9 +184,14 @@ TEST_F(CudaSession, BlendSelectionAndFusedCacheMatchCpu) {
     ASSERT_EQ(gpu.n_past(), cpu.n_past());
     const size_t n = static_cast<size_t>(cpu.n_past() * hp.kv_dim());
     double worst_k = 0.0, worst_v = 0.0;
+    std::vector<float> gk(n), gv(n), ck(n), cv(n);
     for (int64_t l = 0; l < hp.n_layer; ++l) {
-      const double ek = test::rel_l2({gpu.k_cache(l), n}, {cpu.k_cache(l), n});
-      const double ev = test::rel_l2({gpu.v_cache(l), n}, {cpu.v_cache(l), n});
+      gpu.read_kv_rows(l, false, 0, cpu.n_past(), gk.data());
+      gpu.read_kv_rows(l, true, 0, cpu.n_past(), gv.data());
+      cpu.read_kv_rows(l, false, 0, cpu.n_past(), ck.data());
+      cpu.read_kv_rows(l, true, 0, cpu.n_past(), cv.data());
+      const double ek = test::rel_l2(gk, ck);
+      const double ev = test::rel_l2(gv, cv);
       EXPECT_LE(ek, 1e-2) << "K of layer " << l;
       EXPECT_LE(ev, 1e-2) << "V of layer " << l;
       worst_k = std::max(worst_k, ek);

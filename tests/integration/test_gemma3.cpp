@@ -93,7 +93,7 @@ TEST_F(Gemma3, LastLogitsMatchFloat64Reference) {
         test::read_f64(CB_BINARY_DIR "/oracle/gemma3/" + name + ".logits.f64");
     ASSERT_EQ(ref.size(), static_cast<size_t>(model().hparams().n_vocab)) << name;
     const std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
-    Session s(model(), {.n_ctx = 512, .n_threads = 2});
+    Session s(model(), {.n_ctx = 512, .n_threads = 2, .kv_type = KvType::kF32});
     const test::LogitsError e = test::compare_logits(s.prefill(ids), ref);
     std::printf("  %-20s %3zu tokens  rel L2 %.2e\n", name.c_str(), ids.size(), e.rel_l2);
     EXPECT_LE(e.rel_l2, 1e-3) << name;
@@ -104,6 +104,10 @@ TEST_F(Gemma3, LastLogitsMatchFloat64Reference) {
 TEST_F(Gemma3, GreedyContinuationsMatchLlamaCpp) {
   EXPECT_GE(test::greedy_against_golden(kGolden, CB_GEMMA3_MODEL, /*int8_decode=*/false,
                                         {.by_our_logits = true, .near_tie = 1.0}),
+            5);
+  EXPECT_GE(test::greedy_against_golden(
+                kGolden, CB_GEMMA3_MODEL, /*int8_decode=*/false,
+                {.by_our_logits = true, .near_tie = 1.0, .kv_type = KvType::kF16}),
             5);
 }
 

@@ -35,6 +35,14 @@ TEST(LlamaCppGolden, GreedyContinuationsMatch) {
   EXPECT_GE(test::greedy_against_golden(kGolden, test::model_path(), /*int8_decode=*/false, {}), 5);
 }
 
+// The default f16 cache, as llama.cpp's, on the f32 decode path: the same
+// rule and count as the f32 cache.
+TEST(LlamaCppGolden, GreedyContinuationsMatchWithF16Cache) {
+  EXPECT_GE(test::greedy_against_golden(kGolden, test::model_path(), /*int8_decode=*/false,
+                                        {.kv_type = KvType::kF16}),
+            5);
+}
+
 TEST(LlamaCppGolden, GreedyContinuationsMatchWithInt8Decode) {
   EXPECT_GE(test::greedy_against_golden(kGolden, test::model_path(), /*int8_decode=*/true,
                                         {.by_our_logits = true}),

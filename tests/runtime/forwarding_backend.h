@@ -106,6 +106,16 @@ class ForwardingBackend : public Backend {
     op({src, dst});
     inner_->scatter_rows(src, row_len, idx, n, dst);
   }
+  void scatter_rows_f16(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
+                        uint16_t* dst) override {
+    op({src, dst});
+    inner_->scatter_rows_f16(src, row_len, idx, n, dst);
+  }
+  void gather_rows_f16(const uint16_t* src, int64_t row_len, const int32_t* idx, int64_t n,
+                       float* dst) override {
+    op({src, dst});
+    inner_->gather_rows_f16(src, row_len, idx, n, dst);
+  }
   void top_k(const float* values, int64_t n, int64_t k, int32_t* out) override {
     op({values});  // out is host memory by design
     inner_->top_k(values, n, k, out);
@@ -131,10 +141,10 @@ class ForwardingBackend : public Backend {
   std::unique_ptr<Backend> inner_;
 
  private:
-  void op(std::initializer_list<const float*> args) {
+  void op(std::initializer_list<const void*> args) {
     before_op();
     std::lock_guard lock(buffers_mu_);
-    for (const float* a : args) {
+    for (const void* a : args) {
       const char* p = reinterpret_cast<const char*>(a);
       auto it = buffers_.upper_bound(p);
       if (it == buffers_.begin() || p >= std::prev(it)->first + std::prev(it)->second) ++host_args;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "runtime/sampler.h"
@@ -74,14 +75,15 @@ class FusorTest : public testing::Test {
     s.push_back({req.suffix});
     return s;
   }
-  std::vector<float> fused(const BlendOptions& o, FusionStats* st = nullptr) {
-    Session s(model(), {.n_ctx = 512, .n_threads = 2});
+  std::vector<float> fused(const BlendOptions& o, FusionStats* st = nullptr,
+                           KvType kv = KvType::kF16, const PipelineOptions& p = {}) {
+    Session s(model(), {.n_ctx = 512, .n_threads = 2, .kv_type = kv});
     auto segs = segments();
-    auto l = fuse_prefill(s, segs, o, st);
+    auto l = fuse_prefill(s, segs, o, st, p);
     return {l.begin(), l.end()};
   }
-  std::vector<float> full() {
-    Session s(model(), {.n_ctx = 512, .n_threads = 2});
+  std::vector<float> full(KvType kv = KvType::kF16) {
+    Session s(model(), {.n_ctx = 512, .n_threads = 2, .kv_type = kv});
     auto l = s.prefill(req.all());
     return {l.begin(), l.end()};
   }
@@ -164,6 +166,27 @@ TEST_F(FusorTest, RatioZeroEqualsReuse) {
   EXPECT_GT(rel_l2(r, full()), 1e-3);
 }
 
+// The identities with either cache type.  They are not bitwise in f32
+// either (r = 1 recomputes the leading exact chunk's layer 0, r = 0 carries
+// every row through layer 0), so an f16 cache may round an element either
+// side of a boundary where the two passes differ by an ulp of f32; what the
+// f16 cache must not do is widen them beyond the f32 bar.  The pipeline,
+// whose passes are the same arithmetic, stays bitwise with f16.
+TEST_F(FusorTest, IdentitiesHoldWithEitherCacheType) {
+  for (KvType kv : {KvType::kF32, KvType::kF16}) {
+    const std::vector<float> f = full(kv), r = fused({BlendMode::kReuse, {}}, nullptr, kv);
+    const double one = rel_l2(fused({BlendMode::kBlend, {{1, 1.0f}}}, nullptr, kv), f);
+    const double zero = rel_l2(fused({BlendMode::kBlend, {{1, 0.0f}}}, nullptr, kv), r);
+    std::printf("%s cache: r = 1 vs full prefill %.3e, r = 0 vs reuse %.3e\n", kv_type_name(kv),
+                one, zero);
+    EXPECT_LE(one, 1e-4) << kv_type_name(kv);
+    EXPECT_LE(zero, 1e-4) << kv_type_name(kv);
+    const BlendOptions blend = blend_with(Selection::kHkvd, {{1, 0.3f}});
+    EXPECT_EQ(fused(blend, nullptr, kv, {.enabled = false}), fused(blend, nullptr, kv))
+        << "pipelined equals serial, " << kv_type_name(kv);
+  }
+}
+
 TEST_F(FusorTest, BlendIsBetweenReuseAndFull) {
   auto f = full();
   FusionStats st;
@@ -195,7 +218,8 @@ TEST_F(FusorTest, SelectedSetHoldsEveryUncachedToken) {
 }
 
 TEST_F(FusorTest, StoredLayer0KeyRotatedEqualsKeyComputedInPlace) {
-  Session s(model(), {.n_ctx = 512, .n_threads = 2});
+  // An f32 cache: the tolerance is that of recomputation, below f16's step.
+  Session s(model(), {.n_ctx = 512, .n_threads = 2, .kv_type = KvType::kF32});
   s.prefill(req.all());
   const int64_t kv_dim = model().hparams().kv_dim();
   const LlamaHparams& hp = model().hparams();
@@ -207,8 +231,9 @@ TEST_F(FusorTest, StoredLayer0KeyRotatedEqualsKeyComputedInPlace) {
   std::vector<int32_t> pos(static_cast<size_t>(len));
   for (int64_t i = 0; i < len; ++i) pos[i] = static_cast<int32_t>(p0 + i);
   rope_keys(s.backend(), hp, 0, k.data(), pos.data(), len);
-  const float* in_place_k = s.k_cache(0) + p0 * kv_dim;
-  const float* in_place_v = s.v_cache(0) + p0 * kv_dim;
+  std::vector<float> in_place_k(static_cast<size_t>(len * kv_dim)), in_place_v(in_place_k.size());
+  s.read_kv_rows(0, false, p0, len, in_place_k.data());
+  s.read_kv_rows(0, true, p0, len, in_place_v.data());
   for (int64_t i = 0; i < len * kv_dim; ++i) {
     ASSERT_NEAR(k[i], in_place_k[i], 1e-4f * (1.0f + std::fabs(in_place_k[i]))) << i;
     ASSERT_NEAR(kv[2].v[i], in_place_v[i], 1e-4f * (1.0f + std::fabs(in_place_v[i]))) << i;
@@ -346,9 +371,10 @@ TEST_F(FusorTest, LookaheadCountsItsReusePass) {
 // attend only to each other: after the lookahead's reuse pass their KV is
 // final, at every layer, and the blend pass leaves it alone.
 TEST_F(FusorTest, HeadKvAfterLookaheadIsFullPrefills) {
-  Session f(model(), {.n_ctx = 512, .n_threads = 2});
+  // f32 caches: with f16 an element a few ulps off may round the other way.
+  Session f(model(), {.n_ctx = 512, .n_threads = 2, .kv_type = KvType::kF32});
   f.prefill(req.all());
-  Session s(model(), {.n_ctx = 512, .n_threads = 2});
+  Session s(model(), {.n_ctx = 512, .n_threads = 2, .kv_type = KvType::kF32});
   auto segs = segments();
   FusionStats st;
   fuse_prefill(s, segs, blend_with(Selection::kLookahead, {{0, 0.2f}}), &st);
@@ -356,10 +382,13 @@ TEST_F(FusorTest, HeadKvAfterLookaheadIsFullPrefills) {
   ASSERT_GT(st.final_rows.front(), static_cast<int32_t>(req.head.size()));
   const int64_t kv_dim = model().hparams().kv_dim(), n = static_cast<int64_t>(req.head.size());
   for (int64_t l = 0; l < model().hparams().n_layer; ++l) {
-    const std::vector<float> k(s.k_cache(l), s.k_cache(l) + n * kv_dim);
-    const std::vector<float> v(s.v_cache(l), s.v_cache(l) + n * kv_dim);
-    EXPECT_LE(rel_l2(k, std::vector<float>(f.k_cache(l), f.k_cache(l) + n * kv_dim)), 1e-5) << l;
-    EXPECT_LE(rel_l2(v, std::vector<float>(f.v_cache(l), f.v_cache(l) + n * kv_dim)), 1e-5) << l;
+    std::vector<float> k(static_cast<size_t>(n * kv_dim)), v(k.size()), fk(k.size()), fv(k.size());
+    s.read_kv_rows(l, false, 0, n, k.data());
+    s.read_kv_rows(l, true, 0, n, v.data());
+    f.read_kv_rows(l, false, 0, n, fk.data());
+    f.read_kv_rows(l, true, 0, n, fv.data());
+    EXPECT_LE(rel_l2(k, fk), 1e-5) << l;
+    EXPECT_LE(rel_l2(v, fv), 1e-5) << l;
   }
 }
 

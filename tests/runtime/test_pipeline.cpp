@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "../cache/redis_test_util.h"
+#include "platform/half.h"
 #include "runtime/blend/flash_chunk_store.h"
 #include "runtime/blend/layer_pipeline.h"
 #include "runtime/blend/rag_request.h"
@@ -241,9 +242,16 @@ TEST_F(PipelineTest, LookAheadIsBoundedAndTheLoaderAlwaysJoins) {
     std::iota(pos.begin(), pos.end(), begin);
     const auto& hp = model().hparams();
     rope_keys(s.backend(), hp, 0, k.data(), pos.data(), len);
-    EXPECT_TRUE(std::equal(k.begin(), k.end(), s.k_cache(0) + begin * kv_dim));
-    EXPECT_TRUE(
-        std::equal(kv[0].v.begin(), kv[0].v.begin() + len * kv_dim, s.v_cache(0) + begin * kv_dim));
+    // The session's default f16 cache: the rotated f32 rows, rounded once.
+    ASSERT_EQ(s.kv_type(), KvType::kF16);
+    std::vector<float> v(kv[0].v.begin(), kv[0].v.begin() + len * kv_dim);
+    for (float& x : k) x = f16_to_f32(f32_to_f16(x));
+    for (float& x : v) x = f16_to_f32(f32_to_f16(x));
+    std::vector<float> got_k(k.size()), got_v(k.size());
+    s.read_kv_rows(0, false, begin, len, got_k.data());
+    s.read_kv_rows(0, true, begin, len, got_v.data());
+    EXPECT_EQ(k, got_k);
+    EXPECT_EQ(v, got_v);
     p.finish();
     EXPECT_GE(p.stats().layers_loaded, 1);
     EXPECT_FALSE(p.synchronize(1));  // finished: nothing more is loaded

@@ -7,7 +7,9 @@
 #include <limits>
 
 #include "platform/error.h"
+#include "platform/half.h"
 #include "runtime/model.h"
+#include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "tests/runtime/gguf_builder.h"
 #include "tests/runtime/model_path.h"
@@ -37,26 +39,30 @@ TEST(Model, HyperParametersComeFromTheFile) {
   EXPECT_EQ(model().fingerprint(), model().fingerprint());
 }
 
+// f32 caches here and in the next test: batches and kernel levels differ
+// by ~1e-7, and an f16 cache turns such a difference into a whole f16 step
+// (~5e-4 relative) at each element that lies near a rounding boundary.
 TEST(Session, BatchedPrefillEqualsTokenByToken) {
   auto ids = prompt_ids();
   ASSERT_GT(ids.size(), 8u);
-  Session whole(model(), {.n_ctx = 256, .n_threads = 2});
+  Session whole(model(), {.n_ctx = 256, .n_threads = 2, .kv_type = KvType::kF32});
   auto a = whole.prefill(ids);
   std::vector<float> logits_whole(a.begin(), a.end());
 
-  SessionOptions chunked{.n_ctx = 256, .n_threads = 2, .n_batch = 5};
+  SessionOptions chunked{.n_ctx = 256, .n_threads = 2, .n_batch = 5, .kv_type = KvType::kF32};
   Session pieces(model(), chunked);
   auto b = pieces.prefill(ids);
   EXPECT_LT(rel_l2(b, logits_whole), 1e-5);
 
   // One token at a time through prefill (the f32 path), and through
   // decode() with int8 decode off: the same arithmetic as the batch.
-  Session steps(model(), {.n_ctx = 256, .n_threads = 1});
+  Session steps(model(), {.n_ctx = 256, .n_threads = 1, .kv_type = KvType::kF32});
   std::span<const float> c;
   for (int32_t t : ids) c = steps.prefill({&t, 1});
   EXPECT_LT(rel_l2(c, logits_whole), 1e-5);
   EXPECT_EQ(steps.n_past(), static_cast<int64_t>(ids.size()));
-  Session f32_decode(model(), {.n_ctx = 256, .n_threads = 1, .int8_decode = false});
+  Session f32_decode(model(),
+                     {.n_ctx = 256, .n_threads = 1, .int8_decode = false, .kv_type = KvType::kF32});
   for (int32_t t : ids) c = f32_decode.decode(t);
   EXPECT_LT(rel_l2(c, logits_whole), 1e-5);
 }
@@ -86,11 +92,79 @@ TEST(Session, Int8DecodeStaysCloseToPrefill) {
 
 TEST(Session, ScalarAndFastKernelsAgree) {
   auto ids = prompt_ids();
-  Session fast(model(), {.n_ctx = 128, .n_threads = 2});
+  Session fast(model(), {.n_ctx = 128, .n_threads = 2, .kv_type = KvType::kF32});
   auto a = fast.prefill(ids);
   std::vector<float> la(a.begin(), a.end());
-  Session ref(model(), {.n_ctx = 128, .n_threads = 2, .kernels = CpuKernelLevel::kScalar});
+  Session ref(
+      model(),
+      {.n_ctx = 128, .n_threads = 2, .kernels = CpuKernelLevel::kScalar, .kv_type = KvType::kF32});
   EXPECT_LT(rel_l2(ref.prefill(ids), la), 1e-4);
+}
+
+// The default f16 cache against f32 on the real model: the prompt's logits
+// stay within 1e-2 relative L2 (measured ~1e-3; a cache read as the wrong
+// type, or rows rounded twice, is O(1)), the greedy token and a short
+// greedy continuation are the same, and the cache takes half the bytes.
+TEST(Session, F16KvCacheStaysCloseToF32) {
+  auto ids = prompt_ids();
+  Session f16(model(), {.n_ctx = 256, .n_threads = 2, .int8_decode = false});
+  Session f32(model(),
+              {.n_ctx = 256, .n_threads = 2, .int8_decode = false, .kv_type = KvType::kF32});
+  ASSERT_EQ(f16.kv_type(), KvType::kF16);  // the default
+  const LlamaHparams& hp = model().hparams();
+  const size_t per_element = static_cast<size_t>(hp.n_layer * 2 * 256 * hp.kv_dim());
+  EXPECT_EQ(f16.kv_cache_bytes(), 2 * per_element);
+  EXPECT_EQ(f32.kv_cache_bytes(), 4 * per_element);
+  auto a = f16.prefill(ids);
+  std::vector<float> l16(a.begin(), a.end());
+  auto b = f32.prefill(ids);
+  std::vector<float> l32(b.begin(), b.end());
+  const double err = rel_l2(l16, l32);
+  std::printf("f16 vs f32 KV cache: prompt logits rel L2 %.3e\n", err);
+  EXPECT_LT(err, 1e-2);
+  EXPECT_GT(err, 0.0);  // the cache is f16: something was rounded
+  double worst = err;
+  for (int step = 0; step < 8; ++step) {
+    const int32_t t16 = argmax(l16), t32 = argmax(l32);
+    ASSERT_EQ(t16, t32) << "step " << step;
+    a = f16.decode(t16);
+    l16.assign(a.begin(), a.end());
+    b = f32.decode(t32);
+    l32.assign(b.begin(), b.end());
+    worst = std::max(worst, rel_l2(l16, l32));
+  }
+  std::printf("f16 vs f32 KV cache: worst logits rel L2 over 8 decode steps %.3e\n", worst);
+  EXPECT_LT(worst, 1e-2);
+}
+
+// Layer 0's K and V are computed before any attention, so the f16 cache
+// holds exactly the f16 rounding of what the f32 cache holds there.
+TEST(Session, F16KvCacheHoldsTheRoundedLayer0) {
+  auto ids = prompt_ids();
+  const int64_t n = static_cast<int64_t>(ids.size()), kv_dim = model().hparams().kv_dim();
+  Session f16(model(), {.n_ctx = 128, .n_threads = 2});
+  Session f32(model(), {.n_ctx = 128, .n_threads = 2, .kv_type = KvType::kF32});
+  f16.prefill(ids);
+  f32.prefill(ids);
+  for (bool v : {false, true}) {
+    std::vector<float> got(static_cast<size_t>(n * kv_dim)), want(got.size());
+    f16.read_kv_rows(0, v, 0, n, got.data());
+    f32.read_kv_rows(0, v, 0, n, want.data());
+    size_t changed = 0;
+    for (float& x : want) {
+      const float r = f16_to_f32(f32_to_f16(x));
+      changed += r != x;
+      x = r;
+    }
+    EXPECT_EQ(got, want) << (v ? "V" : "K");
+    EXPECT_GT(changed, want.size() / 2) << "f32 values are rarely f16 values already";
+  }
+}
+
+TEST(Session, RejectsAnUnknownKvType) {
+  SessionOptions o{.n_ctx = 64, .n_threads = 1};
+  o.kv_type = static_cast<KvType>(7);
+  EXPECT_THROW(Session(model(), o), Error);
 }
 
 TEST(Session, TruncateThenReplayGivesSameLogits) {

@@ -42,9 +42,12 @@ class StagedLoadsTest : public testing::Test, public test::LighthouseRequest {
     f.logits.assign(l.begin(), l.end());
     const auto& hp = model().hparams();
     const int64_t row = hp.kv_dim(), n = s.n_past();
+    std::vector<float> rows(static_cast<size_t>(n * row));
     for (int64_t layer = 0; layer < hp.n_layer; ++layer) {
-      f.kv.insert(f.kv.end(), s.k_cache(layer), s.k_cache(layer) + n * row);
-      f.kv.insert(f.kv.end(), s.v_cache(layer), s.v_cache(layer) + n * row);
+      for (bool v : {false, true}) {
+        s.read_kv_rows(layer, v, 0, n, rows.data());
+        f.kv.insert(f.kv.end(), rows.begin(), rows.end());
+      }
     }
     return f;
   }

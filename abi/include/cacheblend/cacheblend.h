@@ -323,6 +323,14 @@ CB_API cb_status cb_chat_format(const cb_model* model, const cb_chat_message* me
 
 typedef struct cb_session cb_session;
 
+/* The element type of a session's KV cache (cb_session_options.kv_type). */
+typedef enum cb_kv_type {
+  /* binary16 (default): half the memory of f32; each K/V element is rounded
+   * once, to nearest, when written (logits move by ~1e-3 relative L2). */
+  CB_KV_F16 = 0,
+  CB_KV_F32 = 1 /* exact f32 */
+} cb_kv_type;
+
 typedef struct cb_session_options {
   size_t struct_size;
   /* Context length in tokens (size of the KV cache).  0 (default): the
@@ -335,6 +343,14 @@ typedef struct cb_session_options {
   /* Tokens per forward chunk during prefill (bounds activation memory);
    * 0 (default): 512. */
   int32_t n_batch;
+  /* Unused; keeps kv_type past the end of the earlier struct (whose
+   * padding it would otherwise share), so an earlier program's struct
+   * reads as kv_type's default. */
+  int32_t reserved0;
+  /* Added after reserved0.  A cb_kv_type: CB_KV_F16 (default) or CB_KV_F32;
+   * the KV cache takes n_layers x n_ctx x 2 x kv_dim x (2 or 4) bytes
+   * (cb_session_kv_bytes).  Another value: CB_ERR_INVALID_ARGUMENT. */
+  int32_t kv_type;
 } cb_session_options;
 
 /* Fills `opts` with defaults.  NULL is ignored. */
@@ -373,6 +389,10 @@ CB_API cb_status cb_session_prefill(cb_session* session, const int32_t* tokens, 
 CB_API int32_t cb_session_n_past(const cb_session* session);
 /* The session's context length (0 for NULL or a dead handle). */
 CB_API int32_t cb_session_n_ctx(const cb_session* session);
+/* Bytes of the session's KV cache, allocated when it was created (K and V
+ * of every layer for n_ctx positions, at the options' kv_type); 0 for NULL
+ * or a dead handle. */
+CB_API uint64_t cb_session_kv_bytes(const cb_session* session);
 /* Forgets the whole context (n_past becomes 0); keeps the allocation.  The
  * session's thread only. */
 CB_API cb_status cb_session_reset(cb_session* session);

@@ -59,7 +59,7 @@ class ChatMessage(Structure):
 
 class SessionOptions(Structure):
     _fields_ = [("struct_size", c_size_t), ("n_ctx", c_int32), ("n_threads", c_int32),
-                ("n_batch", c_int32)]
+                ("n_batch", c_int32), ("reserved0", c_int32), ("kv_type", c_int32)]
 
 
 class SamplingOptions(Structure):
@@ -162,6 +162,7 @@ _PROTOTYPES = {
     "cb_session_prefill": (c_enum, [SessionPtr, _I32P, c_size_t]),
     "cb_session_n_past": (c_int32, [SessionPtr]),
     "cb_session_n_ctx": (c_int32, [SessionPtr]),
+    "cb_session_kv_bytes": (c_uint64, [SessionPtr]),
     "cb_session_reset": (c_enum, [SessionPtr]),
     "cb_session_set_abort_callback": (c_enum, [SessionPtr, AbortCallback, c_void_p]),
     "cb_session_logits": (c_enum, [SessionPtr, POINTER(POINTER(c_float)), _SIZEP]),

@@ -9,7 +9,7 @@ from ctypes import POINTER, byref, c_char_p, c_float, c_size_t
 from . import _native
 from .errors import Closeable, Status, check, closed_error, error_for
 from .model import tokenize
-from .types import c_int32_array, c_string, generate_stats, rag_stats, rag_struct
+from .types import KvType, c_int32_array, c_string, generate_stats, rag_stats, rag_struct
 from ._native import lib
 
 
@@ -45,12 +45,14 @@ class Session(Closeable):
                training context and 4096
     n_threads  compute threads; 0: the model's n_threads
     n_batch    tokens per forward chunk during prefill; 0: 512
+    kv_type    the KV cache's element type: KvType.F16 (default: half the
+               memory) or KvType.F32 (exact); a member, its number or "f16"/"f32"
 
     Prompts may be text (tokenized with control tokens parsed, BOS/EOS added
     as the model says when the session is empty), bytes, or token ids.
     """
 
-    def __init__(self, model, n_ctx=None, n_threads=None, n_batch=None):
+    def __init__(self, model, n_ctx=None, n_threads=None, n_batch=None, kv_type=None):
         self._handle = None
         shared = model._shared
         if shared is None:
@@ -59,6 +61,8 @@ class Session(Closeable):
         for name, value in (("n_ctx", n_ctx), ("n_threads", n_threads), ("n_batch", n_batch)):
             if value is not None:
                 setattr(opts, name, value)
+        if kv_type is not None:
+            opts.kv_type = int(KvType.coerce(kv_type))
         ptr = _native.SessionPtr()
         check(lib.cb_session_create(shared.ptr, byref(opts), byref(ptr)))
         shared.acquire()
@@ -130,6 +134,11 @@ class Session(Closeable):
     def n_ctx(self):
         """The session's context length."""
         return lib.cb_session_n_ctx(self._ptr())
+
+    @property
+    def kv_bytes(self):
+        """Bytes of the session's KV cache (allocated at creation)."""
+        return lib.cb_session_kv_bytes(self._ptr())
 
     def reset(self):
         """Forgets the whole context."""

@@ -34,6 +34,13 @@ class ChatTemplate(_NamedEnum):
     GEMMA = 3
 
 
+class KvType(_NamedEnum):
+    """The element type of a session's KV cache: F16 (default) halves its
+    memory; F32 keeps it exact."""
+    F16 = 0
+    F32 = 1
+
+
 class StopReason(_NamedEnum):
     NONE = 0
     MAX_TOKENS = 1

@@ -259,6 +259,23 @@ def test_chunk_cache_tiers(model, session, tmp_path):
         assert tiers[0].misses + tiers[0].hits >= 6
 
 
+def test_kv_type_sets_the_cache_size_and_keeps_greedy_text(model):
+    info = model.info
+    with model.session(n_ctx=256) as f16, model.session(n_ctx=256, kv_type="f32") as f32:
+        per_type = info.n_layer * 256 * 2 * info.n_head_kv * info.head_dim
+        assert f16.kv_bytes == 2 * per_type  # the default
+        assert f32.kv_bytes == 4 * per_type
+        # The same greedy text on this prompt: the f16 rounding moves the
+        # logits by ~1e-3, far below its top-2 gaps.
+        assert f16.generate(PROMPT, max_tokens=8) == f32.generate(PROMPT, max_tokens=8)
+    # Unknown values stop in the bindings (the C API's own check is
+    # tests/abi's).
+    with pytest.raises(ValueError, match="not a valid KvType"):
+        model.session(kv_type=7)
+    with pytest.raises(ValueError, match="unknown KvType"):
+        model.session(kv_type="bf16")
+
+
 def test_errors_carry_status_and_message(tmp_path, session):
     missing = tmp_path / "no-such-model.gguf"
     with pytest.raises(cb.Error) as err:
