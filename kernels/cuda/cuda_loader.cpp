@@ -78,6 +78,25 @@ const Plugin& plugin() {
   return loaded;
 }
 
+// The devices the CUDA driver (libcuda) reports, asked without the plugin:
+// 0 when there is no driver, it fails to start, or it sees no device.
+int driver_device_count() {
+  static const int count = [] {
+    std::string error;
+    void* driver = open_shared_library("libcuda.so.1", &error);
+    if (driver == nullptr) return 0;
+    using Init = int (*)(unsigned);
+    using Count = int (*)(int*);
+    const auto init = reinterpret_cast<Init>(shared_library_symbol(driver, "cuInit"));
+    const auto get_count =
+        reinterpret_cast<Count>(shared_library_symbol(driver, "cuDeviceGetCount"));
+    int n = 0;
+    if (init == nullptr || get_count == nullptr || init(0) != 0 || get_count(&n) != 0) return 0;
+    return n;
+  }();
+  return count;
+}
+
 const CudaPluginApi& api_or_fail() {
   const Plugin& p = plugin();
   if (p.api == nullptr) fail(ErrorCode::kUnsupported, p.why);
@@ -93,6 +112,9 @@ bool cuda_plugin_available(std::string* why) {
 }
 
 int cuda_device_count() {
+  // Without a driver or a device the plugin is not loaded: it maps the CUDA
+  // runtime and cuBLAS (~190 MiB of resident memory) for nothing.
+  if (driver_device_count() == 0) return 0;
   const Plugin& p = plugin();
   return p.api != nullptr ? p.api->device_count() : 0;
 }

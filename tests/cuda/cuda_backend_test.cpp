@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <latch>
 #include <limits>
 #include <numeric>
@@ -25,6 +27,8 @@
 
 #include "kernels/cpu/reference_ops.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "platform/shared_library.h"
+#include "runtime/session.h"
 #include "tests/cuda/cuda_fixture.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -63,6 +67,23 @@ TEST(CudaPlugin, LoadsFromTheBuildTree) {
   if (std::getenv("CB_CUDA_PLUGIN") != nullptr) GTEST_SKIP() << "CB_CUDA_PLUGIN is set";
   std::string why;
   EXPECT_TRUE(cuda_plugin_available(&why)) << why;
+}
+
+// On a machine without the CUDA driver, choosing a backend (kAuto) does not
+// load the plugin, which would map the CUDA runtime and cuBLAS for nothing.
+TEST(CudaPlugin, AutoWithoutADriverLeavesThePluginUnloaded) {
+  std::string error;
+  if (open_shared_library("libcuda.so.1", &error) != nullptr)
+    GTEST_SKIP() << "a CUDA driver is present";
+  const auto mapped = [] {
+    std::ifstream maps("/proc/self/maps");
+    return std::string{std::istreambuf_iterator<char>(maps), {}};
+  };
+  if (mapped().find("libcacheblend-cuda") != std::string::npos)
+    GTEST_SKIP() << "an earlier test of this process loaded the plugin";
+  EXPECT_EQ(resolve_backend(BackendRequest::kAuto, 0), BackendKind::kCpu);
+  EXPECT_EQ(mapped().find("libcacheblend-cuda"), std::string::npos);
+  EXPECT_EQ(mapped().find("libcublas"), std::string::npos);
 }
 
 // Run by CTest with CB_CUDA_PLUGIN naming a file that does not exist
