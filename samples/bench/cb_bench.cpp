@@ -124,6 +124,8 @@ const char* const kUsage =
     "                   context, 4096))\n"
     "  --kv-type T      the session's KV cache: f16 (default, half the memory) or\n"
     "                   f32 (exact)\n"
+    "  --n-batch N      tokens per forward chunk of a prefill (default 512); fewer\n"
+    "                   take less activation memory\n"
     "  --json           print one JSON object per line instead of text\n"
     "  --help           this text\n"
     "\n"

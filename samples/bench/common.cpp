@@ -39,8 +39,9 @@ void check(cb_status s, const std::string& what) {
 // Command line
 
 Args parse_args(int argc, char** argv) {
-  static const std::set<std::string> kCommon = {
-      "--model", "--threads", "--n-ctx", "--backend", "--device", "--chat-template", "--kv-type"};
+  static const std::set<std::string> kCommon = {"--model",   "--threads", "--n-ctx",
+                                                "--backend", "--device",  "--chat-template",
+                                                "--kv-type", "--n-batch"};
   static const std::map<std::string, std::set<std::string>> kValueFlags = {
       {"generate",
        {"--prompt", "--system", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
@@ -153,6 +154,7 @@ Common common_options(const Args& a) {
   Common c;
   c.threads = static_cast<int>(parse_int(a, "--threads", available_cores(), 1, 512));
   c.n_ctx = static_cast<int>(parse_int(a, "--n-ctx", 0, 1, 1 << 30));
+  c.n_batch = static_cast<int>(parse_int(a, "--n-batch", 0, 1, 1 << 20));
   c.device = static_cast<int>(parse_int(a, "--device", 0, 0, 4095));
   c.json = a.switches.count("--json") > 0;
   if (auto it = a.values.find("--backend"); it != a.values.end()) {
@@ -208,6 +210,7 @@ void create_session(const Model& model, const Common& c, int n_ctx, Session& s) 
   so.n_threads = c.threads;
   so.n_ctx = n_ctx;
   so.kv_type = c.kv_type;
+  so.n_batch = c.n_batch;
   check(cb_session_create(model.h, &so, &s.h), "cannot create a session");
 }
 
@@ -247,6 +250,7 @@ cbs::JsonObject header(const char* bench, const Common& c, const Model& model, c
       .add("model", c.model_path)
       .add("model_name", model_name(model))
       .add("kernels", kernels_name(model));
+  if (c.n_batch > 0) o.add("n_batch", static_cast<int64_t>(c.n_batch));
   return o;
 }
 
