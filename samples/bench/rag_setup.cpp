@@ -122,8 +122,9 @@ std::vector<cb_select> parse_selects(const Args& a) {
         found = true;
       }
     if (!found)
-      usage_error("option --select: unknown policy '" + name +
-                  "' (expected hkvd, hkvd_kv, attention, lookahead, random, oracle, oracle_kl or default)");
+      usage_error(
+          "option --select: unknown policy '" + name +
+          "' (expected hkvd, hkvd_kv, attention, lookahead, random, oracle, oracle_kl or default)");
     // Compared by name: default and the policy it stands for are one run.
     const std::string resolved = cb_select_name(out.back());
     if (std::count_if(out.begin(), out.end(),

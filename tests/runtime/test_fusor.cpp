@@ -301,10 +301,9 @@ TEST_F(FusorTest, UnreadableChunkIsRecomputed) {
   EXPECT_LE(rel_l2(g, want), 1e-6);
 }
 
-constexpr Selection kAllSelections[] = {Selection::kHkvd,      Selection::kHkvdKv,
-                                        Selection::kAttention, Selection::kLookahead,
-                                        Selection::kRandom,    Selection::kOracle,
-                                        Selection::kOracleKl};
+constexpr Selection kAllSelections[] = {
+    Selection::kHkvd,   Selection::kHkvdKv, Selection::kAttention, Selection::kLookahead,
+    Selection::kRandom, Selection::kOracle, Selection::kOracleKl};
 
 // The identities hold whatever ranks the tokens: all of them is full
 // prefill, none is reuse, and the pipeline changes nothing.
