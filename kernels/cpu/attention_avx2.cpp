@@ -152,8 +152,8 @@ void scores_rows(const float* const* q, const float* kt, int64_t hd, float* s) {
 // time.  Each output lane is the same chain (scale, then one FMA per key
 // in order) whatever MR is; a row whose weights end before nj gets FMAs
 // with exactly 0, which leave it unchanged.
-template <int MR, class T>
-void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t nj, const T* v,
+template <int MR>
+void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t nj, const float* v,
              int64_t ld) {
   int64_t d = 0;
   for (; d + 16 <= hd; d += 16) {
@@ -202,14 +202,12 @@ void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t n
 
 constexpr int kRowGroup = 6;
 using ScoresFn = void (*)(const float* const*, const float*, int64_t, float*);
-template <class T>
-using PvFn = void (*)(float*, int64_t, const float*, const float*, int64_t, const T*, int64_t);
+using PvFn = void (*)(float*, int64_t, const float*, const float*, int64_t, const float*, int64_t);
 constexpr ScoresFn kScores[kRowGroup + 1] = {nullptr,        scores_rows<1>, scores_rows<2>,
                                              scores_rows<3>, scores_rows<4>, scores_rows<5>,
                                              scores_rows<6>};
-template <class T>
-constexpr PvFn<T> kPv[kRowGroup + 1] = {nullptr,       pv_rows<1, T>, pv_rows<2, T>, pv_rows<3, T>,
-                                        pv_rows<4, T>, pv_rows<5, T>, pv_rows<6, T>};
+constexpr PvFn kPv[kRowGroup + 1] = {nullptr,    pv_rows<1>, pv_rows<2>, pv_rows<3>,
+                                     pv_rows<4>, pv_rows<5>, pv_rows<6>};
 
 // Turns the raw scores s[0..32) of a row whose visible keys in this block
 // are [lo, hi) into softmax weights against the row's running maximum
@@ -327,7 +325,7 @@ void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_b
           for (int64_t j = 0; j < kKeyBlock; ++j) sr[j] = 0.0f;
         }
       }
-      kPv<float>[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, v_ld);
+      kPv[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, v_ld);
     }
   }
 

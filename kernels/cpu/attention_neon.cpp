@@ -115,8 +115,8 @@ void scores_rows(const float* const* q, const float* kt, int64_t hd, float* s) {
 }
 
 // o[r] = o[r] * carry[r] + sum_{j < nj} p[r][j] * v_j, 16 dims at a time.
-template <int MR, class T>
-void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t nj, const T* v,
+template <int MR>
+void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t nj, const float* v,
              int64_t ld) {
   int64_t d = 0;
   for (; d + 16 <= hd; d += 16) {
@@ -127,7 +127,7 @@ void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t n
         acc[r][i] = vmulq_n_f32(vld1q_f32(o + r * hd + d + 4 * i), carry[r]);
     }
     for (int64_t j = 0; j < nj; ++j) {
-      const T* vr = v + j * ld + d;
+      const float* vr = v + j * ld + d;
       const float32x4_t v0 = load4(vr), v1 = load4(vr + 4);
       const float32x4_t v2 = load4(vr + 8), v3 = load4(vr + 12);
 #pragma GCC unroll 8
@@ -164,14 +164,12 @@ void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t n
 }
 
 using ScoresFn = void (*)(const float* const*, const float*, int64_t, float*);
-template <class T>
-using PvFn = void (*)(float*, int64_t, const float*, const float*, int64_t, const T*, int64_t);
+using PvFn = void (*)(float*, int64_t, const float*, const float*, int64_t, const float*, int64_t);
 constexpr ScoresFn kScores[kRowGroup + 1] = {nullptr,        scores_rows<1>, scores_rows<2>,
                                              scores_rows<3>, scores_rows<4>, scores_rows<5>,
                                              scores_rows<6>};
-template <class T>
-constexpr PvFn<T> kPv[kRowGroup + 1] = {nullptr,       pv_rows<1, T>, pv_rows<2, T>, pv_rows<3, T>,
-                                        pv_rows<4, T>, pv_rows<5, T>, pv_rows<6, T>};
+constexpr PvFn kPv[kRowGroup + 1] = {nullptr,    pv_rows<1>, pv_rows<2>, pv_rows<3>,
+                                     pv_rows<4>, pv_rows<5>, pv_rows<6>};
 
 // Softmax weights of one row's block of scores (see avx2 softmax_block).
 float softmax_block(float* s, int64_t lo, int64_t hi, float scale, float* running_max,
@@ -258,7 +256,7 @@ void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t
           for (int64_t j = 0; j < kKeyBlock; ++j) sr[j] = 0.0f;
         }
       }
-      kPv<float>[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, v_ld);
+      kPv[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, v_ld);
     }
   }
 
