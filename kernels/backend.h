@@ -111,10 +111,12 @@ class Backend {
   // norm of value j's part for head h's KV head.  a.out is not read.
   // `out` is ordinary host memory: the n_kv sums are what the host ranks.
   virtual void attention_contributions(const AttentionArgs& a, float* out) = 0;
-  // out[i] = silu(gate[i]) * up[i]
+  // out[i] = silu(gate[i]) * up[i]; out may be gate or up (the graph runs
+  // it in place on gate).
   virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
   // out[i] = gelu(gate[i]) * up[i], GELU in its tanh form (Gemma's GeGLU):
-  // gelu(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))).
+  // gelu(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))).  out
+  // may be gate or up.
   virtual void gelu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
   // x[i] *= s  (Gemma's embedding scale)
   virtual void scale(float* x, int64_t n, float s) = 0;

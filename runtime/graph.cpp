@@ -139,15 +139,13 @@ TensorId Graph::attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId
 }
 
 TensorId Graph::silu_mul(TensorId gate, TensorId up) {
-  TensorId out = new_tensor(tensors_[gate].rows, tensors_[gate].cols);
-  push(Op::kSiluMul, out, gate, up);
-  return out;
+  push(Op::kSiluMul, gate, gate, up);
+  return gate;
 }
 
 TensorId Graph::gelu_mul(TensorId gate, TensorId up) {
-  TensorId out = new_tensor(tensors_[gate].rows, tensors_[gate].cols);
-  push(Op::kGeluMul, out, gate, up);
-  return out;
+  push(Op::kGeluMul, gate, gate, up);
+  return gate;
 }
 
 void Graph::scale(TensorId x, float s) {

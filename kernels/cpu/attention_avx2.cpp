@@ -3,7 +3,7 @@
 // tile of 10 queries x 3 heads has 30 rows sharing every K/V load).  Keys go
 // by blocks of kKeyBlock with an online softmax per row:
 //  1. the block's keys are transposed into kt[d][j] (head_dim x 32), by the
-//     tile, or once per call for all tiles (transpose_key_blocks),
+//     tile, or once per KV head for all its tiles (transpose_key_blocks),
 //  2. scores S = Q K^T for six rows at a time: per d, 2 loads of kt and
 //     6 broadcasts feed 12 FMAs into 12 registers holding 6 x 16 scores,
 //  3. per row: the causal mask (key j visible iff j <= q_pos, and j >
@@ -259,7 +259,7 @@ float softmax_block(float* s, int64_t lo, int64_t hi, float scale, float* runnin
 
 // One pass over the keys for n_rows <= kMaxRows rows: row r is query
 // q_begin + r / nh, head h_begin + r % nh.
-// key_blocks: the call's transposed keys (transpose_key_blocks), or null
+// key_blocks: the tile's KV head's keys, transposed (transpose_key_blocks), or null
 // to transpose each block here.
 template <class T>
 void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_begin, int64_t nq,
@@ -301,7 +301,7 @@ void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_b
     // Scores.
     const float* kt = sc.kt;
     if (key_blocks != nullptr) {
-      kt = key_blocks + (kv_head * attention_key_blocks(a.n_kv) + j0 / kKeyBlock) * hd * kKeyBlock;
+      kt = key_blocks + j0 / kKeyBlock * hd * kKeyBlock;
     } else {
       transpose_keys(kb, kv_stride, nb, hd, sc.kt);
     }
@@ -343,16 +343,15 @@ void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_b
 void transpose_key_blocks(const AttentionArgs& a, int64_t g, int64_t b_begin, int64_t b_end,
                           float* key_blocks) {
   const int64_t hd = a.head_dim, ld = a.n_head_kv * hd;
-  float* head = key_blocks + g * attention_key_blocks(a.n_kv) * hd * kKeyBlock;
   for (int64_t b = b_begin; b < b_end; ++b) {
     const int64_t j0 = b * kKeyBlock;
     const int64_t nb = a.n_kv - j0 < kKeyBlock ? a.n_kv - j0 : kKeyBlock;
     if (a.kv_type == DType::F16) {
       transpose_keys(static_cast<const uint16_t*>(a.k) + j0 * ld + g * hd, ld, nb, hd,
-                     head + b * hd * kKeyBlock);
+                     key_blocks + b * hd * kKeyBlock);
     } else {
       transpose_keys(static_cast<const float*>(a.k) + j0 * ld + g * hd, ld, nb, hd,
-                     head + b * hd * kKeyBlock);
+                     key_blocks + b * hd * kKeyBlock);
     }
   }
 }

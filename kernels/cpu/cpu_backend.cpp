@@ -92,8 +92,11 @@ constexpr int64_t kMatmulTasksPerThread = 4;
 // Rows (query x head) of one attention task: with SmolLM2's 3 heads per KV
 // head, 10 queries x 3 heads.
 constexpr int64_t kAttentionTileRows = 32;
-// Beyond this the tiles transpose the keys they read themselves (a long
-// context of a large model: the copy would rival the KV cache's layer).
+// The keys of as many KV heads as fit in this are transposed at a time for
+// the attention tiles that read them.
+constexpr size_t kTransposedKeyBytes = size_t{4} << 20;
+// Beyond this for one KV head the tiles transpose the keys they read
+// themselves (a very long context: the copy would rival a layer's keys).
 constexpr size_t kMaxTransposedKeyBytes = size_t{64} << 20;
 
 // matmul_q8 takes the int8 GEMV for at most this many activation rows (the
@@ -259,14 +262,13 @@ class CpuBackend final : public Backend {
       const int64_t q_block = std::max<int64_t>(1, kAttentionTileRows / group);
       const int64_t n_qb = (a.n_q + q_block - 1) / q_block;
 #if CB_HAVE_AVX2_KERNELS
-      const float* key_blocks = level_ == Level::kAvx2 ? transposed_keys(a, n_qb) : nullptr;
+      if (level_ == Level::kAvx2 && attention_transposed(a, n_qb, q_block, group)) return;
 #endif
       pool_.parallel_for(n_qb * a.n_head_kv, [&](int64_t task, int) {
         const int64_t qb = n_qb - 1 - task / a.n_head_kv, g = task % a.n_head_kv;
         const int64_t q0 = qb * q_block, q1 = std::min(a.n_q, (qb + 1) * q_block);
 #if CB_HAVE_AVX2_KERNELS
-        if (level_ == Level::kAvx2)
-          avx2::attention_tile(a, key_blocks, q0, q1, g * group, (g + 1) * group);
+        if (level_ == Level::kAvx2) avx2::attention_tile(a, q0, q1, g * group, (g + 1) * group);
 #endif
 #if CB_HAVE_NEON_KERNELS
         if (level_ == Level::kNeon) neon::attention_tile(a, q0, q1, g * group, (g + 1) * group);
@@ -410,39 +412,58 @@ class CpuBackend final : public Backend {
 
  private:
 #if CB_HAVE_AVX2_KERNELS
-  // The call's keys transposed once (avx2::transpose_key_blocks) when
-  // several query blocks would each transpose them, in a buffer of the
-  // calling thread (sessions on different threads never share it); null
-  // (each tile transposes what it reads) for one query block, or when the
-  // copy would pass kMaxTransposedKeyBytes.
-  const float* transposed_keys(const AttentionArgs& a, int64_t n_query_blocks) {
-    if (n_query_blocks < 2 || a.head_dim > 256 || a.n_kv == 0) return nullptr;
+  // attention() with each KV head's keys transposed once for all its query
+  // blocks (avx2::transpose_key_blocks), a few heads at a time so that the
+  // copy stays within kTransposedKeyBytes: transposing the whole context at
+  // once would hold 2 KiB per token for a Llama 3.2 1B.  False (nothing
+  // done) for one query block, which transposes as it reads, or when one
+  // head's copy would pass kMaxTransposedKeyBytes.
+  bool attention_transposed(const AttentionArgs& a, int64_t n_qb, int64_t q_block,
+                            int64_t group) {
+    if (n_qb < 2 || a.head_dim > 256 || a.n_kv == 0) return false;
     const int64_t n_blocks = avx2::attention_key_blocks(a.n_kv);
-    const size_t floats =
-        static_cast<size_t>(a.n_head_kv * n_blocks * a.head_dim * avx2::kAttentionKeyBlock);
-    if (floats * sizeof(float) > kMaxTransposedKeyBytes) return nullptr;
+    const size_t head_floats = static_cast<size_t>(n_blocks * a.head_dim) *
+                               static_cast<size_t>(avx2::kAttentionKeyBlock);
+    if (head_floats * sizeof(float) > kMaxTransposedKeyBytes) return false;
+    const int64_t heads = std::clamp<int64_t>(
+        static_cast<int64_t>(kTransposedKeyBytes / (head_floats * sizeof(float))), 1,
+        a.n_head_kv);
+    // One buffer per calling thread (sessions on different threads never
+    // share it), sized for the budget at once so that a growing context
+    // does not reallocate it on every batch.
     struct Buffer {
       float* data = nullptr;
       size_t floats = 0;
       ~Buffer() { mi_free(data); }
     };
     thread_local Buffer buffer;
+    const size_t floats =
+        std::max(static_cast<size_t>(heads) * head_floats, kTransposedKeyBytes / sizeof(float));
     if (buffer.floats < floats) {
       mi_free(buffer.data);
-      buffer.data = nullptr;
       buffer.floats = 0;
       buffer.data = static_cast<float*>(mi_malloc_aligned(floats * sizeof(float), 64));
-      if (buffer.data == nullptr) return nullptr;  // the tiles transpose instead
+      if (buffer.data == nullptr) return false;  // the tiles transpose instead
       buffer.floats = floats;
     }
+    float* const keys = buffer.data;  // the pool's threads see their own `buffer`
     constexpr int64_t kBlocksPerTask = 16;
     const int64_t tasks_per_head = (n_blocks + kBlocksPerTask - 1) / kBlocksPerTask;
-    float* out = buffer.data;
-    pool_.parallel_for(a.n_head_kv * tasks_per_head, [&](int64_t task, int) {
-      const int64_t g = task / tasks_per_head, b0 = task % tasks_per_head * kBlocksPerTask;
-      avx2::transpose_key_blocks(a, g, b0, std::min(n_blocks, b0 + kBlocksPerTask), out);
-    });
-    return out;
+    for (int64_t g0 = 0; g0 < a.n_head_kv; g0 += heads) {
+      const int64_t n_g = std::min(heads, a.n_head_kv - g0);
+      auto head_keys = [&](int64_t g) { return keys + (g - g0) * head_floats; };
+      pool_.parallel_for(n_g * tasks_per_head, [&](int64_t task, int) {
+        const int64_t g = g0 + task / tasks_per_head, b0 = task % tasks_per_head * kBlocksPerTask;
+        avx2::transpose_key_blocks(a, g, b0, std::min(n_blocks, b0 + kBlocksPerTask),
+                                   head_keys(g));
+      });
+      pool_.parallel_for(n_qb * n_g, [&](int64_t task, int) {
+        const int64_t qb = n_qb - 1 - task / n_g, g = g0 + task % n_g;
+        const int64_t q0 = qb * q_block, q1 = std::min(a.n_q, (qb + 1) * q_block);
+        avx2::attention_tile(a, head_keys(g), q0, q1, g * group, (g + 1) * group);
+      });
+    }
+    return true;
   }
 #endif
 

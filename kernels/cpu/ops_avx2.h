@@ -36,17 +36,17 @@ void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y, int64
 // an online softmax; each K/V block is loaded once for all rows of the tile.
 void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int64_t h_begin,
                     int64_t h_end);
-// The keys of a call, transposed once for all of its tiles: for KV head g
-// and key block b (kAttentionKeyBlock keys from b * kAttentionKeyBlock),
+// The keys of one KV head g, transposed once for all the tiles that read
+// it: key block b (kAttentionKeyBlock keys from b * kAttentionKeyBlock) is
 // a head_dim x kAttentionKeyBlock block at
-// key_blocks + (g * attention_key_blocks(n_kv) + b) * head_dim * kAttentionKeyBlock,
-// keys past n_kv zero.  Without it each tile transposes every block it
-// reads, which costs a tenth of the tile's work.
+// key_blocks + b * head_dim * kAttentionKeyBlock, keys past n_kv zero.
+// Without it each tile transposes every block it reads, which costs a
+// tenth of the tile's work.
 constexpr int64_t kAttentionKeyBlock = 32;
 inline int64_t attention_key_blocks(int64_t n_kv) {
   return (n_kv + kAttentionKeyBlock - 1) / kAttentionKeyBlock;
 }
-// Writes blocks [b_begin, b_end) of KV head g (head_dim <= 256).
+// Writes blocks [b_begin, b_end) of KV head g into key_blocks (head_dim <= 256).
 void transpose_key_blocks(const AttentionArgs& a, int64_t g, int64_t b_begin, int64_t b_end,
                           float* key_blocks);
 // attention_tile reading the transposed keys; the same results, bit for bit.

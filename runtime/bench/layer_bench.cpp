@@ -59,8 +59,6 @@ double median(std::vector<double> v) {
   return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
-constexpr int64_t kRowBatch = 512;  // as the fusor and Session::prefill
-
 enum Phase { kQkv, kAttention, kOutProj, kFfn, kPhases };
 const char* const kPhaseNames[kPhases] = {"norm+QKV proj", "RoPE+KV write+attention",
                                           "output proj+residual", "norm+FFN+residual"};
@@ -79,8 +77,8 @@ class LayerRunner {
     k_.resize(static_cast<size_t>(r * kv_dim));
     v_.resize(static_cast<size_t>(r * kv_dim));
     time(ms[kQkv], [&] {
-      for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
-        const int64_t b = std::min(kRowBatch, r - r0);
+      for (int64_t r0 = 0; r0 < r; r0 += s_.n_batch()) {
+        const int64_t b = std::min(s_.n_batch(), r - r0);
         Graph g;
         LlamaLayer layer(g, hp_, w, layer_);
         TensorId h = layer.attention_input(g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd));
@@ -105,17 +103,17 @@ class LayerRunner {
       exec(g);
       // Straight to the backend, as Graph::execute would, so the output
       // lands in a_ for the next phase.
-      for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
+      for (int64_t r0 = 0; r0 < r; r0 += s_.n_batch()) {
         AttentionArgs args = attention_args(hp_, layer_, q_.data() + r0 * q_dim, rows.data() + r0,
-                                            std::min(kRowBatch, r - r0), s_.k_cache(layer_),
+                                            std::min(s_.n_batch(), r - r0), s_.k_cache(layer_),
                                             s_.v_cache(layer_), s_.kv_dtype(), n_kv);
         args.out = a_.data() + r0 * q_dim;
         s_.backend().attention(args);
       }
     });
     time(ms[kOutProj], [&] {
-      for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
-        const int64_t b = std::min(kRowBatch, r - r0);
+      for (int64_t r0 = 0; r0 < r; r0 += s_.n_batch()) {
+        const int64_t b = std::min(s_.n_batch(), r - r0);
         Graph g;
         LlamaLayer(g, hp_, w, layer_)
             .attention_output(g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd),
@@ -124,8 +122,8 @@ class LayerRunner {
       }
     });
     time(ms[kFfn], [&] {
-      for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
-        const int64_t b = std::min(kRowBatch, r - r0);
+      for (int64_t r0 = 0; r0 < r; r0 += s_.n_batch()) {
+        const int64_t b = std::min(s_.n_batch(), r - r0);
         Graph g;
         LlamaLayer(g, hp_, w, layer_).ffn(g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd));
         exec(g);

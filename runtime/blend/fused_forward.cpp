@@ -29,9 +29,10 @@ void FusedForward::project(int64_t layer) {
   const LayerWeights& w = s_.layer_weights()[static_cast<size_t>(layer)];
   const int64_t r = static_cast<int64_t>(rows.size());
   const int64_t q_dim = hp_.n_head * hp_.head_dim, kv_dim = hp_.kv_dim();
-  // Row batches keep the intermediates cache-sized (rows are independent here).
-  for (int64_t r0 = 0; r0 < r; r0 += kRowBatch) {
-    const int64_t b = std::min(kRowBatch, r - r0);
+  // Rows in the session's batches, as a prefill (rows are independent here).
+  const int64_t batch = s_.n_batch();
+  for (int64_t r0 = 0; r0 < r; r0 += batch) {
+    const int64_t b = std::min(batch, r - r0);
     Graph g;
     LlamaLayer block(g, hp_, w, layer);
     TensorId h = block.attention_input(g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd));
@@ -233,8 +234,9 @@ void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
           question_rows(q_.data() + i0 * q_dim, rows.data() + i0, r - i0, layer),
           attention_by_layer->data() + layer * n_);
   }
-  for (int64_t r0 = out_begin; r0 < r; r0 += kRowBatch) {
-    const int64_t b = std::min(kRowBatch, r - r0);
+  const int64_t batch = s_.n_batch();
+  for (int64_t r0 = out_begin; r0 < r; r0 += batch) {
+    const int64_t b = std::min(batch, r - r0);
     Graph g;
     LlamaLayer block(g, hp_, w, layer);
     TensorId x = g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd);

@@ -58,10 +58,6 @@ class BackendFloats {
   size_t capacity_ = 0;
 };
 
-// Rows per batch inside a fused layer, as Session::prefill's default batch:
-// a layer's intermediates for 512 rows (~3 MB for the FFN) stay in cache.
-constexpr int64_t kRowBatch = 512;
-
 // One fused forward over a request of n tokens in session s.
 class FusedForward {
  public:

@@ -124,7 +124,7 @@ Tokenizer::Impl::Impl(TokenizerVocab v) : vocab(std::move(v)) {
   if (vocab.add_bos && vocab.bos_id < 0) fail(ErrorCode::kFormat, "tokenizer: add_bos without BOS");
   if (vocab.add_eos && vocab.eos_id < 0) fail(ErrorCode::kFormat, "tokenizer: add_eos without EOS");
 
-  types = vocab.token_types;
+  types = std::move(vocab.token_types);
   if (types.empty()) types.assign(n, static_cast<int32_t>(TokenType::kNormal));
   for (size_t i = 0; i < n; ++i) {
     if (types[i] < 0 || types[i] > static_cast<int32_t>(TokenType::kByte)) {
@@ -155,6 +155,9 @@ Tokenizer::Impl::Impl(TokenizerVocab v) : vocab(std::move(v)) {
     const bool real_unk = vocab.unk_id >= 0 && type(vocab.unk_id) == TokenType::kUnknown;
     bpe = std::make_unique<tok::ByteLevelBpe>(index, vocab.merges, spec.ignore_merges,
                                               real_unk ? vocab.unk_id : -1);
+    // The ranks are in bpe now; Llama 3's 280,000 merge texts would hold
+    // about 9 MiB for the model's lifetime.
+    vocab.merges = {};
   } else {
     add_space_prefix = vocab.add_space_prefix.value_or(true);
     spm = std::make_unique<tok::SentencePieceBpe>(index, vocab.unk_id);

@@ -181,9 +181,10 @@ TEST(Attention, SimdTilesMatchFloat64AndEachOther) {
   }
 }
 
-// The backend transposes a call's keys once for all of its tiles when it has
-// several query blocks; that must give the bits of tiles that transpose
-// what they read, whatever the thread count.
+// The backend transposes each KV head's keys once for all of its tiles when
+// it has several query blocks, as many heads at a time as fit in 4 MiB;
+// that must give the bits of tiles that transpose what they read, whatever
+// the thread count.
 TEST(Attention, BackendWithSharedKeyTransposeMatchesTiles) {
   const test::SimdKernels* simd = test::simd_kernels();
   if (simd == nullptr) GTEST_SKIP() << "no SIMD kernels for this CPU";
@@ -192,7 +193,9 @@ TEST(Attention, BackendWithSharedKeyTransposeMatchesTiles) {
   for (int32_t p = 299; p >= 0; p -= 5) smol.q_pos.push_back(p == 299 ? 400 : p);
   Case tail{8, 2, 72, 105, {}};  // 45 consecutive rows; a head size with an 8-wide tail
   for (int32_t p = 60; p < 105; ++p) tail.q_pos.push_back(p);
-  for (const Case& c : {smol, tail}) {
+  Case longer{6, 2, 64, 9000, {}};  // 2.3 MB of keys per head: one head at a time
+  for (int32_t p = 8976; p < 9000; ++p) longer.q_pos.push_back(p);
+  for (const Case& c : {smol, tail, longer}) {
     const Data d = make_data(rng, c);
     const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
     const int64_t group = c.n_head / c.n_head_kv;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -61,6 +62,10 @@ TEST(SiluMul, MatchesFloat64) {
       for (size_t i = 0; i < 6 && i < g.size(); ++i) g[i] = extremes[i];
       std::vector<float> out(n);
       be->silu_mul(g.data(), u.data(), n, out.data());
+      // In place on gate (as the graph runs it): the same bits.
+      std::vector<float> in_place = g;
+      be->silu_mul(in_place.data(), u.data(), n, in_place.data());
+      ASSERT_EQ(std::memcmp(in_place.data(), out.data(), out.size() * sizeof(float)), 0);
       for (int64_t i = 0; i < n; ++i) {
         const double want = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
         ASSERT_NEAR(out[i], want, 1e-6 * std::fabs(want) + 1e-30) << "g=" << g[i];
@@ -81,6 +86,10 @@ TEST(GeluMul, MatchesFloat64) {
       for (size_t i = 0; i < 6 && i < g.size(); ++i) g[i] = extremes[i];
       std::vector<float> out(n);
       be->gelu_mul(g.data(), u.data(), n, out.data());
+      // In place on gate (as the graph runs it): the same bits.
+      std::vector<float> in_place = g;
+      be->gelu_mul(in_place.data(), u.data(), n, in_place.data());
+      ASSERT_EQ(std::memcmp(in_place.data(), out.data(), out.size() * sizeof(float)), 0);
       for (int64_t i = 0; i < n; ++i) {
         // x / 2 (1 + tanh(v)) = x / (1 + e^(-2v)); the first cancels for x << 0.
         const double x = g[i];

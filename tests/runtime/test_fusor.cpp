@@ -113,6 +113,21 @@ TEST_F(FusorTest, RatioOneReproducesFullPrefill) {
   for (size_t l = 1; l < st.rows_per_layer.size(); ++l) EXPECT_EQ(st.rows_per_layer[l], n - exact);
 }
 
+// A fused layer runs its rows in the session's batches (n_batch); rows are
+// independent there, so the batch size leaves the result's bits alone.
+TEST_F(FusorTest, RowBatchesLeaveTheBlendUnchanged) {
+  std::vector<std::vector<float>> logits;
+  for (int64_t n_batch : {int64_t{16}, int64_t{256}}) {
+    Session s(model(), {.n_ctx = 512, .n_threads = 2, .n_batch = n_batch});
+    auto segs = segments();
+    FusionStats st;
+    auto l = fuse_prefill(s, segs, BlendOptions{}, &st);
+    ASSERT_GT(st.rows_per_layer[0], 3 * 16);  // several batches at 16
+    logits.emplace_back(l.begin(), l.end());
+  }
+  EXPECT_EQ(logits[0], logits[1]);
+}
+
 // A request whose only chunk is exact: nothing to choose among, and the
 // chunk is not recomputed past the check (it used to be, at full cost).
 TEST_F(FusorTest, OnlyAnExactChunkIsNotRecomputed) {

@@ -340,8 +340,8 @@ typedef struct cb_session_options {
   /* Compute threads; 0 (default): the model's n_threads option; at most
    * 512.  When the system refuses to start a thread: CB_ERR_OUT_OF_MEMORY. */
   int32_t n_threads;
-  /* Tokens per forward chunk during prefill (bounds activation memory);
-   * 0 (default): 512. */
+  /* Tokens per forward chunk during prefill and in a blend's layers
+   * (bounds activation memory); 0 (default): 256. */
   int32_t n_batch;
   /* Unused; keeps kv_type past the end of the earlier struct (whose
    * padding it would otherwise share), so an earlier program's struct
