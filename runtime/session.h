@@ -41,8 +41,8 @@ DType kv_dtype(KvType t);
 const char* kv_type_name(KvType t);  // "f16", "f32"
 
 struct SessionOptions {
-  int64_t n_ctx = 0;      // 0: min(model's training context, 4096)
-  int n_threads = 0;      // 0: all cores
+  int64_t n_ctx = 0;  // 0: min(model's training context, 4096)
+  int n_threads = 0;  // 0: all cores
   // Tokens per forward chunk.  It bounds the activation memory: a chunk's
   // widest intermediates are its FFN gate and up rows (16 MiB for 256 rows of
   // a Llama 3.2 1B); 512 is no faster on a CPU.

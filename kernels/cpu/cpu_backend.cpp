@@ -418,16 +418,14 @@ class CpuBackend final : public Backend {
   // once would hold 2 KiB per token for a Llama 3.2 1B.  False (nothing
   // done) for one query block, which transposes as it reads, or when one
   // head's copy would pass kMaxTransposedKeyBytes.
-  bool attention_transposed(const AttentionArgs& a, int64_t n_qb, int64_t q_block,
-                            int64_t group) {
+  bool attention_transposed(const AttentionArgs& a, int64_t n_qb, int64_t q_block, int64_t group) {
     if (n_qb < 2 || a.head_dim > 256 || a.n_kv == 0) return false;
     const int64_t n_blocks = avx2::attention_key_blocks(a.n_kv);
-    const size_t head_floats = static_cast<size_t>(n_blocks * a.head_dim) *
-                               static_cast<size_t>(avx2::kAttentionKeyBlock);
+    const size_t head_floats =
+        static_cast<size_t>(n_blocks * a.head_dim) * static_cast<size_t>(avx2::kAttentionKeyBlock);
     if (head_floats * sizeof(float) > kMaxTransposedKeyBytes) return false;
     const int64_t heads = std::clamp<int64_t>(
-        static_cast<int64_t>(kTransposedKeyBytes / (head_floats * sizeof(float))), 1,
-        a.n_head_kv);
+        static_cast<int64_t>(kTransposedKeyBytes / (head_floats * sizeof(float))), 1, a.n_head_kv);
     // One buffer per calling thread (sessions on different threads never
     // share it), sized for the budget at once so that a growing context
     // does not reallocate it on every batch.
@@ -454,8 +452,7 @@ class CpuBackend final : public Backend {
       auto head_keys = [&](int64_t g) { return keys + (g - g0) * head_floats; };
       pool_.parallel_for(n_g * tasks_per_head, [&](int64_t task, int) {
         const int64_t g = g0 + task / tasks_per_head, b0 = task % tasks_per_head * kBlocksPerTask;
-        avx2::transpose_key_blocks(a, g, b0, std::min(n_blocks, b0 + kBlocksPerTask),
-                                   head_keys(g));
+        avx2::transpose_key_blocks(a, g, b0, std::min(n_blocks, b0 + kBlocksPerTask), head_keys(g));
       });
       pool_.parallel_for(n_qb * n_g, [&](int64_t task, int) {
         const int64_t qb = n_qb - 1 - task / n_g, g = g0 + task % n_g;
