@@ -67,6 +67,11 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // Rows per forward chunk of a session that leaves its batch size to the
+  // backend.  A chunk's activations (its FFN rows above all) weigh against
+  // the per-call costs it spreads: on a CPU, 256 rows keep a 1B model's
+  // activations at about 20 MiB for ~4 % more prefill time than 512.
+  virtual int64_t default_batch_rows() const { return 256; }
 
   // Memory.  alloc_buffer returns memory aligned to at least 64 bytes, or
   // throws cb::Error(kOutOfMemory).

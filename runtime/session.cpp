@@ -74,8 +74,8 @@ Session::Session(const Model& model, const SessionOptions& opts, std::unique_ptr
     fail(ErrorCode::kInvalidArgument, "context size " + std::to_string(opts.n_ctx) +
                                           " is outside 1.." + std::to_string(hp.n_ctx_train) +
                                           " (the model's training context)");
-  if (opts.n_batch <= 0) fail(ErrorCode::kInvalidArgument, "batch size must be positive");
-  n_batch_ = std::min(opts.n_batch, n_ctx_);
+  if (opts.n_batch < 0) fail(ErrorCode::kInvalidArgument, "batch size must be >= 0 (0: default)");
+  n_batch_ = std::min(opts.n_batch > 0 ? opts.n_batch : backend_->default_batch_rows(), n_ctx_);
   int8_decode_ = opts.int8_decode;
   const size_t elem = dtype_block_bytes(cb::kv_dtype(opts.kv_type));  // throws for a bad value
   kv_type_ = opts.kv_type;

@@ -43,10 +43,10 @@ const char* kv_type_name(KvType t);  // "f16", "f32"
 struct SessionOptions {
   int64_t n_ctx = 0;  // 0: min(model's training context, 4096)
   int n_threads = 0;  // 0: all cores
-  // Tokens per forward chunk.  It bounds the activation memory: a chunk's
-  // widest intermediates are its FFN gate and up rows (16 MiB for 256 rows of
-  // a Llama 3.2 1B); 512 is no faster on a CPU.
-  int64_t n_batch = 256;
+  // Tokens per forward chunk, in a prefill and in a blend's layers; it
+  // bounds the activation memory.  0: the backend's default
+  // (Backend::default_batch_rows: 256 on the CPU, 512 on CUDA).
+  int64_t n_batch = 0;
   CpuKernelLevel kernels = CpuKernelLevel::kAuto;
   // decode() multiplies int8-quantized activations by the quantized weights
   // (Backend::matmul_q8, as llama.cpp does): ~1.25x faster decode on

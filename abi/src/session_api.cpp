@@ -68,7 +68,7 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
     cb::SessionOptions so;
     so.n_ctx = o.n_ctx;
     so.n_threads = o.n_threads > 0 ? o.n_threads : model->state->n_threads;
-    if (o.n_batch > 0) so.n_batch = o.n_batch;
+    so.n_batch = o.n_batch;
     so.backend = model->state->backend_kind;
     so.device = model->state->device;
     so.kv_type = o.kv_type == CB_KV_F32 ? cb::KvType::kF32 : cb::KvType::kF16;

@@ -1032,6 +1032,9 @@ class CudaBackend final : public Backend {
   }
 
   const char* name() const override { return "cuda"; }
+  // GEMMs of 512 rows (the size docs/CUDA.md measures) keep the GPU busier;
+  // the activations are in device memory.
+  int64_t default_batch_rows() const override { return 512; }
 
   // ------------------------------------------------------------ memory --
 
