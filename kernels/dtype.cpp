@@ -21,12 +21,13 @@ struct DTypeInfo {
 // F32/F16/BF16 are "blocks" of one element so every type shares one row-size
 // formula.  K-quants use 256-element super-blocks.
 constexpr DTypeInfo kTypes[] = {
-    {DType::F32, "F32", 1, 4},       {DType::F16, "F16", 1, 2},
-    {DType::Q4_0, "Q4_0", 32, 18},   {DType::Q4_1, "Q4_1", 32, 20},
-    {DType::Q5_0, "Q5_0", 32, 22},   {DType::Q5_1, "Q5_1", 32, 24},
-    {DType::Q8_0, "Q8_0", 32, 34},   {DType::Q4_K, "Q4_K", 256, 144},
-    {DType::Q6_K, "Q6_K", 256, 210}, {DType::Q5_K, "Q5_K", 256, 176},
-    {DType::Q2_K, "Q2_K", 256, 84},  {DType::Q3_K, "Q3_K", 256, 110},
+    {DType::F32, "F32", 1, 4},         {DType::F16, "F16", 1, 2},
+    {DType::Q4_0, "Q4_0", 32, 18},     {DType::Q4_1, "Q4_1", 32, 20},
+    {DType::Q5_0, "Q5_0", 32, 22},     {DType::Q5_1, "Q5_1", 32, 24},
+    {DType::Q8_0, "Q8_0", 32, 34},     {DType::Q4_K, "Q4_K", 256, 144},
+    {DType::Q6_K, "Q6_K", 256, 210},   {DType::Q5_K, "Q5_K", 256, 176},
+    {DType::Q2_K, "Q2_K", 256, 84},    {DType::Q3_K, "Q3_K", 256, 110},
+    {DType::IQ4_NL, "IQ4_NL", 32, 18}, {DType::IQ4_XS, "IQ4_XS", 256, 136},
     {DType::BF16, "BF16", 1, 2},
 };
 

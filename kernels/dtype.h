@@ -20,6 +20,8 @@ enum class DType : uint32_t {
   Q4_K = 12,
   Q5_K = 13,
   Q6_K = 14,
+  IQ4_NL = 20,
+  IQ4_XS = 23,
   BF16 = 30,
 };
 
@@ -28,7 +30,8 @@ bool dtype_supported(uint32_t ggml_type);
 // Name as GGUF tools print it ("Q4_1"); "unknown(N)" style text is the
 // caller's business for unsupported ids.
 const char* dtype_name(DType t);
-// Elements per block (1 for F32/F16/BF16, 32 for Q*_0/Q*_1, 256 for K-quants).
+// Elements per block (1 for F32/F16/BF16, 32 for Q*_0/Q*_1 and IQ4_NL, 256 for
+// K-quants and IQ4_XS).
 int64_t dtype_block_elems(DType t);
 // Bytes per block.
 size_t dtype_block_bytes(DType t);

@@ -119,6 +119,25 @@ void block_q6_k(const BlockQ6_K& b, float* y) {
   }
 }
 
+// 32 elements from 16 bytes of nibbles (element j low, j + 16 high) at one
+// scale, as ggml's dequantize_row_iq4_nl: d * level.
+void iq4_run(const uint8_t* qs, float d, float* y) {
+  for (int j = 0; j < kQK / 2; ++j) {
+    y[j] = d * static_cast<float>(kIq4Levels[qs[j] & 0x0F]);
+    y[j + kQK / 2] = d * static_cast<float>(kIq4Levels[qs[j] >> 4]);
+  }
+}
+
+void block_iq4_nl(const BlockIQ4_NL& b, float* y) {
+  iq4_run(b.qs, f16_to_f32(b.d), y);
+}
+
+void block_iq4_xs(const BlockIQ4_XS& b, float* y) {
+  const float d = f16_to_f32(b.d);
+  for (int s = 0; s < kQKK / kQK; ++s)
+    iq4_run(b.qs + 16 * s, d * static_cast<float>(iq4xs_scale(b, s) - 32), y + kQK * s);
+}
+
 template <class Block, void (*kDecode)(const Block&, float*)>
 void blocks(const void* src, float* dst, int64_t n_blocks, int64_t block_elems) {
   const Block* b = static_cast<const Block*>(src);
@@ -168,6 +187,10 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       return blocks<BlockQ3_K, block_q3_k>(src, dst, nb, be);
     case DType::Q6_K:
       return blocks<BlockQ6_K, block_q6_k>(src, dst, nb, be);
+    case DType::IQ4_NL:
+      return blocks<BlockIQ4_NL, block_iq4_nl>(src, dst, nb, be);
+    case DType::IQ4_XS:
+      return blocks<BlockIQ4_XS, block_iq4_xs>(src, dst, nb, be);
   }
   fail(ErrorCode::kUnsupported, "dequantize_row: unsupported type");
 }

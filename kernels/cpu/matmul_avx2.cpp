@@ -131,7 +131,7 @@ struct DecodeQ4_1 {
 };
 
 // The 5-bit and the 2/3-bit types (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K), whose
-// bits are scattered across several arrays: the range is decoded by
+// bits are scattered across several arrays, and the non-linear IQ4 types: the range is decoded by
 // dequantize_row (the reference's own arithmetic) into a per-thread buffer,
 // then handed on 32 elements at a time.
 template <DType kType>
@@ -612,6 +612,10 @@ void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y, int64
       return matmul_typed<DecodeViaDequantize<DType::Q3_K>>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q6_K:
       return matmul_typed<DecodeQ6_K>(w, x, n_rows, y, o_begin, o_end);
+    case DType::IQ4_NL:
+      return matmul_typed<DecodeViaDequantize<DType::IQ4_NL>>(w, x, n_rows, y, o_begin, o_end);
+    case DType::IQ4_XS:
+      return matmul_typed<DecodeViaDequantize<DType::IQ4_XS>>(w, x, n_rows, y, o_begin, o_end);
   }
 }
 

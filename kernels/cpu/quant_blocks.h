@@ -125,6 +125,32 @@ struct BlockQ6_K {
   uint16_t d;
 };
 
+// The 16 levels of the non-linear 4-bit types: a quant q stands for
+// kIq4Levels[q] times the block's (or sub-block's) scale.  A macro as well,
+// for the copy CUDA device code keeps in constant memory.
+#define CB_IQ4_LEVELS -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
+inline constexpr int8_t kIq4Levels[16] = {CB_IQ4_LEVELS};
+
+// x[i] = d * kIq4Levels[q[i]], nibbles arranged as in Q4_0.
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[kQK / 2];
+};
+
+// 8 sub-blocks of 32, each as an IQ4_NL block whose scale is
+// d * (ls - 32): ls is 6 bits, the low 4 in nibble s % 2 of scales_l[s / 2]
+// and the high 2 in bits 2s, 2s + 1 of scales_h (iq4xs_scale).
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;
+  uint8_t scales_l[kQKK / 64];
+  uint8_t qs[kQKK / 2];
+};
+
+inline int iq4xs_scale(const BlockIQ4_XS& b, int s) {
+  return ((b.scales_l[s / 2] >> (4 * (s % 2))) & 0x0F) | ((b.scales_h >> (2 * s)) & 3) << 4;
+}
+
 // An activation row quantized for the int8 GEMV of decode (not a GGUF type):
 // x[i] ~= qs[i] * d with d = max|x| / 127 over the block and qs[i] the
 // nearest integer to x[i] / d; s = d * sum(qs) carries the block's sum for
@@ -139,6 +165,8 @@ struct BlockQ8A {
 };
 
 static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ4_XS) == 136);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_K) == 144);

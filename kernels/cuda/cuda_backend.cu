@@ -142,6 +142,10 @@ __device__ __forceinline__ float load_elem(const uint8_t* row, int64_t i) {
 //   Q5_K: as Q4_K, with bit s of qh[e] as the fifth bit
 //   Q2_K, Q3_K: see BlockQ2_K / BlockQ3_K (two scales per group)
 //   Q6_K: see BlockQ6_K (s / 4 is the half, s % 4 the 32-element run)
+//   IQ4_NL, IQ4_XS: the nibble as in Q4_0, a level of kIq4Levels; IQ4_XS's
+//     sub-block s = g % 8 has its own 6-bit scale (see BlockIQ4_XS)
+__constant__ int8_t kIq4LevelsDevice[16] = {CB_IQ4_LEVELS};
+
 template <DType T, int N>
 __device__ __forceinline__ void decode_part(const uint8_t* row, int64_t g, int e0, float* w) {
   if constexpr (T == DType::Q4_0) {
@@ -237,6 +241,27 @@ __device__ __forceinline__ void decode_part(const uint8_t* row, int64_t g, int e
       const float ds = __fmul_rn(d, static_cast<float>(sc[(e0 + l) / 16]));
       w[l] = __fmul_rn(ds, static_cast<float>(q));
     }
+  } else if constexpr (T == DType::IQ4_NL || T == DType::IQ4_XS) {
+    const uint8_t* qs;
+    float d;
+    if constexpr (T == DType::IQ4_NL) {
+      const BlockIQ4_NL* b = reinterpret_cast<const BlockIQ4_NL*>(row) + g;
+      qs = b->qs;
+      d = h2f(b->d);
+    } else {
+      const BlockIQ4_XS* b = reinterpret_cast<const BlockIQ4_XS*>(row) + g / 8;
+      const int s = static_cast<int>(g % 8);
+      const int ls = ((b->scales_l[s / 2] >> (4 * (s % 2))) & 0x0F) | ((b->scales_h >> (2 * s)) & 3)
+                                                                          << 4;
+      qs = b->qs + 16 * s;
+      d = __fmul_rn(h2f(b->d), static_cast<float>(ls - 32));
+    }
+#pragma unroll
+    for (int l = 0; l < N; ++l) {
+      const int e = e0 + l;
+      const int q = (qs[e % 16] >> (4 * (e / 16))) & 0x0F;
+      w[l] = __fmul_rn(d, static_cast<float>(kIq4LevelsDevice[q]));
+    }
   }
 }
 
@@ -288,6 +313,10 @@ constexpr int step_bytes() {
       return static_cast<int>(sizeof(BlockQ3_K));
     case DType::Q6_K:
       return static_cast<int>(sizeof(BlockQ6_K));
+    case DType::IQ4_NL:
+      return 8 * static_cast<int>(sizeof(BlockIQ4_NL));
+    case DType::IQ4_XS:
+      return static_cast<int>(sizeof(BlockIQ4_XS));
     default:
       return 0;
   }
@@ -839,6 +868,10 @@ void dispatch_type(DType t, Args&&... args) {
       return Op<DType::Q3_K>::run(args...);
     case DType::Q6_K:
       return Op<DType::Q6_K>::run(args...);
+    case DType::IQ4_NL:
+      return Op<DType::IQ4_NL>::run(args...);
+    case DType::IQ4_XS:
+      return Op<DType::IQ4_XS>::run(args...);
   }
   fail(ErrorCode::kUnsupported, "cuda backend: unsupported weight type");
 }

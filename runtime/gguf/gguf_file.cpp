@@ -20,10 +20,9 @@ namespace {
 // names one this runtime does not decode.
 std::string ggml_type_text(uint32_t type) {
   static constexpr std::pair<uint32_t, const char*> kNames[] = {
-      {9, "Q8_1"},   {15, "Q8_K"},   {16, "IQ2_XXS"}, {17, "IQ2_XS"}, {18, "IQ3_XXS"},
-      {19, "IQ1_S"}, {20, "IQ4_NL"}, {21, "IQ3_S"},   {22, "IQ2_S"},  {23, "IQ4_XS"},
-      {24, "I8"},    {25, "I16"},    {26, "I32"},     {27, "I64"},    {28, "F64"},
-      {29, "IQ1_M"}, {34, "TQ1_0"},  {35, "TQ2_0"},   {39, "MXFP4"}};
+      {9, "Q8_1"},   {15, "Q8_K"},  {16, "IQ2_XXS"}, {17, "IQ2_XS"}, {18, "IQ3_XXS"}, {19, "IQ1_S"},
+      {21, "IQ3_S"}, {22, "IQ2_S"}, {24, "I8"},      {25, "I16"},    {26, "I32"},     {27, "I64"},
+      {28, "F64"},   {29, "IQ1_M"}, {34, "TQ1_0"},   {35, "TQ2_0"},  {39, "MXFP4"}};
   for (const auto& [id, name] : kNames)
     if (id == type) return std::string(name) + " (" + std::to_string(type) + ")";
   return std::to_string(type);
@@ -266,7 +265,7 @@ void GgufFile::Impl::parse_all() {
       fail(ErrorCode::kUnsupported, "tensor '" + t.name + "' has unsupported type " +
                                         ggml_type_text(type) +
                                         " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
-                                        "Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
+                                        "Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)");
     }
     t.type = static_cast<DType>(type);
     if (t.dims[0] % dtype_block_elems(t.type) != 0)

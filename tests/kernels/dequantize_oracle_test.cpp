@@ -92,8 +92,8 @@ TEST(Dequantize, RejectsPartialBlocks) {
   std::vector<uint8_t> raw(64);
   std::vector<float> out(64);
   EXPECT_THROW(dequantize_row(DType::Q4_0, raw.data(), out.data(), 31), Error);
-  EXPECT_THROW(dequantize_row(static_cast<DType>(20), raw.data(), out.data(), 32),
-               Error);  // IQ4_NL
+  EXPECT_THROW(dequantize_row(static_cast<DType>(21), raw.data(), out.data(), 256),
+               Error);  // IQ3_S
 }
 
 }  // namespace

@@ -31,6 +31,8 @@ TEST(DType, GeometryMatchesGgml) {
       {DType::Q6_K, "Q6_K", 256, sizeof(BlockQ6_K)},
       {DType::Q2_K, "Q2_K", 256, sizeof(BlockQ2_K)},
       {DType::Q3_K, "Q3_K", 256, sizeof(BlockQ3_K)},
+      {DType::IQ4_NL, "IQ4_NL", 32, sizeof(BlockIQ4_NL)},
+      {DType::IQ4_XS, "IQ4_XS", 256, sizeof(BlockIQ4_XS)},
   };
   for (const Row& r : rows) {
     SCOPED_TRACE(r.name);
@@ -46,11 +48,11 @@ TEST(DType, GeometryMatchesGgml) {
 }
 
 TEST(DType, RejectsOtherTypes) {
-  for (uint32_t id : {4u, 5u, 9u, 15u, 16u, 20u, 29u, 31u, 1000u}) {
+  for (uint32_t id : {4u, 5u, 9u, 15u, 16u, 21u, 29u, 31u, 1000u}) {
     EXPECT_FALSE(dtype_supported(id)) << id;
   }
   try {
-    dtype_block_bytes(static_cast<DType>(20));  // IQ4_NL
+    dtype_block_bytes(static_cast<DType>(21));  // IQ3_S
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);

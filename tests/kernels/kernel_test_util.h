@@ -23,9 +23,10 @@
 
 namespace cb::test {
 
-inline constexpr DType kAllTypes[] = {
-    DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-    DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q2_K, DType::Q3_K};
+inline constexpr DType kAllTypes[] = {DType::F32,  DType::F16,    DType::BF16,  DType::Q4_0,
+                                      DType::Q4_1, DType::Q5_0,   DType::Q5_1,  DType::Q8_0,
+                                      DType::Q4_K, DType::Q5_K,   DType::Q6_K,  DType::Q2_K,
+                                      DType::Q3_K, DType::IQ4_NL, DType::IQ4_XS};
 
 inline bool avx2_available() {
   const CpuFeatures& f = cpu_features();
@@ -113,6 +114,8 @@ inline std::vector<uint8_t> random_weight(std::mt19937& rng, DType t, int64_t n_
     case DType::Q4_0:
     case DType::Q5_0:
     case DType::Q8_0:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS:
       scale_offsets = {0};
       break;
     case DType::Q4_1:

@@ -2,8 +2,8 @@
 """Generate tests/golden/quant_vectors.bin: dequantization oracle vectors.
 
 For each tensor type the runtime supports (F32, F16, BF16, Q4_0, Q4_1, Q8_0,
-Q4_K, Q6_K, Q5_0, Q5_1, Q5_K, Q2_K, Q3_K; the last five appended, so the
-earlier entries' bytes stay those of the older file) this writes a few blocks of random raw bytes, with the f16 scale
+Q4_K, Q6_K, Q5_0, Q5_1, Q5_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS; the last seven
+appended, so the earlier entries' bytes stay those of the older file) this writes a few blocks of random raw bytes, with the f16 scale
 fields overwritten by sane values so every result is finite, together with
 their dequantization by the `gguf` Python package (gguf.quants.dequantize),
 the reference implementation of the GGUF block formats.  The C++ test
@@ -51,6 +51,8 @@ QUANT_TYPES = [
     (T.Q5_K, 256, 176, [0, 2]),
     (T.Q2_K, 256, 84, [80, 82]),
     (T.Q3_K, 256, 110, [108]),
+    (T.IQ4_NL, 32, 18, [0]),
+    (T.IQ4_XS, 256, 136, [0]),
 ]
 
 

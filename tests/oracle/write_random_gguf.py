@@ -6,6 +6,10 @@ the same file).
 
     write_random_gguf.py --arch qwen2 --out DIR [--type q8_0] [--seed N]
 
+`--type iq4_nl` has no quantizer in the `gguf` package; this script rounds
+each block to the nearest of the type's 16 levels itself (what matters is
+that the runtime and the reference read the same file).
+
 `--arch llama3` writes a `llama` file with Llama 3.1's RoPE: base 500000 and
 per-pair frequency divisors (rope_freqs.weight).  Writes DIR/<arch>.gguf and
 DIR/<arch>.prompts.json ({"prompts": [{"name",
@@ -49,11 +53,31 @@ def byte_symbols():
     return [out[b] for b in range(256)]
 
 
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                      dtype=np.float32)
+
+
+def quantize_iq4_nl(x):
+    """Rows of x as IQ4_NL blocks (f16 scale, 16 bytes of nibbles: element j
+    low, j + 16 high): the element of largest magnitude maps to -127, the
+    others to their nearest level."""
+    n_out, n_in = x.shape
+    blocks = x.reshape(-1, 32)
+    peak = blocks[np.arange(len(blocks)), np.abs(blocks).argmax(axis=1)]
+    d = (peak / -127.0).astype(np.float16)
+    scaled = blocks / np.where(d == 0, 1, d.astype(np.float32))[:, None]
+    q = np.abs(scaled[:, :, None] - IQ4_LEVELS[None, None, :]).argmin(axis=2).astype(np.uint8)
+    nibbles = q[:, :16] | (q[:, 16:] << 4)
+    raw = np.concatenate([d.view(np.uint8).reshape(-1, 2), nibbles], axis=1)
+    return raw.reshape(n_out, n_in // 32 * 18)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", required=True, choices=["llama", "llama3", "qwen2", "qwen3", "gemma3"])
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--type", default="q8_0", choices=["f32", "f16", "q8_0", "q5_0", "q5_1"],
+    ap.add_argument("--type", default="q8_0",
+                    choices=["f32", "f16", "q8_0", "q5_0", "q5_1", "iq4_nl"],
                     help="type of the weight matrices (default q8_0)")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
@@ -62,7 +86,8 @@ def main():
     n_vocab = len(tokens)
     qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
              "q8_0": gguf.GGMLQuantizationType.Q8_0, "q5_0": gguf.GGMLQuantizationType.Q5_0,
-             "q5_1": gguf.GGMLQuantizationType.Q5_1}[a.type]
+             "q5_1": gguf.GGMLQuantizationType.Q5_1,
+             "iq4_nl": gguf.GGMLQuantizationType.IQ4_NL}[a.type]
 
     global HEAD_DIM
     if a.arch == "qwen2":
@@ -104,6 +129,8 @@ def main():
             w.add_tensor(name, x.astype(np.float32))
         elif qtype == gguf.GGMLQuantizationType.F16:
             w.add_tensor(name, x.astype(np.float16))
+        elif qtype == gguf.GGMLQuantizationType.IQ4_NL:
+            w.add_tensor(name, quantize_iq4_nl(x), raw_dtype=qtype)
         else:
             w.add_tensor(name, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
 

@@ -115,14 +115,14 @@ TEST(Gguf, BadTensorInfo) {
 // A type ggml has and this runtime does not decode is named in the error.
 TEST(Gguf, UnsupportedTypeIsNamed) {
   GgufBuilder b;
-  b.tensor("blk.0.ffn_down.weight", 20, {32}, std::vector<uint8_t>(18));  // IQ4_NL
+  b.tensor("blk.0.ffn_down.weight", 21, {256}, std::vector<uint8_t>(110));  // IQ3_S
   const auto bytes = b.bytes();
   try {
     GgufFile::parse(bytes.data(), bytes.size());
-    FAIL() << "an IQ4_NL tensor must be refused";
+    FAIL() << "an IQ3_S tensor must be refused";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(std::string(e.what()).find("IQ4_NL (20)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("IQ3_S (21)"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("blk.0.ffn_down.weight"), std::string::npos) << e.what();
   }
 }
