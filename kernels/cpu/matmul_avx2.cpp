@@ -131,7 +131,7 @@ struct DecodeQ4_1 {
 };
 
 // The 5-bit and the 2/3-bit types (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K), whose
-// bits are scattered across several arrays, and the non-linear IQ4 types: the range is decoded by
+// bits are scattered across several arrays: the range is decoded by
 // dequantize_row (the reference's own arithmetic) into a per-thread buffer,
 // then handed on 32 elements at a time.
 template <DType kType>
@@ -193,6 +193,42 @@ struct DecodeQ4_K {
         s.vec(k + 64 * c + 32, _mm256_fmsub_ps(hi[0], vd, vm), _mm256_fmsub_ps(hi[1], vd, vm),
               _mm256_fmsub_ps(hi[2], vd, vm), _mm256_fmsub_ps(hi[3], vd, vm));
       }
+    }
+  }
+};
+
+// IQ4_NL and IQ4_XS: each nibble picks one of the 16 int8 levels (a byte
+// shuffle does 16 at once) times its run's scale, d for IQ4_NL and
+// d * (ls - 32), rounded first as in the reference, per 32 elements of
+// IQ4_XS.
+template <class Sink>
+void iq4_run(const uint8_t* qs, float scale, int64_t k, Sink& s) {
+  const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Levels));
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i lo = _mm_shuffle_epi8(levels, _mm_and_si128(bytes, m4));
+  const __m128i hi = _mm_shuffle_epi8(levels, _mm_and_si128(_mm_srli_epi16(bytes, 4), m4));
+  const __m256 vd = _mm256_set1_ps(scale);
+  s.vec(k, _mm256_mul_ps(i8_to_ps(lo), vd), _mm256_mul_ps(i8_to_ps(_mm_srli_si128(lo, 8)), vd),
+        _mm256_mul_ps(i8_to_ps(hi), vd), _mm256_mul_ps(i8_to_ps(_mm_srli_si128(hi, 8)), vd));
+}
+
+struct DecodeIQ4_NL {
+  template <class Sink>
+  static void decode(const void* row, int64_t k0, int64_t k1, Sink& s) {
+    const BlockIQ4_NL* b = static_cast<const BlockIQ4_NL*>(row) + k0 / kQK;
+    for (int64_t k = k0; k < k1; k += kQK, ++b) iq4_run(b->qs, half(b->d), k, s);
+  }
+};
+
+struct DecodeIQ4_XS {
+  template <class Sink>
+  static void decode(const void* row, int64_t k0, int64_t k1, Sink& s) {
+    const BlockIQ4_XS* b = static_cast<const BlockIQ4_XS*>(row) + k0 / kQKK;
+    for (int64_t k = k0; k < k1; k += kQKK, ++b) {
+      const float d = half(b->d);
+      for (int r = 0; r < kQKK / kQK; ++r)
+        iq4_run(b->qs + 16 * r, d * static_cast<float>(iq4xs_scale(*b, r) - 32), k + kQK * r, s);
     }
   }
 };
@@ -613,9 +649,9 @@ void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y, int64
     case DType::Q6_K:
       return matmul_typed<DecodeQ6_K>(w, x, n_rows, y, o_begin, o_end);
     case DType::IQ4_NL:
-      return matmul_typed<DecodeViaDequantize<DType::IQ4_NL>>(w, x, n_rows, y, o_begin, o_end);
+      return matmul_typed<DecodeIQ4_NL>(w, x, n_rows, y, o_begin, o_end);
     case DType::IQ4_XS:
-      return matmul_typed<DecodeViaDequantize<DType::IQ4_XS>>(w, x, n_rows, y, o_begin, o_end);
+      return matmul_typed<DecodeIQ4_XS>(w, x, n_rows, y, o_begin, o_end);
   }
 }
 
