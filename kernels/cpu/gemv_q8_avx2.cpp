@@ -8,7 +8,7 @@
 // was bound by those instructions (kernel_bench: ~5 GB/s of Q4_1 weights,
 // cache-resident or not), the int8 one is ~1.6x faster per CPU-second, and
 // with it the memory stalls of the largest matrix show (see the prefetch in
-// gemv_blocks).  Signed weights (Q8_0, Q4_0, Q6_K) go through the usual sign
+// gemv_blocks).  Signed weights (Q8_0, Q4_0, Q6_K, IQ4) go through the usual sign
 // trick, |w| * (x * sign(w)).  No int16 sum can saturate: |w| <= 128 and
 // |x| <= 127 give at most 2 * 128 * 127 = 32512 per pair.
 //
@@ -74,6 +74,18 @@ struct DotQ4_1 {
   static __m256i dot(const Block& b, __m256i x) { return dot_u8s8(nibbles32(b.qs), x); }
 };
 static_assert(offsetof(BlockQ4_1, m) == offsetof(BlockQ4_1, d) + 2);
+
+// The 32 signed levels of an IQ4 run of 16 nibble bytes, in element order:
+// one byte shuffle looks all of them up.
+inline __m256i iq4_levels32(const uint8_t* qs) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Levels));
+  return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nibbles32(qs));
+}
+struct DotIQ4_NL {
+  using Block = BlockIQ4_NL;
+  static constexpr bool kOffset = false;
+  static __m256i dot(const Block& b, __m256i x) { return dot_s8s8(iq4_levels32(b.qs), x); }
+};
 
 // R output rows at once: each activation block is loaded once for all R
 // rows, and the R accumulator chains are independent, so the FMA latency is
@@ -204,6 +216,23 @@ float row_q6_k(const BlockQ6_K* w, const BlockQ8A* x, int64_t n_super) {
   return hsum(_mm256_add_ps(acc0, acc1));
 }
 
+float row_iq4_xs(const BlockIQ4_XS* w, const BlockQ8A* x, int64_t n_super) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < n_super; ++sb) {
+    const float d = half(w[sb].d);
+    for (int j = 0; j < kQKK / kQK; j += 2) {
+      const BlockQ8A& x0 = x[8 * sb + j];
+      const BlockQ8A& x1 = x[8 * sb + j + 1];
+      const float s0 = d * static_cast<float>(iq4xs_scale(w[sb], j) - 32);
+      const float s1 = d * static_cast<float>(iq4xs_scale(w[sb], j + 1) - 32);
+      acc0 = fma_block(dot_s8s8(iq4_levels32(w[sb].qs + 16 * j), load32(x0.qs)), s0 * x0.d, acc0);
+      acc1 =
+          fma_block(dot_s8s8(iq4_levels32(w[sb].qs + 16 * j + 16), load32(x1.qs)), s1 * x1.d, acc1);
+    }
+  }
+  return hsum(_mm256_add_ps(acc0, acc1));
+}
+
 template <class Block, float (*Row)(const Block*, const BlockQ8A*, int64_t)>
 void rows(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int64_t o_end,
           int64_t n_blocks) {
@@ -266,6 +295,10 @@ void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, 
       return rows<BlockQ4_K, row_q4_k>(w, x, y, o_begin, o_end, w.n_in / kQKK);
     case DType::Q6_K:
       return rows<BlockQ6_K, row_q6_k>(w, x, y, o_begin, o_end, w.n_in / kQKK);
+    case DType::IQ4_NL:
+      return gemv_blocks<DotIQ4_NL>(w, x, y, o_begin, o_end);
+    case DType::IQ4_XS:
+      return rows<BlockIQ4_XS, row_iq4_xs>(w, x, y, o_begin, o_end, w.n_in / kQKK);
     default:
       return;  // no int8 kernel (ref::gemv_q8_supported); the backend never calls this
   }

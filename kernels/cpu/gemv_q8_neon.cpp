@@ -68,6 +68,40 @@ float row_q4_1(const BlockQ4_1* w, const BlockQ8A* x, int64_t nb) {
   return acc;
 }
 
+// The 32 signed levels of an IQ4 run of 16 nibble bytes (elements 0-15 in
+// lo, 16-31 in hi), looked up by TBL.
+inline void iq4_levels(const uint8_t* qs, int8x16_t* lo, int8x16_t* hi) {
+  const int8x16_t t = vld1q_s8(kIq4Levels);
+  const uint8x16_t v = vld1q_u8(qs);
+  *lo = vqtbl1q_s8(t, vandq_u8(v, vdupq_n_u8(0x0F)));
+  *hi = vqtbl1q_s8(t, vshrq_n_u8(v, 4));
+}
+
+float row_iq4_nl(const BlockIQ4_NL* w, const BlockQ8A* x, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int8x16_t lo, hi;
+    iq4_levels(w[b].qs, &lo, &hi);
+    acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot32(lo, hi, x[b].qs));
+  }
+  return acc;
+}
+
+float row_iq4_xs(const BlockIQ4_XS* w, const BlockQ8A* x, int64_t n_super) {
+  float acc = 0.0f;
+  for (int64_t sb = 0; sb < n_super; ++sb) {
+    const float d = f16_to_f32(w[sb].d);
+    for (int j = 0; j < kQKK / kQK; ++j) {
+      int8x16_t lo, hi;
+      iq4_levels(w[sb].qs + 16 * j, &lo, &hi);
+      const BlockQ8A& xb = x[8 * sb + j];
+      acc += (d * static_cast<float>(iq4xs_scale(w[sb], j) - 32)) * xb.d *
+             static_cast<float>(dot32(lo, hi, xb.qs));
+    }
+  }
+  return acc;
+}
+
 float row_q4_k(const BlockQ4_K* w, const BlockQ8A* x, int64_t n_super) {
   const uint8x16_t m4 = vdupq_n_u8(0x0F);
   float acc = 0.0f;
@@ -180,6 +214,10 @@ void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, 
       return rows<BlockQ4_K>(w, x, y, o_begin, o_end, w.n_in / kQKK, row_q4_k);
     case DType::Q6_K:
       return rows<BlockQ6_K>(w, x, y, o_begin, o_end, w.n_in / kQKK, row_q6_k);
+    case DType::IQ4_NL:
+      return rows<BlockIQ4_NL>(w, x, y, o_begin, o_end, nb, row_iq4_nl);
+    case DType::IQ4_XS:
+      return rows<BlockIQ4_XS>(w, x, y, o_begin, o_end, w.n_in / kQKK, row_iq4_xs);
     default:
       return;  // no int8 kernel (ref::gemv_q8_supported); the backend never calls this
   }

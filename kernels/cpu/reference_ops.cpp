@@ -43,6 +43,8 @@ bool gemv_q8_supported(DType t) {
     case DType::Q8_0:
     case DType::Q4_K:
     case DType::Q6_K:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS:
       return true;
     default:
       return false;
@@ -83,6 +85,14 @@ void nibbles(const uint8_t* qs, int bias, int8_t* q) {
   for (int j = 0; j < kQK / 2; ++j) {
     q[j] = static_cast<int8_t>((qs[j] & 0x0F) - bias);
     q[j + kQK / 2] = static_cast<int8_t>((qs[j] >> 4) - bias);
+  }
+}
+
+// The 32 levels of an IQ4 run of 16 nibble bytes, in element order.
+void iq4_levels(const uint8_t* qs, int8_t* q) {
+  for (int j = 0; j < kQK / 2; ++j) {
+    q[j] = kIq4Levels[qs[j] & 0x0F];
+    q[j + kQK / 2] = kIq4Levels[qs[j] >> 4];
   }
 }
 
@@ -155,6 +165,27 @@ float gemv_q8_row(DType t, const uint8_t* row, const BlockQ8A* x, int64_t n_in) 
           const int isum = w[sb].scales[2 * j] * dot_i8(q + 32 * j, xb.qs, 16) +
                            w[sb].scales[2 * j + 1] * dot_i8(q + 32 * j + 16, xb.qs + 16, 16);
           acc += (d * xb.d) * static_cast<float>(isum);
+        }
+      }
+      return acc;
+    }
+    case DType::IQ4_NL: {
+      const BlockIQ4_NL* w = reinterpret_cast<const BlockIQ4_NL*>(row);
+      for (int64_t b = 0; b < n_in / kQK; ++b) {
+        iq4_levels(w[b].qs, q);
+        acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot_i8(q, x[b].qs, kQK));
+      }
+      return acc;
+    }
+    case DType::IQ4_XS: {
+      const BlockIQ4_XS* w = reinterpret_cast<const BlockIQ4_XS*>(row);
+      for (int64_t sb = 0; sb < n_in / kQKK; ++sb) {
+        const float d = f16_to_f32(w[sb].d);
+        for (int j = 0; j < kQKK / kQK; ++j) {
+          iq4_levels(w[sb].qs + 16 * j, q);
+          const BlockQ8A& xb = x[sb * 8 + j];
+          acc += (d * static_cast<float>(iq4xs_scale(w[sb], j) - 32)) * xb.d *
+                 static_cast<float>(dot_i8(q, xb.qs, kQK));
         }
       }
       return acc;

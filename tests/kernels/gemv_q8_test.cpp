@@ -29,7 +29,8 @@
 namespace cb {
 namespace {
 
-constexpr DType kQ8Types[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K};
+constexpr DType kQ8Types[] = {DType::Q4_0, DType::Q4_1,   DType::Q8_0,  DType::Q4_K,
+                              DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
 
 // Activations like a model's: mostly small, a few large outliers (which set
 // a block's scale), some exact zeros and one all-zero block.
