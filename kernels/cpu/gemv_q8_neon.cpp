@@ -29,15 +29,6 @@ inline int32_t dot32(int8x16_t w0, int8x16_t w1, const int8_t* x) {
   return vaddvq_s32(dot16(w1, vld1q_s8(x + 16), dot16(w0, vld1q_s8(x), vdupq_n_s32(0))));
 }
 
-float row_q8_0(const BlockQ8_0* w, const BlockQ8A* x, int64_t nb) {
-  float acc = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
-    const int32_t s = dot32(vld1q_s8(w[b].qs), vld1q_s8(w[b].qs + 16), x[b].qs);
-    acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(s);
-  }
-  return acc;
-}
-
 // Q4_0 / Q4_1 nibbles in element order (low nibbles are elements 0-15),
 // minus `bias`.
 inline void nibbles(const uint8_t* qs, uint8_t bias, int8x16_t* lo, int8x16_t* hi) {
@@ -47,11 +38,35 @@ inline void nibbles(const uint8_t* qs, uint8_t bias, int8x16_t* lo, int8x16_t* h
   *hi = vreinterpretq_s8_u8(vsubq_u8(vshrq_n_u8(v, 4), b));
 }
 
-float row_q4_0(const BlockQ4_0* w, const BlockQ8A* x, int64_t nb) {
+// The signed quants of one 32-element block as two 16-byte halves.
+void q8_0_quants(const BlockQ8_0& b, int8x16_t* lo, int8x16_t* hi) {
+  *lo = vld1q_s8(b.qs);
+  *hi = vld1q_s8(b.qs + 16);
+}
+void q4_0_quants(const BlockQ4_0& b, int8x16_t* lo, int8x16_t* hi) {
+  nibbles(b.qs, 8, lo, hi);
+}
+
+// The 32 signed levels of an IQ4 run of 16 nibble bytes (elements 0-15 in
+// lo, 16-31 in hi), looked up by TBL.
+inline void iq4_levels(const uint8_t* qs, int8x16_t* lo, int8x16_t* hi) {
+  const int8x16_t t = vld1q_s8(kIq4Levels);
+  const uint8x16_t v = vld1q_u8(qs);
+  *lo = vqtbl1q_s8(t, vandq_u8(v, vdupq_n_u8(0x0F)));
+  *hi = vqtbl1q_s8(t, vshrq_n_u8(v, 4));
+}
+
+void iq4_nl_quants(const BlockIQ4_NL& b, int8x16_t* lo, int8x16_t* hi) {
+  iq4_levels(b.qs, lo, hi);
+}
+
+// Q8_0, Q4_0 and IQ4_NL: one scale d per 32-element block, no offset.
+template <class Block, void (*kQuants)(const Block&, int8x16_t*, int8x16_t*)>
+float row_scaled(const Block* w, const BlockQ8A* x, int64_t nb) {
   float acc = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     int8x16_t lo, hi;
-    nibbles(w[b].qs, 8, &lo, &hi);
+    kQuants(w[b], &lo, &hi);
     acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot32(lo, hi, x[b].qs));
   }
   return acc;
@@ -64,25 +79,6 @@ float row_q4_1(const BlockQ4_1* w, const BlockQ8A* x, int64_t nb) {
     nibbles(w[b].qs, 0, &lo, &hi);
     acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot32(lo, hi, x[b].qs));
     acc += f16_to_f32(w[b].m) * x[b].s;
-  }
-  return acc;
-}
-
-// The 32 signed levels of an IQ4 run of 16 nibble bytes (elements 0-15 in
-// lo, 16-31 in hi), looked up by TBL.
-inline void iq4_levels(const uint8_t* qs, int8x16_t* lo, int8x16_t* hi) {
-  const int8x16_t t = vld1q_s8(kIq4Levels);
-  const uint8x16_t v = vld1q_u8(qs);
-  *lo = vqtbl1q_s8(t, vandq_u8(v, vdupq_n_u8(0x0F)));
-  *hi = vqtbl1q_s8(t, vshrq_n_u8(v, 4));
-}
-
-float row_iq4_nl(const BlockIQ4_NL* w, const BlockQ8A* x, int64_t nb) {
-  float acc = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
-    int8x16_t lo, hi;
-    iq4_levels(w[b].qs, &lo, &hi);
-    acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot32(lo, hi, x[b].qs));
   }
   return acc;
 }
@@ -205,9 +201,9 @@ void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, 
   const int64_t nb = w.n_in / kQK;
   switch (w.type) {
     case DType::Q8_0:
-      return rows<BlockQ8_0>(w, x, y, o_begin, o_end, nb, row_q8_0);
+      return rows<BlockQ8_0>(w, x, y, o_begin, o_end, nb, row_scaled<BlockQ8_0, q8_0_quants>);
     case DType::Q4_0:
-      return rows<BlockQ4_0>(w, x, y, o_begin, o_end, nb, row_q4_0);
+      return rows<BlockQ4_0>(w, x, y, o_begin, o_end, nb, row_scaled<BlockQ4_0, q4_0_quants>);
     case DType::Q4_1:
       return rows<BlockQ4_1>(w, x, y, o_begin, o_end, nb, row_q4_1);
     case DType::Q4_K:
@@ -215,7 +211,7 @@ void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, 
     case DType::Q6_K:
       return rows<BlockQ6_K>(w, x, y, o_begin, o_end, w.n_in / kQKK, row_q6_k);
     case DType::IQ4_NL:
-      return rows<BlockIQ4_NL>(w, x, y, o_begin, o_end, nb, row_iq4_nl);
+      return rows<BlockIQ4_NL>(w, x, y, o_begin, o_end, nb, row_scaled<BlockIQ4_NL, iq4_nl_quants>);
     case DType::IQ4_XS:
       return rows<BlockIQ4_XS>(w, x, y, o_begin, o_end, w.n_in / kQKK, row_iq4_xs);
     default:
