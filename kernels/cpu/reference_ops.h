@@ -26,8 +26,8 @@ void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y);
 
 // ---- The int8 GEMV of decode (Backend::matmul_q8) ----
 //
-// Weight types with an integer dot-product kernel: Q4_0, Q4_1, Q8_0, Q4_K,
-// Q6_K (the others keep the f32 path).
+// Weight types with an integer dot-product kernel: every quantized type
+// (F32, F16 and BF16 keep the f32 path).
 bool gemv_q8_supported(DType t);
 // out[b] = x[32b .. 32b + 32) quantized (see BlockQ8A); n is a multiple of
 // 32.  Rounds x / d to nearest, ties to even, with 1/d computed as 127 / max,
@@ -39,9 +39,14 @@ void quantize_q8a(const float* x, int64_t n, BlockQ8A* out);
 // accumulated in f32, in block order.  Per block and weight scale:
 //   Q8_0, Q4_0:  dw * dx * sum(q * xq)          (Q4_0's q - 8 is signed)
 //   Q4_1:        dw * dx * sum(q * xq) + m * s
-//   Q4_K:        (d * sc) * dx * sum(q * xq) - (dmin * m) * s
+//   Q5_0:        dw * dx * sum(q * xq)          (q - 16 signed)
+//   Q5_1:        dw * dx * sum(q * xq) + m * s
+//   Q4_K, Q5_K:  (d * sc) * dx * sum(q * xq) - (dmin * m) * s
 //   Q6_K:        (d * dx) * (sc_a * sum_a(q * xq) + sc_b * sum_b(q * xq))
-//                over the block's two groups of 16 (q - 32 signed).
+//                over the block's two runs of 16 (q - 32 signed)
+//   Q3_K:        the same with Q3_K's scales (minus 32) and q - 4 * !bit
+//   Q2_K:        (d * dx) * (sc_a * sum_a(q * xq) + sc_b * sum_b(q * xq))
+//                - (dmin * dx) * (m_a * sum_a(xq) + m_b * sum_b(xq))
 void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int64_t o_end);
 
 void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out);

@@ -116,4 +116,62 @@ static inline void unpack_q6_k_runs(__m256i l0, __m256i l1, __m256i qh, __m256i 
       _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(static_cast<char>(0xC0))), 2));
 }
 
+// 32 bytes: byte i is 0xFF where bit i of `bits` is set, else 0.  Each
+// 128-bit lane takes its bytes of `bits` by a shuffle (bytes 0-7 of the
+// result from byte 0, ...), then every byte tests its own bit.
+static inline __m256i bit_mask_bytes(uint32_t bits) {
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                          _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
+                                             0x0202020202020202, 0x0303030303030303));
+  const __m256i select = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+}
+
+// 0xFF in the bytes of v that have bit `bit_value` (a power of two) set.
+static inline __m256i bytes_with_bit(__m256i v, int bit_value) {
+  const __m256i b = _mm256_set1_epi8(static_cast<char>(bit_value));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(v, b), b);
+}
+
+// The 32 nibbles of a 32-element block (Q4_0, Q4_1, Q5_*, IQ4_NL) in element
+// order: the low nibbles of the 16 bytes are elements 0-15, the high ones
+// 16-31.
+static inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
+}
+
+// The 32 unsigned 5-bit quants of a Q5_0 / Q5_1 block in element order.
+static inline __m256i q5_quants32(const uint8_t* qs, const uint8_t* qh) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, qh, 4);
+  return _mm256_or_si256(nibbles32(qs),
+                         _mm256_and_si256(bit_mask_bytes(bits), _mm256_set1_epi8(0x10)));
+}
+
+// Sub-block j (0..7) of a Q4_K / Q5_K super-block as 32 unsigned quants
+// (layout: see BlockQ4_K, BlockQ5_K); `qh` is null for Q4_K.
+static inline __m256i q45_k_quants32(const uint8_t* qs, const uint8_t* qh, int j) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (j / 2)));
+  __m256i q = _mm256_and_si256(j % 2 == 0 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+  if (qh != nullptr) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+    q = _mm256_or_si256(q, _mm256_and_si256(bytes_with_bit(h, 1 << j), _mm256_set1_epi8(0x10)));
+  }
+  return q;
+}
+
+// Sub-block j (0..7) of a Q2_K / Q3_K super-block as 32 quants (layout: see
+// BlockQ2_K): the 2-bit values for Q2_K (hmask null), the signed values
+// q - 4 * !bit in [-4, 3] for Q3_K.  The shift may move bits across bytes,
+// but the two kept bits of each byte come from that byte.
+static inline __m256i q23_k_quants32(const uint8_t* qs, const uint8_t* hmask, int j) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (j / 4)));
+  const __m256i q = _mm256_and_si256(_mm256_srli_epi16(v, 2 * (j % 4)), _mm256_set1_epi8(3));
+  if (hmask == nullptr) return q;
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hmask));
+  return _mm256_sub_epi8(q, _mm256_andnot_si256(bytes_with_bit(h, 1 << j), _mm256_set1_epi8(4)));
+}
+
 }  // namespace cb::avx2

@@ -29,8 +29,9 @@
 namespace cb {
 namespace {
 
-constexpr DType kQ8Types[] = {DType::Q4_0, DType::Q4_1,   DType::Q8_0,  DType::Q4_K,
-                              DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
+constexpr DType kQ8Types[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0,   DType::Q5_1,
+                              DType::Q8_0, DType::Q2_K, DType::Q3_K,   DType::Q4_K,
+                              DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
 
 // Activations like a model's: mostly small, a few large outliers (which set
 // a block's scale), some exact zeros and one all-zero block.
