@@ -60,10 +60,26 @@ extract_src() {
   rm -rf "$BLD"   # new sources: configure from scratch
 }
 
+# Some virtual machines list the amx flags in /proc/cpuinfo, so
+# -march=native compiles ggml's AMX kernels, yet fault on their tile
+# instructions (SIGILL: seen on a 2-core Sapphire Rapids guest).  The first
+# build is smoke-tested on the model; where it dies of SIGILL, the marker
+# below makes every later configure build without AMX (-mno-amx-*), keeping
+# every other extension of -march=native.
+AMX_FAULTS="$PEER_DIR/amx-faults"
+
 configure() {
-  local stamp="$BLD/.cb-configured-$V"
+  local amx=on flags=()
+  if [ -f "$AMX_FAULTS" ]; then
+    amx=off
+    flags=(-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+      -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+  fi
+  local stamp="$BLD/.cb-configured-$V-amx-$amx"
   [ -f "$stamp" ] && [ -f "$BLD/CMakeCache.txt" ] && return 0
-  log "configuring llama.cpp ($CB_PIN_LLAMA_CPP_COMMIT) in $BLD"
+  rm -rf "$BLD"
+  mkdir -p "$BLD"
+  log "configuring llama.cpp ($CB_PIN_LLAMA_CPP_COMMIT) in $BLD (AMX $amx)"
   local gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
   cmake -S "$SRC" -B "$BLD" "${gen[@]}" \
@@ -73,7 +89,7 @@ configure() {
     -DGGML_RPC=OFF -DGGML_BACKEND_DL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
     -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_COMMIT="$CB_PIN_LLAMA_CPP_COMMIT" >"$PEER_DIR/configure.log" 2>&1 \
+    -DLLAMA_BUILD_COMMIT="$CB_PIN_LLAMA_CPP_COMMIT" "${flags[@]}" >"$PEER_DIR/configure.log" 2>&1 \
     || { log "cmake configure failed, see $PEER_DIR/configure.log"; tail -30 "$PEER_DIR/configure.log" >&2; exit 1; }
   touch "$stamp"
 }
@@ -89,6 +105,28 @@ build() {
   done
   cmake --build "$BLD" --target llama-bench llama-completion llama-quantize llama -j "$JOBS" >"$PEER_DIR/build.log" 2>&1 \
     || { log "build failed, see $PEER_DIR/build.log"; tail -30 "$PEER_DIR/build.log" >&2; exit 1; }
+}
+
+# Runs a short prefill of the Qwen 0.5B (its Q8_0, Q5_0, Q4_K and Q6_K
+# matrices take ggml's AMX kernels where they are built), else of the
+# model; on SIGILL with AMX compiled in, rebuilds without it.
+smoke_test() {
+  local stamp="$BLD/.cb-smoke-tested" model="$ROOT/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+  [ -f "$stamp" ] && return 0
+  [ -f "$model" ] || model="$MODEL"
+  [ -f "$model" ] || return 0
+  local rc=0
+  LD_LIBRARY_PATH="$BLD/bin" "$BLD/bin/llama-bench" -m "$model" -t 1 -p 32 -n 0 -r 1 >/dev/null 2>&1 || rc=$?
+  if [ "$rc" = 132 ] && [ ! -f "$AMX_FAULTS" ] && grep -qw amx_tile /proc/cpuinfo; then
+    log "llama-bench died of SIGILL in AMX code: rebuilding without AMX"
+    touch "$AMX_FAULTS"
+    configure
+    build
+    rc=0
+    LD_LIBRARY_PATH="$BLD/bin" "$BLD/bin/llama-bench" -m "$model" -t 1 -p 32 -n 0 -r 1 >/dev/null 2>&1 || rc=$?
+  fi
+  [ "$rc" = 0 ] || { log "llama-bench fails on $model (exit $rc)"; exit 1; }
+  touch "$stamp"
 }
 
 run_bench() {
@@ -130,6 +168,7 @@ fi
 extract_src
 configure
 build
+smoke_test
 case "$mode" in
   bench) run_bench "$@"; echo "$PEER_DIR/llama-bench.json" ;;
   libdir) echo "$BLD/bin" ;;

@@ -69,8 +69,8 @@ std::vector<uint8_t> random_weight(cb::DType t, int64_t n_out, int64_t n_in) {
 }
 
 bool parse_type(const std::string& s, cb::DType* t) {
-  for (uint32_t id : {0u, 1u, 2u, 3u, 8u, 12u, 14u, 30u}) {
-    if (s == cb::dtype_name(static_cast<cb::DType>(id))) {
+  for (uint32_t id = 0; id < 64; ++id) {
+    if (cb::dtype_supported(id) && s == cb::dtype_name(static_cast<cb::DType>(id))) {
       *t = static_cast<cb::DType>(id);
       return true;
     }

@@ -166,31 +166,44 @@ class CpuBackend final : public Backend {
     // per calling thread so that sessions on different threads never share
     // it.
     const int64_t nb = w.n_in / 32;
-    thread_local std::vector<BlockQ8A> xq;
-    if (static_cast<int64_t>(xq.size()) < n_rows * nb) xq.resize(static_cast<size_t>(n_rows * nb));
+    thread_local std::vector<int8_t> xqs;
+    thread_local std::vector<float> xd, xs;
+    if (static_cast<int64_t>(xd.size()) < n_rows * nb) {
+      xqs.resize(static_cast<size_t>(n_rows * w.n_in));
+      xd.resize(static_cast<size_t>(n_rows * nb));
+      xs.resize(static_cast<size_t>(n_rows * nb));
+    }
     for (int64_t r = 0; r < n_rows; ++r) {
+      const float* xr = x + r * w.n_in;
+      int8_t* qs = xqs.data() + r * w.n_in;
+      float* d = xd.data() + r * nb;
+      float* s = xs.data() + r * nb;
 #if CB_HAVE_AVX2_KERNELS
       if (level_ == Level::kAvx2) {
-        avx2::quantize_q8a(x + r * w.n_in, w.n_in, xq.data() + r * nb);
+        avx2::quantize_q8a(xr, w.n_in, qs, d, s);
         continue;
       }
 #endif
 #if CB_HAVE_NEON_KERNELS
       if (level_ == Level::kNeon) {
-        neon::quantize_q8a(x + r * w.n_in, w.n_in, xq.data() + r * nb);
+        neon::quantize_q8a(xr, w.n_in, qs, d, s);
         continue;
       }
 #endif
-      ref::quantize_q8a(x + r * w.n_in, w.n_in, xq.data() + r * nb);
+      ref::quantize_q8a(xr, w.n_in, qs, d, s);
     }
-    const BlockQ8A* xs = xq.data();
     // Counted like matmul's multiply-adds: an int8 one costs ~0.6 of an f32
     // one, still far more than a dispatch at these sizes, so every layer
     // matrix of a small model is split over the threads.
     const int64_t work = n_rows * w.n_out * w.n_in;
+    // (Plain pointers: the tasks run on other threads, whose thread_local
+    // vectors are other vectors.)
+    const int8_t* qs = xqs.data();
+    const float* d = xd.data();
+    const float* s = xs.data();
     split(w.n_out, tasks_for(work, kMatmulTasksPerThread), 16, [&](int64_t o0, int64_t o1) {
       for (int64_t r = 0; r < n_rows; ++r) {
-        const BlockQ8A* xr = xs + r * nb;
+        const Q8Row xr{qs + r * w.n_in, d + r * nb, s + r * nb};
         float* yr = y + r * w.n_out;
 #if CB_HAVE_AVX2_KERNELS
         if (level_ == Level::kAvx2) {

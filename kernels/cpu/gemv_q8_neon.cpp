@@ -85,19 +85,19 @@ void iq4_nl_quants(const BlockIQ4_NL& b, int8x16_t* lo, int8x16_t* hi) {
 
 // Q8_0, Q4_0 and IQ4_NL: one scale d per 32-element block, no offset.
 template <class Block, void (*kQuants)(const Block&, int8x16_t*, int8x16_t*)>
-float row_scaled(const Block* w, const BlockQ8A* x, int64_t nb) {
+float row_scaled(const Block* w, const Q8Row& x, int64_t nb) {
   float acc = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     int8x16_t lo, hi;
     kQuants(w[b], &lo, &hi);
-    acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot32(lo, hi, x[b].qs));
+    acc += f16_to_f32(w[b].d) * x.d[b] * static_cast<float>(dot32(lo, hi, x.qs + kQK * b));
   }
   return acc;
 }
 
 // Q4_1 and Q5_1: a scale and an offset per block.
 template <class Block>
-float row_offset(const Block* w, const BlockQ8A* x, int64_t nb) {
+float row_offset(const Block* w, const Q8Row& x, int64_t nb) {
   float acc = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     int8x16_t lo, hi;
@@ -106,22 +106,22 @@ float row_offset(const Block* w, const BlockQ8A* x, int64_t nb) {
     } else {
       nibbles(w[b].qs, 0, &lo, &hi);
     }
-    acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot32(lo, hi, x[b].qs));
-    acc += f16_to_f32(w[b].m) * x[b].s;
+    acc += f16_to_f32(w[b].d) * x.d[b] * static_cast<float>(dot32(lo, hi, x.qs + kQK * b));
+    acc += f16_to_f32(w[b].m) * x.s[b];
   }
   return acc;
 }
 
-float row_iq4_xs(const BlockIQ4_XS* w, const BlockQ8A* x, int64_t n_super) {
+float row_iq4_xs(const BlockIQ4_XS* w, const Q8Row& x, int64_t n_super) {
   float acc = 0.0f;
   for (int64_t sb = 0; sb < n_super; ++sb) {
     const float d = f16_to_f32(w[sb].d);
     for (int j = 0; j < kQKK / kQK; ++j) {
       int8x16_t lo, hi;
       iq4_levels(w[sb].qs + 16 * j, &lo, &hi);
-      const BlockQ8A& xb = x[8 * sb + j];
-      acc += (d * static_cast<float>(iq4xs_scale(w[sb], j) - 32)) * xb.d *
-             static_cast<float>(dot32(lo, hi, xb.qs));
+      const int64_t xb = 8 * sb + j;
+      acc += (d * static_cast<float>(iq4xs_scale(w[sb], j) - 32)) * x.d[xb] *
+             static_cast<float>(dot32(lo, hi, x.qs + kQK * xb));
     }
   }
   return acc;
@@ -130,7 +130,7 @@ float row_iq4_xs(const BlockIQ4_XS* w, const BlockQ8A* x, int64_t n_super) {
 // Q4_K and Q5_K: a scale and a min per sub-block of 32; Q5_K's fifth bit
 // of element l of sub-block j is bit j of qh[l].
 template <class Block>
-float row_q45_k(const Block* w, const BlockQ8A* x, int64_t n_super) {
+float row_q45_k(const Block* w, const Q8Row& x, int64_t n_super) {
   const uint8x16_t m4 = vdupq_n_u8(0x0F), b4 = vdupq_n_u8(0x10);
   float acc = 0.0f;
   for (int64_t sb = 0; sb < n_super; ++sb) {
@@ -149,10 +149,11 @@ float row_q45_k(const Block* w, const BlockQ8A* x, int64_t n_super) {
         }
         uint8_t sc, m;
         q4k_scale_min(w[sb].scales, j, &sc, &m);
-        const BlockQ8A& xb = x[8 * sb + j];
-        acc += (d * static_cast<float>(sc)) * xb.d *
-               static_cast<float>(dot32(vreinterpretq_s8_u8(q0), vreinterpretq_s8_u8(q1), xb.qs));
-        acc -= (dmin * static_cast<float>(m)) * xb.s;
+        const int64_t xb = 8 * sb + j;
+        acc += (d * static_cast<float>(sc)) * x.d[xb] *
+               static_cast<float>(
+                   dot32(vreinterpretq_s8_u8(q0), vreinterpretq_s8_u8(q1), x.qs + kQK * xb));
+        acc -= (dmin * static_cast<float>(m)) * x.s[xb];
       }
     }
   }
@@ -177,45 +178,46 @@ inline int32_t dot16_sum(int8x16_t w, const int8_t* x) {
 }
 
 // Q2_K: per run of 16, a 4-bit scale (low) and a 4-bit min (high).
-float row_q2_k(const BlockQ2_K* w, const BlockQ8A* x, int64_t n_super) {
+float row_q2_k(const BlockQ2_K* w, const Q8Row& x, int64_t n_super) {
   float acc = 0.0f;
   for (int64_t sb = 0; sb < n_super; ++sb) {
     const float d = f16_to_f32(w[sb].d), dmin = f16_to_f32(w[sb].dmin);
     for (int j = 0; j < 8; ++j) {
       int8x16_t q[2];
       q23_k_quants(w[sb].qs, nullptr, j, q);
-      const BlockQ8A& xb = x[8 * sb + j];
+      const int64_t xb = 8 * sb + j;
       int32_t isum = 0, msum = 0;
       for (int h = 0; h < 2; ++h) {
         const uint8_t sc = w[sb].scales[2 * j + h];
-        isum += (sc & 0x0F) * dot16_sum(q[h], xb.qs + 16 * h);
-        msum += (sc >> 4) * vaddlvq_s8(vld1q_s8(xb.qs + 16 * h));
+        isum += (sc & 0x0F) * dot16_sum(q[h], x.qs + kQK * xb + 16 * h);
+        msum += (sc >> 4) * vaddlvq_s8(vld1q_s8(x.qs + kQK * xb + 16 * h));
       }
-      acc += (d * xb.d) * static_cast<float>(isum) - (dmin * xb.d) * static_cast<float>(msum);
+      acc += (d * x.d[xb]) * static_cast<float>(isum) - (dmin * x.d[xb]) * static_cast<float>(msum);
     }
   }
   return acc;
 }
 
 // Q3_K: per run of 16, a 6-bit scale centred on 32.
-float row_q3_k(const BlockQ3_K* w, const BlockQ8A* x, int64_t n_super) {
+float row_q3_k(const BlockQ3_K* w, const Q8Row& x, int64_t n_super) {
   float acc = 0.0f;
   for (int64_t sb = 0; sb < n_super; ++sb) {
     const float d = f16_to_f32(w[sb].d);
     for (int j = 0; j < 8; ++j) {
       int8x16_t q[2];
       q23_k_quants(w[sb].qs, w[sb].hmask, j, q);
-      const BlockQ8A& xb = x[8 * sb + j];
+      const int64_t xb = 8 * sb + j;
       int32_t isum = 0;
       for (int h = 0; h < 2; ++h)
-        isum += (q3k_scale(w[sb].scales, 2 * j + h) - 32) * dot16_sum(q[h], xb.qs + 16 * h);
-      acc += (d * xb.d) * static_cast<float>(isum);
+        isum +=
+            (q3k_scale(w[sb].scales, 2 * j + h) - 32) * dot16_sum(q[h], x.qs + kQK * xb + 16 * h);
+      acc += (d * x.d[xb]) * static_cast<float>(isum);
     }
   }
   return acc;
 }
 
-float row_q6_k(const BlockQ6_K* w, const BlockQ8A* x, int64_t n_super) {
+float row_q6_k(const BlockQ6_K* w, const Q8Row& x, int64_t n_super) {
   const uint8x16_t m4 = vdupq_n_u8(0x0F), m2 = vdupq_n_u8(0x03);
   const int8x16_t off = vdupq_n_s8(32);
   float acc = 0.0f;
@@ -238,19 +240,19 @@ float row_q6_k(const BlockQ6_K* w, const BlockQ8A* x, int64_t n_super) {
         };
         for (int r = 0; r < 4; ++r) {
           const int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(runs[r]), off);
-          const int8_t* xq = x[8 * sb + 4 * h + r].qs + 16 * j;
+          const int8_t* xq = x.qs + kQK * (8 * sb + 4 * h + r) + 16 * j;
           isum[r] += sc[2 * r + j] * dot16_sum(q, xq);
         }
       }
       for (int r = 0; r < 4; ++r)
-        acc += (d * x[8 * sb + 4 * h + r].d) * static_cast<float>(isum[r]);
+        acc += (d * x.d[8 * sb + 4 * h + r]) * static_cast<float>(isum[r]);
     }
   }
   return acc;
 }
 
 template <class Block, class Row>
-void rows(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int64_t o_end,
+void rows(const WeightView& w, const Q8Row& x, float* y, int64_t o_begin, int64_t o_end,
           int64_t n_blocks, Row row) {
   const size_t row_bytes = dtype_row_bytes(w.type, w.n_in);
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
@@ -262,7 +264,7 @@ void rows(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int
 
 }  // namespace
 
-void quantize_q8a(const float* x, int64_t n, BlockQ8A* out) {
+void quantize_q8a(const float* x, int64_t n, int8_t* qs, float* d, float* s) {
   for (int64_t b = 0; b < n / kQK; ++b) {
     const float* xb = x + b * kQK;
     float32x4_t v[8];
@@ -274,7 +276,7 @@ void quantize_q8a(const float* x, int64_t n, BlockQ8A* out) {
     const float amax = vmaxvq_f32(m);
     // The same f32 operations as ref::quantize_q8a; FCVTNS rounds to
     // nearest, ties to even, as nearbyint does in the default mode.
-    const float d = amax / 127.0f;
+    d[b] = amax / 127.0f;
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
     int32x4_t sum = vdupq_n_s32(0);
     int16x8_t q16[4];
@@ -284,14 +286,13 @@ void quantize_q8a(const float* x, int64_t n, BlockQ8A* out) {
       sum = vaddq_s32(sum, vaddq_s32(a, c));
       q16[j] = vcombine_s16(vmovn_s32(a), vmovn_s32(c));
     }
-    vst1q_s8(out[b].qs, vcombine_s8(vmovn_s16(q16[0]), vmovn_s16(q16[1])));
-    vst1q_s8(out[b].qs + 16, vcombine_s8(vmovn_s16(q16[2]), vmovn_s16(q16[3])));
-    out[b].d = d;
-    out[b].s = d * static_cast<float>(vaddvq_s32(sum));
+    vst1q_s8(qs + b * kQK, vcombine_s8(vmovn_s16(q16[0]), vmovn_s16(q16[1])));
+    vst1q_s8(qs + b * kQK + 16, vcombine_s8(vmovn_s16(q16[2]), vmovn_s16(q16[3])));
+    s[b] = d[b] * static_cast<float>(vaddvq_s32(sum));
   }
 }
 
-void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int64_t o_end) {
+void gemv_q8(const WeightView& w, const Q8Row& x, float* y, int64_t o_begin, int64_t o_end) {
   const int64_t nb = w.n_in / kQK;
   switch (w.type) {
     case DType::Q8_0:

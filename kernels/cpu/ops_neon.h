@@ -33,8 +33,8 @@ void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int6
 // The int8 GEMV of decode (Backend::matmul_q8); same contracts as
 // ref::quantize_q8a (same bytes) and ref::gemv_q8 (same integer sums, f32
 // summation order may differ).
-void quantize_q8a(const float* x, int64_t n, BlockQ8A* out);
-void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int64_t o_end);
+void quantize_q8a(const float* x, int64_t n, int8_t* qs, float* d, float* s);
+void gemv_q8(const WeightView& w, const Q8Row& x, float* y, int64_t o_begin, int64_t o_end);
 
 void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
              float* out);

@@ -151,17 +151,20 @@ inline int iq4xs_scale(const BlockIQ4_XS& b, int s) {
   return ((b.scales_l[s / 2] >> (4 * (s % 2))) & 0x0F) | ((b.scales_h >> (2 * s)) & 3) << 4;
 }
 
-// An activation row quantized for the int8 GEMV of decode (not a GGUF type):
-// x[i] ~= qs[i] * d with d = max|x| / 127 over the block and qs[i] the
-// nearest integer to x[i] / d; s = d * sum(qs) carries the block's sum for
-// the weight types with an offset (Q4_1's m, Q4_K's min).  The blocks are
-// 32 elements, the sub-block size of every quantized weight type, so one
-// activation block meets exactly one weight scale (two for Q6_K's groups of
-// 16, which stay integer until the end).  As llama.cpp's Q8_1.
-struct BlockQ8A {
-  float d;
-  float s;
-  int8_t qs[kQK];
+// An activation row quantized for the int8 GEMV of decode (not a GGUF
+// type), n elements in blocks of 32: x[i] ~= qs[i] * d[i / 32] with
+// d = max|x| / 127 over the block and qs[i] the nearest integer to
+// x[i] / d; s[b] = d[b] * sum(block b's qs) carries the block's sum for the
+// weight types with an offset (Q4_1's m, Q5_1's m, the K-quants' mins).
+// The blocks are 32 elements, the sub-block size of every quantized weight
+// type, so one activation scale meets exactly one weight scale (two for the
+// runs of 16 of Q2_K, Q3_K and Q6_K, which stay integer until the end).
+// Three arrays rather than one array of blocks: a SIMD kernel loads the 8
+// scales of a K-quant super-block's activations at once.
+struct Q8Row {
+  const int8_t* qs = nullptr;
+  const float* d = nullptr;
+  const float* s = nullptr;
 };
 
 static_assert(sizeof(BlockQ4_0) == 18);
@@ -171,7 +174,9 @@ static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ6_K) == 210);
-static_assert(sizeof(BlockQ8A) == 40);
+static_assert(sizeof(BlockQ5_K) == 176);
+static_assert(sizeof(BlockQ2_K) == 84);
+static_assert(sizeof(BlockQ3_K) == 110);
 
 // Scale and min of Q4_K sub-block s (0..7).  Bytes 0-3 hold the 6-bit scales
 // of sub-blocks 0-3 and bytes 4-7 their mins; sub-blocks 4-7 keep their low
@@ -186,6 +191,22 @@ static inline void q4k_scale_min(const uint8_t* scales, int s, uint8_t* sc, uint
     *sc = static_cast<uint8_t>((scales[s + 4] & 0x0Fu) | ((scales[s - 4] >> 6) << 4));
     *m = static_cast<uint8_t>((scales[s + 4] >> 4) | ((scales[s] >> 6) << 4));
   }
+}
+
+// The 6-bit scales and mins of all 8 Q4_K / Q5_K sub-blocks at once (the
+// same values as q4k_scale_min), byte s of *sc and *m for sub-block s, by
+// word operations on the 12 bytes: no shift carries a bit into a kept
+// position of another byte.
+static inline void q4k_scales_mins(const uint8_t* scales, uint64_t* sc, uint64_t* m) {
+  uint32_t a, b, c;
+  __builtin_memcpy(&a, scales, 4);
+  __builtin_memcpy(&b, scales + 4, 4);
+  __builtin_memcpy(&c, scales + 8, 4);
+  const uint32_t sc_lo = a & 0x3F3F3F3Fu, m_lo = b & 0x3F3F3F3Fu;
+  const uint32_t sc_hi = (c & 0x0F0F0F0Fu) | ((a >> 2) & 0x30303030u);
+  const uint32_t m_hi = ((c >> 4) & 0x0F0F0F0Fu) | ((b >> 2) & 0x30303030u);
+  *sc = sc_lo | static_cast<uint64_t>(sc_hi) << 32;
+  *m = m_lo | static_cast<uint64_t>(m_hi) << 32;
 }
 
 }  // namespace cb

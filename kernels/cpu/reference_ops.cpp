@@ -60,22 +60,21 @@ bool gemv_q8_supported(DType t) {
   return false;
 }
 
-void quantize_q8a(const float* x, int64_t n, BlockQ8A* out) {
+void quantize_q8a(const float* x, int64_t n, int8_t* qs, float* d, float* s) {
   for (int64_t b = 0; b < n / kQK; ++b) {
     const float* xb = x + b * kQK;
     float amax = 0.0f;
     for (int i = 0; i < kQK; ++i) amax = std::max(amax, std::fabs(xb[i]));
-    const float d = amax / 127.0f;
+    d[b] = amax / 127.0f;
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
     int sum = 0;
     for (int i = 0; i < kQK; ++i) {
       // |x * id| <= 127 (up to rounding of id), so the cast cannot overflow.
       const int q = static_cast<int>(std::nearbyint(xb[i] * id));
-      out[b].qs[i] = static_cast<int8_t>(q);
+      qs[b * kQK + i] = static_cast<int8_t>(q);
       sum += q;
     }
-    out[b].d = d;
-    out[b].s = d * static_cast<float>(sum);
+    s[b] = d[b] * static_cast<float>(sum);
   }
 }
 
@@ -129,7 +128,7 @@ int q2_quant(const uint8_t* qs, int e) {
 // Q4_K and Q5_K share scales and nibbles; Q5_K's fifth bit of element l of
 // sub-block j is bit j of qh[l].
 template <class Block>
-float q45_k_row(const Block* w, const BlockQ8A* x, int64_t n_super) {
+float q45_k_row(const Block* w, const Q8Row& x, int64_t n_super) {
   float acc = 0.0f;
   int8_t q[kQK];
   for (int64_t sb = 0; sb < n_super; ++sb) {
@@ -143,15 +142,16 @@ float q45_k_row(const Block* w, const BlockQ8A* x, int64_t n_super) {
       }
       uint8_t sc, m;
       q4k_scale_min(w[sb].scales, j, &sc, &m);
-      const BlockQ8A& xb = x[sb * 8 + j];
-      acc += (d * static_cast<float>(sc)) * xb.d * static_cast<float>(dot_i8(q, xb.qs, kQK));
-      acc -= (dmin * static_cast<float>(m)) * xb.s;
+      const int64_t xb = sb * 8 + j;
+      acc += (d * static_cast<float>(sc)) * x.d[xb] *
+             static_cast<float>(dot_i8(q, x.qs + kQK * xb, kQK));
+      acc -= (dmin * static_cast<float>(m)) * x.s[xb];
     }
   }
   return acc;
 }
 
-float gemv_q8_row(DType t, const uint8_t* row, const BlockQ8A* x, int64_t n_in) {
+float gemv_q8_row(DType t, const uint8_t* row, const Q8Row& x, int64_t n_in) {
   float acc = 0.0f;
   int8_t q[kQKK];
   switch (t) {
@@ -165,13 +165,13 @@ float gemv_q8_row(DType t, const uint8_t* row, const BlockQ8A* x, int64_t n_in) 
           BlockQ4_1 w;
           std::memcpy(&w, blk, sizeof w);
           nibbles(w.qs, 0, q);
-          acc += f16_to_f32(w.d) * x[b].d * static_cast<float>(dot_i8(q, x[b].qs, kQK));
-          acc += f16_to_f32(w.m) * x[b].s;
+          acc += f16_to_f32(w.d) * x.d[b] * static_cast<float>(dot_i8(q, x.qs + kQK * b, kQK));
+          acc += f16_to_f32(w.m) * x.s[b];
         } else {
           BlockQ4_0 w;
           std::memcpy(&w, blk, sizeof w);
           nibbles(w.qs, 8, q);
-          acc += f16_to_f32(w.d) * x[b].d * static_cast<float>(dot_i8(q, x[b].qs, kQK));
+          acc += f16_to_f32(w.d) * x.d[b] * static_cast<float>(dot_i8(q, x.qs + kQK * b, kQK));
         }
       }
       return acc;
@@ -180,7 +180,7 @@ float gemv_q8_row(DType t, const uint8_t* row, const BlockQ8A* x, int64_t n_in) 
       const BlockQ5_0* w = reinterpret_cast<const BlockQ5_0*>(row);
       for (int64_t b = 0; b < n_in / kQK; ++b) {
         q5_quants(w[b], 16, q);
-        acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot_i8(q, x[b].qs, kQK));
+        acc += f16_to_f32(w[b].d) * x.d[b] * static_cast<float>(dot_i8(q, x.qs + kQK * b, kQK));
       }
       return acc;
     }
@@ -188,15 +188,16 @@ float gemv_q8_row(DType t, const uint8_t* row, const BlockQ8A* x, int64_t n_in) 
       const BlockQ5_1* w = reinterpret_cast<const BlockQ5_1*>(row);
       for (int64_t b = 0; b < n_in / kQK; ++b) {
         q5_quants(w[b], 0, q);
-        acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot_i8(q, x[b].qs, kQK));
-        acc += f16_to_f32(w[b].m) * x[b].s;
+        acc += f16_to_f32(w[b].d) * x.d[b] * static_cast<float>(dot_i8(q, x.qs + kQK * b, kQK));
+        acc += f16_to_f32(w[b].m) * x.s[b];
       }
       return acc;
     }
     case DType::Q8_0: {
       const BlockQ8_0* w = reinterpret_cast<const BlockQ8_0*>(row);
       for (int64_t b = 0; b < n_in / kQK; ++b)
-        acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot_i8(w[b].qs, x[b].qs, kQK));
+        acc +=
+            f16_to_f32(w[b].d) * x.d[b] * static_cast<float>(dot_i8(w[b].qs, x.qs + kQK * b, kQK));
       return acc;
     }
     case DType::Q2_K: {
@@ -208,14 +209,15 @@ float gemv_q8_row(DType t, const uint8_t* row, const BlockQ8A* x, int64_t n_in) 
         const float d = f16_to_f32(w[sb].d), dmin = f16_to_f32(w[sb].dmin);
         for (int e = 0; e < kQKK; ++e) q[e] = static_cast<int8_t>(q2_quant(w[sb].qs, e));
         for (int j = 0; j < 8; ++j) {
-          const BlockQ8A& xb = x[sb * 8 + j];
+          const int64_t xb = sb * 8 + j;
           int isum = 0, msum = 0;
           for (int h = 0; h < 2; ++h) {
             const uint8_t sc = w[sb].scales[2 * j + h];
-            isum += (sc & 0x0F) * dot_i8(q + 32 * j + 16 * h, xb.qs + 16 * h, 16);
-            msum += (sc >> 4) * sum_i8(xb.qs + 16 * h, 16);
+            isum += (sc & 0x0F) * dot_i8(q + 32 * j + 16 * h, x.qs + kQK * xb + 16 * h, 16);
+            msum += (sc >> 4) * sum_i8(x.qs + kQK * xb + 16 * h, 16);
           }
-          acc += (d * xb.d) * static_cast<float>(isum) - (dmin * xb.d) * static_cast<float>(msum);
+          acc += (d * x.d[xb]) * static_cast<float>(isum) -
+                 (dmin * x.d[xb]) * static_cast<float>(msum);
         }
       }
       return acc;
@@ -229,12 +231,12 @@ float gemv_q8_row(DType t, const uint8_t* row, const BlockQ8A* x, int64_t n_in) 
           q[e] = static_cast<int8_t>(q2_quant(w[sb].qs, e) - (high ? 0 : 4));
         }
         for (int j = 0; j < 8; ++j) {
-          const BlockQ8A& xb = x[sb * 8 + j];
+          const int64_t xb = sb * 8 + j;
           int isum = 0;
           for (int h = 0; h < 2; ++h)
             isum += (q3k_scale(w[sb].scales, 2 * j + h) - 32) *
-                    dot_i8(q + 32 * j + 16 * h, xb.qs + 16 * h, 16);
-          acc += (d * xb.d) * static_cast<float>(isum);
+                    dot_i8(q + 32 * j + 16 * h, x.qs + kQK * xb + 16 * h, 16);
+          acc += (d * x.d[xb]) * static_cast<float>(isum);
         }
       }
       return acc;
@@ -260,10 +262,11 @@ float gemv_q8_row(DType t, const uint8_t* row, const BlockQ8A* x, int64_t n_in) 
         }
         const float d = f16_to_f32(w[sb].d);
         for (int j = 0; j < 8; ++j) {
-          const BlockQ8A& xb = x[sb * 8 + j];
-          const int isum = w[sb].scales[2 * j] * dot_i8(q + 32 * j, xb.qs, 16) +
-                           w[sb].scales[2 * j + 1] * dot_i8(q + 32 * j + 16, xb.qs + 16, 16);
-          acc += (d * xb.d) * static_cast<float>(isum);
+          const int64_t xb = sb * 8 + j;
+          const int isum =
+              w[sb].scales[2 * j] * dot_i8(q + 32 * j, x.qs + kQK * xb, 16) +
+              w[sb].scales[2 * j + 1] * dot_i8(q + 32 * j + 16, x.qs + kQK * xb + 16, 16);
+          acc += (d * x.d[xb]) * static_cast<float>(isum);
         }
       }
       return acc;
@@ -272,7 +275,7 @@ float gemv_q8_row(DType t, const uint8_t* row, const BlockQ8A* x, int64_t n_in) 
       const BlockIQ4_NL* w = reinterpret_cast<const BlockIQ4_NL*>(row);
       for (int64_t b = 0; b < n_in / kQK; ++b) {
         iq4_levels(w[b].qs, q);
-        acc += f16_to_f32(w[b].d) * x[b].d * static_cast<float>(dot_i8(q, x[b].qs, kQK));
+        acc += f16_to_f32(w[b].d) * x.d[b] * static_cast<float>(dot_i8(q, x.qs + kQK * b, kQK));
       }
       return acc;
     }
@@ -282,9 +285,9 @@ float gemv_q8_row(DType t, const uint8_t* row, const BlockQ8A* x, int64_t n_in) 
         const float d = f16_to_f32(w[sb].d);
         for (int j = 0; j < kQKK / kQK; ++j) {
           iq4_levels(w[sb].qs + 16 * j, q);
-          const BlockQ8A& xb = x[sb * 8 + j];
-          acc += (d * static_cast<float>(iq4xs_scale(w[sb], j) - 32)) * xb.d *
-                 static_cast<float>(dot_i8(q, xb.qs, kQK));
+          const int64_t xb = sb * 8 + j;
+          acc += (d * static_cast<float>(iq4xs_scale(w[sb], j) - 32)) * x.d[xb] *
+                 static_cast<float>(dot_i8(q, x.qs + kQK * xb, kQK));
         }
       }
       return acc;
@@ -296,7 +299,7 @@ float gemv_q8_row(DType t, const uint8_t* row, const BlockQ8A* x, int64_t n_in) 
 
 }  // namespace
 
-void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int64_t o_end) {
+void gemv_q8(const WeightView& w, const Q8Row& x, float* y, int64_t o_begin, int64_t o_end) {
   for (int64_t o = o_begin; o < o_end; ++o) y[o] = gemv_q8_row(w.type, weight_row(w, o), x, w.n_in);
 }
 

@@ -29,10 +29,11 @@ void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y);
 // Weight types with an integer dot-product kernel: every quantized type
 // (F32, F16 and BF16 keep the f32 path).
 bool gemv_q8_supported(DType t);
-// out[b] = x[32b .. 32b + 32) quantized (see BlockQ8A); n is a multiple of
-// 32.  Rounds x / d to nearest, ties to even, with 1/d computed as 127 / max,
-// so the SIMD versions produce the same bytes.
-void quantize_q8a(const float* x, int64_t n, BlockQ8A* out);
+// x[0, n) quantized (see Q8Row) into qs[0, n), d[0, n / 32) and
+// s[0, n / 32); n is a multiple of 32.  Rounds x / d to nearest, ties to
+// even, with 1/d computed as 127 / max, so the SIMD versions produce the
+// same bytes.
+void quantize_q8a(const float* x, int64_t n, int8_t* qs, float* d, float* s);
 // Output columns [o_begin, o_end) of y = W x for one quantized activation
 // row x (w.n_in / 32 blocks).  Per activation block the weight-by-activation
 // products are summed exactly in integers; the block sums are scaled and
@@ -47,7 +48,7 @@ void quantize_q8a(const float* x, int64_t n, BlockQ8A* out);
 //   Q3_K:        the same with Q3_K's scales (minus 32) and q - 4 * !bit
 //   Q2_K:        (d * dx) * (sc_a * sum_a(q * xq) + sc_b * sum_b(q * xq))
 //                - (dmin * dx) * (m_a * sum_a(xq) + m_b * sum_b(xq))
-void gemv_q8(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int64_t o_end);
+void gemv_q8(const WeightView& w, const Q8Row& x, float* y, int64_t o_begin, int64_t o_end);
 
 void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out);
 

@@ -45,16 +45,24 @@ std::vector<float> activations(std::mt19937& rng, int64_t n) {
   return x;
 }
 
-std::vector<BlockQ8A> quantize(const std::vector<float>& x) {
-  std::vector<BlockQ8A> q(x.size() / 32);
-  ref::quantize_q8a(x.data(), static_cast<int64_t>(x.size()), q.data());
+// A quantized activation row and the arrays behind it.
+struct Q8Act {
+  std::vector<int8_t> qs;
+  std::vector<float> d, s;
+  explicit Q8Act(size_t n) : qs(n), d(n / 32), s(n / 32) {}
+  Q8Row view() const { return {qs.data(), d.data(), s.data()}; }
+};
+
+Q8Act quantize(const std::vector<float>& x, void (*quantizer)(const float*, int64_t, int8_t*,
+                                                              float*, float*) = ref::quantize_q8a) {
+  Q8Act q(x.size());
+  quantizer(x.data(), static_cast<int64_t>(x.size()), q.qs.data(), q.d.data(), q.s.data());
   return q;
 }
 
-std::vector<float> dequantize(const std::vector<BlockQ8A>& q) {
-  std::vector<float> x(q.size() * 32);
-  for (size_t b = 0; b < q.size(); ++b)
-    for (int i = 0; i < 32; ++i) x[b * 32 + i] = static_cast<float>(q[b].qs[i]) * q[b].d;
+std::vector<float> dequantize(const Q8Act& q) {
+  std::vector<float> x(q.qs.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(q.qs[i]) * q.d[i / 32];
   return x;
 }
 
@@ -68,26 +76,25 @@ TEST(GemvQ8, QuantizeRoundsToNearestAndSimdGivesSameBytes) {
   const test::SimdKernels* simd = test::simd_kernels();
   for (int64_t n : {32, 64, 576, 1536}) {
     const std::vector<float> x = activations(rng, n);
-    const std::vector<BlockQ8A> q = quantize(x);
-    for (size_t b = 0; b < q.size(); ++b) {
+    const Q8Act q = quantize(x);
+    for (size_t b = 0; b < q.d.size(); ++b) {
       float amax = 0.0f;
       int sum = 0;
       for (int i = 0; i < 32; ++i) {
         amax = std::max(amax, std::fabs(x[b * 32 + i]));
-        sum += q[b].qs[i];
-        ASSERT_LE(std::abs(q[b].qs[i]), 127);
+        const int qi = q.qs[b * 32 + i];
+        sum += qi;
+        ASSERT_LE(std::abs(qi), 127);
         // Round to nearest: within half a step (plus f32 rounding of x / d).
-        EXPECT_LE(std::fabs(x[b * 32 + i] - q[b].qs[i] * q[b].d), q[b].d * (0.5f + 1e-5f) + 1e-30f)
+        EXPECT_LE(std::fabs(x[b * 32 + i] - qi * q.d[b]), q.d[b] * (0.5f + 1e-5f) + 1e-30f)
             << "n=" << n << " block " << b << " element " << i;
       }
-      EXPECT_EQ(q[b].d, amax / 127.0f);
-      EXPECT_EQ(q[b].s, q[b].d * static_cast<float>(sum));
+      EXPECT_EQ(q.d[b], amax / 127.0f);
+      EXPECT_EQ(q.s[b], q.d[b] * static_cast<float>(sum));
     }
     if (simd != nullptr) {
-      std::vector<BlockQ8A> qs(q.size());
-      simd->quantize_q8a(x.data(), n, qs.data());
-      EXPECT_EQ(std::memcmp(qs.data(), q.data(), q.size() * sizeof(BlockQ8A)), 0)
-          << simd->name << " n=" << n;
+      const Q8Act qs = quantize(x, simd->quantize_q8a);
+      EXPECT_TRUE(qs.qs == q.qs && qs.d == q.d && qs.s == q.s) << simd->name << " n=" << n;
     }
   }
 }
@@ -102,12 +109,12 @@ TEST(GemvQ8, ReferenceMatchesFloat64OfQuantizedActivations) {
       const int64_t n_out = 9;
       std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
       const WeightView w{wd.data(), t, n_in, n_out};
-      const std::vector<BlockQ8A> xq = quantize(activations(rng, n_in));
+      const Q8Act xq = quantize(activations(rng, n_in));
       const std::vector<float> xd = dequantize(xq);
       std::vector<double> exact, abs_sum;
       test::matmul_f64(test::dequantize_all(w), n_out, n_in, xd.data(), 1, &exact, &abs_sum);
       std::vector<float> y(n_out);
-      ref::gemv_q8(w, xq.data(), y.data(), 0, n_out);
+      ref::gemv_q8(w, xq.view(), y.data(), 0, n_out);
       for (int64_t o = 0; o < n_out; ++o)
         EXPECT_NEAR(y[o], exact[o], 1e-5 * abs_sum[o] + 1e-30)
             << dtype_name(t) << " n_in=" << n_in << " o=" << o;
@@ -126,15 +133,15 @@ TEST(GemvQ8, SimdMatchesReference) {
       for (int64_t n_out : {1, 7, 193}) {
         std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
         const WeightView w{wd.data(), t, n_in, n_out};
-        const std::vector<BlockQ8A> xq = quantize(activations(rng, n_in));
+        const Q8Act xq = quantize(activations(rng, n_in));
         const std::vector<float> xd = dequantize(xq);
         std::vector<double> exact, abs_sum;
         test::matmul_f64(test::dequantize_all(w), n_out, n_in, xd.data(), 1, &exact, &abs_sum);
         std::vector<float> y_ref(n_out), y_simd(n_out, NAN);
-        ref::gemv_q8(w, xq.data(), y_ref.data(), 0, n_out);
+        ref::gemv_q8(w, xq.view(), y_ref.data(), 0, n_out);
         const int64_t cut = n_out / 3;  // two uneven slices, as threads get them
-        simd->gemv_q8(w, xq.data(), y_simd.data(), 0, cut);
-        simd->gemv_q8(w, xq.data(), y_simd.data(), cut, n_out);
+        simd->gemv_q8(w, xq.view(), y_simd.data(), 0, cut);
+        simd->gemv_q8(w, xq.view(), y_simd.data(), cut, n_out);
         for (int64_t o = 0; o < n_out; ++o) {
           EXPECT_NEAR(y_simd[o], y_ref[o], 2e-5 * abs_sum[o] + 1e-30)
               << simd->name << " " << dtype_name(t) << " n_in=" << n_in << " o=" << o;
@@ -158,7 +165,7 @@ TEST(GemvQ8, BackendWithinRoundingBoundOfF32Matmul) {
       const std::vector<float> wf = test::dequantize_all(w);
       for (int64_t n_rows : {1, 3}) {
         const std::vector<float> x = activations(rng, n_rows * n_in);
-        const std::vector<BlockQ8A> xq = quantize(x);
+        const Q8Act xq = quantize(x);
         std::vector<double> exact, abs_sum;
         test::matmul_f64(wf, n_out, n_in, x.data(), n_rows, &exact, &abs_sum);
         std::vector<float> first;
@@ -176,7 +183,7 @@ TEST(GemvQ8, BackendWithinRoundingBoundOfF32Matmul) {
           for (int64_t o = 0; o < n_out; ++o) {
             double bound = 2e-5 * abs_sum[r * n_out + o];
             for (int64_t i = 0; i < n_in; ++i)
-              bound += std::fabs(wf[o * n_in + i]) * 0.5 * xq[(r * n_in + i) / 32].d;
+              bound += std::fabs(wf[o * n_in + i]) * 0.5 * xq.d[(r * n_in + i) / 32];
             EXPECT_NEAR(first[r * n_out + o], exact[r * n_out + o], bound)
                 << dtype_name(t) << " row " << r << " o=" << o;
           }

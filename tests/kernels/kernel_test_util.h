@@ -42,8 +42,8 @@ struct SimdKernels {
                  int64_t o_end);
   void (*attention_tile)(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int64_t h_begin,
                          int64_t h_end);
-  void (*quantize_q8a)(const float* x, int64_t n, BlockQ8A* out);
-  void (*gemv_q8)(const WeightView& w, const BlockQ8A* x, float* y, int64_t o_begin, int64_t o_end);
+  void (*quantize_q8a)(const float* x, int64_t n, int8_t* qs, float* d, float* s);
+  void (*gemv_q8)(const WeightView& w, const Q8Row& x, float* y, int64_t o_begin, int64_t o_end);
 };
 
 inline const SimdKernels* simd_kernels() {
