@@ -106,46 +106,59 @@ struct DotIQ4_NL {
 // result does not depend on how rows are grouped or split over threads.
 template <class T, int R>
 void rows_blocks(const uint8_t* base, size_t row_bytes, const Q8Row& x, int64_t nb, float* y) {
+  static_assert(R == 1 || R == 4);
   using Block = typename T::Block;
   const Block* w[R];
   __m256 acc[R];
-  float off[R];
   for (int r = 0; r < R; ++r) {
     w[r] = reinterpret_cast<const Block*>(base + static_cast<size_t>(r) * row_bytes);
     acc[r] = _mm256_setzero_ps();
-    off[r] = 0.0f;
   }
-  if constexpr (T::kOffset) {
-    // d and m are adjacent: one conversion gives both (lanes 0, 1), and
-    // lane 1 of offv accumulates m * s (lane 0's d * s is unused).
-    __m128 offv[R];
-    for (int r = 0; r < R; ++r) offv[r] = _mm_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i xv = load32(x.qs + kQK * b);
-      const __m128 xd = _mm_set_ss(x.d[b]), xs = _mm_set1_ps(x.s[b]);
+  // The R rows' scale products of a block are formed in one vector and
+  // broadcast from memory, and their offsets accumulate in one vector
+  // (no scalar chain per row).
+  alignas(32) float f[8];
+  __m256 off = _mm256_setzero_ps();  // kOffset: m * s in the odd lanes
+  __m128 off_d = _mm_setzero_ps();   // kScaleOffset: d * s of row r in lane r
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i xv = load32(x.qs + kQK * b);
+    if constexpr (T::kOffset) {
+      // d and m are adjacent: the R (d, m) pairs convert at once, and one
+      // multiply by (dx, s, dx, s, ..) gives d * dx (even lanes, the
+      // scales) and m * s (odd lanes, the offsets).
+      __m128i dm = _mm_setzero_si128();
       for (int r = 0; r < R; ++r) {
-        uint32_t dm_bits;
-        __builtin_memcpy(&dm_bits, &w[r][b].d, 4);
-        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm_bits)));
+        uint32_t bits;
+        __builtin_memcpy(&bits, &w[r][b].d, 4);
+        dm = _mm_insert_epi32(dm, static_cast<int>(bits), r);
+      }
+      const __m256 p = _mm256_mul_ps(
+          _mm256_cvtph_ps(dm), _mm256_unpacklo_ps(_mm256_set1_ps(x.d[b]), _mm256_set1_ps(x.s[b])));
+      _mm256_store_ps(f, p);
+      off = _mm256_add_ps(off, p);
+      for (int r = 0; r < R; ++r)
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T::dot(w[r][b], xv)),
-                                 _mm256_broadcastss_ps(_mm_mul_ss(dm, xd)), acc[r]);
-        offv[r] = _mm_fmadd_ps(dm, xs, offv[r]);
-      }
+                                 _mm256_broadcast_ss(f + 2 * r), acc[r]);
+    } else {
+      __m128i dh = _mm_setzero_si128();
+      for (int r = 0; r < R; ++r) dh = _mm_insert_epi16(dh, w[r][b].d, r);
+      const __m128 d = _mm_cvtph_ps(dh);
+      _mm_store_ps(f, _mm_mul_ps(d, _mm_set1_ps(x.d[b])));
+      if constexpr (T::kScaleOffset != 0.0f) off_d = _mm_fmadd_ps(d, _mm_set1_ps(x.s[b]), off_d);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T::dot(w[r][b], xv)),
+                                 _mm256_broadcast_ss(f + r), acc[r]);
     }
-    for (int r = 0; r < R; ++r) off[r] = _mm_cvtss_f32(_mm_movehdup_ps(offv[r]));
-  } else {
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i xv = load32(x.qs + kQK * b);
-      const float xd = x.d[b], xs = x.s[b];
-      for (int r = 0; r < R; ++r) {
-        const float d = half(w[r][b].d);
-        acc[r] = fma_block(T::dot(w[r][b], xv), d * xd, acc[r]);
-        if constexpr (T::kScaleOffset != 0.0f) off[r] = __builtin_fmaf(d, xs, off[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) off[r] *= T::kScaleOffset;
   }
-  for (int r = 0; r < R; ++r) y[r] = hsum(acc[r]) + off[r];
+  _mm256_store_ps(f, off);
+  alignas(16) float fd[4];
+  _mm_store_ps(fd, off_d);
+  for (int r = 0; r < R; ++r) {
+    float o = 0.0f;
+    if constexpr (T::kOffset) o = f[2 * r + 1];
+    if constexpr (T::kScaleOffset != 0.0f) o = T::kScaleOffset * fd[r];
+    y[r] = hsum(acc[r]) + o;
+  }
 }
 
 // The weights stream from memory once per token, far beyond the caches;
