@@ -203,6 +203,7 @@ enum class CpuKernelLevel {
   kAuto,    // best the CPU supports (chosen once, at first use)
   kScalar,  // the reference kernels
   kAvx2,    // AVX2 + FMA + F16C
+  kAvx512,  // kAvx2 + AVX-512 F, BW, VL and VNNI (the int8 GEMM of prefill)
   kNeon,    // AArch64 Advanced SIMD
 };
 
@@ -211,7 +212,7 @@ std::unique_ptr<Backend> make_cpu_backend(int n_threads,
                                           CpuKernelLevel level = CpuKernelLevel::kAuto);
 
 // Name of the kernel level a CPU backend created with kAuto would use on this
-// machine ("avx2", "neon", "scalar"), for benchmarks to report.
+// machine ("avx512", "avx2", "neon", "scalar"), for benchmarks to report.
 const char* cpu_kernel_level_name();
 
 }  // namespace cb

@@ -31,6 +31,7 @@ CpuFeatures detect() {
   f.avx512f = __builtin_cpu_supports("avx512f");
   f.avx512bw = __builtin_cpu_supports("avx512bw");
   f.avx512vl = __builtin_cpu_supports("avx512vl");
+  f.avx512vnni = __builtin_cpu_supports("avx512vnni");
 #endif
 #if defined(__aarch64__)
   f.neon = true;  // part of the AArch64 baseline

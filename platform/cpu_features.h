@@ -12,6 +12,7 @@ struct CpuFeatures {
   bool avx512f = false;
   bool avx512bw = false;
   bool avx512vl = false;
+  bool avx512vnni = false;
   // AArch64: Advanced SIMD (always present there) and the int8 dot-product
   // instructions (SDOT/UDOT, Armv8.2-A's optional FEAT_DotProd).
   bool neon = false;

@@ -77,6 +77,7 @@ Session::Session(const Model& model, const SessionOptions& opts, std::unique_ptr
   if (opts.n_batch < 0) fail(ErrorCode::kInvalidArgument, "batch size must be >= 0 (0: default)");
   n_batch_ = std::min(opts.n_batch > 0 ? opts.n_batch : backend_->default_batch_rows(), n_ctx_);
   int8_decode_ = opts.int8_decode;
+  int8_prefill_ = opts.int8_prefill;
   const size_t elem = dtype_block_bytes(cb::kv_dtype(opts.kv_type));  // throws for a bad value
   kv_type_ = opts.kv_type;
 
@@ -149,7 +150,7 @@ std::span<const float> Session::prefill(std::span<const int32_t> tokens) {
   const int64_t before = n_past_;
   try {
     for (int64_t i = 0; i < n; i += n_batch_)
-      forward_batch(tokens.data() + i, std::min(n_batch_, n - i), Graph::Precision::kF32,
+      forward_batch(tokens.data() + i, std::min(n_batch_, n - i), prefill_precision(),
                     stop_check());
   } catch (...) {
     n_past_ = before;  // the rows written past it are never read

@@ -49,11 +49,16 @@ struct SessionOptions {
   int64_t n_batch = 0;
   CpuKernelLevel kernels = CpuKernelLevel::kAuto;
   // decode() multiplies int8-quantized activations by the quantized weights
-  // (Backend::matmul_q8, as llama.cpp does): ~1.25x faster decode on
+  // (Backend::matmul_q8's GEMV, as llama.cpp does): ~1.25x faster decode on
   // SmolLM2 Q4_1, logits ~2.5e-2 relative L2 (median; up to ~0.1) from the
   // f32 path's.  false keeps decode on the f32 path, the arithmetic of
   // prefill (for callers and tests that need that identity).
   bool int8_decode = true;
+  // prefill() and the CacheBlend passes over the session do the same with
+  // Backend::matmul_q8's many-row product: an int8 GEMM where the backend
+  // has one (AVX-512 VNNI: ~4x the f32 GEMM), else the exact f32 GEMM.
+  // false keeps f32 activations (the float64 oracle tests pin that path).
+  bool int8_prefill = true;
   // kCuda: every op on CUDA device `device` (n_threads and kernels are then
   // unused).  The KV cache and activations live in managed memory there, so
   // the k_cache()/v_cache() pointers stay host-accessible (see docs/CUDA.md).
@@ -88,6 +93,10 @@ class Session {
   int64_t n_past() const { return n_past_; }
   int64_t n_ctx() const { return n_ctx_; }
   int64_t n_batch() const { return n_batch_; }
+  // The precision of prefill's weight products (SessionOptions::int8_prefill).
+  Graph::Precision prefill_precision() const {
+    return int8_prefill_ ? Graph::Precision::kInt8Activations : Graph::Precision::kF32;
+  }
   // Forgets everything after the first n tokens (n <= n_past()).
   void truncate(int64_t n);
   const Model& model() const { return model_; }
@@ -134,6 +143,7 @@ class Session {
   int64_t n_batch_ = 0;
   int64_t n_past_ = 0;
   bool int8_decode_ = true;
+  bool int8_prefill_ = true;
   KvType kv_type_ = KvType::kF16;
   size_t kv_bytes_ = 0;
   std::vector<void*> k_cache_, v_cache_;

@@ -65,6 +65,10 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
     if (o.kv_type != CB_KV_F16 && o.kv_type != CB_KV_F32)
       cb::fail(cb::ErrorCode::kInvalidArgument,
                "kv_type must be CB_KV_F16 (0) or CB_KV_F32 (1), got " + std::to_string(o.kv_type));
+    if (o.activations != CB_ACTIVATIONS_INT8 && o.activations != CB_ACTIVATIONS_F32)
+      cb::fail(cb::ErrorCode::kInvalidArgument,
+               "activations must be CB_ACTIVATIONS_INT8 (0) or CB_ACTIVATIONS_F32 (1), got " +
+                   std::to_string(o.activations));
     cb::SessionOptions so;
     so.n_ctx = o.n_ctx;
     so.n_threads = o.n_threads > 0 ? o.n_threads : model->state->n_threads;
@@ -72,6 +76,7 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
     so.backend = model->state->backend_kind;
     so.device = model->state->device;
     so.kv_type = o.kv_type == CB_KV_F32 ? cb::KvType::kF32 : cb::KvType::kF16;
+    so.int8_decode = so.int8_prefill = o.activations == CB_ACTIVATIONS_INT8;
     auto handle = std::make_unique<cb_session>();
     handle->state = model->state;
     handle->n_threads = so.n_threads;

@@ -1,6 +1,6 @@
 // kernel_bench: throughput sanity check of the CPU kernels (not a test).
 //
-//   kernel_bench [--threads N] [--level auto|scalar|avx2] [--n-in K] [--n-out N]
+//   kernel_bench [--threads N] [--level auto|scalar|avx2|avx512] [--n-in K] [--n-out N]
 //                [--rows R]... [--type Q4_1]... [--attn-kv N]...
 //
 // Prints one line per (type, rows): milliseconds per matmul and GFLOP/s
@@ -195,9 +195,10 @@ int main(int argc, char** argv) {
       attn_kv.push_back(std::atoll(v));
     } else if (a == "--level") {
       const std::string l = v;
-      level = l == "scalar" ? cb::CpuKernelLevel::kScalar
-              : l == "avx2" ? cb::CpuKernelLevel::kAvx2
-                            : cb::CpuKernelLevel::kAuto;
+      level = l == "scalar"   ? cb::CpuKernelLevel::kScalar
+              : l == "avx2"   ? cb::CpuKernelLevel::kAvx2
+              : l == "avx512" ? cb::CpuKernelLevel::kAvx512
+                              : cb::CpuKernelLevel::kAuto;
     } else if (a == "--type") {
       cb::DType t;
       if (!parse_type(v, &t)) {
@@ -226,17 +227,16 @@ int main(int argc, char** argv) {
       std::printf("matmul %-5s rows %4lld: %9.3f ms  %7.2f GFLOP/s  (%7.2f GFLOP per CPU-second)\n",
                   cb::dtype_name(t), static_cast<long long>(r), tm.wall * 1e3, gflop / tm.wall,
                   gflop / tm.cpu);
-      if (r <= 4) {
-        // Decode's int8 path; a GEMV reads each weight byte once, so the
-        // weight bytes per second say how close it is to memory bandwidth.
-        const Timing tq = time_per_call([&] { backend->matmul_q8(w, x.data(), r, y.data()); }, 0.5);
-        std::printf(
-            "matmul_q8 %-5s rows %4lld: %6.3f ms  %7.2f GFLOP/s  (%7.2f GFLOP per CPU-second)  "
-            "%6.2f GB/s of weights (f32 path %6.2f GB/s)\n",
-            cb::dtype_name(t), static_cast<long long>(r), tq.wall * 1e3, gflop / tq.wall,
-            gflop / tq.cpu, static_cast<double>(wd.size()) * 1e-9 / tq.wall,
-            static_cast<double>(wd.size()) * 1e-9 / tm.wall);
-      }
+      // matmul_q8: decode's int8 GEMV (a few rows), or prefill's int8 GEMM
+      // where the level has one (else the f32 GEMM again).  A GEMV reads
+      // each weight byte once, so its weight bytes per second say how close
+      // it is to memory bandwidth.
+      const Timing tq = time_per_call([&] { backend->matmul_q8(w, x.data(), r, y.data()); }, 0.5);
+      std::printf(
+          "matmul_q8 %-5s rows %4lld: %6.3f ms  %7.2f GFLOP/s  (%7.2f GFLOP per CPU-second)  "
+          "%6.2f GB/s of weights\n",
+          cb::dtype_name(t), static_cast<long long>(r), tq.wall * 1e3, gflop / tq.wall,
+          gflop / tq.cpu, static_cast<double>(wd.size()) * 1e-9 / tq.wall);
     }
   }
   for (int64_t n_kv : attn_kv) {

@@ -16,6 +16,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/ops_avx2.h"
+#include "kernels/cpu/ops_avx512.h"
 #include "kernels/cpu/ops_neon.h"
 #include "kernels/cpu/reference_ops.h"
 #include "kernels/cpu/rope_table.h"
@@ -42,11 +43,16 @@
 namespace cb {
 namespace {
 
-enum class Level { kScalar, kAvx2, kNeon };
+enum class Level { kScalar, kAvx2, kAvx512, kNeon };
 
 bool avx2_usable() {
   const CpuFeatures& f = cpu_features();
   return CB_HAVE_AVX2_KERNELS && f.avx2 && f.fma && f.f16c;
+}
+
+bool avx512_usable() {
+  const CpuFeatures& f = cpu_features();
+  return avx2_usable() && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni;
 }
 
 bool neon_usable() {
@@ -64,6 +70,13 @@ Level resolve(CpuKernelLevel level) {
              "AVX2+FMA+F16C");
       }
       return Level::kAvx2;
+    case CpuKernelLevel::kAvx512:
+      if (!avx512_usable()) {
+        fail(ErrorCode::kUnsupported,
+             "AVX-512 kernels requested, but this CPU or build lacks AVX-512 F, BW, VL and "
+             "VNNI (or AVX2+FMA+F16C)");
+      }
+      return Level::kAvx512;
     case CpuKernelLevel::kNeon:
       if (!neon_usable()) {
         fail(ErrorCode::kUnsupported,
@@ -73,6 +86,7 @@ Level resolve(CpuKernelLevel level) {
     case CpuKernelLevel::kAuto:
       break;
   }
+  if (avx512_usable()) return Level::kAvx512;
   if (avx2_usable()) return Level::kAvx2;
   if (neon_usable()) return Level::kNeon;
   return Level::kScalar;
@@ -116,6 +130,8 @@ class CpuBackend final : public Backend {
     switch (level_) {
       case Level::kAvx2:
         return "cpu-avx2";
+      case Level::kAvx512:
+        return "cpu-avx512";
       case Level::kNeon:
         return "cpu-neon";
       case Level::kScalar:
@@ -145,7 +161,7 @@ class CpuBackend final : public Backend {
     const int64_t work = n_rows * w.n_out * w.n_in;
     split(w.n_out, tasks_for(work, kMatmulTasksPerThread), 16, [&](int64_t o0, int64_t o1) {
 #if CB_HAVE_AVX2_KERNELS
-      if (level_ == Level::kAvx2) return avx2::matmul(w, x, n_rows, y, o0, o1);
+      if (x86()) return avx2::matmul(w, x, n_rows, y, o0, o1);
 #endif
 #if CB_HAVE_NEON_KERNELS
       if (level_ == Level::kNeon) return neon::matmul(w, x, n_rows, y, o0, o1);
@@ -155,58 +171,60 @@ class CpuBackend final : public Backend {
   }
 
   void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
-    // Beyond a few rows the packed GEMM (exact, and compute-bound rather
-    // than bound by decoding weights) is the faster path anyway.
-    if (n_rows > kMaxQ8Rows || !ref::gemv_q8_supported(w.type)) return matmul(w, x, n_rows, y);
+    // Beyond a few rows the GEMV re-reads the weights per row: the int8
+    // GEMM where there is one (avx512), else the exact GEMM, which is
+    // compute-bound rather than bound by decoding weights.
+    const bool gemm = n_rows > kMaxQ8Rows;
+    bool int8_gemm = false;
+#if CB_HAVE_AVX2_KERNELS
+    int8_gemm = gemm && level_ == Level::kAvx512 && avx512::gemm_q8_supported(w.type);
+#endif
+    if (gemm && !int8_gemm) return matmul(w, x, n_rows, y);
+    if (!gemm && !ref::gemv_q8_supported(w.type)) return matmul(w, x, n_rows, y);
     check(n_rows >= 0 && w.n_in >= 0 && w.n_out >= 0, "matmul: negative size");
     check(w.n_in % dtype_block_elems(w.type) == 0, "matmul: n_in is not a whole number of blocks");
     if (n_rows == 0 || w.n_out == 0) return;
-    // Quantize once on the calling thread (a few hundred ns per row), then
-    // split the weight by output columns as matmul() does.  The buffer is
-    // per calling thread so that sessions on different threads never share
-    // it.
+    // Quantize the rows once (split over the threads when there are many),
+    // then split the weight by output columns as matmul() does.  The
+    // buffers are per calling thread so that sessions on different threads
+    // never share them; the tasks get plain pointers (their own
+    // thread_local vectors are other vectors).
     const int64_t nb = w.n_in / 32;
     thread_local std::vector<int8_t> xqs;
-    thread_local std::vector<float> xd, xs;
+    thread_local std::vector<float> xd, xs, xs16;
     if (static_cast<int64_t>(xd.size()) < n_rows * nb) {
       xqs.resize(static_cast<size_t>(n_rows * w.n_in));
       xd.resize(static_cast<size_t>(n_rows * nb));
       xs.resize(static_cast<size_t>(n_rows * nb));
     }
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const float* xr = x + r * w.n_in;
-      int8_t* qs = xqs.data() + r * w.n_in;
-      float* d = xd.data() + r * nb;
-      float* s = xs.data() + r * nb;
-#if CB_HAVE_AVX2_KERNELS
-      if (level_ == Level::kAvx2) {
-        avx2::quantize_q8a(xr, w.n_in, qs, d, s);
-        continue;
-      }
-#endif
-#if CB_HAVE_NEON_KERNELS
-      if (level_ == Level::kNeon) {
-        neon::quantize_q8a(xr, w.n_in, qs, d, s);
-        continue;
-      }
-#endif
-      ref::quantize_q8a(xr, w.n_in, qs, d, s);
+    int8_t* qs = xqs.data();
+    float* d = xd.data();
+    float* s = xs.data();
+    float* s16 = nullptr;
+    if (gemm) {
+      xs16.resize(std::max(xs16.size(), static_cast<size_t>(2 * n_rows * nb)));
+      s16 = xs16.data();
     }
+    split(n_rows, tasks_for(n_rows * w.n_in), 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        quantize_q8a(x + r * w.n_in, w.n_in, qs + r * w.n_in, d + r * nb, s + r * nb);
+        if (s16 != nullptr) half_block_sums(qs + r * w.n_in, d + r * nb, nb, s16 + 2 * r * nb);
+      }
+    });
+    const Q8Row xq{qs, d, s};
     // Counted like matmul's multiply-adds: an int8 one costs ~0.6 of an f32
     // one, still far more than a dispatch at these sizes, so every layer
     // matrix of a small model is split over the threads.
     const int64_t work = n_rows * w.n_out * w.n_in;
-    // (Plain pointers: the tasks run on other threads, whose thread_local
-    // vectors are other vectors.)
-    const int8_t* qs = xqs.data();
-    const float* d = xd.data();
-    const float* s = xs.data();
     split(w.n_out, tasks_for(work, kMatmulTasksPerThread), 16, [&](int64_t o0, int64_t o1) {
+#if CB_HAVE_AVX2_KERNELS
+      if (gemm) return avx512::gemm_q8(w, xq, s16, n_rows, y, o0, o1);
+#endif
       for (int64_t r = 0; r < n_rows; ++r) {
         const Q8Row xr{qs + r * w.n_in, d + r * nb, s + r * nb};
         float* yr = y + r * w.n_out;
 #if CB_HAVE_AVX2_KERNELS
-        if (level_ == Level::kAvx2) {
+        if (x86()) {
           avx2::gemv_q8(w, xr, yr, o0, o1);
           continue;
         }
@@ -233,8 +251,7 @@ class CpuBackend final : public Backend {
     check(n_rows >= 0 && dim > 0, "rmsnorm: bad shape");
     split(n_rows, tasks_for(n_rows * dim), 1, [&](int64_t r0, int64_t r1) {
 #if CB_HAVE_AVX2_KERNELS
-      if (level_ == Level::kAvx2)
-        return avx2::rmsnorm(x + r0 * dim, weight, r1 - r0, dim, eps, out + r0 * dim);
+      if (x86()) return avx2::rmsnorm(x + r0 * dim, weight, r1 - r0, dim, eps, out + r0 * dim);
 #endif
 #if CB_HAVE_NEON_KERNELS
       if (level_ == Level::kNeon)
@@ -275,13 +292,13 @@ class CpuBackend final : public Backend {
       const int64_t q_block = std::max<int64_t>(1, kAttentionTileRows / group);
       const int64_t n_qb = (a.n_q + q_block - 1) / q_block;
 #if CB_HAVE_AVX2_KERNELS
-      if (level_ == Level::kAvx2 && attention_transposed(a, n_qb, q_block, group)) return;
+      if (x86() && attention_transposed(a, n_qb, q_block, group)) return;
 #endif
       pool_.parallel_for(n_qb * a.n_head_kv, [&](int64_t task, int) {
         const int64_t qb = n_qb - 1 - task / a.n_head_kv, g = task % a.n_head_kv;
         const int64_t q0 = qb * q_block, q1 = std::min(a.n_q, (qb + 1) * q_block);
 #if CB_HAVE_AVX2_KERNELS
-        if (level_ == Level::kAvx2) avx2::attention_tile(a, q0, q1, g * group, (g + 1) * group);
+        if (x86()) avx2::attention_tile(a, q0, q1, g * group, (g + 1) * group);
 #endif
 #if CB_HAVE_NEON_KERNELS
         if (level_ == Level::kNeon) neon::attention_tile(a, q0, q1, g * group, (g + 1) * group);
@@ -311,7 +328,7 @@ class CpuBackend final : public Backend {
     pool_.parallel_for(a.n_head, [&](int64_t h, int) {
       float* sum = partial.data() + static_cast<size_t>(h) * n_kv;
 #if CB_HAVE_AVX2_KERNELS
-      if (level_ == Level::kAvx2) return avx2::attention_weight_sums_head(a, h, sum);
+      if (x86()) return avx2::attention_weight_sums_head(a, h, sum);
 #endif
       std::vector<float> w(n_kv);
       for (int64_t qi = 0; qi < a.n_q; ++qi) {
@@ -356,7 +373,7 @@ class CpuBackend final : public Backend {
   void add(const float* a, const float* b, int64_t n, float* out) override {
     split(n, tasks_for(n), 8, [&](int64_t i0, int64_t i1) {
 #if CB_HAVE_AVX2_KERNELS
-      if (level_ == Level::kAvx2) return avx2::add(a + i0, b + i0, i1 - i0, out + i0);
+      if (x86()) return avx2::add(a + i0, b + i0, i1 - i0, out + i0);
 #endif
 #if CB_HAVE_NEON_KERNELS
       if (level_ == Level::kNeon) return neon::add(a + i0, b + i0, i1 - i0, out + i0);
@@ -371,7 +388,7 @@ class CpuBackend final : public Backend {
       for (int64_t r = r0; r < r1; ++r) {
         float* row = x + r * dim;
 #if CB_HAVE_AVX2_KERNELS
-        if (level_ == Level::kAvx2) {
+        if (x86()) {
           avx2::add(row, bias, dim, row);
           continue;
         }
@@ -481,7 +498,7 @@ class CpuBackend final : public Backend {
   // this level's kernel (every level gives the same bits).
   void convert_row(const float* src, int64_t n, uint16_t* dst) const {
 #if CB_HAVE_AVX2_KERNELS
-    if (level_ == Level::kAvx2) return avx2::f32_to_f16_row(src, n, dst);
+    if (x86()) return avx2::f32_to_f16_row(src, n, dst);
 #endif
 #if CB_HAVE_NEON_KERNELS
     if (level_ == Level::kNeon) return neon::f32_to_f16_row(src, n, dst);
@@ -491,7 +508,7 @@ class CpuBackend final : public Backend {
   }
   void convert_row(const uint16_t* src, int64_t n, float* dst) const {
 #if CB_HAVE_AVX2_KERNELS
-    if (level_ == Level::kAvx2) return avx2::f16_to_f32_row(src, n, dst);
+    if (x86()) return avx2::f16_to_f32_row(src, n, dst);
 #endif
 #if CB_HAVE_NEON_KERNELS
     if (level_ == Level::kNeon) return neon::f16_to_f32_row(src, n, dst);
@@ -510,7 +527,7 @@ class CpuBackend final : public Backend {
   void gated(const float* gate, const float* up, int64_t n, float* out, GateKernel avx2_kernel,
              GateKernel neon_kernel, GateKernel ref_kernel) {
     GateKernel kernel = ref_kernel;
-    if (level_ == Level::kAvx2 && avx2_kernel) kernel = avx2_kernel;
+    if (x86() && avx2_kernel) kernel = avx2_kernel;
     if (level_ == Level::kNeon && neon_kernel) kernel = neon_kernel;
     split(n, tasks_for(8 * n), 8,
           [&](int64_t i0, int64_t i1) { kernel(gate + i0, up + i0, i1 - i0, out + i0); });
@@ -525,6 +542,32 @@ class CpuBackend final : public Backend {
     const int64_t chunk = (per_task + align - 1) / align * align;
     const int64_t tasks = (n + chunk - 1) / chunk;
     pool_.parallel_for(tasks, [&](int64_t t, int) { fn(t * chunk, std::min(n, (t + 1) * chunk)); });
+  }
+
+  // One activation row as Q8Row (the same bytes at every level).
+  void quantize_q8a(const float* x, int64_t n, int8_t* qs, float* d, float* s) const {
+#if CB_HAVE_AVX2_KERNELS
+    if (x86()) return avx2::quantize_q8a(x, n, qs, d, s);
+#endif
+#if CB_HAVE_NEON_KERNELS
+    if (level_ == Level::kNeon) return neon::quantize_q8a(x, n, qs, d, s);
+#endif
+    ref::quantize_q8a(x, n, qs, d, s);
+  }
+  // The sums of a quantized row's halves of 16 (d * the half's quants), for
+  // the GEMM's types with a scale per 16.
+  static void half_block_sums(const int8_t* qs, const float* d, int64_t nb, float* s16) {
+    for (int64_t h = 0; h < 2 * nb; ++h) {
+      int sum = 0;
+      for (int i = 0; i < 16; ++i) sum += qs[16 * h + i];
+      s16[h] = d[h / 2] * static_cast<float>(sum);
+    }
+  }
+
+  // The AVX2 kernels serve both x86 levels; the avx512 level differs only
+  // in matmul_q8's GEMM.
+  bool x86() const {
+    return level_ == Level::kAvx2 || level_ == Level::kAvx512;
   }
 
   ThreadPool pool_;
@@ -542,6 +585,8 @@ const char* cpu_kernel_level_name() {
   switch (resolve(CpuKernelLevel::kAuto)) {
     case Level::kAvx2:
       return "avx2";
+    case Level::kAvx512:
+      return "avx512";
     case Level::kNeon:
       return "neon";
     case Level::kScalar:

@@ -86,12 +86,6 @@ struct DotQ5_1 {
 };
 static_assert(offsetof(BlockQ5_1, m) == offsetof(BlockQ5_1, d) + 2);
 
-// The 32 signed levels of an IQ4 run of 16 nibble bytes, in element order:
-// one byte shuffle looks all of them up.
-inline __m256i iq4_levels32(const uint8_t* qs) {
-  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Levels));
-  return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nibbles32(qs));
-}
 struct DotIQ4_NL {
   using Block = BlockIQ4_NL;
   static constexpr bool kOffset = false;

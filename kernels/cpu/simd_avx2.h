@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/quant_blocks.h"
+
 namespace cb::avx2 {
 
 // Sum of the 8 lanes.
@@ -140,6 +142,13 @@ static inline __m256i bytes_with_bit(__m256i v, int bit_value) {
 static inline __m256i nibbles32(const uint8_t* qs) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
+}
+
+// The 32 signed levels of an IQ4 run of 16 nibble bytes, in element order:
+// one byte shuffle looks all of them up.
+static inline __m256i iq4_levels32(const uint8_t* qs) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Levels));
+  return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nibbles32(qs));
 }
 
 // The 32 unsigned 5-bit quants of a Q5_0 / Q5_1 block in element order.

@@ -34,7 +34,7 @@ void FusedForward::project(int64_t layer) {
   for (int64_t r0 = 0; r0 < r; r0 += batch) {
     const int64_t b = std::min(batch, r - r0);
     Graph g;
-    LlamaLayer block(g, hp_, w, layer);
+    LlamaLayer block(g, hp_, w, layer, s_.prefill_precision());
     TensorId h = block.attention_input(g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd));
     block.project_q(h, g.external(q_.data() + r0 * q_dim, b, q_dim));
     block.project_k(h, g.external(k_.data() + r0 * kv_dim, b, kv_dim));
@@ -215,7 +215,7 @@ void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
   // or before its position, all of which are in place.
   {
     Graph g;
-    LlamaLayer block(g, hp_, w, layer);
+    LlamaLayer block(g, hp_, w, layer, s_.prefill_precision());
     TensorId k = g.external(k_.data(), r, kv_dim);
     TensorId v = g.external(v_.data(), r, kv_dim);
     block.rope_q(g.external(q_.data(), r, q_dim), rows.data());
@@ -238,7 +238,7 @@ void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
   for (int64_t r0 = out_begin; r0 < r; r0 += batch) {
     const int64_t b = std::min(batch, r - r0);
     Graph g;
-    LlamaLayer block(g, hp_, w, layer);
+    LlamaLayer block(g, hp_, w, layer, s_.prefill_precision());
     TensorId x = g.external(x_.data() + r0 * hp_.n_embd, b, hp_.n_embd);
     TensorId q = g.external(q_.data() + r0 * q_dim, b, q_dim);
     TensorId kc = g.external_kv(s_.k_cache(layer), s_.n_ctx(), kv_dim, s_.kv_dtype());
@@ -301,7 +301,7 @@ bool FusedForward::run(bool want_logits) {
     Graph g;
     TensorId last = g.external(x_.data() + (rows.size() - 1) * hp_.n_embd, 1, hp_.n_embd);
     add_output_head(g, hp_, s_.model().output_norm(), s_.output(), last,
-                    g.external(s_.logits_buffer().data(), 1, hp_.n_vocab));
+                    g.external(s_.logits_buffer().data(), 1, hp_.n_vocab), s_.prefill_precision());
     run_graph(g);
   }
   return true;

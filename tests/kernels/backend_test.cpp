@@ -1,6 +1,8 @@
 // Backend plumbing: memory, weight preparation, names, kernel level choice.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -46,13 +48,19 @@ TEST(CpuBackend, PrepareWeightIsIdentity) {
 
 TEST(CpuBackend, KernelLevelNames) {
   const test::SimdKernels* simd = test::simd_kernels();
+  // The best level: avx512 where the CPU has it, else the SIMD kernel set.
+  const std::vector<CpuKernelLevel> levels = test::all_levels();
+  const bool avx512 = levels.back() == CpuKernelLevel::kAvx512;
   const std::string level = cpu_kernel_level_name();
-  EXPECT_EQ(level, simd ? simd->name : "scalar");
+  EXPECT_EQ(level, avx512 ? "avx512" : simd ? simd->name : "scalar");
   EXPECT_STREQ(make_cpu_backend(1, CpuKernelLevel::kScalar)->name(), "cpu-scalar");
   EXPECT_EQ(std::string(make_cpu_backend(1)->name()), "cpu-" + level);
-  for (CpuKernelLevel l : {CpuKernelLevel::kAvx2, CpuKernelLevel::kNeon}) {
-    if (simd != nullptr && simd->level == l) {
-      EXPECT_EQ(std::string(make_cpu_backend(1, l)->name()), "cpu-" + level);
+  for (CpuKernelLevel l : {CpuKernelLevel::kAvx2, CpuKernelLevel::kAvx512, CpuKernelLevel::kNeon}) {
+    const char* name = l == CpuKernelLevel::kAvx2     ? "cpu-avx2"
+                       : l == CpuKernelLevel::kAvx512 ? "cpu-avx512"
+                                                      : "cpu-neon";
+    if (std::find(levels.begin(), levels.end(), l) != levels.end()) {
+      EXPECT_STREQ(make_cpu_backend(1, l)->name(), name);
     } else {
       EXPECT_THROW(make_cpu_backend(1, l), Error);
     }

@@ -99,6 +99,24 @@ TEST(GemvQ8, QuantizeRoundsToNearestAndSimdGivesSameBytes) {
   }
 }
 
+// The word-parallel unpacking of Q4_K / Q5_K scales and mins gives
+// q4k_scale_min's values for every byte pattern position.
+TEST(GemvQ8, Q4kScalesMinsMatchesOneAtATime) {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 1000; ++trial) {
+    uint8_t scales[12];
+    for (uint8_t& b : scales) b = static_cast<uint8_t>(rng());
+    uint64_t sc8, m8;
+    q4k_scales_mins(scales, &sc8, &m8);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      q4k_scale_min(scales, j, &sc, &m);
+      ASSERT_EQ((sc8 >> (8 * j)) & 0xFF, sc) << "sub-block " << j;
+      ASSERT_EQ((m8 >> (8 * j)) & 0xFF, m) << "sub-block " << j;
+    }
+  }
+}
+
 // ref::gemv_q8 is the product of the dequantized weight and the
 // dequantized activations, up to f32 rounding.
 TEST(GemvQ8, ReferenceMatchesFloat64OfQuantizedActivations) {
@@ -163,7 +181,9 @@ TEST(GemvQ8, BackendWithinRoundingBoundOfF32Matmul) {
       std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
       const WeightView w{wd.data(), t, n_in, n_out};
       const std::vector<float> wf = test::dequantize_all(w);
-      for (int64_t n_rows : {1, 3}) {
+      // 1 and 3 rows: the GEMV; 17 and 40: the int8 GEMM where the level
+      // has one (avx512), else the exact GEMM.
+      for (int64_t n_rows : {1, 3, 17, 40}) {
         const std::vector<float> x = activations(rng, n_rows * n_in);
         const Q8Act xq = quantize(x);
         std::vector<double> exact, abs_sum;
@@ -194,14 +214,47 @@ TEST(GemvQ8, BackendWithinRoundingBoundOfF32Matmul) {
   }
 }
 
-// Weight types without an int8 kernel, and batches beyond a few rows, take
-// the exact matmul: the same bits as matmul().
+// The int8 GEMM (avx512 level, many rows) is the product of the
+// dequantized weight and the dequantized activations up to f32 rounding:
+// uneven panels (5 and 193 columns), partial micro-kernel row blocks, and
+// rows longer than one k-block (2304 elements).
+TEST(GemvQ8, Int8GemmMatchesFloat64OfQuantizedActivations) {
+  if (!test::avx512_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  std::mt19937 rng(16);
+  auto be = make_cpu_backend(2, CpuKernelLevel::kAvx512);
+  for (DType t : kQ8Types) {
+    for (int64_t n_in : {dtype_block_elems(t) == 32 ? int64_t{96} : int64_t{256}, int64_t{2304}}) {
+      for (int64_t n_out : {5, 193}) {
+        const int64_t n_rows = n_out == 5 ? 40 : 7;
+        std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
+        const WeightView w{wd.data(), t, n_in, n_out};
+        const std::vector<float> x = activations(rng, n_rows * n_in);
+        const std::vector<float> xd = dequantize(quantize(x));
+        std::vector<double> exact, abs_sum;
+        test::matmul_f64(test::dequantize_all(w), n_out, n_in, xd.data(), n_rows, &exact, &abs_sum);
+        std::vector<float> y(n_rows * n_out, NAN);
+        be->matmul_q8(w, x.data(), n_rows, y.data());
+        for (int64_t i = 0; i < n_rows * n_out; ++i)
+          ASSERT_NEAR(y[i], exact[i], 2e-5 * abs_sum[i] + 1e-30)
+              << dtype_name(t) << " n_in=" << n_in << " n_out=" << n_out << " row " << i / n_out
+              << " o=" << i % n_out;
+      }
+    }
+  }
+}
+
+// Weight types without an int8 kernel, and batches beyond a few rows at the
+// levels without an int8 GEMM, take the exact matmul: the same bits as
+// matmul().
 TEST(GemvQ8, FallsBackToMatmulWhereThereIsNoInt8Path) {
   std::mt19937 rng(15);
   for (CpuKernelLevel level : test::all_levels()) {
     auto be = make_cpu_backend(2, level);
-    for (auto [t, n_rows] : {std::pair{DType::F16, int64_t{1}}, std::pair{DType::BF16, int64_t{1}},
-                             std::pair{DType::Q4_1, int64_t{17}}}) {
+    for (auto [t, n_rows] :
+         {std::pair{DType::F16, int64_t{1}}, std::pair{DType::BF16, int64_t{1}},
+          std::pair{DType::F16, int64_t{17}}, std::pair{DType::Q4_1, int64_t{17}}}) {
+      // (Many rows of a quantized type take the int8 GEMM at the avx512 level.)
+      if (level == CpuKernelLevel::kAvx512 && t == DType::Q4_1) continue;
       const int64_t n_in = 256, n_out = 40;
       std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
       const WeightView w{wd.data(), t, n_in, n_out};

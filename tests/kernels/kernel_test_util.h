@@ -68,10 +68,20 @@ inline const SimdKernels* simd_kernels() {
 #endif
 }
 
-// The scalar level and, where there is one, the SIMD level.
+inline bool avx512_available() {
+  const CpuFeatures& f = cpu_features();
+  return avx2_available() && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni;
+}
+
+// The scalar level and, where there are, the SIMD levels (avx512 runs the
+// AVX2 kernels but for matmul_q8's int8 GEMM, so it is tested through the
+// backend only).
 inline std::vector<CpuKernelLevel> all_levels() {
   std::vector<CpuKernelLevel> l = {CpuKernelLevel::kScalar};
   if (const SimdKernels* k = simd_kernels()) l.push_back(k->level);
+#if defined(__x86_64__) || defined(_M_X64)
+  if (avx512_available()) l.push_back(CpuKernelLevel::kAvx512);
+#endif
   return l;
 }
 

@@ -331,6 +331,20 @@ typedef enum cb_kv_type {
   CB_KV_F32 = 1 /* exact f32 */
 } cb_kv_type;
 
+/* How a session's weight products treat the activations
+ * (cb_session_options.activations). */
+typedef enum cb_activations {
+  /* int8 (default): each activation row is quantized to int8 in blocks of
+   * 32 and multiplied by the quantized weights in integers, as llama.cpp
+   * does: decode on every CPU, and prefill where the CPU has an int8 matrix
+   * product (AVX-512 VNNI: about 4x the f32 one).  Logits move by about
+   * 1e-2 relative L2 from the f32 path's. */
+  CB_ACTIVATIONS_INT8 = 0,
+  /* f32 activations everywhere: exact up to f32 rounding (logits within
+   * 1e-3 of a float64 reference), at the f32 path's speed. */
+  CB_ACTIVATIONS_F32 = 1
+} cb_activations;
+
 typedef struct cb_session_options {
   size_t struct_size;
   /* Context length in tokens (size of the KV cache).  0 (default): the
@@ -352,6 +366,9 @@ typedef struct cb_session_options {
    * the KV cache takes n_layers x n_ctx x 2 x kv_dim x (2 or 4) bytes
    * (cb_session_kv_bytes).  Another value: CB_ERR_INVALID_ARGUMENT. */
   int32_t kv_type;
+  /* Added after kv_type.  A cb_activations: CB_ACTIVATIONS_INT8 (default)
+   * or CB_ACTIVATIONS_F32.  Another value: CB_ERR_INVALID_ARGUMENT. */
+  int32_t activations;
 } cb_session_options;
 
 /* Fills `opts` with defaults.  NULL is ignored. */
