@@ -58,11 +58,12 @@ struct Common {
   int device = 0;
   cb_chat_template chat_template = CB_CHAT_TEMPLATE_AUTO;
   int32_t kv_type = CB_KV_F16;
+  int32_t activations = CB_ACTIVATIONS_INT8;
   bool json = false;
 };
 Common common_options(const Args& a);
 void load_model(const Common& c, Model& model);
-// A session of n_ctx tokens with c's threads and KV type.
+// A session of n_ctx tokens with c's threads, KV type and activations.
 void create_session(const Model& model, const Common& c, int n_ctx, Session& s);
 std::vector<int32_t> tokenize(const Model& model, const std::string& text, bool add_special,
                               bool parse_special);

@@ -41,7 +41,7 @@ void check(cb_status s, const std::string& what) {
 Args parse_args(int argc, char** argv) {
   static const std::set<std::string> kCommon = {"--model",   "--threads", "--n-ctx",
                                                 "--backend", "--device",  "--chat-template",
-                                                "--kv-type", "--n-batch"};
+                                                "--kv-type", "--n-batch", "--activations"};
   static const std::map<std::string, std::set<std::string>> kValueFlags = {
       {"generate",
        {"--prompt", "--system", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
@@ -171,6 +171,12 @@ Common common_options(const Args& a) {
     else if (it->second != "f16")
       usage_error("option --kv-type: expected f16 or f32, got '" + it->second + "'");
   }
+  if (auto it = a.values.find("--activations"); it != a.values.end()) {
+    if (it->second == "f32")
+      c.activations = CB_ACTIVATIONS_F32;
+    else if (it->second != "int8")
+      usage_error("option --activations: expected int8 or f32, got '" + it->second + "'");
+  }
   if (auto it = a.values.find("--chat-template"); it != a.values.end()) {
     static const std::map<std::string, cb_chat_template> kTemplates = {
         {"auto", CB_CHAT_TEMPLATE_AUTO},
@@ -210,6 +216,7 @@ void create_session(const Model& model, const Common& c, int n_ctx, Session& s) 
   so.n_threads = c.threads;
   so.n_ctx = n_ctx;
   so.kv_type = c.kv_type;
+  so.activations = c.activations;
   so.n_batch = c.n_batch;
   check(cb_session_create(model.h, &so, &s.h), "cannot create a session");
 }
@@ -247,6 +254,7 @@ cbs::JsonObject header(const char* bench, const Common& c, const Model& model, c
       .add("mode", mode)
       .add("threads", static_cast<int64_t>(c.threads))
       .add("kv_type", c.kv_type == CB_KV_F32 ? "f32" : "f16")
+      .add("activations", c.activations == CB_ACTIVATIONS_F32 ? "f32" : "int8")
       .add("model", c.model_path)
       .add("model_name", model_name(model))
       .add("kernels", kernels_name(model));

@@ -336,6 +336,12 @@ void test_kv_types(cb_model* m) {
   CHECK(bad == NULL && strstr(cb_last_error(), "kv_type") != NULL);
   so.kv_type = -1;
   CHECK_ERR(cb_session_create(m, &so, &bad), CB_ERR_INVALID_ARGUMENT);
+  so.kv_type = CB_KV_F16;
+  CHECK(so.activations == CB_ACTIVATIONS_INT8);
+  so.activations = 2;
+  CHECK_ERR(cb_session_create(m, &so, &bad), CB_ERR_INVALID_ARGUMENT);
+  CHECK(bad == NULL && strstr(cb_last_error(), "activations") != NULL);
+  so.activations = CB_ACTIVATIONS_INT8;
   CHECK(cb_session_kv_bytes(NULL) == 0);
   if (s16 == NULL || s32 == NULL || old == NULL) goto done;
   CHECK(cb_session_kv_bytes(s16) == 2 * want);

@@ -42,8 +42,13 @@ inline int greedy_against_golden(const std::string& golden_path, const std::stri
     const std::string name = g["name"];
     auto prompt = g["prompt_ids"].get<std::vector<int32_t>>();
     auto expect = g["ids"].get<std::vector<int32_t>>();
-    Session s(*model,
-              {.n_ctx = 512, .n_threads = 2, .int8_decode = int8_decode, .kv_type = rule.kv_type});
+    // int8 decode goes with int8 prefill (llama.cpp's arithmetic); the f32
+    // path keeps both exact.
+    Session s(*model, {.n_ctx = 512,
+                       .n_threads = 2,
+                       .int8_decode = int8_decode,
+                       .int8_prefill = int8_decode,
+                       .kv_type = rule.kv_type});
     auto logits = s.prefill(prompt);
     size_t step = 0;
     for (; step < expect.size(); ++step) {

@@ -76,7 +76,11 @@ TEST_P(Architecture, LastLogitsMatchFloat64Reference) {
   for (const Prompt& p : prompts) {
     const std::vector<double> ref = read_f64(dir() + "/" + p.name + ".logits.f64");
     ASSERT_EQ(ref.size(), static_cast<size_t>(model->hparams().n_vocab)) << p.name;
-    Session s(*model, {.n_ctx = 512, .n_threads = 2, .n_batch = 64, .kv_type = KvType::kF32});
+    Session s(*model, {.n_ctx = 512,
+                       .n_threads = 2,
+                       .n_batch = 64,
+                       .int8_prefill = false,
+                       .kv_type = KvType::kF32});
     const test::LogitsError e = test::compare_logits(s.prefill(p.ids), ref);
     std::printf("  %-6s %-12s %3zu tokens  rel L2 %.2e\n", GetParam(), p.name.c_str(), p.ids.size(),
                 e.rel_l2);
@@ -114,7 +118,8 @@ TEST_P(Architecture, FusorIdentities) {
   // f32 caches throughout: the bars are f32's (the real model's fusor tests
   // hold the f16 cache to them), and a chunk's KV depends on the cache type
   // of the prefill that made it.
-  Session scratch(*model, {.n_ctx = 512, .n_threads = 2, .kv_type = KvType::kF32});
+  Session scratch(*model,
+                  {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
   std::vector<cache::ChunkKV> kv;
   for (const auto& c : req.chunks) kv.push_back(precompute_chunk_kv(scratch, req.head, c));
   std::vector<std::unique_ptr<MemoryChunkSource>> sources;
@@ -124,11 +129,13 @@ TEST_P(Architecture, FusorIdentities) {
     segs.push_back({req.chunks[i], sources[i].get(), i == 0});
   segs.push_back({req.suffix});
   auto fused = [&](const BlendOptions& o) {
-    Session s(*model, {.n_ctx = 512, .n_threads = 2, .kv_type = KvType::kF32});
+    Session s(*model,
+              {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
     auto l = fuse_prefill(s, segs, o);
     return std::vector<float>(l.begin(), l.end());
   };
-  Session full_session(*model, {.n_ctx = 512, .n_threads = 2, .kv_type = KvType::kF32});
+  Session full_session(
+      *model, {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
   auto full_span = full_session.prefill(req.all());
   const std::vector<float> full(full_span.begin(), full_span.end());
 

@@ -93,7 +93,8 @@ TEST_F(Gemma3, LastLogitsMatchFloat64Reference) {
         test::read_f64(CB_BINARY_DIR "/oracle/gemma3/" + name + ".logits.f64");
     ASSERT_EQ(ref.size(), static_cast<size_t>(model().hparams().n_vocab)) << name;
     const std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
-    Session s(model(), {.n_ctx = 512, .n_threads = 2, .kv_type = KvType::kF32});
+    Session s(model(),
+              {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
     const test::LogitsError e = test::compare_logits(s.prefill(ids), ref);
     std::printf("  %-20s %3zu tokens  rel L2 %.2e\n", name.c_str(), ids.size(), e.rel_l2);
     EXPECT_LE(e.rel_l2, 1e-3) << name;
@@ -132,7 +133,7 @@ TEST_F(Gemma3, FusorIdentitiesBeyondTheSlidingWindow) {
   const std::vector<int32_t> head = model().tokenizer().encode("<start_of_turn>user\n", true, true);
   const std::vector<int32_t> question = ids(20);
   const std::vector<std::vector<int32_t>> chunks = {ids(250), ids(250), ids(250)};
-  Session scratch(model(), {.n_ctx = 1024, .n_threads = 2});
+  Session scratch(model(), {.n_ctx = 1024, .n_threads = 2, .int8_prefill = false});
   std::vector<cache::ChunkKV> kv;
   for (const auto& c : chunks) kv.push_back(precompute_chunk_kv(scratch, head, c));
   std::vector<std::unique_ptr<MemoryChunkSource>> sources;
@@ -141,14 +142,14 @@ TEST_F(Gemma3, FusorIdentitiesBeyondTheSlidingWindow) {
   for (size_t i = 0; i < chunks.size(); ++i) segs.push_back({chunks[i], sources[i].get(), i == 0});
   segs.push_back({question});
   auto fused = [&](const BlendOptions& o) {
-    Session s(model(), {.n_ctx = 1024, .n_threads = 2});
+    Session s(model(), {.n_ctx = 1024, .n_threads = 2, .int8_prefill = false});
     auto l = fuse_prefill(s, segs, o);
     return std::vector<float>(l.begin(), l.end());
   };
   std::vector<int32_t> all = head;
   for (const auto& c : chunks) all.insert(all.end(), c.begin(), c.end());
   all.insert(all.end(), question.begin(), question.end());
-  Session full_session(model(), {.n_ctx = 1024, .n_threads = 2});
+  Session full_session(model(), {.n_ctx = 1024, .n_threads = 2, .int8_prefill = false});
   auto full_span = full_session.prefill(all);
   const std::vector<float> full(full_span.begin(), full_span.end());
 

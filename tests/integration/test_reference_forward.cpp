@@ -68,14 +68,25 @@ void expect_reference_logits(const SessionOptions& opts, double max_rel_l2 = 1e-
 // The oracle's arithmetic keeps K and V in f64: the f32 cache is the one
 // held to 1e-3.
 TEST(ReferenceForward, LastLogitsMatchFloat64Reference) {
-  expect_reference_logits({.n_ctx = 512, .n_threads = 2, .kv_type = KvType::kF32});
+  expect_reference_logits(
+      {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
 }
 
 // The default f16 cache rounds every K/V element once (~2.4e-4 relative);
 // the logits move by ~1e-3 more, so its bar is 1e-2, still 10x below what a
 // wrong kernel gives, and the argmax must hold.
 TEST(ReferenceForward, LastLogitsStayCloseWithF16Cache) {
-  expect_reference_logits({.n_ctx = 512, .n_threads = 2}, 1e-2);
+  expect_reference_logits({.n_ctx = 512, .n_threads = 2, .int8_prefill = false}, 1e-2);
+}
+
+// The defaults (int8 activations, f16 cache) round every weight product's
+// input to 8 bits per block of 32, as llama.cpp does, whose logits sit
+// 0.9e-2 to 9.5e-2 relative L2 from this reference on these prompts (see
+// tests/oracle/README.md; ours: 1.0e-2 to 1.3e-1, the largest on the
+// shortest prompts, as llama.cpp's); the bar is the 0.2 that
+// scripts/regen_goldens.sh holds llama.cpp to, and the argmax must hold.
+TEST(ReferenceForward, LastLogitsStayCloseWithInt8Activations) {
+  expect_reference_logits({.n_ctx = 512, .n_threads = 2}, 0.2);
 }
 
 // The same bar for the CUDA backend, against the oracle itself rather than

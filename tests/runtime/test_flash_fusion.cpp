@@ -40,7 +40,7 @@ class FlashFusion : public testing::Test {
   void TearDown() override { fs::remove_all(dir); }
 
   std::vector<float> run(ChunkStore& store, RagPrefillStats* st) {
-    Session s(model(), {.n_ctx = 256, .n_threads = 2});
+    Session s(model(), {.n_ctx = 256, .n_threads = 2, .int8_prefill = false});
     const RagPrefillOptions opts;  // blend, lookahead [(0, 0.2)], chunk head = prompt
     auto l = rag_prefill(s, prompt, &store, opts, st);
     return {l.begin(), l.end()};
@@ -100,7 +100,7 @@ TEST_F(FlashFusion, DamagedBlobIsRecomputedNotTrusted) {
   EXPECT_EQ(after.cache_hits, 0);
   EXPECT_EQ(after.cache_misses, 2);
   // With both chunks computed, nothing is reused: the result is full prefill.
-  Session full(model(), {.n_ctx = 256, .n_threads = 2});
+  Session full(model(), {.n_ctx = 256, .n_threads = 2, .int8_prefill = false});
   EXPECT_LE(rel_l2(got, full.prefill(prompt.tokens())), 1e-4);
   EXPECT_GE(store->stats().corrupt_drops, 2u);
 }

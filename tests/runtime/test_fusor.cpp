@@ -64,7 +64,7 @@ struct Request {
 class FusorTest : public testing::Test {
  protected:
   void SetUp() override {
-    Session scratch(model(), {.n_ctx = 512, .n_threads = 2});
+    Session scratch(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
     for (const auto& c : req.chunks) kv.push_back(precompute_chunk_kv(scratch, req.head, c));
     for (const auto& k : kv) sources.push_back(std::make_unique<MemoryChunkSource>(k));
   }
@@ -77,13 +77,13 @@ class FusorTest : public testing::Test {
   }
   std::vector<float> fused(const BlendOptions& o, FusionStats* st = nullptr,
                            KvType kv = KvType::kF16, const PipelineOptions& p = {}) {
-    Session s(model(), {.n_ctx = 512, .n_threads = 2, .kv_type = kv});
+    Session s(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = kv});
     auto segs = segments();
     auto l = fuse_prefill(s, segs, o, st, p);
     return {l.begin(), l.end()};
   }
   std::vector<float> full(KvType kv = KvType::kF16) {
-    Session s(model(), {.n_ctx = 512, .n_threads = 2, .kv_type = kv});
+    Session s(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = kv});
     auto l = s.prefill(req.all());
     return {l.begin(), l.end()};
   }
@@ -118,7 +118,7 @@ TEST_F(FusorTest, RatioOneReproducesFullPrefill) {
 TEST_F(FusorTest, RowBatchesLeaveTheBlendUnchanged) {
   std::vector<std::vector<float>> logits;
   for (int64_t n_batch : {int64_t{16}, int64_t{256}}) {
-    Session s(model(), {.n_ctx = 512, .n_threads = 2, .n_batch = n_batch});
+    Session s(model(), {.n_ctx = 512, .n_threads = 2, .n_batch = n_batch, .int8_prefill = false});
     auto segs = segments();
     FusionStats st;
     auto l = fuse_prefill(s, segs, BlendOptions{}, &st);
@@ -134,7 +134,7 @@ TEST_F(FusorTest, OnlyAnExactChunkIsNotRecomputed) {
   std::vector<Segment> segs = {{req.head}, {req.chunks[0], sources[0].get(), true}, {req.suffix}};
   for (Selection sel : {Selection::kHkvd, Selection::kLookahead}) {
     SCOPED_TRACE(selection_name(sel));
-    Session s(model(), {.n_ctx = 512, .n_threads = 2});
+    Session s(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
     FusionStats st;
     fuse_prefill(s, segs, blend_with(sel, {{first_check_layer(sel), 0.2f}}), &st);
     const int64_t exact = static_cast<int64_t>(req.chunks[0].size());
@@ -234,7 +234,8 @@ TEST_F(FusorTest, SelectedSetHoldsEveryUncachedToken) {
 
 TEST_F(FusorTest, StoredLayer0KeyRotatedEqualsKeyComputedInPlace) {
   // An f32 cache: the tolerance is that of recomputation, below f16's step.
-  Session s(model(), {.n_ctx = 512, .n_threads = 2, .kv_type = KvType::kF32});
+  Session s(model(),
+            {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
   s.prefill(req.all());
   const int64_t kv_dim = model().hparams().kv_dim();
   const LlamaHparams& hp = model().hparams();
@@ -256,10 +257,10 @@ TEST_F(FusorTest, StoredLayer0KeyRotatedEqualsKeyComputedInPlace) {
 }
 
 TEST_F(FusorTest, GenerationContinuesFromTheFusedCache) {
-  Session a(model(), {.n_ctx = 512, .n_threads = 2});
+  Session a(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
   auto segs = segments();
   auto la = fuse_prefill(a, segs, {BlendMode::kBlend, {{1, 1.0f}}});
-  Session b(model(), {.n_ctx = 512, .n_threads = 2});
+  Session b(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
   auto lb = b.prefill(req.all());
   ASSERT_EQ(argmax(la), argmax(lb));
   int32_t t = argmax(lb);
@@ -273,8 +274,8 @@ TEST_F(FusorTest, GenerationContinuesFromTheFusedCache) {
 TEST_F(FusorTest, ActivationsStayInBackendMemory) {
   auto owned = std::make_unique<test::ForwardingBackend>();
   test::ForwardingBackend& be = *owned;
-  Session s(model(), {.n_ctx = 512, .n_threads = 2}, std::move(owned));
-  Session plain(model(), {.n_ctx = 512, .n_threads = 2});
+  Session s(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false}, std::move(owned));
+  Session plain(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
   auto segs = segments();
   BlendOptions gradual{BlendMode::kBlend, {{1, 0.5f}, {3, 0.15f}}};
   gradual.selection = Selection::kHkvd;
@@ -305,13 +306,13 @@ TEST_F(FusorTest, UnreadableChunkIsRecomputed) {
   FailingSource broken(*sources[1], 7);
   auto segs = segments();
   segs[2].cached = &broken;
-  Session s(model(), {.n_ctx = 512, .n_threads = 2});
+  Session s(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
   FusionStats st;
   auto got = fuse_prefill(s, segs, {}, &st);
   std::vector<float> g(got.begin(), got.end());
   EXPECT_EQ(st.chunks_recomputed, 1);
   segs[2].cached = nullptr;
-  Session s2(model(), {.n_ctx = 512, .n_threads = 2});
+  Session s2(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
   auto want = fuse_prefill(s2, segs, {});
   EXPECT_LE(rel_l2(g, want), 1e-6);
 }
@@ -334,7 +335,7 @@ TEST_F(FusorTest, EveryPolicyKeepsTheIdentities) {
     const BlendOptions mid = blend_with(sel, {{1, 0.3f}});
     std::vector<std::vector<float>> out;
     for (bool pipelined : {true, false}) {
-      Session s(model(), {.n_ctx = 512, .n_threads = 2});
+      Session s(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
       auto segs = segments();
       auto l = fuse_prefill(s, segs, mid, nullptr, {.enabled = pipelined});
       out.emplace_back(l.begin(), l.end());
@@ -386,9 +387,11 @@ TEST_F(FusorTest, LookaheadCountsItsReusePass) {
 // final, at every layer, and the blend pass leaves it alone.
 TEST_F(FusorTest, HeadKvAfterLookaheadIsFullPrefills) {
   // f32 caches: with f16 an element a few ulps off may round the other way.
-  Session f(model(), {.n_ctx = 512, .n_threads = 2, .kv_type = KvType::kF32});
+  Session f(model(),
+            {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
   f.prefill(req.all());
-  Session s(model(), {.n_ctx = 512, .n_threads = 2, .kv_type = KvType::kF32});
+  Session s(model(),
+            {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
   auto segs = segments();
   FusionStats st;
   fuse_prefill(s, segs, blend_with(Selection::kLookahead, {{0, 0.2f}}), &st);
@@ -479,7 +482,7 @@ TEST_F(FusorTest, GuardRaisesTheRatioUntilTheShareIsHeld) {
 }
 
 TEST_F(FusorTest, BadRequestsAreClearErrors) {
-  Session s(model(), {.n_ctx = 64, .n_threads = 1});
+  Session s(model(), {.n_ctx = 64, .n_threads = 1, .int8_prefill = false});
   auto segs = segments();
   EXPECT_THROW(fuse_prefill(s, {}, {}), Error);
   try {
@@ -488,7 +491,7 @@ TEST_F(FusorTest, BadRequestsAreClearErrors) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kContextOverflow);
   }
-  Session big(model(), {.n_ctx = 512, .n_threads = 1});
+  Session big(model(), {.n_ctx = 512, .n_threads = 1, .int8_prefill = false});
   for (BlendOptions bad :
        {BlendOptions{BlendMode::kBlend, {{1, 1.5f}}}, BlendOptions{BlendMode::kBlend, {{1, -0.1f}}},
         BlendOptions{BlendMode::kBlend, {{model().hparams().n_layer, 0.1f}}},
@@ -498,7 +501,7 @@ TEST_F(FusorTest, BadRequestsAreClearErrors) {
     EXPECT_THROW(fuse_prefill(big, segs, bad), Error);
     EXPECT_EQ(big.n_past(), 0);
   }
-  Session small(model(), {.n_ctx = 8, .n_threads = 1});
+  Session small(model(), {.n_ctx = 8, .n_threads = 1, .int8_prefill = false});
   EXPECT_THROW(precompute_chunk_kv(small, req.head, req.chunks[0]),
                Error);  // chunk over the context
 }

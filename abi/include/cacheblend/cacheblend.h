@@ -366,7 +366,10 @@ typedef struct cb_session_options {
    * the KV cache takes n_layers x n_ctx x 2 x kv_dim x (2 or 4) bytes
    * (cb_session_kv_bytes).  Another value: CB_ERR_INVALID_ARGUMENT. */
   int32_t kv_type;
-  /* Added after kv_type.  A cb_activations: CB_ACTIVATIONS_INT8 (default)
+  /* Unused; keeps activations past the end of the struct that ended with
+   * kv_type (whose padding it would otherwise share). */
+  int32_t reserved1;
+  /* Added after reserved1.  A cb_activations: CB_ACTIVATIONS_INT8 (default)
    * or CB_ACTIVATIONS_F32.  Another value: CB_ERR_INVALID_ARGUMENT. */
   int32_t activations;
 } cb_session_options;

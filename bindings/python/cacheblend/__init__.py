@@ -18,7 +18,7 @@ from .errors import (BufferTooSmallError, CancelledError, ContextOverflowError, 
                      OutOfMemoryError, Status, UnsupportedError)
 from .model import Model
 from .session import Session
-from .types import (Backend, ChatTemplate, ChunkAdded, ChunkCacheStats, ChunkHead, Codec, GenerateStats, KvType, Mode,
+from .types import (Activations, Backend, ChatTemplate, ChunkAdded, ChunkCacheStats, ChunkHead, Codec, GenerateStats, KvType, Mode,
                     ModelInfo, RagOptions, RagStats, Select, StopReason, TierStats, mode_name,
                     select_name)
 
@@ -31,7 +31,7 @@ def library_version():
 
 
 __all__ = [
-    "Backend", "BufferTooSmallError", "ChatTemplate", "CancelledError", "ChunkAdded", "ChunkCache",
+    "Activations", "Backend", "BufferTooSmallError", "ChatTemplate", "CancelledError", "ChunkAdded", "ChunkCache",
     "ChunkCacheStats", "ChunkHead", "Codec", "ContextOverflowError", "Error", "FormatError",
     "GenerateStats", "InternalError", "InvalidArgumentError", "IoError", "KvType", "Mode", "Model",
     "ModelInfo", "OutOfMemoryError", "RagOptions", "RagStats", "Select", "Session", "Status",

@@ -59,7 +59,8 @@ class ChatMessage(Structure):
 
 class SessionOptions(Structure):
     _fields_ = [("struct_size", c_size_t), ("n_ctx", c_int32), ("n_threads", c_int32),
-                ("n_batch", c_int32), ("reserved0", c_int32), ("kv_type", c_int32)]
+                ("n_batch", c_int32), ("reserved0", c_int32), ("kv_type", c_int32),
+                ("reserved1", c_int32), ("activations", c_int32)]
 
 
 class SamplingOptions(Structure):

@@ -9,7 +9,7 @@ from ctypes import POINTER, byref, c_char_p, c_float, c_size_t
 from . import _native
 from .errors import Closeable, Status, check, closed_error, error_for
 from .model import tokenize
-from .types import KvType, c_int32_array, c_string, generate_stats, rag_stats, rag_struct
+from .types import Activations, KvType, c_int32_array, c_string, generate_stats, rag_stats, rag_struct
 from ._native import lib
 
 
@@ -47,12 +47,15 @@ class Session(Closeable):
     n_batch    tokens per forward chunk during prefill; 0: 256 (CPU) or 512 (CUDA)
     kv_type    the KV cache's element type: KvType.F16 (default: half the
                memory) or KvType.F32 (exact); a member, its number or "f16"/"f32"
+    activations  Activations.INT8 (default: int8 activations in the weight
+               products, as llama.cpp) or Activations.F32 (exact); a member,
+               its number or "int8"/"f32"
 
     Prompts may be text (tokenized with control tokens parsed, BOS/EOS added
     as the model says when the session is empty), bytes, or token ids.
     """
 
-    def __init__(self, model, n_ctx=None, n_threads=None, n_batch=None, kv_type=None):
+    def __init__(self, model, n_ctx=None, n_threads=None, n_batch=None, kv_type=None, activations=None):
         self._handle = None
         shared = model._shared
         if shared is None:
@@ -63,6 +66,8 @@ class Session(Closeable):
                 setattr(opts, name, value)
         if kv_type is not None:
             opts.kv_type = int(KvType.coerce(kv_type))
+        if activations is not None:
+            opts.activations = int(Activations.coerce(activations))
         ptr = _native.SessionPtr()
         check(lib.cb_session_create(shared.ptr, byref(opts), byref(ptr)))
         shared.acquire()

@@ -41,6 +41,14 @@ class KvType(_NamedEnum):
     F32 = 1
 
 
+class Activations(_NamedEnum):
+    """How a session's weight products treat the activations: INT8 (default)
+    quantizes them to int8 as llama.cpp does (about 4x faster prefill on CPUs
+    with AVX-512 VNNI; logits ~1e-2 from the f32 path's); F32 keeps them exact."""
+    INT8 = 0
+    F32 = 1
+
+
 class StopReason(_NamedEnum):
     NONE = 0
     MAX_TOKENS = 1
