@@ -224,7 +224,11 @@ class CpuBackend final : public Backend {
         const Q8Row xr{qs + r * w.n_in, d + r * nb, s + r * nb};
         float* yr = y + r * w.n_out;
 #if CB_HAVE_AVX2_KERNELS
-        if (x86()) {
+        if (level_ == Level::kAvx512) {
+          avx512::gemv_q8(w, xr, yr, o0, o1);
+          continue;
+        }
+        if (level_ == Level::kAvx2) {
           avx2::gemv_q8(w, xr, yr, o0, o1);
           continue;
         }
@@ -565,7 +569,7 @@ class CpuBackend final : public Backend {
   }
 
   // The AVX2 kernels serve both x86 levels; the avx512 level differs only
-  // in matmul_q8's GEMM.
+  // in matmul_q8 (its GEMV and GEMM).
   bool x86() const {
     return level_ == Level::kAvx2 || level_ == Level::kAvx512;
   }

@@ -5,7 +5,9 @@
 // AVX2+FMA+F16C.  Call them only after cpu_features() reports them all.
 // The linkage rule of ops_avx2.h applies.
 //
-// The avx512 level runs the AVX2 kernels for every op but these.
+// The avx512 level runs the AVX2 kernels for every op but these.  gemv_q8
+// and quantize_q8a have ops_avx2.h's contracts (the same bytes, the same
+// integer sums).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,8 @@ namespace cb::avx512 {
 // exact; the scaled group sums accumulate in f32 in group order, so every
 // output is the same chain whatever the split over threads.
 bool gemm_q8_supported(DType t);
+void quantize_q8a(const float* x, int64_t n, int8_t* qs, float* d, float* s);
+void gemv_q8(const WeightView& w, const Q8Row& x, float* y, int64_t o_begin, int64_t o_end);
 void gemm_q8(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows, float* y,
              int64_t o_begin, int64_t o_end);
 

@@ -1,6 +1,6 @@
-// Small AVX2 helpers shared by the *_avx2.cpp kernels.  Include only from
-// files compiled with -mavx2 -mfma -mf16c.  Everything here has internal
-// linkage (`static inline`), see the linkage rule in ops_avx2.h.
+// Small AVX2 helpers shared by the *_avx2.cpp and *_avx512.cpp kernels.
+// Include only from files compiled with -mavx2 -mfma -mf16c (or more).  Everything here has
+// internal linkage (`static inline`), see the linkage rule in ops_avx2.h.
 #pragma once
 
 #include <immintrin.h>
@@ -152,11 +152,17 @@ static inline __m256i iq4_levels32(const uint8_t* qs) {
 }
 
 // The 32 unsigned 5-bit quants of a Q5_0 / Q5_1 block in element order.
+// (In a file compiled for AVX-512 BW and VL, a masked add sets the bits.)
 static inline __m256i q5_quants32(const uint8_t* qs, const uint8_t* qh) {
   uint32_t bits;
   __builtin_memcpy(&bits, qh, 4);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  const __m256i low = nibbles32(qs);
+  return _mm256_mask_add_epi8(low, static_cast<__mmask32>(bits), low, _mm256_set1_epi8(0x10));
+#else
   return _mm256_or_si256(nibbles32(qs),
                          _mm256_and_si256(bit_mask_bytes(bits), _mm256_set1_epi8(0x10)));
+#endif
 }
 
 // Sub-block j (0..7) of a Q4_K / Q5_K super-block as 32 unsigned quants

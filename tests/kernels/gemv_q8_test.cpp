@@ -214,18 +214,19 @@ TEST(GemvQ8, BackendWithinRoundingBoundOfF32Matmul) {
   }
 }
 
-// The int8 GEMM (avx512 level, many rows) is the product of the
-// dequantized weight and the dequantized activations up to f32 rounding:
-// uneven panels (5 and 193 columns), partial micro-kernel row blocks, and
-// rows longer than one k-block (2304 elements).
-TEST(GemvQ8, Int8GemmMatchesFloat64OfQuantizedActivations) {
+// The avx512 level's int8 GEMV (1 and 3 rows) and GEMM (7 and 40 rows)
+// are the product of the dequantized weight and the dequantized
+// activations up to f32 rounding: uneven panels (5 and 193 columns),
+// partial micro-kernel row blocks, and rows longer than one k-block (2304
+// elements).
+TEST(GemvQ8, Avx512MatchesFloat64OfQuantizedActivations) {
   if (!test::avx512_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
   std::mt19937 rng(16);
   auto be = make_cpu_backend(2, CpuKernelLevel::kAvx512);
   for (DType t : kQ8Types) {
     for (int64_t n_in : {dtype_block_elems(t) == 32 ? int64_t{96} : int64_t{256}, int64_t{2304}}) {
-      for (int64_t n_out : {5, 193}) {
-        const int64_t n_rows = n_out == 5 ? 40 : 7;
+      for (auto [n_out, n_rows] :
+           {std::pair<int64_t, int64_t>{5, 40}, {193, 7}, {5, 1}, {193, 3}}) {
         std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
         const WeightView w{wd.data(), t, n_in, n_out};
         const std::vector<float> x = activations(rng, n_rows * n_in);
