@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end test of rag_assistant on the demo corpus.
 
-  test_rag_assistant.py --bin build/bin/rag_assistant --corpus samples/rag_assistant/demo_corpus
+  test_rag_assistant.py --bin build/bin/rag_assistant --corpus tests/samples/fixtures/small_corpus
                         [--model models/X.gguf]
 
 $CB_MODEL, when set, overrides --model.  In a temporary store: ingest (and
@@ -30,9 +30,10 @@ import time
 PASSED = 0
 FAILED = 0
 
-# Both hops are needed: people.md says where Zofia Brandvold works, offices.md
-# which office has a cat and its name.  The default model answers it right
-# in both modes (see samples/rag_assistant/README.md).
+# A small corpus of short declarative paragraphs (tests/samples/fixtures/
+# small_corpus), which the 135M test model reads well.  Both hops are needed:
+# people.md says where Zofia Brandvold works, offices.md which office has a
+# cat and its name; the 135M model answers it right in both modes.
 QUESTION = "What is the name of the office cat in the office where Zofia Brandvold works?"
 ANSWER = "Mochi"
 CHUNK_TOKENS = "48"  # paragraph-sized chunks: what the 135M model reads well

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """rag_assistant with storage tiers, end to end, over a real redis-server.
 
-  test_rag_tiers.py --bin build/bin/rag_assistant --corpus samples/rag_assistant/demo_corpus
+  test_rag_tiers.py --bin build/bin/rag_assistant --corpus tests/samples/fixtures/small_corpus
                     [--model models/X.gguf]
 
 $CB_MODEL, when set, overrides --model; $CB_REDIS_SERVER names the
