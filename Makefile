@@ -6,7 +6,8 @@ BUILD_FUZZ  ?= build-fuzz
 JOBS        ?= $(shell nproc)
 CMAKE_FLAGS ?=
 FUZZ_SECONDS ?= 30
-MODEL       ?= $(if $(CB_MODEL),$(CB_MODEL),models/SmolLM2-135M-Instruct.Q4_1.gguf)
+DEMO_MODEL  := models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+MODEL       ?= $(if $(CB_MODEL),$(CB_MODEL),$(DEMO_MODEL))
 
 .PHONY: all setup build test test-asan test-fuzz test-arm demo peer clean
 
@@ -44,8 +45,10 @@ test-arm: setup
 
 # The RAG assistant on the bundled handbook corpus: ingest (a no-op once
 # done), then each question with CacheBlend and with full prefill, answers and
-# TTFT side by side.
+# TTFT side by side.  The default model (Qwen2.5-Coder-1.5B-Instruct, 1.1 GB)
+# is fetched on first use; MODEL=path or CB_MODEL picks another.
 demo: build
+	@$(if $(filter $(DEMO_MODEL),$(MODEL)),bash scripts/setup.sh model qwen1.5b,true)
 	@python3 scripts/rag_demo.py --bin $(BUILD)/bin/rag_assistant --model $(MODEL) \
 	  --store $(BUILD)/rag_demo_store
 

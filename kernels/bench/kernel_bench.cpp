@@ -10,6 +10,9 @@
 // head size 64): a prefill batch of 512 queries at positions N-512..N-1 and
 // a single decode query at N-1 (GFLOP/s count 4 * head_dim flops per
 // visible (query, head, key)).
+// --bandwidth MB adds the memory read bandwidth over a buffer of MB
+// megabytes (make it far larger than the last-level cache): what decode's
+// GEMVs, which read every weight byte once per token, can reach at most.
 // --peak 1 adds the machine's arithmetic peak on the same threads (x86-64
 // with AVX2+FMA only): f32 FMA (GFLOP/s) and int8 multiply-add through
 // VPMADDUBSW/VPMADDWD (GOP/s, 2 ops per int8 product), from register-only
@@ -139,6 +142,17 @@ __attribute__((target("avx2"))) double int8_loop(int64_t iters) {
   (void)sink;
   return static_cast<double>(iters) * 6 * 32 * 2;
 }
+
+// Sums the bytes of [p, p + n) 32 at a time (n a multiple of 32): a read
+// stream as a decode GEMV does, with little arithmetic per byte.
+__attribute__((target("avx2"))) uint64_t read_stream(const uint8_t* p, size_t n) {
+  __m256i acc = _mm256_setzero_si256();
+  for (size_t i = 0; i < n; i += 32)
+    acc = _mm256_add_epi64(
+        acc, _mm256_sad_epu8(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)),
+                             _mm256_setzero_si256()));
+  return static_cast<uint64_t>(_mm256_extract_epi64(acc, 0));
+}
 #endif
 
 struct Timing {
@@ -173,6 +187,7 @@ int main(int argc, char** argv) {
   std::vector<cb::DType> types;
   std::vector<int64_t> attn_kv;
   bool peak = false;
+  int64_t bandwidth_mb = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -191,6 +206,8 @@ int main(int argc, char** argv) {
       rows.push_back(std::atoll(v));
     } else if (a == "--peak") {
       peak = std::atoi(v) != 0;
+    } else if (a == "--bandwidth") {
+      bandwidth_mb = std::atoll(v);
     } else if (a == "--attn-kv") {
       attn_kv.push_back(std::atoll(v));
     } else if (a == "--level") {
@@ -318,6 +335,38 @@ int main(int argc, char** argv) {
           kind == 0 ? "f32 FMA" : "int8 VPMADDUBSW", threads, rates[2], unit, cpu_rates[2], unit,
           threads);
     }
+  }
+#endif
+#if defined(__x86_64__)
+  if (bandwidth_mb > 0 && cb::cpu_features().avx2) {
+    // Memory read bandwidth on the same threads: a buffer far beyond the
+    // caches, each thread reading its share; the median of 5 passes.
+    const size_t bytes = static_cast<size_t>(bandwidth_mb) << 20;
+    uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+    if (buf == nullptr) {
+      std::fprintf(stderr, "cannot allocate %lld MB\n", static_cast<long long>(bandwidth_mb));
+      return 1;
+    }
+    std::memset(buf, 1, bytes);
+    const size_t share = bytes / static_cast<size_t>(threads) / 32 * 32;
+    std::vector<double> rates;
+    uint64_t total = 0;
+    for (int rep = 0; rep < 5; ++rep) {
+      std::vector<uint64_t> sums(static_cast<size_t>(threads));
+      const auto t0 = Clock::now();
+      pool.parallel_for(threads, [&](int64_t t, int) {
+        sums[static_cast<size_t>(t)] = read_stream(buf + static_cast<size_t>(t) * share, share);
+      });
+      const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+      for (uint64_t v : sums) total += v;
+      rates.push_back(static_cast<double>(share * static_cast<size_t>(threads)) / sec * 1e-9);
+    }
+    std::free(buf);
+    std::sort(rates.begin(), rates.end());
+    std::printf(
+        "memory read bandwidth, %d threads, %lld MB: %.1f GB/s (median of 5; checksum %llu)\n",
+        threads, static_cast<long long>(bandwidth_mb), rates[2],
+        static_cast<unsigned long long>(total % 1000));
   }
 #endif
   const Timing tm = time_per_call([&] { pool.parallel_for(threads, [](int64_t, int) {}); }, 0.3);
