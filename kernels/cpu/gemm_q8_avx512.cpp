@@ -227,10 +227,11 @@ constexpr int64_t kNP = 2;                        // panels per micro-kernel cal
 constexpr int64_t kMaxKC = 2048;                  // k-block length limit
 constexpr size_t kPackBytes = size_t{512} << 10;  // panels of one call, in L2
 
-// Bytes of one group of a panel: G / 4 steps of 16 x 4 quant bytes, then 16
-// f32 scales and 16 f32 offsets.
-constexpr size_t group_bytes(int g) {
-  return static_cast<size_t>(g / 4) * 64 + 2 * 64;
+// A panel holds 32 elements of its 16 columns per chunk: 8 steps of 16 x 4
+// quant bytes, then per group of G in the chunk (one, or two for G = 16)
+// 16 f32 scales and 16 f32 offsets.
+constexpr size_t chunk_bytes(int g) {
+  return 8 * 64 + static_cast<size_t>(32 / g) * 2 * 64;
 }
 
 // Decoded columns of one panel before the transpose: column c's quants of
@@ -283,11 +284,12 @@ PackBuffers& pack_buffers() {
 // Packs weight rows [o0, o0 + nc) x elements [k0, k0 + kc) into panels of
 // kNR columns (columns past nc are zero: they add nothing).
 template <class Decoder>
-void pack_panels(const uint8_t* base, size_t row_bytes, int64_t o0, int64_t nc, int64_t k0,
-                 int64_t kc, PackBuffers& buf) {
+void pack_panels(DType type, const uint8_t* base, size_t row_bytes, int64_t o0, int64_t nc,
+                 int64_t k0, int64_t kc, PackBuffers& buf) {
+  constexpr int64_t kAhead = 4;
   constexpr int kG = Decoder::kGroup;
   const int64_t n_groups = kc / kG;
-  const size_t panel_bytes = static_cast<size_t>(n_groups) * group_bytes(kG);
+  const size_t panel_bytes = static_cast<size_t>(kc / kQK) * chunk_bytes(kG);
   float* scales = buf.scales;
   float* offs = buf.scales + kNR * (kMaxKC / 16);
   for (int64_t p0 = 0; p0 < nc; p0 += kNR) {
@@ -297,28 +299,39 @@ void pack_panels(const uint8_t* base, size_t row_bytes, int64_t o0, int64_t nc, 
       float* sc = scales + c * (kMaxKC / 16);
       float* of = offs + c * (kMaxKC / 16);
       if (c < np) {
+        // The weights stream from memory once per call: while a row is
+        // decoded, the same range of the row kAhead rows later is fetched.
+        const size_t k_offset =
+            static_cast<size_t>(k0 / dtype_block_elems(type)) * dtype_block_bytes(type);
+        const size_t k_bytes =
+            static_cast<size_t>(kc / dtype_block_elems(type)) * dtype_block_bytes(type);
+        if (p0 + c + kAhead < nc) {
+          const char* next = reinterpret_cast<const char*>(base) +
+                             static_cast<size_t>(o0 + p0 + c + kAhead) * row_bytes + k_offset;
+          for (size_t off = 0; off < k_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+        }
         ColumnSink<kG> sink{q, sc, of, k0};
         Decoder::decode(base + static_cast<size_t>(o0 + p0 + c) * row_bytes, k0, k0 + kc, sink);
       } else {
-        for (int64_t k = 0; k < kc; ++k) q[k] = 0;
+        __builtin_memset(q, 0, static_cast<size_t>(kc));
         for (int64_t g = 0; g < n_groups; ++g) sc[g] = of[g] = 0.0f;
       }
     }
     uint8_t* panel = buf.panels + static_cast<size_t>(p0 / kNR) * panel_bytes;
-    for (int64_t g = 0; g < n_groups; ++g) {
-      uint8_t* dst = panel + static_cast<size_t>(g) * group_bytes(kG);
-      uint32_t* dq = reinterpret_cast<uint32_t*>(dst);
-      for (int64_t k4 = 0; k4 < kG / 4; ++k4) {
+    for (int64_t ch = 0; ch < kc / kQK; ++ch) {
+      uint8_t* dst = panel + static_cast<size_t>(ch) * chunk_bytes(kG);
+      // The 16 columns' 32 quant bytes (8 dwords each) transposed 8 columns
+      // at a time: step k4 of the chunk is dword k4 of every column.
+      const float* src = reinterpret_cast<const float*>(buf.columns + ch * kQK);
+      float* dq = reinterpret_cast<float*>(dst);
+      avx2::transpose8(src, kMaxKC / 4, dq, kNR);
+      avx2::transpose8(src + 8 * (kMaxKC / 4), kMaxKC / 4, dq + 8, kNR);
+      float* dsc = reinterpret_cast<float*>(dst + 8 * 64);
+      for (int64_t g = 0; g < 32 / kG; ++g) {
         for (int64_t c = 0; c < kNR; ++c) {
-          uint32_t v;
-          __builtin_memcpy(&v, buf.columns + c * kMaxKC + g * kG + 4 * k4, 4);
-          dq[k4 * kNR + c] = v;
+          dsc[2 * kNR * g + c] = scales[c * (kMaxKC / 16) + ch * (32 / kG) + g];
+          dsc[2 * kNR * g + kNR + c] = offs[c * (kMaxKC / 16) + ch * (32 / kG) + g];
         }
-      }
-      float* dsc = reinterpret_cast<float*>(dst + (kG / 4) * 64);
-      for (int64_t c = 0; c < kNR; ++c) {
-        dsc[c] = scales[c * (kMaxKC / 16) + g];
-        dsc[kNR + c] = offs[c * (kMaxKC / 16) + g];
       }
     }
   }
@@ -336,41 +349,44 @@ struct Rows {
   int64_t lds;
 };
 
-// y[r][0..ncols) (+)= rows r < MR over the k-block's groups, for NP panels
-// of 16 columns (panel p at panels + p * panel_bytes).  x points at the
-// k-block's first element of row 0 (qs), block (d) and group (s).
+// y[r][0..ncols) (+)= rows r < MR over the k-block's chunks of 32, for NP
+// panels of 16 columns (panel p at panels + p * panel_bytes).  x points at
+// the k-block's first element of row 0 (qs), block (d) and group (s).
 template <int MR, int NP, int G>
-void micro_kernel(const Rows& x, const uint8_t* panels, size_t panel_bytes, int64_t n_groups,
+void micro_kernel(const Rows& x, const uint8_t* panels, size_t panel_bytes, int64_t n_chunks,
                   float* y, int64_t ldy, int64_t ncols, bool first) {
   __m512 acc[MR][NP];
   for (int r = 0; r < MR; ++r)
     for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
   const int64_t nb = x.n_in / kQK;
-  for (int64_t g = 0; g < n_groups; ++g) {
-    __m512i isum[MR][NP];
-    for (int r = 0; r < MR; ++r)
-      for (int p = 0; p < NP; ++p) isum[r][p] = _mm512_setzero_si512();
-    const uint8_t* gp = panels + static_cast<size_t>(g) * group_bytes(G);
-    const int8_t* xq = x.qs + g * G;
+  for (int64_t ch = 0; ch < n_chunks; ++ch) {
+    const uint8_t* cp = panels + static_cast<size_t>(ch) * chunk_bytes(G);
+    const int8_t* xq = x.qs + ch * kQK;
+    for (int g = 0; g < 32 / G; ++g) {
+      __m512i isum[MR][NP];
+      for (int r = 0; r < MR; ++r)
+        for (int p = 0; p < NP; ++p) isum[r][p] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-    for (int k4 = 0; k4 < G / 4; ++k4) {
-      __m512i w[NP];
-      for (int p = 0; p < NP; ++p) w[p] = _mm512_load_si512(gp + p * panel_bytes + 64 * k4);
-      for (int r = 0; r < MR; ++r) {
-        int32_t xb;
-        __builtin_memcpy(&xb, xq + r * x.n_in + 4 * k4, 4);
-        const __m512i xv = _mm512_set1_epi32(xb);
-        for (int p = 0; p < NP; ++p) isum[r][p] = _mm512_dpbusd_epi32(isum[r][p], w[p], xv);
+      for (int k4 = g * G / 4; k4 < (g + 1) * G / 4; ++k4) {
+        __m512i w[NP];
+        for (int p = 0; p < NP; ++p) w[p] = _mm512_load_si512(cp + p * panel_bytes + 64 * k4);
+        for (int r = 0; r < MR; ++r) {
+          int32_t xb;
+          __builtin_memcpy(&xb, xq + r * x.n_in + 4 * k4, 4);
+          const __m512i xv = _mm512_set1_epi32(xb);
+          for (int p = 0; p < NP; ++p) isum[r][p] = _mm512_dpbusd_epi32(isum[r][p], w[p], xv);
+        }
       }
-    }
-    const int64_t blk = g * G / kQK;
-    for (int p = 0; p < NP; ++p) {
-      const float* sc = reinterpret_cast<const float*>(gp + p * panel_bytes + (G / 4) * 64);
-      const __m512 scale = _mm512_load_ps(sc), off = _mm512_load_ps(sc + kNR);
-      for (int r = 0; r < MR; ++r) {
-        const __m512 f = _mm512_mul_ps(scale, _mm512_set1_ps(x.d[r * nb + blk]));
-        acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][p]), f, acc[r][p]);
-        acc[r][p] = _mm512_fmadd_ps(off, _mm512_set1_ps(x.s[r * x.lds + g]), acc[r][p]);
+      const int64_t grp = ch * (32 / G) + g;
+      for (int p = 0; p < NP; ++p) {
+        const float* sc =
+            reinterpret_cast<const float*>(cp + p * panel_bytes + 8 * 64) + 2 * kNR * g;
+        const __m512 scale = _mm512_load_ps(sc), off = _mm512_load_ps(sc + kNR);
+        for (int r = 0; r < MR; ++r) {
+          const __m512 f = _mm512_mul_ps(scale, _mm512_set1_ps(x.d[r * nb + ch]));
+          acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][p]), f, acc[r][p]);
+          acc[r][p] = _mm512_fmadd_ps(off, _mm512_set1_ps(x.s[r * x.lds + grp]), acc[r][p]);
+        }
       }
     }
   }
@@ -415,7 +431,7 @@ void gemm(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows,
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   PackBuffers& buf = pack_buffers();
   const int64_t kc_max = k_block(w.n_in, dtype_block_elems(w.type));
-  const size_t panel_max = static_cast<size_t>(kc_max / kG) * group_bytes(kG);
+  const size_t panel_max = static_cast<size_t>(kc_max / kQK) * chunk_bytes(kG);
   const int64_t nc_max = static_cast<int64_t>(kPackBytes / panel_max) * kNR;
   const int64_t nb = w.n_in / kQK;
   const float* sums = kG == 16 ? s16 : x.s;
@@ -424,8 +440,8 @@ void gemm(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows,
     const int64_t nc = o_end - o0 < nc_max ? o_end - o0 : nc_max;
     for (int64_t k0 = 0; k0 < w.n_in; k0 += kc_max) {
       const int64_t kc = w.n_in - k0 < kc_max ? w.n_in - k0 : kc_max;
-      pack_panels<Decoder>(base, row_bytes, o0, nc, k0, kc, buf);
-      const size_t panel_bytes = static_cast<size_t>(kc / kG) * group_bytes(kG);
+      pack_panels<Decoder>(w.type, base, row_bytes, o0, nc, k0, kc, buf);
+      const size_t panel_bytes = static_cast<size_t>(kc / kQK) * chunk_bytes(kG);
       const bool first = k0 == 0;
       for (int64_t r0 = 0; r0 < n_rows; r0 += kMR) {
         const int mr = static_cast<int>(n_rows - r0 < kMR ? n_rows - r0 : kMR);
@@ -438,7 +454,7 @@ void gemm(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows,
           const MicroKernel<kG> kernel =
               ncols > kNR ? pick<kG, 2>(mr, std::make_integer_sequence<int, kMR>{})
                           : pick<kG, 1>(mr, std::make_integer_sequence<int, kMR>{});
-          kernel(rows, panels, panel_bytes, kc / kG, yr + p0, w.n_out, ncols, first);
+          kernel(rows, panels, panel_bytes, kc / kQK, yr + p0, w.n_out, ncols, first);
         }
       }
     }
