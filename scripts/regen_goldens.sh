@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Regenerates the llama.cpp golden files (tests/golden/llamacpp.json and
 # tests/golden/reference_prompts.json; for Gemma 3 270M llamacpp_gemma3.json and
-# reference_prompts_gemma3.json, with the points where llama.cpp parts from the
-# float64 reference), then validates the float64 NumPy reference against
-# llama.cpp on the same prompts and on a random-weight model of every
+# reference_prompts_gemma3.json, for Qwen2.5-Coder 0.5B llamacpp_qwen2_0.5b.json
+# and reference_prompts_qwen2_0.5b.json, both with the points where llama.cpp
+# parts from the float64 reference), then validates the float64 NumPy reference
+# against llama.cpp on the same prompts and on a random-weight model of every
 # architecture.  Not part of CI: run it by hand after changing a model, the
 # pins or the golden prompts; commit the files it writes.  The validation fails (exit 1) if the reference and llama.cpp
 # disagree: to float32 precision on an F32 copy of the model, or by more than
@@ -28,6 +29,10 @@ MODEL="${CB_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 GOLDEN="$ROOT/tests/golden/llamacpp.json"
 PROMPTS="$ROOT/tests/golden/reference_prompts.json"
 LOGITS="$ROOT/build/peer/golden-logits"
+QWEN05="$ROOT/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+QWEN05_GOLDEN="$ROOT/tests/golden/llamacpp_qwen2_0.5b.json"
+QWEN05_PROMPTS="$ROOT/tests/golden/reference_prompts_qwen2_0.5b.json"
+QWEN05_LOGITS="$ROOT/build/peer/golden-logits-qwen2_0.5b"
 V="$CB_PIN_LLAMA_CPP_PYTHON"
 WANT="llama-cpp-python==$V numpy==$CB_PIN_NUMPY lib=peer"
 
@@ -75,6 +80,15 @@ if [ "$check_only" = 0 ]; then
   "$("$ROOT/scripts/oracle_venv.sh" --print-python)" "$ROOT/tests/oracle/reference_divergences.py" \
     --model "$GEMMA" --golden "$ROOT/tests/golden/llamacpp_gemma3.json" \
     --prompts "$ROOT/tests/golden/reference_prompts_gemma3.json"
+  # Qwen2.5-Coder 0.5B: its own prompts (code, ChatML with Qwen's system turn) and
+  # tokenizer cases after the common ones, and its chat template's renderings.
+  [ -f "$QWEN05" ] || { log "$QWEN05 not found (run scripts/setup.sh model qwen0.5b)"; exit 1; }
+  CB_LLAMA_CPP_COMMIT="$CB_PIN_LLAMA_CPP_COMMIT" LLAMA_CPP_LIB_PATH="$LIBDIR" \
+    "$VENV/bin/python" "$ROOT/tests/oracle/llamacpp_golden.py" --model "$QWEN05" \
+      --golden "$QWEN05_GOLDEN" --prompts "$QWEN05_PROMPTS" --prompt-set qwen --tokenize-set qwen \
+      --chat-template --dump-logits "$QWEN05_LOGITS"
+  "$("$ROOT/scripts/oracle_venv.sh" --print-python)" "$ROOT/tests/oracle/reference_divergences.py" \
+    --model "$QWEN05" --golden "$QWEN05_GOLDEN" --prompts "$QWEN05_PROMPTS"
 fi
 
 ensure_venv
@@ -102,6 +116,13 @@ log "reference vs llama.cpp, F32 weights and KV cache (must agree to ~1e-6):"
 log "reference vs llama.cpp on the quantized model as shipped (activations rounded to 8 bits; ~1e-2):"
 "$PY" "$ROOT/tests/oracle/compare_reference.py" --reference "$ROOT/build/peer/reference" \
   --llamacpp "$LOGITS" --golden "$GOLDEN" --max-rel-l2 0.2
+# The same on Qwen2.5-Coder 0.5B's golden prompts (its *_at points have no llama.cpp logits).
+[ -d "$QWEN05_LOGITS" ] || { log "no llama.cpp logits in $QWEN05_LOGITS: run without --check first"; exit 1; }
+"$PY" "$ROOT/tests/oracle/reference_forward.py" --model "$QWEN05" --prompts "$QWEN05_PROMPTS" \
+  --out "$ROOT/build/peer/reference-qwen2_0.5b"
+log "reference vs llama.cpp on Qwen2.5-Coder 0.5B as shipped (~1e-2):"
+"$PY" "$ROOT/tests/oracle/compare_reference.py" --reference "$ROOT/build/peer/reference-qwen2_0.5b" \
+  --llamacpp "$QWEN05_LOGITS" --golden "$QWEN05_GOLDEN" --max-rel-l2 0.2
 # The float64 reference's reading of every architecture against llama.cpp's: a
 # random-weight model of each in F32 (write_random_gguf.py --type f32), F32 KV
 # cache, prompts fed one token at a time.  Agreement to float32 precision, but

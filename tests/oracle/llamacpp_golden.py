@@ -6,7 +6,8 @@ llama-cpp-python and points it at the peer's libllama).  Needs llama_cpp.
 
     llamacpp_golden.py --model M.gguf --golden tests/golden/llamacpp.json
                        --prompts tests/golden/reference_prompts.json [--dump-logits DIR]
-                       [--chat chatml|gemma] [--n-batch N]
+                       [--chat chatml|gemma] [--n-batch N] [--prompt-set default|qwen]
+                       [--tokenize-set default|qwen] [--chat-template]
 
 llamacpp.json:
   "tokenize": [{"text", "add_special", "parse_special", "ids"}]   llama_tokenize()
@@ -16,6 +17,12 @@ llamacpp.json:
               else stop="length".  top2[i] = {"ids": [a, b], "logits": [la, lb]} of
               the logits that produced ids[i], so a divergence can be shown to be a
               near-tie.
+  "chat_template": (with --chat-template) [{"name", "messages", "add_generation_prompt",
+              "jinja", "llama_chat_apply_template"}]: each conversation rendered with the
+              model file's own tokenizer.chat_template by llama-cpp-python's Jinja2
+              formatter (what llama.cpp's server does with --jinja), and by llama.cpp's
+              llama_chat_apply_template() (its built-in rendering of the family it
+              recognises in that template).
   "meta":     versions, model sha256, date, context settings.
 reference_prompts.json: the greedy prompts' ids, the input of reference_forward.py.
 --dump-logits DIR: llama.cpp's last-prompt-position logits per prompt as
@@ -28,6 +35,11 @@ the first user turn, as Gemma's template does), then "<start_of_turn>model\\n". 
 model file's own Jinja template is not used (SmolLM2's injects a default system turn).
 --n-batch 1 evaluates prompts one token at a time (a peer built for a CPU whose batched
 path fails on some architectures still gives the same logits to its precision).
+--prompt-set qwen: Qwen's greedy prompts (source code, a fill-in-the-middle prompt,
+Chinese, ChatML chats with Qwen's default system prompt) in place of the common ones.
+--tokenize-set qwen: the Qwen vocabulary's cases (multilingual text, indented code, digit
+runs, whitespace runs, Qwen's control and user-defined tokens) after the common ones.
+Without these options the files hold what they always held.
 """
 from __future__ import annotations
 
@@ -71,7 +83,7 @@ chat = chatml
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
-def prompts() -> list[tuple[str, str]]:
+def default_prompts() -> list[tuple[str, str]]:
   """(name, text): all tokenized with parse_special=True, add_special=True."""
   return [
     ("plain_france", "The capital of France is"),
@@ -96,6 +108,46 @@ def prompts() -> list[tuple[str, str]]:
                                ("user", "Translate to French: Good morning, how are you?")])),
     ("chat_poem", chat([("user", "Write a short poem about the sea.")])),
   ]
+
+
+QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+def qwen_prompts() -> list[tuple[str, str]]:
+  """Qwen2.5-Coder's: plain text, code, fill-in-the-middle, and ChatML chats, most with the
+  system turn Qwen's template adds when a conversation has none."""
+  return [
+    ("plain_france", "The capital of France is"),
+    ("plain_story", "Once upon a time, in a small village at the edge of the forest,"),
+    ("plain_numbers", "1, 2, 3, 4, 5, 6, 7,"),
+    ("plain_zh", "人工智能是计算机科学的一个分支，它的目标是"),
+    ("plain_long", "Photosynthesis is the process by which green plants, algae and some bacteria "
+                   "convert light energy into chemical energy. During this process, carbon dioxide "
+                   "and water are combined to form glucose, and oxygen is released as a by-product. "
+                   "The reaction takes place mainly in the"),
+    ("code_fib", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
+    ("code_quicksort", "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n"
+                       "    pivot = arr[len(arr) // 2]\n"),
+    ("code_cpp", "#include <vector>\n\n// Returns the sum of the elements of v.\n"
+                 "int sum(const std::vector<int>& v) {\n"),
+    ("code_fim", "<|fim_prefix|>def is_prime(n):\n    if n < 2:\n        return False\n"
+                 "<|fim_suffix|>\n    return True\n<|fim_middle|>"),
+    ("chat_france", chat([("system", QWEN_SYSTEM), ("user", "What is the capital of France?")])),
+    ("chat_code", chat([("system", QWEN_SYSTEM),
+                        ("user", "Write a Python function that reverses a string.")])),
+    ("chat_zh", chat([("system", QWEN_SYSTEM), ("user", "用一句话介绍一下杭州。")])),
+    ("chat_rag", chat([
+        ("system", "Answer the question using the context. Answer in at most five words."),
+        ("user", "Context: The Eiffel Tower was completed in 1889 for the World's Fair in Paris. "
+                 "It is 330 metres tall.\nQuestion: When was the Eiffel Tower completed?")])),
+    ("chat_multiturn", chat([("system", QWEN_SYSTEM), ("user", "What is 12 plus 30?"),
+                             ("assistant", "12 plus 30 is 42."),
+                             ("user", "And that times two?")])),
+    ("chat_no_system", chat([("user", "Name the planets of the solar system in order.")])),
+  ]
+
+
+PROMPT_SETS = {"default": default_prompts, "qwen": qwen_prompts}
 
 # (text, add_special, parse_special)
 TOKENIZE = [
@@ -130,6 +182,96 @@ GEMMA_TOKENIZE = [
 ]
 
 
+# The Qwen vocabulary's (byte-level BPE, llama.cpp's qwen2 pre-tokenizer: a digit is a
+# piece of its own, whitespace runs split before their last space or newline).
+QWEN_TOKENIZE = [
+    ("通义千问是阿里云研发的大语言模型。它可以回答问题、写代码，还能翻译：“你好，世界！”", False, False),
+    ("東京は日本の首都です。ひらがな、カタカナ、漢字を混ぜて書きます。ｶﾀｶﾅ（半角）", False, False),
+    ("Привет, мир! Съешь же ещё этих мягких французских булок, да выпей чаю. Ёжик", False, False),
+    ("À bientôt! Ça va? Œuvre, crème brûlée, déjà vu, Ñandú, Łódź, İstanbul, Straße", False, False),
+    ("emoji 🤖💻🐍 🧑‍💻 👩🏾‍🔬 ✅❌ 🏳️‍🌈 1️⃣ 😀😀😀", False, False),
+    ("class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n"
+     "        if x is None:\n            raise ValueError(\"x is None\")\n"
+     "        self.items.append(x)\n", False, False),
+    ("#include <vector>\n\ntemplate <typename T>\nT sum(const std::vector<T>& v) {\n  T s{};\n"
+     "  for (const auto& x : v) {\n    s += x;  // accumulate\n  }\n  return s;\n}\n", False, False),
+    ("if (x) {\n\tif (y) {\n\t\treturn 1;\n\t}\n}\n", False, False),
+    ("1234567890 00007 3.14159265358979 1e-10 0x1F2E 2024-06-30T12:34:56Z +1 (555) 123-4567",
+     False, False),
+    ("12345678901234567890123456789", False, False),
+    ("一百二十三 = 123，４５６（全角） Ⅻ ½ ²³ ٣٤٥ x1y22z333", False, False),
+    ("a        b\t\t\tc\n\n\n\nd   \n  \n\t\ne   ", False, False),
+    ("    ", False, False),
+    ("\n", False, False),
+    ("\t \t \n \r\n  end  ", False, False),
+    ("trailing spaces   ", False, False),
+    ("<|im_start|>system\n" + QWEN_SYSTEM + "<|im_end|>\n<|im_start|>user\n写一个快速排序<|im_end|>\n"
+     "<|im_start|>assistant\n", True, True),
+    ("<|im_start|>system\n" + QWEN_SYSTEM + "<|im_end|>\n<|im_start|>user\n写一个快速排序<|im_end|>\n"
+     "<|im_start|>assistant\n", True, False),
+    ("<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c<|fim_middle|>", False, True),
+    ("<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c<|fim_middle|>", False, False),
+    ("<|endoftext|><|im_end|><|im_start|>", True, True),
+    (" <|im_start|> spaced <|im_end|> ", False, True),
+    ("<|im_start|<|im_end|>>", False, True),
+    ("<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>", False, True),
+    ("<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>", False, False),
+    ("unused [PAD151665] token", False, True),
+]
+
+TOKENIZE_SETS = {"default": [], "qwen": QWEN_TOKENIZE}
+
+# Conversations for --chat-template: (name, [(role, content)], add_generation_prompt).
+CHAT_TEMPLATE_CASES = [
+    ("user", [("user", "What is the capital of France?")], True),
+    ("system_user", [("system", "Answer in one word."), ("user", "What is the capital of France?")],
+     True),
+    ("multiturn", [("user", "What is 12 plus 30?"), ("assistant", "42."),
+                   ("user", "And that times two?")], True),
+    ("system_multiturn", [("system", QWEN_SYSTEM), ("user", "Hi!"), ("assistant", "Hello! How can I help?"),
+                          ("user", "Tell me a joke.")], True),
+    ("no_generation_prompt", [("user", "Hi!"), ("assistant", "Hello!")], False),
+    ("multiline_unicode", [("user", "def f():\n    return 1\n\n这段代码做什么？")], True),
+]
+
+
+def render_chat_templates(llm: llama_cpp.Llama) -> list[dict]:
+    """CHAT_TEMPLATE_CASES rendered by the model's Jinja template and by llama.cpp's C API."""
+    import ctypes
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    tmpl = llm.metadata.get("tokenizer.chat_template")
+    if not tmpl:
+        raise SystemExit("llamacpp_golden: --chat-template: the model file has no tokenizer.chat_template")
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+
+    def piece(tok: int) -> str:
+        return llm.detokenize([tok], special=True).decode("utf-8")
+
+    eos, bos = piece(llama_cpp.llama_vocab_eos(vocab)), piece(llama_cpp.llama_vocab_bos(vocab))
+
+    def c_api(msgs: list[tuple[str, str]], add_ass: bool) -> str:
+        keep = [(r.encode(), c.encode()) for r, c in msgs]
+        arr = (llama_cpp.llama_chat_message * len(keep))()
+        for i, (r, c) in enumerate(keep):
+            arr[i].role, arr[i].content = r, c
+        n = llama_cpp.llama_chat_apply_template(tmpl.encode(), arr, len(keep), add_ass, None, 0)
+        if n < 0:
+            raise SystemExit("llamacpp_golden: llama_chat_apply_template does not know this template")
+        buf = ctypes.create_string_buffer(n + 1)
+        llama_cpp.llama_chat_apply_template(tmpl.encode(), arr, len(keep), add_ass, buf, n + 1)
+        return buf.raw[:n].decode("utf-8")
+
+    out = []
+    for name, msgs, add_gen in CHAT_TEMPLATE_CASES:
+        jinja = Jinja2ChatFormatter(tmpl, eos_token=eos, bos_token=bos, add_generation_prompt=add_gen)
+        out.append({"name": name, "messages": [{"role": r, "content": c} for r, c in msgs],
+                    "add_generation_prompt": add_gen,
+                    "jinja": jinja(messages=[{"role": r, "content": c} for r, c in msgs]).prompt,
+                    "llama_chat_apply_template": c_api(msgs, add_gen)})
+    return out
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -146,10 +288,15 @@ def main() -> int:
     ap.add_argument("--dump-logits", type=Path)
     ap.add_argument("--chat", choices=sorted(CHAT), default="chatml")
     ap.add_argument("--n-batch", type=int, default=N_CTX)
+    ap.add_argument("--prompt-set", choices=sorted(PROMPT_SETS), default="default")
+    ap.add_argument("--tokenize-set", choices=sorted(TOKENIZE_SETS), default="default")
+    ap.add_argument("--chat-template", action="store_true",
+                    help="record the model's chat template renderings (\"chat_template\")")
     a = ap.parse_args()
     global chat
     chat = CHAT[a.chat]
-    tokenize_cases = TOKENIZE + (GEMMA_TOKENIZE if a.chat == "gemma" else [])
+    tokenize_cases = (TOKENIZE + (GEMMA_TOKENIZE if a.chat == "gemma" else [])
+                      + TOKENIZE_SETS[a.tokenize_set])
 
     llm = llama_cpp.Llama(model_path=str(a.model), n_ctx=N_CTX, n_batch=a.n_batch, n_threads=N_THREADS,
                           n_threads_batch=N_THREADS, logits_all=True, flash_attn=False,
@@ -167,7 +314,7 @@ def main() -> int:
     ref_prompts = []
     if a.dump_logits:
         a.dump_logits.mkdir(parents=True, exist_ok=True)
-    for name, text in prompts():
+    for name, text in PROMPT_SETS[a.prompt_set]():
         ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
         llm.reset()
         llm.eval(ids)
@@ -208,7 +355,12 @@ def main() -> int:
         "n_batch": a.n_batch,
         "regenerate": "scripts/regen_goldens.sh",
     }
-    a.golden.write_text(dump({"meta": meta, "tokenize": tokenize, "greedy": greedy}))
+    if a.prompt_set != "default" or a.tokenize_set != "default":
+        meta.update(prompt_set=a.prompt_set, tokenize_set=a.tokenize_set)
+    doc = {"meta": meta, "tokenize": tokenize, "greedy": greedy}
+    if a.chat_template:
+        doc["chat_template"] = render_chat_templates(llm)
+    a.golden.write_text(dump(doc))
     a.prompts.write_text(dump({
         "comment": "Token ids from llama.cpp (tests/oracle/llamacpp_golden.py); "
                    "input of tests/oracle/reference_forward.py. Regenerate with scripts/regen_goldens.sh.",

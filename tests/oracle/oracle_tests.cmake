@@ -7,8 +7,13 @@
 #   oracle_gemma3_reference  the same for Gemma 3 270M (models/gemma-3-270m-q4_k_m.gguf) over
 #                            tests/golden/reference_prompts_gemma3.json into
 #                            ${CMAKE_BINARY_DIR}/oracle/gemma3; also fixture `reference_logits`.
+#   oracle_qwen05_reference  the same for Qwen2.5-Coder 0.5B Instruct (models/qwen2.5-coder-0.5b-
+#                            instruct-q4_k_m.gguf) over tests/golden/reference_prompts_qwen2_0.5b.json
+#                            into ${CMAKE_BINARY_DIR}/oracle/qwen2_0.5b; also fixture
+#                            `reference_logits` (~40 s on 2 cores, ~4.3 GB of memory, when not cached).
 #   oracle_golden_fresh      tests/golden/llamacpp.json was generated from the model in use
-#                            (and llamacpp_gemma3.json from Gemma 3 270M).
+#                            (and llamacpp_gemma3.json from Gemma 3 270M, llamacpp_qwen2_0.5b.json
+#                            from Qwen2.5-Coder 0.5B).
 #   oracle_arch_reference    a random-weight GGUF per architecture (tests/oracle/
 #                            write_random_gguf.py) and its float64 reference logits into
 #                            ${CMAKE_BINARY_DIR}/oracle/arch; also fixture `reference_logits`.
@@ -38,6 +43,13 @@ if(CB_BASH)
     FIXTURES_SETUP reference_logits
     LABELS oracle
     TIMEOUT 900)
+  add_test(NAME oracle_qwen05_reference
+           COMMAND ${CB_BASH} ${CB_ORACLE_DIR}/run_reference.sh ${CB_QWEN05_MODEL}
+                   ${CMAKE_BINARY_DIR}/oracle/qwen2_0.5b ${CB_GOLDEN_DIR}/reference_prompts_qwen2_0.5b.json)
+  set_tests_properties(oracle_qwen05_reference PROPERTIES
+    FIXTURES_SETUP reference_logits
+    LABELS oracle
+    TIMEOUT 900)
   add_test(NAME oracle_arch_reference
            COMMAND ${CB_BASH} ${CB_ORACLE_DIR}/run_arch_reference.sh ${CMAKE_BINARY_DIR}/oracle/arch)
   set_tests_properties(oracle_arch_reference PROPERTIES
@@ -58,4 +70,9 @@ if(Python3_Interpreter_FOUND)
                    ${CB_GOLDEN_DIR}/llamacpp_gemma3.json
                    ${CB_GOLDEN_DIR}/reference_prompts_gemma3.json --fixed-model)
   set_tests_properties(oracle_golden_fresh_gemma3 PROPERTIES LABELS oracle TIMEOUT 120)
+  add_test(NAME oracle_golden_fresh_qwen05
+           COMMAND ${Python3_EXECUTABLE} ${CB_ORACLE_DIR}/check_golden_fresh.py ${CB_QWEN05_MODEL}
+                   ${CB_GOLDEN_DIR}/llamacpp_qwen2_0.5b.json
+                   ${CB_GOLDEN_DIR}/reference_prompts_qwen2_0.5b.json --fixed-model)
+  set_tests_properties(oracle_golden_fresh_qwen05 PROPERTIES LABELS oracle TIMEOUT 120)
 endif()
