@@ -1,5 +1,6 @@
 #include "runtime/chat_format.h"
 
+#include <algorithm>
 #include <array>
 
 #include "platform/error.h"
@@ -82,9 +83,41 @@ ChatFormat detect_chat_format(const std::optional<std::string>& tmpl, const Toke
        "families' control tokens; name the family explicitly (the C API's chat_template option)");
 }
 
+std::string chat_default_system(ChatFormat f, const std::optional<std::string>& chat_template) {
+  if (f != ChatFormat::kChatML || !chat_template) return {};
+  // In the template's source the newline is the two characters \n of a
+  // string literal (or, rarely, a newline itself).
+  const std::string& t = *chat_template;
+  for (std::string_view open : {"<|im_start|>system\\n", "<|im_start|>system\n"}) {
+    for (size_t at = t.find(open); at != std::string::npos; at = t.find(open, at + 1)) {
+      const size_t begin = at + open.size();
+      const size_t end = t.find("<|im_end|>", begin);
+      if (end == std::string::npos) break;
+      const std::string_view text(t.data() + begin, end - begin);
+      // A fixed text: not the end of the literal ('...' + messages[0]...),
+      // no Jinja, no quote.
+      if (text.empty() || text.find_first_of("'\"{}") != std::string_view::npos) continue;
+      std::string out;  // the literal's escapes \n and \t as the characters
+      for (size_t i = 0; i < text.size(); ++i) {
+        if (text[i] == '\\' && i + 1 < text.size() && (text[i + 1] == 'n' || text[i + 1] == 't')) {
+          out += text[++i] == 'n' ? '\n' : '\t';
+        } else {
+          out += text[i];
+        }
+      }
+      return out;
+    }
+  }
+  return {};
+}
+
 std::string format_chat(ChatFormat f, std::span<const ChatMessage> messages,
-                        bool add_assistant_header) {
+                        bool add_assistant_header, std::string_view default_system) {
   std::string out, pending_system;
+  const bool has_system = std::any_of(messages.begin(), messages.end(),
+                                      [](const ChatMessage& m) { return m.role == "system"; });
+  if (!default_system.empty() && !has_system)
+    out += open_turn(f, "system") + std::string(default_system) + close_turn(f);
   for (const ChatMessage& msg : messages) {
     if (f == ChatFormat::kGemma && msg.role == "system") {
       pending_system += msg.content + "\n\n";

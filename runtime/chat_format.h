@@ -29,6 +29,14 @@ std::optional<ChatFormat> parse_chat_format(std::string_view name);
 ChatFormat detect_chat_format(const std::optional<std::string>& chat_template,
                               const Tokenizer& tok);
 
+// The system message a ChatML template writes when the conversation has
+// none (Qwen2.5's "You are Qwen, created by Alibaba Cloud. You are a
+// helpful assistant.", SmolLM2's "You are a helpful AI assistant named
+// SmolLM, ..."): the text of a string literal in the template that opens a
+// system turn and closes it with fixed text.  Empty when the template has
+// none (or for the other formats).
+std::string chat_default_system(ChatFormat f, const std::optional<std::string>& chat_template);
+
 struct ChatMessage {
   std::string role;
   std::string content;
@@ -36,8 +44,10 @@ struct ChatMessage {
 // The conversation as prompt text; with add_assistant_header the opening of
 // the assistant's turn follows.  A format without a system role (Gemma)
 // puts system text at the start of the next user turn, as its template does.
+// A non-empty default_system opens the conversation as a system message
+// when it has none (chat_default_system: as the model's template does).
 std::string format_chat(ChatFormat f, std::span<const ChatMessage> messages,
-                        bool add_assistant_header);
+                        bool add_assistant_header, std::string_view default_system = {});
 
 // A RAG request's text around its chunks and question: `head` is the system
 // turn and the opening of the user turn (the prompt head P); `after_question`

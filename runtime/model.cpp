@@ -246,14 +246,16 @@ std::unique_ptr<Model> Model::load(const std::string& path, std::optional<ChatFo
       fail(ErrorCode::kFormat, "tokenizer has more tokens than the embedding matrix");
     m->name_ = f.get_string("general.name").value_or(path);
     m->chat_format_ = chat_format;
+    const std::optional<std::string> chat_template = f.get_string("tokenizer.chat_template");
     if (!chat_format) {
       try {
-        m->chat_format_ =
-            detect_chat_format(f.get_string("tokenizer.chat_template"), *m->tokenizer_);
+        m->chat_format_ = detect_chat_format(chat_template, *m->tokenizer_);
       } catch (const Error& e) {
         m->chat_format_error_ = e.what();
       }
     }
+    if (m->chat_format_)
+      m->chat_default_system_ = cb::chat_default_system(*m->chat_format_, chat_template);
   } catch (const Error& e) {
     throw Error(e.code(), path + ": " + e.what());
   }

@@ -112,6 +112,9 @@ class Model {
   // unknown and load() was given none: the model still runs, but cannot
   // format a chat.
   ChatFormat chat_format() const;
+  // The system message the file's chat template writes when a conversation
+  // has none (chat_default_system); empty when it writes none.
+  const std::string& chat_default_system() const { return chat_default_system_; }
 
   // Stable 128-bit hash (hex) of all file bytes (metadata and tensor data):
   // the model's identity in chunk-cache keys.  Computed on first use.
@@ -133,7 +136,8 @@ class Model {
   const float* output_norm_ = nullptr;
   std::vector<LayerWeights> layers_;
   std::optional<ChatFormat> chat_format_;
-  std::string chat_format_error_;                       // why chat_format_ is empty
+  std::string chat_format_error_;  // why chat_format_ is empty
+  std::string chat_default_system_;
   std::vector<std::vector<float>> owned_;               // norm weights converted to f32
   std::vector<std::vector<unsigned char>> owned_rows_;  // reordered matrices
   mutable std::once_flag fingerprint_once_;

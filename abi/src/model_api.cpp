@@ -237,7 +237,8 @@ int cb_token_is_end_of_generation(const cb_model* model, int32_t token) {
 cb_status cb_chat_format(const cb_model* model, const cb_chat_message* messages, size_t n_messages,
                          int add_assistant_header, char* buf, size_t capacity, size_t* out_len) {
   return guard("cb_chat_format", [&] {
-    const cb::ChatFormat format = model_of(model).chat_format();
+    const cb::Model& m = model_of(model);
+    const cb::ChatFormat format = m.chat_format();
     require(out_len != nullptr, "out_len is NULL");
     require(messages != nullptr || n_messages == 0, "messages is NULL");
     std::vector<cb::ChatMessage> msgs;
@@ -247,8 +248,9 @@ cb_status cb_chat_format(const cb_model* model, const cb_chat_message* messages,
       require(messages[i].content != nullptr, "a message's content is NULL");
       msgs.push_back({messages[i].role, messages[i].content});
     }
-    return write_text(cb::format_chat(format, msgs, add_assistant_header != 0), buf, capacity,
-                      out_len);
+    return write_text(
+        cb::format_chat(format, msgs, add_assistant_header != 0, m.chat_default_system()), buf,
+        capacity, out_len);
   });
 }
 

@@ -211,14 +211,13 @@ class CpuBackend final : public Backend {
         if (s16 != nullptr) half_block_sums(qs + r * w.n_in, d + r * nb, nb, s16 + 2 * r * nb);
       }
     });
-    const Q8Row xq{qs, d, s};
     // Counted like matmul's multiply-adds: an int8 one costs ~0.6 of an f32
     // one, still far more than a dispatch at these sizes, so every layer
     // matrix of a small model is split over the threads.
     const int64_t work = n_rows * w.n_out * w.n_in;
     split(w.n_out, tasks_for(work, kMatmulTasksPerThread), 16, [&](int64_t o0, int64_t o1) {
 #if CB_HAVE_AVX2_KERNELS
-      if (gemm) return avx512::gemm_q8(w, xq, s16, n_rows, y, o0, o1);
+      if (gemm) return avx512::gemm_q8(w, Q8Row{qs, d, s}, s16, n_rows, y, o0, o1);
 #endif
       for (int64_t r = 0; r < n_rows; ++r) {
         const Q8Row xr{qs + r * w.n_in, d + r * nb, s + r * nb};

@@ -146,12 +146,9 @@ void rows_blocks(const uint8_t* base, size_t row_bytes, const Q8Row& x, int64_t 
       // d and m are adjacent: the R (d, m) pairs convert at once, and one
       // multiply by (dx, s, dx, s, ..) gives d * dx (even lanes, the
       // scales) and m * s (odd lanes, the offsets).
-      __m128i dm = _mm_setzero_si128();
-      for (int r = 0; r < R; ++r) {
-        uint32_t bits;
-        __builtin_memcpy(&bits, &w[r][b].d, 4);
-        dm = _mm_insert_epi32(dm, static_cast<int>(bits), r);
-      }
+      int dm_bits[4] = {0, 0, 0, 0};
+      for (int r = 0; r < R; ++r) __builtin_memcpy(&dm_bits[r], &w[r][b].d, 4);
+      const __m128i dm = _mm_setr_epi32(dm_bits[0], dm_bits[1], dm_bits[2], dm_bits[3]);
       const __m256 p = _mm256_mul_ps(
           _mm256_cvtph_ps(dm), _mm256_unpacklo_ps(_mm256_set1_ps(x.d[b]), _mm256_set1_ps(x.s[b])));
       _mm256_store_ps(f, p);
@@ -160,8 +157,11 @@ void rows_blocks(const uint8_t* base, size_t row_bytes, const Q8Row& x, int64_t 
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T::dot(w[r][b], xv)),
                                  _mm256_broadcast_ss(f + 2 * r), acc[r]);
     } else {
-      __m128i dh = _mm_setzero_si128();
-      for (int r = 0; r < R; ++r) dh = _mm_insert_epi16(dh, w[r][b].d, r);
+      uint16_t d_bits[4] = {0, 0, 0, 0};
+      for (int r = 0; r < R; ++r) d_bits[r] = w[r][b].d;
+      const __m128i dh = _mm_setr_epi16(
+          static_cast<int16_t>(d_bits[0]), static_cast<int16_t>(d_bits[1]),
+          static_cast<int16_t>(d_bits[2]), static_cast<int16_t>(d_bits[3]), 0, 0, 0, 0);
       const __m128 d = _mm_cvtph_ps(dh);
       _mm_store_ps(f, _mm_mul_ps(d, _mm_set1_ps(x.d[b])));
       if constexpr (T::kScaleOffset != 0.0f) off_d = _mm_fmadd_ps(d, _mm_set1_ps(x.s[b]), off_d);

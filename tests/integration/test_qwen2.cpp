@@ -176,10 +176,9 @@ std::vector<ChatMessage> messages_of(const nlohmann::json& c) {
 }
 
 // llama.cpp recognises the file's template as ChatML by its <|im_start|>
-// and renders it with its built-in ChatML (llama_chat_apply_template), as
-// the runtime does: the two must be equal, byte for byte.  (A format_chat
-// that added the template's default system turn, below, would follow the
-// Jinja rendering instead, and this test with it.)
+// and renders it with its built-in ChatML (llama_chat_apply_template,
+// without --jinja), which writes no default system turn: format_chat
+// without one gives the same text, byte for byte.
 TEST_F(Qwen2, ChatFormatMatchesLlamaCppsChatML) {
   const nlohmann::json golden = read_json(kGolden);
   ASSERT_FALSE(golden["chat_template"].empty());
@@ -192,29 +191,20 @@ TEST_F(Qwen2, ChatFormatMatchesLlamaCppsChatML) {
 
 // The template itself (Jinja, as llama-cpp-python and llama.cpp's server
 // with --jinja render it) opens a conversation that has no system message
-// with Qwen's default system turn.  format_chat does not add that turn, so
-// there ours is the template's text less it; with a system message the two
-// are equal.  Either form passes, so the test holds once format_chat adds
-// the turn; anything else fails.
-TEST_F(Qwen2, ChatFormatAgainstTheModelsJinjaTemplate) {
-  const std::string default_system =
-      "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-      "assistant.<|im_end|>\n";
+// with Qwen's default system turn; the model reads that default from the
+// template (Model::chat_default_system), so with it ours is the template's
+// text for every conversation.
+TEST_F(Qwen2, ChatFormatMatchesTheModelsJinjaTemplate) {
+  EXPECT_EQ(model().chat_default_system(),
+            "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
   const nlohmann::json golden = read_json(kGolden);
   ASSERT_FALSE(golden["chat_template"].empty());
-  int without_default_system = 0;
   for (const auto& c : golden["chat_template"]) {
-    const std::vector<ChatMessage> msgs = messages_of(c);
-    const std::string ours = format_chat(model().chat_format(), msgs, c["add_generation_prompt"]);
-    const std::string jinja = c["jinja"];
-    if (ours == jinja) continue;
-    const bool has_system = !msgs.empty() && msgs.front().role == "system";
-    EXPECT_FALSE(has_system) << c["name"] << ": ours\n" << ours << "\ntemplate\n" << jinja;
-    EXPECT_EQ(default_system + ours, jinja) << c["name"];
-    ++without_default_system;
+    EXPECT_EQ(format_chat(model().chat_format(), messages_of(c), c["add_generation_prompt"],
+                          model().chat_default_system()),
+              c["jinja"].get<std::string>())
+        << c["name"];
   }
-  std::printf("  %d of %zu conversations lack the template's default system turn\n",
-              without_default_system, golden["chat_template"].size());
 }
 
 // r = 1 is full prefill and r = 0 is reuse on a request of 3 chunks of 120

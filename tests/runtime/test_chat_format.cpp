@@ -58,6 +58,39 @@ TEST(ChatFormat, RagTurnsFrameTheChunksAndTheQuestion) {
   }
 }
 
+// The default system message of a ChatML template: the fixed text of a
+// literal that opens a system turn (escapes decoded), not one that goes on
+// with the conversation's own system message; none for templates without
+// one or for other formats.  format_chat writes it only when the
+// conversation has no system message.
+TEST(ChatFormat, DefaultSystemFromTheTemplate) {
+  const std::string qwen =
+      "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + "
+      "messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou "
+      "are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
+      "{%- endif %}";
+  EXPECT_EQ(chat_default_system(ChatFormat::kChatML, qwen),
+            "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+  EXPECT_EQ(chat_default_system(ChatFormat::kChatML,
+                                std::string("{{ '<|im_start|>system\\nLine one\\nLine "
+                                            "two<|im_end|>\\n' }}")),
+            "Line one\nLine two");
+  EXPECT_EQ(chat_default_system(ChatFormat::kChatML,
+                                std::string("{% for m in messages %}{{'<|im_start|>' + m['role'] "
+                                            "+ '\\n' + m['content'] + '<|im_end|>'}}")),
+            "");
+  EXPECT_EQ(chat_default_system(ChatFormat::kChatML, std::nullopt), "");
+  EXPECT_EQ(chat_default_system(ChatFormat::kLlama3, qwen), "");
+
+  const std::vector<ChatMessage> user = {{"user", "Hi"}};
+  EXPECT_EQ(format_chat(ChatFormat::kChatML, user, true, "Be brief."),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  const std::vector<ChatMessage> with_system = {{"system", "Be long."}, {"user", "Hi"}};
+  EXPECT_EQ(format_chat(ChatFormat::kChatML, with_system, false, "Be brief."),
+            "<|im_start|>system\nBe long.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+}
+
 TEST(ChatFormat, NamesRoundTrip) {
   for (ChatFormat f : {ChatFormat::kChatML, ChatFormat::kLlama3, ChatFormat::kGemma})
     EXPECT_EQ(parse_chat_format(chat_format_name(f)), f);
