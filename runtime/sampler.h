@@ -42,7 +42,12 @@ class Sampler {
 
   SamplerOptions opts_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> scratch_;
+  struct Candidate {
+    float logit;
+    int32_t id;
+    double p;  // weight at the temperature, relative to the most likely token
+  };
+  std::vector<Candidate> scratch_;
   std::deque<int32_t> recent_;
   std::vector<float> penalized_;
 };
