@@ -11,7 +11,8 @@ table.
                                  [--model M.gguf]... [--activations int8|f32]
 
 --model may repeat (default: $CB_MODEL, else the Qwen2.5-Coder 1.5B and 0.5B
-Instruct files and SmolLM2-135M that scripts/setup.sh fetches, those present).
+Instruct files and SmolLM2-135M, which `scripts/setup.sh model all` fetches
+first when they are missing).
 
 Needs build/bin/cb_bench (make build) and the peer (make peer, which builds
 llama-bench from the llama-cpp-python sdist's sources into build/peer/).
@@ -54,8 +55,12 @@ def main():
     ap.add_argument("--model", action="append", default=[])
     ap.add_argument("--activations", default="int8", choices=["int8", "f32"])
     args = ap.parse_args()
-    models = args.model or ([os.environ["CB_MODEL"]] if os.environ.get("CB_MODEL") else [
-        p for p in (os.path.join(ROOT, "models", f) for f in DEFAULT_MODELS) if os.path.isfile(p)])
+    models = args.model or ([os.environ["CB_MODEL"]] if os.environ.get("CB_MODEL") else [])
+    if not models:
+        # The default set, fetched when missing (idempotent; the 1.5B is not
+        # part of the default set-up).
+        subprocess.run(["bash", os.path.join(ROOT, "scripts/setup.sh"), "model", "all"], check=True)
+        models = [os.path.join(ROOT, "models", f) for f in DEFAULT_MODELS]
     if not models:
         sys.exit("bench_vs_llamacpp: no model (scripts/setup.sh model, or --model)")
 

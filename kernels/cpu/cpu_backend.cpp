@@ -201,7 +201,11 @@ class CpuBackend final : public Backend {
     float* d = xd.data();
     float* s = xs.data();
     float* s16 = nullptr;
-    if (gemm) {
+    bool half_sums = false;
+#if CB_HAVE_AVX2_KERNELS
+    half_sums = gemm && avx512::gemm_q8_uses_half_sums(w.type);
+#endif
+    if (half_sums) {
       xs16.resize(std::max(xs16.size(), static_cast<size_t>(2 * n_rows * nb)));
       s16 = xs16.data();
     }

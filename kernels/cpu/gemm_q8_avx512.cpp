@@ -46,19 +46,14 @@
 namespace cb::avx512 {
 namespace {
 
+using avx2::half;
 using avx2::iq4_levels32;
+using avx2::load32;
 using avx2::nibbles32;
 using avx2::q23_k_quants32;
 using avx2::q45_k_quants32;
 using avx2::q5_quants32;
 using avx2::unpack_q6_k_runs;
-
-inline float half(uint16_t h) {
-  return _cvtsh_ss(h);
-}
-inline __m256i load32(const void* p) {
-  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
 
 // ---- Decoders: 32 elements at a time as unsigned quants + scale, offset ----
 //
@@ -472,6 +467,13 @@ bool gemm_q8_supported(DType t) {
     default:
       return true;
   }
+}
+
+bool gemm_q8_uses_half_sums(DType t) {
+  // The types whose decoders have groups of 16.
+  static_assert(Int8Q6_K::kGroup == 16 && Int8Q23_K<BlockQ2_K>::kGroup == 16 &&
+                Int8Q23_K<BlockQ3_K>::kGroup == 16 && Int8Q45_K<BlockQ4_K>::kGroup == 32);
+  return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q6_K;
 }
 
 void gemm_q8(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows, float* y,

@@ -38,21 +38,15 @@
 namespace cb::CB_GEMV_LEVEL {
 namespace {
 
+using avx2::half;
 using avx2::hsum;
 using avx2::iq4_levels32;
+using avx2::load32;
 using avx2::nibbles32;
 using avx2::q23_k_quants32;
 using avx2::q45_k_quants32;
 using avx2::q5_quants32;
 using avx2::unpack_q6_k_runs;
-
-inline float half(uint16_t h) {
-  return _cvtsh_ss(h);
-}
-
-inline __m256i load32(const void* p) {
-  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
 
 // Eight int32 partial sums of w[i] * x[i] over 32 bytes, w unsigned.
 inline __m256i dot_u8s8(__m256i w, __m256i x) {

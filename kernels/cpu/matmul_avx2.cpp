@@ -30,9 +30,6 @@ namespace {
 inline __m256 i8_to_ps(__m128i v) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
 }
-inline float half(uint16_t h) {
-  return _cvtsh_ss(h);
-}
 
 // Decoders.  decode(row, k0, k1, sink) calls sink.vec(k, w0, w1, w2, w3) with
 // the weights of elements k..k+31 for each 32-element run in [k0, k1), and

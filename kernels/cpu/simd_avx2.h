@@ -11,6 +11,16 @@
 
 namespace cb::avx2 {
 
+// An f16 (raw bits) as f32, exactly.
+static inline float half(uint16_t h) {
+  return _cvtsh_ss(h);
+}
+
+// 32 bytes from p, unaligned.
+static inline __m256i load32(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
 // Sum of the 8 lanes.
 static inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
