@@ -362,7 +362,8 @@ void micro_kernel(const Rows& x, const uint8_t* panels, size_t panel_bytes, int6
       for (int r = 0; r < MR; ++r)
         for (int p = 0; p < NP; ++p) isum[r][p] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-      for (int k4 = g * G / 4; k4 < (g + 1) * G / 4; ++k4) {
+      for (int step = 0; step < G / 4; ++step) {
+        const int k4 = g * (G / 4) + step;
         __m512i w[NP];
         for (int p = 0; p < NP; ++p) w[p] = _mm512_load_si512(cp + p * panel_bytes + 64 * k4);
         for (int r = 0; r < MR; ++r) {
