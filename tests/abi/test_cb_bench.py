@@ -415,18 +415,28 @@ def test_rag(bench, common):
     rows = json_lines(out) or []
     check(rc == 0 and len(rows) == 1 and rows[0].get("codec") == "f16"
           and rows[0].get("bytes_read", 0) > 0, "ttft --storage-mbps without --codec", err)
-    # Chunk KV on flash with a lossy codec and a read cap, the ratio chosen by
-    # the loading controller: every blend run is served from the store.
+    # Chunk KV on flash with a lossy codec and a read cap: a fixed ratio is
+    # served from the store.  The loading controller's ratio either reads the
+    # store too or, where its calibration says reading costs more than
+    # recomputing the reused tokens (a close call for 32 reused tokens of the
+    # 135M model, decided by timings on a loaded machine), recomputes
+    # everything and reads nothing.
     rc, out, err = run(bench, t + ["--codec", "q4", "--storage-mbps", "50", "--ratio", "0.15,auto",
                                    "--modes", "blend", "--repeat", "1", "--json"] + common)
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     check(rc == 0 and len(rows) == 2, "ttft --codec q4 --ratio 0.15,auto", err)
     for r in rows:
-        check(r.get("codec") == "q4" and r.get("bytes_read", 0) > 0 and r.get("cache_misses") == 0,
-              "ttft on flash reads the chunks from the store", str(r))
+        check(r.get("codec") == "q4" and r.get("cache_misses") == 0,
+              "ttft on flash finds every chunk in the store", str(r))
     if len(rows) == 2:
-        check(rows[1].get("ratio_mode") == "auto" and 0.15 <= rows[1].get("ratio", 0) <= 1.0,
-              "auto ratio within [r_min, 1]", str(rows[1]))
+        check(rows[0].get("bytes_read", 0) > 0,
+              "ttft on flash at a fixed ratio reads the chunks from the store", str(rows[0]))
+        auto = rows[1]
+        reads = auto.get("bytes_read", 0) > 0 and 0.15 <= auto.get("ratio", 0) <= 1.0
+        recomputes = (auto.get("bytes_read") == 0 and auto.get("ratio") == 1
+                      and auto.get("computed_fraction") == 1)
+        check(auto.get("ratio_mode") == "auto" and (reads or recomputes),
+              "auto ratio within [r_min, 1]: reads the store, or at 1 may read nothing", str(auto))
     # Runtime errors (exit 1): a request longer than the context.
     expect_error(bench, ["ttft", "--chunks", "64", "--chunk-tokens", "512"] + common,
                  "ttft request over the model's context", must_contain="context")
