@@ -88,10 +88,23 @@ FlashStore::FlashStore(const std::string& dir, const StoreOptions& options)
       throttle_(std::make_unique<Throttle>(options.read_bytes_per_sec)),
       counters_(std::make_unique<Counters>()) {
   make_dirs(dir_);
-  check_writable_dir(dir_);
-  make_dirs(blob_dir_);
-  open_index();
-  reconcile();
+  try {
+    check_writable_dir(dir_);
+    make_dirs(blob_dir_);
+    open_index();
+    reconcile();
+  } catch (const Error& e) {
+    // Answering needs no writes: an index that exists is read as it is.
+    const std::string index_path = dir_ + "/index.sqlite";
+    if (e.code() != ErrorCode::kIo || !path_exists(index_path)) throw;
+    index_.reset();
+    try {
+      index_ = std::make_unique<Index>(index_path, options_.busy_timeout_ms, true);
+    } catch (const Error&) {
+      throw e;  // why it cannot be written says more than why it cannot be read
+    }
+    read_only_reason_ = e.what();
+  }
   queue_ = std::make_unique<WriteBackQueue>(options_.write_back_depth);
 }
 
@@ -196,6 +209,7 @@ void FlashStore::quarantine(const std::vector<std::string>& names) {
     make_dirs(dest);
     for (const std::string& name : names) rename_file(blob_path(name), dest + "/" + name);
     counters_->quarantined += names.size();
+    quarantine_dir_ = dest;
   } catch (const Error&) {
     // Left where they are: the next open tries again; nothing is lost.
   }
@@ -289,6 +303,8 @@ bool FlashStore::fetch_layer(const ChunkHandle& handle, int layer, float* k_out,
 }
 
 PutResult FlashStore::put(const ChunkKey& key, const ChunkKVView& kv) {
+  if (!read_only_reason_.empty())
+    fail(ErrorCode::kIo, dir_ + ": the chunk store is open read-only (" + read_only_reason_ + ")");
   const Codec codec = resolve(key);
   const uint64_t hash = hash_key(key, codec);
   {
@@ -427,6 +443,7 @@ StoreStats FlashStore::stats() const {
   s.evictions = c.evictions;
   s.corrupt_drops = c.corrupt_drops;
   s.quarantined = c.quarantined;
+  s.read_only = !read_only_reason_.empty();
   s.async_queued = c.async_queued;
   s.async_dropped = c.async_dropped;
   s.async_failed = c.async_failed;
@@ -440,6 +457,22 @@ StoreStats FlashStore::stats() const {
     s.last_async_error = last_async_error_;
   }
   return s;
+}
+
+std::string FlashStore::open_report() const {
+  std::string report;
+  if (!read_only_reason_.empty())
+    report += "the chunk store " + dir_ + " cannot be written (" + read_only_reason_ +
+              "): opened read-only; its chunks are read, new ones are not stored\n";
+  if (counters_->quarantined > 0)
+    report += std::to_string(counters_->quarantined.load()) + " chunk(s) of " + dir_ +
+              " were moved to " + quarantine_dir_ +
+              ": the index (index.sqlite and its -wal) does not list them, as when another "
+              "store's index or -wal was copied in, so they are computed again as they are "
+              "needed; to get them back, put the index they belong to back in place, move the "
+              "files back into " +
+              blob_dir_ + " and open the store again\n";
+  return report;
 }
 
 void FlashStore::set_read_bytes_per_sec(uint64_t bytes_per_sec) {

@@ -105,6 +105,7 @@ struct StoreStats {
   uint64_t corrupt_drops = 0;  // entries dropped for a bad or missing blob
   // Orphaned blobs moved to DIR/quarantine/ at open (see FlashStore::open).
   uint64_t quarantined = 0;
+  bool read_only = false;  // opened read-only: the store could not be written
   uint64_t async_queued = 0;
   uint64_t async_dropped = 0;  // put_async refused: queue full
   uint64_t async_failed = 0;   // put_async jobs that failed (see last_async_error)
@@ -120,10 +121,14 @@ class FlashStore {
   // without rows, rows without a complete blob, temp files of dead writers)
   // and trims to capacity.  When orphaned blobs outnumber the index's live
   // entries (and are more than a few), the index is not this folder's: they
-  // are moved to DIR/quarantine/<time>-<pid>/ instead of deleted.  Throws
-  // cb::Error(kIo) naming the path and reason (a path that is a file, no
-  // permission, read-only file system...), or kFormat for an index it
-  // cannot use and may not rebuild.
+  // are moved to DIR/quarantine/<time>-<pid>/ instead of deleted.
+  //
+  // When the store cannot be written (a full disk, a read-only file system,
+  // no permission) but its index exists, it is opened read-only: no repair,
+  // lookups and reads work, put() throws kIo, and open_report() says why.
+  // Otherwise throws cb::Error(kIo) naming the path and reason (a path that
+  // is a file, no permission, read-only file system...), or kFormat for an
+  // index it cannot use and may not rebuild.
   static std::unique_ptr<FlashStore> open(const std::string& dir, const StoreOptions& options = {});
   // Flushes the write-back queue.
   ~FlashStore();
@@ -162,6 +167,10 @@ class FlashStore {
   void clear();  // every entry, pinned or not, every namespace
 
   StoreStats stats() const;
+  // What open() did that a user should hear about, one line each ('\n'
+  // after each): the store was opened read-only (and why), chunks were
+  // quarantined (how many, where, how to get them back).  Empty: nothing.
+  std::string open_report() const;
   // The codec a key with no codec set resolves to.
   Codec default_codec() const { return options_.codec; }
   // Changes the fetch_layer read cap at run time (0 = none).
@@ -183,7 +192,9 @@ class FlashStore {
   std::string blob_dir_;
   std::string lock_path_;
   StoreOptions options_;
-  mutable std::mutex index_mu_;  // guards index_
+  std::string read_only_reason_;  // why the store could not be written; "": writable
+  std::string quarantine_dir_;    // where open() moved orphaned blobs, if it did
+  mutable std::mutex index_mu_;   // guards index_
   std::unique_ptr<Index> index_;
   std::unique_ptr<Throttle> throttle_;
 

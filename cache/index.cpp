@@ -68,22 +68,29 @@ class Index::Transaction {
   bool done_ = false;
 };
 
-Index::Index(const std::string& path, int busy_timeout_ms) : path_(path) {
-  const int rc =
-      sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
-  if (rc != SQLITE_OK) {
-    const std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
-    sqlite3_close(db_);
-    db_ = nullptr;
-    fail(ErrorCode::kIo, "open " + path + ": " + msg);
+Index::Index(const std::string& path, int busy_timeout_ms, bool read_only) : path_(path) {
+  if (read_only) {
+    bool immutable = false;
+    db_ = sqlite::open_read_only(path, path, &immutable);
+  } else {
+    const int rc =
+        sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
+    if (rc != SQLITE_OK) {
+      const std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
+      sqlite3_close(db_);
+      db_ = nullptr;
+      fail(ErrorCode::kIo, "open " + path + ": " + msg);
+    }
   }
   try {
     sqlite3_extended_result_codes(db_, 1);
     sqlite3_busy_timeout(db_, busy_timeout_ms);
-    exec("PRAGMA journal_mode=WAL");
-    // NORMAL in WAL mode: a power cut may lose the last commits but never
-    // corrupts; a lost row only leaves an orphan blob that open() removes.
-    exec("PRAGMA synchronous=NORMAL");
+    if (!read_only) {
+      exec("PRAGMA journal_mode=WAL");
+      // NORMAL in WAL mode: a power cut may lose the last commits but never
+      // corrupts; a lost row only leaves an orphan blob that open() removes.
+      exec("PRAGMA synchronous=NORMAL");
+    }
     exec("PRAGMA foreign_keys=ON");
     int version = 0;
     {
@@ -100,6 +107,9 @@ Index::Index(const std::string& path, int busy_timeout_ms) : path_(path) {
       if (!s.step() || s.text(0) != "ok") {
         fail(ErrorCode::kFormat, path + ": index is corrupt (quick_check failed)");
       }
+    }
+    if (version < kSchemaVersion && read_only) {
+      fail(ErrorCode::kIo, path + ": holds no index yet and cannot be written");
     }
     if (version < kSchemaVersion) {
       Transaction txn(this);

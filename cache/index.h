@@ -40,8 +40,10 @@ class Index {
  public:
   // Opens or creates the index.  Throws Error(kFormat) if the file is not a
   // readable SQLite database (corrupt), Error(kUnsupported) if a newer build
-  // wrote it, Error(kIo) for other failures.
-  Index(const std::string& path, int busy_timeout_ms);
+  // wrote it, Error(kIo) for other failures.  read_only: opens an existing
+  // index without writing anything (sqlite::open_read_only); every call
+  // that writes then throws kIo.
+  Index(const std::string& path, int busy_timeout_ms, bool read_only = false);
   ~Index();
   Index(const Index&) = delete;
   Index& operator=(const Index&) = delete;

@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 
+#include <cctype>
 #include <cstring>
 #include <utility>
 
@@ -25,6 +26,70 @@ void exec(sqlite3* db, const char* sql, const std::string& db_label) {
   const std::string why = err != nullptr ? err : sqlite3_errstr(rc);
   sqlite3_free(err);
   cb::fail(error_code(rc), db_label + ": " + sql + ": " + why);
+}
+
+bool cannot_write(int rc) {
+  switch (rc & 0xff) {
+    case SQLITE_IOERR:
+    case SQLITE_FULL:
+    case SQLITE_READONLY:
+    case SQLITE_CANTOPEN:
+    case SQLITE_PERM:
+      return true;
+    default:
+      return false;
+  }
+}
+
+namespace {
+
+// `path` as an SQLite URI with `query`: bytes other than unreserved ones
+// and '/' are percent-encoded, so '?', '#' and '%' in a name stay literal.
+std::string file_uri(const std::string& path, const char* query) {
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string uri = "file:";
+  for (const char ch : path) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (std::isalnum(c) || std::strchr("-._~/", c) != nullptr) {
+      uri += ch;
+    } else {
+      uri += '%';
+      uri += kHex[c >> 4];
+      uri += kHex[c & 15];
+    }
+  }
+  return uri + "?" + query;
+}
+
+// Opens `uri` and reads the schema; SQLITE_OK or the failing result code,
+// with *db open (the caller closes it) for sqlite3_errmsg.
+int open_and_read(const std::string& uri, sqlite3** db) {
+  int rc = sqlite3_open_v2(uri.c_str(), db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr);
+  if (rc != SQLITE_OK) return rc;
+  sqlite3_extended_result_codes(*db, 1);
+  return sqlite3_exec(*db, "SELECT count(*) FROM sqlite_master", nullptr, nullptr, nullptr);
+}
+
+}  // namespace
+
+sqlite3* open_read_only(const std::string& path, const std::string& db_label, bool* immutable) {
+  // A leading "//" would read as a URI authority.
+  const std::string p = path.rfind("//", 0) == 0 ? path.substr(1) : path;
+  sqlite3* db = nullptr;
+  int rc = open_and_read(file_uri(p, "mode=ro"), &db);
+  *immutable = false;
+  if (rc != SQLITE_OK && cannot_write(rc)) {
+    sqlite3_close(db);
+    db = nullptr;
+    rc = open_and_read(file_uri(p, "immutable=1"), &db);
+    *immutable = true;
+  }
+  if (rc != SQLITE_OK) {
+    const std::string why = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    sqlite3_close(db);
+    cb::fail(error_code(rc), db_label + ": cannot open read-only: " + why);
+  }
+  return db;
 }
 
 Statement::Statement(sqlite3* db, const char* sql, std::string db_label)

@@ -27,6 +27,20 @@ ErrorCode error_code(int rc);
 // Runs `sql` (any number of statements, no results); throws on failure.
 void exec(sqlite3* db, const char* sql, const std::string& db_label);
 
+// True when `rc` says the database cannot be written here (a full disk, a
+// read-only file system or file, no permission, an I/O error creating the
+// -wal or -shm), so that reading it read-only may still work.
+bool cannot_write(int rc);
+
+// An existing database opened without writing anything, checked by one read.
+// First read-only (committed transactions still in a -wal are seen; SQLite
+// must be able to open or create the -shm), then, when even that fails (a
+// full disk, a read-only directory without a -shm), as an immutable file:
+// read without locks and without the -wal, so transactions still in a -wal
+// are not seen and another process must not write meanwhile.  *immutable
+// says which.  Throws cb::Error (fail()) when neither can read it.
+sqlite3* open_read_only(const std::string& path, const std::string& db_label, bool* immutable);
+
 class Statement {
  public:
   // Prepares `sql` on `db`; `db_label` names the database in errors.

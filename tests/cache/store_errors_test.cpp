@@ -100,6 +100,41 @@ TEST(StoreErrors, FullDiskFailsThePutCleanlyAndTheStoreStaysUsable) {
   EXPECT_TRUE(fetch_all(*store, *store->lookup(key)));
 }
 
+// A full disk after the store was closed: reading its WAL index needs a
+// -shm that cannot be written, yet answering needs no writes.  The store
+// opens read-only, serves what it holds, refuses puts and says why.
+TEST(StoreErrors, FullDiskOpensTheStoreReadOnly) {
+  TempDir dir;
+  const ChunkKey key = make_key(make_tokens(40, 1));
+  {
+    auto store = FlashStore::open(dir.path());
+    ASSERT_EQ(store->put(key, make_kv(small_shape(), 1).view()), PutResult::kStored);
+  }
+  ASSERT_FALSE(std::filesystem::exists(dir.sub("index.sqlite-shm")));
+  FileSizeLimit limit(0);
+  std::unique_ptr<FlashStore> store;
+  try {
+    store = FlashStore::open(dir.path());
+  } catch (const Error& e) {
+    FAIL() << "open failed on a full disk: " << e.what();
+  }
+  EXPECT_TRUE(store->stats().read_only);
+  EXPECT_EQ(store->stats().entries, 1u);
+  const std::string report = store->open_report();
+  EXPECT_NE(report.find("opened read-only"), std::string::npos) << report;
+  EXPECT_NE(report.find(dir.path()), std::string::npos) << report;
+  const auto handle = store->lookup(key);
+  ASSERT_TRUE(handle);
+  EXPECT_TRUE(fetch_all(*store, *handle));
+  try {
+    store->put(make_key(make_tokens(40, 2)), make_kv(small_shape(), 2).view());
+    ADD_FAILURE() << "put succeeded in a read-only store";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kIo);
+    EXPECT_NE(std::string(e.what()).find("read-only"), std::string::npos) << e.what();
+  }
+}
+
 TEST(StoreErrors, BadOptions) {
   TempDir dir;
   StoreOptions opt;

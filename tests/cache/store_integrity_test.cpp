@@ -213,6 +213,12 @@ TEST(Integrity, ForeignIndexQuarantinesTheBlobs) {
   for (const auto& e : fs::recursive_directory_iterator(dir.sub("quarantine")))
     kept += e.is_regular_file() ? 1 : 0;
   EXPECT_EQ(kept, 12u);
+  // The open says how many, where they went and how to get them back.
+  const std::string report = store->open_report();
+  EXPECT_NE(report.find("12 chunk(s)"), std::string::npos) << report;
+  EXPECT_NE(report.find(dir.sub("quarantine/")), std::string::npos) << report;
+  EXPECT_NE(report.find("to get them back"), std::string::npos) << report;
+  EXPECT_FALSE(store->stats().read_only);
   EXPECT_FALSE(store->lookup(keys[0]));
   EXPECT_EQ(store->put(keys[0], make_kv(small_shape(), 0).view()), PutResult::kStored);
   EXPECT_TRUE(fetch_all(*store, *store->lookup(keys[0])));
