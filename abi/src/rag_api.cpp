@@ -191,8 +191,9 @@ void cb_chunk_cache_stats_init(cb_chunk_cache_stats* stats) {
 cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_stats* stats) {
   return guard("cb_chunk_cache_get_stats", [&] {
     check_cache(cache);
+    // Callers built before `quarantined` existed pass a shorter struct.
     const size_t size = output_size(
-        stats, sizeof(cb_chunk_cache_stats),
+        stats, offsetof(cb_chunk_cache_stats, quarantined),
         "stats is NULL or stats->struct_size is not a known size (use cb_chunk_cache_stats_init)");
     cb_chunk_cache_stats out;
     cb_chunk_cache_stats_init_sized(&out, sizeof(out));
@@ -204,9 +205,21 @@ cb_status cb_chunk_cache_get_stats(const cb_chunk_cache* cache, cb_chunk_cache_s
     out.evictions = st.evictions;
     out.corrupt_drops = st.corrupt_drops;
     out.bytes_read = st.bytes_read;
+    out.quarantined = st.quarantined;
+    out.unavailable_tiers = static_cast<uint32_t>(cache->impl->unavailable_tiers());
+    out.read_only = st.read_only ? 1 : 0;
     std::memcpy(static_cast<void*>(stats), &out, size);
     stats->struct_size = size;
     return CB_OK;
+  });
+}
+
+cb_status cb_chunk_cache_open_report(const cb_chunk_cache* cache, char* buf, size_t capacity,
+                                     size_t* out_len) {
+  return guard("cb_chunk_cache_open_report", [&] {
+    check_cache(cache);
+    require(out_len != nullptr, "out_len is NULL");
+    return write_text(cache->impl->open_report(), buf, capacity, out_len);
   });
 }
 

@@ -22,7 +22,8 @@ ChunkCache::ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
                        double assumed_read_bytes_per_sec, const ChunkCacheTiers& tiers)
     : flash_(std::make_shared<FlashChunkStore>(
           std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir, opts)))),
-      assumed_read_bytes_per_sec_(assumed_read_bytes_per_sec) {
+      assumed_read_bytes_per_sec_(assumed_read_bytes_per_sec),
+      open_report_(flash_->store().open_report()) {
   if (!tiers.any()) return;
   if (!(tiers.placement_ratio >= 0.0 && tiers.placement_ratio <= 1.0))
     fail(ErrorCode::kInvalidArgument, "placement ratio must be in [0, 1]");
@@ -54,7 +55,30 @@ ChunkCache::ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
   if (!tiers.slow_dir.empty()) {
     cache::StoreOptions slow_opts = opts;
     slow_opts.read_bytes_per_sec = tiers.slow_read_bytes_per_sec;
-    slow_ = std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(tiers.slow_dir, slow_opts));
+    // Flash may hold every chunk: an SD card remounted read-only after
+    // errors, or gone, must not stop the answers.  A read-only one is
+    // skipped too: placement would keep sending new chunks there, to be
+    // lost.
+    std::string unavailable;
+    try {
+      slow_ =
+          std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(tiers.slow_dir, slow_opts));
+      if (slow_->stats().read_only) {
+        unavailable = "it cannot be written";
+        slow_.reset();
+      } else {
+        open_report_ += slow_->open_report();
+      }
+    } catch (const Error& e) {
+      unavailable = e.what();
+    }
+    if (!unavailable.empty()) {
+      ++unavailable_tiers_;
+      open_report_ += "the slow tier " + tiers.slow_dir + " is unavailable (" + unavailable +
+                      "): skipped; chunks are read from the other tiers or computed\n";
+    }
+  }
+  if (slow_) {
     const double read = tiers.slow_read_bytes_per_sec > 0
                             ? static_cast<double>(tiers.slow_read_bytes_per_sec)
                             : flash_read / 10.0;

@@ -45,7 +45,9 @@ class ChunkCache {
   ChunkCache();
   // In the chunk-KV store at `dir` (created if missing).  A positive
   // assumed_read_bytes_per_sec pins the store's read speed for the loading
-  // controller; 0 lets it be measured.
+  // controller; 0 lets it be measured.  A slow directory that cannot be
+  // used (not a directory, not writable) is skipped: counted in
+  // unavailable_tiers() and said in open_report().
   ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
              double assumed_read_bytes_per_sec, const ChunkCacheTiers& tiers = {});
   // Pending store writes and calibration saves finish first; a failure
@@ -66,6 +68,12 @@ class ChunkCache {
   // Entries and bytes; on flash the store's whole statistics (with tiers:
   // the flash tier's).
   cache::StoreStats stats() const;
+  // What the open found that a user should hear about, one line each ('\n'
+  // after each): stores opened read-only, quarantined chunks, tiers skipped
+  // (FlashStore::open_report).  Empty: nothing.
+  const std::string& open_report() const { return open_report_; }
+  // Configured tiers that could not be opened and were skipped.
+  int unavailable_tiers() const { return unavailable_tiers_; }
   // Per tier, fastest first: with tiers, the tiered store's counters; on
   // flash alone, one tier "flash" (hits, misses, bytes read); in RAM, none.
   TieredStats tier_stats() const;
@@ -107,6 +115,8 @@ class ChunkCache {
   std::shared_ptr<cache::RedisStore> redis_;
   std::unique_ptr<TieredChunkStore> tiered_;
   double assumed_read_bytes_per_sec_ = 0.0;
+  std::string open_report_;
+  int unavailable_tiers_ = 0;
   std::mutex auto_mu_;  // serializes auto-ratio requests: the controller learns from each
   std::unique_ptr<CalibrationDb> calibration_db_;
   std::map<std::string, std::unique_ptr<LoadingController>> controllers_;

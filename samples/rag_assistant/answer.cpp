@@ -80,6 +80,7 @@ class Assistant {
  public:
   Assistant(const CommonOptions& common, const AskOptions& opts)
       : common_(common), opts_(opts), db_(corpus_db_path(common.store), false) {
+    if (!db_.read_only_note().empty()) warn(db_.read_only_note());
     if (db_.n_chunks() == 0)
       throw Error("the store " + common.store +
                   " holds no documents: ingest some first ('rag_assistant --store DIR ingest "

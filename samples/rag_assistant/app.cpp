@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 
@@ -70,6 +71,28 @@ void open_chunk_cache(const CommonOptions& o, ChunkCache& cache) {
   if (t.placement_ratio >= 0.0f) so.placement_ratio = t.placement_ratio;
   check(cb_chunk_cache_open(kv_dir(o.store).c_str(), &so, &cache.h),
         "cannot open the chunk KV store in '" + kv_dir(o.store) + "'");
+  // What the open found (a store opened read-only, quarantined chunks, a
+  // tier skipped) is said on stderr, and the command goes on.
+  size_t n = 0;
+  check(cb_chunk_cache_open_report(cache.h, nullptr, 0, &n), "cannot read the store's report");
+  std::string report(n + 1, '\0');
+  check(cb_chunk_cache_open_report(cache.h, report.data(), report.size(), &n),
+        "cannot read the store's report");
+  report.resize(n);
+  for (size_t start = 0, end; (end = report.find('\n', start)) != std::string::npos;
+       start = end + 1)
+    warn(report.substr(start, end - start));
+  cb_chunk_cache_stats st;
+  cb_chunk_cache_stats_init(&st);
+  check(cb_chunk_cache_get_stats(cache.h, &st), "cannot read the store's statistics");
+  if (st.quarantined > 0)
+    warn("or compute the " + std::to_string(st.quarantined) +
+         " quarantined chunk(s) again now: rag_assistant --store " + o.store +
+         " ingest PATH... (the files ingested before)");
+}
+
+void warn(const std::string& message) {
+  std::fprintf(stderr, "rag_assistant: warning: %s\n", message.c_str());
 }
 
 std::vector<cb_tier_stats> tier_stats(const ChunkCache& cache) {

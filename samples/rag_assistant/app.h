@@ -62,7 +62,13 @@ std::string resolve_model_path(const std::string& flag);
 int available_cores();
 
 void load_model(const CommonOptions& o, Model& model);
+// Opens the chunk KV store with o's tiers and warns (on stderr) about what
+// the open found: a store opened read-only, quarantined chunks, a tier
+// skipped.
 void open_chunk_cache(const CommonOptions& o, ChunkCache& cache);
+
+// "rag_assistant: warning: MESSAGE" on stderr.
+void warn(const std::string& message);
 
 // The chunk cache's storage tiers and their counters so far, fastest first
 // (one, "flash", without tiers).

@@ -78,7 +78,31 @@ CorpusDb::CorpusDb(const std::string& path, bool create) : path_(path) {
     throw Error("cannot open the corpus database " + path + ": " + msg);
   }
   sqlite3_busy_timeout(db_, 5000);
-  exec("PRAGMA journal_mode=WAL");
+  if (const int rc = sqlite3_exec(db_, "PRAGMA journal_mode=WAL", nullptr, nullptr, nullptr);
+      rc != SQLITE_OK) {
+    const std::string why = sqlite3_errmsg(db_);
+    sqlite3_close(db_);
+    db_ = nullptr;
+    // Answering needs no writes: a full disk or a read-only store is read
+    // as it is.
+    if (create || !cb::sqlite::cannot_write(rc))
+      throw Error("cannot open the corpus database " + path + ": " + why);
+    bool immutable = false;
+    try {
+      db_ = cb::sqlite::open_read_only(path, kDbLabel, &immutable);
+    } catch (const cb::Error&) {
+      throw Error("cannot open the corpus database " + path + ": " + why);
+    }
+    sqlite3_busy_timeout(db_, 5000);
+    read_only_note_ =
+        "the corpus database " + path + " cannot be written (" + why + "): opened read-only" +
+        (immutable ? " as it was last closed (changes still in its -wal are not seen)" : "");
+  } else if (!create && sqlite3_db_readonly(db_, "main") == 1) {
+    // SQLite opened a file it may not write read-only by itself.
+    read_only_note_ = "the corpus database " + path +
+                      " cannot be written (no write permission or a read-only file system): "
+                      "opened read-only";
+  }
   exec("PRAGMA foreign_keys=ON");
   if (create) {
     exec(

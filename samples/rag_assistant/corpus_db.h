@@ -43,6 +43,8 @@ class CorpusDb {
   // Opens DIR/corpus.sqlite.  create: make the directory and the database
   // when missing; otherwise a missing database is an Error that says to
   // ingest first.
+  // create == false and the database cannot be written (a full disk, a
+  // read-only store): it is opened read-only and read_only_note() says so.
   CorpusDb(const std::string& path, bool create);
   ~CorpusDb();
   CorpusDb(const CorpusDb&) = delete;
@@ -69,10 +71,14 @@ class CorpusDb {
   // first.
   std::vector<ChunkRecord> search(const std::string& match, int k);
 
+  // Why the database was opened read-only; empty when it is writable.
+  const std::string& read_only_note() const { return read_only_note_; }
+
  private:
   void exec(const char* sql);
   sqlite3* db_ = nullptr;
   std::string path_;
+  std::string read_only_note_;
 };
 
 }  // namespace rag

@@ -24,10 +24,6 @@ namespace fs = std::filesystem;
 namespace rag {
 namespace {
 
-void warn(const std::string& msg) {
-  std::fprintf(stderr, "rag_assistant: warning: %s\n", msg.c_str());
-}
-
 void note(const std::string& msg) {
   std::fprintf(stderr, "rag_assistant: %s\n", msg.c_str());
 }

@@ -99,6 +99,7 @@ void test_abort_callback(cb_model* m);
 void test_rag_store(cb_model* m);
 void test_rag_tiers(cb_model* m);
 void test_chunk_cache_add(cb_model* m);
+void test_chunk_cache_degraded_storage(void);
 /* test_c_api_handles.c */
 void test_handles(cb_model* m, const char* path);
 void test_rag(cb_model* m);

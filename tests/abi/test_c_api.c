@@ -393,6 +393,7 @@ int main(void) {
   test_version_and_status();
   test_load_errors(path);
   test_error_messages_are_escaped();
+  test_chunk_cache_degraded_storage();
 
   cb_model_options_init(&mo);
   mo.n_threads = 2;

@@ -3,9 +3,11 @@
  * time with cb_chunk_cache_add. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "c_api_test.h"
 
@@ -624,3 +626,73 @@ done:
 /* A token callback that misuses its own session: calls into it (refused)
  * and frees it after `free_at` tokens (carried out when cb_generate
  * returns). */
+
+/* Degraded storage opens with a report instead of failing: a slow_dir that
+ * is not a directory is skipped and counted; on a full disk (a file size
+ * limit of 0: no file can grow, so SQLite cannot make the -shm it needs to
+ * read) the store opens read-only. */
+void test_chunk_cache_degraded_storage(void) {
+  char dir[] = "/tmp/cb_c_api_degraded.XXXXXX";
+  char slow[128], cmd[160], report[2048];
+  FILE* f;
+  cb_store_options so;
+  cb_chunk_cache* cache = NULL;
+  cb_chunk_cache_stats cs;
+  size_t n = 0;
+  cb_status opened;
+  struct rlimit saved, none;
+  void (*old_handler)(int);
+
+  if (mkdtemp(dir) == NULL) {
+    CHECK(0);
+    return;
+  }
+  snprintf(slow, sizeof slow, "%s/sdcard", dir);
+  f = fopen(slow, "w");
+  CHECK(f != NULL);
+  if (f != NULL) fclose(f);
+  cb_store_options_init(&so);
+  so.slow_dir = slow;
+  CHECK_OK(cb_chunk_cache_open(dir, &so, &cache));
+  if (cache != NULL) {
+    CHECK_OK(cb_chunk_cache_n_tiers(cache, &n));
+    CHECK(n == 1); /* flash alone */
+    cb_chunk_cache_stats_init(&cs);
+    CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+    CHECK(cs.unavailable_tiers == 1 && cs.read_only == 0 && cs.quarantined == 0);
+    CHECK_OK(cb_chunk_cache_open_report(cache, NULL, 0, &n));
+    CHECK(n > 0 && n < sizeof report);
+    CHECK_OK(cb_chunk_cache_open_report(cache, report, sizeof report, &n));
+    CHECK(strstr(report, slow) != NULL && strstr(report, "unavailable") != NULL);
+    CHECK_ERR(cb_chunk_cache_open_report(cache, report, 2, &n), CB_ERR_BUFFER_TOO_SMALL);
+    CHECK_ERR(cb_chunk_cache_open_report(cache, report, sizeof report, NULL),
+              CB_ERR_INVALID_ARGUMENT);
+    /* A struct from before the degraded-storage counters. */
+    cb_chunk_cache_stats_init(&cs);
+    cs.struct_size = offsetof(cb_chunk_cache_stats, quarantined);
+    CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+    cb_chunk_cache_free(cache);
+  }
+
+  so.slow_dir = NULL;
+  getrlimit(RLIMIT_FSIZE, &saved);
+  none = saved;
+  none.rlim_cur = 0;
+  old_handler = signal(SIGXFSZ, SIG_IGN);
+  setrlimit(RLIMIT_FSIZE, &none);
+  cache = NULL;
+  opened = cb_chunk_cache_open(dir, &so, &cache);
+  setrlimit(RLIMIT_FSIZE, &saved);
+  signal(SIGXFSZ, old_handler);
+  CHECK_OK(opened);
+  if (cache != NULL) {
+    cb_chunk_cache_stats_init(&cs);
+    CHECK_OK(cb_chunk_cache_get_stats(cache, &cs));
+    CHECK(cs.read_only == 1 && cs.unavailable_tiers == 0);
+    CHECK_OK(cb_chunk_cache_open_report(cache, report, sizeof report, &n));
+    CHECK(strstr(report, "opened read-only") != NULL);
+    cb_chunk_cache_free(cache);
+  }
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}

@@ -658,12 +658,32 @@ static inline void cb_store_options_init(cb_store_options* opts) {
  * checksummed.  New chunks are written back asynchronously; a damaged or
  * missing blob is a miss and its chunk is computed again.  Several processes
  * may open one directory.  Free with cb_chunk_cache_free() (which waits for
- * pending writes).  On error *out_cache is set to NULL.  Errors:
- * CB_ERR_INVALID_ARGUMENT (NULLs, bad options), CB_ERR_IO (cannot create or
- * lock the directory), CB_ERR_FORMAT (a damaged index that cannot be
- * rebuilt).  Thread-safe. */
+ * pending writes).  On error *out_cache is set to NULL.
+ *
+ * Degraded storage opens with a report (cb_chunk_cache_open_report) instead
+ * of failing: a `dir` holding a store that cannot be written (a full disk, a
+ * read-only file system, another user's files) is opened read-only, its
+ * chunks served and new ones not stored (stats.read_only); a slow_dir that
+ * cannot be used (not a directory, not writable) is skipped
+ * (stats.unavailable_tiers); blobs the index does not list (another store's
+ * index or -wal copied in) are moved to DIR/quarantine/ (stats.quarantined).
+ *
+ * Errors: CB_ERR_INVALID_ARGUMENT (NULLs, bad options), CB_ERR_IO (cannot
+ * create or lock the directory, nor read a store there), CB_ERR_FORMAT (a
+ * damaged index that cannot be rebuilt).  Thread-safe. */
 CB_API cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
                                      cb_chunk_cache** out_cache);
+
+/* What cb_chunk_cache_open found that a user should hear about, one line per
+ * finding, each ending in '\n': the store opened read-only and why, chunks
+ * quarantined (how many, where, how to get them back), tiers skipped and
+ * why.  Empty when there was nothing.  buf receives the text plus a
+ * terminating NUL, so it needs *out_len + 1 bytes; *out_len receives the
+ * length without the NUL (buf NULL and capacity 0: the length only).
+ * Errors: CB_ERR_INVALID_ARGUMENT (NULLs), CB_ERR_BUFFER_TOO_SMALL.
+ * Thread-safe. */
+CB_API cb_status cb_chunk_cache_open_report(const cb_chunk_cache* cache, char* buf, size_t capacity,
+                                            size_t* out_len);
 
 /* Waits until every chunk queued for write-back is on flash.  A no-op for a
  * cache in RAM.  Thread-safe. */
@@ -678,6 +698,12 @@ typedef struct cb_chunk_cache_stats {
   uint64_t evictions;     /* flash only: entries removed for capacity */
   uint64_t corrupt_drops; /* flash only: damaged entries found and removed */
   uint64_t bytes_read;    /* flash only: bytes read from blobs */
+  /* Added after bytes_read (a shorter struct gets none of them): */
+  uint64_t quarantined;       /* flash only: chunks the open moved to DIR/quarantine/ (their
+                               * blobs were not in the index; cb_chunk_cache_open_report) */
+  uint32_t unavailable_tiers; /* configured tiers the open skipped (a slow_dir it could not use) */
+  int32_t read_only;          /* flash only: 1 when DIR could not be written and was opened
+                               * read-only (new chunks are not stored), else 0 */
 } cb_chunk_cache_stats;
 
 /* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */
