@@ -193,8 +193,17 @@ void ChunkCache::flush() {
 }
 
 LoadingController& ChunkCache::controller_for(Session& s, const std::string& device) {
-  if (!calibration_db_)
-    calibration_db_ = CalibrationDb::open(flash_->store().dir() + "/calibration.sqlite");
+  if (!calibration_db_) {
+    try {
+      calibration_db_ = CalibrationDb::open(flash_->store().dir() + "/calibration.sqlite");
+    } catch (const Error& e) {
+      // A store that cannot be written (a full disk, a read-only file
+      // system) still answers: the costs are measured again and kept for
+      // this process only.
+      if (e.code() != ErrorCode::kIo) throw;
+      calibration_db_ = CalibrationDb::open(":memory:");
+    }
+  }
   auto& ctrl = controllers_[device + "/" + s.model().fingerprint()];
   if (!ctrl) {
     // The compute probe runs in this (still empty) session: sized to its

@@ -12,7 +12,8 @@ when:
     replaced): the slow tier is skipped with a warning;
   * the disk is full (a file size limit of 0: no file can grow, so SQLite
     cannot make the -shm it needs to read a WAL database): the corpus
-    database and the chunk store open read-only, with a warning each;
+    database and the chunk store open read-only, with a warning each, with
+    and without tiers (whose placement reads the calibration database);
   * the store belongs to another user (as root: the program runs as user
     nobody; otherwise the store is made read-only): the same;
   * the chunk store's index no longer lists its blobs (removed, or another
@@ -116,6 +117,14 @@ def test_full_disk(rag, store):
           "full disk: a warning says the corpus database is read-only", describe(rc, out, err))
     check(any("chunk store" in l and "read-only" in l for l in w),
           "full disk: a warning says the chunk store is read-only", describe(rc, out, err))
+    # With tiers, placement needs the model's compute cost, kept in
+    # DIR/kv/calibration.sqlite (written by the first ask with tiers).
+    rc, o, out, err = rag.ask(store, ["--ram-budget-mb", "64"])
+    check(rc == 0 and os.path.exists(os.path.join(store, "kv", "calibration.sqlite")),
+          "tiers: the calibration is kept beside the store", describe(rc, out, err))
+    rc, o, out, err = rag.ask(store, ["--ram-budget-mb", "64"], preexec_fn=full_disk)
+    check(rc == 0 and served_from_store(o), "full disk, with tiers: ask answers from the store",
+          describe(rc, out, err))
 
 
 def test_store_of_another_user(rag, store):
