@@ -9,7 +9,7 @@ import ctypes.util
 import os
 import sys
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int,
-                    c_int32, c_size_t, c_uint64, c_void_p)
+                    c_int32, c_size_t, c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 
 ENV_VAR = "CACHEBLEND_LIBRARY"
@@ -94,7 +94,8 @@ class StoreOptions(Structure):
 class ChunkCacheStats(Structure):
     _fields_ = [("struct_size", c_size_t), ("n_entries", c_uint64), ("bytes", c_uint64),
                 ("hits", c_uint64), ("misses", c_uint64), ("evictions", c_uint64),
-                ("corrupt_drops", c_uint64), ("bytes_read", c_uint64)]
+                ("corrupt_drops", c_uint64), ("bytes_read", c_uint64), ("quarantined", c_uint64),
+                ("unavailable_tiers", c_uint32), ("read_only", c_int32)]
 
 
 class TierStats(Structure):
@@ -177,6 +178,7 @@ _PROTOTYPES = {
     "cb_chunk_cache_open": (c_enum, [c_char_p, POINTER(StoreOptions), POINTER(ChunkCachePtr)]),
     "cb_chunk_cache_flush": (c_enum, [ChunkCachePtr]),
     "cb_chunk_cache_get_stats": (c_enum, [ChunkCachePtr, POINTER(ChunkCacheStats)]),
+    "cb_chunk_cache_open_report": (c_enum, [ChunkCachePtr, _BUF, c_size_t, _SIZEP]),
     "cb_chunk_cache_clear": (c_enum, [ChunkCachePtr]),
     "cb_chunk_cache_n_tiers": (c_enum, [ChunkCachePtr, _SIZEP]),
     "cb_chunk_cache_get_tier_stats": (c_enum, [ChunkCachePtr, c_size_t, POINTER(TierStats)]),

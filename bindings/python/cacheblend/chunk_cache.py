@@ -1,9 +1,10 @@
 """ChunkCache: precomputed KV of text chunks, in RAM or in a directory."""
 import os
-from ctypes import byref, c_int32, c_size_t
+from ctypes import byref, c_char, c_int32, c_size_t
 
 from . import _native
 from .errors import Closeable, check, closed_error
+from .model import _sized
 from .session import Session
 from .types import ChunkAdded, Codec, c_string, chunk_cache_stats, rag_struct, tier_stats
 from ._native import lib
@@ -132,6 +133,14 @@ class ChunkCache(Closeable):
         stats = _native.new_stats(_native.ChunkCacheStats)
         check(lib.cb_chunk_cache_get_stats(self._ptr(), byref(stats)))
         return chunk_cache_stats(stats)
+
+    def open_report(self):
+        """What the open found that a user should hear about, one line each:
+        a store opened read-only and why, quarantined chunks and how to get
+        them back, tiers skipped.  Empty when there was nothing."""
+        buf, n = _sized(lambda b, cap, pn: lib.cb_chunk_cache_open_report(self._ptr(), b, cap, pn),
+                        c_char, 1024)
+        return bytes(buf[:n]).decode("utf-8", "replace")
 
     def tier_stats(self):
         """[TierStats], fastest first: the storage tiers' counters (one, "flash",

@@ -167,6 +167,9 @@ class ChunkCacheStats:
     evictions: int
     corrupt_drops: int
     bytes_read: int
+    quarantined: int  # chunks the open moved to DIR/quarantine/ (see ChunkCache.open_report)
+    unavailable_tiers: int  # configured tiers the open skipped
+    read_only: bool  # DIR could not be written and was opened read-only
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,7 @@ def rag_stats(struct):
 
 
 def chunk_cache_stats(struct):
-    return _from_struct(ChunkCacheStats, struct)
+    return _from_struct(ChunkCacheStats, struct, read_only=bool)
 
 
 def tier_stats(struct):

@@ -260,6 +260,13 @@ def test_chunk_cache_tiers(model, session, tmp_path):
         tiers = cache.tier_stats()
         assert sum(t.hits for t in tiers) == 3
         assert tiers[0].misses + tiers[0].hits >= 6
+        assert cache.open_report() == ""
+    # A slow directory that cannot be used is skipped, counted and reported.
+    (tmp_path / "not_a_dir").write_text("x")
+    with cb.ChunkCache(tmp_path / "store", slow_dir=tmp_path / "not_a_dir") as cache:
+        assert [t.name for t in cache.tier_stats()] == ["flash"]
+        assert cache.stats().unavailable_tiers == 1 and not cache.stats().read_only
+        assert "not_a_dir" in cache.open_report() and "unavailable" in cache.open_report()
 
 
 def test_kv_type_sets_the_cache_size_and_keeps_greedy_text(model):
