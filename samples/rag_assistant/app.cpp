@@ -85,10 +85,11 @@ void open_chunk_cache(const CommonOptions& o, ChunkCache& cache) {
   cb_chunk_cache_stats st;
   cb_chunk_cache_stats_init(&st);
   check(cb_chunk_cache_get_stats(cache.h, &st), "cannot read the store's statistics");
-  if (st.quarantined > 0)
-    warn("or compute the " + std::to_string(st.quarantined) +
-         " quarantined chunk(s) again now: rag_assistant --store " + o.store +
-         " ingest PATH... (the files ingested before)");
+  if (st.quarantined > 0) {
+    const std::string command = "rag_assistant --store " + o.store + " ingest PATH...";
+    warn("to compute the " + std::to_string(st.quarantined) +
+         " quarantined chunk(s) again now instead, ingest the same files again: " + command);
+  }
 }
 
 void warn(const std::string& message) {
