@@ -153,6 +153,67 @@ done:
   cb_session_free(s);
 }
 
+/* The abort callback frees its session (as Python's close() may) and lets
+ * the work go on: the call stops there with CB_ERR_CANCELLED, and the
+ * session is deleted when the call returns (ASan sees any later use). */
+typedef struct {
+  cb_session* s;
+  int calls;
+  int free_at;
+} freeing_abort;
+
+static int free_session_and_go_on(void* user) {
+  freeing_abort* f = (freeing_abort*)user;
+  if (++f->calls == f->free_at) cb_session_free(f->s);
+  return 0;
+}
+
+void test_free_from_abort_callback(cb_model* m) {
+  cb_session_options so;
+  cb_chunk_cache* cache = NULL;
+  cb_rag_options ro;
+  int32_t ids[400];
+  size_t n = 0;
+  int which;
+  char text[2048] = "";
+  int i;
+  for (i = 0; i < 8; ++i)
+    strcat(text, "The lighthouse keeper counted the ships that passed in the night. ");
+  CHECK_OK(cb_tokenize(m, text, strlen(text), 1, 0, ids, 400, &n));
+  CHECK_OK(cb_chunk_cache_create(&cache));
+  if (cache == NULL) return;
+  cb_session_options_init(&so);
+  so.n_ctx = 512;
+  so.n_batch = 32; /* several batches: work goes on after the free */
+  cb_rag_options_init(&ro);
+  for (which = 0; which < 3; ++which) {
+    cb_session* s = NULL;
+    freeing_abort f;
+    cb_status status = CB_OK;
+    CHECK_OK(cb_session_create(m, &so, &s));
+    if (s == NULL) break;
+    memset(&f, 0, sizeof f);
+    f.s = s;
+    f.free_at = 5;
+    CHECK_OK(cb_session_set_abort_callback(s, free_session_and_go_on, &f));
+    if (which == 0) {
+      status = cb_session_prefill(s, ids, n);
+    } else if (which == 1) {
+      status = cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL);
+    } else {
+      status = cb_chunk_cache_add(s, cache, text, &ro, NULL, NULL);
+    }
+    if (status != CB_ERR_CANCELLED)
+      fprintf(stderr, "free from the abort callback, call %d: %d (%s)\n", which, (int)status,
+              cb_last_error());
+    CHECK(status == CB_ERR_CANCELLED);
+    CHECK(f.calls == f.free_at);
+    CHECK(cb_session_n_ctx(s) == 0); /* not live */
+    cb_session_free(s);              /* already freed: ignored */
+  }
+  cb_chunk_cache_free(cache);
+}
+
 /* One RAG request on the reset session `s`, then greedy generation of up
  * to 12 tokens into `out`; the first-token logits are copied to `logits`
  * (n_vocab floats) when not NULL. */

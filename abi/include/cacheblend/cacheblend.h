@@ -394,9 +394,14 @@ CB_API cb_status cb_session_create(cb_model* model, const cb_session_options* op
 
 /* Frees the session (and the model, if it was released and this was its last
  * session).  NULL and a handle that is not live (a second free) are
- * ignored.  Called from the session's own token callback, it makes the
- * handle dead at once and cb_generate stops after the callback returns,
- * returns CB_ERR_CANCELLED and then frees the session. */
+ * ignored.  Called from one of the session's own callbacks (the token
+ * callback, or the abort callback of any call), it makes the handle dead at
+ * once; the call the callback runs in stops after the callback returns,
+ * returns CB_ERR_CANCELLED and then frees the session.
+ *
+ * A thread that ends inside a callback (pthread_exit, cancellation) unwinds
+ * through the library: the call is abandoned and the session is free for
+ * other threads (reset it before further use). */
 CB_API void cb_session_free(cb_session* session);
 
 /* Appends tokens to the session's context (runs the forward pass over them).
@@ -431,7 +436,8 @@ CB_API cb_status cb_session_reset(cb_session* session);
  *   - cb_rag_prefill, cb_chunk_cache_add: the session is left empty; chunks
  *     whose KV was complete are kept in the cache, none half-computed.
  * The callback runs on the thread that made the call and must not call the
- * library with this session; typically it reads a flag that another thread
+ * library with this session (cb_session_free excepted: see there); typically
+ * it reads a flag that another thread
  * or a signal handler sets, so a request stops within one step's time (tens
  * of milliseconds on a phone-sized model).  NULL removes it.  The session's
  * thread only.  Errors: CB_ERR_INVALID_ARGUMENT (NULL or dead session). */
