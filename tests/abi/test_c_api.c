@@ -419,6 +419,7 @@ int main(void) {
     test_handles(m, path);
     cb_model_free(m);
     test_lifetime(path);
+    test_nan_logits(path);
   }
 
   printf("%d passed, %d failed\n", g_passed, g_failed);

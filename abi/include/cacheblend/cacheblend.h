@@ -935,7 +935,9 @@ static inline void cb_rag_stats_init(cb_rag_stats* stats) {
  * is not empty, bad options: unknown mode or chunk head, ratio outside
  * [0, 1], a schedule naming a layer the model lacks, NULL cache outside
  * FULL), CB_ERR_CONTEXT_OVERFLOW (a chunk or the whole request longer than
- * the session's context).  On error the session is left empty (chunks
+ * the session's context), CB_ERR_FORMAT (logits that are NaN or +inf, as in
+ * cb_generate: a model with non-finite weights).  On error the session is
+ * left empty (chunks
  * computed before the error may remain in the cache).  The session's thread
  * only; the cache may be shared with other threads. */
 CB_API cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache,
