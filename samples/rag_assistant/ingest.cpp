@@ -17,6 +17,7 @@
 #include "chunker.h"
 #include "corpus_db.h"
 #include "json_writer.h"
+#include "printable.h"
 #include "progress.h"
 
 namespace fs = std::filesystem;
@@ -24,12 +25,13 @@ namespace fs = std::filesystem;
 namespace rag {
 namespace {
 
+// Messages quote file names: printed escaped, one line each.
 void warn(const std::string& msg) {
-  std::fprintf(stderr, "rag_assistant: warning: %s\n", msg.c_str());
+  std::fprintf(stderr, "rag_assistant: warning: %s\n", cbs::printable(msg).c_str());
 }
 
 void note(const std::string& msg) {
-  std::fprintf(stderr, "rag_assistant: %s\n", msg.c_str());
+  std::fprintf(stderr, "rag_assistant: %s\n", cbs::printable(msg).c_str());
 }
 
 // The model's tokenizer behind the chunker's interface.
