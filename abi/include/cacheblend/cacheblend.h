@@ -276,7 +276,11 @@ CB_API cb_status cb_model_get_info(const cb_model* model, cb_model_info* info);
  *                   unless the call fails for another reason).
  * Size query: with tokens == NULL and capacity == 0 the call only reports
  * *n_tokens and returns CB_OK.  Otherwise, if capacity < *n_tokens, nothing
- * is written and CB_ERR_BUFFER_TOO_SMALL is returned.  Thread-safe. */
+ * is written and CB_ERR_BUFFER_TOO_SMALL is returned.  Memory: the tokens,
+ * plus working space for about 1 MiB of text at a time where the text has
+ * lines that end in a printable character and a next line that starts with
+ * a letter (byte-level BPE models; else for the whole text).  Errors: CB_ERR_OUT_OF_MEMORY.
+ * Thread-safe. */
 CB_API cb_status cb_tokenize(const cb_model* model, const char* text, size_t text_len,
                              int add_special, int parse_special, int32_t* tokens, size_t capacity,
                              size_t* n_tokens);
