@@ -151,8 +151,18 @@ std::unique_ptr<Model> Model::load(const std::string& path, std::optional<ChatFo
     // (YaRN) are not implemented.
     const std::string scaling = f.get_string(k + "rope.scaling.type").value_or("none");
     const double factor = f.get_float(k + "rope.scaling.factor").value_or(1.0);
-    if (f.find_tensor("rope_freqs.weight"))
+    if (f.find_tensor("rope_freqs.weight")) {
       hp.rope_freq_factors = m->f32_vector("rope_freqs.weight", hp.rot_dim / 2);
+      // Each divides a rotation frequency: NaN, infinite, zero or negative
+      // ones turn every angle into garbage.
+      for (int64_t i = 0; i < hp.rot_dim / 2; ++i) {
+        const float d = hp.rope_freq_factors[i];
+        if (!(d > 0) || !std::isfinite(d))
+          fail(ErrorCode::kFormat, "rope_freqs.weight[" + std::to_string(i) + "] is " +
+                                       std::to_string(d) +
+                                       ": each RoPE frequency divisor must be finite and > 0");
+      }
+    }
     if (scaling == "linear" && factor != 1.0) {
       if (!(factor > 0) || !std::isfinite(factor))
         fail(ErrorCode::kFormat, "invalid RoPE scaling factor " + std::to_string(factor));

@@ -49,14 +49,16 @@ std::span<const float> Sampler::penalized(std::span<const float> logits) {
   return penalized_;
 }
 
-int32_t Sampler::sample(std::span<const float> logits) {
-  // -inf is a masked token; NaN or +inf means the forward pass broke down
-  // (NaN or infinite weights, an overflow), and no token can be chosen.
+void check_logits(std::span<const float> logits) {
   for (float v : logits) {
     if (std::isnan(v) || v == std::numeric_limits<float>::infinity())
       fail(ErrorCode::kFormat,
            "the model produced non-finite logits (NaN or infinite weights, or an overflow)");
   }
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  check_logits(logits);
   logits = penalized(logits);
   if (opts_.temperature <= 0.0f) return argmax(logits);
   const size_t n = logits.size();

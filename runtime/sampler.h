@@ -26,6 +26,12 @@ struct SamplerOptions {
   uint64_t seed = 0;
 };
 
+// Throws cb::Error(kFormat) when `logits` hold NaN or +inf: the forward pass
+// broke down (NaN or infinite weights, an overflow) and no token can be
+// chosen.  -inf is a masked token.  The rule for every call that hands out
+// logits to sample from (generation, a RAG prefill).
+void check_logits(std::span<const float> logits);
+
 class Sampler {
  public:
   // Throws cb::Error(kInvalidArgument) for a non-finite temperature, top_p

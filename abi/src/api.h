@@ -7,6 +7,8 @@
 
 #include "cacheblend/cacheblend.h"
 
+#include <cxxabi.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -62,12 +64,21 @@ cb_status fail_with(cb_status s, const char* fn, std::string_view what,
                     std::string_view prefix = {}) noexcept;
 
 // Runs `body` (which returns cb_status) with every exception mapped to a
-// status and a message prefixed with the entry point's name.
+// status and a message prefixed with the entry point's name.  The one
+// exception let through is the forced unwinding of a thread that ends
+// inside a callback (pthread_exit, thread cancellation; Python's shutdown
+// ends its daemon threads so): it must reach the thread's start, and
+// swallowing it aborts the process.  Its handler binds a reference to an
+// exception object that is not a C++ object (null), which UBSan reports:
+// UBSan is off for this function's own code (GCC ignores
+// no_sanitize("null") here); `body` keeps its checks.
 template <class F>
-cb_status guard(const char* fn, F&& body) noexcept {
+__attribute__((no_sanitize_undefined)) cb_status guard(const char* fn, F&& body) {
   clear_message();
   try {
     return body();
+  } catch (abi::__forced_unwind&) {
+    throw;
   } catch (const ApiError& e) {
     return fail_with(e.status, fn, e.message);
   } catch (const cb::Error& e) {
@@ -171,11 +182,11 @@ struct cb_session {
   std::unique_ptr<cb::Session> session;
   std::unique_ptr<cb::Generator> generator;  // on `session`: the pending token, the last logits
   int32_t n_threads = 0;                     // as created (0: all cores); part of the device id
-  // Inside cb_generate: a cb_session_free from the token callback is carried
-  // out when cb_generate returns.
-  bool generating = false;
   // The thread inside a C API call on this session (SessionUse), if any.
   mutable std::atomic<std::thread::id> user{};
+  // A cb_session_free from a callback of that call (token or abort
+  // callback, on the same thread): the session stops its work and is
+  // deleted when the call returns (SessionUse::release).
   bool free_requested = false;
 };
 
@@ -224,8 +235,8 @@ void check_cache(const cb_chunk_cache* c);
 const cb::Model& model_of(const cb_model* m);
 
 // One C API call's claim on a session.  Calls on one session must be
-// serialized by the caller; a second thread, or a token callback calling
-// back into its session, is told so instead of racing.
+// serialized by the caller; a second thread, or a callback calling back
+// into its session, is told so instead of racing.
 class SessionUse {
  public:
   explicit SessionUse(const cb_session* s) {
@@ -235,7 +246,7 @@ class SessionUse {
     std::thread::id none{};
     if (!s->user.compare_exchange_strong(none, me, std::memory_order_acquire)) {
       require(none != me,
-              "the session is generating: its token callback must not call into the same session");
+              "the session is inside a call: its callbacks must not call into the same session");
       require(false,
               "the session is in use by another thread (calls on one session must be "
               "serialized by the caller)");
@@ -245,8 +256,11 @@ class SessionUse {
   ~SessionUse() { release(); }
   SessionUse(const SessionUse&) = delete;
   SessionUse& operator=(const SessionUse&) = delete;
+  // Ends the claim; deletes the session when a callback freed it meanwhile.
   void release() {
-    if (s_) s_->user.store(std::thread::id{}, std::memory_order_release);
+    if (s_ == nullptr) return;
+    s_->user.store(std::thread::id{}, std::memory_order_release);
+    if (s_->free_requested) delete s_;
     s_ = nullptr;
   }
 

@@ -12,6 +12,7 @@
 #include "api.h"
 #include "runtime/blend/blend_options.h"
 #include "runtime/blend/rag_request.h"
+#include "runtime/sampler.h"
 
 using namespace cb::api;
 
@@ -531,15 +532,14 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     session->generator->forget_logits();
     cb::RagPrefillStats rs;
     std::span<const float> logits;
-    if (cache != nullptr) {
-      logits = cache->impl->prefill(s, prompt, ro, o.auto_ratio != 0, session->n_threads, &rs);
-    } else {
-      try {
-        logits = cb::rag_prefill(s, prompt, nullptr, ro, &rs);
-      } catch (...) {
-        s.truncate(0);  // whatever happened, the session is left empty
-        throw;
-      }
+    try {
+      logits = cache != nullptr
+                   ? cache->impl->prefill(s, prompt, ro, o.auto_ratio != 0, session->n_threads, &rs)
+                   : cb::rag_prefill(s, prompt, nullptr, ro, &rs);
+      cb::check_logits(logits);  // as cb_generate: NaN logits are an error, not an answer
+    } catch (...) {
+      s.truncate(0);  // whatever happened, the session is left empty
+      throw;
     }
     const double total_ms = ms_since(t0);
     session->generator->set_logits(logits, total_ms);

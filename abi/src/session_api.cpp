@@ -90,9 +90,10 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
 
 void cb_session_free(cb_session* session) {
   if (session == nullptr || !live_handles().remove(HandleKind::kSession, session)) return;
-  // Called from the token callback of a cb_generate on this session: that
-  // call is still using it and deletes it when it returns.
-  if (session->generating) {
+  // Called from a callback of a C API call on this session (its token or
+  // abort callback, on this thread): that call is still using it and
+  // deletes it when it returns.
+  if (session->user.load(std::memory_order_acquire) == std::this_thread::get_id()) {
     session->free_requested = true;
     return;
   }
@@ -143,7 +144,10 @@ cb_status cb_session_set_abort_callback(cb_session* session, cb_abort_callback c
     if (callback == nullptr) {
       session->session->set_stop_check({});
     } else {
-      session->session->set_stop_check([callback, user_data] { return callback(user_data) != 0; });
+      // A callback that freed the session stops the call it runs in.
+      session->session->set_stop_check([callback, user_data, session] {
+        return callback(user_data) != 0 || session->free_requested;
+      });
     }
     return CB_OK;
   });
@@ -253,22 +257,7 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
 
     // The token callback runs inside this call: meanwhile the session refuses
     // other calls (SessionUse), and a cb_session_free from the callback is
-    // carried out here, on the way out, once nothing uses the session.
-    struct GeneratingScope {
-      cb_session* session;
-      SessionUse& use;
-      GeneratingScope(cb_session* s, SessionUse& u) : session(s), use(u) {
-        session->generating = true;
-      }
-      ~GeneratingScope() {
-        session->generating = false;
-        use.release();
-        if (session->free_requested) delete session;
-      }
-      GeneratingScope(const GeneratingScope&) = delete;
-      GeneratingScope& operator=(const GeneratingScope&) = delete;
-    } generating(session, use);
-
+    // carried out when `use` ends, once nothing uses the session.
     const cb::TokenSink sink = [&](int32_t t, const std::string& piece) {
       // The piece ends with a NUL for the callback (std::string's).
       return callback == nullptr ||
@@ -289,12 +278,12 @@ cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t n_promp
     const cb_status result = g.stop == cb::StopReason::kCancelled ? CB_ERR_CANCELLED : CB_OK;
     publish();
     if (result == CB_ERR_CANCELLED)
-      return fail_with(CB_ERR_CANCELLED, "cb_generate",
-                       (session->free_requested
-                            ? "the token callback freed the session; generation stopped after "
-                        : by_abort_callback ? "generation cancelled by the abort callback after "
-                                            : "generation cancelled by the token callback after ") +
-                           std::to_string(st.n_generated) + " tokens");
+      return fail_with(
+          CB_ERR_CANCELLED, "cb_generate",
+          (session->free_requested ? "a callback freed the session; generation stopped after "
+           : by_abort_callback     ? "generation cancelled by the abort callback after "
+                                   : "generation cancelled by the token callback after ") +
+              std::to_string(st.n_generated) + " tokens");
     return result;
   });
 }

@@ -234,6 +234,15 @@ PreTokenizerSpec pre_tokenizer_spec(const std::string& pre) {
   fail(ErrorCode::kUnsupported, "unsupported tokenizer.ggml.pre '" + pre + "'");
 }
 
+size_t PreTokenizer::next_cut(std::string_view text, size_t from) {
+  const auto ascii_letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  for (size_t i = std::max<size_t>(from, 2); i < text.size(); ++i) {
+    if (text[i - 1] == '\n' && text[i - 2] > ' ' && text[i - 2] < 0x7F && ascii_letter(text[i]))
+      return i;
+  }
+  return text.size();
+}
+
 void PreTokenizer::split(std::string_view text,
                          std::vector<std::pair<uint32_t, uint32_t>>& words) const {
   if (text.empty()) return;

@@ -53,6 +53,15 @@ class PreTokenizer {
   explicit PreTokenizer(std::vector<SplitStep> steps) : steps_(std::move(steps)) {}
   void split(std::string_view text, std::vector<std::pair<uint32_t, uint32_t>>& words) const;
 
+  // The first position at or after `from` where `text` may be cut, each
+  // side split alone giving the words of the whole: just after a line break
+  // that follows a printable ASCII character other than space and precedes
+  // an ASCII letter.  No step's piece spans that point, and no piece before
+  // it looks past the line break.  text.size() when there is none.  Long
+  // text is split in windows so cut, so that split's tables (~20 bytes per
+  // byte of text) stay small.
+  static size_t next_cut(std::string_view text, size_t from);
+
  private:
   std::vector<SplitStep> steps_;
 };

@@ -18,6 +18,8 @@ namespace cb {
 namespace {
 
 constexpr std::string_view kSpaceMark = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+// The bytes of text the byte-level pre-tokenizer takes at once, at least.
+constexpr size_t kPreTokenizerWindow = size_t{1} << 20;
 
 void check_id(int32_t id, size_t n, const char* what) {
   if (id < -1 || (id >= 0 && static_cast<size_t>(id) >= n)) {
@@ -238,10 +240,17 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special,
     }
     const std::string_view raw = text.substr(f.begin, f.end - f.begin);
     if (m.byte_level) {
-      words.clear();
-      m.pre->split(raw, words);
-      for (const auto& [begin, end] : words) {
-        m.bpe->encode_word(raw.substr(begin, end - begin), m.index, out);
+      // In windows of about kPreTokenizerWindow bytes, cut where no word
+      // spans (PreTokenizer::next_cut): the same words, bounded memory.
+      for (size_t begin = 0; begin < raw.size();) {
+        const size_t end = raw.size() - begin <= kPreTokenizerWindow
+                               ? raw.size()
+                               : tok::PreTokenizer::next_cut(raw, begin + kPreTokenizerWindow);
+        const std::string_view window = raw.substr(begin, end - begin);
+        words.clear();
+        m.pre->split(window, words);
+        for (const auto& [b, e] : words) m.bpe->encode_word(window.substr(b, e - b), m.index, out);
+        begin = end;
       }
     } else {
       const std::string escaped =

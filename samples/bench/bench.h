@@ -16,6 +16,7 @@
 
 #include "handles.h"
 #include "json_writer.h"
+#include "printable.h"
 
 namespace cbbench {
 
@@ -67,6 +68,7 @@ void load_model(const Common& c, Model& model);
 void create_session(const Model& model, const Common& c, int n_ctx, Session& s);
 std::vector<int32_t> tokenize(const Model& model, const std::string& text, bool add_special,
                               bool parse_special);
+// The model's general.name, as the file says (cbs::printable before printing it as text).
 std::string model_name(const Model& model);
 std::string kernels_name(const Model& model);
 // The fields every JSON line starts with.

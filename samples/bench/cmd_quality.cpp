@@ -481,8 +481,8 @@ int cmd_quality(const Args& a) {
         "%s, %s; TTFT on cached runs; teacher forcing over %d tokens\n",
         examples.size(), path.c_str(),
         max_chunks > 0 ? ("at most " + std::to_string(max_chunks)).c_str() : "all",
-        model_name(model).c_str(), kernels_name(model).c_str(), c.threads, chunk_head_label(head),
-        cache_label(codec).c_str(), tf_tokens);
+        cbs::printable(model_name(model)).c_str(), kernels_name(model).c_str(), c.threads,
+        chunk_head_label(head), cache_label(codec).c_str(), tf_tokens);
     std::printf("%-16s %6s %6s %8s %9s %8s %8s %6s %10s %12s %9s\n", "run", "ratio", "f1", "fid_f1",
                 "kl_first", "kl_tf", "top1_tf", "exact", "gap_closed", "ttft_ms(med)", "computed");
     for (const QualityRun& run : reported) {

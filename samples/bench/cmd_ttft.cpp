@@ -324,8 +324,8 @@ int cmd_ttft(const Args& a) {
         "ttft: %d chunks x %d tokens, question %d tokens, request %d tokens; %s (%s), "
         "%d threads; chunk head %s, %s; median of %d\n",
         n_chunks, chunk_tokens, query_tokens, rows.empty() ? 0 : rows[0].st.n_tokens,
-        model_name(model).c_str(), kernels_name(model).c_str(), c.threads, chunk_head_label(head),
-        cache_label(codec).c_str(), repeat);
+        cbs::printable(model_name(model)).c_str(), kernels_name(model).c_str(), c.threads,
+        chunk_head_label(head), cache_label(codec).c_str(), repeat);
     if (!caps.empty()) std::printf("%8s ", "MB/s");
     std::printf("%-7s %-9s %6s %10s %11s %9s %10s %9s %5s %7s %8s\n", "mode", "select", "ratio",
                 "ttft_ms", "compute_ms", "load_ms", "blocked_ms", "computed", "hits", "misses",

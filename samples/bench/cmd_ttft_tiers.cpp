@@ -299,9 +299,9 @@ int ttft_tiers(const Args& a, const Common& c, Model& model, Session& session,
         "%d threads; stores on flash %s, slow %g MB/s, RAM budget %g MB, placement r = %g; "
         "median of %d\n",
         n_chunks, chunk_tokens, query_tokens, rows.empty() ? 0 : rows[0].st.n_tokens,
-        model_name(model).c_str(), kernels_name(model).c_str(), c.threads, codec_name.c_str(),
-        slow_mbps, static_cast<double>(ram_budget) / 1048576.0, ratio_value(placement_ratio),
-        repeat);
+        cbs::printable(model_name(model)).c_str(), kernels_name(model).c_str(), c.threads,
+        codec_name.c_str(), slow_mbps, static_cast<double>(ram_budget) / 1048576.0,
+        ratio_value(placement_ratio), repeat);
     std::printf("%-7s %-6s %6s %10s %9s %10s %7s %10s %10s %6s  %s\n", "store", "mode", "ratio",
                 "ttft_ms", "load_ms", "blocked_ms", "vs_ram", "kl_vs_ram", "kl_vs_full", "=flash",
                 "tier hits per request");

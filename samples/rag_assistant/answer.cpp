@@ -15,6 +15,7 @@
 #include "corpus_db.h"
 #include "json_writer.h"
 #include "line_reader.h"
+#include "printable.h"
 
 namespace rag {
 namespace {
@@ -98,7 +99,7 @@ class Assistant {
       std::fprintf(stderr,
                    "rag_assistant: warning: %s was deleted after it was ingested and is still "
                    "answered from (run ingest with --prune)\n",
-                   c.display.c_str());
+                   cbs::printable(c.display).c_str());
     }
     return found;
   }
@@ -256,8 +257,8 @@ void print_report(const Result& r, const AskOptions& o, const char* mode, bool t
   }
   std::fprintf(out, "sources:");
   for (size_t i = 0; i < r.sources.size(); ++i)
-    std::fprintf(out, "%s [%zu] %s #%d", i ? "," : "", i + 1, r.sources[i].display.c_str(),
-                 r.sources[i].index);
+    std::fprintf(out, "%s [%zu] %s #%d", i ? "," : "", i + 1,
+                 cbs::printable(r.sources[i].display).c_str(), r.sources[i].index);
   std::fprintf(out, "\n");
   std::fflush(out);
 }
@@ -366,7 +367,7 @@ int run_chat(const CommonOptions& common, const AskOptions& opts) {
       // One question that cannot be answered (too long for the context, a
       // failed read of the corpus) does not end the conversation.
       std::fflush(stdout);
-      std::fprintf(stderr, "rag_assistant: error: %s\n", e.what());
+      std::fprintf(stderr, "rag_assistant: error: %s\n", cbs::printable(e.what()).c_str());
       continue;
     }
     if (r.cancelled) g_interrupted = 0;  // that Ctrl-C was for the answer, not the program

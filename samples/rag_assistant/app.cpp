@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "model_path.h"
+#include "printable.h"
 #include "tier_stats.h"
 
 namespace rag {
@@ -93,7 +94,8 @@ void open_chunk_cache(const CommonOptions& o, ChunkCache& cache) {
 }
 
 void warn(const std::string& message) {
-  std::fprintf(stderr, "rag_assistant: warning: %s\n", message.c_str());
+  // Messages quote file names: printed escaped, one line each.
+  std::fprintf(stderr, "rag_assistant: warning: %s\n", cbs::printable(message).c_str());
 }
 
 std::vector<cb_tier_stats> tier_stats(const ChunkCache& cache) {

@@ -67,7 +67,7 @@ void load_model(const CommonOptions& o, Model& model);
 // skipped.
 void open_chunk_cache(const CommonOptions& o, ChunkCache& cache);
 
-// "rag_assistant: warning: MESSAGE" on stderr.
+// "rag_assistant: warning: MESSAGE" on stderr, control characters escaped.
 void warn(const std::string& message);
 
 // The chunk cache's storage tiers and their counters so far, fastest first

@@ -17,6 +17,7 @@
 #include "chunker.h"
 #include "corpus_db.h"
 #include "json_writer.h"
+#include "printable.h"
 #include "progress.h"
 
 namespace fs = std::filesystem;
@@ -25,7 +26,7 @@ namespace rag {
 namespace {
 
 void note(const std::string& msg) {
-  std::fprintf(stderr, "rag_assistant: %s\n", msg.c_str());
+  std::fprintf(stderr, "rag_assistant: %s\n", cbs::printable(msg).c_str());
 }
 
 // The model's tokenizer behind the chunker's interface.

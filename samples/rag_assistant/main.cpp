@@ -20,6 +20,7 @@
 #include "ingest.h"
 #include "long_option.h"
 #include "number_arg.h"
+#include "printable.h"
 #include "ratio_arg.h"
 
 namespace {
@@ -322,13 +323,13 @@ int main(int argc, char** argv) {
                  e.message.c_str());
     return 2;
   } catch (const rag::Error& e) {
-    std::fprintf(stderr, "rag_assistant: error: %s\n", e.what());
+    std::fprintf(stderr, "rag_assistant: error: %s\n", cbs::printable(e.what()).c_str());
     return 1;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "rag_assistant: error: out of memory\n");
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "rag_assistant: error: %s\n", e.what());
+    std::fprintf(stderr, "rag_assistant: error: %s\n", cbs::printable(e.what()).c_str());
     return 1;
   }
 }

@@ -94,8 +94,11 @@ void test_kv_types(cb_model* m);
 void test_lifetime(const char* path);
 void test_threads(cb_model* m);
 void test_concurrent_use_of_one_session(cb_model* m);
+void test_thread_exit_in_callback(cb_model* m);
 /* test_c_api_rag.c */
 void test_abort_callback(cb_model* m);
+void test_free_from_abort_callback(cb_model* m);
+void test_nan_logits(const char* path);
 void test_rag_store(cb_model* m);
 void test_rag_tiers(cb_model* m);
 void test_chunk_cache_add(cb_model* m);

@@ -410,14 +410,17 @@ int main(void) {
     test_kv_types(m);
     test_threads(m);
     test_concurrent_use_of_one_session(m);
+    test_thread_exit_in_callback(m);
     test_rag(m);
     test_abort_callback(m);
+    test_free_from_abort_callback(m);
     test_rag_store(m);
     test_rag_tiers(m);
     test_chunk_cache_add(m);
     test_handles(m, path);
     cb_model_free(m);
     test_lifetime(path);
+    test_nan_logits(path);
   }
 
   printf("%d passed, %d failed\n", g_passed, g_failed);

@@ -508,3 +508,58 @@ void test_concurrent_use_of_one_session(cb_model* m) {
   pthread_mutex_destroy(&h.mu);
   cb_session_free(h.s);
 }
+
+/* A thread that ends inside a token callback (pthread_exit; Python ends its
+ * daemon threads so at exit): the library lets the unwinding through, the
+ * thread ends, and the session is free again for other threads. */
+typedef struct {
+  cb_session* s;
+  const int32_t* ids;
+  size_t n;
+  int tokens;
+  int returned;
+} exiting_thread;
+
+static int exit_thread(int32_t token, const char* piece, size_t piece_len, void* user) {
+  exiting_thread* e = (exiting_thread*)user;
+  (void)token;
+  (void)piece;
+  (void)piece_len;
+  ++e->tokens;
+  pthread_exit(NULL);
+  return 0;
+}
+
+static void* generate_then_exit(void* arg) {
+  exiting_thread* e = (exiting_thread*)arg;
+  cb_generate_options go;
+  cb_generate_options_init(&go);
+  go.max_tokens = 4;
+  cb_generate(e->s, e->ids, e->n, &go, exit_thread, e, NULL);
+  e->returned = 1;
+  return NULL;
+}
+
+void test_thread_exit_in_callback(cb_model* m) {
+  int32_t ids[256];
+  exiting_thread e;
+  pthread_t th;
+  cb_session_options so;
+  memset(&e, 0, sizeof e);
+  e.n = chat_prompt(m, "What is the capital of France?", ids, 256);
+  e.ids = ids;
+  cb_session_options_init(&so);
+  so.n_ctx = 128;
+  so.n_threads = 1;
+  CHECK_OK(cb_session_create(m, &so, &e.s));
+  if (e.s == NULL) return;
+  if (pthread_create(&th, NULL, generate_then_exit, &e) == 0) {
+    pthread_join(th, NULL);
+    CHECK(e.tokens == 1 && !e.returned);
+    CHECK_OK(cb_session_reset(e.s));
+    CHECK_OK(cb_generate(e.s, ids, e.n, NULL, NULL, NULL, NULL));
+  } else {
+    CHECK(0);
+  }
+  cb_session_free(e.s);
+}

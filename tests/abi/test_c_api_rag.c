@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "c_api_test.h"
 
@@ -153,6 +154,196 @@ done:
   free(first);
   free(whole);
   cb_session_free(s);
+}
+
+/* The abort callback frees its session (as Python's close() may) and lets
+ * the work go on: the call stops there with CB_ERR_CANCELLED, and the
+ * session is deleted when the call returns (ASan sees any later use). */
+typedef struct {
+  cb_session* s;
+  int calls;
+  int free_at;
+} freeing_abort;
+
+static int free_session_and_go_on(void* user) {
+  freeing_abort* f = (freeing_abort*)user;
+  if (++f->calls == f->free_at) cb_session_free(f->s);
+  return 0;
+}
+
+void test_free_from_abort_callback(cb_model* m) {
+  cb_session_options so;
+  cb_chunk_cache* cache = NULL;
+  cb_rag_options ro;
+  int32_t ids[400];
+  size_t n = 0;
+  int which;
+  char text[2048] = "";
+  int i;
+  for (i = 0; i < 8; ++i)
+    strcat(text, "The lighthouse keeper counted the ships that passed in the night. ");
+  CHECK_OK(cb_tokenize(m, text, strlen(text), 1, 0, ids, 400, &n));
+  CHECK_OK(cb_chunk_cache_create(&cache));
+  if (cache == NULL) return;
+  cb_session_options_init(&so);
+  so.n_ctx = 512;
+  so.n_batch = 32; /* several batches: work goes on after the free */
+  cb_rag_options_init(&ro);
+  for (which = 0; which < 3; ++which) {
+    cb_session* s = NULL;
+    freeing_abort f;
+    cb_status status = CB_OK;
+    CHECK_OK(cb_session_create(m, &so, &s));
+    if (s == NULL) break;
+    memset(&f, 0, sizeof f);
+    f.s = s;
+    f.free_at = 5;
+    CHECK_OK(cb_session_set_abort_callback(s, free_session_and_go_on, &f));
+    if (which == 0) {
+      status = cb_session_prefill(s, ids, n);
+    } else if (which == 1) {
+      status = cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL);
+    } else {
+      status = cb_chunk_cache_add(s, cache, text, &ro, NULL, NULL);
+    }
+    if (status != CB_ERR_CANCELLED)
+      fprintf(stderr, "free from the abort callback, call %d: %d (%s)\n", which, (int)status,
+              cb_last_error());
+    CHECK(status == CB_ERR_CANCELLED);
+    CHECK(f.calls == f.free_at);
+    CHECK(cb_session_n_ctx(s) == 0); /* not live */
+    cb_session_free(s);              /* already freed: ignored */
+  }
+  cb_chunk_cache_free(cache);
+}
+
+/* A copy of the model at `src` with every output-norm weight NaN (all bits
+ * set, a NaN as f32 and as f16), written to `dst`: every logit is NaN.  The
+ * GGUF header is read as far as the tensor infos; 0 on failure. */
+static int read_u(FILE* f, void* v, size_t n) {
+  return fread(v, 1, n, f) == n;
+}
+static int skip_string(FILE* f) {
+  uint64_t len;
+  return read_u(f, &len, 8) && fseek(f, (long)len, SEEK_CUR) == 0;
+}
+static int skip_value(FILE* f, uint32_t type) {
+  static const int kSize[13] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+  if (type == 8) return skip_string(f);
+  if (type == 9) {
+    uint32_t elem;
+    uint64_t n, i;
+    if (!read_u(f, &elem, 4) || !read_u(f, &n, 8)) return 0;
+    if (elem == 8) {
+      for (i = 0; i < n; ++i)
+        if (!skip_string(f)) return 0;
+      return 1;
+    }
+    return elem < 13 && kSize[elem] > 0 &&
+           fseek(f, (long)(n * (uint64_t)kSize[elem]), SEEK_CUR) == 0;
+  }
+  return type < 13 && kSize[type] > 0 && fseek(f, kSize[type], SEEK_CUR) == 0;
+}
+static int write_nan_model(const char* src, const char* dst) {
+  FILE* in = fopen(src, "rb");
+  FILE* out = NULL;
+  uint32_t magic, version, alignment = 32;
+  uint64_t n_tensors, n_kv, i, norm_offset = 0, norm_bytes = 0;
+  long data_start;
+  char buf[1 << 16];
+  size_t got;
+  int ok = 0;
+  if (in == NULL) return 0;
+  if (!read_u(in, &magic, 4) || !read_u(in, &version, 4) || !read_u(in, &n_tensors, 8) ||
+      !read_u(in, &n_kv, 8))
+    goto done;
+  for (i = 0; i < n_kv; ++i) {
+    uint64_t len;
+    uint32_t type;
+    char key[64] = "";
+    if (!read_u(in, &len, 8)) goto done;
+    if (len < sizeof key) {
+      if (!read_u(in, key, (size_t)len)) goto done;
+    } else if (fseek(in, (long)len, SEEK_CUR) != 0) {
+      goto done;
+    }
+    if (!read_u(in, &type, 4)) goto done;
+    if (strcmp(key, "general.alignment") == 0 && type == 4) {
+      if (!read_u(in, &alignment, 4)) goto done;
+    } else if (!skip_value(in, type)) {
+      goto done;
+    }
+  }
+  for (i = 0; i < n_tensors; ++i) {
+    uint64_t len, dims[4], offset, n_el = 1;
+    uint32_t n_dims, type, d;
+    char name[128] = "";
+    if (!read_u(in, &len, 8) || len >= sizeof name || !read_u(in, name, (size_t)len) ||
+        !read_u(in, &n_dims, 4) || n_dims > 4 || !read_u(in, dims, 8 * (size_t)n_dims) ||
+        !read_u(in, &type, 4) || !read_u(in, &offset, 8))
+      goto done;
+    for (d = 0; d < n_dims; ++d) n_el *= dims[d];
+    if (strcmp(name, "output_norm.weight") == 0 && (type == 0 || type == 1)) {
+      norm_offset = offset;
+      norm_bytes = n_el * (type == 0 ? 4 : 2);
+    }
+  }
+  if (norm_bytes == 0) goto done;
+  data_start = ftell(in);
+  data_start = (data_start + (long)alignment - 1) / (long)alignment * (long)alignment;
+  out = fopen(dst, "wb");
+  if (out == NULL || fseek(in, 0, SEEK_SET) != 0) goto done;
+  while ((got = fread(buf, 1, sizeof buf, in)) > 0)
+    if (fwrite(buf, 1, got, out) != got) goto done;
+  if (fseek(out, data_start + (long)norm_offset, SEEK_SET) != 0) goto done;
+  memset(buf, 0xFF, sizeof buf);
+  ok = norm_bytes <= sizeof buf && fwrite(buf, 1, (size_t)norm_bytes, out) == norm_bytes;
+done:
+  if (out != NULL && fclose(out) != 0) ok = 0;
+  fclose(in);
+  return ok;
+}
+
+/* A model whose logits are all NaN: cb_rag_prefill refuses them as
+ * cb_generate does (CB_ERR_FORMAT), in every mode, and leaves the session
+ * empty. */
+void test_nan_logits(const char* path) {
+  char nan_path[256];
+  cb_model* m = NULL;
+  cb_session* s = NULL;
+  cb_chunk_cache* cache = NULL;
+  cb_session_options so;
+  cb_rag_options ro;
+  int32_t ids[64];
+  size_t n = 0;
+  int mode;
+  const char* tmp = getenv("TMPDIR");
+  snprintf(nan_path, sizeof nan_path, "%s/cb_nan_model_%ld.gguf",
+           tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp", (long)getpid());
+  CHECK(write_nan_model(path, nan_path));
+  CHECK_OK(cb_model_load(nan_path, NULL, &m));
+  if (m == NULL) goto done;
+  cb_session_options_init(&so);
+  so.n_ctx = 256;
+  CHECK_OK(cb_session_create(m, &so, &s));
+  CHECK_OK(cb_chunk_cache_create(&cache));
+  if (s == NULL || cache == NULL) goto done;
+  CHECK_OK(cb_tokenize(m, "Hello", 5, 1, 0, ids, 64, &n));
+  CHECK_ERR(cb_generate(s, ids, n, NULL, NULL, NULL, NULL), CB_ERR_FORMAT);
+  CHECK(strstr(cb_last_error(), "non-finite logits") != NULL);
+  for (mode = CB_MODE_FULL; mode <= CB_MODE_BLEND; ++mode) {
+    CHECK_OK(cb_session_reset(s));
+    cb_rag_options_init(&ro);
+    ro.mode = (cb_mode)mode;
+    CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL), CB_ERR_FORMAT);
+    CHECK(strstr(cb_last_error(), "non-finite logits") != NULL);
+    CHECK(cb_session_n_past(s) == 0);
+  }
+done:
+  cb_session_free(s);
+  cb_chunk_cache_free(cache);
+  cb_model_free(m);
+  remove(nan_path);
 }
 
 /* One RAG request on the reset session `s`, then greedy generation of up

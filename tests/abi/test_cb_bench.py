@@ -588,6 +588,27 @@ def main():
             expect_error(bench, ["generate", "--prompt", "x", "--max-tokens", "1", "--model", path,
                                  "--threads", "2"], f"bad model: {what}")
 
+        # general.name is printed escaped in the text output: a newline in
+        # it cannot forge a line, nor an escape sequence reach the terminal.
+        # The name is overwritten in place, at its own length.
+        renamed = os.path.join(tmp, "renamed.gguf")
+        shutil.copyfile(model, renamed)
+        key = b"general.name"
+        at = head.find(struct.pack("<Q", len(key)) + key)
+        (name_len,) = struct.unpack_from("<Q", head, at + 8 + len(key) + 4)
+        forged = b"x\nforged line\x1b[2J\xc2\x9b"
+        check(at > 0 and name_len >= len(forged), "the test model has a general.name to rewrite",
+              str((at, name_len)))
+        with open(renamed, "r+b") as f:
+            f.seek(at + 8 + len(key) + 4 + 8)
+            f.write(forged + b"-" * (name_len - len(forged)))
+        rc, out, err = run(bench, ["generate", "--prompt", "x", "--max-tokens", "1", "--model",
+                                   renamed, "--threads", "2"])
+        check(rc == 0 and "[x\\x0aforged line\\x1b[2J\\xc2\\x9b---" in err
+              and not any(l.startswith("forged") for l in err.splitlines())
+              and "\x1b" not in err and "\u009b" not in err,
+              "the model's general.name is printed escaped", describe(rc, out, err))
+
         # A prompt longer than the context.
         long_prompt = "The quick brown fox jumps over the lazy dog. " * 20
         expect_error(bench, ["generate", "--prompt", long_prompt, "--n-ctx", "16",

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
 
@@ -271,6 +272,22 @@ TEST(Model, RejectsFilesThatAreNotLlamaModels) {
       expect_error(b, ErrorCode::kFormat, "RMS epsilon");
     }
   }
+  // RoPE frequency divisors (rope_freqs.weight, head size 4: two of them)
+  // must be finite and positive; good ones load on to the next problem.
+  auto with_rope_freqs = [&](float second) {
+    test::GgufBuilder b = no_tensors;
+    const float divisors[2] = {1.0f, second};
+    std::vector<uint8_t> bytes(sizeof divisors);
+    std::memcpy(bytes.data(), divisors, sizeof divisors);
+    b.tensor("rope_freqs.weight", 0 /* F32 */, {2}, bytes);
+    return b;
+  };
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(), 0.0f, -2.0f}) {
+    test::GgufBuilder b = with_rope_freqs(bad);
+    expect_error(b, ErrorCode::kFormat, "rope_freqs.weight[1]");
+  }
+  test::GgufBuilder good = with_rope_freqs(4.0f);
+  expect_error(good, ErrorCode::kFormat, "token_embd.weight");
 }
 
 }  // namespace

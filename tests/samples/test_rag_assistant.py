@@ -389,6 +389,31 @@ def test_updates(rag, store, corpus):
           describe(rc, out, err))
 
 
+def test_untrusted_file_names(rag, tmp, corpus_dir):
+    """File names are printed escaped: a newline in one cannot forge an
+    output line, and no escape sequence reaches the terminal."""
+    odd = os.path.join(tmp, "odd_names")
+    os.makedirs(odd)
+    forged = "note\nrag_assistant: error: forged\x1b[2J\u009b31m.md"
+    open(os.path.join(odd, "empty" + forged), "w").close()
+    shutil.copy(os.path.join(corpus_dir, "people.md"), os.path.join(odd, "people" + forged))
+    store = os.path.join(tmp, "odd_store")
+    rc, out, err = rag.run(["--store", store, "ingest", odd, "--chunk-tokens", CHUNK_TOKENS])
+    lines = err.splitlines()
+    check(rc == 0 and any(l.startswith("rag_assistant: warning: skipping ") and "empty" in l
+                          and "note\\x0arag_assistant: error: forged\\x1b[2J\\xc2\\x9b31m.md" in l
+                          for l in lines)
+          and not any(l.startswith("rag_assistant: error") for l in lines)
+          and "\x1b" not in err and "\u009b" not in err,
+          "ingest warnings print file names escaped", describe(rc, out, err))
+    rc, out, err = rag.run(["--store", store, "ask", QUESTION, "--max-tokens", "8"])
+    sources = [l for l in out.splitlines() if l.startswith("sources:")]
+    check(rc == 0 and len(sources) == 1 and "peoplenote\\x0arag_assistant" in sources[0]
+          and not any(l.startswith("rag_assistant: error") for l in out.splitlines())
+          and "\x1b" not in out and "\u009b" not in out,
+          "the sources line prints file names escaped", describe(rc, out, err))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -400,6 +425,7 @@ def main():
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         test_errors_before_ingest(rag, tmp)
+        test_untrusted_file_names(rag, tmp, args.corpus)
         # The files the questions read, and a small one to delete later:
         # a smaller ingest keeps the test quick under ASan.
         corpus = os.path.join(tmp, "corpus")

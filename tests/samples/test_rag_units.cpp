@@ -9,6 +9,7 @@
 
 #include "chunker.h"
 #include "corpus_db.h"
+#include "printable.h"
 
 namespace {
 
@@ -217,3 +218,17 @@ TEST(FtsQuery, NeverASyntaxError) {
 }
 
 }  // namespace
+
+// File names and GGUF metadata printed by the samples: control characters
+// (C0, DEL, C1) and invalid UTF-8 become \xNN; valid UTF-8 stays.
+TEST(Printable, EscapesControlsAndInvalidUtf8) {
+  EXPECT_EQ(cbs::printable("plain name.md"), "plain name.md");
+  EXPECT_EQ(cbs::printable("a\nb\tc\rd"), "a\\x0ab\\x09c\\x0dd");
+  EXPECT_EQ(cbs::printable("\x1b[2Jx\x7f"), "\\x1b[2Jx\\x7f");
+  EXPECT_EQ(cbs::printable("\xc2\x9b"
+                           "31m"),
+            "\\xc2\\x9b31m");  // C1 CSI
+  EXPECT_EQ(cbs::printable("caf\xc3\xa9 \xe2\x82\xac"), "caf\xc3\xa9 \xe2\x82\xac");
+  EXPECT_EQ(cbs::printable("bad\xff\xc3"), "bad\\xff\\xc3");
+  EXPECT_EQ(cbs::printable(std::string_view("nul\0x", 5)), "nul\\x00x");
+}

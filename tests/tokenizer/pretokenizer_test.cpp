@@ -143,5 +143,35 @@ TEST(Utf8, ByteMappingIsABijectionOntoPrintableCharacters) {
   EXPECT_EQ(byte_to_unicode('a'), static_cast<uint32_t>('a'));
 }
 
+// Long text is split in windows cut at PreTokenizer::next_cut: at every cut
+// it finds, each pre-tokenizer splits the two sides into the words of the
+// whole.  The text has what could join words across a line break:
+// whitespace runs, punctuation before breaks, CRLF, contractions, digits, a
+// no-break space, invalid bytes.
+TEST(PreTokenizerWindows, CutsNeverChangeTheWords) {
+  const std::string text =
+      "Hello world.\nThe  quick\n  brown fox\n\nJumps\t\nover 123456 lazy\r\nDogs;\ndon't\nIt's "
+      "fine,\nOK\n\xc2\xa0\nNbsp\n\xff\nBad\nx\ny \nZ!!\nA1\n234\nEnd.\n\nNew paragraph\n";
+  for (const char* pre : {"smollm", "gpt2", "llama3", "qwen2", "default"}) {
+    const W whole = words(pre, text);
+    size_t cuts = 0;
+    for (size_t from = 0; from < text.size(); ++from) {
+      const size_t cut = PreTokenizer::next_cut(text, from);
+      if (cut == text.size()) break;
+      ASSERT_GE(cut, from);
+      W pieces = words(pre, std::string_view(text).substr(0, cut));
+      const W rest = words(pre, std::string_view(text).substr(cut));
+      pieces.insert(pieces.end(), rest.begin(), rest.end());
+      EXPECT_EQ(pieces, whole) << pre << ", cut at " << cut;
+      from = cut;
+      ++cuts;
+    }
+    EXPECT_GE(cuts, 8u) << pre;
+  }
+  EXPECT_EQ(PreTokenizer::next_cut("no line break here", 0), 18u);
+  EXPECT_EQ(PreTokenizer::next_cut("a \nb", 0), 4u) << "a space before the break: no cut";
+  EXPECT_EQ(PreTokenizer::next_cut("a.\nb", 0), 3u);
+}
+
 }  // namespace
 }  // namespace cb::tok

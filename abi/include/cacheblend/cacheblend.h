@@ -276,7 +276,11 @@ CB_API cb_status cb_model_get_info(const cb_model* model, cb_model_info* info);
  *                   unless the call fails for another reason).
  * Size query: with tokens == NULL and capacity == 0 the call only reports
  * *n_tokens and returns CB_OK.  Otherwise, if capacity < *n_tokens, nothing
- * is written and CB_ERR_BUFFER_TOO_SMALL is returned.  Thread-safe. */
+ * is written and CB_ERR_BUFFER_TOO_SMALL is returned.  Memory: the tokens,
+ * plus working space for about 1 MiB of text at a time where the text has
+ * lines that end in a printable character and a next line that starts with
+ * a letter (byte-level BPE models; else for the whole text).  Errors: CB_ERR_OUT_OF_MEMORY.
+ * Thread-safe. */
 CB_API cb_status cb_tokenize(const cb_model* model, const char* text, size_t text_len,
                              int add_special, int parse_special, int32_t* tokens, size_t capacity,
                              size_t* n_tokens);
@@ -394,9 +398,14 @@ CB_API cb_status cb_session_create(cb_model* model, const cb_session_options* op
 
 /* Frees the session (and the model, if it was released and this was its last
  * session).  NULL and a handle that is not live (a second free) are
- * ignored.  Called from the session's own token callback, it makes the
- * handle dead at once and cb_generate stops after the callback returns,
- * returns CB_ERR_CANCELLED and then frees the session. */
+ * ignored.  Called from one of the session's own callbacks (the token
+ * callback, or the abort callback of any call), it makes the handle dead at
+ * once; the call the callback runs in stops after the callback returns,
+ * returns CB_ERR_CANCELLED and then frees the session.
+ *
+ * A thread that ends inside a callback (pthread_exit, cancellation) unwinds
+ * through the library: the call is abandoned and the session is free for
+ * other threads (reset it before further use). */
 CB_API void cb_session_free(cb_session* session);
 
 /* Appends tokens to the session's context (runs the forward pass over them).
@@ -431,7 +440,8 @@ CB_API cb_status cb_session_reset(cb_session* session);
  *   - cb_rag_prefill, cb_chunk_cache_add: the session is left empty; chunks
  *     whose KV was complete are kept in the cache, none half-computed.
  * The callback runs on the thread that made the call and must not call the
- * library with this session; typically it reads a flag that another thread
+ * library with this session (cb_session_free excepted: see there); typically
+ * it reads a flag that another thread
  * or a signal handler sets, so a request stops within one step's time (tens
  * of milliseconds on a phone-sized model).  NULL removes it.  The session's
  * thread only.  Errors: CB_ERR_INVALID_ARGUMENT (NULL or dead session). */
@@ -955,7 +965,9 @@ static inline void cb_rag_stats_init(cb_rag_stats* stats) {
  * is not empty, bad options: unknown mode or chunk head, ratio outside
  * [0, 1], a schedule naming a layer the model lacks, NULL cache outside
  * FULL), CB_ERR_CONTEXT_OVERFLOW (a chunk or the whole request longer than
- * the session's context).  On error the session is left empty (chunks
+ * the session's context), CB_ERR_FORMAT (logits that are NaN or +inf, as in
+ * cb_generate: a model with non-finite weights).  On error the session is
+ * left empty (chunks
  * computed before the error may remain in the cache).  The session's thread
  * only; the cache may be shared with other threads. */
 CB_API cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache,

@@ -5,7 +5,7 @@ from ctypes import byref, c_char, c_int32, c_size_t
 from . import _native
 from .errors import Closeable, check, closed_error
 from .model import _sized
-from .session import Session
+from .session import Session, calling_back
 from .types import ChunkAdded, Codec, c_string, chunk_cache_stats, rag_struct, tier_stats
 from ._native import lib
 
@@ -96,9 +96,10 @@ class ChunkCache(Closeable):
         ro = rag_struct(options)
         computed = c_int32(0)
         n_tokens = c_int32(0)
-        session._finish(lib.cb_chunk_cache_add(session._ptr(), self._ptr(),
-                                               c_string(text, "chunk"), byref(ro),
-                                               byref(computed), byref(n_tokens)))
+        with calling_back():
+            status = lib.cb_chunk_cache_add(session._ptr(), self._ptr(), c_string(text, "chunk"),
+                                            byref(ro), byref(computed), byref(n_tokens))
+        session._finish(status)
         return ChunkAdded(bool(computed.value), n_tokens.value)
 
     def contains(self, model, text, options=None):

@@ -1,5 +1,7 @@
 """Session: a KV cache on a model, for prefill, generation and RAG requests."""
+import atexit
 import codecs
+import contextlib
 import ctypes
 import queue
 import threading
@@ -30,6 +32,39 @@ def _generate_options(max_tokens, stop, stop_at_end_of_generation, sampling):
         go.stop_strings = (c_char_p * len(strings))(*strings)
         go.n_stop_strings = len(strings)
     return go
+
+
+# The C calls that may call back into Python run with the GIL released.  A
+# thread still inside one when the interpreter exits (a daemon thread, an
+# unfinished stream()) would call back into a finalized interpreter and
+# crash the process.  So at exit the callbacks ask every call to stop, and
+# the exit waits for the calls to return.
+_exiting = threading.Event()
+_calls = threading.Condition()
+_in_flight = [0]
+_EXIT_WAIT_S = 30.0
+
+
+@contextlib.contextmanager
+def calling_back():
+    """Marks a C call that may call back into Python, for the exit to wait on."""
+    with _calls:
+        _in_flight[0] += 1
+    try:
+        yield
+    finally:
+        with _calls:
+            _in_flight[0] -= 1
+            _calls.notify_all()
+
+
+def _stop_calls_at_exit():
+    _exiting.set()
+    with _calls:
+        _calls.wait_for(lambda: _in_flight[0] == 0, timeout=_EXIT_WAIT_S)
+
+
+atexit.register(_stop_calls_at_exit)
 
 
 class _Failure:
@@ -152,7 +187,9 @@ class Session(Closeable):
     def prefill(self, prompt):
         """Appends `prompt` to the context (runs the forward pass over it)."""
         arr, n = c_int32_array(self._tokens(prompt))
-        self._finish(lib.cb_session_prefill(self._ptr(), arr, n))
+        with calling_back():
+            status = lib.cb_session_prefill(self._ptr(), arr, n)
+        self._finish(status)
 
     def logits(self):
         """The last position's logits (a copy, array of n_vocab floats)."""
@@ -177,6 +214,8 @@ class Session(Closeable):
         pending = self._pending
 
         def trampoline(_user):
+            if _exiting.is_set():
+                return 1
             try:
                 return 1 if callback() else 0
             except BaseException as e:  # noqa: B036 - re-raised after the call
@@ -213,6 +252,9 @@ class Session(Closeable):
         stopped = []
 
         def on_token(_token, piece, piece_len, _user):
+            if _exiting.is_set():  # the interpreter is exiting: stop here, as on_text may
+                stopped.append(True)
+                return 1
             try:
                 text = decoder.decode(ctypes.string_at(piece, piece_len) if piece_len else b"")
                 if text:
@@ -228,8 +270,9 @@ class Session(Closeable):
         c_callback = _native.TokenCallback(on_token)
         arr, n = c_int32_array(tokens)
         stats = _native.new_stats(_native.GenerateStats)
-        status = lib.cb_generate(self._ptr(), arr if n else None, n, byref(go), c_callback, None,
-                                 byref(stats))
+        with calling_back():
+            status = lib.cb_generate(self._ptr(), arr if n else None, n, byref(go), c_callback,
+                                     None, byref(stats))
         if status in (Status.OK, Status.CANCELLED):
             self.last_stats = generate_stats(stats)
         if status == Status.CANCELLED and stopped and not pending:
@@ -295,9 +338,10 @@ class Session(Closeable):
         ro = rag_struct(options)
         stats = _native.new_stats(_native.RagStats)
         cache_ptr = cache._ptr() if cache is not None else None
-        self._finish(lib.cb_rag_prefill(self._ptr(), cache_ptr, arr, len(texts),
-                                        c_string(question, "question"), byref(ro),
-                                        byref(stats)))
+        with calling_back():
+            status = lib.cb_rag_prefill(self._ptr(), cache_ptr, arr, len(texts),
+                                        c_string(question, "question"), byref(ro), byref(stats))
+        self._finish(status)
         self.last_rag_stats = rag_stats(stats)
         return self.last_rag_stats
 

@@ -340,3 +340,64 @@ def test_closed_objects_raise(model):
     with model.session(n_ctx=256) as live:
         with pytest.raises(cb.InvalidArgumentError):
             live.rag_prefill(CHUNKS, QUESTION, cache)
+
+
+def test_close_from_the_abort_callback(model):
+    """close() from the session's own abort callback stops the call it runs
+    in (CancelledError); the session is freed when that call returns."""
+    calls = [
+        lambda s, cache: s.prefill(PROMPT * 20),
+        lambda s, cache: s.rag_prefill(CHUNKS, QUESTION, cache),
+        lambda s, cache: cache.add(s, CHUNKS[0] * 4),
+    ]
+    with cb.ChunkCache() as cache:
+        for call in calls:
+            s = model.session(n_ctx=512, n_batch=32)
+            count = []
+
+            def close_on_fifth():
+                count.append(1)
+                if len(count) == 5:
+                    s.close()
+                return False
+
+            s.set_abort_callback(close_on_fifth)
+            with pytest.raises(cb.CancelledError):
+                call(s, cache)
+            assert s.closed and len(count) == 5
+
+
+# A script that leaves generation running when it exits: in a daemon thread,
+# or in a stream() it stops iterating.  The process exits cleanly (before,
+# the library swallowed the unwinding that ends such a thread and aborted,
+# or the thread called back into the finalized interpreter).  A crash is a
+# race, so each way runs a few times.
+EXIT_WHILE_GENERATING = """
+import sys, threading, time
+import cacheblend as cb
+model = cb.Model(sys.argv[1], n_threads=2)
+session = model.session(n_ctx=512)
+started = threading.Event()
+def slow(piece):
+    started.set()
+    time.sleep(0.05)
+if sys.argv[2] == "daemon":
+    threading.Thread(target=lambda: session.generate("Count to a hundred:", max_tokens=400,
+                                                     on_text=slow), daemon=True).start()
+    started.wait()
+else:
+    pieces = session.stream("Count to a hundred:", max_tokens=400)
+    next(pieces)
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["daemon", "stream"])
+def test_exit_while_generating(how):
+    import subprocess
+    import sys
+    for _ in range(8):
+        done = subprocess.run([sys.executable, "-c", EXIT_WHILE_GENERATING, MODEL_PATH, how],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "exiting" in done.stdout and done.stderr == ""
