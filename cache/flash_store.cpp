@@ -215,7 +215,10 @@ std::optional<ChunkHandle> FlashStore::lookup(const ChunkKey& key) {
   }
   auto blob = std::make_shared<OpenBlob>();
   blob->name = rec->blob;
-  bool ok = !rec->segments.empty();
+  // An index row is read back like any stored value: its shape must be one
+  // the key can have, with one segment per layer.
+  bool ok = shape_matches_key(rec->shape, key) &&
+            rec->segments.size() == static_cast<size_t>(rec->shape.n_layers);
   if (ok) {
     try {
       blob->file = File::open_read(blob_path(rec->blob));
@@ -289,6 +292,9 @@ bool FlashStore::fetch_layer(const ChunkHandle& handle, int layer, float* k_out,
 }
 
 PutResult FlashStore::put(const ChunkKey& key, const ChunkKVView& kv) {
+  if (!shape_matches_key(kv.shape, key))
+    fail(ErrorCode::kInvalidArgument,
+         "flash store: the chunk's KV does not match its key's tokens");
   const Codec codec = resolve(key);
   const uint64_t hash = hash_key(key, codec);
   {

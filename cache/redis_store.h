@@ -45,8 +45,8 @@
 // local tunnel).
 //
 // Thread safety: every member function may be called from any thread.
-// Reads (lookup, fetch_layer) share one connection and writes (put, remove,
-// clear) another, each serialized by its own mutex, so a large put never
+// Reads (lookup, fetch_layer) share one connection and writes (put, remove)
+// another, each serialized by its own mutex, so a large put never
 // delays a lookup.
 #pragma once
 
@@ -88,8 +88,13 @@ struct RedisOptions {
 
 // Parses "host:port", "redis://[[user]:password@]host[:port][/db]" or a bare
 // host into `options` (fields not in the text keep their values).  Throws
-// cb::Error(kInvalidArgument) naming what is wrong.
+// cb::Error(kInvalidArgument) naming what is wrong and the address as
+// redacted_redis_address() shows it.
 void parse_redis_address(const std::string& text, RedisOptions& options);
+// The address without credentials: whatever precedes its last '@' (user
+// and password), or a non-numeric port (a password typed without the '@'),
+// replaced by "***".  How any message shows an address.
+std::string redacted_redis_address(const std::string& text);
 
 // A found chunk: its value's name and segment table.  Reads through it see
 // the value as it is then: if it was evicted or replaced meanwhile, a read
@@ -155,15 +160,18 @@ class RedisStore {
   // false: the server refused or did not answer (counted; see stats()).
   // Throws kInvalidArgument for a bad shape or values the codec cannot hold.
   bool put(const ChunkKey& key, const ChunkKVView& kv);
+  // True within reconnect_interval_ms of a put the server refused or did
+  // not answer (a full server, a read-only replica, an ACL without SET).
+  bool writes_refused() const;
   // Queues the put for the write-back worker.  false: the queue was full.
   bool put_async(ChunkKey key, ChunkKV kv);
   // Waits until every put_async queued before the call has finished.
   void flush();
   // DEL of the key's value.  false: there was none, or the server failed.
+  // There is no clear: the server's values are shared by every process and
+  // device that reaches it (other namespaces and models included), and
+  // leave by its eviction policy or a TTL.
   bool remove(const ChunkKey& key);
-  // Deletes every value under this store's key prefix (SCAN + UNLINK).
-  // false: the server failed part way.
-  bool clear();
 
   RedisStoreStats stats() const;
   Codec default_codec() const { return options_.codec; }
@@ -184,6 +192,7 @@ class RedisStore {
 
   struct Counters;
   std::unique_ptr<Counters> counters_;
+  std::atomic<uint64_t> writes_refused_until_ns_{0};  // now_ns() clock
   mutable std::mutex error_mu_;
   std::string last_error_;
 

@@ -18,11 +18,16 @@ namespace cb {
 class RedisChunkStore final : public ChunkStore {
  public:
   explicit RedisChunkStore(std::shared_ptr<cache::RedisStore> store) : store_(std::move(store)) {}
-  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) override;
+  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key,
+                                         const cache::KvShape& shape) override;
   // Queued for write-back; kIo when the server is known to be down (the
-  // last read found it so, and a PING now does too) or the queue is full.
-  // A server that refuses the write later counts it in the store's stats.
+  // last read found it so, and a PING now does too), refused a write within
+  // the reconnect interval (full, read-only, no SET permission), or the
+  // queue is full: a tiered store then keeps the chunk in another tier.  A
+  // write the server refuses later is counted in the store's stats.
   void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
+  // Written now (SET); kIo with the server's answer when it is not stored.
+  void put_now(const cache::ChunkKey& key, cache::ChunkKV kv) override;
   // After the write-backs queued before it, the value goes (DEL).
   bool remove(const cache::ChunkKey& key) override {
     store_->flush();

@@ -14,11 +14,13 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "cache/blob_format.h"
 #include "cache_test_util.h"
 
 namespace cb::cache::testing {
@@ -60,6 +62,23 @@ inline int free_loopback_port() {
     port = ntohs(addr.sin_port);
   if (fd >= 0) close(fd);
   return port;
+}
+
+// A value of the remote tier with its header rewritten to claim `shape`,
+// its header checksum recomputed: what anyone who can write to the server
+// can build (the checksums guard against damage, not against a writer).
+inline std::string forge_redis_shape(std::string value, const KvShape& shape) {
+  std::memcpy(value.data() + 20, &shape.n_layers, 4);
+  std::memcpy(value.data() + 24, &shape.n_tokens, 4);
+  std::memcpy(value.data() + 28, &shape.n_head_kv, 4);
+  std::memcpy(value.data() + 32, &shape.head_dim, 4);
+  uint32_t header_bytes = 0;
+  std::memcpy(&header_bytes, value.data() + 12, 4);
+  std::string header = value.substr(0, header_bytes);
+  std::memset(header.data() + 56, 0, 8);
+  const uint64_t sum = segment_checksum(header.data(), header.size());
+  std::memcpy(value.data() + 56, &sum, 8);
+  return value;
 }
 
 class RedisServer {
