@@ -1,5 +1,6 @@
 #include "cache/redis_store.h"
 
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <poll.h>
 #include <pthread.h>
@@ -181,9 +182,18 @@ class RedisStore::Connection {
     }
     ReplyPtr reply = run(args, max_reply);
     if (!reply) {
-      owner_.note_error("redis " + std::string(*args.begin()) + " on " + address() +
-                        " failed: " + io_error_);
+      const std::string why =
+          "redis " + std::string(*args.begin()) + " on " + address() + " failed: " + io_error_;
+      owner_.note_error(why);
       drop();
+      if (timed_out_) {
+        // A server too slow to answer in time is not asked again for the
+        // reconnect interval: a request with many chunks waits one timeout,
+        // not one per chunk.
+        connect_error_ = why;
+        retry_at_ = std::chrono::steady_clock::now() +
+                    std::chrono::milliseconds(options_.reconnect_interval_ms);
+      }
     }
     up_.store(reply != nullptr, std::memory_order_relaxed);
     return reply;
@@ -207,6 +217,7 @@ class RedisStore::Connection {
       argvlen.push_back(a.size());
     }
     io_error_ = "no reply";
+    timed_out_ = false;
     if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), argvlen.data()) !=
         REDIS_OK)
       return failed_io();
@@ -255,6 +266,7 @@ class RedisStore::Connection {
       if (left <= 0) {
         io_error_ =
             "no complete reply within " + std::to_string(options_.command_timeout_ms) + " ms";
+        timed_out_ = true;
         return false;
       }
       pollfd p{ctx_->fd, events, 0};
@@ -306,11 +318,16 @@ class RedisStore::Connection {
       retry_at_ = now + std::chrono::milliseconds(options_.reconnect_interval_ms);
       return false;
     }
-    if (redisSetTimeout(ctx_, to_timeval(options_.command_timeout_ms)) != REDIS_OK) {
-      owner_.note_error("cannot set the redis command timeout: " + std::string(ctx_->errstr));
+    // Every read and write goes through run(), which polls first: the socket
+    // never blocks, so no single write or read can outlast the deadline.
+    const int fl = fcntl(ctx_->fd, F_GETFL);
+    if (fl < 0 || fcntl(ctx_->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+      owner_.note_error(std::string("cannot make the redis socket non-blocking: ") +
+                        std::strerror(errno));
       drop();
       return false;
     }
+    ctx_->flags &= ~REDIS_BLOCK;
     redisEnableKeepAlive(ctx_);
     if (!options_.password.empty()) {
       const bool ok = options_.username.empty()
@@ -332,6 +349,7 @@ class RedisStore::Connection {
   std::chrono::steady_clock::time_point retry_at_{};
   std::string connect_error_;  // why the last connect failed
   std::string io_error_;       // why the last run() failed
+  bool timed_out_ = false;     // the last run() failed at its deadline
 };
 
 uint64_t RedisChunkHandle::layer_bytes(int layer) const {

@@ -34,10 +34,14 @@
 // made, a command that times out or fails (wrong password, OOM under
 // `maxmemory`), a missing value or one failing any check is a miss (lookup:
 // nullopt; fetch_layer: false) or a failed put, counted in stats() with the
-// last error's message; never an exception, a crash or wrong data.  No call
-// waits on the server longer than the connect or command timeout for any
-// one step; a broken connection is dropped and made again by a later call
-// (after a failed connect, calls miss at once for reconnect_interval_ms).
+// last error's message; never an exception, a crash or wrong data.  A
+// header must also match its key (shape_matches_key).  Each command, from
+// sending it to its whole reply, ends within command_timeout_ms in all (a
+// server sending a byte at a time cannot stretch it), sooner when the
+// thread's cancellation check (platform/cancel.h) says stop, and reads no
+// more than the bytes it asked for plus framing.  A broken connection is
+// dropped and made again by a later call (after a failed connect or a
+// command that timed out, calls miss at once for reconnect_interval_ms).
 // Writes to a closed socket raise no SIGPIPE in the process.
 //
 // Expiry and eviction are the server's (its maxmemory-policy; an optional
@@ -77,7 +81,7 @@ struct RedisOptions {
   int db = 0;            // SELECTed after connecting when not 0
   std::string key_prefix = "cb:";
   int connect_timeout_ms = 500;
-  int command_timeout_ms = 1000;     // per send or receive on the socket
+  int command_timeout_ms = 1000;     // per command, from sending it to its whole reply
   int reconnect_interval_ms = 1000;  // after a failed connect
   uint64_t ttl_seconds = 0;          // per value; 0: none (the server's eviction policy)
   uint64_t read_bytes_per_sec = 0;   // fetch_layer read cap (a slow link); 0 = none

@@ -354,6 +354,15 @@ TEST(RedisMisbehaving, ASlowDripEndsAtTheCommandTimeout) {
   EXPECT_LT(took, 1.0);
   EXPECT_NE(store->stats().last_error.find("within 300 ms"), std::string::npos)
       << store->stats().last_error;
+  // A request's other chunks do not wait again within the reconnect
+  // interval.
+  auto slow = options_for(server, 300);
+  slow.reconnect_interval_ms = 60000;
+  auto backing_off = RedisStore::open(slow);  // its PING is answered
+  EXPECT_FALSE(backing_off->lookup(make_key(make_tokens(40, 2))));
+  const auto t1 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(backing_off->lookup(make_key(make_tokens(40, 3 + i))));
+  EXPECT_LT(seconds_since(t1), 0.1);
 }
 
 // The thread's cancellation check (a session's abort callback) ends the
