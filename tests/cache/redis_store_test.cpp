@@ -6,9 +6,6 @@
 
 #include <gtest/gtest.h>
 
-#include <poll.h>
-
-#include <atomic>
 #include <chrono>
 #include <cstring>
 
@@ -21,6 +18,7 @@
 namespace cb::cache {
 namespace {
 
+using testing::FakeServer;
 using testing::make_key;
 using testing::make_kv;
 using testing::make_tokens;
@@ -244,94 +242,6 @@ TEST_F(RedisStoreTest, AHeaderClaimingAnotherTokenCountIsAMiss) {
   // A put whose KV does not match its key is the caller's bug.
   EXPECT_THROW(store->put(make_key(make_tokens(39, 11)), kv.view()), Error);
 }
-
-// A server of our own that answers PING and then misbehaves on the first
-// GETRANGE: `reply` is sent at once, then `drip` one byte every drip_ms,
-// or `flood` bytes as fast as the client reads them.
-class FakeServer {
- public:
-  FakeServer(std::string reply, size_t drip, int drip_ms, size_t flood)
-      : reply_(std::move(reply)), drip_(drip), drip_ms_(drip_ms), flood_(flood) {
-    listener_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-    listen(listener_, 4);
-    getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
-    thread_ = std::thread([this] { serve(); });
-  }
-  ~FakeServer() {
-    stop_ = true;
-    thread_.join();
-    close(listener_);
-  }
-  int port() const { return port_; }
-  size_t sent() const { return sent_; }
-
- private:
-  void serve() {
-    while (!stop_) {
-      pollfd p{listener_, POLLIN, 0};
-      if (poll(&p, 1, 20) <= 0) continue;
-      const int fd = accept(listener_, nullptr, nullptr);
-      if (fd >= 0) {
-        talk(fd);
-        close(fd);
-      }
-    }
-  }
-  bool send_all(int fd, const char* data, size_t n) {
-    while (n > 0 && !stop_) {
-      const ssize_t w = send(fd, data, n, MSG_NOSIGNAL);
-      if (w <= 0) return false;
-      sent_ += static_cast<size_t>(w);
-      data += w;
-      n -= static_cast<size_t>(w);
-    }
-    return n == 0;
-  }
-  void talk(int fd) {
-    std::string in;
-    char buf[4096];
-    while (!stop_) {
-      pollfd p{fd, POLLIN, 0};
-      if (poll(&p, 1, 20) <= 0) continue;
-      const ssize_t n = recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) return;
-      in.append(buf, static_cast<size_t>(n));
-      if (in.find("PING") != std::string::npos) {
-        in.clear();
-        if (!send_all(fd, "+PONG\r\n", 7)) return;
-      } else if (in.find("GETRANGE") != std::string::npos) {
-        if (!send_all(fd, reply_.data(), reply_.size())) return;
-        for (size_t i = 0; i < drip_ && !stop_; ++i) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(drip_ms_));
-          if (!send_all(fd, "x", 1)) return;
-        }
-        const std::string block(1 << 16, 'y');
-        for (size_t left = flood_; left > 0 && !stop_;) {
-          const size_t n = std::min(left, block.size());
-          if (!send_all(fd, block.data(), n)) return;
-          left -= n;
-        }
-        return;
-      }
-    }
-  }
-
-  std::string reply_;
-  size_t drip_;
-  int drip_ms_;
-  size_t flood_;
-  int listener_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::atomic<size_t> sent_{0};
-  std::thread thread_;
-};
 
 RedisOptions options_for(const FakeServer& server, int timeout_ms) {
   RedisOptions o;
