@@ -292,9 +292,6 @@ bool FlashStore::fetch_layer(const ChunkHandle& handle, int layer, float* k_out,
 }
 
 PutResult FlashStore::put(const ChunkKey& key, const ChunkKVView& kv) {
-  if (!shape_matches_key(kv.shape, key))
-    fail(ErrorCode::kInvalidArgument,
-         "flash store: the chunk's KV does not match its key's tokens");
   const Codec codec = resolve(key);
   const uint64_t hash = hash_key(key, codec);
   {
@@ -304,6 +301,9 @@ PutResult FlashStore::put(const ChunkKey& key, const ChunkKVView& kv) {
       return PutResult::kAlreadyPresent;
     }
   }
+  if (!shape_matches_key(kv.shape, key))
+    fail(ErrorCode::kInvalidArgument,
+         "flash store: the chunk's KV does not match its key's tokens");
   const EncodedBlob blob = encode_blob(codec, kv, hash, options_.zstd_level);
   const uint64_t bytes = blob.bytes.size();
   if (bytes > options_.capacity_bytes) {
