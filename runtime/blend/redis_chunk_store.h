@@ -1,11 +1,13 @@
 // The chunk store on a Redis or Valkey server: a ChunkStore over
 // cache::RedisStore.  Lookups read the value's header, layers are read one
 // GETRANGE at a time as the fusor asks for them, and new chunks are written
-// back asynchronously so a miss never waits for the network.  A server that
-// is down or unreachable makes find and put throw cb::Error(kIo) with the
-// store's last error (a tiered store counts that as the tier failing and
-// goes on without it); one that is slow or full makes misses and dropped
-// puts.
+// back asynchronously so a miss never waits for the network (put_now, for
+// an ingest, writes at once).  A server that is down or unreachable makes
+// find and put throw cb::Error(kIo) with the store's last error, and one
+// that refused a write makes put throw for the reconnect interval (a tiered
+// store counts that as the tier failing and keeps the chunk elsewhere); one
+// that is slow makes misses.  A value of another shape than the one asked
+// for is a miss.
 #pragma once
 
 #include <memory>
