@@ -27,6 +27,11 @@ std::optional<Codec> parse_codec(std::string_view name) {
   return std::nullopt;
 }
 
+bool shape_matches_key(const KvShape& shape, const ChunkKey& key) {
+  return shape.n_layers > 0 && shape.n_head_kv > 0 && shape.head_dim > 0 &&
+         static_cast<size_t>(shape.n_tokens) == key.tokens.size() && !key.tokens.empty();
+}
+
 ChunkKV::ChunkKV(const KvShape& s)
     : shape(s),
       k(static_cast<size_t>(s.n_layers * s.layer_floats())),

@@ -66,6 +66,14 @@ struct ChunkKey {
   std::string ns;  // namespace; "" is the default one
 };
 
+// Whether a value of this shape can be the KV of the key's chunk: as many
+// tokens as the key has token ids and every dimension positive.  A value read
+// from any tier (its header or index row) that fails this is a miss whatever
+// its checksums say: a value is trusted no further than its key, and sizes
+// are never taken from the value alone.  The model's geometry (layers, KV
+// heads, head size) is checked where the model is known (ChunkStore::find).
+bool shape_matches_key(const KvShape& shape, const ChunkKey& key);
+
 // 64-bit hash of every field of the key (codec resolved).  Used to find
 // candidate rows; equality is always confirmed on the full key.
 uint64_t hash_key(const ChunkKey& key, Codec codec);

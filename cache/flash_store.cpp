@@ -229,7 +229,10 @@ std::optional<ChunkHandle> FlashStore::lookup(const ChunkKey& key) {
   }
   auto blob = std::make_shared<OpenBlob>();
   blob->name = rec->blob;
-  bool ok = !rec->segments.empty();
+  // An index row is read back like any stored value: its shape must be one
+  // the key can have, with one segment per layer.
+  bool ok = shape_matches_key(rec->shape, key) &&
+            rec->segments.size() == static_cast<size_t>(rec->shape.n_layers);
   if (ok) {
     try {
       blob->file = File::open_read(blob_path(rec->blob));
@@ -314,6 +317,9 @@ PutResult FlashStore::put(const ChunkKey& key, const ChunkKVView& kv) {
       return PutResult::kAlreadyPresent;
     }
   }
+  if (!shape_matches_key(kv.shape, key))
+    fail(ErrorCode::kInvalidArgument,
+         "flash store: the chunk's KV does not match its key's tokens");
   const EncodedBlob blob = encode_blob(codec, kv, hash, options_.zstd_level);
   const uint64_t bytes = blob.bytes.size();
   if (bytes > options_.capacity_bytes) {

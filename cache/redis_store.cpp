@@ -1,10 +1,14 @@
 #include "cache/redis_store.h"
 
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/time.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <initializer_list>
 #include <string_view>
@@ -12,6 +16,7 @@
 #include "cache/codec.h"
 #include "cache/throttle.h"
 #include "cache/write_back_queue.h"
+#include "platform/cancel.h"
 #include "platform/error.h"
 
 namespace cb::cache {
@@ -27,6 +32,13 @@ constexpr size_t kChecksumOffset = 56;
 constexpr size_t kHeaderPrefetch = 4096;
 // More layers than any model has; a header claiming more is corrupt.
 constexpr int32_t kMaxLayers = 4096;
+// A reply may exceed the bytes a command asks for by its framing
+// ("$<length>\r\n...\r\n"); a short reply (status, integer, error) fits
+// in kSmallReply.  A server that sends more is dropped mid-reply.
+constexpr size_t kReplyFraming = 32;
+constexpr size_t kSmallReply = 4096;
+// How often a wait on the server asks the thread's cancellation check.
+constexpr int kCancelPollMs = 20;
 
 struct ReplyFree {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -128,20 +140,6 @@ size_t header_size(const uint8_t* prefix, size_t n) {
   return bytes;
 }
 
-bool positive_shape(const KvShape& s) {
-  return s.n_layers > 0 && s.n_tokens > 0 && s.n_head_kv > 0 && s.head_dim > 0;
-}
-
-// Escapes the glob characters of SCAN MATCH.
-std::string glob_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
-}
-
 uint64_t now_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch())
@@ -173,19 +171,29 @@ class RedisStore::Connection {
 
   // Sends one command and returns its reply (an error reply included), or
   // null when there is no connection or it failed; failures are noted in
-  // the owner's stats.
-  ReplyPtr command(std::initializer_list<std::string_view> args) {
+  // the owner's stats.  `max_reply`: the most payload bytes the command
+  // asks for; a longer reply is a failure, never buffered whole.
+  ReplyPtr command(std::initializer_list<std::string_view> args, size_t max_reply = kSmallReply) {
     std::lock_guard lock(mu_);
     SigpipeBlock no_sigpipe;
     if (!ctx_ && !connect()) {
       up_.store(false, std::memory_order_relaxed);
       return nullptr;
     }
-    ReplyPtr reply = run(args);
+    ReplyPtr reply = run(args, max_reply);
     if (!reply) {
-      owner_.note_error("redis " + std::string(*args.begin()) + " on " + address() +
-                        " failed: " + (ctx_->errstr[0] ? ctx_->errstr : "no reply"));
+      const std::string why =
+          "redis " + std::string(*args.begin()) + " on " + address() + " failed: " + io_error_;
+      owner_.note_error(why);
       drop();
+      if (timed_out_) {
+        // A server too slow to answer in time is not asked again for the
+        // reconnect interval: a request with many chunks waits one timeout,
+        // not one per chunk.
+        connect_error_ = why;
+        retry_at_ = std::chrono::steady_clock::now() +
+                    std::chrono::milliseconds(options_.reconnect_interval_ms);
+      }
     }
     up_.store(reply != nullptr, std::memory_order_relaxed);
     return reply;
@@ -197,15 +205,78 @@ class RedisStore::Connection {
  private:
   std::string address() const { return options_.host + ":" + std::to_string(options_.port); }
 
-  ReplyPtr run(std::initializer_list<std::string_view> args) {
+  // One command, start to reply, within command_timeout_ms in all (not per
+  // read: a server that sends a byte at a time cannot stretch it), ended
+  // early by the thread's cancellation check, and reading no more than
+  // max_reply plus framing.  Null on failure, with io_error_ saying why.
+  ReplyPtr run(std::initializer_list<std::string_view> args, size_t max_reply) {
     std::vector<const char*> argv;
     std::vector<size_t> argvlen;
     for (std::string_view a : args) {
       argv.push_back(a.data());
       argvlen.push_back(a.size());
     }
-    return ReplyPtr(static_cast<redisReply*>(
-        redisCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), argvlen.data())));
+    io_error_ = "no reply";
+    timed_out_ = false;
+    if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), argvlen.data()) !=
+        REDIS_OK)
+      return failed_io();
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.command_timeout_ms);
+    for (int done = 0; !done;) {
+      if (!wait_for(POLLOUT, deadline)) return nullptr;
+      if (redisBufferWrite(ctx_, &done) != REDIS_OK) return failed_io();
+    }
+    const size_t limit = max_reply + kReplyFraming;
+    for (;;) {
+      void* reply = nullptr;
+      if (redisGetReplyFromReader(ctx_, &reply) != REDIS_OK) return failed_io();
+      if (reply) {
+        ReplyPtr r(static_cast<redisReply*>(reply));
+        if (r->type == REDIS_REPLY_STRING && r->len > max_reply) return too_long(limit);
+        return r;
+      }
+      if (ctx_->reader->len - ctx_->reader->pos > limit) return too_long(limit);
+      if (!wait_for(POLLIN, deadline)) return nullptr;
+      if (redisBufferRead(ctx_) != REDIS_OK) return failed_io();
+    }
+  }
+
+  ReplyPtr failed_io() {
+    io_error_ = ctx_->errstr[0] ? ctx_->errstr : "no reply";
+    return nullptr;
+  }
+
+  ReplyPtr too_long(size_t limit) {
+    io_error_ = "the reply is longer than the " + std::to_string(limit) + " bytes asked for";
+    return nullptr;
+  }
+
+  // Waits until the socket is ready for `events`; false (io_error_ set) at
+  // the deadline or when the thread's work is cancelled.
+  bool wait_for(short events, std::chrono::steady_clock::time_point deadline) {
+    for (;;) {
+      if (cancel_requested()) {
+        io_error_ = "cancelled";
+        return false;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now())
+                            .count();
+      if (left <= 0) {
+        io_error_ =
+            "no complete reply within " + std::to_string(options_.command_timeout_ms) + " ms";
+        timed_out_ = true;
+        return false;
+      }
+      pollfd p{ctx_->fd, events, 0};
+      const int n = poll(&p, 1, static_cast<int>(std::min<long long>(left, kCancelPollMs)));
+      if (n > 0) return true;
+      if (n < 0 && errno != EINTR) {
+        io_error_ = std::string("poll: ") + std::strerror(errno);
+        return false;
+      }
+    }
   }
 
   void drop() {
@@ -216,10 +287,10 @@ class RedisStore::Connection {
   // A command whose reply must be +OK; false (connection dropped, error
   // noted) otherwise.
   bool setup_command(std::initializer_list<std::string_view> args, const char* what) {
-    ReplyPtr r = run(args);
+    ReplyPtr r = run(args, kSmallReply);
     if (r && r->type != REDIS_REPLY_ERROR) return true;
     connect_error_ = "redis " + std::string(what) + " on " + address() +
-                     " failed: " + (r ? std::string(r->str, r->len) : std::string(ctx_->errstr));
+                     " failed: " + (r ? std::string(r->str, r->len) : io_error_);
     owner_.note_error(connect_error_);
     drop();
     retry_at_ = std::chrono::steady_clock::now() +
@@ -247,11 +318,16 @@ class RedisStore::Connection {
       retry_at_ = now + std::chrono::milliseconds(options_.reconnect_interval_ms);
       return false;
     }
-    if (redisSetTimeout(ctx_, to_timeval(options_.command_timeout_ms)) != REDIS_OK) {
-      owner_.note_error("cannot set the redis command timeout: " + std::string(ctx_->errstr));
+    // Every read and write goes through run(), which polls first: the socket
+    // never blocks, so no single write or read can outlast the deadline.
+    const int fl = fcntl(ctx_->fd, F_GETFL);
+    if (fl < 0 || fcntl(ctx_->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+      owner_.note_error(std::string("cannot make the redis socket non-blocking: ") +
+                        std::strerror(errno));
       drop();
       return false;
     }
+    ctx_->flags &= ~REDIS_BLOCK;
     redisEnableKeepAlive(ctx_);
     if (!options_.password.empty()) {
       const bool ok = options_.username.empty()
@@ -272,6 +348,8 @@ class RedisStore::Connection {
   redisContext* ctx_ = nullptr;
   std::chrono::steady_clock::time_point retry_at_{};
   std::string connect_error_;  // why the last connect failed
+  std::string io_error_;       // why the last run() failed
+  bool timed_out_ = false;     // the last run() failed at its deadline
 };
 
 uint64_t RedisChunkHandle::layer_bytes(int layer) const {
@@ -284,11 +362,27 @@ uint64_t RedisChunkHandle::total_bytes() const {
   return n;
 }
 
+std::string redacted_redis_address(const std::string& text) {
+  const size_t scheme = text.find("://");
+  const size_t from = scheme == std::string::npos ? 0 : scheme + 3;
+  if (const size_t at = text.rfind('@'); at != std::string::npos && at >= from)
+    return text.substr(0, from) + "***" + text.substr(at);
+  // No '@': a "port" that is not a number may be a password typed without it.
+  const size_t end = std::min(text.size(), text.find('/', from));
+  const size_t colon = end == 0 ? std::string::npos : text.rfind(':', end - 1);
+  if (colon == std::string::npos || colon < from) return text;
+  const std::string port = text.substr(colon + 1, end - colon - 1);
+  if (!port.empty() && port.find_first_not_of("0123456789") == std::string::npos) return text;
+  return text.substr(0, colon + 1) + "***" + text.substr(end);
+}
+
 void parse_redis_address(const std::string& text, RedisOptions& options) {
+  // Every message names the address without its credentials.
+  const std::string shown = redacted_redis_address(text);
   std::string rest = text;
   const std::string scheme = "redis://";
   if (rest.rfind("rediss://", 0) == 0)
-    fail(ErrorCode::kInvalidArgument, "redis address '" + text +
+    fail(ErrorCode::kInvalidArgument, "redis address '" + shown +
                                           "': TLS (rediss://) is not supported by this build's "
                                           "hiredis");
   const bool url = rest.rfind(scheme, 0) == 0;
@@ -311,7 +405,7 @@ void parse_redis_address(const std::string& text, RedisOptions& options) {
         char* end = nullptr;
         const long n = std::strtol(db.c_str(), &end, 10);
         if (*end != '\0' || n < 0 || n > 65535)
-          fail(ErrorCode::kInvalidArgument, "redis address '" + text + "': bad database number");
+          fail(ErrorCode::kInvalidArgument, "redis address '" + shown + "': bad database number");
         options.db = static_cast<int>(n);
       }
     }
@@ -321,11 +415,11 @@ void parse_redis_address(const std::string& text, RedisOptions& options) {
     char* end = nullptr;
     const long n = std::strtol(port.c_str(), &end, 10);
     if (port.empty() || *end != '\0' || n <= 0 || n > 65535)
-      fail(ErrorCode::kInvalidArgument, "redis address '" + text + "': bad port '" + port + "'");
+      fail(ErrorCode::kInvalidArgument, "redis address '" + shown + "': bad port");
     options.port = static_cast<int>(n);
     rest = rest.substr(0, colon);
   }
-  if (rest.empty()) fail(ErrorCode::kInvalidArgument, "redis address '" + text + "': no host");
+  if (rest.empty()) fail(ErrorCode::kInvalidArgument, "redis address '" + shown + "': no host");
   options.host = rest;
 }
 
@@ -400,7 +494,8 @@ std::optional<RedisChunkHandle> RedisStore::lookup(const ChunkKey& key) {
     note_error("redis value of a chunk is corrupt (" + std::string(why) + ")");
     return miss();
   };
-  ReplyPtr r = reader_->command({"GETRANGE", h.name_, "0", std::to_string(kHeaderPrefetch - 1)});
+  ReplyPtr r = reader_->command({"GETRANGE", h.name_, "0", std::to_string(kHeaderPrefetch - 1)},
+                                kHeaderPrefetch);
   if (!r) return miss();
   if (r->type == REDIS_REPLY_ERROR) {
     note_error("redis GETRANGE failed: " + std::string(r->str, r->len));
@@ -412,7 +507,8 @@ std::optional<RedisChunkHandle> RedisStore::lookup(const ChunkKey& key) {
   if (n == 0) return corrupt("not a chunk header");
   if (header.size() < n) {
     ReplyPtr rest = reader_->command(
-        {"GETRANGE", h.name_, std::to_string(header.size()), std::to_string(n - 1)});
+        {"GETRANGE", h.name_, std::to_string(header.size()), std::to_string(n - 1)},
+        n - header.size());
     if (!rest || rest->type != REDIS_REPLY_STRING) return miss();
     header.insert(header.end(), rest->str, rest->str + rest->len);
   }
@@ -422,7 +518,7 @@ std::optional<RedisChunkHandle> RedisStore::lookup(const ChunkKey& key) {
     return corrupt("header checksum");
   h.shape_ = {get_le<int32_t>(&header[20]), get_le<int32_t>(&header[24]),
               get_le<int32_t>(&header[28]), get_le<int32_t>(&header[32])};
-  if (header[16] != static_cast<uint8_t>(codec) || !positive_shape(h.shape_) ||
+  if (header[16] != static_cast<uint8_t>(codec) || !shape_matches_key(h.shape_, key) ||
       static_cast<size_t>(h.shape_.n_layers) != (n - kFixedHeaderBytes) / kSegmentEntryBytes ||
       get_le<uint64_t>(&header[40]) != hash_key(key, codec))
     return corrupt("header does not match the key");
@@ -446,7 +542,8 @@ bool RedisStore::fetch_layer(const RedisChunkHandle& handle, int layer, float* k
   const uint64_t t0 = now_ns();
   throttle_->acquire(seg.size);
   ReplyPtr r = reader_->command({"GETRANGE", handle.name_, std::to_string(seg.offset),
-                                 std::to_string(seg.offset + seg.size - 1)});
+                                 std::to_string(seg.offset + seg.size - 1)},
+                                seg.size);
   counters_->read_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
   if (!r || r->type != REDIS_REPLY_STRING) return false;
   counters_->bytes_read.fetch_add(r->len, std::memory_order_relaxed);
@@ -474,6 +571,9 @@ bool RedisStore::fetch_layer(const RedisChunkHandle& handle, int layer, float* k
 }
 
 bool RedisStore::put(const ChunkKey& key, const ChunkKVView& kv) {
+  if (!shape_matches_key(kv.shape, key))
+    fail(ErrorCode::kInvalidArgument,
+         "redis store: the chunk's KV does not match its key's tokens");
   const Codec codec = resolve(key);
   const std::vector<uint8_t> value =
       encode_value(codec, kv, hash_key(key, codec), options_.zstd_level);
@@ -486,10 +586,17 @@ bool RedisStore::put(const ChunkKey& key, const ChunkKVView& kv) {
   if (!r || r->type == REDIS_REPLY_ERROR) {
     if (r) note_error("redis SET refused: " + std::string(r->str, r->len));
     counters_->put_failures.fetch_add(1, std::memory_order_relaxed);
+    writes_refused_until_ns_.store(
+        now_ns() + static_cast<uint64_t>(options_.reconnect_interval_ms) * 1000000u,
+        std::memory_order_relaxed);
     return false;
   }
   counters_->puts.fetch_add(1, std::memory_order_relaxed);
   return true;
+}
+
+bool RedisStore::writes_refused() const {
+  return now_ns() < writes_refused_until_ns_.load(std::memory_order_relaxed);
 }
 
 bool RedisStore::put_async(ChunkKey key, ChunkKV kv) {
@@ -515,30 +622,6 @@ bool RedisStore::remove(const ChunkKey& key) {
   if (r && r->type == REDIS_REPLY_ERROR)
     note_error("redis DEL failed: " + std::string(r->str, r->len));
   return r && r->type == REDIS_REPLY_INTEGER && r->integer > 0;
-}
-
-bool RedisStore::clear() {
-  const std::string match = glob_escape(options_.key_prefix) + "*";
-  std::string cursor = "0";
-  do {
-    ReplyPtr r = writer_->command({"SCAN", cursor, "MATCH", match, "COUNT", "1000"});
-    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-        r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
-      if (r && r->type == REDIS_REPLY_ERROR)
-        note_error("redis SCAN failed: " + std::string(r->str, r->len));
-      return false;
-    }
-    cursor.assign(r->element[0]->str, r->element[0]->len);
-    for (size_t i = 0; i < r->element[1]->elements; ++i) {
-      const redisReply* name = r->element[1]->element[i];
-      ReplyPtr del = writer_->command({"UNLINK", std::string_view(name->str, name->len)});
-      if (!del || del->type == REDIS_REPLY_ERROR) {
-        if (del) note_error("redis UNLINK failed: " + std::string(del->str, del->len));
-        return false;
-      }
-    }
-  } while (cursor != "0");
-  return true;
 }
 
 RedisStoreStats RedisStore::stats() const {

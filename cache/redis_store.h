@@ -34,10 +34,14 @@
 // made, a command that times out or fails (wrong password, OOM under
 // `maxmemory`), a missing value or one failing any check is a miss (lookup:
 // nullopt; fetch_layer: false) or a failed put, counted in stats() with the
-// last error's message; never an exception, a crash or wrong data.  No call
-// waits on the server longer than the connect or command timeout for any
-// one step; a broken connection is dropped and made again by a later call
-// (after a failed connect, calls miss at once for reconnect_interval_ms).
+// last error's message; never an exception, a crash or wrong data.  A
+// header must also match its key (shape_matches_key).  Each command, from
+// sending it to its whole reply, ends within command_timeout_ms in all (a
+// server sending a byte at a time cannot stretch it), sooner when the
+// thread's cancellation check (platform/cancel.h) says stop, and reads no
+// more than the bytes it asked for plus framing.  A broken connection is
+// dropped and made again by a later call (after a failed connect or a
+// command that timed out, calls miss at once for reconnect_interval_ms).
 // Writes to a closed socket raise no SIGPIPE in the process.
 //
 // Expiry and eviction are the server's (its maxmemory-policy; an optional
@@ -45,8 +49,8 @@
 // local tunnel).
 //
 // Thread safety: every member function may be called from any thread.
-// Reads (lookup, fetch_layer) share one connection and writes (put, remove,
-// clear) another, each serialized by its own mutex, so a large put never
+// Reads (lookup, fetch_layer) share one connection and writes (put, remove)
+// another, each serialized by its own mutex, so a large put never
 // delays a lookup.
 #pragma once
 
@@ -77,7 +81,7 @@ struct RedisOptions {
   int db = 0;            // SELECTed after connecting when not 0
   std::string key_prefix = "cb:";
   int connect_timeout_ms = 500;
-  int command_timeout_ms = 1000;     // per send or receive on the socket
+  int command_timeout_ms = 1000;     // per command, from sending it to its whole reply
   int reconnect_interval_ms = 1000;  // after a failed connect
   uint64_t ttl_seconds = 0;          // per value; 0: none (the server's eviction policy)
   uint64_t read_bytes_per_sec = 0;   // fetch_layer read cap (a slow link); 0 = none
@@ -88,8 +92,13 @@ struct RedisOptions {
 
 // Parses "host:port", "redis://[[user]:password@]host[:port][/db]" or a bare
 // host into `options` (fields not in the text keep their values).  Throws
-// cb::Error(kInvalidArgument) naming what is wrong.
+// cb::Error(kInvalidArgument) naming what is wrong and the address as
+// redacted_redis_address() shows it.
 void parse_redis_address(const std::string& text, RedisOptions& options);
+// The address without credentials: whatever precedes its last '@' (user
+// and password), or a non-numeric port (a password typed without the '@'),
+// replaced by "***".  How any message shows an address.
+std::string redacted_redis_address(const std::string& text);
 
 // A found chunk: its value's name and segment table.  Reads through it see
 // the value as it is then: if it was evicted or replaced meanwhile, a read
@@ -155,15 +164,18 @@ class RedisStore {
   // false: the server refused or did not answer (counted; see stats()).
   // Throws kInvalidArgument for a bad shape or values the codec cannot hold.
   bool put(const ChunkKey& key, const ChunkKVView& kv);
+  // True within reconnect_interval_ms of a put the server refused or did
+  // not answer (a full server, a read-only replica, an ACL without SET).
+  bool writes_refused() const;
   // Queues the put for the write-back worker.  false: the queue was full.
   bool put_async(ChunkKey key, ChunkKV kv);
   // Waits until every put_async queued before the call has finished.
   void flush();
   // DEL of the key's value.  false: there was none, or the server failed.
+  // There is no clear: the server's values are shared by every process and
+  // device that reaches it (other namespaces and models included), and
+  // leave by its eviction policy or a TTL.
   bool remove(const ChunkKey& key);
-  // Deletes every value under this store's key prefix (SCAN + UNLINK).
-  // false: the server failed part way.
-  bool clear();
 
   RedisStoreStats stats() const;
   Codec default_codec() const { return options_.codec; }
@@ -184,6 +196,7 @@ class RedisStore {
 
   struct Counters;
   std::unique_ptr<Counters> counters_;
+  std::atomic<uint64_t> writes_refused_until_ns_{0};  // now_ns() clock
   mutable std::mutex error_mu_;
   std::string last_error_;
 

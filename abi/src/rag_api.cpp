@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "api.h"
+#include "platform/cancel.h"
 #include "runtime/blend/blend_options.h"
 #include "runtime/blend/rag_request.h"
 #include "runtime/sampler.h"
@@ -383,9 +384,12 @@ cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const c
                             : std::string()) +
               ", more than the session's context of " + std::to_string(n_ctx) + " tokens");
     int32_t computed = 0;
+    // The session's abort check also ends a wait on a slow storage tier.
+    cb::ScopedCancelCheck cancel(s.stop_check() ? *s.stop_check() : cb::StopCheck());
     // rag_prefill skips empty chunks, so there is nothing to store for one
     // (the trailing blank line makes that impossible today).
-    if (!e.tokens.empty() && !cache->impl->kv().find(e.key)) {
+    if (!e.tokens.empty() &&
+        !cache->impl->kv().find(e.key, cb::chunk_kv_shape(s.model(), e.tokens.size()))) {
       session->generator->forget_logits();
       cb::cache::ChunkKV kv;
       try {
@@ -415,7 +419,10 @@ cb_status cb_chunk_cache_contains(const cb_model* model, cb_chunk_cache* cache,
     require(chunk_text != nullptr, "chunk_text is NULL");
     require(out_found != nullptr, "out_found is NULL");
     const ChunkEntry e = chunk_entry(m, chunk_text, opts);
-    *out_found = !e.tokens.empty() && cache->impl->kv().find(e.key) != nullptr ? 1 : 0;
+    *out_found = !e.tokens.empty() && cache->impl->kv().find(
+                                          e.key, cb::chunk_kv_shape(m, e.tokens.size())) != nullptr
+                     ? 1
+                     : 0;
     return CB_OK;
   });
 }

@@ -136,8 +136,8 @@ void ChunkCache::prepare_placement(Session& s, int n_threads) {
 
 void ChunkCache::add(const cache::ChunkKey& key, cache::ChunkKV kv) {
   if (tiered_) {
-    const std::optional<size_t> tier = tiered_->put_placed(key, std::move(kv));
-    flush();  // queued puts (flash, the slow directory, the server) are done
+    const std::optional<size_t> tier = tiered_->put_placed(key, std::move(kv), /*wait=*/true);
+    flush();  // demotions it made room with are queued
     if (!tier) {
       std::string why;
       for (const TierStats& t : tiered_->stats().tiers)
@@ -178,10 +178,9 @@ void ChunkCache::clear() {
     slow_->flush();
     slow_->clear();
   }
-  if (redis_) {
-    redis_->flush();
-    redis_->clear();
-  }
+  // The shared server is left alone: its values are every device's, and
+  // leave by its eviction policy or TTL (remove() drops a single chunk).
+  if (redis_) redis_->flush();
   if (tiered_) tiered_->forget_all();
 }
 

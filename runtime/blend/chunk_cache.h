@@ -89,6 +89,9 @@ class ChunkCache {
   // tier placement picks (and the shared tier); throws cb::Error(kIo) when
   // no tier takes it.  Without tiers, in the store on flash (or in RAM).
   void add(const cache::ChunkKey& key, cache::ChunkKV kv);
+  // Empties the tiers this cache holds itself (RAM, flash, the slow
+  // directory).  The Redis tier is shared with other processes and devices
+  // (their namespaces and models too) and is not cleared.
   void clear();
   // Returns once queued store writes and calibration saves are done.
   void flush();

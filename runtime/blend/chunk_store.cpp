@@ -21,10 +21,11 @@ class SharedChunkSource final : public ChunkLayerSource {
 
 }  // namespace
 
-std::unique_ptr<ChunkLayerSource> RamChunkStore::find(const cache::ChunkKey& key) {
+std::unique_ptr<ChunkLayerSource> RamChunkStore::find(const cache::ChunkKey& key,
+                                                      const cache::KvShape& shape) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(cache::serialize_key(key));
-  if (it == entries_.end()) return nullptr;
+  if (it == entries_.end() || !(it->second->shape == shape)) return nullptr;
   return std::make_unique<SharedChunkSource>(it->second);
 }
 

@@ -20,9 +20,18 @@ class ChunkStore {
  public:
   virtual ~ChunkStore() = default;
   // A reader of the chunk's layers, or null on a miss.  The reader stays
-  // valid even if the entry is evicted meanwhile.
-  virtual std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) = 0;
+  // valid even if the entry is evicted meanwhile.  `shape` is what the
+  // chunk's model and tokens make its KV (chunk_kv_shape): an entry of any
+  // other shape is a miss, so a reader never writes more rows than the
+  // caller holds and nothing is sized from what a store says.
+  virtual std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key,
+                                                 const cache::KvShape& shape) = 0;
+  // Keeps the chunk; a store that writes back asynchronously may still
+  // lose it (a full queue, a refusing server), counted in its stats.
   virtual void put(const cache::ChunkKey& key, cache::ChunkKV kv) = 0;
+  // Keeps the chunk before returning, or throws cb::Error (kIo) saying why
+  // not: for an ingest step, which reports the chunk stored.
+  virtual void put_now(const cache::ChunkKey& key, cache::ChunkKV kv) { put(key, std::move(kv)); }
   // Drops the entry, if any (readers already handed out stay valid).
   // false: there was none.
   virtual bool remove(const cache::ChunkKey& key) = 0;
@@ -35,7 +44,8 @@ class ChunkStore {
 // Chunk KV in RAM, exact (f32).  Thread-safe.
 class RamChunkStore final : public ChunkStore {
  public:
-  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) override;
+  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key,
+                                         const cache::KvShape& shape) override;
   void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
   bool remove(const cache::ChunkKey& key) override;
   size_t size() const;

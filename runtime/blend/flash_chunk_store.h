@@ -14,10 +14,13 @@ namespace cb {
 class FlashChunkStore final : public ChunkStore {
  public:
   explicit FlashChunkStore(std::shared_ptr<cache::FlashStore> store) : store_(std::move(store)) {}
-  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) override;
+  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key,
+                                         const cache::KvShape& shape) override;
   // Queued for write-back; dropped (and counted in the store's stats) when
   // the queue is full, since the request already has the KV it needs.
   void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
+  // Written now; kIo when it does not fit.
+  void put_now(const cache::ChunkKey& key, cache::ChunkKV kv) override;
   // After the write-backs queued before it (one of them may be this key's),
   // the entry and its blob go (cache::FlashStore::evict).
   bool remove(const cache::ChunkKey& key) override {

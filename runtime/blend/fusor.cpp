@@ -420,6 +420,12 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
   return s.logits_buffer();
 }
 
+cache::KvShape chunk_kv_shape(const Model& model, size_t n_tokens) {
+  const LlamaHparams& hp = model.hparams();
+  return {static_cast<int32_t>(hp.n_layer), static_cast<int32_t>(n_tokens),
+          static_cast<int32_t>(hp.n_head_kv), static_cast<int32_t>(hp.head_dim)};
+}
+
 cache::ChunkKV precompute_chunk_kv(Session& scratch, std::span<const int32_t> head,
                                    std::span<const int32_t> chunk) {
   if (chunk.empty()) fail(ErrorCode::kInvalidArgument, "cannot precompute an empty chunk");
@@ -432,10 +438,7 @@ cache::ChunkKV precompute_chunk_kv(Session& scratch, std::span<const int32_t> he
     if (t < 0 || t >= n_vocab)
       fail(ErrorCode::kInvalidArgument,
            "token id " + std::to_string(t) + " is outside the vocabulary");
-  const LlamaHparams& hp = scratch.model().hparams();
-  cache::ChunkKV kv(
-      cache::KvShape{static_cast<int32_t>(hp.n_layer), static_cast<int32_t>(chunk.size()),
-                     static_cast<int32_t>(hp.n_head_kv), static_cast<int32_t>(hp.head_dim)});
+  cache::ChunkKV kv(chunk_kv_shape(scratch.model(), chunk.size()));
   FusedForward f(scratch, tokens);
   f.is_cached.assign(static_cast<size_t>(n), 0);
   f.keep_always.assign(static_cast<size_t>(n), 1);

@@ -75,6 +75,10 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
                                     const BlendOptions& opts, FusionStats* stats = nullptr,
                                     const PipelineOptions& pipeline = {});
 
+// The shape of the KV of an n_tokens chunk under `model`: what a stored
+// chunk must have to be used (ChunkStore::find).
+cache::KvShape chunk_kv_shape(const Model& model, size_t n_tokens);
+
 // A chunk's KV: prefill of head + chunk in the empty session `scratch`
 // (left empty again), keeping the chunk's rows of K before RoPE and of V.
 cache::ChunkKV precompute_chunk_kv(Session& scratch, std::span<const int32_t> head,

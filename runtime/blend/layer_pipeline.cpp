@@ -4,6 +4,7 @@
 #include <chrono>
 #include <numeric>
 
+#include "platform/cancel.h"
 #include "runtime/llama_layer.h"
 
 namespace cb {
@@ -151,6 +152,12 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
 }
 
 void LayerPipeline::loader_main() {
+  // A read waiting on a slow store ends when the pipeline stops (a
+  // cancelled or failed request), not when the store gives up.
+  ScopedCancelCheck cancel([this] {
+    std::lock_guard lock(mu_);
+    return stop_;
+  });
   for (int64_t l = 0; l < n_layers_; ++l) {
     {
       std::unique_lock lock(mu_);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "platform/cancel.h"
 #include "platform/error.h"
 
 namespace cb {
@@ -97,6 +98,8 @@ void check_rag_request_fits(const Session& s, const RagPrompt& prompt, ChunkHead
 std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkStore* store,
                                    const RagPrefillOptions& opts, RagPrefillStats* stats) {
   check_rag_request_fits(s, prompt, opts.chunk_head);
+  // The session's abort check also ends a wait on a slow storage tier.
+  ScopedCancelCheck cancel(s.stop_check() ? *s.stop_check() : StopCheck());
   RagPrefillStats local;
   RagPrefillStats& st = stats ? *stats : local;
   st = RagPrefillStats{};
@@ -114,7 +117,8 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkSto
       if (chunk.empty()) continue;
       const cache::ChunkKey key =
           chunk_cache_key(s.model(), opts.chunk_head, head_tokens, chunk, opts.ns);
-      std::unique_ptr<ChunkLayerSource> src = store->find(key);
+      std::unique_ptr<ChunkLayerSource> src =
+          store->find(key, chunk_kv_shape(s.model(), chunk.size()));
       if (src) {
         ++st.cache_hits;
       } else {

@@ -8,21 +8,31 @@ namespace cb {
   fail(ErrorCode::kIo, "redis server unreachable: " + store_->stats().last_error);
 }
 
-std::unique_ptr<ChunkLayerSource> RedisChunkStore::find(const cache::ChunkKey& key) {
+std::unique_ptr<ChunkLayerSource> RedisChunkStore::find(const cache::ChunkKey& key,
+                                                        const cache::KvShape& shape) {
   std::optional<cache::RedisChunkHandle> h = store_->lookup(key);
   if (!h) {
     if (!store_->reachable()) unreachable();
     return nullptr;
   }
+  if (!(h->shape() == shape)) return nullptr;  // not this model's geometry: forged or foreign
   return std::make_unique<StoredChunkSource<cache::RedisStore, cache::RedisChunkHandle>>(
       store_, std::move(*h));
 }
 
 void RedisChunkStore::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
-  // Known down: refused here, so a tiered store keeps the chunk elsewhere.
+  // Known down or refusing writes: refused here, so a tiered store keeps
+  // the chunk elsewhere.
   if (!store_->reachable() && !store_->ping()) unreachable();
+  if (store_->writes_refused())
+    fail(ErrorCode::kIo, "redis server refuses writes: " + store_->stats().last_error);
   if (!store_->put_async(key, std::move(kv)))
     fail(ErrorCode::kIo, "redis write-back queue full: chunk not stored");
+}
+
+void RedisChunkStore::put_now(const cache::ChunkKey& key, cache::ChunkKV kv) {
+  if (!store_->put(key, kv.view()))
+    fail(ErrorCode::kIo, "redis server did not store the chunk: " + store_->stats().last_error);
 }
 
 }  // namespace cb

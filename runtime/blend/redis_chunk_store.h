@@ -1,11 +1,13 @@
 // The chunk store on a Redis or Valkey server: a ChunkStore over
 // cache::RedisStore.  Lookups read the value's header, layers are read one
 // GETRANGE at a time as the fusor asks for them, and new chunks are written
-// back asynchronously so a miss never waits for the network.  A server that
-// is down or unreachable makes find and put throw cb::Error(kIo) with the
-// store's last error (a tiered store counts that as the tier failing and
-// goes on without it); one that is slow or full makes misses and dropped
-// puts.
+// back asynchronously so a miss never waits for the network (put_now, for
+// an ingest, writes at once).  A server that is down or unreachable makes
+// find and put throw cb::Error(kIo) with the store's last error, and one
+// that refused a write makes put throw for the reconnect interval (a tiered
+// store counts that as the tier failing and keeps the chunk elsewhere); one
+// that is slow makes misses.  A value of another shape than the one asked
+// for is a miss.
 #pragma once
 
 #include <memory>
@@ -18,11 +20,16 @@ namespace cb {
 class RedisChunkStore final : public ChunkStore {
  public:
   explicit RedisChunkStore(std::shared_ptr<cache::RedisStore> store) : store_(std::move(store)) {}
-  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) override;
+  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key,
+                                         const cache::KvShape& shape) override;
   // Queued for write-back; kIo when the server is known to be down (the
-  // last read found it so, and a PING now does too) or the queue is full.
-  // A server that refuses the write later counts it in the store's stats.
+  // last read found it so, and a PING now does too), refused a write within
+  // the reconnect interval (full, read-only, no SET permission), or the
+  // queue is full: a tiered store then keeps the chunk in another tier.  A
+  // write the server refuses later is counted in the store's stats.
   void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
+  // Written now (SET); kIo with the server's answer when it is not stored.
+  void put_now(const cache::ChunkKey& key, cache::ChunkKV kv) override;
   // After the write-backs queued before it, the value goes (DEL).
   bool remove(const cache::ChunkKey& key) override {
     store_->flush();

@@ -45,6 +45,7 @@ enum class Arrival { kPlaced, kPromoted, kDemoted };
 struct TieredChunkStore::State {
   struct Budgeted {
     cache::ChunkKey key;
+    cache::KvShape shape;  // as put: what a demotion reads back
     uint64_t bytes = 0;
     std::list<std::string>::iterator lru;
     uint64_t hits = 0;  // finds this tier served it since it came
@@ -90,11 +91,12 @@ struct TieredChunkStore::State {
   }
 
   // The whole chunk from tier i, or nullopt.
-  std::optional<cache::ChunkKV> read_whole(size_t i, const cache::ChunkKey& key) {
+  std::optional<cache::ChunkKV> read_whole(size_t i, const cache::ChunkKey& key,
+                                           const cache::KvShape& shape) {
     try {
-      std::unique_ptr<ChunkLayerSource> src = tiers[i].config.store->find(key);
-      if (!src || !src->shape()) return std::nullopt;
-      cache::ChunkKV kv(*src->shape());
+      std::unique_ptr<ChunkLayerSource> src = tiers[i].config.store->find(key, shape);
+      if (!src) return std::nullopt;
+      cache::ChunkKV kv(shape);
       for (int l = 0; l < kv.shape.n_layers; ++l)
         if (!src->fetch_layer(l, kv.k_layer(l), kv.v_layer(l))) return std::nullopt;
       return kv;
@@ -104,9 +106,9 @@ struct TieredChunkStore::State {
     }
   }
 
-  bool holds(size_t i, const cache::ChunkKey& key) {
+  bool holds(size_t i, const cache::ChunkKey& key, const cache::KvShape& shape) {
     try {
-      return tiers[i].config.store->find(key) != nullptr;
+      return tiers[i].config.store->find(key, shape) != nullptr;
     } catch (const std::exception& e) {
       note_failure(i, e.what());
       return false;
@@ -116,12 +118,13 @@ struct TieredChunkStore::State {
   // Moves tier i's chunk `id` one tier down (or drops it from the last).
   void demote(size_t i, const std::string& id) {
     const cache::ChunkKey key = tiers[i].entries.at(id).key;
+    const cache::KvShape shape = tiers[i].entries.at(id).shape;
     forget(i, id);
     if (i + 1 < tiers.size()) {
-      if (holds(i + 1, key)) {
+      if (holds(i + 1, key, shape)) {
         touch(i + 1, id);
         tiers[i + 1].stats.demoted_in++;
-      } else if (std::optional<cache::ChunkKV> kv = read_whole(i, key)) {
+      } else if (std::optional<cache::ChunkKV> kv = read_whole(i, key, shape)) {
         store_in(i + 1, key, id, std::move(*kv), Arrival::kDemoted);
       }
     } else {
@@ -154,10 +157,12 @@ struct TieredChunkStore::State {
   // through to them).
   // Returns the tier that took it.
   // `only_this`: tier i or nothing.
+  // `wait`: each tier's put_now (stored before returning, or a failure).
   std::optional<size_t> store_in(size_t i, const cache::ChunkKey& key, const std::string& id,
                                  cache::ChunkKV kv, Arrival arrival, bool skip_shared = false,
-                                 bool only_this = false) {
+                                 bool only_this = false, bool wait = false) {
     const uint64_t bytes = decoded_bytes(kv);
+    const cache::KvShape shape = kv.shape;
     const size_t first = i;
     const size_t end = only_this ? i + 1 : tiers.size();
     for (; i < end; ++i) {
@@ -173,14 +178,19 @@ struct TieredChunkStore::State {
       try {
         // A copy for every tier but the last: the chunk must survive a put
         // that fails.
-        t.config.store->put(key, last ? std::move(kv) : cache::ChunkKV(kv));
+        cache::ChunkKV copy = last ? std::move(kv) : cache::ChunkKV(kv);
+        if (wait) {
+          t.config.store->put_now(key, std::move(copy));
+        } else {
+          t.config.store->put(key, std::move(copy));
+        }
       } catch (const std::exception& e) {
         note_failure(i, e.what());
         continue;
       }
       if (budgeted) {
         t.lru.push_back(id);
-        t.entries[id] = {key, bytes, std::prev(t.lru.end())};
+        t.entries[id] = {key, shape, bytes, std::prev(t.lru.end())};
         t.stats.budget_bytes += bytes;
       }
       (arrival == Arrival::kPlaced     ? t.stats.placed
@@ -245,11 +255,16 @@ struct TieredChunkStore::State {
 
   // Copies of a new chunk placed in tier `placed` into the shared tiers
   // below it.
-  void write_through(size_t placed, const cache::ChunkKey& key, const cache::ChunkKV& kv) {
+  void write_through(size_t placed, const cache::ChunkKey& key, const cache::ChunkKV& kv,
+                     bool wait) {
     for (size_t j = placed + 1; j < tiers.size(); ++j) {
       if (!tiers[j].config.shared) continue;
       try {
-        tiers[j].config.store->put(key, cache::ChunkKV(kv));
+        if (wait) {
+          tiers[j].config.store->put_now(key, cache::ChunkKV(kv));
+        } else {
+          tiers[j].config.store->put(key, cache::ChunkKV(kv));
+        }
         tiers[j].stats.placed++;
       } catch (const std::exception& e) {
         note_failure(j, e.what());
@@ -278,13 +293,19 @@ class TierSource final : public ChunkLayerSource {
   using State = TieredChunkStore::State;
   // From a slower tier, full reads are counted; with `promote`, a copy of
   // what is read is kept for a promotion.
+  // `shape`: the one the find asked for (the inner source's, checked by
+  // its store), never one a stored value claims.
   TierSource(std::shared_ptr<State> state, std::unique_ptr<ChunkLayerSource> inner,
-             cache::ChunkKey key, size_t from, std::optional<cache::KvShape> shape, bool promote)
-      : state_(std::move(state)), inner_(std::move(inner)), key_(std::move(key)), from_(from) {
-    if (from_ > 0 && shape) {
-      n_layers_ = shape->n_layers;
+             cache::ChunkKey key, size_t from, const cache::KvShape& shape, bool promote)
+      : state_(std::move(state)),
+        inner_(std::move(inner)),
+        key_(std::move(key)),
+        from_(from),
+        shape_(shape) {
+    if (from_ > 0) {
+      n_layers_ = shape.n_layers;
       got_.assign(static_cast<size_t>(n_layers_), false);
-      if (promote) copy_.emplace(*shape);
+      if (promote) copy_.emplace(shape);
     }
   }
 
@@ -321,7 +342,7 @@ class TierSource final : public ChunkLayerSource {
   }
   uint64_t layer_bytes(int64_t layer) const override { return inner_->layer_bytes(layer); }
   std::optional<cache::Codec> codec() const override { return inner_->codec(); }
-  std::optional<cache::KvShape> shape() const override { return inner_->shape(); }
+  std::optional<cache::KvShape> shape() const override { return shape_; }
 
  private:
   void note_read_failure() {
@@ -334,9 +355,10 @@ class TierSource final : public ChunkLayerSource {
   std::unique_ptr<ChunkLayerSource> inner_;
   cache::ChunkKey key_;
   size_t from_;
+  cache::KvShape shape_;
   std::optional<cache::ChunkKV> copy_;  // from a slower tier: what the fusor read
   std::vector<bool> got_;
-  int n_layers_ = 0;  // 0: not counting (the fastest tier, or no shape)
+  int n_layers_ = 0;  // 0: not counting (the fastest tier)
   int n_got_ = 0;
   bool failed_ = false;
 };
@@ -424,13 +446,14 @@ size_t TieredChunkStore::placement(const cache::KvShape& shape,
   return *pick_cheapest_hidden(choices);
 }
 
-std::unique_ptr<ChunkLayerSource> TieredChunkStore::find(const cache::ChunkKey& key) {
+std::unique_ptr<ChunkLayerSource> TieredChunkStore::find(const cache::ChunkKey& key,
+                                                         const cache::KvShape& shape) {
   State& s = *state_;
   const std::string id = cache::serialize_key(key);
   for (size_t i = 0; i < s.tiers.size(); ++i) {
     std::unique_ptr<ChunkLayerSource> src;
     try {
-      src = s.tiers[i].config.store->find(key);
+      src = s.tiers[i].config.store->find(key, shape);
     } catch (const std::exception& e) {
       std::lock_guard lock(s.mu);
       s.note_failure(i, e.what());
@@ -445,13 +468,12 @@ std::unique_ptr<ChunkLayerSource> TieredChunkStore::find(const cache::ChunkKey& 
     s.tiers[i].stats.hits++;
     s.touch(i, id);
     if (auto e = s.tiers[i].entries.find(id); e != s.tiers[i].entries.end()) e->second.hits++;
-    const std::optional<cache::KvShape> shape = src->shape();
     bool promote = false;
-    if (i > 0 && shape) {
+    if (i > 0) {
       auto c = s.slow_hits.find(id);
       const int count = (c == s.slow_hits.end() ? 0 : c->second) + 1;  // this read's
       promote = count >= s.options.promote_after_hits &&
-                s.admits(i, 2 * shape->layer_floats() * shape->n_layers * sizeof(float), count);
+                s.admits(i, 2 * shape.layer_floats() * shape.n_layers * sizeof(float), count);
     }
     return std::make_unique<TierSource>(state_, std::move(src), key, i, shape, promote);
   }
@@ -464,22 +486,29 @@ void TieredChunkStore::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
   put_placed(key, std::move(kv));
 }
 
-std::optional<size_t> TieredChunkStore::put_placed(const cache::ChunkKey& key, cache::ChunkKV kv) {
+void TieredChunkStore::put_now(const cache::ChunkKey& key, cache::ChunkKV kv) {
+  if (!put_placed(key, std::move(kv), /*wait=*/true))
+    fail(ErrorCode::kIo, "no storage tier took the chunk's KV");
+}
+
+std::optional<size_t> TieredChunkStore::put_placed(const cache::ChunkKey& key, cache::ChunkKV kv,
+                                                   bool wait) {
   const size_t tier = placement(kv.shape, key.model_fingerprint);
   State& s = *state_;
   std::lock_guard lock(s.mu);
   const std::string id = cache::serialize_key(key);
-  s.write_through(tier, key, kv);
+  s.write_through(tier, key, kv, wait);
   // Failing that tier and every one below, the nearest faster tier that
   // takes it (the chunk was computed: better kept fast than lost).
   if (tier == 0)
-    return s.store_in(0, key, id, std::move(kv), Arrival::kPlaced, /*skip_shared=*/true);
-  if (std::optional<size_t> at =
-          s.store_in(tier, key, id, cache::ChunkKV(kv), Arrival::kPlaced, /*skip_shared=*/true))
+    return s.store_in(0, key, id, std::move(kv), Arrival::kPlaced, /*skip_shared=*/true,
+                      /*only_this=*/false, wait);
+  if (std::optional<size_t> at = s.store_in(tier, key, id, cache::ChunkKV(kv), Arrival::kPlaced,
+                                            /*skip_shared=*/true, /*only_this=*/false, wait))
     return at;
   for (size_t up = tier; up-- > 0;) {
     if (std::optional<size_t> at = s.store_in(up, key, id, cache::ChunkKV(kv), Arrival::kPlaced,
-                                              /*skip_shared=*/true, /*only_this=*/true))
+                                              /*skip_shared=*/true, /*only_this=*/true, wait))
       return at;
   }
   return std::nullopt;

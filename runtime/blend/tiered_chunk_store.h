@@ -103,12 +103,18 @@ class TieredChunkStore final : public ChunkStore {
   explicit TieredChunkStore(std::vector<ChunkTier> tiers, TieredChunkStoreOptions options = {});
   ~TieredChunkStore() override;
 
-  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key) override;
+  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key,
+                                         const cache::KvShape& shape) override;
   void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
+  // put_placed(wait = true); kIo when no tier took the chunk.
+  void put_now(const cache::ChunkKey& key, cache::ChunkKV kv) override;
   // put(), saying where the chunk went: the tier that took it, or nullopt
-  // when every tier failed or refused it (puts that a store queues and
-  // later fails are counted by that store).
-  std::optional<size_t> put_placed(const cache::ChunkKey& key, cache::ChunkKV kv);
+  // when every tier failed or refused it.  Without `wait`, puts that a
+  // store queues and later fails are counted by that store; with it, every
+  // tier stores the chunk before returning (put_now) or fails, so a server
+  // that refuses the write sends the chunk to the next tier that takes it.
+  std::optional<size_t> put_placed(const cache::ChunkKey& key, cache::ChunkKV kv,
+                                   bool wait = false);
   // From every tier.  false: no tier had it.
   bool remove(const cache::ChunkKey& key) override;
 

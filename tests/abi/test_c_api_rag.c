@@ -528,6 +528,11 @@ void test_rag_tiers(cb_model* m) {
   so.redis_address = "rediss://127.0.0.1:6380";
   CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
   CHECK(strstr(cb_last_error(), "TLS") != NULL);
+  /* A mistyped URL: the message names the address, never its password. */
+  so.redis_address = "redis://app:hunter2pw@127.0.0.1:63z79";
+  CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(cb_last_error(), "port") != NULL);
+  CHECK(strstr(cb_last_error(), "hunter2pw") == NULL);
   so.redis_address = NULL;
   so.redis_password = "secret";
   CHECK_ERR(cb_chunk_cache_open(dir, &so, &cache), CB_ERR_INVALID_ARGUMENT);

@@ -11,12 +11,14 @@
 
 #include "cache/flash_store.h"
 #include "cache_test_util.h"
+#include "platform/cancel.h"
 #include "platform/error.h"
 #include "redis_test_util.h"
 
 namespace cb::cache {
 namespace {
 
+using testing::FakeServer;
 using testing::make_key;
 using testing::make_kv;
 using testing::make_tokens;
@@ -132,20 +134,6 @@ TEST_F(RedisStoreTest, TwoStoresShareChunksAndKeysStayApart) {
   EXPECT_FALSE(b->remove(key));
 }
 
-TEST_F(RedisStoreTest, ClearDeletesOnlyItsPrefix) {
-  RedisOptions o1 = options_for(server_);
-  RedisOptions o2 = o1;
-  o2.key_prefix = "other*[";  // glob characters are matched literally
-  auto s1 = RedisStore::open(o1);
-  auto s2 = RedisStore::open(o2);
-  const ChunkKV kv = make_kv(small_shape(), 3);
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(s1->put(make_key(make_tokens(40, i)), kv.view()));
-  ASSERT_TRUE(s2->put(make_key(make_tokens(40, 0)), kv.view()));
-  EXPECT_TRUE(s1->clear());
-  for (int i = 0; i < 5; ++i) EXPECT_FALSE(s1->lookup(make_key(make_tokens(40, i))));
-  EXPECT_TRUE(s2->lookup(make_key(make_tokens(40, 0))));
-}
-
 TEST_F(RedisStoreTest, TtlOptionSetsAnExpiry) {
   RedisOptions o = options_for(server_);
   o.ttl_seconds = 100;
@@ -229,6 +217,90 @@ TEST_F(RedisStoreTest, UnresponsiveServerTimesOut) {
   EXPECT_TRUE(store->lookup(key));
 }
 
+// A value whose header claims another shape than its key's tokens, with
+// every checksum right (anyone who can write to the server can build one),
+// is a miss: more tokens would write past the caller's rows, and a huge
+// count would size an allocation.
+TEST_F(RedisStoreTest, AHeaderClaimingAnotherTokenCountIsAMiss) {
+  auto store = RedisStore::open(options_for(server_));
+  const ChunkKey key = make_key(make_tokens(40, 11), Codec::kQ8);
+  const ChunkKV kv = make_kv(small_shape(), 11);
+  ASSERT_TRUE(store->put(key, kv.view()));
+  ASSERT_TRUE(store->lookup(key));
+  const std::string name = store->value_name(key);
+  redisContext* c = server_.connect();
+  const std::string value = raw(c, "GET %b", name);
+  for (int32_t tokens : {160, 80000, 2147483647, 0, -40}) {
+    KvShape forged = small_shape();
+    forged.n_tokens = tokens;
+    raw(c, "SET %b %b", name, testing::forge_redis_shape(value, forged));
+    EXPECT_FALSE(store->lookup(key)) << tokens << " tokens";
+  }
+  raw(c, "SET %b %b", name, value);
+  EXPECT_TRUE(store->lookup(key));
+  redisFree(c);
+  // A put whose KV does not match its key is the caller's bug.
+  EXPECT_THROW(store->put(make_key(make_tokens(39, 11)), kv.view()), Error);
+}
+
+RedisOptions options_for(const FakeServer& server, int timeout_ms) {
+  RedisOptions o;
+  o.port = server.port();
+  o.connect_timeout_ms = timeout_ms;
+  o.command_timeout_ms = timeout_ms;
+  o.reconnect_interval_ms = 0;
+  return o;
+}
+
+// A reply header, then a byte every 50 ms: each read ends well inside the
+// timeout, but the command as a whole must not outlast it.
+TEST(RedisMisbehaving, ASlowDripEndsAtTheCommandTimeout) {
+  FakeServer server("$100\r\n", 100, 50, 0);
+  auto store = RedisStore::open(options_for(server, 300));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(store->lookup(make_key(make_tokens(40, 1))));
+  const double took = seconds_since(t0);
+  EXPECT_GE(took, 0.25);
+  EXPECT_LT(took, 1.0);
+  EXPECT_NE(store->stats().last_error.find("within 300 ms"), std::string::npos)
+      << store->stats().last_error;
+  // A request's other chunks do not wait again within the reconnect
+  // interval.
+  auto slow = options_for(server, 300);
+  slow.reconnect_interval_ms = 60000;
+  auto backing_off = RedisStore::open(slow);  // its PING is answered
+  EXPECT_FALSE(backing_off->lookup(make_key(make_tokens(40, 2))));
+  const auto t1 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(backing_off->lookup(make_key(make_tokens(40, 3 + i))));
+  EXPECT_LT(seconds_since(t1), 0.1);
+}
+
+// The thread's cancellation check (a session's abort callback) ends the
+// wait long before the timeout.
+TEST(RedisMisbehaving, ACancelledRequestStopsWaiting) {
+  FakeServer server("$100\r\n", 100, 50, 0);
+  auto store = RedisStore::open(options_for(server, 10000));
+  const auto t0 = std::chrono::steady_clock::now();
+  ScopedCancelCheck cancel([&] { return seconds_since(t0) > 0.2; });
+  EXPECT_FALSE(store->lookup(make_key(make_tokens(40, 1))));
+  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_NE(store->stats().last_error.find("cancelled"), std::string::npos)
+      << store->stats().last_error;
+}
+
+// A reply far longer than the 4 KiB header read asked for is cut off, not
+// buffered whole.
+TEST(RedisMisbehaving, AnOversizedReplyIsRefused) {
+  constexpr size_t kFlood = 256u << 20;
+  FakeServer server("$" + std::to_string(kFlood) + "\r\n", 0, 0, kFlood);
+  auto store = RedisStore::open(options_for(server, 5000));
+  EXPECT_FALSE(store->lookup(make_key(make_tokens(40, 1))));
+  EXPECT_NE(store->stats().last_error.find("longer than"), std::string::npos)
+      << store->stats().last_error;
+  // What the client took before hanging up, plus what the kernel buffers.
+  EXPECT_LT(server.sent(), size_t{32} << 20);
+}
+
 TEST(RedisStoreDown, NoServerIsAMissAndOpenStillWorks) {
   RedisOptions o;
   o.port = testing::free_loopback_port();
@@ -258,6 +330,24 @@ TEST(RedisStoreOptions, BadOptionsAreClearErrors) {
   o = {};
   o.username = "alice";
   EXPECT_THROW(RedisStore::open(o), Error);
+}
+
+// No message names a password, whatever is mistyped around it.
+TEST(RedisStoreOptions, ErrorsNeverShowThePassword) {
+  for (const char* address : {"redis://user:s3cretpw@host:port", "redis://:s3cretpw@host:6379/db9x",
+                              "redis://user:s3cretpw@:6379", "redis://user:s3cretpw",
+                              "user:s3cretpw@host:0", "rediss://user:s3cretpw@host:6379"}) {
+    RedisOptions o;
+    try {
+      parse_redis_address(address, o);
+      ADD_FAILURE() << "accepted " << address;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).find("s3cretpw"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("redis address"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(redacted_redis_address("redis://u:pw@h:1/2"), "redis://***@h:1/2");
+  EXPECT_EQ(redacted_redis_address("h:6379"), "h:6379");
 }
 
 TEST(RedisStoreOptions, ParsesAddresses) {

@@ -54,7 +54,7 @@ TEST(Throttle, StoreReadsAreCapped) {
   StoreOptions opt;
   opt.read_bytes_per_sec = 4'000'000;
   auto store = FlashStore::open(dir.path(), opt);
-  const ChunkKey key = make_key(make_tokens(40, 1));
+  const ChunkKey key = make_key(make_tokens(128, 1));
   ASSERT_EQ(store->put(key, make_kv({4, 128, 3, 64}, 1).view()), PutResult::kStored);
   auto h = store->lookup(key);
   ASSERT_TRUE(h);

@@ -12,6 +12,7 @@
 
 #include "platform/error.h"
 #include "runtime/blend/calibration.h"
+#include "tests/cache/redis_test_util.h"
 #include "tests/runtime/model_path.h"
 #include "tests/runtime/rag_request_fixture.h"
 
@@ -66,6 +67,34 @@ TEST_F(ChunkCacheTest, AutoRatioNeedsFlash) {
   Session s(model, {.n_ctx = 512, .n_threads = 2});
   ChunkCache in_ram;
   EXPECT_THROW(in_ram.prefill(s, test::lighthouse_prompt(model), {}, true, 2, nullptr), Error);
+  EXPECT_EQ(s.n_past(), 0);
+}
+
+// A server that sends a reply header and then a byte every 50 ms (20 s in
+// all) under a 10 s command timeout: the session's abort check (a chat's
+// Ctrl-C) ends the request within a step, not when the server is done.
+TEST_F(ChunkCacheTest, AbortEndsAWaitOnASlowServer) {
+  const Model& model = test::shared_model();
+  cache::testing::FakeServer server("$1000\r\n", 400, 50, 0);
+  ChunkCacheTiers tiers;
+  cache::RedisOptions ro;
+  ro.port = server.port();
+  ro.connect_timeout_ms = ro.command_timeout_ms = 10000;
+  ro.reconnect_interval_ms = 0;
+  tiers.redis = ro;
+  ChunkCache cache(dir.string(), {}, 0.0, tiers);
+  Session s(model, {.n_ctx = 512, .n_threads = 2});
+  s.set_stop_check([&] { return server.seconds_since_asked() > 0.2; });
+  try {
+    cache.prefill(s, test::lighthouse_prompt(model), {}, false, 2, nullptr);
+    FAIL() << "not cancelled";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCancelled) << e.what();
+  }
+  ASSERT_TRUE(server.asked());
+  // From the first read of the server to the end: the abort's 200 ms and a
+  // step, not the drip's 20 s.
+  EXPECT_LT(server.seconds_since_asked(), 2.0);
   EXPECT_EQ(s.n_past(), 0);
 }
 

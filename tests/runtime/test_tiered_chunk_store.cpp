@@ -14,6 +14,7 @@
 #include "cache/flash_store.h"
 #include "cache/redis_store.h"
 #include "platform/error.h"
+#include "runtime/blend/chunk_cache.h"
 #include "runtime/blend/flash_chunk_store.h"
 #include "runtime/blend/redis_chunk_store.h"
 
@@ -136,7 +137,7 @@ TEST(TieredChunkStore, PlacesOnTheCheapestTierThatStaysHidden) {
   const cache::ChunkKey key = make_key(tokens(1));
   at_05.store->put(key, make_kv(kShape, 1));
   at_05.flush();
-  EXPECT_FALSE(at_05.ram->find(key));
+  EXPECT_FALSE(at_05.ram->find(key, kShape));
   EXPECT_FALSE(at_05.flash->lookup(key));
   EXPECT_TRUE(at_05.sd->lookup(key));
   EXPECT_EQ(at_05.store->stats().tiers[2].placed, 1u);
@@ -149,7 +150,7 @@ TEST(TieredChunkStore, TheFastestTierHoldingTheChunkServesIt) {
   t.store->tier_store(2).put(key, kv);
   t.store->tier_store(0).put(key, kv);
   t.flush();
-  auto src = t.store->find(key);
+  auto src = t.store->find(key, kShape);
   ASSERT_TRUE(src);
   auto got = read_all(*src);
   ASSERT_TRUE(got);
@@ -157,7 +158,7 @@ TEST(TieredChunkStore, TheFastestTierHoldingTheChunkServesIt) {
   const TieredStats st = t.store->stats();
   EXPECT_EQ(st.tiers[0].hits, 1u);
   EXPECT_EQ(st.tiers[2].hits, 0u);
-  EXPECT_FALSE(t.store->find(make_key(tokens(99))));
+  EXPECT_FALSE(t.store->find(make_key(tokens(99)), kShape));
   EXPECT_EQ(t.store->stats().misses, 1u);
 }
 
@@ -171,18 +172,18 @@ TEST(TieredChunkStore, AChunkReadInFullFromASlowerTierMovesUp) {
   t.flush();
   // A partial read promotes nothing.
   {
-    auto src = t.store->find(key);
+    auto src = t.store->find(key, kShape);
     ASSERT_TRUE(src);
     cache::ChunkKV tmp(kShape);
     ASSERT_TRUE(src->fetch_layer(0, tmp.k_layer(0), tmp.v_layer(0)));
   }
   // One full read: still below promote_after_hits.
-  auto first = t.store->find(key);
+  auto first = t.store->find(key, kShape);
   ASSERT_TRUE(first && read_all(*first));
   t.flush();
   EXPECT_FALSE(t.flash->lookup(key));
   // The second full read copies it one tier up (flash), keeping the slow copy.
-  auto second = t.store->find(key);
+  auto second = t.store->find(key, kShape);
   ASSERT_TRUE(second);
   auto from_sd = read_all(*second);
   ASSERT_TRUE(from_sd);
@@ -191,7 +192,7 @@ TEST(TieredChunkStore, AChunkReadInFullFromASlowerTierMovesUp) {
   EXPECT_TRUE(t.sd->lookup(key));
   EXPECT_EQ(t.store->stats().tiers[1].promoted_in, 1u);
   // Now flash serves it, bit for bit what the slow tier served (both f16).
-  auto third = t.store->find(key);
+  auto third = t.store->find(key, kShape);
   ASSERT_TRUE(third);
   auto from_flash = read_all(*third);
   ASSERT_TRUE(from_flash);
@@ -208,12 +209,12 @@ TEST(TieredChunkStore, RamBudgetOverflowDemotesTheLeastRecentlyUsed) {
   for (int i = 0; i < 3; ++i) keys.push_back(make_key(tokens(10 + i)));
   t.store->put(keys[0], make_kv(kShape, 10));
   t.store->put(keys[1], make_kv(kShape, 11));
-  ASSERT_TRUE(t.store->find(keys[0]));  // keys[1] is now the least recently used
+  ASSERT_TRUE(t.store->find(keys[0], kShape));  // keys[1] is now the least recently used
   t.store->put(keys[2], make_kv(kShape, 12));
   t.flush();
-  EXPECT_TRUE(t.ram->find(keys[0]));
-  EXPECT_FALSE(t.ram->find(keys[1]));
-  EXPECT_TRUE(t.ram->find(keys[2]));
+  EXPECT_TRUE(t.ram->find(keys[0], kShape));
+  EXPECT_FALSE(t.ram->find(keys[1], kShape));
+  EXPECT_TRUE(t.ram->find(keys[2], kShape));
   EXPECT_EQ(t.ram->bytes(), 2 * kChunkBytes);
   auto h = t.flash->lookup(keys[1]);
   ASSERT_TRUE(h);
@@ -224,25 +225,25 @@ TEST(TieredChunkStore, RamBudgetOverflowDemotesTheLeastRecentlyUsed) {
   EXPECT_EQ(st.tiers[0].budget_bytes, 2 * kChunkBytes);
   EXPECT_EQ(st.tiers[1].demoted_in, 1u);
   // Still found, now from flash.
-  EXPECT_TRUE(t.store->find(keys[1]));
+  EXPECT_TRUE(t.store->find(keys[1], kShape));
   EXPECT_EQ(t.store->stats().tiers[1].hits, 1u);
   // Larger than the whole budget: straight to the next tier.
   const cache::KvShape big{10, 300, 1, 64};
   const cache::ChunkKey big_key = make_key(make_tokens(300, 5));
   t.store->put(big_key, make_kv(big, 5));
   t.flush();
-  EXPECT_FALSE(t.ram->find(big_key));
+  EXPECT_FALSE(t.ram->find(big_key, big));
   EXPECT_TRUE(t.flash->lookup(big_key));
   // remove() takes it from every tier.
   EXPECT_TRUE(t.store->remove(keys[1]));
-  EXPECT_FALSE(t.store->find(keys[1]));
+  EXPECT_FALSE(t.store->find(keys[1], kShape));
 }
 
 // A tier whose storage fails: every call throws, as a FlashStore does when
 // its index cannot be read.
 class FailingStore final : public ChunkStore {
  public:
-  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey&) override {
+  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey&, const cache::KvShape&) override {
     fail(ErrorCode::kIo, "index unreadable (test)");
   }
   void put(const cache::ChunkKey&, cache::ChunkKV) override {
@@ -261,8 +262,8 @@ TEST(TieredChunkStore, AFailingTierIsSkipped) {
   const cache::ChunkKV kv = make_kv(kShape, 4);
   EXPECT_EQ(store.placement(kShape), 0u);  // the broken tier would be chosen...
   store.put(key, kv);                      // ...and the chunk falls through to RAM
-  EXPECT_TRUE(ram->find(key));
-  auto src = store.find(key);
+  EXPECT_TRUE(ram->find(key, kShape));
+  auto src = store.find(key, kShape);
   ASSERT_TRUE(src);
   auto got = read_all(*src);
   ASSERT_TRUE(got);
@@ -335,12 +336,12 @@ TEST(TieredChunkStore, PromotionSkipsASlowerTierAbove) {
   const cache::ChunkKey key = make_key(tokens(33));
   store.tier_store(2).put(key, make_kv(kShape, 33));
   fast->flush();
-  auto src = store.find(key);
+  auto src = store.find(key, kShape);
   ASSERT_TRUE(src);
   ASSERT_TRUE(read_all(*src));
   sd->flush();
-  EXPECT_TRUE(ram->find(key));    // promoted past the slower directory ...
-  EXPECT_FALSE(sd->lookup(key));  // ... which got nothing
+  EXPECT_TRUE(ram->find(key, kShape));  // promoted past the slower directory ...
+  EXPECT_FALSE(sd->lookup(key));        // ... which got nothing
   EXPECT_EQ(store.stats().tiers[0].promoted_in, 1u);
   EXPECT_EQ(store.stats().tiers[1].promoted_in, 0u);
 }
@@ -355,20 +356,20 @@ TEST(TieredChunkStore, AFullTierAdmitsOnlyAChunkReadMoreOften) {
   t.store->tier_store(1).put(b, make_kv(kShape, 35));
   t.flush();
   const auto read = [&](const cache::ChunkKey& key) {
-    auto src = t.store->find(key);
+    auto src = t.store->find(key, kShape);
     return src && read_all(*src).has_value();
   };
   ASSERT_TRUE(read(a));  // a: 1 hit in RAM
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(read(b));  // b: 1, then 2 full reads from flash: not more than 1 + 1
-    EXPECT_TRUE(t.ram->find(a));
-    EXPECT_FALSE(t.ram->find(b));
+    EXPECT_TRUE(t.ram->find(a, kShape));
+    EXPECT_FALSE(t.ram->find(b, kShape));
     EXPECT_EQ(t.store->stats().tiers[0].promoted_in, 0u);
   }
   ASSERT_TRUE(read(b));  // b: 3 > 2: in, and a goes down to flash
   t.flush();
-  EXPECT_TRUE(t.ram->find(b));
-  EXPECT_FALSE(t.ram->find(a));
+  EXPECT_TRUE(t.ram->find(b, kShape));
+  EXPECT_FALSE(t.ram->find(a, kShape));
   EXPECT_TRUE(t.flash->lookup(a));
   const TieredStats st = t.store->stats();
   EXPECT_EQ(st.tiers[0].promoted_in, 1u);
@@ -382,13 +383,13 @@ TEST(TieredChunkStore, CountsMissesHitsAndBytesPerTier) {
   const cache::ChunkKey key = make_key(tokens(31));
   t.store->tier_store(2).put(key, make_kv(kShape, 31));
   t.flush();
-  auto src = t.store->find(key);
+  auto src = t.store->find(key, kShape);
   ASSERT_TRUE(src);
   uint64_t stored = 0;
   for (int l = 0; l < kShape.n_layers; ++l) stored += src->layer_bytes(l);
   EXPECT_GT(stored, 0u);
   ASSERT_TRUE(read_all(*src));
-  EXPECT_FALSE(t.store->find(make_key(tokens(32))));
+  EXPECT_FALSE(t.store->find(make_key(tokens(32)), kShape));
   const TieredStats st = t.store->stats();
   EXPECT_EQ(st.tiers[0].misses, 2u);
   EXPECT_EQ(st.tiers[1].misses, 2u);
@@ -405,7 +406,7 @@ TEST(TieredChunkStore, SourcesOutliveTheStore) {
   const cache::ChunkKey key = make_key(tokens(6));
   t.store->tier_store(1).put(key, make_kv(kShape, 6));
   t.flush();
-  auto src = t.store->find(key);
+  auto src = t.store->find(key, kShape);
   ASSERT_TRUE(src);
   t.store.reset();
   auto got = read_all(*src);  // completes a promotion into the orphaned RAM tier
@@ -431,16 +432,16 @@ TEST(TieredChunkStoreRedis, DemotesToAndPromotesFromRedis) {
   store.put(a, make_kv(kShape, 20));
   store.put(b, make_kv(kShape, 21));  // a goes down to Redis
   redis->flush();
-  EXPECT_FALSE(ram->find(a));
+  EXPECT_FALSE(ram->find(a, kShape));
   ASSERT_TRUE(redis->lookup(a));
-  auto src = store.find(a);
+  auto src = store.find(a, kShape);
   ASSERT_TRUE(src);
   auto got = read_all(*src);  // promoted to RAM; b goes down
   ASSERT_TRUE(got);
   EXPECT_TRUE(cache::testing::equals_f16_of(*got, make_kv(kShape, 20)));
   redis->flush();
-  EXPECT_TRUE(ram->find(a));
-  EXPECT_FALSE(ram->find(b));
+  EXPECT_TRUE(ram->find(a, kShape));
+  EXPECT_FALSE(ram->find(b, kShape));
   EXPECT_TRUE(redis->lookup(b));
   const TieredStats st = store.stats();
   EXPECT_EQ(st.tiers[0].promoted_in, 1u);
@@ -471,9 +472,9 @@ TEST(TieredChunkStoreRedis, ASharedTierGetsEveryPlacedChunk) {
   const cache::ChunkKey key = make_key(tokens(40));
   EXPECT_EQ(one->put_placed(key, make_kv(kShape, 40)), 0u);  // uncalibrated: RAM
   redis1->flush();
-  EXPECT_TRUE(ram1->find(key));
+  EXPECT_TRUE(ram1->find(key, kShape));
   EXPECT_EQ(one->stats().tiers[1].placed, 1u);  // and written through
-  auto src = two->find(key);
+  auto src = two->find(key, kShape);
   ASSERT_TRUE(src);
   auto got = read_all(*src);
   ASSERT_TRUE(got);
@@ -483,7 +484,7 @@ TEST(TieredChunkStoreRedis, ASharedTierGetsEveryPlacedChunk) {
   EXPECT_EQ(st.tiers[1].hits, 1u);
   EXPECT_GT(st.tiers[1].bytes_read, 0u);
   EXPECT_EQ(st.tiers[0].promoted_in, 1u);  // read in full: now in device two's RAM
-  EXPECT_TRUE(ram2->find(key));
+  EXPECT_TRUE(ram2->find(key, kShape));
 }
 
 // The server killed: a source already handed out fails its reads (counted),
@@ -509,11 +510,11 @@ TEST(TieredChunkStoreRedis, AKilledServerFailsOverToTheTiersAbove) {
   EXPECT_EQ(store.put_placed(a, make_kv(kShape, 41)), 1u);
   redis->flush();
   EXPECT_FALSE(flash->lookup(a));
-  auto src = store.find(a);
+  auto src = store.find(a, kShape);
   ASSERT_TRUE(src);
   server.stop();
   EXPECT_FALSE(read_all(*src));
-  EXPECT_FALSE(store.find(a));
+  EXPECT_FALSE(store.find(a, kShape));
   EXPECT_EQ(store.put_placed(b, make_kv(kShape, 42)), 0u);  // flash, the tier above
   flash->flush();
   EXPECT_TRUE(flash->lookup(b));
@@ -536,13 +537,136 @@ TEST(TieredChunkStoreRedis, AServerThatIsDownIsPassedOver) {
   TieredChunkStore store(std::move(tiers));
   const cache::ChunkKey key = make_key(tokens(7), Codec::kQ8);
   ASSERT_EQ(flash->put(key, make_kv(kShape, 7).view()), cache::PutResult::kStored);
-  auto src = store.find(key);
+  auto src = store.find(key, kShape);
   ASSERT_TRUE(src);
   EXPECT_TRUE(read_all(*src));  // the promotion to Redis is dropped, counted there
   redis->flush();
   EXPECT_EQ(store.stats().tiers[1].hits, 1u);
   EXPECT_GE(redis->stats().errors, 1u);
   EXPECT_NE(redis->stats().last_error.find("cannot connect"), std::string::npos);
+}
+
+// Flash (f16) over a real redis-server (f16, shared), placed on the server
+// at ratio 0.15 as in AKilledServerFailsOverToTheTiersAbove.
+struct FlashOverRedis {
+  explicit FlashOverRedis(std::vector<std::string> server_args = {})
+      : server(std::move(server_args)) {
+    started = server.start();
+    cache::StoreOptions so;
+    so.codec = Codec::kF16;
+    flash = std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir.path(), so));
+    cache::RedisOptions ro;
+    ro.port = server.port();
+    ro.codec = Codec::kF16;
+    ro.reconnect_interval_ms = 60000;
+    redis = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
+    std::vector<ChunkTier> tiers;
+    tiers.push_back(tier("flash", 1e8, 1, std::make_shared<FlashChunkStore>(flash), Codec::kF16));
+    tiers.push_back(tier("redis", 1e8, 0, std::make_shared<RedisChunkStore>(redis), Codec::kF16));
+    tiers.back().shared = true;
+    store = std::make_unique<TieredChunkStore>(std::move(tiers), calibrated(0.15));
+  }
+  cache::testing::RedisServer server;
+  std::string started;
+  TempDir dir;
+  std::shared_ptr<cache::FlashStore> flash;
+  std::shared_ptr<cache::RedisStore> redis;
+  std::unique_ptr<TieredChunkStore> store;
+};
+
+// A value on the server whose header claims another shape (checksums
+// right) is a miss for a request of this model, and is neither read into
+// the request's rows nor promoted into flash.
+TEST(TieredChunkStoreRedis, AForgedShapeOnTheServerIsAMissAndNotPromoted) {
+  FlashOverRedis t;
+  ASSERT_EQ(t.started, "");
+  const cache::ChunkKey key = make_key(tokens(51));
+  ASSERT_TRUE(t.redis->put(key, make_kv(kShape, 51).view()));
+  ASSERT_TRUE(t.store->find(key, kShape));
+  redisContext* c = t.server.connect();
+  const std::string name = t.redis->value_name(key);
+  auto* r = static_cast<redisReply*>(redisCommand(c, "GET %b", name.data(), name.size()));
+  ASSERT_TRUE(r && r->type == REDIS_REPLY_STRING);
+  const std::string value(r->str, r->len);
+  freeReplyObject(r);
+  cache::KvShape wider = kShape;
+  wider.head_dim *= 4;  // the key's tokens, another model's geometry
+  cache::KvShape longer = kShape;
+  longer.n_tokens *= 4;
+  for (const cache::KvShape& forged : {wider, longer}) {
+    const std::string bad = cache::testing::forge_redis_shape(value, forged);
+    r = static_cast<redisReply*>(
+        redisCommand(c, "SET %b %b", name.data(), name.size(), bad.data(), bad.size()));
+    freeReplyObject(r);
+    EXPECT_FALSE(t.store->find(key, kShape));
+  }
+  t.flash->flush();
+  EXPECT_FALSE(t.flash->lookup(key));
+  redisFree(c);
+}
+
+// A server that is up but refuses writes (a read-only replica): an ingest's
+// put goes to flash instead, and the server's tier counts a failure, not a
+// placement; later puts pass it over while it keeps refusing.
+TEST(TieredChunkStoreRedis, AServerThatRefusesWritesLosesNoChunk) {
+  FlashOverRedis t(
+      {"--replicaof", "127.0.0.1", std::to_string(cache::testing::free_loopback_port())});
+  ASSERT_EQ(t.started, "");
+  const cache::ChunkKey a = make_key(tokens(61)), b = make_key(tokens(62));
+  EXPECT_EQ(t.store->put_placed(a, make_kv(kShape, 61), /*wait=*/true), 0u);
+  EXPECT_TRUE(t.flash->lookup(a));
+  EXPECT_EQ(t.store->put_placed(b, make_kv(kShape, 62)), 0u);  // a request's miss
+  t.flash->flush();
+  EXPECT_TRUE(t.flash->lookup(b));
+  const TieredStats st = t.store->stats();
+  EXPECT_EQ(st.tiers[1].placed, 0u);
+  EXPECT_EQ(st.tiers[1].failures, 2u);
+  EXPECT_NE(st.tiers[1].last_error.find("READONLY"), std::string::npos) << st.tiers[1].last_error;
+  EXPECT_EQ(st.tiers[0].placed, 2u);
+}
+
+// The same through a chunk cache's add (an ingest step): the chunk is
+// written through to the server, which refuses it; the tier's counters say
+// so.
+TEST(ChunkCacheRedis, AddCountsAWriteTheServerRefuses) {
+  cache::testing::RedisServer server(
+      {"--replicaof", "127.0.0.1", std::to_string(cache::testing::free_loopback_port())});
+  ASSERT_EQ(server.start(), "");
+  TempDir dir;
+  ChunkCacheTiers tiers;
+  cache::RedisOptions ro;
+  ro.port = server.port();
+  tiers.redis = ro;
+  cache::StoreOptions so;
+  ChunkCache cc(dir.path(), so, 0.0, tiers);
+  cc.add(make_key(tokens(71), Codec::kQ8), make_kv(kShape, 71));
+  const TieredStats st = cc.tier_stats();
+  ASSERT_EQ(st.tiers.size(), 2u);
+  EXPECT_EQ(st.tiers[0].placed, 1u);  // flash
+  EXPECT_EQ(st.tiers[1].placed, 0u);
+  EXPECT_EQ(st.tiers[1].failures, 1u);
+}
+
+// Clearing a cache leaves the shared server alone: its values are other
+// processes' and devices' too (other namespaces and models included).
+TEST(ChunkCacheRedis, ClearLeavesTheSharedServerAlone) {
+  cache::testing::RedisServer server;
+  ASSERT_EQ(server.start(), "");
+  TempDir dir;
+  ChunkCacheTiers tiers;
+  cache::RedisOptions ro;
+  ro.port = server.port();
+  tiers.redis = ro;
+  ChunkCache cc(dir.path(), cache::StoreOptions{}, 0.0, tiers);
+  const cache::ChunkKey mine = make_key(tokens(81), Codec::kQ8);
+  cc.add(mine, make_kv(kShape, 81));
+  auto other = cache::RedisStore::open(ro);
+  const cache::ChunkKey theirs = make_key(tokens(82), Codec::kQ8, "another-app");
+  ASSERT_TRUE(other->put(theirs, make_kv(kShape, 82).view()));
+  cc.clear();
+  EXPECT_EQ(cc.stats().entries, 0u);
+  EXPECT_TRUE(other->lookup(theirs));
+  EXPECT_TRUE(other->lookup(mine));
 }
 
 }  // namespace

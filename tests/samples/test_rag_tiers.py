@@ -307,6 +307,12 @@ def run_tests(rag, server, tmp, corpus_src):
         check(rc == 2 and what in err and err.count("rag_assistant: error: ") == 1,
               f"usage error: {' '.join(bad)}", describe(rc, out, err))
 
+    # A mistyped URL: the error names the address, never its password.
+    rc, out, err = rag.run(["--store", os.path.join(tmp, "x"), "--redis",
+                            "redis://app:" + PASSWORD + "@127.0.0.1:63z79", "ingest", corpus])
+    check(rc != 0 and "redis address" in err and PASSWORD not in err + out,
+          "a mistyped redis:// URL's error hides its password", describe(rc, out, err))
+
     # Device A computes every chunk; each is also written to the server.
     rc, a_ing, out, err = rag.json(local("a") + redis + ["ingest", corpus,
                                                          "--chunk-tokens", CHUNK_TOKENS])

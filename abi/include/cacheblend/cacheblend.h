@@ -639,9 +639,14 @@ typedef struct cb_store_options {
   const char* slow_dir;             /* a slower directory after flash (an SD card); NULL: none */
   uint64_t slow_read_bytes_per_sec; /* that directory's read cap; 0: none */
   /* A Redis or Valkey server as the last tier: "host:port" or
-   * "redis://[[user]:password@]host[:port][/db]".  No TLS.  NULL: none.  A
-   * server that is down, slow, full or answers errors makes misses and
-   * dropped writes, never errors; it is not contacted beyond the timeout. */
+   * "redis://[[user]:password@]host[:port][/db]" (its errors show the user
+   * and password as "***").  No TLS.  NULL: none.  A server that is down,
+   * slow, full or answers errors makes misses, never errors; a write it
+   * refuses keeps the chunk in a local tier (counted in the tier's
+   * failures).  Each command waits at most redis_timeout_ms in all, less
+   * when the session's abort callback stops the request.  A value whose
+   * shape is not the one its chunk and model imply is a miss, from any
+   * tier. */
   const char* redis_address;
   const char* redis_password; /* NULL: the address's, if any */
   const char* redis_username; /* ACL user; NULL: the address's, or the default user */
@@ -762,7 +767,11 @@ CB_API cb_status cb_chunk_cache_n_tiers(const cb_chunk_cache* cache, size_t* out
 CB_API cb_status cb_chunk_cache_get_tier_stats(const cb_chunk_cache* cache, size_t tier,
                                                cb_tier_stats* stats);
 
-/* Removes every entry.  Thread-safe. */
+/* Removes every entry this cache holds itself: in RAM, on flash, in the slow
+ * directory.  A Redis tier is not cleared: its values are shared with every
+ * process and device that reaches the server (other namespaces and models
+ * included) and leave by the server's eviction policy or TTL;
+ * cb_chunk_cache_remove removes one chunk there too.  Thread-safe. */
 CB_API cb_status cb_chunk_cache_clear(cb_chunk_cache* cache);
 
 /* How a request's KV cache is built. */

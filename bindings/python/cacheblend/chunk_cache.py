@@ -122,7 +122,8 @@ class ChunkCache(Closeable):
         return bool(removed.value)
 
     def clear(self):
-        """Removes every entry."""
+        """Removes every entry this cache holds itself (RAM, flash, the slow
+        directory); a Redis tier's shared values are left to the server."""
         check(lib.cb_chunk_cache_clear(self._ptr()))
 
     def flush(self):
