@@ -4,6 +4,8 @@
 //   rag_assistant --store DIR ingest PATH...    chunk, index (FTS5), precompute chunk KV
 //   rag_assistant --store DIR ask "QUESTION"    retrieve (BM25), fuse chunk KV, answer
 //   rag_assistant --store DIR chat              the same, interactively
+//   rag_assistant models                        the known models, and which are here
+//   rag_assistant pull NAME|URL                 download a model (resumable, verified)
 //
 // Exit status: 0 success, 1 error, 2 usage error.
 #include <cerrno>
@@ -21,12 +23,14 @@
 #include "long_option.h"
 #include "number_arg.h"
 #include "printable.h"
+#include "pull.h"
 #include "ratio_arg.h"
 
 namespace {
 
 const char* const kUsage =
     "usage: rag_assistant --store DIR <command> [options]\n"
+    "       rag_assistant models|pull [options]\n"
     "\n"
     "commands:\n"
     "  ingest PATH... [--chunk-tokens N] [--max-file-mb M] [--prune] [--json]\n"
@@ -61,12 +65,26 @@ const char* const kUsage =
     "      history); each is answered like ask.  Ctrl-C stops the current\n"
     "      answer (also while the documents are read); Ctrl-C or Ctrl-D at the\n"
     "      prompt exits.\n"
+    "  models [--models-dir DIR] [--json]\n"
+    "      the known models: name, file, size, SHA-256, licence, download URL, and\n"
+    "      whether the models directory holds each (DIR, else $CB_MODELS_DIR, else\n"
+    "      models/ under the current directory).\n"
+    "  pull NAME|URL [--sha256 HEX] [--models-dir DIR] [--force]\n"
+    "      download a model by its name in `models` (or any http(s) URL) into the\n"
+    "      models directory as FILE.part, then check its SHA-256 (the catalogue's,\n"
+    "      or HEX) and only then rename it to FILE; a wrong hash deletes the\n"
+    "      download.  A URL with no known hash is downloaded unverified, with a\n"
+    "      warning.  An earlier partial download is resumed; Ctrl-C keeps it for\n"
+    "      the next pull.  A file already there with the right hash is kept\n"
+    "      (--force: download it again).\n"
     "\n"
     "common options:\n"
-    "  --store DIR     the store (required)\n"
+    "  --store DIR     the store (not needed by models and pull)\n"
     "  --model PATH    GGUF model (default: $CB_MODEL, else\n"
     "                  models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf here or in the\n"
-    "                  source tree)\n"
+    "                  source tree); or a name from `models`, looked for in\n"
+    "                  $CB_MODELS_DIR, models/ here, then the source tree's models/\n"
+    "                  (where the default is looked for too)\n"
     "  --threads N     compute threads (default: the CPU cores available)\n"
     "  --kv-type T     the sessions' KV cache: f16 (default, half the memory) or f32\n"
     "  --help          this text\n"
@@ -150,6 +168,8 @@ int run(int argc, char** argv) {
   // Which options a command accepts (checked after parsing, when the
   // command is known: global options may come before or after it).
   std::vector<std::string> ingest_only, ask_only, ask_chat;
+  rag::PullOptions pull;
+  std::vector<std::string> pull_only, model_commands_only;
 
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -255,6 +275,19 @@ int run(int argc, char** argv) {
       ask.stops.push_back(next());
       if (ask.stops.back().empty()) usage("option --stop needs a non-empty text");
       ask_chat.push_back(arg);
+    } else if (arg == "--models-dir") {
+      pull.models_dir = next();
+      if (pull.models_dir.empty()) usage("option --models-dir: empty path");
+      model_commands_only.push_back(arg);
+    } else if (arg == "--sha256") {
+      pull.sha256 = next();
+      if (!rag::is_sha256_hex(pull.sha256))
+        usage("option --sha256: '" + pull.sha256 + "' is not 64 hexadecimal digits");
+      pull_only.push_back(arg);
+    } else if (arg == "--force") {
+      no_value();
+      pull.force = true;
+      pull_only.push_back(arg);
     } else if (arg.rfind("--", 0) == 0) {
       usage("unknown option '" + arg + "'");
     } else if (command.empty()) {
@@ -268,8 +301,26 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (command.empty()) usage("no command given (ingest, ask or chat)");
+  if (command == "models" || command == "pull") {
+    if (!ingest_only.empty() || !ask_chat.empty())
+      usage("option " + (ingest_only.empty() ? ask_chat : ingest_only).front() + " is not for " +
+            command);
+    if (command == "models") {
+      if (!pull_only.empty()) usage("option " + pull_only.front() + " is for pull only");
+      if (!positional.empty()) usage("models takes no arguments");
+      return rag::run_models({pull.models_dir, ask.json});
+    }
+    if (ask.json) usage("option --json is not for pull");
+    if (positional.size() != 1)
+      usage("pull takes one NAME or URL (rag_assistant models lists the names)");
+    pull.target = positional[0];
+    return rag::run_pull(pull);
+  }
+  if (!model_commands_only.empty())
+    usage("option " + model_commands_only.front() + " is for models and pull only");
+  if (!pull_only.empty()) usage("option " + pull_only.front() + " is for pull only");
   if (command != "ingest" && command != "ask" && command != "chat")
-    usage("unknown command '" + command + "' (expected ingest, ask or chat)");
+    usage("unknown command '" + command + "' (expected ingest, ask, chat, models or pull)");
   if (common.store.empty()) usage("--store DIR is required");
   if (command != "ingest" && !ingest_only.empty())
     usage("option " + ingest_only.front() + " is for ingest only");
