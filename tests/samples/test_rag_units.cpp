@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "chunker.h"
 #include "corpus_db.h"
+#include "model_catalog.h"
 #include "printable.h"
+#include "pull.h"
 
 namespace {
 
@@ -231,4 +234,74 @@ TEST(Printable, EscapesControlsAndInvalidUtf8) {
   EXPECT_EQ(cbs::printable("caf\xc3\xa9 \xe2\x82\xac"), "caf\xc3\xa9 \xe2\x82\xac");
   EXPECT_EQ(cbs::printable("bad\xff\xc3"), "bad\\xff\\xc3");
   EXPECT_EQ(cbs::printable(std::string_view("nul\0x", 5)), "nul\\x00x");
+}
+
+TEST(Pull, Sha256HexShape) {
+  EXPECT_TRUE(rag::is_sha256_hex(std::string(64, 'a')));
+  EXPECT_TRUE(
+      rag::is_sha256_hex("B179C9523D0E6A0F98A330C7562B682750A6F8C8C15E5BC70EA373728110DB53"));
+  EXPECT_FALSE(rag::is_sha256_hex(std::string(63, 'a')));
+  EXPECT_FALSE(rag::is_sha256_hex(std::string(65, 'a')));
+  EXPECT_FALSE(rag::is_sha256_hex(std::string(63, 'a') + "g"));
+  EXPECT_FALSE(rag::is_sha256_hex(""));
+}
+
+TEST(Pull, ToHex) {
+  const unsigned char bytes[] = {0x00, 0x0f, 0xa5, 0xff};
+  EXPECT_EQ(rag::to_hex(bytes, 4), "000fa5ff");
+  EXPECT_EQ(rag::to_hex(bytes, 0), "");
+}
+
+TEST(Pull, Sha256OfKnownTexts) {
+  if (!rag::download_supported()) GTEST_SKIP() << "built without OpenSSL";
+  // FIPS 180-2's test vectors.
+  EXPECT_EQ(rag::sha256_hex(""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(rag::sha256_hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(rag::sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+}
+
+TEST(Pull, UrlFileName) {
+  EXPECT_EQ(rag::url_file_name("https://huggingface.co/Qwen/R/resolve/main/q.gguf"), "q.gguf");
+  EXPECT_EQ(rag::url_file_name("https://h/x/model.gguf?download=true#top"), "model.gguf");
+  EXPECT_EQ(rag::url_file_name("http://h/a%20b.gguf"), "a b.gguf");
+  EXPECT_EQ(rag::url_file_name("http://h/100%"), "100%");  // not an escape: kept
+  EXPECT_EQ(rag::url_file_name("http://h/dir/"), "");
+  EXPECT_EQ(rag::url_file_name("http://h"), "");
+  EXPECT_EQ(rag::url_file_name("http://h/.."), "");
+  EXPECT_EQ(rag::url_file_name("http://h/.hidden"), "");
+  EXPECT_EQ(rag::url_file_name("http://h/a%2Fb.gguf"), "");  // a slash once decoded
+  EXPECT_EQ(rag::url_file_name("http://h/a%2e%2e"), "a..");
+  EXPECT_EQ(rag::url_file_name("http://h/%2e%2e"), "");
+  EXPECT_EQ(rag::url_file_name("http://h/a%0ab"), "");
+  EXPECT_EQ(rag::url_file_name("h/a.gguf"), "");  // no scheme
+}
+
+TEST(ModelCatalog, LookUpByNameAndFile) {
+  const cbs::CatalogModel* m = cbs::find_catalog_model("qwen2.5-coder-0.5b");
+  ASSERT_NE(m, nullptr);
+  EXPECT_STREQ(m->file, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+  EXPECT_EQ(cbs::find_catalog_model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), m);
+  EXPECT_EQ(cbs::find_catalog_file("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), m);
+  EXPECT_EQ(cbs::find_catalog_file("qwen2.5-coder-0.5b"), nullptr);
+  EXPECT_EQ(cbs::find_catalog_model("no-such-model"), nullptr);
+  EXPECT_STREQ(cbs::default_catalog_model().name, "qwen2.5-coder-1.5b");
+  for (const cbs::CatalogModel& e : cbs::model_catalog()) {
+    EXPECT_TRUE(rag::is_sha256_hex(e.sha256)) << e.name;
+    EXPECT_GT(e.size_bytes, 0u) << e.name;
+    EXPECT_EQ(rag::url_file_name(e.url), e.file) << e.name;
+  }
+}
+
+TEST(ModelCatalog, ModelsDir) {
+  ::unsetenv("CB_MODELS_DIR");
+  EXPECT_EQ(cbs::models_dir(""), "models");
+  ::setenv("CB_MODELS_DIR", "/srv/models", 1);
+  EXPECT_EQ(cbs::models_dir(""), "/srv/models");
+  EXPECT_EQ(cbs::models_dir("mine"), "mine");
+  ::setenv("CB_MODELS_DIR", "", 1);
+  EXPECT_EQ(cbs::models_dir(""), "models");
+  ::unsetenv("CB_MODELS_DIR");
 }
