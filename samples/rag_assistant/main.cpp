@@ -300,7 +300,7 @@ int run(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  if (command.empty()) usage("no command given (ingest, ask or chat)");
+  if (command.empty()) usage("no command given (ingest, ask, chat, models or pull)");
   if (command == "models" || command == "pull") {
     if (!ingest_only.empty() || !ask_chat.empty())
       usage("option " + (ingest_only.empty() ? ask_chat : ingest_only).front() + " is not for " +
