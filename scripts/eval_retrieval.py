@@ -178,7 +178,8 @@ def evaluate(rag, items, store_info):
             ranks = {}
             for k in (1, 3, 5):
                 _, o = rag.retrieve(q["question"], k, diversity, floor=0)
-                relevance[q["question"]] = o["relevance"]
+                if diversity and k == 3:  # the floor is measured as ask runs it by default
+                    relevance[q["question"]] = o["relevance"]
                 ranks[k] = rank_of(q, o["sources"])
                 if k == 3:
                     files3 = {s["file"] for s in o["sources"]}

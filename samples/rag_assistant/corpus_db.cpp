@@ -13,16 +13,23 @@ namespace rag {
 namespace {
 
 // Common English words that say nothing about which chunk is relevant; as
-// OR terms they would rank every chunk.
+// OR terms they would rank every chunk, and as question terms they would
+// weigh in its relevance (retrieval.h).
 const std::set<std::string, std::less<>> kStopwords = {
-    "a",    "about", "after", "all",  "also", "an",     "and",   "any",   "are",   "as",
-    "at",   "be",    "been",  "but",  "by",   "can",    "could", "did",   "do",    "does",
-    "for",  "from",  "had",   "has",  "have", "he",     "her",   "his",   "how",   "i",
-    "if",   "in",    "into",  "is",   "it",   "its",    "me",    "my",    "no",    "not",
-    "of",   "on",    "or",    "our",  "she",  "should", "so",    "some",  "tell",  "than",
-    "that", "the",   "their", "them", "then", "there",  "these", "they",  "this",  "those",
-    "to",   "us",    "was",   "we",   "were", "what",   "when",  "where", "which", "who",
-    "whom", "whose", "why",   "will", "with", "would",  "you",   "your",
+    "a",        "about",    "after",      "all",     "also",  "am",         "an",    "and",
+    "any",      "anything", "are",        "as",      "at",    "be",         "been",  "being",
+    "both",     "but",      "by",         "can",     "could", "did",        "do",    "does",
+    "each",     "every",    "everything", "for",     "from",  "had",        "has",   "have",
+    "he",       "her",      "here",       "herself", "him",   "himself",    "his",   "how",
+    "i",        "if",       "in",         "into",    "is",    "it",         "its",   "itself",
+    "just",     "me",       "more",       "most",    "my",    "myself",     "no",    "not",
+    "nothing",  "of",       "on",         "only",    "or",    "other",      "our",   "ourselves",
+    "same",     "she",      "should",     "so",      "some",  "something",  "such",  "tell",
+    "than",     "that",     "the",        "their",   "them",  "themselves", "then",  "there",
+    "these",    "they",     "this",       "those",   "to",    "too",        "us",    "very",
+    "was",      "we",       "were",       "what",    "when",  "where",      "which", "who",
+    "whom",     "whose",    "why",        "will",    "with",  "would",      "you",   "your",
+    "yourself",
 };
 
 // Names the database in SQLite errors.

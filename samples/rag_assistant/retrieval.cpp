@@ -98,26 +98,40 @@ Retrieval retrieve(CorpusDb& db, const std::string& question, const RetrievalOpt
 
   std::vector<int64_t> ids;
   for (const ChunkRecord& c : candidates) ids.push_back(c.id);
-  std::map<int64_t, double> held;  // chunk id: the weight of the terms it holds
+  std::vector<double> weights;
+  std::map<int64_t, std::vector<size_t>> held;  // chunk id: the terms it holds
   double total = 0.0;
   const int64_t n_chunks = db.n_chunks();
   for (const std::string& w : term_words) {
-    const double weight = idf(n_chunks, db.chunks_with_word(w));
-    total += weight;
-    for (int64_t id : db.chunks_with_word_among(w, ids)) held[id] += weight;
+    weights.push_back(idf(n_chunks, db.chunks_with_word(w)));
+    total += weights.back();
+    for (int64_t id : db.chunks_with_word_among(w, ids)) held[id].push_back(weights.size() - 1);
   }
-  for (ChunkRecord& c : candidates) {
-    c.relevance = total > 0.0 ? held[c.id] / total : 0.0;
-    r.relevance = std::max(r.relevance, c.relevance);
-  }
-  r.found = opts.min_relevance <= 0.0 || r.relevance >= opts.min_relevance;
-  if (!r.found) return r;
+  // The weighted share of the terms that any of `chunks` holds.
+  auto coverage = [&](const std::vector<ChunkRecord>& chunks) {
+    if (total <= 0.0) return 0.0;
+    std::set<size_t> covered;
+    for (const ChunkRecord& c : chunks)
+      for (size_t t : held[c.id]) covered.insert(t);
+    double sum = 0.0;
+    for (size_t t : covered) sum += weights[t];
+    return sum / total;
+  };
+  for (ChunkRecord& c : candidates) c.relevance = coverage({c});
+
   if (opts.diverse) {
     r.chunks = pick_diverse(candidates, opts.top_k, opts.max_per_file);
   } else {
     candidates.resize(std::min(candidates.size(), static_cast<size_t>(std::max(opts.top_k, 0))));
     r.chunks = std::move(candidates);
   }
+  if (opts.union_relevance) {
+    r.relevance = coverage(r.chunks);
+  } else {
+    for (const ChunkRecord& c : r.chunks) r.relevance = std::max(r.relevance, c.relevance);
+  }
+  r.found = opts.min_relevance <= 0.0 || r.relevance >= opts.min_relevance;
+  if (!r.found) r.chunks.clear();
   return r;
 }
 

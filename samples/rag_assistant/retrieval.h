@@ -27,6 +27,10 @@ struct RetrievalOptions {
   int max_per_file = 0;
   // false: the top_k candidates in BM25 order, uncapped.
   bool diverse = true;
+  // The question's relevance: true, the share of its terms that the picked
+  // chunks hold together (a question that needs two documents is answered
+  // by two); false, that of the best picked chunk alone.
+  bool union_relevance = true;
   // BM25 candidates fetched per slot, for the cap and the relevance to
   // choose from.
   int candidates_per_slot = 4;
@@ -34,27 +38,28 @@ struct RetrievalOptions {
 
 struct Retrieval {
   std::vector<ChunkRecord> chunks;  // best first; empty when !found
-  // The best candidate's relevance (ChunkRecord::relevance), 0 without
+  // The picked chunks' relevance (see union_relevance); 0 without
   // candidates.
   double relevance = 0.0;
   bool found = false;
 };
 
-// The relevance of a chunk to a question: the share of the question's
+// The relevance of chunks to a question: the share of the question's
 // content terms (stopwords dropped, words with one porter stem counted
-// once) that the chunk holds, each weighted by its rarity in the store,
+// once) that the chunks hold, each weighted by its rarity in the store,
 // idf(t) = ln(1 + (N - n(t) + 0.5) / (n(t) + 0.5)) for N chunks of which
 // n(t) hold t.  It does not grow with the corpus or the question's length,
 // a term in no chunk weighs most, and one in every chunk next to nothing,
-// so a chunk that shares only common words with the question scores low.
-// A question of stopwords only has no content terms: relevance 0.
+// so chunks that share only common words with the question score low.  A
+// question of stopwords only has no content terms: relevance 0.
 //
-// retrieve() fetches the BM25 best top_k * candidates_per_slot chunks,
-// scores each, and finds the question answered when the best one reaches
-// min_relevance.  Then it picks top_k in BM25 order, skipping a chunk
-// whose file already has max_per_file picked or whose text nearly repeats
-// a picked one; skipped chunks fill the slots left when no other
-// candidate remains (diverse == false: the first top_k).
+// retrieve() fetches the BM25 best max(20, top_k * candidates_per_slot)
+// chunks and scores each (ChunkRecord::relevance).  Then it picks top_k in
+// BM25 order, skipping a chunk whose file already has max_per_file picked
+// or whose text nearly repeats a picked one; skipped chunks fill the slots
+// left when no other candidate remains (diverse == false: the first
+// top_k).  The question is answered (found) when the picked chunks'
+// relevance (Retrieval::relevance) reaches min_relevance.
 Retrieval retrieve(CorpusDb& db, const std::string& question, const RetrievalOptions& opts);
 
 // The pick alone, on candidates in BM25 order (exposed for tests).

@@ -338,7 +338,26 @@ TEST(Retrieval, WordsOfOneStemCountOnce) {
   EXPECT_EQ(r.chunks.front().display, "meetings.md");
   // chair and kenji of the three terms chair, kenji, lemon (each in one
   // chunk): 2/3, not the 4/5 of five separate words.
-  EXPECT_NEAR(r.relevance, 2.0 / 3.0, 1e-9);
+  EXPECT_NEAR(r.chunks.front().relevance, 2.0 / 3.0, 1e-9);
+}
+
+TEST(Retrieval, AQuestionOfTwoDocumentsIsCoveredByBoth) {
+  TempStore s;
+  s.add("people.md", {"Zofia Brandvold works in the Osaka office as a hardware engineer."});
+  s.add("offices.md", {"The Osaka office has a grey cat named Mochi."});
+  s.add("projects.md", {"Project Heron builds a solar powered rain gauge."});
+  s.add("meetings.md", {"The hardware review is every Tuesday."});
+  const char* q = "What is the name of the cat in the office where Zofia works?";
+  const rag::Retrieval both = rag::retrieve(s.db(), q, {});
+  ASSERT_TRUE(both.found);
+  // name, cat, office, zofia, work: the two chunks together hold them all,
+  // neither alone does.
+  EXPECT_NEAR(both.relevance, 1.0, 1e-9);
+  for (const rag::ChunkRecord& c : both.chunks) EXPECT_LT(c.relevance, 0.7) << c.display;
+  rag::RetrievalOptions best_alone;
+  best_alone.union_relevance = false;
+  const rag::Retrieval one = rag::retrieve(s.db(), q, best_alone);
+  EXPECT_LT(one.relevance, 0.7);
 }
 
 rag::ChunkRecord candidate(int64_t id, int64_t file, const std::string& text) {
