@@ -293,7 +293,7 @@ std::string not_found_detail(const Retrieval& found, const AskOptions& o) {
     std::snprintf(buf, sizeof buf, "no document shares a word with the question");
   else
     std::snprintf(buf, sizeof buf,
-                  "the best match's relevance %.2f is below --min-relevance %.2f: no sources",
+                  "the retrieved chunks' relevance %.2f is below --min-relevance %.2f: no sources",
                   found.relevance, o.min_relevance);
   return buf;
 }
@@ -329,6 +329,8 @@ int report_retrieval(const std::string& question, const Retrieval& found, const 
                   cbs::printable(c.display).c_str(), c.index, c.score, c.relevance,
                   cbs::printable(head).c_str(), c.text.size() > head.size() ? " ..." : "");
     }
+    std::printf("relevance of these chunks together: %.2f (--min-relevance %.2f)\n",
+                found.relevance, o.min_relevance);
   }
   std::fflush(stdout);
   return found.found ? 0 : kExitNotFound;
