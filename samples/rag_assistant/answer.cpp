@@ -86,14 +86,24 @@ class Assistant {
       throw Error("the store " + common.store +
                   " holds no documents: ingest some first ('rag_assistant --store DIR ingest "
                   "PATH...')");
-    load_model(common, model_);
-    open_chunk_cache(common, cache_);
+  }
+
+  // The model and the chunk KV store; an ask that finds nothing relevant
+  // (or only retrieves) never loads them.
+  void load() {
+    if (model_.h != nullptr) return;
+    load_model(common_, model_);
+    open_chunk_cache(common_, cache_);
     n_ctx_train_ = model_n_ctx_train(model_);
   }
 
-  std::vector<ChunkRecord> retrieve(const std::string& question) {
-    std::vector<ChunkRecord> found = db_.search(fts_match_query(question), opts_.top_k);
-    for (const ChunkRecord& c : found) {
+  Retrieval retrieve(const std::string& question) {
+    RetrievalOptions ro;
+    ro.top_k = opts_.top_k;
+    ro.min_relevance = opts_.min_relevance;
+    ro.diverse = opts_.diversity;
+    Retrieval found = rag::retrieve(db_, question, ro);
+    for (const ChunkRecord& c : found.chunks) {
       std::error_code ec;
       if (std::filesystem::exists(c.path, ec) || !deleted_warned_.insert(c.path).second) continue;
       std::fprintf(stderr,
@@ -106,6 +116,7 @@ class Assistant {
 
   Result answer(const std::string& question, const std::vector<ChunkRecord>& sources, bool stream,
                 bool cancellable) {
+    load();
     ensure_session(question, sources);
     std::vector<const char*> texts;
     for (const ChunkRecord& c : sources) texts.push_back(c.text.c_str());
@@ -263,8 +274,66 @@ void print_report(const Result& r, const AskOptions& o, const char* mode, bool t
   std::fflush(out);
 }
 
-std::string no_hits_message(const std::string& question) {
-  return "no document in the store matches the question \"" + question + "\" (try other words)";
+// A source as --json reports it.
+cbs::JsonObject source_json(const ChunkRecord& c) {
+  cbs::JsonObject s;
+  s.add("id", c.id)
+      .add("file", c.display)
+      .add("chunk", static_cast<int64_t>(c.index))
+      .add("title", c.title)
+      .add("bm25", c.score)
+      .add("relevance", std::round(c.relevance * 1e4) / 1e4);
+  return s;
+}
+
+// Why nothing was answered, after the "could not find" line.
+std::string not_found_detail(const Retrieval& found, const AskOptions& o) {
+  char buf[160];
+  if (found.relevance <= 0.0 && o.min_relevance <= 0.0)
+    std::snprintf(buf, sizeof buf, "no document shares a word with the question");
+  else
+    std::snprintf(buf, sizeof buf,
+                  "the retrieved chunks' relevance %.2f is below --min-relevance %.2f: no sources",
+                  found.relevance, o.min_relevance);
+  return buf;
+}
+
+// --retrieve-only: the ranked chunks (or that none is relevant enough),
+// no model.
+int report_retrieval(const std::string& question, const Retrieval& found, const AskOptions& o) {
+  if (o.json) {
+    std::vector<cbs::JsonObject> src;
+    for (const ChunkRecord& c : found.chunks) {
+      cbs::JsonObject s = source_json(c);
+      s.add("text", c.text);
+      src.push_back(std::move(s));
+    }
+    cbs::JsonObject j;
+    j.add("question", question)
+        .add("found", found.found)
+        .add("relevance", std::round(found.relevance * 1e4) / 1e4)
+        .add("min_relevance", o.min_relevance)
+        .add("diversity", o.diversity)
+        .add("sources", src);
+    std::printf("%s\n", j.str().c_str());
+  } else if (!found.found) {
+    std::printf("%s\n(%s)\n", kNotFoundAnswer, not_found_detail(found, o).c_str());
+  } else {
+    for (size_t i = 0; i < found.chunks.size(); ++i) {
+      const ChunkRecord& c = found.chunks[i];
+      // The chunk's first words, on one line.
+      std::string head = c.text.substr(0, 100);
+      for (char& ch : head)
+        if (ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
+      std::printf("[%zu] %s #%d  bm25 %.3f  relevance %.2f\n    %s%s\n", i + 1,
+                  cbs::printable(c.display).c_str(), c.index, c.score, c.relevance,
+                  cbs::printable(head).c_str(), c.text.size() > head.size() ? " ..." : "");
+    }
+    std::printf("relevance of these chunks together: %.2f (--min-relevance %.2f)\n",
+                found.relevance, o.min_relevance);
+  }
+  std::fflush(stdout);
+  return found.found ? 0 : kExitNotFound;
 }
 
 }  // namespace
@@ -273,20 +342,29 @@ int run_ask(const CommonOptions& common, const AskOptions& opts, const std::stri
   if (question.find_first_not_of(" \t\r\n") == std::string::npos)
     throw Error("the question is empty");
   Assistant a(common, opts);
-  const std::vector<ChunkRecord> sources = a.retrieve(question);
-  if (sources.empty()) throw Error(no_hits_message(question));
+  const Retrieval found = a.retrieve(question);
+  if (opts.retrieve_only) return report_retrieval(question, found, opts);
+  if (!found.found) {
+    if (opts.json) {
+      cbs::JsonObject o;
+      o.add("question", question)
+          .add("answer", kNotFoundAnswer)
+          .add("found", false)
+          .add("relevance", std::round(found.relevance * 1e4) / 1e4)
+          .add("min_relevance", opts.min_relevance)
+          .add("sources", std::vector<cbs::JsonObject>{});
+      std::printf("%s\n", o.str().c_str());
+    } else {
+      std::printf("%s\n\n---\n%s\n", kNotFoundAnswer, not_found_detail(found, opts).c_str());
+    }
+    std::fflush(stdout);
+    return kExitNotFound;
+  }
+  const std::vector<ChunkRecord>& sources = found.chunks;
   const Result r = a.answer(question, sources, !opts.json, false);
   if (opts.json) {
     std::vector<cbs::JsonObject> src;
-    for (const ChunkRecord& c : r.sources) {
-      cbs::JsonObject s;
-      s.add("id", c.id)
-          .add("file", c.display)
-          .add("chunk", static_cast<int64_t>(c.index))
-          .add("title", c.title)
-          .add("bm25", c.score);
-      src.push_back(std::move(s));
-    }
+    for (const ChunkRecord& c : r.sources) src.push_back(source_json(c));
     std::vector<cbs::JsonObject> tiers;
     for (const cb_tier_stats& t : r.tiers) {
       cbs::JsonObject j;
@@ -303,6 +381,8 @@ int run_ask(const CommonOptions& common, const AskOptions& opts, const std::stri
     cbs::JsonObject o;
     o.add("question", question)
         .add("answer", r.answer)
+        .add("found", true)
+        .add("relevance", std::round(found.relevance * 1e4) / 1e4)
         .add("ttft_ms", r.ttft_ms)
         .add("prefill_ms", r.prefill_ms)
         .add("ratio", std::round(static_cast<double>(r.rag.ratio) * 1e6) / 1e6)
@@ -337,6 +417,7 @@ int run_chat(const CommonOptions& common, const AskOptions& opts) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   Assistant a(common, opts);
+  a.load();  // before the first question, so that it is answered at once
   LineReader input(&g_interrupted);
   const bool tty = input.at_terminal();
   if (tty)
@@ -356,13 +437,13 @@ int run_chat(const CommonOptions& common, const AskOptions& opts) {
     if (line == "quit" || line == "exit") break;
     Result r;
     try {
-      const std::vector<ChunkRecord> sources = a.retrieve(line);
-      if (sources.empty()) {
-        std::printf("(%s)\n", no_hits_message(line).c_str());
+      const Retrieval found = a.retrieve(line);
+      if (!found.found) {
+        std::printf("%s\n(%s)\n", kNotFoundAnswer, not_found_detail(found, opts).c_str());
         std::fflush(stdout);
         continue;
       }
-      r = a.answer(line, sources, true, true);
+      r = a.answer(line, found.chunks, true, true);
     } catch (const std::runtime_error& e) {
       // One question that cannot be answered (too long for the context, a
       // failed read of the corpus) does not end the conversation.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "app.h"
+#include "retrieval.h"
 
 namespace rag {
 
@@ -29,10 +30,22 @@ struct AskOptions {
   // turned most wrong answers on the demo corpus into right ones.
   bool best_last = true;
   bool json = false;
+  // Retrieval (retrieval.h): the relevance floor (0: off), the per-file
+  // cap and near-repeat skip (off: plain BM25 order), and --retrieve-only
+  // (rank and report the chunks, load no model, answer nothing).
+  double min_relevance = kDefaultMinRelevance;
+  bool diversity = true;
+  bool retrieve_only = false;
 };
 
+// The exit status of an ask whose question nothing in the store is
+// relevant to ("I could not find this in your documents.").
+constexpr int kExitNotFound = 3;
+constexpr const char kNotFoundAnswer[] = "I could not find this in your documents.";
+
 // One question, answered and reported (streamed unless --json).  Returns the
-// exit status; an Error for no store / empty store / no retrieval hits.
+// exit status: 0, or kExitNotFound when no chunk reaches the relevance
+// floor (then no model runs); an Error for no store or an empty store.
 int run_ask(const CommonOptions& common, const AskOptions& opts, const std::string& question);
 
 // Questions from stdin, one per line, until EOF or Ctrl-C at the prompt;

@@ -13,16 +13,23 @@ namespace rag {
 namespace {
 
 // Common English words that say nothing about which chunk is relevant; as
-// OR terms they would rank every chunk.
+// OR terms they would rank every chunk, and as question terms they would
+// weigh in its relevance (retrieval.h).
 const std::set<std::string, std::less<>> kStopwords = {
-    "a",    "about", "after", "all",  "also", "an",     "and",   "any",   "are",   "as",
-    "at",   "be",    "been",  "but",  "by",   "can",    "could", "did",   "do",    "does",
-    "for",  "from",  "had",   "has",  "have", "he",     "her",   "his",   "how",   "i",
-    "if",   "in",    "into",  "is",   "it",   "its",    "me",    "my",    "no",    "not",
-    "of",   "on",    "or",    "our",  "she",  "should", "so",    "some",  "tell",  "than",
-    "that", "the",   "their", "them", "then", "there",  "these", "they",  "this",  "those",
-    "to",   "us",    "was",   "we",   "were", "what",   "when",  "where", "which", "who",
-    "whom", "whose", "why",   "will", "with", "would",  "you",   "your",
+    "a",        "about",    "after",      "all",     "also",  "am",         "an",    "and",
+    "any",      "anything", "are",        "as",      "at",    "be",         "been",  "being",
+    "both",     "but",      "by",         "can",     "could", "did",        "do",    "does",
+    "each",     "every",    "everything", "for",     "from",  "had",        "has",   "have",
+    "he",       "her",      "here",       "herself", "him",   "himself",    "his",   "how",
+    "i",        "if",       "in",         "into",    "is",    "it",         "its",   "itself",
+    "just",     "me",       "more",       "most",    "my",    "myself",     "no",    "not",
+    "nothing",  "of",       "on",         "only",    "or",    "other",      "our",   "ourselves",
+    "same",     "she",      "should",     "so",      "some",  "something",  "such",  "tell",
+    "than",     "that",     "the",        "their",   "them",  "themselves", "then",  "there",
+    "these",    "they",     "this",       "those",   "to",    "too",        "us",    "very",
+    "was",      "we",       "were",       "what",    "when",  "where",      "which", "who",
+    "whom",     "whose",    "why",        "will",    "with",  "would",      "you",   "your",
+    "yourself",
 };
 
 // Names the database in SQLite errors.
@@ -30,8 +37,12 @@ constexpr const char kDbLabel[] = "corpus database";
 
 }  // namespace
 
-std::string fts_match_query(std::string_view question) {
-  std::vector<std::string> words, content;
+namespace {
+
+// The question's distinct words, lowercased, and those of them that are not
+// stopwords.
+void split_question(std::string_view question, std::vector<std::string>& words,
+                    std::vector<std::string>& content) {
   std::string w;
   auto flush = [&] {
     if (w.empty()) return;
@@ -51,12 +62,30 @@ std::string fts_match_query(std::string_view question) {
       flush();
   }
   flush();
+}
+
+// A word as an FTS5 string: searched for as text, never as syntax.  Words
+// hold no '"' (split_question splits at it).
+std::string fts_string(const std::string& word) {
+  return '"' + word + '"';
+}
+
+}  // namespace
+
+std::vector<std::string> content_words(std::string_view question) {
+  std::vector<std::string> words, content;
+  split_question(question, words, content);
+  return content;
+}
+
+std::string fts_match_query(std::string_view question) {
+  std::vector<std::string> words, content;
+  split_question(question, words, content);
   const std::vector<std::string>& terms = content.empty() ? words : content;
   std::string q;
   for (const std::string& t : terms) {
     if (!q.empty()) q += " OR ";
-    // A quoted FTS5 string; a '"' would be doubled, but words hold none.
-    q += '"' + t + '"';
+    q += fts_string(t);
   }
   return q;
 }
@@ -262,6 +291,65 @@ std::vector<ChunkRecord> CorpusDb::search(const std::string& match, int k) {
   while (s.step())
     out.push_back({s.i64(0), s.i64(1), static_cast<int>(s.i64(2)), s.text(3), s.text(4),
                    static_cast<int>(s.i64(5)), s.text(6), s.real(7), s.text(8)});
+  return out;
+}
+
+std::vector<std::string> CorpusDb::index_terms(const std::vector<std::string>& words) {
+  if (!have_term_tables_) {
+    // In the connection's temp schema, which a read-only store may write
+    // too: the words go through the very tokenizer the index used, and
+    // fts5vocab reads back what it made of each.
+    exec(
+        "CREATE VIRTUAL TABLE IF NOT EXISTS temp.question_words USING fts5("
+        " word, tokenize='porter unicode61');"
+        "CREATE VIRTUAL TABLE IF NOT EXISTS temp.question_terms USING fts5vocab("
+        " temp, question_words, instance);");
+    have_term_tables_ = true;
+  }
+  exec("DELETE FROM temp.question_words");
+  for (size_t i = 0; i < words.size(); ++i) {
+    cb::sqlite::Statement ins(db_, "INSERT INTO temp.question_words(rowid, word) VALUES (?1, ?2)",
+                              kDbLabel);
+    ins.bind(1, static_cast<int64_t>(i)).bind(2, words[i]);
+    ins.step();
+  }
+  std::vector<std::string> terms(words.size());
+  cb::sqlite::Statement s(db_, "SELECT doc, term FROM temp.question_terms ORDER BY doc, \"offset\"",
+                          kDbLabel);
+  while (s.step()) {
+    const int64_t i = s.i64(0);
+    if (i < 0 || static_cast<size_t>(i) >= terms.size()) continue;
+    std::string& t = terms[static_cast<size_t>(i)];
+    if (!t.empty()) t += ' ';
+    t += s.text(1);
+  }
+  return terms;
+}
+
+int64_t CorpusDb::chunks_with_word(const std::string& word) {
+  cb::sqlite::Statement s(db_, "SELECT count(*) FROM chunks_fts WHERE chunks_fts MATCH ?1",
+                          kDbLabel);
+  s.bind(1, fts_string(word));
+  s.step();
+  return s.i64(0);
+}
+
+std::vector<int64_t> CorpusDb::chunks_with_word_among(const std::string& word,
+                                                      const std::vector<int64_t>& chunk_ids) {
+  if (chunk_ids.empty()) return {};
+  // The ids are integers of our own: written into the statement, they
+  // need no binding.
+  std::string ids;
+  for (int64_t id : chunk_ids) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(id);
+  }
+  const std::string sql =
+      "SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ?1 AND rowid IN (" + ids + ")";
+  cb::sqlite::Statement s(db_, sql.c_str(), kDbLabel);
+  s.bind(1, fts_string(word));
+  std::vector<int64_t> out;
+  while (s.step()) out.push_back(s.i64(0));
   return out;
 }
 

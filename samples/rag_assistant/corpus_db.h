@@ -29,6 +29,9 @@ struct ChunkRecord {
   std::string display;  // of the file
   double score = 0.0;   // bm25 (lower is better) for search results
   std::string path;     // of the file (FileRecord::path)
+  // The share of the question's terms the chunk holds, weighted by rarity
+  // (retrieval.h); set by retrieve().
+  double relevance = 0.0;
 };
 
 // The FTS5 MATCH expression for a free-text question: its words, lowercased,
@@ -37,6 +40,10 @@ struct ChunkRecord {
 // syntax ("AND", '*', '-', quotes, parentheses) in the question is only
 // ever searched for as text.  Empty when the question has no words.
 std::string fts_match_query(std::string_view question);
+
+// The question's words as fts_match_query finds them (lowercased, each
+// once), stopwords dropped; empty when nothing else is left.
+std::vector<std::string> content_words(std::string_view question);
 
 class CorpusDb {
  public:
@@ -71,12 +78,24 @@ class CorpusDb {
   // first.
   std::vector<ChunkRecord> search(const std::string& match, int k);
 
+  // The terms the index's tokenizer (porter unicode61) makes of each word:
+  // its stem, or several for a word it splits, joined by a space; empty
+  // for a word it drops.  Words with the same stem get the same term.
+  std::vector<std::string> index_terms(const std::vector<std::string>& words);
+  // How many chunks hold the word (as the index stems it: "leads" counts
+  // the chunks that say "lead").
+  int64_t chunks_with_word(const std::string& word);
+  // Those of `chunk_ids` that hold the word.
+  std::vector<int64_t> chunks_with_word_among(const std::string& word,
+                                              const std::vector<int64_t>& chunk_ids);
+
   // Why the database was opened read-only; empty when it is writable.
   const std::string& read_only_note() const { return read_only_note_; }
 
  private:
   void exec(const char* sql);
   sqlite3* db_ = nullptr;
+  bool have_term_tables_ = false;  // the temp tables index_terms() uses
   std::string path_;
   std::string read_only_note_;
 };

@@ -338,6 +338,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   }
   int max_tokens = 0;
   for (const ChunkRecord& ch : chunks) {
+    if (opts.index_only) break;
     int32_t found = 0;
     check(cb_chunk_cache_contains(model.h, cache.h, ch.text.c_str(), &ro, &found),
           "cannot look up a chunk in the KV store");

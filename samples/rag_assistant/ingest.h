@@ -20,7 +20,11 @@ struct IngestOptions {
   // Larger files are skipped with a warning (a bound on memory and time).
   uint64_t max_file_bytes = uint64_t{16} << 20;
   bool prune = false;  // drop stored files that no longer exist
-  bool json = false;   // the summary as one JSON object
+  // --index-only: chunk and index, no KV precompute (enough for
+  // ask --retrieve-only; a later ingest without it computes what is
+  // missing).
+  bool index_only = false;
+  bool json = false;  // the summary as one JSON object
 };
 
 // Chunks and indexes every usable file (unchanged files are skipped by

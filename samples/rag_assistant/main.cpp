@@ -7,7 +7,7 @@
 //   rag_assistant models                        the known models, and which are here
 //   rag_assistant pull NAME|URL                 download a model (resumable, verified)
 //
-// Exit status: 0 success, 1 error, 2 usage error.
+// Exit status: 0 success, 1 error, 2 usage error, 3 nothing relevant found.
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -33,7 +33,8 @@ const char* const kUsage =
     "       rag_assistant models|pull [options]\n"
     "\n"
     "commands:\n"
-    "  ingest PATH... [--chunk-tokens N] [--max-file-mb M] [--prune] [--json]\n"
+    "  ingest PATH... [--chunk-tokens N] [--max-file-mb M] [--prune] [--index-only]\n"
+    "      [--json]\n"
     "      add text and Markdown files (folders are walked recursively for .md,\n"
     "      .markdown, .txt, .text) to the store: paragraph-aware chunks of about N\n"
     "      tokens (default: the store's last, else 512), each under the Markdown\n"
@@ -42,11 +43,12 @@ const char* const kUsage =
     "      changed ones replace their chunks; --prune drops stored files that no\n"
     "      longer exist (without it they are still answered from, with a warning).\n"
     "      Binary, empty or unreadable files, and files over M MB (default 16),\n"
-    "      are skipped with a warning.\n"
+    "      are skipped with a warning.  --index-only: no KV precompute (enough for\n"
+    "      ask --retrieve-only; a later ingest without it computes the KV).\n"
     "  ask QUESTION [--top-k K] [--mode blend|full|reuse|prefix] [--ratio R|auto]\n"
     "      [--select P] [--context-order best-last|best-first] [--max-tokens N]\n"
     "      [--temperature T] [--min-p M] [--seed S] [--repeat-penalty X] [--stop TEXT]\n"
-    "      [--json]\n"
+    "      [--min-relevance X] [--no-diversity] [--retrieve-only] [--json]\n"
     "      retrieve the K best chunks (BM25, default 3), build the request's KV from\n"
     "      their cached KV (blend: recompute a ratio R of the tokens, default 0.2,\n"
     "      chosen by the policy P: lookahead (default), hkvd, hkvd_kv, attention,\n"
@@ -60,6 +62,14 @@ const char* const kUsage =
     "      Generation is greedy; --temperature T > 0 samples (with --min-p M and\n"
     "      --seed S); --repeat-penalty X (default 1: none) damps repeated tokens;\n"
     "      --stop TEXT (may repeat) ends the answer before that text.\n"
+    "      Relevance floor: when no chunk holds at least a share X (default 0.5; 0:\n"
+    "      off) of the question's words, weighted by their rarity in the store,\n"
+    "      ask prints \"I could not find this in your documents.\", lists no\n"
+    "      sources, runs no model and exits with status 3 (--json: \"found\": false).\n"
+    "      At most half the K slots (rounded up) go to one file while chunks of\n"
+    "      other files match, and a chunk repeating a picked one is skipped\n"
+    "      (--no-diversity: plain BM25 order).  --retrieve-only: print the ranked\n"
+    "      chunks with their BM25 score and relevance, without loading the model.\n"
     "  chat [same options as ask, no --json]\n"
     "      questions from stdin, one per line (at a terminal: line editing and\n"
     "      history); each is answered like ask.  Ctrl-C stops the current\n"
@@ -105,7 +115,8 @@ const char* const kUsage =
     "  chunks it cannot serve are computed, with a warning on stderr; ask then also\n"
     "  reports each tier's hits.\n"
     "\n"
-    "exit status: 0 success, 1 error, 2 usage error\n";
+    "exit status: 0 success, 1 error, 2 usage error, 3 (ask) nothing in the store\n"
+    "is relevant to the question\n";
 
 struct UsageError {
   std::string message;
@@ -288,6 +299,21 @@ int run(int argc, char** argv) {
       no_value();
       pull.force = true;
       pull_only.push_back(arg);
+    } else if (arg == "--index-only") {
+      no_value();
+      ingest.index_only = true;
+      ingest_only.push_back(arg);
+    } else if (arg == "--min-relevance") {
+      ask.min_relevance = parse_number(arg, next(), 0.0, 1.0);
+      ask_chat.push_back(arg);
+    } else if (arg == "--no-diversity") {
+      no_value();
+      ask.diversity = false;
+      ask_chat.push_back(arg);
+    } else if (arg == "--retrieve-only") {
+      no_value();
+      ask.retrieve_only = true;
+      ask_chat.push_back(arg);
     } else if (arg.rfind("--", 0) == 0) {
       usage("unknown option '" + arg + "'");
     } else if (command.empty()) {
@@ -327,6 +353,7 @@ int run(int argc, char** argv) {
   if (command == "ingest" && !ask_chat.empty())
     usage("option " + ask_chat.front() + " is for ask and chat only");
   if (command == "chat" && !ask_only.empty()) usage("option --json is not for chat");
+  if (command == "chat" && ask.retrieve_only) usage("option --retrieve-only is for ask only");
   if (ratio_given && ask.mode != CB_MODE_BLEND)
     usage("option --ratio applies to --mode blend only");
   if (select_given && ask.mode != CB_MODE_BLEND)
@@ -347,7 +374,9 @@ int run(int argc, char** argv) {
   }
 
   if (!threads_given) common.threads = rag::available_cores();
-  common.model_path = rag::resolve_model_path(model_flag);
+  // Retrieval alone needs no model.
+  if (!ask.retrieve_only || command != "ask")
+    common.model_path = rag::resolve_model_path(model_flag);
 
   if (command == "ingest") {
     if (positional.empty()) usage("ingest needs at least one PATH");

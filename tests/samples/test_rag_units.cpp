@@ -3,8 +3,12 @@
 // against a real FTS5 table, so any syntax error would show).
 #include <gtest/gtest.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,6 +17,7 @@
 #include "model_catalog.h"
 #include "printable.h"
 #include "pull.h"
+#include "retrieval.h"
 
 namespace {
 
@@ -218,6 +223,219 @@ TEST(FtsQuery, NeverASyntaxError) {
   EXPECT_EQ(sqlite3_column_int(s, 0), 1);
   sqlite3_finalize(s);
   sqlite3_close(db);
+}
+
+// A store in a fresh temporary directory, removed with the object.
+class TempStore {
+ public:
+  TempStore() {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("rag_units_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    std::filesystem::remove_all(dir_);
+    db_ = std::make_unique<rag::CorpusDb>((dir_ / "corpus.sqlite").string(), true);
+  }
+  ~TempStore() {
+    db_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  // A file of the given chunks (one token per word).
+  void add(const std::string& name, const std::vector<std::string>& chunks) {
+    std::vector<std::pair<std::string, int>> rows;
+    for (const std::string& c : chunks) rows.emplace_back(c, 10);
+    db_->replace_file({0, "/docs/" + name, name, "hash-" + name}, name, rows);
+  }
+  rag::CorpusDb& db() { return *db_; }
+
+ private:
+  static inline int counter_ = 0;
+  std::filesystem::path dir_;
+  std::unique_ptr<rag::CorpusDb> db_;
+};
+
+// Company notes where "office" is in every chunk: a common word.
+void add_offices(TempStore& s) {
+  s.add("osaka.md", {"The Osaka office runs the calibration lab. Its office cat Mochi sleeps on "
+                     "the calibration bench."});
+  s.add("tromso.md", {"The Tromso office is the headquarters, with the main workshop and a wind "
+                      "tunnel for testing wind sensors in the office basement."});
+  s.add("lisbon.md", {"The Lisbon office has a rooftop garden with lemon trees; field engineers "
+                      "leave the office for customer trips."});
+  s.add("meetings.md", {"The hardware review meets every Tuesday in the Fjord Room of the Tromso "
+                        "office. Kenji chairs it."});
+}
+
+TEST(Retrieval, FloorAcceptsARelatedQuestion) {
+  TempStore s;
+  add_offices(s);
+  const rag::Retrieval r = rag::retrieve(s.db(), "Where does the cat Mochi sleep?", {});
+  ASSERT_TRUE(r.found);
+  ASSERT_FALSE(r.chunks.empty());
+  EXPECT_EQ(r.chunks.front().display, "osaka.md");
+  // cat, mochi and sleep (as "sleeps") are all in that chunk.
+  EXPECT_NEAR(r.relevance, 1.0, 1e-9);
+  EXPECT_NEAR(r.chunks.front().relevance, 1.0, 1e-9);
+}
+
+TEST(Retrieval, FloorRefusesAQuestionMatchedOnlyByCommonWords) {
+  TempStore s;
+  add_offices(s);
+  // "office" is in every chunk and "mongolia" in none: BM25 still ranks
+  // chunks, but none is about the question.
+  const rag::Retrieval r = rag::retrieve(s.db(), "Which office is in Mongolia?", {});
+  EXPECT_FALSE(r.found);
+  EXPECT_TRUE(r.chunks.empty());
+  EXPECT_GT(r.relevance, 0.0);
+  EXPECT_LT(r.relevance, 0.2);
+  // With the floor off, the same question gets the chunks BM25 ranks.
+  rag::RetrievalOptions off;
+  off.min_relevance = 0.0;
+  const rag::Retrieval any = rag::retrieve(s.db(), "Which office is in Mongolia?", off);
+  EXPECT_TRUE(any.found);
+  EXPECT_EQ(any.chunks.size(), 3u);
+  EXPECT_DOUBLE_EQ(any.relevance, r.relevance);
+}
+
+TEST(Retrieval, NothingSharedIsNeverFound) {
+  TempStore s;
+  add_offices(s);
+  rag::RetrievalOptions off;
+  off.min_relevance = 0.0;
+  for (const char* q : {"xylophone quasar zeppelin", "?? --"}) {
+    const rag::Retrieval r = rag::retrieve(s.db(), q, off);
+    EXPECT_FALSE(r.found) << q;
+    EXPECT_TRUE(r.chunks.empty()) << q;
+  }
+  // Stopwords alone ("it" is in a chunk) are no content: relevance 0,
+  // under any floor.
+  const rag::Retrieval r = rag::retrieve(s.db(), "Who is it?", {});
+  EXPECT_FALSE(r.found);
+  EXPECT_EQ(r.relevance, 0.0);
+}
+
+TEST(Retrieval, RareTermsWeighMoreThanCommonOnes) {
+  TempStore s;
+  add_offices(s);
+  // Holding the rare "lemon" beats holding "tromso" (two chunks) for a
+  // question with both, and each share is below 1.
+  rag::RetrievalOptions off;
+  off.min_relevance = 0.0;
+  off.top_k = 4;
+  const rag::Retrieval r = rag::retrieve(s.db(), "lemon Tromso", off);
+  std::map<std::string, double> by_file;
+  for (const rag::ChunkRecord& c : r.chunks) by_file[c.display] = c.relevance;
+  ASSERT_TRUE(by_file.count("lisbon.md") && by_file.count("tromso.md"));
+  EXPECT_GT(by_file["lisbon.md"], by_file["tromso.md"]);
+  EXPECT_NEAR(by_file["lisbon.md"] + by_file["tromso.md"], 1.0, 1e-9);
+}
+
+TEST(Retrieval, WordsOfOneStemCountOnce) {
+  TempStore s;
+  add_offices(s);
+  EXPECT_EQ(s.db().index_terms({"sleeps", "sleep", "sleeping", "mochi", "the"}),
+            (std::vector<std::string>{"sleep", "sleep", "sleep", "mochi", "the"}));
+  // "chairs" and "chair" are one term the chunk holds; "lemon" is not.
+  rag::RetrievalOptions off;
+  off.min_relevance = 0.0;
+  const rag::Retrieval r = rag::retrieve(s.db(), "chairs chair chairing Kenji lemon", off);
+  ASSERT_TRUE(r.found);
+  EXPECT_EQ(r.chunks.front().display, "meetings.md");
+  // chair and kenji of the three terms chair, kenji, lemon (each in one
+  // chunk): 2/3, not the 4/5 of five separate words.
+  EXPECT_NEAR(r.chunks.front().relevance, 2.0 / 3.0, 1e-9);
+}
+
+TEST(Retrieval, AQuestionOfTwoDocumentsIsCoveredByBoth) {
+  TempStore s;
+  s.add("people.md", {"Zofia Brandvold works in the Osaka office as a hardware engineer."});
+  s.add("offices.md", {"The Osaka office has a grey cat named Mochi."});
+  s.add("projects.md", {"Project Heron builds a solar powered rain gauge."});
+  s.add("meetings.md", {"The hardware review is every Tuesday."});
+  const char* q = "What is the name of the cat in the office where Zofia works?";
+  const rag::Retrieval both = rag::retrieve(s.db(), q, {});
+  ASSERT_TRUE(both.found);
+  // name, cat, office, zofia, work: the two chunks together hold them all,
+  // neither alone does.
+  EXPECT_NEAR(both.relevance, 1.0, 1e-9);
+  for (const rag::ChunkRecord& c : both.chunks) EXPECT_LT(c.relevance, 0.7) << c.display;
+  rag::RetrievalOptions best_alone;
+  best_alone.union_relevance = false;
+  const rag::Retrieval one = rag::retrieve(s.db(), q, best_alone);
+  EXPECT_LT(one.relevance, 0.7);
+}
+
+rag::ChunkRecord candidate(int64_t id, int64_t file, const std::string& text) {
+  rag::ChunkRecord c;
+  c.id = id;
+  c.file_id = file;
+  c.text = text;
+  c.score = -10.0 + static_cast<double>(id);  // BM25: lower is better
+  return c;
+}
+
+std::vector<int64_t> ids_of(const std::vector<rag::ChunkRecord>& chunks) {
+  std::vector<int64_t> out;
+  for (const rag::ChunkRecord& c : chunks) out.push_back(c.id);
+  return out;
+}
+
+TEST(Diversity, CapsChunksPerFileWhileOthersMatch) {
+  // File 1 holds the five best chunks, files 2 and 3 the next ones.
+  std::vector<rag::ChunkRecord> cands;
+  for (int64_t i = 1; i <= 5; ++i)
+    cands.push_back(candidate(i, 1, "changelog entry " + std::to_string(i)));
+  cands.push_back(candidate(6, 2, "glossary: LTS means long term support"));
+  cands.push_back(candidate(7, 3, "release schedule of the project"));
+  // k = 3: at most 2 of file 1, best first.
+  EXPECT_EQ(ids_of(rag::pick_diverse(cands, 3, 0)), (std::vector<int64_t>{1, 2, 6}));
+  // k = 4: still 2 of file 1 (half of 4), then the other two files.
+  EXPECT_EQ(ids_of(rag::pick_diverse(cands, 4, 0)), (std::vector<int64_t>{1, 2, 6, 7}));
+  // k = 6: 3 of file 1, both others, then a fourth of file 1 fills the slot
+  // no other file can.
+  EXPECT_EQ(ids_of(rag::pick_diverse(cands, 6, 0)), (std::vector<int64_t>{1, 2, 3, 4, 6, 7}));
+  // An explicit cap of 1.
+  EXPECT_EQ(ids_of(rag::pick_diverse(cands, 3, 1)), (std::vector<int64_t>{1, 6, 7}));
+}
+
+TEST(Diversity, OneFileAloneStillFillsTheSlots) {
+  std::vector<rag::ChunkRecord> cands;
+  for (int64_t i = 1; i <= 4; ++i) cands.push_back(candidate(i, 1, "part " + std::to_string(i)));
+  EXPECT_EQ(ids_of(rag::pick_diverse(cands, 3, 0)), (std::vector<int64_t>{1, 2, 3}));
+}
+
+TEST(Diversity, SkipsNearRepeatsOfAPickedChunk) {
+  const std::string entry = "fixed a crash when the config file is empty and the cache is cold";
+  std::vector<rag::ChunkRecord> cands = {candidate(1, 1, entry), candidate(2, 2, entry + " again"),
+                                         candidate(3, 3, "the cache directory moved"),
+                                         candidate(4, 4, "empty config files are now valid")};
+  EXPECT_EQ(ids_of(rag::pick_diverse(cands, 3, 0)), (std::vector<int64_t>{1, 3, 4}));
+  // Only repeats left: they still fill the slots.
+  EXPECT_EQ(ids_of(rag::pick_diverse(cands, 4, 0)), (std::vector<int64_t>{1, 2, 3, 4}));
+}
+
+TEST(Retrieval, DiversityKeepsOneFileFromTakingEverySlot) {
+  TempStore s;
+  std::vector<std::string> log;
+  for (int i = 0; i < 8; ++i)
+    log.push_back("Version 1." + std::to_string(i) + " LTS release: LTS branch updated, LTS " +
+                  std::to_string(i) + " fixes");
+  s.add("CHANGELOG.md", log);
+  s.add("glossary.md", {"LTS stands for long term support: a release maintained for years."});
+  s.add("other.md", {"Unrelated text about gardening and lemon trees."});
+  rag::RetrievalOptions plain;
+  plain.diverse = false;
+  auto files = [](const rag::Retrieval& r) {
+    std::vector<std::string> f;
+    for (const rag::ChunkRecord& c : r.chunks) f.push_back(c.display);
+    return f;
+  };
+  const rag::Retrieval bm25 = rag::retrieve(s.db(), "What does LTS stand for?", plain);
+  const rag::Retrieval diverse = rag::retrieve(s.db(), "What does LTS stand for?", {});
+  ASSERT_TRUE(bm25.found && diverse.found);
+  const std::vector<std::string> b = files(bm25), d = files(diverse);
+  EXPECT_EQ(std::count(d.begin(), d.end(), "CHANGELOG.md"), 2);
+  EXPECT_NE(std::find(d.begin(), d.end(), "glossary.md"), d.end());
+  EXPECT_EQ(d.size(), 3u);
+  EXPECT_EQ(b.size(), 3u);
 }
 
 }  // namespace
