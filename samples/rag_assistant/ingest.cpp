@@ -94,10 +94,13 @@ struct Candidate {
 
 // Files named on the command line are taken whatever their extension; in
 // folders the files of a supported type and those that look like text,
-// hidden entries skipped.  `not_text`: walked files passed over as binary.
-std::vector<Candidate> collect(const std::vector<std::string>& args, size_t& skipped,
-                               size_t& not_text) {
+// hidden entries and the store itself skipped.  `not_text`: walked files
+// passed over as binary.
+std::vector<Candidate> collect(const std::vector<std::string>& args, const std::string& store,
+                               size_t& skipped, size_t& not_text) {
   std::vector<Candidate> out;
+  std::error_code store_ec;
+  const bool store_exists = fs::is_directory(store, store_ec);
   std::set<fs::path> seen;
   auto add = [&](const fs::path& p, const std::string& display) {
     std::error_code ec;
@@ -142,6 +145,12 @@ std::vector<Candidate> collect(const std::vector<std::string>& args, size_t& ski
       const fs::path& p = it->path();
       if (p.filename().string().rfind('.', 0) == 0) {
         if (it->is_directory(ec)) it.disable_recursion_pending();
+        continue;
+      }
+      if (it->is_directory(ec)) {
+        // A store kept inside the folder it indexes holds only its own data.
+        std::error_code same_ec;
+        if (store_exists && fs::equivalent(p, store, same_ec)) it.disable_recursion_pending();
         continue;
       }
       if (!it->is_regular_file(ec)) continue;
@@ -225,7 +234,7 @@ std::string content_hash(const ExtractedText& text, size_t chunk_tokens) {
 
 int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   size_t skipped = 0, not_text = 0, unchanged = 0, added = 0, changed = 0, removed = 0;
-  const std::vector<Candidate> candidates = collect(opts.paths, skipped, not_text);
+  const std::vector<Candidate> candidates = collect(opts.paths, common.store, skipped, not_text);
   const auto nothing_to_ingest = [&] {
     return Error(candidates.empty() && skipped == 0
                      ? std::string("empty corpus: no file of a type ingest reads was found (") +

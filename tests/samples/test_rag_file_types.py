@@ -364,6 +364,16 @@ def main():
                                 os.path.join(docs, "broken.txt.gz")])
         check(rc == 1 and "truncated" in err and "nothing to ingest" in err,
               "a named bad file alone: its reason, then 'nothing to ingest'", describe(rc, out, err))
+        # A store inside the folder it indexes is not walked into.
+        inside = os.path.join(tmp, "inside")
+        os.makedirs(inside)
+        shutil.copy(os.path.join(docs, "README"), inside)
+        inner_store = ["--store", os.path.join(inside, "store"), "ingest", inside]
+        rag.run(inner_store)
+        rc, o, out, err = rag.json(inner_store)
+        check(o is not None and o.get("files_unchanged") == 1 and o.get("files_skipped") == 0
+              and "warning" not in err, "a store inside the walked folder is passed over",
+              describe(rc, out, err))
     print(f"{PASSED} passed, {FAILED} failed ({time.monotonic() - start:.0f} s)")
     return 1 if FAILED else 0
 
