@@ -372,28 +372,51 @@ size_t find_ci(std::string_view s, std::string_view needle, size_t from) {
   return std::string_view::npos;
 }
 
-// The end (one past '>') of the tag whose name ends at `k`, quoted attribute
-// values skipped; npos when no '>' closes it.
-size_t tag_end(std::string_view s, size_t k) {
-  char quote = 0;
-  char last = 0;  // the last non-space character outside quotes
-  for (size_t i = k; i < s.size(); ++i) {
-    const char c = s[i];
-    if (quote != 0) {
-      if (c == quote) quote = 0;
-      continue;
+// Where tags end in an HTML text.  Quoted attribute values may hold '>'.
+// Malformed markup could make the quote-aware scan read the rest of the
+// page for every '<' (quadratic time), so it has a budget of a few times the
+// page's length, after which a tag ends at the first '>'.
+class TagEnds {
+ public:
+  explicit TagEnds(std::string_view s)
+      : s_(s), last_gt_(s.rfind('>')), budget_(4 * s.size() + (size_t{1} << 20)) {}
+
+  // One past the '>' that ends the tag whose name ends at `k`; npos when no
+  // '>' does.
+  size_t after(size_t k) {
+    if (last_gt_ == std::string_view::npos || k > last_gt_) return std::string_view::npos;
+    if (budget_ > 0) {
+      const size_t end = quote_aware(k);
+      if (end != std::string_view::npos) return end;
     }
-    if (c == '>') return i + 1;
-    if ((c == '"' || c == '\'') && last == '=') {
-      quote = c;
-    } else if (!is_space(c)) {
-      last = c;
-    }
+    return s_.find('>', k) + 1;  // an unclosed quote: the first '>' ends it after all
   }
-  // An unclosed quote: the first '>' after the name ends the tag after all.
-  const size_t gt = s.find('>', k);
-  return gt == std::string_view::npos ? gt : gt + 1;
-}
+
+ private:
+  size_t quote_aware(size_t k) {
+    char quote = 0;
+    char last = 0;  // the last non-space character outside quotes
+    for (size_t i = k; i < s_.size(); ++i) {
+      if (budget_ == 0) return std::string_view::npos;
+      --budget_;
+      const char c = s_[i];
+      if (quote != 0) {
+        if (c == quote) quote = 0;
+        continue;
+      }
+      if (c == '>') return i + 1;
+      if ((c == '"' || c == '\'') && last == '=') {
+        quote = c;
+      } else if (!is_space(c)) {
+        last = c;
+      }
+    }
+    return std::string_view::npos;
+  }
+  std::string_view s_;
+  size_t last_gt_;
+  size_t budget_;
+};
 
 // Headings longer than this are not headings but text in an unclosed <hN>.
 constexpr size_t kMaxHeadingBytes = 200;
@@ -409,6 +432,7 @@ std::string html_to_text(std::string_view html_in, std::string* title) {
     html = transcoded;
   }
   HtmlText out;
+  TagEnds tag_ends(html);
   std::string page_title, first_h1;
   bool have_title = false, in_head = false;
   int pre_depth = 0;
@@ -465,7 +489,7 @@ std::string html_to_text(std::string_view html_in, std::string* title) {
     size_t k = name_start;
     while (k < n && (is_ascii_alnum(html[k]) || html[k] == '-' || html[k] == ':')) ++k;
     const std::string tag = lower(html.substr(name_start, k - name_start));
-    const size_t end = tag_end(html, k);
+    const size_t end = tag_ends.after(k);
     if (end == std::string_view::npos) {
       emit_text("<");
       i = lt + 1;
@@ -478,7 +502,7 @@ std::string html_to_text(std::string_view html_in, std::string* title) {
       const size_t close = find_ci(html, "</" + tag, i);
       const std::string_view content =
           html.substr(i, close == std::string_view::npos ? n - i : close - i);
-      i = close == std::string_view::npos ? n : tag_end(html, close + 2 + tag.size());
+      i = close == std::string_view::npos ? n : tag_ends.after(close + 2 + tag.size());
       if (i == std::string_view::npos) i = n;
       if (tag == "title" && !have_title) {
         page_title = collapse_spaces(decode_entities(content));

@@ -5,6 +5,7 @@
 #include <sqlite3.h>
 #include <zlib.h>
 
+#include <chrono>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -359,6 +360,26 @@ TEST(HtmlText, MalformedInputNeverFails) {
     EXPECT_EQ(text.find('\0'), std::string::npos) << soup;
     EXPECT_EQ(text.find('\r'), std::string::npos) << soup;
   }
+}
+
+// Malformed pages that a naive parser would rescan to the end for every
+// '<' (hours for a few megabytes) are read in linear time.
+TEST(HtmlText, PathologicalMarkupStaysLinear) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string quoted_gt;  // '>' only ever inside quotes
+  for (int i = 0; i < 100000; ++i) quoted_gt += "<a x='>'";
+  std::string no_gt;  // tags that never close
+  for (int i = 0; i < 500000; ++i) no_gt += "<a ";
+  std::string late_gt = no_gt + ">after";
+  std::string unclosed_quotes;
+  for (int i = 0; i < 100000; ++i) unclosed_quotes += "<b c=\"d> text ";
+  EXPECT_EQ(html(no_gt).size(), no_gt.size());  // all text ('<' that opens no tag)
+  EXPECT_EQ(html(late_gt), "after\n");          // one long tag
+  html(quoted_gt);
+  html(unclosed_quotes);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 5.0);
 }
 
 TEST(TextDetection, ByContent) {
