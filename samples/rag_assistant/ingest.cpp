@@ -76,15 +76,16 @@ class ModelTokens final : public TokenCounter {
   const Model& model_;
 };
 
-// Whether a walked file of no supported extension holds text: by its first
-// bytes, so that a folder's images and executables are passed over cheaply.
-bool head_looks_like_text(const fs::path& p) {
+// Why a walked file of no supported extension is not text, judged by its
+// first bytes so that a folder's images and executables are passed over
+// cheaply; nullptr when it looks like text.
+const char* head_not_text_reason(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
-  if (!in) return true;  // reading it says why it cannot be used
+  if (!in) return nullptr;  // reading it says why it cannot be used
   std::string head(kHeadBytes, '\0');
   in.read(head.data(), static_cast<std::streamsize>(head.size()));
   head.resize(static_cast<size_t>(in.gcount()));
-  return looks_like_text(head);
+  return not_text_reason(head);
 }
 
 struct Candidate {
@@ -168,9 +169,9 @@ std::vector<Candidate> collect(const std::vector<std::string>& args, const std::
           continue;
         }
       }
-      if (!has_supported_extension(p.string()) && !head_looks_like_text(p)) {
-        warn("skipping " + (base / fs::relative(p, root, ec)).string() +
-             ": a binary file of a type ingest does not read");
+      const char* why = has_supported_extension(p.string()) ? nullptr : head_not_text_reason(p);
+      if (why != nullptr) {
+        warn("skipping " + (base / fs::relative(p, root, ec)).string() + ": " + why);
         ++not_text;
         continue;
       }

@@ -800,15 +800,23 @@ bool pdf_supported() {
 
 // ---------------------------------------------------------------- dispatch
 
-bool looks_like_text(std::string_view head) {
-  if (head.find('\0') != std::string_view::npos) return false;
-  if (valid_utf8_prefix(head, true) != head.size()) return false;
+const char* not_text_reason(std::string_view head) {
+  if (head.find('\0') != std::string_view::npos)
+    return "a binary file (it holds NUL bytes) of a type ingest does not read";
+  if (valid_utf8_prefix(head, true) != head.size())
+    return "neither UTF-8 text nor of a type ingest reads";
   size_t controls = 0;
   for (char c : head) {
     const auto u = static_cast<unsigned char>(c);
     if ((u < 0x20 && c != '\t' && c != '\n' && c != '\r' && c != '\f') || u == 0x7F) ++controls;
   }
-  return controls * 50 <= head.size();
+  if (controls * 50 > head.size())
+    return "a binary file (control characters) of a type ingest does not read";
+  return nullptr;
+}
+
+bool looks_like_text(std::string_view head) {
+  return not_text_reason(head) == nullptr;
 }
 
 namespace {
@@ -846,8 +854,8 @@ ExtractedText extract_uncompressed(const std::string& name, Kind kind, std::stri
       r.title = first_heading(r.text, stem);
       break;
     case Kind::kOther:
-      if (!looks_like_text(bytes.substr(0, kHeadBytes))) {
-        r.skipped = "a binary file of a type ingest does not read";
+      if (const char* why = not_text_reason(bytes.substr(0, kHeadBytes))) {
+        r.skipped = why;
         return r;
       }
       r.text = bytes;

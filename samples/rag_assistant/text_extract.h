@@ -40,6 +40,8 @@ bool has_supported_extension(const std::string& file_name);
 // few control characters (at most 1 in 50 bytes; tab, line breaks and form
 // feed are not counted).
 bool looks_like_text(std::string_view head);
+// Why `head` does not look like text (for a warning); nullptr when it does.
+const char* not_text_reason(std::string_view head);
 
 // The types ingest reads, for messages ("Markdown (.md, .markdown), ...").
 const char* supported_types();

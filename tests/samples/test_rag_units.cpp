@@ -398,6 +398,12 @@ TEST(TextDetection, ByContent) {
   log += "\x1b[31mred\x1b[0m";
   EXPECT_TRUE(rag::looks_like_text(log));
   EXPECT_FALSE(rag::looks_like_text("\x01\x02\x03\x04ELF-ish header with some text in it"));
+  EXPECT_EQ(rag::not_text_reason("text"), nullptr);
+  EXPECT_NE(std::string(rag::not_text_reason(std::string_view("a\0b", 3))).find("NUL"),
+            std::string::npos);
+  EXPECT_NE(std::string(rag::not_text_reason("caf\xE9 au lait")).find("UTF-8"), std::string::npos);
+  EXPECT_NE(std::string(rag::not_text_reason("\x01\x02\x03\x04\x05")).find("control"),
+            std::string::npos);
 }
 
 TEST(TextDetection, FilesOfOtherNames) {
