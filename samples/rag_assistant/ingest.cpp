@@ -237,10 +237,11 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   size_t skipped = 0, not_text = 0, unchanged = 0, added = 0, changed = 0, removed = 0;
   const std::vector<Candidate> candidates = collect(opts.paths, common.store, skipped, not_text);
   const auto nothing_to_ingest = [&] {
-    return Error(candidates.empty() && skipped == 0
-                     ? std::string("empty corpus: no file of a type ingest reads was found (") +
-                           supported_types() + ")"
-                     : "nothing to ingest: none of the given paths is a readable file with text");
+    return Error(
+        candidates.empty() && skipped == 0
+            ? std::string("empty corpus: found no file of a type ingest reads; it reads ") +
+                  supported_types()
+            : "nothing to ingest: none of the given paths is a readable file with text");
   };
   // Before the store is created: a failed first ingest leaves nothing behind.
   if (candidates.empty() && !opts.prune) throw nothing_to_ingest();

@@ -917,8 +917,13 @@ bool has_supported_extension(const std::string& file_name) {
 
 const char* supported_types() {
   return "Markdown (.md, .markdown), text (.txt, .text, and files of other names that hold "
-         "text), reStructuredText (.rst), HTML (.html, .htm), PDF (.pdf), and any of these "
-         "gzip-compressed (.gz)";
+         "text), reStructuredText (.rst), HTML (.html, .htm), "
+#ifdef CB_HAVE_POPPLER
+         "PDF (.pdf), "
+#else
+         "PDF (.pdf, but not this build), "
+#endif
+         "and any of these gzip-compressed (.gz)";
 }
 
 ExtractedText extract_text(const std::string& file_name, std::string_view bytes,
