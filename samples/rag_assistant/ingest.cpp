@@ -12,13 +12,13 @@
 #include <memory>
 #include <optional>
 #include <set>
-#include <sstream>
 
 #include "chunker.h"
 #include "corpus_db.h"
 #include "json_writer.h"
 #include "printable.h"
 #include "progress.h"
+#include "text_extract.h"
 
 namespace fs = std::filesystem;
 
@@ -76,11 +76,16 @@ class ModelTokens final : public TokenCounter {
   const Model& model_;
 };
 
-bool is_text_extension(const fs::path& p) {
-  std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return ext == ".md" || ext == ".markdown" || ext == ".txt" || ext == ".text";
+// Why a walked file of no supported extension is not text, judged by its
+// first bytes so that a folder's images and executables are passed over
+// cheaply; nullptr when it looks like text.
+const char* head_not_text_reason(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return nullptr;  // reading it says why it cannot be used
+  std::string head(kHeadBytes, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  return not_text_reason(head);
 }
 
 struct Candidate {
@@ -89,9 +94,14 @@ struct Candidate {
 };
 
 // Files named on the command line are taken whatever their extension; in
-// folders only text and Markdown files, hidden entries skipped.
-std::vector<Candidate> collect(const std::vector<std::string>& args, size_t& skipped) {
+// folders the files of a supported type and those that look like text,
+// hidden entries and the store itself skipped.  `not_text`: walked files
+// passed over as binary.
+std::vector<Candidate> collect(const std::vector<std::string>& args, const std::string& store,
+                               size_t& skipped, size_t& not_text) {
   std::vector<Candidate> out;
+  std::error_code store_ec;
+  const bool store_exists = fs::is_directory(store, store_ec);
   std::set<fs::path> seen;
   auto add = [&](const fs::path& p, const std::string& display) {
     std::error_code ec;
@@ -138,7 +148,13 @@ std::vector<Candidate> collect(const std::vector<std::string>& args, size_t& ski
         if (it->is_directory(ec)) it.disable_recursion_pending();
         continue;
       }
-      if (!it->is_regular_file(ec) || !is_text_extension(p)) continue;
+      if (it->is_directory(ec)) {
+        // A store kept inside the folder it indexes holds only its own data.
+        std::error_code same_ec;
+        if (store_exists && fs::equivalent(p, store, same_ec)) it.disable_recursion_pending();
+        continue;
+      }
+      if (!it->is_regular_file(ec)) continue;
       // A folder's symbolic links to files are followed only within the
       // folder (links to folders are never followed): a walk must not pick
       // up a file from elsewhere on the system.
@@ -152,6 +168,12 @@ std::vector<Candidate> collect(const std::vector<std::string>& args, size_t& ski
           ++skipped;
           continue;
         }
+      }
+      const char* why = has_supported_extension(p.string()) ? nullptr : head_not_text_reason(p);
+      if (why != nullptr) {
+        warn("skipping " + (base / fs::relative(p, root, ec)).string() + ": " + why);
+        ++not_text;
+        continue;
       }
       files.push_back(p);
     }
@@ -168,8 +190,9 @@ std::string megabytes(uint64_t bytes) {
   return buf;
 }
 
-// Reads the file; empty optional (with a warning) when it is unusable.
-std::optional<std::string> read_text_file(const Candidate& c, uint64_t max_bytes) {
+// Reads the file and extracts its text; empty optional (with a warning) when
+// it is unusable.
+std::optional<ExtractedText> read_text_file(const Candidate& c, uint64_t max_bytes) {
   std::error_code ec;
   const uintmax_t size = fs::file_size(c.path, ec);
   if (!ec && size > max_bytes) {
@@ -187,37 +210,22 @@ std::optional<std::string> read_text_file(const Candidate& c, uint64_t max_bytes
     warn("skipping " + c.display + ": read error");
     return std::nullopt;
   }
-  // Text files hold no NUL bytes; images, archives and executables do
-  // within their first bytes.
-  if (data.find('\0') != std::string::npos) {
-    warn("skipping " + c.display + ": a binary file, not text");
+  ExtractedText text = extract_text(c.path.string(), data, max_bytes);
+  if (!text.skipped.empty()) {
+    warn("skipping " + c.display + ": " + text.skipped);
     return std::nullopt;
   }
-  if (data.find_first_not_of(" \t\r\n\f\v") == std::string::npos) {
-    warn("skipping " + c.display + ": empty");
-    return std::nullopt;
-  }
-  return data;
+  return text;
 }
 
-// A Markdown file's first heading, else the file name without extension.
-std::string title_of(const std::string& text, const fs::path& path) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("# ", 0) == 0) {
-      std::string t = line.substr(2);
-      while (!t.empty() && (t.back() == '\r' || t.back() == ' ')) t.pop_back();
-      if (!t.empty()) return t;
-    }
-  }
-  return path.stem().string();
-}
-
-std::string content_hash(const std::string& data, size_t chunk_tokens) {
+// The hash of what the store gets from a file: its extracted text (so an
+// HTML or PDF file whose text changes is re-chunked, and one whose markup
+// alone changes is not) and its title where the text does not imply it.
+std::string content_hash(const ExtractedText& text, size_t chunk_tokens) {
   // The chunking target is part of the hash: re-ingesting with another
   // --chunk-tokens re-chunks every file.
-  const XXH64_hash_t h = XXH3_64bits_withSeed(data.data(), data.size(), chunk_tokens);
+  XXH64_hash_t h = XXH3_64bits_withSeed(text.text.data(), text.text.size(), chunk_tokens);
+  if (!text.title_from_text) h = XXH3_64bits_withSeed(text.title.data(), text.title.size(), h);
   char buf[32];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
@@ -226,13 +234,14 @@ std::string content_hash(const std::string& data, size_t chunk_tokens) {
 }  // namespace
 
 int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
-  size_t skipped = 0, unchanged = 0, added = 0, changed = 0, removed = 0;
-  const std::vector<Candidate> candidates = collect(opts.paths, skipped);
+  size_t skipped = 0, not_text = 0, unchanged = 0, added = 0, changed = 0, removed = 0;
+  const std::vector<Candidate> candidates = collect(opts.paths, common.store, skipped, not_text);
   const auto nothing_to_ingest = [&] {
-    return Error(candidates.empty() && skipped == 0
-                     ? "empty corpus: no text or Markdown files (.md, .markdown, .txt, .text) found"
-                     : "nothing to ingest: none of the given paths is a readable, non-empty text "
-                       "file");
+    return Error(
+        candidates.empty() && skipped == 0
+            ? std::string("empty corpus: found no file of a type ingest reads; it reads ") +
+                  supported_types()
+            : "nothing to ingest: none of the given paths is a readable file with text");
   };
   // Before the store is created: a failed first ingest leaves nothing behind.
   if (candidates.empty() && !opts.prune) throw nothing_to_ingest();
@@ -266,7 +275,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   for (size_t i = 0; i < candidates.size(); ++i) {
     const Candidate& c = candidates[i];
     progress.update(i, chunked_tokens);
-    const std::optional<std::string> data = read_text_file(c, opts.max_file_bytes);
+    const std::optional<ExtractedText> data = read_text_file(c, opts.max_file_bytes);
     if (!data) {
       ++skipped;
       continue;
@@ -280,11 +289,11 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
     }
     if (old) drop_chunks_of(old->id);
     std::vector<std::pair<std::string, int>> rows;
-    for (Chunk& ch : chunk_text(*data, chunk_tokens, tokens)) {
+    for (Chunk& ch : chunk_text(data->text, chunk_tokens, tokens)) {
       chunked_tokens += ch.n_tokens;
       rows.emplace_back(std::move(ch.text), static_cast<int>(ch.n_tokens));
     }
-    db->replace_file({0, c.path.string(), c.display, hash}, title_of(*data, c.path), rows);
+    db->replace_file({0, c.path.string(), c.display, hash}, data->title, rows);
     ++(old ? changed : added);
   }
   progress.finish(candidates.size(), chunked_tokens);
@@ -314,6 +323,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
     }
     throw nothing_to_ingest();
   }
+  skipped += not_text;
   db->set_chunk_tokens(chunk_tokens);
 
   // KV precompute for every chunk the chunk store lacks, whether its file

@@ -1,4 +1,4 @@
-// `rag_assistant ingest`: text and Markdown files into the store.
+// `rag_assistant ingest`: documents (see text_extract.h) into the store.
 #pragma once
 
 #include <cstddef>
@@ -29,9 +29,9 @@ struct IngestOptions {
 
 // Chunks and indexes every usable file (unchanged files are skipped by
 // content hash), then precomputes the KV of every chunk not yet in the chunk
-// store.  Unusable files (missing, unreadable, binary, empty) are skipped
-// with a warning; an Error when nothing usable was found.  Returns the exit
-// status.
+// store.  Unusable files (missing, unreadable, binary, empty, corrupt,
+// encrypted) are skipped with a warning; an Error when nothing usable was
+// found.  Returns the exit status.
 int run_ingest(const CommonOptions& common, const IngestOptions& opts);
 
 }  // namespace rag
