@@ -14,6 +14,7 @@
 
 #include "corpus_db.h"
 #include "json_writer.h"
+#include "kv_store.h"
 #include "line_reader.h"
 #include "printable.h"
 
@@ -86,8 +87,9 @@ class Assistant {
       throw Error("the store " + common.store +
                   " holds no documents: ingest some first ('rag_assistant --store DIR ingest "
                   "PATH...')");
-    load_model(common, model_);
-    open_chunk_cache(common, cache_);
+    common_.kv = load_kv_settings(db_);
+    load_model(common_, model_);
+    open_chunk_cache(common_, cache_);
     n_ctx_train_ = model_n_ctx_train(model_);
   }
 

@@ -18,6 +18,7 @@
 #include "answer.h"
 #include "app.h"
 #include "ingest.h"
+#include "kv_store.h"
 #include "long_option.h"
 #include "number_arg.h"
 #include "printable.h"
@@ -39,6 +40,18 @@ const char* const kUsage =
     "      longer exist (without it they are still answered from, with a warning).\n"
     "      Binary, empty or unreadable files, and files over M MB (default 16),\n"
     "      are skipped with a warning.\n"
+    "      --kv eager|lazy|background  when each chunk's KV is computed: at ingest\n"
+    "      (eager, the default); when a question first retrieves the chunk (lazy:\n"
+    "      ingest takes seconds, the first questions pay for their chunks); or by a\n"
+    "      detached process at idle priority that starts now (background; log in\n"
+    "      DIR/precompute.log), while questions may already be asked.\n"
+    "      --kv-codec f16|q8|q4 (default q8) and --kv-store-mb N (default 4096): how\n"
+    "      chunk KV is stored and how much of it DIR/kv keeps (least recently used\n"
+    "      chunks go first); both are kept as the store's settings.  ingest warns\n"
+    "      when the corpus's KV would not fit, with its size.\n"
+    "  precompute\n"
+    "      compute the KV of every stored chunk that has none yet (after --kv lazy,\n"
+    "      or after eviction), one precompute per store at a time.\n"
     "  ask QUESTION [--top-k K] [--mode blend|full|reuse|prefix] [--ratio R|auto]\n"
     "      [--select P] [--context-order best-last|best-first] [--max-tokens N]\n"
     "      [--temperature T] [--min-p M] [--seed S] [--repeat-penalty X] [--stop TEXT]\n"
@@ -208,6 +221,21 @@ int run(int argc, char** argv) {
     } else if (arg == "--max-file-mb") {
       ingest.max_file_bytes = static_cast<uint64_t>(parse_long(arg, next(), 1, 4096)) << 20;
       ingest_only.push_back(arg);
+    } else if (arg == "--kv") {
+      const std::string v = next();
+      const auto when = rag::parse_kv_when(v);
+      if (!when) usage("option --kv: '" + v + "' is not eager, lazy or background");
+      ingest.kv = *when;
+      ingest_only.push_back(arg);
+    } else if (arg == "--kv-codec") {
+      const std::string v = next();
+      const auto codec = rag::parse_codec(v);
+      if (!codec) usage("option --kv-codec: '" + v + "' is not f16, q8 or q4");
+      ingest.codec = *codec;
+      ingest_only.push_back(arg);
+    } else if (arg == "--kv-store-mb") {
+      ingest.capacity_bytes = static_cast<uint64_t>(parse_long(arg, next(), 16, 1L << 30)) << 20;
+      ingest_only.push_back(arg);
     } else if (arg == "--prune") {
       no_value();
       ingest.prune = true;
@@ -267,15 +295,16 @@ int run(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  if (command.empty()) usage("no command given (ingest, ask or chat)");
-  if (command != "ingest" && command != "ask" && command != "chat")
-    usage("unknown command '" + command + "' (expected ingest, ask or chat)");
+  if (command.empty()) usage("no command given (ingest, ask, chat or precompute)");
+  if (command != "ingest" && command != "ask" && command != "chat" && command != "precompute")
+    usage("unknown command '" + command + "' (expected ingest, ask, chat or precompute)");
   if (common.store.empty()) usage("--store DIR is required");
   if (command != "ingest" && !ingest_only.empty())
     usage("option " + ingest_only.front() + " is for ingest only");
-  if (command == "ingest" && !ask_chat.empty())
+  if ((command == "ingest" || command == "precompute") && !ask_chat.empty())
     usage("option " + ask_chat.front() + " is for ask and chat only");
-  if (command == "chat" && !ask_only.empty()) usage("option --json is not for chat");
+  if ((command == "chat" || command == "precompute") && !ask_only.empty())
+    usage("option --json is not for " + command);
   if (ratio_given && ask.mode != CB_MODE_BLEND)
     usage("option --ratio applies to --mode blend only");
   if (select_given && ask.mode != CB_MODE_BLEND)
@@ -308,6 +337,10 @@ int run(int argc, char** argv) {
       usage(positional.empty() ? "ask needs a QUESTION"
                                : "ask takes one QUESTION (quote it: ask \"...\")");
     return rag::run_ask(common, ask, positional[0]);
+  }
+  if (command == "precompute") {
+    if (!positional.empty()) usage("precompute takes no arguments");
+    return rag::run_precompute(common);
   }
   if (!positional.empty()) usage("chat takes no arguments (questions come from stdin)");
   return rag::run_chat(common, ask);
