@@ -12,7 +12,7 @@ file answers (the phrase is in the chunk that answers it), or {"question",
 builds a corpus at run time from the Debian documentation installed with
 the project's packages (build_debian_corpus below).
 
-The corpus is ingested into a temporary store with --index-only (no KV: only
+The corpus is ingested into a temporary store with --kv lazy (no KV: only
 retrieval is measured; the model only counts tokens for the chunker), then
 each question goes through `ask --retrieve-only --json --min-relevance 0`:
 plain BM25 (--no-diversity) and with the per-file cap, at --top-k 1, 3 and 5.
@@ -140,7 +140,7 @@ class Rag:
         self.model = ["--model", model]
 
     def ingest(self, corpus, chunk_tokens):
-        p = subprocess.run(self.base + self.model + ["ingest", corpus, "--index-only",
+        p = subprocess.run(self.base + self.model + ["ingest", corpus, "--kv", "lazy",
                                                      "--chunk-tokens", str(chunk_tokens), "--json"],
                            capture_output=True, text=True)
         if p.returncode != 0:

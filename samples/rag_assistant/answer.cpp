@@ -8,12 +8,15 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "conversation.h"
 #include "corpus_db.h"
 #include "json_writer.h"
+#include "kv_store.h"
 #include "line_reader.h"
 #include "printable.h"
 
@@ -21,6 +24,10 @@ namespace rag {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// A chat's session holds the conversation: room for follow-ups beyond the
+// first request (at most the model's context).
+constexpr int kChatContextTokens = 4096;
 
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
@@ -86,6 +93,7 @@ class Assistant {
       throw Error("the store " + common.store +
                   " holds no documents: ingest some first ('rag_assistant --store DIR ingest "
                   "PATH...')");
+    common_.kv = load_kv_settings(db_);
   }
 
   // The model and the chunk KV store; an ask that finds nothing relevant
@@ -160,35 +168,35 @@ class Assistant {
       t.failures -= b.failures;
     }
     warn_about_storage(r);
-
-    cb_sampling_options so;
-    cb_sampling_options_init(&so);
-    so.temperature = opts_.temperature;
-    so.min_p = opts_.min_p;
-    so.repeat_penalty = opts_.repeat_penalty;
-    so.seed = opts_.seed;
-    std::vector<const char*> stops;
-    for (const std::string& stop : opts_.stops) stops.push_back(stop.c_str());
-    cb_generate_options go;
-    cb_generate_options_init(&go);
-    go.max_tokens = opts_.max_tokens;
-    go.sampling = &so;
-    go.stop_strings = stops.data();
-    go.n_stop_strings = stops.size();
-    cb_generate_stats gs;
-    cb_generate_stats_init(&gs);
-    StreamState st;
-    st.stream = stream;
-    st.cancellable = cancellable;
-    const cb_status g = cb_generate(session_.h, nullptr, 0, &go, on_token, &st, &gs);
-    if (g != CB_ERR_CANCELLED) check(g, "generation failed");
-    r.cancelled = g == CB_ERR_CANCELLED;
-    r.answer = st.text;
-    r.n_generated = gs.n_generated;
-    r.prefill_ms = ms_between(t0, t1);
-    // TTFT as a user sees it: the request starts, the first token appears.
-    r.ttft_ms = st.got_first ? ms_between(t0, st.first_token) : gs.ttft_ms;
+    generate(r, nullptr, 0, t0, t1, stream, cancellable);
     return r;
+  }
+
+  // The next turn of the conversation the session holds: `new_chunks`
+  // (retrieved, not yet in the conversation) and the question appended as a
+  // user turn; the earlier turns' KV is reused.  false when the turn does
+  // not fit the session (nothing was changed: start the conversation again).
+  bool follow_up(const std::string& question, const std::vector<const ChunkRecord*>& new_chunks,
+                 bool stream, Result& r) {
+    if (!frame_) frame_ = follow_up_frame(model_);
+    std::vector<int32_t> prompt = special_tokens(frame_->close_and_open);
+    const std::vector<int32_t> text = tokenize(model_, follow_up_text(new_chunks, question));
+    prompt.insert(prompt.end(), text.begin(), text.end());
+    const std::vector<int32_t> to_answer = special_tokens(frame_->to_answer);
+    prompt.insert(prompt.end(), to_answer.begin(), to_answer.end());
+    const int32_t n_past = cb_session_n_past(session_.h);
+    if (n_past + static_cast<int>(prompt.size()) + opts_.max_tokens > cb_session_n_ctx(session_.h))
+      return false;
+    r = Result();
+    for (const ChunkRecord* c : new_chunks) r.sources.push_back(*c);
+    cb_rag_stats_init(&r.rag);
+    r.rag.n_tokens = n_past + static_cast<int32_t>(prompt.size());
+    r.rag.n_reused = n_past;
+    r.rag.cache_misses = static_cast<int32_t>(new_chunks.size());
+    cancellable_ = true;
+    const auto t0 = Clock::now();
+    generate(r, prompt.data(), prompt.size(), t0, t0, stream, true);
+    return true;
   }
 
   // A storage tier that failed during the request (a server that went
@@ -211,17 +219,75 @@ class Assistant {
                    r.rag.cache_hits == 0 ? " (the request was a full prefill)" : "");
   }
 
+  // Whether every content word of `text` is in some chunk (true for a text
+  // of stopwords only).
+  bool words_all_in_store(const std::string& text) {
+    for (const std::string& word : content_words(text))
+      if (db_.search(fts_match_query(word), 1).empty()) return false;
+    return true;
+  }
+
+  // Sessions of at least n tokens (a chat's room for follow-ups).
+  void set_min_context(int n) { min_ctx_ = n; }
+
   const char* mode_name() const { return cb_mode_name(opts_.mode); }
   bool tiered() const { return common_.tiers.any(); }
   int threads() const { return common_.threads; }
 
  private:
+  // Generates the answer after `prompt` (none: from the RAG prefill's
+  // logits), streamed when `stream`.
+  void generate(Result& r, const int32_t* prompt, size_t n_prompt, Clock::time_point t0,
+                Clock::time_point t1, bool stream, bool cancellable) {
+    cb_sampling_options so;
+    cb_sampling_options_init(&so);
+    so.temperature = opts_.temperature;
+    so.min_p = opts_.min_p;
+    so.repeat_penalty = opts_.repeat_penalty;
+    so.seed = opts_.seed;
+    std::vector<const char*> stops;
+    for (const std::string& stop : opts_.stops) stops.push_back(stop.c_str());
+    cb_generate_options go;
+    cb_generate_options_init(&go);
+    go.max_tokens = opts_.max_tokens;
+    go.sampling = &so;
+    go.stop_strings = stops.data();
+    go.n_stop_strings = stops.size();
+    cb_generate_stats gs;
+    cb_generate_stats_init(&gs);
+    StreamState st;
+    st.stream = stream;
+    st.cancellable = cancellable;
+    const cb_status g = cb_generate(session_.h, prompt, n_prompt, &go, on_token, &st, &gs);
+    if (g != CB_ERR_CANCELLED) check(g, "generation failed");
+    r.cancelled = g == CB_ERR_CANCELLED;
+    r.cancelled_in_prefill = r.cancelled && prompt != nullptr && !st.got_first;
+    r.answer = st.text;
+    r.n_generated = gs.n_generated;
+    // A follow-up's prompt runs inside cb_generate: its prefill ends with
+    // the first token.
+    r.prefill_ms = prompt != nullptr ? gs.prefill_ms : ms_between(t0, t1);
+    // TTFT as a user sees it: the request starts, the first token appears.
+    r.ttft_ms = st.got_first ? ms_between(t0, st.first_token) : gs.ttft_ms;
+  }
+
+  std::vector<int32_t> special_tokens(const std::string& text) {
+    size_t n = 0;
+    check(cb_tokenize(model_.h, text.data(), text.size(), 0, 1, nullptr, 0, &n), "cannot tokenize");
+    std::vector<int32_t> ids(n);
+    if (n > 0)
+      check(cb_tokenize(model_.h, text.data(), text.size(), 0, 1, ids.data(), ids.size(), &n),
+            "cannot tokenize");
+    return ids;
+  }
+
   // A session large enough for this request (grown, never shrunk).  The
   // first one also runs a tiny untimed warm-up, so TTFT is that of a
   // running app and not of the first forward pass's page faults.
   void ensure_session(const std::string& question, const std::vector<ChunkRecord>& sources) {
     int need = static_cast<int>(tokenize(model_, question).size()) + 128 + opts_.max_tokens;
     for (const ChunkRecord& c : sources) need += c.n_tokens + 4;
+    need = std::max(need, min_ctx_);
     if (need > n_ctx_train_) need = n_ctx_train_;  // cb_rag_prefill reports what overflows
     if (session_.h != nullptr && cb_session_n_ctx(session_.h) >= need) return;
     Session fresh;
@@ -241,9 +307,20 @@ class Assistant {
   ChunkCache cache_;
   Session session_;
   int n_ctx_train_ = 0;
-  bool cancellable_ = false;  // read by on_abort
+  int min_ctx_ = 0;
+  std::optional<FollowUpFrame> frame_;  // the template's turn boundaries, once needed
+  bool cancellable_ = false;            // read by on_abort
   std::set<std::string> deleted_warned_;
 };
+
+void print_sources(const std::vector<ChunkRecord>& sources, FILE* out) {
+  std::fprintf(out, "sources:");
+  for (size_t i = 0; i < sources.size(); ++i)
+    std::fprintf(out, "%s [%zu] %s #%d", i ? "," : "", i + 1,
+                 cbs::printable(sources[i].display).c_str(), sources[i].index);
+  std::fprintf(out, "\n");
+  std::fflush(out);
+}
 
 std::string ratio_text(const Result& r, const AskOptions& o) {
   char buf[48];
@@ -266,12 +343,18 @@ void print_report(const Result& r, const AskOptions& o, const char* mode, bool t
                    static_cast<unsigned long long>(r.tiers[i].hits));
     std::fprintf(out, "\n");
   }
-  std::fprintf(out, "sources:");
-  for (size_t i = 0; i < r.sources.size(); ++i)
-    std::fprintf(out, "%s [%zu] %s #%d", i ? "," : "", i + 1,
-                 cbs::printable(r.sources[i].display).c_str(), r.sources[i].index);
-  std::fprintf(out, "\n");
-  std::fflush(out);
+  print_sources(r.sources, out);
+}
+
+// A follow-up's report: it reused the conversation's KV and computed its
+// own turn (with the chunks new to the conversation).
+void print_follow_up_report(const Result& r, FILE* out) {
+  std::fprintf(out,
+               "\n---\nTTFT %.1f ms | follow-up: %d earlier token(s) reused, %d computed "
+               "(%d new chunk(s)) | %d answer tokens%s\n",
+               r.ttft_ms, r.rag.n_reused, r.rag.n_tokens - r.rag.n_reused, r.rag.cache_misses,
+               r.n_generated, r.cancelled ? " (cancelled)" : "");
+  print_sources(r.sources, out);
 }
 
 // A source as --json reports it.
@@ -418,12 +501,16 @@ int run_chat(const CommonOptions& common, const AskOptions& opts) {
   sigaction(SIGINT, &sa, nullptr);
   Assistant a(common, opts);
   a.load();  // before the first question, so that it is answered at once
+  a.set_min_context(kChatContextTokens);
+  Conversation conversation;
   LineReader input(&g_interrupted);
   const bool tty = input.at_terminal();
   if (tty)
     std::fprintf(stderr,
-                 "Ask about the documents in %s.  Ctrl-C stops an answer; Ctrl-C or Ctrl-D at "
-                 "the prompt (or 'quit') exits.\n",
+                 "Ask about the documents in %s.  Follow-up questions continue the "
+                 "conversation; /reset starts a new one, /sources lists the last answer's "
+                 "sources.  Ctrl-C stops an answer; Ctrl-C or Ctrl-D at the prompt (or 'quit') "
+                 "exits.\n",
                  common.store.c_str());
   std::string line;
   for (;;) {
@@ -435,15 +522,54 @@ int run_chat(const CommonOptions& common, const AskOptions& opts) {
     g_interrupted = 0;
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     if (line == "quit" || line == "exit") break;
+    if (line == "/reset") {
+      conversation.clear();
+      std::printf("(a new conversation)\n");
+      std::fflush(stdout);
+      continue;
+    }
+    if (line == "/sources") {
+      print_sources(conversation.last_sources(), stdout);
+      continue;
+    }
     Result r;
+    bool fresh = true;
+    std::vector<ChunkRecord> retrieved;
     try {
+      // In a conversation the previous question joins this one to rank the
+      // chunks, so that "and the cat there?" finds what the conversation is
+      // about, and to pass the floor: a follow-up leans on the
+      // conversation for relevance, but never for words the documents lack
+      // ("and its price?" about documents without prices is not found).
       const Retrieval found = a.retrieve(line);
-      if (!found.found) {
+      bool answerable = found.found;
+      if (found.found) retrieved = found.chunks;
+      if (conversation.live() && (found.found || a.words_all_in_store(line))) {
+        const Retrieval joint = a.retrieve(retrieval_query(line, conversation.last_turn().first));
+        if (joint.found) retrieved = joint.chunks;
+        answerable = answerable || joint.found;
+      }
+      if (!answerable) {
         std::printf("%s\n(%s)\n", kNotFoundAnswer, not_found_detail(found, opts).c_str());
         std::fflush(stdout);
         continue;
       }
-      r = a.answer(line, found.chunks, true, true);
+      if (conversation.live()) {
+        fresh = !a.follow_up(line, conversation.new_chunks(retrieved), true, r);
+        if (fresh)
+          std::fprintf(stderr,
+                       "rag_assistant: the conversation no longer fits the context; it goes on "
+                       "from the last exchange\n");
+      }
+      if (fresh) {
+        const std::string question =
+            conversation.empty()
+                ? line
+                : question_with_last_exchange(conversation.last_turn().first,
+                                              conversation.last_turn().second, line);
+        r = a.answer(question, retrieved, true, true);
+      }
+      r.sources = retrieved;
     } catch (const std::runtime_error& e) {
       // One question that cannot be answered (too long for the context, a
       // failed read of the corpus) does not end the conversation.
@@ -452,6 +578,7 @@ int run_chat(const CommonOptions& common, const AskOptions& opts) {
       continue;
     }
     if (r.cancelled) g_interrupted = 0;  // that Ctrl-C was for the answer, not the program
+    conversation.record(line, r.answer, retrieved, fresh, !r.cancelled_in_prefill);
     if (r.cancelled_in_prefill) {
       std::printf("[stopped after %.1f ms of reading the documents, before the answer]\n",
                   r.prefill_ms);
@@ -459,7 +586,10 @@ int run_chat(const CommonOptions& common, const AskOptions& opts) {
       continue;
     }
     if (r.cancelled) std::printf(" [stopped]");
-    print_report(r, opts, a.mode_name(), a.tiered(), stdout);
+    if (fresh)
+      print_report(r, opts, a.mode_name(), a.tiered(), stdout);
+    else
+      print_follow_up_report(r, stdout);
   }
   return 0;
 }

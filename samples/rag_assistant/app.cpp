@@ -59,6 +59,8 @@ void load_model(const CommonOptions& o, Model& model) {
 void open_chunk_cache(const CommonOptions& o, ChunkCache& cache) {
   cb_store_options so;
   cb_store_options_init(&so);
+  so.codec = o.kv.codec;
+  so.capacity_bytes = o.kv.capacity_bytes;
   const TierOptions& t = o.tiers;
   so.ram_budget_bytes = t.ram_budget_bytes;
   if (!t.slow_dir.empty()) so.slow_dir = t.slow_dir.c_str();

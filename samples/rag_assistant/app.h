@@ -43,6 +43,19 @@ struct TierOptions {
   bool any() const { return ram_budget_bytes > 0 || !slow_dir.empty() || !redis_address.empty(); }
 };
 
+// The chunk KV store's settings, kept in the store's corpus DB so that every
+// command opens the store alike.  The codec is part of each chunk's cache
+// key: changing it makes every stored chunk's KV unreachable (computed
+// again; the old entries are evicted as space is needed).
+struct KvStoreSettings {
+  // q8 (int8 with a scale per token and head, then zstd) is 0.46x of f16;
+  // q4 is 0.29x (samples/rag_assistant/README.md, "What it costs").
+  static constexpr cb_codec kDefaultCodec = CB_CODEC_Q8;
+  static constexpr uint64_t kDefaultCapacityBytes = uint64_t{4} << 30;
+  cb_codec codec = kDefaultCodec;
+  uint64_t capacity_bytes = kDefaultCapacityBytes;
+};
+
 // Options every command understands.
 struct CommonOptions {
   std::string store;            // --store DIR
@@ -50,6 +63,7 @@ struct CommonOptions {
   int threads = 0;              // --threads, else the cores available to us
   int32_t kv_type = CB_KV_F16;  // --kv-type f16|f32
   TierOptions tiers;
+  KvStoreSettings kv;  // the store's (load_kv_settings), not a flag
 };
 
 // The model to load: `flag` (--model) when given, else $CB_MODEL, else

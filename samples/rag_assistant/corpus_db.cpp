@@ -232,21 +232,32 @@ void CorpusDb::remove_file(int64_t file_id) {
   d.step();
 }
 
-std::optional<size_t> CorpusDb::chunk_tokens() {
-  cb::sqlite::Statement s(db_, "SELECT value FROM settings WHERE key = 'chunk_tokens'", kDbLabel);
+std::optional<std::string> CorpusDb::setting(const std::string& key) {
+  cb::sqlite::Statement s(db_, "SELECT value FROM settings WHERE key = ?1", kDbLabel);
+  s.bind(1, key);
   if (!s.step()) return std::nullopt;
-  const std::string v = s.text(0);
+  return s.text(0);
+}
+
+void CorpusDb::set_setting(const std::string& key, const std::string& value) {
+  cb::sqlite::Statement s(db_, "INSERT OR REPLACE INTO settings(key, value) VALUES (?1, ?2)",
+                          kDbLabel);
+  s.bind(1, key);
+  s.bind(2, value);
+  s.step();
+}
+
+std::optional<size_t> CorpusDb::chunk_tokens() {
+  const std::optional<std::string> v = setting("chunk_tokens");
+  if (!v) return std::nullopt;
   char* end = nullptr;
-  const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || n == 0) return std::nullopt;  // not ours: ignored
+  const unsigned long long n = std::strtoull(v->c_str(), &end, 10);
+  if (v->empty() || *end != '\0' || n == 0) return std::nullopt;  // not ours: ignored
   return static_cast<size_t>(n);
 }
 
 void CorpusDb::set_chunk_tokens(size_t n) {
-  cb::sqlite::Statement s(
-      db_, "INSERT OR REPLACE INTO settings(key, value) VALUES ('chunk_tokens', ?1)", kDbLabel);
-  s.bind(1, std::to_string(n));
-  s.step();
+  set_setting("chunk_tokens", std::to_string(n));
 }
 
 std::vector<std::string> CorpusDb::chunk_texts(int64_t file_id) {

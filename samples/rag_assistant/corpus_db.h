@@ -69,6 +69,10 @@ class CorpusDb {
   std::optional<size_t> chunk_tokens();
   void set_chunk_tokens(size_t n);
 
+  // The store's other settings (key -> text); none when never set.
+  std::optional<std::string> setting(const std::string& key);
+  void set_setting(const std::string& key, const std::string& value);
+
   int64_t n_chunks();
   // The text of each of a file's chunks.
   std::vector<std::string> chunk_texts(int64_t file_id);

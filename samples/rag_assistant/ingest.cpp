@@ -326,17 +326,27 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   skipped += not_text;
   db->set_chunk_tokens(chunk_tokens);
 
+  // The store's KV settings: the flags, else what the store recorded.
+  CommonOptions kv_common = common;
+  kv_common.kv = load_kv_settings(*db);
+  if (opts.codec) {
+    if (db_existed && *opts.codec != kv_common.kv.codec)
+      note(std::string("storing chunk KV as ") + codec_name(*opts.codec) + " from now on (it was " +
+           codec_name(kv_common.kv.codec) + "): every chunk's KV is computed again");
+    kv_common.kv.codec = *opts.codec;
+  }
+  if (opts.capacity_bytes) kv_common.kv.capacity_bytes = *opts.capacity_bytes;
+  save_kv_settings(*db, kv_common.kv);
+
   // KV precompute for every chunk the chunk store lacks, whether its file
   // is new or an earlier ingest was interrupted or the store evicted it.
   ChunkCache cache;
-  open_chunk_cache(common, cache);
+  open_chunk_cache(kv_common, cache);
   const cb_rag_options ro = base_rag_options();
-  std::vector<ChunkRecord> todo;
-  const std::vector<ChunkRecord> chunks = db->all_chunks();
   size_t kv_removed = 0;
   {
-    std::set<std::string_view> live;
-    for (const ChunkRecord& ch : chunks) live.insert(ch.text);
+    std::set<std::string> live;
+    for (const ChunkRecord& ch : db->all_chunks()) live.insert(ch.text);
     std::set<std::string_view> done;
     for (const std::string& t : dropped) {
       if (live.count(t) || !done.insert(t).second) continue;
@@ -346,40 +356,23 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
       kv_removed += static_cast<size_t>(removed);
     }
   }
-  int max_tokens = 0;
-  for (const ChunkRecord& ch : chunks) {
-    if (opts.index_only) break;
-    int32_t found = 0;
-    check(cb_chunk_cache_contains(model.h, cache.h, ch.text.c_str(), &ro, &found),
-          "cannot look up a chunk in the KV store");
-    if (!found) {
-      todo.push_back(ch);
-      max_tokens = std::max(max_tokens, ch.n_tokens);
-    }
-  }
-  size_t computed_tokens = 0;
-  if (!todo.empty()) {
-    // Room for the longest chunk, its chunk head (the system turn) and the
-    // blank line cb_rag_prefill adds after each chunk.
-    const int n_ctx = std::min(model_n_ctx_train(model), max_tokens + 256);
-    Session session;
-    create_session(model, common, n_ctx, session);
-    Progress progress("precomputing chunk KV", todo.size());
-    for (size_t i = 0; i < todo.size(); ++i) {
-      int32_t n = 0;
-      const cb_status s =
-          cb_chunk_cache_add(session.h, cache.h, todo[i].text.c_str(), &ro, nullptr, &n);
-      if (s == CB_ERR_CONTEXT_OVERFLOW)
-        throw Error("chunk " + std::to_string(todo[i].index) + " of " + todo[i].display +
-                    " does not fit the model's context (use a smaller --chunk-tokens)");
-      check(s, "cannot precompute the KV of chunk " + std::to_string(todo[i].index) + " of " +
-                   todo[i].display);
-      computed_tokens += static_cast<size_t>(n);
-      progress.update(i + 1, computed_tokens);
-    }
-    progress.finish(todo.size(), computed_tokens);
-  }
+  const MissingKv missing = missing_kv(model, *db, cache);
+  if (opts.kv != KvWhen::kLazy) warn_if_over_capacity(model, kv_common.kv, missing);
+  PrecomputeTotals computed;
+  long background_pid = 0;
+  if (opts.kv == KvWhen::kEager) computed = precompute_missing(kv_common, model, *db, cache);
   check(cb_chunk_cache_flush(cache.h), "cannot flush the chunk KV store");
+  cb_chunk_cache_stats kv_stats;
+  cb_chunk_cache_stats_init(&kv_stats);
+  check(cb_chunk_cache_get_stats(cache.h, &kv_stats), "cannot read the store's statistics");
+  const size_t kv_pending = opts.kv == KvWhen::kEager ? 0 : missing.chunks;
+  if (opts.kv == KvWhen::kBackground && missing.chunks > 0) {
+    cache.reset();
+    model.reset();
+    db.reset();
+    background_pid = start_background_precompute(kv_common);
+    db = std::make_unique<CorpusDb>(corpus_db_path(common.store), false);
+  }
 
   const int64_t n_chunks = db->n_chunks();
   if (opts.json) {
@@ -390,17 +383,39 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
         .add("files_removed", static_cast<int64_t>(removed))
         .add("files_skipped", static_cast<int64_t>(skipped))
         .add("chunks", n_chunks)
-        .add("kv_computed", static_cast<int64_t>(todo.size()))
+        .add("kv_computed", static_cast<int64_t>(computed.chunks))
         .add("kv_removed", static_cast<int64_t>(kv_removed))
-        .add("kv_tokens_computed", static_cast<int64_t>(computed_tokens))
+        .add("kv_tokens_computed", static_cast<int64_t>(computed.tokens))
+        .add("kv_pending", static_cast<int64_t>(kv_pending))
+        .add("kv_mode", opts.kv == KvWhen::kEager  ? "eager"
+                        : opts.kv == KvWhen::kLazy ? "lazy"
+                                                   : "background")
+        .add("kv_codec", codec_name(kv_common.kv.codec))
+        .add("kv_bytes", static_cast<int64_t>(kv_stats.bytes))
+        .add("kv_capacity_bytes", static_cast<int64_t>(kv_common.kv.capacity_bytes))
+        .add("background_pid", static_cast<int64_t>(background_pid))
         .add("store", common.store);
     std::printf("%s\n", o.str().c_str());
   } else {
     std::printf(
         "ingest: %zu new, %zu changed, %zu unchanged, %zu removed, %zu skipped file(s); "
         "%lld chunks in the store; chunk KV computed for %zu chunk(s), removed for %zu\n",
-        added, changed, unchanged, removed, skipped, static_cast<long long>(n_chunks), todo.size(),
-        kv_removed);
+        added, changed, unchanged, removed, skipped, static_cast<long long>(n_chunks),
+        computed.chunks, kv_removed);
+    std::printf("chunk KV: %s in the store (%s, at most %s)\n",
+                size_text(static_cast<double>(kv_stats.bytes)).c_str(),
+                codec_name(kv_common.kv.codec),
+                size_text(static_cast<double>(kv_common.kv.capacity_bytes)).c_str());
+    if (kv_pending > 0 && opts.kv == KvWhen::kLazy)
+      std::printf(
+          "%zu chunk(s) have no KV yet: each is computed when a question first retrieves it "
+          "(or run 'rag_assistant --store %s precompute')\n",
+          kv_pending, common.store.c_str());
+    if (background_pid > 0)
+      std::printf(
+          "computing the KV of %zu chunk(s) in the background at idle priority (pid %ld, log "
+          "%s); questions can be asked now\n",
+          kv_pending, background_pid, precompute_log_path(common.store).c_str());
   }
   return 0;
 }

@@ -3,10 +3,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "app.h"
+#include "kv_store.h"
 
 namespace rag {
 
@@ -19,12 +21,13 @@ struct IngestOptions {
   size_t chunk_tokens = 0;
   // Larger files are skipped with a warning (a bound on memory and time).
   uint64_t max_file_bytes = uint64_t{16} << 20;
-  bool prune = false;  // drop stored files that no longer exist
-  // --index-only: chunk and index, no KV precompute (enough for
-  // ask --retrieve-only; a later ingest without it computes what is
-  // missing).
-  bool index_only = false;
-  bool json = false;  // the summary as one JSON object
+  bool prune = false;          // drop stored files that no longer exist
+  bool json = false;           // the summary as one JSON object
+  KvWhen kv = KvWhen::kEager;  // --kv: when the chunks' KV is computed
+  // --kv-codec and --kv-store-mb: recorded as the store's settings; none:
+  // the store's (its defaults on a new store).
+  std::optional<cb_codec> codec;
+  std::optional<uint64_t> capacity_bytes;
 };
 
 // Chunks and indexes every usable file (unchanged files are skipped by

@@ -20,6 +20,7 @@
 #include "answer.h"
 #include "app.h"
 #include "ingest.h"
+#include "kv_store.h"
 #include "long_option.h"
 #include "number_arg.h"
 #include "printable.h"
@@ -33,8 +34,8 @@ const char* const kUsage =
     "       rag_assistant models|pull [options]\n"
     "\n"
     "commands:\n"
-    "  ingest PATH... [--chunk-tokens N] [--max-file-mb M] [--prune] [--index-only]\n"
-    "      [--json]\n"
+    "  ingest PATH... [--chunk-tokens N] [--max-file-mb M] [--prune]\n"
+    "      [--kv eager|lazy|background] [--kv-codec C] [--kv-store-mb N] [--json]\n"
     "      add documents to the store (folders are walked recursively): Markdown\n"
     "      (.md, .markdown), text (.txt, .text, and files of any other name whose\n"
     "      content is UTF-8 text, such as README), reStructuredText (.rst: its\n"
@@ -50,8 +51,18 @@ const char* const kUsage =
     "      Binary, empty, corrupt, encrypted or unreadable files, and files over\n"
     "      M MB (default 16; a .gz file's content is measured decompressed, a\n"
     "      PDF's text too), are skipped with a warning naming file and reason.\n"
-    "      --index-only: no KV precompute (enough for ask --retrieve-only; a later\n"
-    "      ingest without it computes the KV).\n"
+    "      --kv eager|lazy|background  when each chunk's KV is computed: at ingest\n"
+    "      (eager, the default); when a question first retrieves the chunk (lazy:\n"
+    "      ingest takes seconds, the first questions pay for their chunks); or by a\n"
+    "      detached process at idle priority that starts now (background; log in\n"
+    "      DIR/precompute.log), while questions may already be asked.\n"
+    "      --kv-codec f16|q8|q4 (default q8) and --kv-store-mb N (default 4096): how\n"
+    "      chunk KV is stored and how much of it DIR/kv keeps (least recently used\n"
+    "      chunks go first); both are kept as the store's settings.  ingest warns\n"
+    "      when the corpus's KV would not fit, with its size.\n"
+    "  precompute\n"
+    "      compute the KV of every stored chunk that has none yet (after --kv lazy,\n"
+    "      or after eviction), one precompute per store at a time.\n"
     "  ask QUESTION [--top-k K] [--mode blend|full|reuse|prefix] [--ratio R|auto]\n"
     "      [--select P] [--context-order best-last|best-first] [--max-tokens N]\n"
     "      [--temperature T] [--min-p M] [--seed S] [--repeat-penalty X] [--stop TEXT]\n"
@@ -246,6 +257,21 @@ int run(int argc, char** argv) {
     } else if (arg == "--max-file-mb") {
       ingest.max_file_bytes = static_cast<uint64_t>(parse_long(arg, next(), 1, 4096)) << 20;
       ingest_only.push_back(arg);
+    } else if (arg == "--kv") {
+      const std::string v = next();
+      const auto when = rag::parse_kv_when(v);
+      if (!when) usage("option --kv: '" + v + "' is not eager, lazy or background");
+      ingest.kv = *when;
+      ingest_only.push_back(arg);
+    } else if (arg == "--kv-codec") {
+      const std::string v = next();
+      const auto codec = rag::parse_codec(v);
+      if (!codec) usage("option --kv-codec: '" + v + "' is not f16, q8 or q4");
+      ingest.codec = *codec;
+      ingest_only.push_back(arg);
+    } else if (arg == "--kv-store-mb") {
+      ingest.capacity_bytes = static_cast<uint64_t>(parse_long(arg, next(), 16, 1L << 30)) << 20;
+      ingest_only.push_back(arg);
     } else if (arg == "--prune") {
       no_value();
       ingest.prune = true;
@@ -306,10 +332,6 @@ int run(int argc, char** argv) {
       no_value();
       pull.force = true;
       pull_only.push_back(arg);
-    } else if (arg == "--index-only") {
-      no_value();
-      ingest.index_only = true;
-      ingest_only.push_back(arg);
     } else if (arg == "--min-relevance") {
       ask.min_relevance = parse_number(arg, next(), 0.0, 1.0);
       ask_chat.push_back(arg);
@@ -333,7 +355,7 @@ int run(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  if (command.empty()) usage("no command given (ingest, ask, chat, models or pull)");
+  if (command.empty()) usage("no command given (ingest, ask, chat, precompute, models or pull)");
   if (command == "models" || command == "pull") {
     if (!ingest_only.empty() || !ask_chat.empty())
       usage("option " + (ingest_only.empty() ? ask_chat : ingest_only).front() + " is not for " +
@@ -352,14 +374,16 @@ int run(int argc, char** argv) {
   if (!model_commands_only.empty())
     usage("option " + model_commands_only.front() + " is for models and pull only");
   if (!pull_only.empty()) usage("option " + pull_only.front() + " is for pull only");
-  if (command != "ingest" && command != "ask" && command != "chat")
-    usage("unknown command '" + command + "' (expected ingest, ask, chat, models or pull)");
+  if (command != "ingest" && command != "ask" && command != "chat" && command != "precompute")
+    usage("unknown command '" + command +
+          "' (expected ingest, ask, chat, precompute, models or pull)");
   if (common.store.empty()) usage("--store DIR is required");
   if (command != "ingest" && !ingest_only.empty())
     usage("option " + ingest_only.front() + " is for ingest only");
-  if (command == "ingest" && !ask_chat.empty())
+  if ((command == "ingest" || command == "precompute") && !ask_chat.empty())
     usage("option " + ask_chat.front() + " is for ask and chat only");
-  if (command == "chat" && !ask_only.empty()) usage("option --json is not for chat");
+  if ((command == "chat" || command == "precompute") && !ask_only.empty())
+    usage("option --json is not for " + command);
   if (command == "chat" && ask.retrieve_only) usage("option --retrieve-only is for ask only");
   if (ratio_given && ask.mode != CB_MODE_BLEND)
     usage("option --ratio applies to --mode blend only");
@@ -395,6 +419,10 @@ int run(int argc, char** argv) {
       usage(positional.empty() ? "ask needs a QUESTION"
                                : "ask takes one QUESTION (quote it: ask \"...\")");
     return rag::run_ask(common, ask, positional[0]);
+  }
+  if (command == "precompute") {
+    if (!positional.empty()) usage("precompute takes no arguments");
+    return rag::run_precompute(common);
   }
   if (!positional.empty()) usage("chat takes no arguments (questions come from stdin)");
   return rag::run_chat(common, ask);

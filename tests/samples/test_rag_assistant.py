@@ -11,7 +11,7 @@ deleted one), a two-document question answered right with --mode blend and
 cache, chat over a pipe and Ctrl-C during an answer, the relevance floor (a
 question nothing in the store is about: "I could not find this in your
 documents.", no sources, no model run, exit status 3), ask --retrieve-only
-and ingest --index-only, and that every user error (no store, empty corpus,
+and ingest --kv lazy, and that every user error (no store, empty corpus,
 binary or unreadable files, bad flags) gives one clear "rag_assistant:
 error: " line and exit status 1 (2 for usage errors).  Prints "N passed, N failed"; exit status 1 on
 any failure.
@@ -335,21 +335,21 @@ def test_relevance_floor(rag, store):
                      code=2, must_contain=["--retrieve-only"])
 
 
-def test_index_only(rag, tmp, corpus):
-    store = os.path.join(tmp, "index_only_store")
+def test_lazy_ingest(rag, tmp, corpus):
+    store = os.path.join(tmp, "lazy_store")
     one = os.path.join(corpus, "offices.md")
-    rc, o, out, err = rag.json(["--store", store, "ingest", one, "--index-only",
+    rc, o, out, err = rag.json(["--store", store, "ingest", one, "--kv", "lazy",
                                 "--chunk-tokens", CHUNK_TOKENS])
     check(o is not None and o.get("chunks", 0) > 0 and o.get("kv_computed") == 0
-          and "precomputing" not in err, "ingest --index-only: chunks indexed, no KV",
+          and "precomputing" not in err, "ingest --kv lazy: chunks indexed, no KV",
           describe(rc, out, err))
     rc, out, err = rag.run(["--store", store, "ask", "Where does the office cat sleep?",
                             "--retrieve-only"])
-    check(rc == 0 and "offices.md" in out, "ask --retrieve-only on an index-only store",
+    check(rc == 0 and "offices.md" in out, "ask --retrieve-only on a store without KV",
           describe(rc, out, err))
     rc, o2, out, err = rag.json(["--store", store, "ingest", one])
     check(o2 is not None and o and o2.get("kv_computed") == o.get("chunks"),
-          "a later ingest computes the KV an index-only ingest left out", describe(rc, out, err))
+          "a later ingest computes the KV a lazy ingest left out", describe(rc, out, err))
 
 
 def test_chat(rag, store):
@@ -524,7 +524,7 @@ def main():
         test_ingest(rag, store, corpus)
         test_ask(rag, store)
         test_relevance_floor(rag, store)
-        test_index_only(rag, tmp, corpus)
+        test_lazy_ingest(rag, tmp, corpus)
         test_chat(rag, store)
         test_chat_at_a_terminal(rag, store)
         test_updates(rag, store, corpus)

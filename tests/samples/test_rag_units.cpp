@@ -4,21 +4,21 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <unistd.h>
-
 #include <zlib.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
-
-#include <chrono>
-#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "chunker.h"
 #include "corpus_db.h"
+#include "kv_store.h"
 #include "model_catalog.h"
 #include "printable.h"
 #include "pull.h"
@@ -893,3 +893,41 @@ TEST(PdfText, PagesTitleAndBrokenFiles) {
 }
 
 }  // namespace
+
+// The store's KV settings survive a reopen, and values this version does not
+// understand (a newer tool's, a hand edit) fall back to the defaults.
+TEST(KvSettings, RoundTripAndUnknownValues) {
+  const std::string dir = ::testing::TempDir() + "kv_settings_" + std::to_string(::getpid());
+  const std::string path = dir + "/corpus.sqlite";
+  {
+    rag::CorpusDb db(path, true);
+    const rag::KvStoreSettings fresh = rag::load_kv_settings(db);
+    EXPECT_EQ(fresh.codec, rag::KvStoreSettings::kDefaultCodec);
+    EXPECT_EQ(fresh.capacity_bytes, rag::KvStoreSettings::kDefaultCapacityBytes);
+    rag::KvStoreSettings s;
+    s.codec = CB_CODEC_Q4;
+    s.capacity_bytes = uint64_t{123} << 20;
+    rag::save_kv_settings(db, s);
+  }
+  {
+    rag::CorpusDb db(path, false);
+    const rag::KvStoreSettings s = rag::load_kv_settings(db);
+    EXPECT_EQ(s.codec, CB_CODEC_Q4);
+    EXPECT_EQ(s.capacity_bytes, uint64_t{123} << 20);
+    db.set_setting("kv_codec", "q3");
+    db.set_setting("kv_capacity_bytes", "lots");
+    const rag::KvStoreSettings odd = rag::load_kv_settings(db);
+    EXPECT_EQ(odd.codec, rag::KvStoreSettings::kDefaultCodec);
+    EXPECT_EQ(odd.capacity_bytes, rag::KvStoreSettings::kDefaultCapacityBytes);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(KvSettings, ParsesWhenAndCodecNames) {
+  EXPECT_EQ(rag::parse_kv_when("lazy"), rag::KvWhen::kLazy);
+  EXPECT_EQ(rag::parse_kv_when("background"), rag::KvWhen::kBackground);
+  EXPECT_FALSE(rag::parse_kv_when("Eager"));
+  for (cb_codec c : {CB_CODEC_F16, CB_CODEC_Q8, CB_CODEC_Q4})
+    EXPECT_EQ(rag::parse_codec(rag::codec_name(c)), c);
+  EXPECT_FALSE(rag::parse_codec(""));
+}
