@@ -16,6 +16,7 @@
 #include "json_writer.h"
 #include "line_reader.h"
 #include "printable.h"
+#include "store_settings.h"
 
 namespace rag {
 namespace {
@@ -89,6 +90,16 @@ class Assistant {
     load_model(common, model_);
     open_chunk_cache(common, cache_);
     n_ctx_train_ = model_n_ctx_train(model_);
+    // The store's system prompt, unless --system says otherwise for this
+    // command: then every chunk misses (the library computes them, as in a
+    // full prefill), said once.
+    const std::string stored = store_system_prompt(db_);
+    system_ = common.system_prompt.value_or(stored);
+    if (system_ != stored) warn(other_system_prompt_warning(common.store, stored, system_));
+    if (const auto w =
+            other_model_warning(common.store, db_.kv_models(),
+                                model_identity(common.model_path, model_), common.model_path))
+      warn(*w);
   }
 
   std::vector<ChunkRecord> retrieve(const std::string& question) {
@@ -110,7 +121,7 @@ class Assistant {
     std::vector<const char*> texts;
     for (const ChunkRecord& c : sources) texts.push_back(c.text.c_str());
     if (opts_.best_last) std::reverse(texts.begin(), texts.end());
-    cb_rag_options ro = base_rag_options();
+    cb_rag_options ro = base_rag_options(system_);
     ro.mode = opts_.mode;
     if (opts_.ratio >= 0.0f) ro.ratio = opts_.ratio;
     ro.select = opts_.select;
@@ -155,6 +166,7 @@ class Assistant {
     so.temperature = opts_.temperature;
     so.min_p = opts_.min_p;
     so.repeat_penalty = opts_.repeat_penalty;
+    if (opts_.repeat_last_n >= 0) so.repeat_last_n = opts_.repeat_last_n;
     so.seed = opts_.seed;
     std::vector<const char*> stops;
     for (const std::string& stop : opts_.stops) stops.push_back(stop.c_str());
@@ -230,6 +242,7 @@ class Assistant {
   ChunkCache cache_;
   Session session_;
   int n_ctx_train_ = 0;
+  std::string system_;        // the requests' system prompt
   bool cancellable_ = false;  // read by on_abort
   std::set<std::string> deleted_warned_;
 };

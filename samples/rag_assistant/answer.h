@@ -21,6 +21,7 @@ struct AskOptions {
   float temperature = 0.0f;
   float min_p = 0.0f;
   float repeat_penalty = 1.0f;
+  int repeat_last_n = -1;  // the window repeat_penalty looks at; < 0: the library's (64)
   uint64_t seed = 0;
   std::vector<std::string> stops;
   // The best chunk goes last, next to the question (--context-order

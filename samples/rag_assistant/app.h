@@ -7,6 +7,7 @@
 #include <cacheblend/cacheblend.h>
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -50,6 +51,9 @@ struct CommonOptions {
   int threads = 0;              // --threads, else the cores available to us
   int32_t kv_type = CB_KV_F16;  // --kv-type f16|f32
   TierOptions tiers;
+  // --system: the system prompt (ingest: the store's from now on; ask and
+  // chat: this command's, instead of the store's).  Unset: the store's.
+  std::optional<std::string> system_prompt;
 };
 
 // The model to load: `flag` (--model) when given, else $CB_MODEL, else
@@ -83,10 +87,14 @@ std::vector<int32_t> tokenize(const Model& model, std::string_view text);
 std::string corpus_db_path(const std::string& store);
 std::string kv_dir(const std::string& store);
 
+// The system prompt of a store that records none.
+const char* default_system_prompt();
+
 // The request options shared by ingest (precompute) and ask: chunk head,
 // system prompt and namespace, i.e. everything in a chunk's cache key
-// besides the model and the chunk's tokens.  `mode` and ratio are the
-// caller's to set.
-cb_rag_options base_rag_options();
+// besides the model and the chunk's tokens.  `system_prompt` is the
+// store's (store_system_prompt) and must outlive the options.  `mode` and
+// ratio are the caller's to set.
+cb_rag_options base_rag_options(const std::string& system_prompt);
 
 }  // namespace rag

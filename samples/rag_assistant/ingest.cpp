@@ -19,6 +19,7 @@
 #include "json_writer.h"
 #include "printable.h"
 #include "progress.h"
+#include "store_settings.h"
 
 namespace fs = std::filesystem;
 
@@ -223,11 +224,24 @@ std::string content_hash(const std::string& data, size_t chunk_tokens) {
   return buf;
 }
 
+// Ingest without paths: the files the store already holds, under their
+// stored names (to compute their KV for another model or system prompt, or
+// to pick up their changes).
+std::vector<Candidate> stored_files(const std::string& store) {
+  CorpusDb db(corpus_db_path(store), false);
+  std::vector<Candidate> out;
+  for (const FileRecord& f : db.files()) out.push_back({fs::path(f.path), f.display});
+  if (out.empty())
+    throw Error("the store " + store + " holds no files: name the files or folders to ingest");
+  return out;
+}
+
 }  // namespace
 
 int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   size_t skipped = 0, unchanged = 0, added = 0, changed = 0, removed = 0;
-  const std::vector<Candidate> candidates = collect(opts.paths, skipped);
+  const std::vector<Candidate> candidates =
+      opts.paths.empty() ? stored_files(common.store) : collect(opts.paths, skipped);
   const auto nothing_to_ingest = [&] {
     return Error(candidates.empty() && skipped == 0
                      ? "empty corpus: no text or Markdown files (.md, .markdown, .txt, .text) found"
@@ -254,6 +268,14 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   if (stored && *stored != chunk_tokens)
     note("re-chunking every file at " + std::to_string(chunk_tokens) +
          " tokens (the store was chunked at " + std::to_string(*stored) + ")");
+  // The system prompt: the one given becomes the store's; else the store's.
+  const std::string old_system = store_system_prompt(*db);
+  const std::string system = common.system_prompt.value_or(old_system);
+  const bool system_changed = db_existed && system != old_system;
+  if (system_changed)
+    note("the system prompt changed (it was \"" + old_system +
+         "\"): every chunk's KV is computed again");
+  const ModelRecord model_id = model_identity(common.model_path, model);
 
   size_t usable = 0, chunked_tokens = 0;
   // The chunks of changed and pruned files: their KV goes too, unless
@@ -315,15 +337,32 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
     throw nothing_to_ingest();
   }
   db->set_chunk_tokens(chunk_tokens);
+  db->set_system_prompt(system);
+  // Re-chunked or under another system prompt, the KV of other models no
+  // longer matches any chunk: only this model's is recorded from now on.
+  if (system_changed || (stored && *stored != chunk_tokens)) db->record_kv_model(model_id, true);
 
   // KV precompute for every chunk the chunk store lacks, whether its file
   // is new or an earlier ingest was interrupted or the store evicted it.
   ChunkCache cache;
   open_chunk_cache(common, cache);
-  const cb_rag_options ro = base_rag_options();
+  const cb_rag_options ro = base_rag_options(system);
   std::vector<ChunkRecord> todo;
   const std::vector<ChunkRecord> chunks = db->all_chunks();
   size_t kv_removed = 0;
+  // The chunks' KV so far was computed under the old system prompt.
+  const cb_rag_options old_ro = base_rag_options(old_system);
+  if (system_changed) {
+    // This model's KV under the old system prompt is unreachable now.
+    std::set<std::string_view> done;
+    for (const ChunkRecord& ch : chunks) {
+      if (!done.insert(ch.text).second) continue;
+      int32_t n = 0;
+      check(cb_chunk_cache_remove(model.h, cache.h, ch.text.c_str(), &old_ro, &n),
+            "cannot remove a chunk's KV from the store");
+      kv_removed += static_cast<size_t>(n);
+    }
+  }
   {
     std::set<std::string_view> live;
     for (const ChunkRecord& ch : chunks) live.insert(ch.text);
@@ -331,7 +370,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
     for (const std::string& t : dropped) {
       if (live.count(t) || !done.insert(t).second) continue;
       int32_t removed = 0;
-      check(cb_chunk_cache_remove(model.h, cache.h, t.c_str(), &ro, &removed),
+      check(cb_chunk_cache_remove(model.h, cache.h, t.c_str(), &old_ro, &removed),
             "cannot remove a dropped chunk's KV from the store");
       kv_removed += static_cast<size_t>(removed);
     }
@@ -369,6 +408,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
     progress.finish(todo.size(), computed_tokens);
   }
   check(cb_chunk_cache_flush(cache.h), "cannot flush the chunk KV store");
+  db->record_kv_model(model_id, false);
 
   const int64_t n_chunks = db->n_chunks();
   if (opts.json) {

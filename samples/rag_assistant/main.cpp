@@ -4,6 +4,8 @@
 //   rag_assistant --store DIR ingest PATH...    chunk, index (FTS5), precompute chunk KV
 //   rag_assistant --store DIR ask "QUESTION"    retrieve (BM25), fuse chunk KV, answer
 //   rag_assistant --store DIR chat              the same, interactively
+//   rag_assistant --store DIR list|status       what the store holds
+//   rag_assistant --store DIR remove PATH...    drop files and their chunk KV
 //
 // Exit status: 0 success, 1 error, 2 usage error.
 #include <cerrno>
@@ -19,6 +21,7 @@
 #include "app.h"
 #include "ingest.h"
 #include "long_option.h"
+#include "manage.h"
 #include "number_arg.h"
 #include "printable.h"
 #include "ratio_arg.h"
@@ -29,7 +32,8 @@ const char* const kUsage =
     "usage: rag_assistant --store DIR <command> [options]\n"
     "\n"
     "commands:\n"
-    "  ingest PATH... [--chunk-tokens N] [--max-file-mb M] [--prune] [--json]\n"
+    "  ingest [PATH...] [--chunk-tokens N] [--max-file-mb M] [--prune] [--system TEXT]\n"
+    "      [--json]\n"
     "      add text and Markdown files (folders are walked recursively for .md,\n"
     "      .markdown, .txt, .text) to the store: paragraph-aware chunks of about N\n"
     "      tokens (default: the store's last, else 512), each under the Markdown\n"
@@ -38,11 +42,16 @@ const char* const kUsage =
     "      changed ones replace their chunks; --prune drops stored files that no\n"
     "      longer exist (without it they are still answered from, with a warning).\n"
     "      Binary, empty or unreadable files, and files over M MB (default 16),\n"
-    "      are skipped with a warning.\n"
+    "      are skipped with a warning.  Without PATH: the files the store holds\n"
+    "      (to precompute their KV for another --model or --system).\n"
+    "      --system TEXT: the system prompt of every request, recorded in the\n"
+    "      store (default: the store's, else \"Answer the question using the\n"
+    "      documents.\"); it is part of each chunk's KV, so a new one computes\n"
+    "      every chunk's KV again.\n"
     "  ask QUESTION [--top-k K] [--mode blend|full|reuse|prefix] [--ratio R|auto]\n"
     "      [--select P] [--context-order best-last|best-first] [--max-tokens N]\n"
-    "      [--temperature T] [--min-p M] [--seed S] [--repeat-penalty X] [--stop TEXT]\n"
-    "      [--json]\n"
+    "      [--temperature T] [--min-p M] [--seed S] [--repeat-penalty X]\n"
+    "      [--repeat-last-n N] [--stop TEXT] [--system TEXT] [--json]\n"
     "      retrieve the K best chunks (BM25, default 3), build the request's KV from\n"
     "      their cached KV (blend: recompute a ratio R of the tokens, default 0.2,\n"
     "      chosen by the policy P: lookahead (default), hkvd, hkvd_kv, attention,\n"
@@ -61,6 +70,20 @@ const char* const kUsage =
     "      history); each is answered like ask.  Ctrl-C stops the current\n"
     "      answer (also while the documents are read); Ctrl-C or Ctrl-D at the\n"
     "      prompt exits.\n"
+    "  list [--json]\n"
+    "      every stored file: chunks, tokens, how many of its chunks' KV is cached\n"
+    "      for the model; then the totals, the KV on disk and the models whose KV\n"
+    "      an ingest computed.\n"
+    "  remove PATH... [--json]\n"
+    "      drop files (a path, a folder, or a name as list shows it) from the store\n"
+    "      with their chunks' KV.  A PATH that names no stored file is an error and\n"
+    "      nothing is removed.\n"
+    "  status [--json]\n"
+    "      the store: files, chunks, tokens, the chunk KV store's size and capacity,\n"
+    "      the model and whether the store's KV is for it, tiers, read-only state,\n"
+    "      chunk tokens and system prompt.\n"
+    "  With a model whose KV the store lacks, ask, chat, list and status say so on\n"
+    "  stderr (every chunk is then computed: slow) and go on.\n"
     "\n"
     "common options:\n"
     "  --store DIR     the store (required)\n"
@@ -70,6 +93,7 @@ const char* const kUsage =
     "  --threads N     compute threads (default: the CPU cores available)\n"
     "  --kv-type T     the sessions' KV cache: f16 (default, half the memory) or f32\n"
     "  --help          this text\n"
+    "  --version       rag_assistant's and the library's version (no --store needed)\n"
     "\n"
     "storage tiers around DIR/kv (all off by default; give the same to every command):\n"
     "  --ram-budget-mb N        keep up to N MB of chunk KV in RAM in front of DIR/kv\n"
@@ -146,10 +170,12 @@ int run(int argc, char** argv) {
   std::string command, model_flag;
   std::vector<std::string> positional;
   bool threads_given = false, help = false, ratio_given = false, select_given = false;
+  bool version = false;
   bool slow_read_given = false, redis_auth_given = false;
   // Which options a command accepts (checked after parsing, when the
   // command is known: global options may come before or after it).
   std::vector<std::string> ingest_only, ask_only, ask_chat;
+  std::vector<std::string> system_given;  // ingest, ask and chat
 
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -165,6 +191,16 @@ int run(int argc, char** argv) {
     };
     if (arg == "--help" || arg == "-h") {
       help = true;
+    } else if (arg == "--version") {
+      no_value();
+      version = true;
+    } else if (arg == "--system") {
+      common.system_prompt = next();
+      if (common.system_prompt->empty()) usage("option --system needs a non-empty text");
+      system_given.push_back(arg);
+    } else if (arg == "--repeat-last-n") {
+      ask.repeat_last_n = static_cast<int>(parse_long(arg, next(), 0, 8192));
+      ask_chat.push_back(arg);
     } else if (arg == "--store") {
       common.store = next();
       if (common.store.empty()) usage("option --store: empty path");
@@ -267,14 +303,17 @@ int run(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  if (command.empty()) usage("no command given (ingest, ask or chat)");
-  if (command != "ingest" && command != "ask" && command != "chat")
-    usage("unknown command '" + command + "' (expected ingest, ask or chat)");
+  if (version) return rag::run_version();
+  if (command.empty()) usage("no command given (ingest, ask, chat, list, remove or status)");
+  const bool manage = command == "list" || command == "remove" || command == "status";
+  if (command != "ingest" && command != "ask" && command != "chat" && !manage)
+    usage("unknown command '" + command + "' (expected ingest, ask, chat, list, remove or status)");
   if (common.store.empty()) usage("--store DIR is required");
   if (command != "ingest" && !ingest_only.empty())
     usage("option " + ingest_only.front() + " is for ingest only");
-  if (command == "ingest" && !ask_chat.empty())
+  if ((command == "ingest" || manage) && !ask_chat.empty())
     usage("option " + ask_chat.front() + " is for ask and chat only");
+  if (manage && !system_given.empty()) usage("option --system is for ingest, ask and chat");
   if (command == "chat" && !ask_only.empty()) usage("option --json is not for chat");
   if (ratio_given && ask.mode != CB_MODE_BLEND)
     usage("option --ratio applies to --mode blend only");
@@ -299,9 +338,16 @@ int run(int argc, char** argv) {
   common.model_path = rag::resolve_model_path(model_flag);
 
   if (command == "ingest") {
-    if (positional.empty()) usage("ingest needs at least one PATH");
-    ingest.paths = positional;
+    ingest.paths = positional;  // none: the store's own files
     return rag::run_ingest(common, ingest);
+  }
+  if (command == "list" || command == "status") {
+    if (!positional.empty()) usage(command + " takes no arguments");
+    return command == "list" ? rag::run_list(common, ask.json) : rag::run_status(common, ask.json);
+  }
+  if (command == "remove") {
+    if (positional.empty()) usage("remove needs at least one PATH");
+    return rag::run_remove(common, positional, ask.json);
   }
   if (command == "ask") {
     if (positional.size() != 1)
