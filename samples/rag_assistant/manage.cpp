@@ -235,7 +235,7 @@ int run_list(const CommonOptions& common, bool json) {
                 cbs::printable(f.file.path).c_str());
   }
   std::printf(
-      "total: %zu file(s), %lld chunk(s), %lld tokens; KV cached for %lld of the chunks with %s; "
+      "total: %zu file(s), %lld chunk(s), %lld tokens; KV of %lld of them cached for %s; "
       "%s of chunk KV on disk (every model's)\n",
       files.size(), static_cast<long long>(n_chunks), static_cast<long long>(n_tokens),
       static_cast<long long>(n_cached), cbs::printable(s.model_id.file_name).c_str(),
@@ -249,6 +249,9 @@ int run_remove(const CommonOptions& common, const std::vector<std::string>& args
   OpenStore s(common);
   if (!s.db.read_only_note().empty())
     throw Error("cannot remove files: " + s.db.read_only_note() + " (nothing was removed)");
+  if (s.kv_stats().read_only != 0)
+    throw Error("cannot remove files: the chunk KV store " + kv_dir(common.store) +
+                " cannot be written (nothing was removed)");
   const std::vector<FileRecord> files = resolve_stored_files(s.db.files(), args);
   // The chunks of the files to remove; their KV goes unless a file that
   // stays has the same chunk.
