@@ -1,6 +1,8 @@
 // rag_assistant's model-free parts: the chunker (driven by a word-counting
-// stand-in for the tokenizer) and the FTS5 query built from a question (run
-// against a real FTS5 table, so any syntax error would show).
+// stand-in for the tokenizer), the FTS5 query built from a question (run
+// against a real FTS5 table, so any syntax error would show), the corpus
+// database's schema upgrade of older stores and its record of models, and
+// how remove's arguments name stored files.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
