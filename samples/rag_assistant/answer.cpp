@@ -19,6 +19,7 @@
 #include "kv_store.h"
 #include "line_reader.h"
 #include "printable.h"
+#include "store_settings.h"
 
 namespace rag {
 namespace {
@@ -103,6 +104,16 @@ class Assistant {
     load_model(common_, model_);
     open_chunk_cache(common_, cache_);
     n_ctx_train_ = model_n_ctx_train(model_);
+    // The store's system prompt, unless --system says otherwise for this
+    // command: then every chunk misses (the library computes them, as in a
+    // full prefill), said once.
+    const std::string stored = store_system_prompt(db_);
+    system_ = common_.system_prompt.value_or(stored);
+    if (system_ != stored) warn(other_system_prompt_warning(common_.store, stored, system_));
+    if (const auto w =
+            other_model_warning(common_.store, db_.kv_models(),
+                                model_identity(common_.model_path, model_), common_.model_path))
+      warn(*w);
   }
 
   Retrieval retrieve(const std::string& question) {
@@ -129,7 +140,7 @@ class Assistant {
     std::vector<const char*> texts;
     for (const ChunkRecord& c : sources) texts.push_back(c.text.c_str());
     if (opts_.best_last) std::reverse(texts.begin(), texts.end());
-    cb_rag_options ro = base_rag_options();
+    cb_rag_options ro = base_rag_options(system_);
     ro.mode = opts_.mode;
     if (opts_.ratio >= 0.0f) ro.ratio = opts_.ratio;
     ro.select = opts_.select;
@@ -244,6 +255,7 @@ class Assistant {
     so.temperature = opts_.temperature;
     so.min_p = opts_.min_p;
     so.repeat_penalty = opts_.repeat_penalty;
+    if (opts_.repeat_last_n >= 0) so.repeat_last_n = opts_.repeat_last_n;
     so.seed = opts_.seed;
     std::vector<const char*> stops;
     for (const std::string& stop : opts_.stops) stops.push_back(stop.c_str());
@@ -309,6 +321,7 @@ class Assistant {
   int n_ctx_train_ = 0;
   int min_ctx_ = 0;
   std::optional<FollowUpFrame> frame_;  // the template's turn boundaries, once needed
+  std::string system_;                  // the requests' system prompt
   bool cancellable_ = false;            // read by on_abort
   std::set<std::string> deleted_warned_;
 };

@@ -19,9 +19,14 @@ struct AskOptions {
   int max_tokens = 160;     // answer length cap
   // Generation: greedy unless temperature > 0 (then min_p cuts, seeded);
   // repeat_penalty 1: none; the answer ends before the first stop string.
+  // The repeat penalty's default, 1.2 over the library's window of 64
+  // tokens, is measured on the default model (scripts/rag_repeat_penalty.py,
+  // README): without it some longer answers repeat themselves, and short
+  // factual answers are the same either way.
   float temperature = 0.0f;
   float min_p = 0.0f;
-  float repeat_penalty = 1.0f;
+  float repeat_penalty = 1.2f;
+  int repeat_last_n = -1;  // the window repeat_penalty looks at; < 0: the library's (64)
   uint64_t seed = 0;
   std::vector<std::string> stops;
   // The best chunk goes last, next to the question (--context-order

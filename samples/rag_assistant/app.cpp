@@ -13,11 +13,13 @@
 namespace rag {
 namespace {
 
-// The system turn of every request.  It is part of the prompt head, so it is
-// part of the cache key of every chunk: changing it makes the precomputed
-// KV unreachable (the next ingest computes it again).  The default model
-// (135M parameters) answers best with this short instruction; longer ones
-// about style made its answers worse in our trials.
+// The system turn of every request, unless the store records another
+// (ingest --system).  It is part of the prompt head, so it is part of the
+// cache key of every chunk: a different one makes the precomputed KV
+// unreachable (the next ingest computes it again).  A short instruction:
+// the small models this app runs (the default, Qwen2.5-Coder 1.5B, and the
+// 135M test model) answer from the documents with it, and longer ones
+// about style made the 135M model's answers worse in our trials.
 constexpr const char* kSystemPrompt = "Answer the question using the documents.";
 
 // Chunks of rag_assistant live in their own namespace so that another app
@@ -142,11 +144,15 @@ std::string kv_dir(const std::string& store) {
   return store + "/kv";
 }
 
-cb_rag_options base_rag_options() {
+const char* default_system_prompt() {
+  return kSystemPrompt;
+}
+
+cb_rag_options base_rag_options(const std::string& system_prompt) {
   cb_rag_options ro;
   cb_rag_options_init(&ro);
   ro.chunk_head = CB_CHUNK_HEAD_PROMPT;
-  ro.system_prompt = kSystemPrompt;
+  ro.system_prompt = system_prompt.c_str();
   ro.cache_namespace = kNamespace;
   return ro;
 }

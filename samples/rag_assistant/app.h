@@ -7,6 +7,7 @@
 #include <cacheblend/cacheblend.h>
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -64,6 +65,9 @@ struct CommonOptions {
   int32_t kv_type = CB_KV_F16;  // --kv-type f16|f32
   TierOptions tiers;
   KvStoreSettings kv;  // the store's (load_kv_settings), not a flag
+  // --system: the system prompt (ingest: the store's from now on; ask and
+  // chat: this command's, instead of the store's).  Unset: the store's.
+  std::optional<std::string> system_prompt;
 };
 
 // The model to load: `flag` (--model) when given, else $CB_MODEL, else
@@ -97,10 +101,16 @@ std::vector<int32_t> tokenize(const Model& model, std::string_view text);
 std::string corpus_db_path(const std::string& store);
 std::string kv_dir(const std::string& store);
 
+// The system prompt of a store that records none.
+const char* default_system_prompt();
+
 // The request options shared by ingest (precompute) and ask: chunk head,
 // system prompt and namespace, i.e. everything in a chunk's cache key
-// besides the model and the chunk's tokens.  `mode` and ratio are the
-// caller's to set.
-cb_rag_options base_rag_options();
+// besides the model and the chunk's tokens.  `system_prompt` is the
+// store's (store_system_prompt) and must outlive the options.  `mode` and
+// ratio are the caller's to set.
+cb_rag_options base_rag_options(const std::string& system_prompt);
+// A temporary would leave the options pointing at freed text.
+cb_rag_options base_rag_options(const std::string&& system_prompt) = delete;
 
 }  // namespace rag

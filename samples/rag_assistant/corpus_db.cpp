@@ -158,6 +158,41 @@ CorpusDb::CorpusDb(const std::string& path, bool create) : path_(path) {
     if (!s.step() || s.i64(0) != 3)
       throw Error(path + " is not a rag_assistant corpus (run ingest into a new store)");
   }
+  // A store opened read-only stays as it is: the readers below take a
+  // missing table as empty.
+  if (read_only_note_.empty()) upgrade_schema();
+}
+
+bool CorpusDb::has_table(const char* name) {
+  cb::sqlite::Statement s(
+      db_, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1", kDbLabel);
+  s.bind(1, std::string_view(name));
+  return s.step() && s.i64(0) > 0;
+}
+
+int CorpusDb::schema_version() {
+  cb::sqlite::Statement s(db_, "PRAGMA user_version", kDbLabel);
+  return s.step() ? static_cast<int>(s.i64(0)) : 0;
+}
+
+void CorpusDb::upgrade_schema() {
+  if (schema_version() >= kSchemaVersion) return;
+  // Version 0 (no user_version) had files, chunks, chunks_fts and, from
+  // some point on, settings.  Version 1 adds kv_models.  Tables are only
+  // ever added, so the files, chunks and settings are kept as they are.
+  exec("BEGIN IMMEDIATE");
+  try {
+    exec(
+        "CREATE TABLE IF NOT EXISTS settings(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "CREATE TABLE IF NOT EXISTS kv_models("
+        " fingerprint TEXT PRIMARY KEY, file_name TEXT NOT NULL, file_size INTEGER NOT NULL,"
+        " description TEXT NOT NULL, ingested_at INTEGER NOT NULL);"
+        "PRAGMA user_version = 1");
+    exec("COMMIT");
+  } catch (...) {
+    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
 }
 
 CorpusDb::~CorpusDb() {
@@ -233,6 +268,7 @@ void CorpusDb::remove_file(int64_t file_id) {
 }
 
 std::optional<std::string> CorpusDb::setting(const std::string& key) {
+  if (!has_table("settings")) return std::nullopt;  // a store opened read-only before an upgrade
   cb::sqlite::Statement s(db_, "SELECT value FROM settings WHERE key = ?1", kDbLabel);
   s.bind(1, key);
   if (!s.step()) return std::nullopt;
@@ -258,6 +294,74 @@ std::optional<size_t> CorpusDb::chunk_tokens() {
 
 void CorpusDb::set_chunk_tokens(size_t n) {
   set_setting("chunk_tokens", std::to_string(n));
+}
+
+std::optional<std::string> CorpusDb::system_prompt() {
+  return setting("system_prompt");
+}
+
+void CorpusDb::set_system_prompt(const std::string& text) {
+  set_setting("system_prompt", text);
+}
+
+std::vector<ModelRecord> CorpusDb::kv_models() {
+  if (!has_table("kv_models")) return {};
+  cb::sqlite::Statement s(db_,
+                          "SELECT fingerprint, file_name, file_size, description, ingested_at"
+                          " FROM kv_models ORDER BY ingested_at DESC, rowid DESC",
+                          kDbLabel);
+  std::vector<ModelRecord> out;
+  while (s.step()) out.push_back({s.text(0), s.text(1), s.u64(2), s.text(3), s.i64(4)});
+  return out;
+}
+
+void CorpusDb::record_kv_model(const ModelRecord& model, bool only_this) {
+  exec("BEGIN IMMEDIATE");
+  try {
+    if (only_this) {
+      cb::sqlite::Statement d(db_, "DELETE FROM kv_models WHERE fingerprint <> ?1", kDbLabel);
+      d.bind(1, model.fingerprint);
+      d.step();
+    }
+    cb::sqlite::Statement s(db_,
+                            "INSERT OR REPLACE INTO kv_models(fingerprint, file_name, file_size,"
+                            " description, ingested_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                            kDbLabel);
+    s.bind(1, model.fingerprint)
+        .bind(2, model.file_name)
+        .bind_u64(3, model.file_size)
+        .bind(4, model.description)
+        .bind(5, model.ingested_at);
+    s.step();
+    exec("COMMIT");
+  } catch (...) {
+    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+}
+
+std::vector<FileSummary> CorpusDb::file_summaries() {
+  cb::sqlite::Statement s(db_,
+                          "SELECT f.id, f.path, f.display, f.hash, f.title, count(c.id),"
+                          " coalesce(sum(c.n_tokens), 0)"
+                          " FROM files f LEFT JOIN chunks c ON c.file_id = f.id"
+                          " GROUP BY f.id ORDER BY f.id",
+                          kDbLabel);
+  std::vector<FileSummary> out;
+  while (s.step())
+    out.push_back({{s.i64(0), s.text(1), s.text(2), s.text(3)}, s.text(4), s.i64(5), s.i64(6)});
+  return out;
+}
+
+void CorpusDb::remove_files(const std::vector<int64_t>& file_ids) {
+  exec("BEGIN IMMEDIATE");
+  try {
+    for (int64_t id : file_ids) remove_file(id);
+    exec("COMMIT");
+  } catch (...) {
+    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
 }
 
 std::vector<std::string> CorpusDb::chunk_texts(int64_t file_id) {

@@ -34,6 +34,25 @@ struct ChunkRecord {
   double relevance = 0.0;
 };
 
+// A stored file with its chunk and token counts (for `list`).
+struct FileSummary {
+  FileRecord file;
+  std::string title;
+  int64_t n_chunks = 0;
+  int64_t n_tokens = 0;
+};
+
+// A model whose chunk KV an ingest computed into the store.  The library
+// keys chunk KV by a hash of the model's whole file; this identity is cheap
+// to compute (model_identity() in app.h) and tells another model apart.
+struct ModelRecord {
+  std::string fingerprint;  // the file's size and a hash of its first and last bytes
+  std::string file_name;    // without its directory
+  uint64_t file_size = 0;   // bytes
+  std::string description;  // what cb_model_get_info says (name, architecture, layers)
+  int64_t ingested_at = 0;  // Unix seconds of its last ingest
+};
+
 // The FTS5 MATCH expression for a free-text question: its words, lowercased,
 // stopwords dropped (all words kept when nothing else is left), each one
 // quoted as an FTS5 string and ORed.  Quoting makes every input safe: FTS5
@@ -73,6 +92,28 @@ class CorpusDb {
   std::optional<std::string> setting(const std::string& key);
   void set_setting(const std::string& key, const std::string& value);
 
+  // The system prompt the chunks' KV was computed with (none before it was
+  // first recorded: the app's default applies).
+  std::optional<std::string> system_prompt();
+  void set_system_prompt(const std::string& text);
+
+  // The models whose chunk KV an ingest computed, the most recent first.
+  std::vector<ModelRecord> kv_models();
+  // Records (or refreshes) `model` as having the store's KV.  only_this:
+  // forget the others (their KV no longer matches the chunks or the system
+  // prompt).
+  void record_kv_model(const ModelRecord& model, bool only_this);
+
+  // Every file with its chunk and token counts, in ingest order.
+  std::vector<FileSummary> file_summaries();
+  // Removes the files (and their chunks) in one transaction: all or none.
+  void remove_files(const std::vector<int64_t>& file_ids);
+
+  // The schema's version (PRAGMA user_version): an existing store is
+  // upgraded to kSchemaVersion when it is opened writable.
+  static constexpr int kSchemaVersion = 1;
+  int schema_version();
+
   int64_t n_chunks();
   // The text of each of a file's chunks.
   std::vector<std::string> chunk_texts(int64_t file_id);
@@ -98,6 +139,9 @@ class CorpusDb {
 
  private:
   void exec(const char* sql);
+  // Creates what a store of an older schema lacks (its data kept).
+  void upgrade_schema();
+  bool has_table(const char* name);
   sqlite3* db_ = nullptr;
   bool have_term_tables_ = false;  // the temp tables index_terms() uses
   std::string path_;

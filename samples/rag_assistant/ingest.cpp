@@ -18,6 +18,7 @@
 #include "json_writer.h"
 #include "printable.h"
 #include "progress.h"
+#include "store_settings.h"
 #include "text_extract.h"
 
 namespace fs = std::filesystem;
@@ -231,11 +232,25 @@ std::string content_hash(const ExtractedText& text, size_t chunk_tokens) {
   return buf;
 }
 
+// Ingest without paths: the files the store already holds, under their
+// stored names (to compute their KV for another model or system prompt, or
+// to pick up their changes).
+std::vector<Candidate> stored_files(const std::string& store) {
+  CorpusDb db(corpus_db_path(store), false);
+  std::vector<Candidate> out;
+  for (const FileRecord& f : db.files()) out.push_back({fs::path(f.path), f.display});
+  if (out.empty())
+    throw Error("the store " + store + " holds no files: name the files or folders to ingest");
+  return out;
+}
+
 }  // namespace
 
 int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   size_t skipped = 0, not_text = 0, unchanged = 0, added = 0, changed = 0, removed = 0;
-  const std::vector<Candidate> candidates = collect(opts.paths, common.store, skipped, not_text);
+  const std::vector<Candidate> candidates =
+      opts.paths.empty() ? stored_files(common.store)
+                         : collect(opts.paths, common.store, skipped, not_text);
   const auto nothing_to_ingest = [&] {
     return Error(
         candidates.empty() && skipped == 0
@@ -263,6 +278,14 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   if (stored && *stored != chunk_tokens)
     note("re-chunking every file at " + std::to_string(chunk_tokens) +
          " tokens (the store was chunked at " + std::to_string(*stored) + ")");
+  // The system prompt: the one given becomes the store's; else the store's.
+  const std::string old_system = store_system_prompt(*db);
+  const std::string system = common.system_prompt.value_or(old_system);
+  const bool system_changed = db_existed && system != old_system;
+  if (system_changed)
+    note("the system prompt changed (it was \"" + old_system +
+         "\"): every chunk's KV is computed again");
+  const ModelRecord model_id = model_identity(common.model_path, model);
 
   size_t usable = 0, chunked_tokens = 0;
   // The chunks of changed and pruned files: their KV goes too, unless
@@ -325,6 +348,10 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   }
   skipped += not_text;
   db->set_chunk_tokens(chunk_tokens);
+  db->set_system_prompt(system);
+  // Re-chunked or under another system prompt, the KV of other models no
+  // longer matches any chunk: only this model's is recorded from now on.
+  if (system_changed || (stored && *stored != chunk_tokens)) db->record_kv_model(model_id, true);
 
   // The store's KV settings: the flags, else what the store recorded.
   CommonOptions kv_common = common;
@@ -342,26 +369,41 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   // is new or an earlier ingest was interrupted or the store evicted it.
   ChunkCache cache;
   open_chunk_cache(kv_common, cache);
-  const cb_rag_options ro = base_rag_options();
+  const cb_rag_options ro = base_rag_options(system);
+  const std::vector<ChunkRecord> chunks = db->all_chunks();
   size_t kv_removed = 0;
+  // The chunks' KV so far was computed under the old system prompt.
+  const cb_rag_options old_ro = base_rag_options(old_system);
+  if (system_changed) {
+    // This model's KV under the old system prompt is unreachable now.
+    std::set<std::string_view> done;
+    for (const ChunkRecord& ch : chunks) {
+      if (!done.insert(ch.text).second) continue;
+      int32_t n = 0;
+      check(cb_chunk_cache_remove(model.h, cache.h, ch.text.c_str(), &old_ro, &n),
+            "cannot remove a chunk's KV from the store");
+      kv_removed += static_cast<size_t>(n);
+    }
+  }
   {
     std::set<std::string> live;
-    for (const ChunkRecord& ch : db->all_chunks()) live.insert(ch.text);
+    for (const ChunkRecord& ch : chunks) live.insert(ch.text);
     std::set<std::string_view> done;
     for (const std::string& t : dropped) {
       if (live.count(t) || !done.insert(t).second) continue;
       int32_t removed = 0;
-      check(cb_chunk_cache_remove(model.h, cache.h, t.c_str(), &ro, &removed),
+      check(cb_chunk_cache_remove(model.h, cache.h, t.c_str(), &old_ro, &removed),
             "cannot remove a dropped chunk's KV from the store");
       kv_removed += static_cast<size_t>(removed);
     }
   }
-  const MissingKv missing = missing_kv(model, *db, cache);
+  const MissingKv missing = missing_kv(model, *db, cache, ro);
   if (opts.kv != KvWhen::kLazy) warn_if_over_capacity(model, kv_common.kv, missing);
   PrecomputeTotals computed;
   long background_pid = 0;
-  if (opts.kv == KvWhen::kEager) computed = precompute_missing(kv_common, model, *db, cache);
+  if (opts.kv == KvWhen::kEager) computed = precompute_missing(kv_common, model, *db, cache, ro);
   check(cb_chunk_cache_flush(cache.h), "cannot flush the chunk KV store");
+  db->record_kv_model(model_id, false);
   cb_chunk_cache_stats kv_stats;
   cb_chunk_cache_stats_init(&kv_stats);
   check(cb_chunk_cache_get_stats(cache.h, &kv_stats), "cannot read the store's statistics");

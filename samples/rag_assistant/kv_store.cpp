@@ -16,6 +16,7 @@
 
 #include "corpus_db.h"
 #include "progress.h"
+#include "store_settings.h"
 
 namespace rag {
 namespace {
@@ -129,8 +130,8 @@ std::string size_text(double bytes) {
   return buf;
 }
 
-MissingKv missing_kv(const Model& model, CorpusDb& db, ChunkCache& cache) {
-  const cb_rag_options ro = base_rag_options();
+MissingKv missing_kv(const Model& model, CorpusDb& db, ChunkCache& cache,
+                     const cb_rag_options& ro) {
   MissingKv m;
   for (const ChunkRecord& ch : db.all_chunks()) {
     m.all_tokens += static_cast<size_t>(ch.n_tokens);
@@ -160,8 +161,7 @@ void warn_if_over_capacity(const Model& model, const KvStoreSettings& s, const M
 }
 
 PrecomputeTotals precompute_missing(const CommonOptions& common, const Model& model, CorpusDb& db,
-                                    ChunkCache& cache) {
-  const cb_rag_options ro = base_rag_options();
+                                    ChunkCache& cache, const cb_rag_options& ro) {
   std::vector<ChunkRecord> todo;
   int max_tokens = 0;
   for (ChunkRecord& ch : db.all_chunks()) {
@@ -210,8 +210,11 @@ int run_precompute(const CommonOptions& common_in) {
   load_model(common, model);
   ChunkCache cache;
   open_chunk_cache(common, cache);
-  warn_if_over_capacity(model, common.kv, missing_kv(model, db, cache));
-  const PrecomputeTotals t = precompute_missing(common, model, db, cache);
+  const std::string system = store_system_prompt(db);  // ro points into it
+  const cb_rag_options ro = base_rag_options(system);
+  warn_if_over_capacity(model, common.kv, missing_kv(model, db, cache, ro));
+  const PrecomputeTotals t = precompute_missing(common, model, db, cache, ro);
+  db.record_kv_model(model_identity(common.model_path, model), false);
   check(cb_chunk_cache_flush(cache.h), "cannot flush the chunk KV store");
   std::printf("precompute: chunk KV computed for %zu chunk(s), %zu tokens\n", t.chunks, t.tokens);
   return 0;

@@ -41,8 +41,10 @@ struct PrecomputeTotals {
   size_t chunks = 0;
   size_t tokens = 0;
 };
+// `ro`: the request options of the store's chunks (base_rag_options with the
+// store's system prompt), which make their cache keys.
 PrecomputeTotals precompute_missing(const CommonOptions& common, const Model& model, CorpusDb& db,
-                                    ChunkCache& cache);
+                                    ChunkCache& cache, const cb_rag_options& ro);
 
 // What the store lacks: the chunks without KV and their tokens.
 struct MissingKv {
@@ -50,7 +52,7 @@ struct MissingKv {
   size_t tokens = 0;
   size_t all_tokens = 0;  // every chunk's, computed or not
 };
-MissingKv missing_kv(const Model& model, CorpusDb& db, ChunkCache& cache);
+MissingKv missing_kv(const Model& model, CorpusDb& db, ChunkCache& cache, const cb_rag_options& ro);
 
 // Warns (stderr) when the whole corpus's KV would not fit the store, with
 // the sizes and the ways out.

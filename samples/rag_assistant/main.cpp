@@ -4,6 +4,8 @@
 //   rag_assistant --store DIR ingest PATH...    chunk, index (FTS5), precompute chunk KV
 //   rag_assistant --store DIR ask "QUESTION"    retrieve (BM25), fuse chunk KV, answer
 //   rag_assistant --store DIR chat              the same, interactively
+//   rag_assistant --store DIR list|status       what the store holds
+//   rag_assistant --store DIR remove PATH...    drop files and their chunk KV
 //   rag_assistant models                        the known models, and which are here
 //   rag_assistant pull NAME|URL                 download a model (resumable, verified)
 //
@@ -22,6 +24,7 @@
 #include "ingest.h"
 #include "kv_store.h"
 #include "long_option.h"
+#include "manage.h"
 #include "number_arg.h"
 #include "printable.h"
 #include "pull.h"
@@ -34,7 +37,7 @@ const char* const kUsage =
     "       rag_assistant models|pull [options]\n"
     "\n"
     "commands:\n"
-    "  ingest PATH... [--chunk-tokens N] [--max-file-mb M] [--prune]\n"
+    "  ingest [PATH...] [--chunk-tokens N] [--max-file-mb M] [--prune] [--system TEXT]\n"
     "      [--kv eager|lazy|background] [--kv-codec C] [--kv-store-mb N] [--json]\n"
     "      add documents to the store (folders are walked recursively): Markdown\n"
     "      (.md, .markdown), text (.txt, .text, and files of any other name whose\n"
@@ -50,7 +53,13 @@ const char* const kUsage =
     "      longer exist (without it they are still answered from, with a warning).\n"
     "      Binary, empty, corrupt, encrypted or unreadable files, and files over\n"
     "      M MB (default 16; a .gz file's content is measured decompressed, a\n"
-    "      PDF's text too), are skipped with a warning naming file and reason.\n"
+    "      PDF's text too), are skipped with a warning naming file and reason.  Without PATH: the\n"
+    "      files the store holds (to precompute their KV for another --model or\n"
+    "      --system).\n"
+    "      --system TEXT: the system prompt of every request, recorded in the\n"
+    "      store (default: the store's, else \"Answer the question using the\n"
+    "      documents.\"); it is part of each chunk's KV, so a new one computes\n"
+    "      every chunk's KV again.\n"
     "      --kv eager|lazy|background  when each chunk's KV is computed: at ingest\n"
     "      (eager, the default); when a question first retrieves the chunk (lazy:\n"
     "      ingest takes seconds, the first questions pay for their chunks); or by a\n"
@@ -65,8 +74,9 @@ const char* const kUsage =
     "      or after eviction), one precompute per store at a time.\n"
     "  ask QUESTION [--top-k K] [--mode blend|full|reuse|prefix] [--ratio R|auto]\n"
     "      [--select P] [--context-order best-last|best-first] [--max-tokens N]\n"
-    "      [--temperature T] [--min-p M] [--seed S] [--repeat-penalty X] [--stop TEXT]\n"
-    "      [--min-relevance X] [--no-diversity] [--retrieve-only] [--json]\n"
+    "      [--temperature T] [--min-p M] [--seed S] [--repeat-penalty X]\n"
+    "      [--repeat-last-n N] [--stop TEXT] [--system TEXT] [--min-relevance X]\n"
+    "      [--no-diversity] [--retrieve-only] [--json]\n"
     "      retrieve the K best chunks (BM25, default 3), build the request's KV from\n"
     "      their cached KV (blend: recompute a ratio R of the tokens, default 0.2,\n"
     "      chosen by the policy P: lookahead (default), hkvd, hkvd_kv, attention,\n"
@@ -78,8 +88,11 @@ const char* const kUsage =
     "      retrieval order).\n"
     "      --max-tokens caps the answer (default 160).  --json: one JSON object.\n"
     "      Generation is greedy; --temperature T > 0 samples (with --min-p M and\n"
-    "      --seed S); --repeat-penalty X (default 1: none) damps repeated tokens;\n"
-    "      --stop TEXT (may repeat) ends the answer before that text.\n"
+    "      --seed S); --repeat-penalty X (default 1.2; 1: none) damps the tokens\n"
+    "      among the answer's last N (--repeat-last-n, default 64), which stops\n"
+    "      answers that repeat themselves; --stop TEXT (may repeat) ends the answer\n"
+    "      before that text.  --system TEXT: this question's system prompt instead\n"
+    "      of the store's (every chunk's KV is then computed again).\n"
     "      Relevance floor: when no chunk holds at least a share X (default 0.5; 0:\n"
     "      off) of the question's words, weighted by their rarity in the store,\n"
     "      ask prints \"I could not find this in your documents.\", lists no\n"
@@ -93,6 +106,20 @@ const char* const kUsage =
     "      history); each is answered like ask.  Ctrl-C stops the current\n"
     "      answer (also while the documents are read); Ctrl-C or Ctrl-D at the\n"
     "      prompt exits.\n"
+    "  list [--json]\n"
+    "      every stored file: chunks, tokens, how many of its chunks' KV is cached\n"
+    "      for the model; then the totals, the KV on disk and the models whose KV\n"
+    "      an ingest computed.\n"
+    "  remove PATH... [--json]\n"
+    "      drop files (a path, a folder, or a name as list shows it) from the store\n"
+    "      with their chunks' KV.  A PATH that names no stored file is an error and\n"
+    "      nothing is removed.\n"
+    "  status [--json]\n"
+    "      the store: files, chunks, tokens, the chunk KV store's size and capacity,\n"
+    "      the model and whether the store's KV is for it, tiers, read-only state,\n"
+    "      chunk tokens and system prompt.\n"
+    "  With a model whose KV the store lacks, ask, chat, list and status say so on\n"
+    "  stderr (every chunk is then computed: slow) and go on.\n"
     "  models [--models-dir DIR] [--json]\n"
     "      the known models: name, file, size, SHA-256, licence, download URL, and\n"
     "      whether the models directory holds each (DIR, else $CB_MODELS_DIR, else\n"
@@ -116,6 +143,7 @@ const char* const kUsage =
     "  --threads N     compute threads (default: the CPU cores available)\n"
     "  --kv-type T     the sessions' KV cache: f16 (default, half the memory) or f32\n"
     "  --help          this text\n"
+    "  --version       rag_assistant's and the library's version (no --store needed)\n"
     "\n"
     "storage tiers around DIR/kv (all off by default; give the same to every command):\n"
     "  --ram-budget-mb N        keep up to N MB of chunk KV in RAM in front of DIR/kv\n"
@@ -193,12 +221,14 @@ int run(int argc, char** argv) {
   std::string command, model_flag;
   std::vector<std::string> positional;
   bool threads_given = false, help = false, ratio_given = false, select_given = false;
+  bool version = false;
   bool slow_read_given = false, redis_auth_given = false;
   // Which options a command accepts (checked after parsing, when the
   // command is known: global options may come before or after it).
   std::vector<std::string> ingest_only, ask_only, ask_chat;
   rag::PullOptions pull;
   std::vector<std::string> pull_only, model_commands_only;
+  std::vector<std::string> system_given;  // ingest, ask and chat
 
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -214,6 +244,16 @@ int run(int argc, char** argv) {
     };
     if (arg == "--help" || arg == "-h") {
       help = true;
+    } else if (arg == "--version") {
+      no_value();
+      version = true;
+    } else if (arg == "--system") {
+      common.system_prompt = next();
+      if (common.system_prompt->empty()) usage("option --system needs a non-empty text");
+      system_given.push_back(arg);
+    } else if (arg == "--repeat-last-n") {
+      ask.repeat_last_n = static_cast<int>(parse_long(arg, next(), 0, 8192));
+      ask_chat.push_back(arg);
     } else if (arg == "--store") {
       common.store = next();
       if (common.store.empty()) usage("option --store: empty path");
@@ -355,8 +395,11 @@ int run(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  if (command.empty()) usage("no command given (ingest, ask, chat, precompute, models or pull)");
+  if (version) return rag::run_version();
+  if (command.empty())
+    usage("no command given (ingest, ask, chat, precompute, list, remove, status, models or pull)");
   if (command == "models" || command == "pull") {
+    if (!system_given.empty()) usage("option --system is for ingest, ask and chat");
     if (!ingest_only.empty() || !ask_chat.empty())
       usage("option " + (ingest_only.empty() ? ask_chat : ingest_only).front() + " is not for " +
             command);
@@ -374,14 +417,18 @@ int run(int argc, char** argv) {
   if (!model_commands_only.empty())
     usage("option " + model_commands_only.front() + " is for models and pull only");
   if (!pull_only.empty()) usage("option " + pull_only.front() + " is for pull only");
-  if (command != "ingest" && command != "ask" && command != "chat" && command != "precompute")
+  const bool manage = command == "list" || command == "remove" || command == "status";
+  if (command != "ingest" && command != "ask" && command != "chat" && command != "precompute" &&
+      !manage)
     usage("unknown command '" + command +
-          "' (expected ingest, ask, chat, precompute, models or pull)");
+          "' (expected ingest, ask, chat, precompute, list, remove, status, models or pull)");
   if (common.store.empty()) usage("--store DIR is required");
   if (command != "ingest" && !ingest_only.empty())
     usage("option " + ingest_only.front() + " is for ingest only");
-  if ((command == "ingest" || command == "precompute") && !ask_chat.empty())
+  if ((command == "ingest" || command == "precompute" || manage) && !ask_chat.empty())
     usage("option " + ask_chat.front() + " is for ask and chat only");
+  if ((manage || command == "precompute") && !system_given.empty())
+    usage("option --system is for ingest, ask and chat");
   if ((command == "chat" || command == "precompute") && !ask_only.empty())
     usage("option --json is not for " + command);
   if (command == "chat" && ask.retrieve_only) usage("option --retrieve-only is for ask only");
@@ -410,9 +457,16 @@ int run(int argc, char** argv) {
     common.model_path = rag::resolve_model_path(model_flag);
 
   if (command == "ingest") {
-    if (positional.empty()) usage("ingest needs at least one PATH");
-    ingest.paths = positional;
+    ingest.paths = positional;  // none: the store's own files
     return rag::run_ingest(common, ingest);
+  }
+  if (command == "list" || command == "status") {
+    if (!positional.empty()) usage(command + " takes no arguments");
+    return command == "list" ? rag::run_list(common, ask.json) : rag::run_status(common, ask.json);
+  }
+  if (command == "remove") {
+    if (positional.empty()) usage("remove needs at least one PATH");
+    return rag::run_remove(common, positional, ask.json);
   }
   if (command == "ask") {
     if (positional.size() != 1)
