@@ -28,9 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import rag_harness
+from rag_harness import check, describe
 
-PASSED = 0
-FAILED = 0
 
 # A small corpus of short declarative paragraphs (tests/samples/fixtures/
 # small_corpus), which the 135M test model reads well.  Both hops are needed:
@@ -40,20 +40,6 @@ QUESTION = "What is the name of the office cat in the office where Zofia Brandvo
 ANSWER = "Mochi"
 CHUNK_TOKENS = "48"  # paragraph-sized chunks: what the 135M model reads well
 THREADS = "2"        # the same for every timed run
-
-
-def check(cond, what, detail=""):
-    global PASSED, FAILED
-    if cond:
-        PASSED += 1
-        print(f"ok   {what}")
-    else:
-        FAILED += 1
-        print(f"FAIL {what}" + (f"\n     {detail}" if detail else ""))
-
-
-def describe(rc, out, err):
-    return f"rc={rc}\n     stdout: {out[-800:]!r}\n     stderr: {err[-800:]!r}"
 
 
 class Rag:
@@ -530,8 +516,8 @@ def main():
         test_chat(rag, store)
         test_chat_at_a_terminal(rag, store)
         test_updates(rag, store, corpus)
-    print(f"{PASSED} passed, {FAILED} failed ({time.monotonic() - start:.0f} s)")
-    return 1 if FAILED else 0
+    print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed ({time.monotonic() - start:.0f} s)")
+    return 1 if rag_harness.FAILED else 0
 
 
 if __name__ == "__main__":

@@ -32,27 +32,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import rag_harness
+from rag_harness import check, describe
 
-PASSED = 0
-FAILED = 0
 
 QUESTION = "What is the name of the office cat in the office where Zofia Brandvold works?"
 CHUNK_TOKENS = "48"
 THREADS = "2"
-
-
-def check(cond, what, detail=""):
-    global PASSED, FAILED
-    if cond:
-        PASSED += 1
-        print(f"ok   {what}")
-    else:
-        FAILED += 1
-        print(f"FAIL {what}" + (f"\n     {detail}" if detail else ""))
-
-
-def describe(rc, out, err):
-    return f"rc={rc}\n     stdout: {out[-800:]!r}\n     stderr: {err[-1500:]!r}"
 
 
 def full_disk():
@@ -192,8 +178,8 @@ def main():
             test_full_disk(rag, store)
             test_store_of_another_user(rag, store)
             test_quarantine(rag, store, args.corpus)
-    print(f"{PASSED} passed, {FAILED} failed ({time.monotonic() - start:.0f} s)")
-    return 1 if FAILED else 0
+    print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed ({time.monotonic() - start:.0f} s)")
+    return 1 if rag_harness.FAILED else 0
 
 
 if __name__ == "__main__":

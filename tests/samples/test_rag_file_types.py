@@ -29,25 +29,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import rag_harness
+from rag_harness import check, describe
 
-PASSED = 0
-FAILED = 0
 CHUNK_TOKENS = "48"
 THREADS = "2"
-
-
-def check(cond, what, detail=""):
-    global PASSED, FAILED
-    if cond:
-        PASSED += 1
-        print(f"ok   {what}")
-    else:
-        FAILED += 1
-        print(f"FAIL {what}" + (f"\n     {detail}" if detail else ""))
-
-
-def describe(rc, out, err):
-    return f"rc={rc}\n     stdout: {out[-800:]!r}\n     stderr: {err[-1500:]!r}"
 
 
 class Rag:
@@ -271,7 +257,7 @@ def main():
         rc, o, out, err = rag.json(ingest)
         check(rc == 0 and o is not None, "ingest of the mixed folder succeeds", describe(rc, out, err))
         if o is None:
-            print(f"{PASSED} passed, {FAILED} failed")
+            print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed")
             return 1
         pdf_built = "built without PDF support" not in err
         if not pdf_built:
@@ -374,8 +360,8 @@ def main():
         check(o is not None and o.get("files_unchanged") == 1 and o.get("files_skipped") == 0
               and "warning" not in err, "a store inside the walked folder is passed over",
               describe(rc, out, err))
-    print(f"{PASSED} passed, {FAILED} failed ({time.monotonic() - start:.0f} s)")
-    return 1 if FAILED else 0
+    print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed ({time.monotonic() - start:.0f} s)")
+    return 1 if rag_harness.FAILED else 0
 
 
 if __name__ == "__main__":

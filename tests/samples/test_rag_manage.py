@@ -22,29 +22,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import rag_harness
+from rag_harness import check, describe
 
-PASSED = 0
-FAILED = 0
 
 CHUNK_TOKENS = "48"
 THREADS = "2"
 # people.md says where Zofia Brandvold works: retrieval cites it.
 QUESTION = "Where does Zofia Brandvold work?"
 DEFAULT_SYSTEM = "Answer the question using the documents."
-
-
-def check(cond, what, detail=""):
-    global PASSED, FAILED
-    if cond:
-        PASSED += 1
-        print(f"ok   {what}")
-    else:
-        FAILED += 1
-        print(f"FAIL {what}" + (f"\n     {detail}" if detail else ""))
-
-
-def describe(rc, out, err):
-    return f"rc={rc}\n     stdout: {out[-1200:]!r}\n     stderr: {err[-1200:]!r}"
 
 
 class Rag:
@@ -274,8 +260,8 @@ def main():
         test_usage(rag)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\n{PASSED} passed, {FAILED} failed")
-    return 1 if FAILED else 0
+    print(f"\n{rag_harness.PASSED} passed, {rag_harness.FAILED} failed")
+    return 1 if rag_harness.FAILED else 0
 
 
 if __name__ == "__main__":

@@ -31,9 +31,9 @@ import sys
 import tempfile
 import threading
 import time
+import rag_harness
+from rag_harness import check
 
-PASSED = 0
-FAILED = 0
 
 SIZE = 4 << 20
 PAYLOAD = random.Random(31).randbytes(SIZE)
@@ -41,16 +41,6 @@ SHA = hashlib.sha256(PAYLOAD).hexdigest()
 WRONG_SHA = "0" * 64
 SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOL_SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-
-
-def check(cond, what, detail=""):
-    global PASSED, FAILED
-    if cond:
-        PASSED += 1
-        print(f"ok   {what}")
-    else:
-        FAILED += 1
-        print(f"FAIL {what}" + (f"\n     {detail}" if detail else ""))
 
 
 def describe(p):
@@ -444,8 +434,8 @@ def main():
     probe = rag.run(["pull", "http://127.0.0.1:1/x.gguf"])
     if "built without download support" in probe.stderr:
         check(probe.returncode == 1, "a build without libcurl says so", describe(probe))
-        print(f"{PASSED} passed, {FAILED} failed (no download support: pull not tested)")
-        return 1 if FAILED else 0
+        print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed (no download support: pull not tested)")
+        return 1 if rag_harness.FAILED else 0
     srv = Server()
     tmp = tempfile.mkdtemp(prefix="rag_pull_")
     try:
@@ -461,8 +451,8 @@ def main():
     finally:
         srv.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{PASSED} passed, {FAILED} failed")
-    return 1 if FAILED else 0
+    print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed")
+    return 1 if rag_harness.FAILED else 0
 
 
 if __name__ == "__main__":

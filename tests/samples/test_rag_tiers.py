@@ -38,28 +38,14 @@ import sys
 import tempfile
 import threading
 import time
+import rag_harness
+from rag_harness import check, describe
 
-PASSED = 0
-FAILED = 0
 
 QUESTION = "What is the name of the office cat in the office where Zofia Brandvold works?"
 CHUNK_TOKENS = "48"
 THREADS = "2"
 PASSWORD = "tier-test-secret"
-
-
-def check(cond, what, detail=""):
-    global PASSED, FAILED
-    if cond:
-        PASSED += 1
-        print(f"ok   {what}")
-    else:
-        FAILED += 1
-        print(f"FAIL {what}" + (f"\n     {detail}" if detail else ""))
-
-
-def describe(rc, out, err):
-    return f"rc={rc}\n     stdout: {out[-800:]!r}\n     stderr: {err[-800:]!r}"
 
 
 def free_port():
@@ -280,14 +266,14 @@ def main():
         why = server.start()
         check(why == "", "a redis-server runs on a free loopback port", why)
         if why:
-            print(f"{PASSED} passed, {FAILED} failed")
+            print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed")
             return 1
         try:
             run_tests(rag, server, tmp, args.corpus)
         finally:
             server.kill()
-    print(f"{PASSED} passed, {FAILED} failed ({time.monotonic() - start:.0f} s)")
-    return 1 if FAILED else 0
+    print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed ({time.monotonic() - start:.0f} s)")
+    return 1 if rag_harness.FAILED else 0
 
 
 def run_tests(rag, server, tmp, corpus_src):
