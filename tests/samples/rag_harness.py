@@ -44,9 +44,12 @@ class Rag:
         self.model = ["--model", model] if model else []
         self.threads = threads
 
-    def run(self, args, stdin=None, timeout=300):
+    def run(self, args, stdin=None, timeout=300, **popen_args):
+        """(exit status, stdout, stderr); popen_args such as user= go to
+        subprocess.run."""
         p = subprocess.run([self.binary] + self.model + ["--threads", self.threads] + args,
-                           input=stdin, capture_output=True, timeout=timeout, env=self.env)
+                           input=stdin, capture_output=True, timeout=timeout, env=self.env,
+                           **popen_args)
         return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
 
     def json(self, args):

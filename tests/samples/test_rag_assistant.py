@@ -42,26 +42,9 @@ CHUNK_TOKENS = "48"  # paragraph-sized chunks: what the 135M model reads well
 THREADS = "2"        # the same for every timed run
 
 
-class Rag:
+class Rag(rag_harness.Rag):
     def __init__(self, binary, model):
-        self.binary = binary
-        self.env = dict(os.environ)
-        self.env.pop("CB_MODEL", None)
-        self.model = ["--model", model] if model else []
-
-    def run(self, args, stdin=None, timeout=300, user=None):
-        p = subprocess.run([self.binary] + self.model + ["--threads", THREADS] + args,
-                           input=stdin, capture_output=True, timeout=timeout, env=self.env,
-                           user=user)
-        return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
-
-    def json(self, args):
-        rc, out, err = self.run(args + ["--json"])
-        try:
-            obj = json.loads(out) if rc == 0 else None
-        except ValueError:
-            obj = None
-        return rc, obj, out, err
+        super().__init__(binary, model, THREADS)
 
     def expect_error(self, args, what, code=1, must_contain=(), stdin=None, user=None):
         rc, out, err = self.run(args, stdin=stdin, user=user)

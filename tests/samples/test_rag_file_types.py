@@ -36,25 +36,9 @@ CHUNK_TOKENS = "48"
 THREADS = "2"
 
 
-class Rag:
+class Rag(rag_harness.Rag):
     def __init__(self, binary, model):
-        self.binary = binary
-        self.env = dict(os.environ)
-        self.env.pop("CB_MODEL", None)
-        self.model = ["--model", model] if model else []
-
-    def run(self, args, timeout=300):
-        p = subprocess.run([self.binary] + self.model + ["--threads", THREADS] + args,
-                           capture_output=True, timeout=timeout, env=self.env)
-        return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
-
-    def json(self, args):
-        rc, out, err = self.run(args + ["--json"])
-        try:
-            obj = json.loads(out) if rc == 0 else None
-        except ValueError:
-            obj = None
-        return rc, obj, out, err
+        super().__init__(binary, model, THREADS)
 
 
 # ---------------------------------------------------------------- PDF writer

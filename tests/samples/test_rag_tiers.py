@@ -224,26 +224,13 @@ class KillingRelay:
                 pass
 
 
-class Rag:
+class Rag(rag_harness.Rag):
     def __init__(self, binary, model):
-        self.binary = binary
-        self.env = dict(os.environ)
-        self.env.pop("CB_MODEL", None)
+        super().__init__(binary, model, THREADS)
         self.env["CB_REDIS_PASSWORD"] = PASSWORD
-        self.model = ["--model", model] if model else []
 
     def run(self, args, timeout=600):
-        p = subprocess.run([self.binary] + self.model + ["--threads", THREADS] + args,
-                           capture_output=True, timeout=timeout, env=self.env)
-        return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
-
-    def json(self, args):
-        rc, out, err = self.run(args + ["--json"])
-        try:
-            obj = json.loads(out) if rc == 0 else None
-        except ValueError:
-            obj = None
-        return rc, obj, out, err
+        return super().run(args, timeout=timeout)
 
 
 def tier(o, name):
