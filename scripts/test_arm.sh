@@ -28,7 +28,7 @@ APT=(env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -y -q
 
 HOST_PKGS=(g++-aarch64-linux-gnu qemu-user cmake pkg-config nlohmann-json3-dev)
 ARM_PKGS=(libstdc++6:arm64 libgcc-s1:arm64 libgtest-dev:arm64 libmimalloc-dev:arm64 libxxhash-dev:arm64 libzstd-dev:arm64
-          libsqlite3-dev:arm64 libutf8proc-dev:arm64 libhiredis-dev:arm64)
+          libsqlite3-dev:arm64 libutf8proc-dev:arm64 libhiredis-dev:arm64 zlib1g-dev:arm64)
 MODEL="${CB_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
