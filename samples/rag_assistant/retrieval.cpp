@@ -55,6 +55,18 @@ std::vector<ChunkRecord> pick_diverse(const std::vector<ChunkRecord>& candidates
   std::vector<std::set<std::string>> picked_words;
   std::map<int64_t, int> per_file;
   std::vector<size_t> over_cap, repeats;  // skipped, in BM25 order
+  // The cap gives a slot to another file only when one of its chunks holds
+  // as much of the question (relevance) as the capped chunk: a file's third
+  // chunk that answers what no other file does (a README's build section
+  // after two of its other sections) is not traded for a weaker match.
+  auto another_file_as_relevant = [&](size_t i) {
+    for (size_t j = i + 1; j < candidates.size(); ++j)
+      if (candidates[j].file_id != candidates[i].file_id &&
+          per_file[candidates[j].file_id] < max_per_file &&
+          candidates[j].relevance >= candidates[i].relevance)
+        return true;
+    return false;
+  };
   for (size_t i = 0; i < candidates.size() && picked.size() < k; ++i) {
     const ChunkRecord& c = candidates[i];
     std::set<std::string> words = word_set(c.text);
@@ -63,7 +75,7 @@ std::vector<ChunkRecord> pick_diverse(const std::vector<ChunkRecord>& candidates
     });
     if (repeat) {
       repeats.push_back(i);
-    } else if (per_file[c.file_id] >= max_per_file) {
+    } else if (per_file[c.file_id] >= max_per_file && another_file_as_relevant(i)) {
       over_cap.push_back(i);
     } else {
       ++per_file[c.file_id];

@@ -56,7 +56,8 @@ struct Retrieval {
 // retrieve() fetches the BM25 best max(20, top_k * candidates_per_slot)
 // chunks and scores each (ChunkRecord::relevance).  Then it picks top_k in
 // BM25 order, skipping a chunk whose file already has max_per_file picked
-// or whose text nearly repeats a picked one; skipped chunks fill the slots
+// (when a later candidate of another file is at least as relevant) or whose
+// text nearly repeats a picked one; skipped chunks fill the slots
 // left when no other candidate remains (diverse == false: the first
 // top_k).  The question is answered (found) when the picked chunks'
 // relevance (Retrieval::relevance) reaches min_relevance.

@@ -405,6 +405,21 @@ TEST(Diversity, CapsChunksPerFileWhileOthersMatch) {
   EXPECT_EQ(ids_of(rag::pick_diverse(cands, 3, 1)), (std::vector<int64_t>{1, 6, 7}));
 }
 
+// A file's chunk past the cap keeps its slot when no other file's chunk
+// holds as much of the question: a weaker match is not worth the trade.
+TEST(Diversity, CapYieldsOnlyToAnotherFileAsRelevant) {
+  std::vector<rag::ChunkRecord> cands;
+  for (int64_t i = 1; i <= 3; ++i) {
+    cands.push_back(candidate(i, 1, "build section " + std::to_string(i)));
+    cands.back().relevance = 0.9;
+  }
+  cands.push_back(candidate(4, 2, "an unrelated library's build notes"));
+  cands.back().relevance = 0.5;
+  EXPECT_EQ(ids_of(rag::pick_diverse(cands, 3, 0)), (std::vector<int64_t>{1, 2, 3}));
+  cands.back().relevance = 0.9;
+  EXPECT_EQ(ids_of(rag::pick_diverse(cands, 3, 0)), (std::vector<int64_t>{1, 2, 4}));
+}
+
 TEST(Diversity, OneFileAloneStillFillsTheSlots) {
   std::vector<rag::ChunkRecord> cands;
   for (int64_t i = 1; i <= 4; ++i) cands.push_back(candidate(i, 1, "part " + std::to_string(i)));
