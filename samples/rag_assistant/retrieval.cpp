@@ -48,7 +48,7 @@ double idf(int64_t n_chunks, int64_t with_term) {
 }  // namespace
 
 std::vector<ChunkRecord> pick_diverse(const std::vector<ChunkRecord>& candidates, int top_k,
-                                      int max_per_file) {
+                                      int max_per_file, const CoverageGain& gain) {
   if (max_per_file <= 0) max_per_file = (top_k + 1) / 2;
   const size_t k = static_cast<size_t>(std::max(top_k, 0));
   std::vector<ChunkRecord> picked;
@@ -56,14 +56,18 @@ std::vector<ChunkRecord> pick_diverse(const std::vector<ChunkRecord>& candidates
   std::map<int64_t, int> per_file;
   std::vector<size_t> over_cap, repeats;  // skipped, in BM25 order
   // The cap gives a slot to another file only when one of its chunks holds
-  // as much of the question (relevance) as the capped chunk: a file's third
-  // chunk that answers what no other file does (a README's build section
-  // after two of its other sections) is not traded for a weaker match.
+  // as much of the question (relevance) as the capped chunk, or more of
+  // what the picked chunks leave uncovered: a file's third chunk that
+  // answers what no other file does (a README's build section after two of
+  // its other sections) is not traded for a weaker match, while a question
+  // about two things gets both.
   auto another_file_as_relevant = [&](size_t i) {
+    const double own_gain = gain ? gain(picked, candidates[i]) : 0.0;
     for (size_t j = i + 1; j < candidates.size(); ++j)
       if (candidates[j].file_id != candidates[i].file_id &&
           per_file[candidates[j].file_id] < max_per_file &&
-          candidates[j].relevance >= candidates[i].relevance)
+          (candidates[j].relevance >= candidates[i].relevance ||
+           (gain && gain(picked, candidates[j]) > own_gain)))
         return true;
     return false;
   };
@@ -132,7 +136,17 @@ Retrieval retrieve(CorpusDb& db, const std::string& question, const RetrievalOpt
   for (ChunkRecord& c : candidates) c.relevance = coverage({c});
 
   if (opts.diverse) {
-    r.chunks = pick_diverse(candidates, opts.top_k, opts.max_per_file);
+    // The weight of the terms a chunk holds that no picked chunk does.
+    const CoverageGain gain = [&](const std::vector<ChunkRecord>& picked, const ChunkRecord& c) {
+      std::set<size_t> covered;
+      for (const ChunkRecord& p : picked)
+        for (size_t t : held[p.id]) covered.insert(t);
+      double sum = 0.0;
+      for (size_t t : held[c.id])
+        if (!covered.count(t)) sum += weights[t];
+      return sum;
+    };
+    r.chunks = pick_diverse(candidates, opts.top_k, opts.max_per_file, gain);
   } else {
     candidates.resize(std::min(candidates.size(), static_cast<size_t>(std::max(opts.top_k, 0))));
     r.chunks = std::move(candidates);

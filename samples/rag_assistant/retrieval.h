@@ -4,6 +4,7 @@
 // slot.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,8 @@ struct Retrieval {
 // retrieve() fetches the BM25 best max(20, top_k * candidates_per_slot)
 // chunks and scores each (ChunkRecord::relevance).  Then it picks top_k in
 // BM25 order, skipping a chunk whose file already has max_per_file picked
-// (when a later candidate of another file is at least as relevant) or whose
+// (when a later candidate of another file is at least as relevant, or
+// holds more of what the picked chunks leave uncovered) or whose
 // text nearly repeats a picked one; skipped chunks fill the slots
 // left when no other candidate remains (diverse == false: the first
 // top_k).  The question is answered (found) when the picked chunks'
@@ -64,7 +66,12 @@ struct Retrieval {
 Retrieval retrieve(CorpusDb& db, const std::string& question, const RetrievalOptions& opts);
 
 // The pick alone, on candidates in BM25 order (exposed for tests).
+// gain(picked, c): the weight of the question's terms that c holds and no
+// picked chunk does (retrieve() passes it; without it only relevance
+// counts).
+using CoverageGain =
+    std::function<double(const std::vector<ChunkRecord>& picked, const ChunkRecord& c)>;
 std::vector<ChunkRecord> pick_diverse(const std::vector<ChunkRecord>& candidates, int top_k,
-                                      int max_per_file);
+                                      int max_per_file, const CoverageGain& gain = {});
 
 }  // namespace rag
