@@ -34,6 +34,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <cub/device/device_radix_sort.cuh>
 #include <map>
@@ -977,6 +979,11 @@ struct ThreadCtx {
   std::vector<Upload> uploads;     // not yet summed by wait_uploads()
   std::vector<cudaEvent_t> spare;  // recycled timing events
   double upload_ms = 0.0;          // of uploads already folded out of `uploads`
+  struct TimedOp {
+    const char* op;
+    cudaEvent_t start, end;
+  };
+  std::vector<TimedOp> timed;  // CB_CUDA_PROFILE: ops not yet added to the totals
 };
 
 // The thread -> context map, shared with the thread-exit hook below so a
@@ -1046,6 +1053,7 @@ class CudaBackend final : public Backend {
     // migrate (a discrete GPU with concurrent managed access).
     prefetch_ = opts.prefetch_uploads && integrated == 0 && concurrent != 0;
     if (pools != 0) create_pool();
+    profile_ = std::getenv("CB_CUDA_PROFILE") != nullptr;
   }
 
   ~CudaBackend() override {
@@ -1059,7 +1067,11 @@ class CudaBackend final : public Backend {
       table_->by_thread.clear();
       table_->idle.clear();
     }
-    for (auto& c : ctxs) destroy_ctx(*c);
+    for (auto& c : ctxs) {
+      if (!c->timed.empty() && cudaStreamSynchronize(c->stream) == cudaSuccess) fold_profile(*c);
+      destroy_ctx(*c);
+    }
+    print_profile();
     for (void* p : weights_) cudaFree(p);
     if (pool_ != nullptr) cudaMemPoolDestroy(pool_);
   }
@@ -1168,8 +1180,10 @@ class CudaBackend final : public Backend {
           cudaMemsetAsync(dy, 0, static_cast<size_t>(n_rows * w.n_out) * sizeof(float), c.stream()),
           "cudaMemsetAsync");
     } else if (n_rows <= gemv_max_rows_) {
+      c.name("matmul gemv");
       dispatch_type<LaunchGemv>(w.type, w, dx, static_cast<int>(n_rows), dy, c.stream());
     } else {
+      c.name("matmul gemm");
       gemm(c.ctx(), w, dx, n_rows, dy);
     }
     c.finish();
@@ -1594,18 +1608,29 @@ class CudaBackend final : public Backend {
   // touches belongs to the calling thread's context.
   class Call {
    public:
-    explicit Call(CudaBackend& be) : be_(be), ctx_(be.this_thread_ctx()) {
+    // `op` names the op in the CB_CUDA_PROFILE totals: the calling member
+    // function unless given.
+    explicit Call(CudaBackend& be, const char* op = __builtin_FUNCTION())
+        : be_(be), ctx_(be.this_thread_ctx()), op_(op) {
       if (ctx_.mirror_bytes > kMirrorMaxTotal || ctx_.mirrors.size() > kMirrorMaxEntries) {
         be_.drop_mirrors(ctx_);
+      }
+      if (be_.profile_) {
+        start_ = be_.event(ctx_);
+        cuda_check(cudaEventRecord(start_, ctx_.stream), "cudaEventRecord");
       }
     }
     Call(const Call&) = delete;
     Call& operator=(const Call&) = delete;
     // Frees are stream-ordered, so they also run after work this call
     // queued before an exception.
-    ~Call() { release_temps(); }
+    ~Call() {
+      release_temps();
+      if (start_ != nullptr) ctx_.spare.push_back(start_);
+    }
 
     cudaStream_t stream() const { return ctx_.stream; }
+    void name(const char* op) { op_ = op; }
     ThreadCtx& ctx() { return ctx_; }
 
     template <class T>
@@ -1677,6 +1702,12 @@ class CudaBackend final : public Backend {
                    "cudaMemcpyAsync (stage out)");
       }
       release_temps();
+      if (start_ != nullptr) {
+        cudaEvent_t end = be_.event(ctx_);
+        cuda_check(cudaEventRecord(end, ctx_.stream), "cudaEventRecord");
+        ctx_.timed.push_back({op_, start_, end});
+        start_ = nullptr;
+      }
       if (ctx_.depth > 0 && !host_out_) return;  // end_batch() waits
       cuda_check(cudaStreamSynchronize(ctx_.stream), "kernel execution");
       for (const Back& b : backs_) std::memcpy(b.host, b.bounce, b.bytes);
@@ -1737,6 +1768,8 @@ class CudaBackend final : public Backend {
     std::vector<void*> retired_;
     std::vector<Back> backs_;
     bool host_out_ = false;
+    const char* op_;
+    cudaEvent_t start_ = nullptr;
   };
 
   // The device is per host thread in the CUDA runtime; a session may call
@@ -1795,6 +1828,10 @@ class CudaBackend final : public Backend {
     for (const auto& u : c.uploads) {
       cudaEventDestroy(u.start);
       cudaEventDestroy(u.end);
+    }
+    for (const auto& t : c.timed) {
+      cudaEventDestroy(t.start);
+      cudaEventDestroy(t.end);
     }
     for (cudaEvent_t e : c.spare) cudaEventDestroy(e);
     if (c.blas != nullptr) cublasDestroy(c.blas);
@@ -1890,6 +1927,7 @@ class CudaBackend final : public Backend {
 
   // After c.stream has drained: what waited for it can be reused or freed.
   void after_sync(ThreadCtx& c) {
+    if (!c.timed.empty()) fold_profile(c);
     for (void* p : c.deferred) cudaFree(p);
     c.deferred.clear();
     c.arena.reset();
@@ -1900,6 +1938,50 @@ class CudaBackend final : public Backend {
   void sync(ThreadCtx& c) {
     cuda_check(cudaStreamSynchronize(c.stream), "kernel execution");
     after_sync(c);
+  }
+
+  // CB_CUDA_PROFILE: adds the thread's timed ops, all complete after a
+  // synchronisation, to the per-op totals and recycles their events.  An
+  // op's time runs from the stream reaching its start to its last work, so
+  // it includes the GPU waiting for the host to queue that work.
+  void fold_profile(ThreadCtx& c) {
+    std::vector<std::pair<const char*, float>> times;
+    times.reserve(c.timed.size());
+    for (const ThreadCtx::TimedOp& t : c.timed) {
+      float ms = 0.0f;
+      if (cudaEventElapsedTime(&ms, t.start, t.end) != cudaSuccess) {
+        cudaGetLastError();
+        ms = 0.0f;
+      }
+      times.emplace_back(t.op, ms);
+      c.spare.push_back(t.start);
+      c.spare.push_back(t.end);
+    }
+    c.timed.clear();
+    std::lock_guard<std::mutex> lock(table_->mu);
+    for (const auto& [op, ms] : times) {
+      ProfileTotal& total = profile_totals_[op];
+      ++total.calls;
+      total.ms += ms;
+    }
+  }
+
+  void print_profile() const {
+    if (!profile_ || profile_totals_.empty()) return;
+    std::vector<std::pair<std::string, ProfileTotal>> rows(profile_totals_.begin(),
+                                                           profile_totals_.end());
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    double all = 0.0;
+    for (const auto& r : rows) all += r.second.ms;
+    std::fprintf(stderr, "cuda profile (CB_CUDA_PROFILE): GPU time per op, %.1f ms in all\n",
+                 all);
+    std::fprintf(stderr, "  %-26s %9s %11s %6s %10s\n", "op", "calls", "total ms", "share",
+                 "mean us");
+    for (const auto& [op, t] : rows) {
+      std::fprintf(stderr, "  %-26s %9lld %11.2f %5.1f%% %10.2f\n", op.c_str(), t.calls, t.ms,
+                   all > 0 ? 100.0 * t.ms / all : 0.0, 1000.0 * t.ms / static_cast<double>(t.calls));
+    }
   }
 
   cudaEvent_t event(ThreadCtx& c) {
@@ -1998,6 +2080,12 @@ class CudaBackend final : public Backend {
   const int gemv_max_rows_;
   bool zero_copy_ = false;
   bool prefetch_ = false;
+  bool profile_ = false;  // CB_CUDA_PROFILE set: time every op
+  struct ProfileTotal {
+    long long calls = 0;
+    double ms = 0.0;
+  };
+  std::map<std::string, ProfileTotal> profile_totals_;  // under table_->mu
   cudaMemPool_t pool_ = nullptr;
   // table_->mu guards table_'s maps, ctxs_, owned_, staging_ and weights_.
   std::shared_ptr<CtxTable> table_;

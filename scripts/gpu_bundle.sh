@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds what scripts/gpu_check.sh runs on a GPU machine that has no build
+# tools for this project and cannot download anything, and gathers it in
+# one folder of a few tens of MiB: the binaries (native code for sm_90,
+# H100/H200, and sm_87, Jetson Orin), the shared libraries they need that
+# such a machine may lack, a same-shape clone of the model
+# (scripts/gguf_shape_clone.py: the real file is too large to move) and a
+# MuSiQue-style dev split for the quality command.  Also a clone of the C
+# API suite's model (TEST_MODEL).
+#
+#   scripts/gpu_bundle.sh [MODEL.gguf] [DATASET.json]
+#
+# Environment: BUILD (default build-cuda), BUNDLE (default .gpu),
+# CUDA_ARCHS (default "90-real;87-real"), PYTHON (a Python with the gguf
+# package; default the oracle venv of scripts/oracle_venv.sh).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+MODEL=${1:-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
+DATASET=${2:-${CB_DEV_DATA:-}}
+BUILD=${BUILD:-build-cuda}
+BUNDLE=${BUNDLE:-.gpu}
+CUDA_ARCHS=${CUDA_ARCHS:-90-real;87-real}
+PYTHON=${PYTHON:-${CB_CACHE_DIR:-$HOME/.cache/cacheblend-rt}/venv/bin/python}
+
+[ -f "$MODEL" ] || { echo "gpu_bundle: no model at $MODEL" >&2; exit 1; }
+if [ ! -x "$PYTHON" ]; then
+  bash scripts/oracle_venv.sh >/dev/null
+fi
+
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCB_CUDA=ON \
+  "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS" >/dev/null
+cmake --build "$BUILD" -j"$(nproc)" --target cacheblend_cuda cb_bench test_cuda test_c_api \
+  test_integration cuda_bench
+
+rm -rf "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/model" "$BUNDLE/test_model" "$BUNDLE/data"
+mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/data"
+for b in cb_bench test_cuda test_c_api test_integration cuda_bench; do
+  cp "$BUILD/bin/$b" "$BUNDLE/bin/"
+done
+cp -P "$BUILD"/lib/libcacheblend.so* "$BUILD"/lib/libcacheblend-cuda.so* "$BUNDLE/lib/"
+# The Debian libraries the core links; CUDA's own come from the GPU
+# machine's toolkit.
+ldd "$BUILD/lib/libcacheblend.so.0" | awk '/=> \// {print $3}' |
+  grep -Ev 'lib(c|m|gcc_s|stdc\+\+|pthread|dl|rt)\.so' | while read -r lib; do
+    cp -L "$lib" "$BUNDLE/lib/"
+  done
+"$PYTHON" scripts/gguf_shape_clone.py pack "$MODEL" "$BUNDLE/model"
+# The C API suite's model (its clone: the suite's answer-content checks fail
+# on it, everything else runs).
+TEST_MODEL=${TEST_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+[ -f "$TEST_MODEL" ] && "$PYTHON" scripts/gguf_shape_clone.py pack "$TEST_MODEL" "$BUNDLE/test_model"
+[ -n "$DATASET" ] && cp "$DATASET" "$BUNDLE/data/dev.json"
+du -sh "$BUNDLE"
+echo "gpu_bundle: carry $BUNDLE and run scripts/gpu_check.sh $BUNDLE"

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The whole GPU check in one run, on a machine with an NVIDIA GPU and the
+# CUDA 13 runtime but none of this project's build tools: the folder made by
+# scripts/gpu_bundle.sh (binaries, libraries, a same-shape model clone, a
+# dev split) is all it needs.  Order: model, GPU benchmarks, the same on the
+# CPU, per-op GPU profiles, tests, quality; each step has its own time limit
+# so a slow one costs its own result only.
+#
+#   scripts/gpu_check.sh BUNDLE OUT_DIR
+#
+# Writes OUT_DIR/log.txt (everything) and OUT_DIR/results.jsonl (every
+# cb_bench --json line, each with "step" added).  CPU rows use all cores.
+set -uo pipefail
+BUNDLE=$(cd "${1:?usage: gpu_check.sh BUNDLE OUT_DIR}" && pwd)
+OUT=${2:?usage: gpu_check.sh BUNDLE OUT_DIR}
+mkdir -p "$OUT"
+LOG=$OUT/log.txt
+RESULTS=$OUT/results.jsonl
+: >"$LOG"
+: >"$RESULTS"
+exec > >(tee -a "$LOG") 2>&1
+
+# CUDA's runtime and cuBLAS: the toolkit's, or the pip wheels'.
+CUDA_LIBS=$( (ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null;
+  find / -xdev -name 'libcublas.so.13' -printf '%h\n' 2>/dev/null) | head -3 | paste -sd:)
+export LD_LIBRARY_PATH=$BUNDLE/lib:$CUDA_LIBS:${LD_LIBRARY_PATH:-}
+BIN=$BUNDLE/bin
+CPU_THREADS=$(nproc)
+MODEL=/tmp/cb_gpu_check_model.gguf
+export CB_MODEL=$MODEL
+
+step() {  # step NAME LIMIT_S COMMAND...: runs, times, keeps --json lines
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name ($(date +%T), limit ${limit}s): $*"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$OUT/.step" 2>&1
+  local rc=$?
+  cat "$OUT/.step"
+  grep '^{' "$OUT/.step" | sed "s/^{/{\"step\":\"$name\",/" >>"$RESULTS"
+  echo "=== $name: rc $rc, $((SECONDS - t0)) s"
+}
+
+echo "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
+uptime
+python3 "$(dirname "$0")/gguf_shape_clone.py" unpack "$BUNDLE/model" "$MODEL" || exit 1
+
+GPU="--backend cuda"
+CPU="--backend cpu --threads $CPU_THREADS"
+# GPU first: the figures this run exists for.
+for n in 512 2048 8192; do
+  step "gpu_prefill_$n" 60 "$BIN/cb_bench" prefill --tokens $n --repeat 3 $GPU --json
+done
+step gpu_decode 60 "$BIN/cb_bench" decode --tokens 128 --repeat 3 $GPU --json
+step gpu_ttft 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,reuse,blend \
+  --repeat 3 $GPU --json
+# The CPU on the same machine.
+step cpu_decode 60 "$BIN/cb_bench" decode --tokens 128 --repeat 1 $CPU --json
+step cpu_prefill_512 60 "$BIN/cb_bench" prefill --tokens 512 --repeat 3 $CPU --json
+step cpu_prefill_2048 60 "$BIN/cb_bench" prefill --tokens 2048 --repeat 1 $CPU --json
+step cpu_ttft 150 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,reuse,blend \
+  --repeat 1 $CPU --json
+# Where the GPU time goes: per-op totals of 4 requests after the same
+# warm-up, full and blend apart (their difference is the blend's), and of
+# decode.
+for mode in full blend; do
+  CB_CUDA_PROFILE=1 step "profile_$mode" 60 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 \
+    --modes $mode --repeat 4 $GPU
+done
+CB_CUDA_PROFILE=1 step profile_decode 60 "$BIN/cb_bench" decode --tokens 128 --repeat 1 $GPU
+# Tests: the kernels; a CUDA session against a CPU session on this model
+# (prefill, decode, the blend's selected rows and fused cache); the C API.
+step test_cuda_kernels 120 "$BIN/test_cuda" --gtest_filter='-CudaSession*' --gtest_brief=1
+step test_cuda_session 150 "$BIN/test_cuda" --gtest_filter='CudaSession*'
+if [ -d "$BUNDLE/test_model" ]; then
+  python3 "$(dirname "$0")/gguf_shape_clone.py" unpack "$BUNDLE/test_model" /tmp/cb_gpu_check_smol.gguf &&
+    CB_MODEL=/tmp/cb_gpu_check_smol.gguf step test_c_api 120 "$BIN/test_c_api"
+fi
+if [ -f "$BUNDLE/data/dev.json" ]; then
+  step gpu_quality 150 "$BIN/cb_bench" quality --dataset "$BUNDLE/data/dev.json" --limit 10 \
+    --max-chunks 6 --modes full,reuse,blend --tf-tokens 16 $GPU --json
+fi
+rm -f "$OUT/.step" "$MODEL"
+echo "=== done $(date +%T)"
