@@ -8,12 +8,15 @@ table) whole, every small tensor whole, and the first rows of each large
 one (a fraction of its rows, whole quantized rows so every block stays
 valid); `unpack` writes a file of the original size and layout in which
 each large tensor repeats its kept rows.  Weights and activations keep the
-real model's magnitudes, so nothing overflows, but the model says nothing
-meaningful: use the clone for timings and for comparing two backends on
-the same file, never for answer quality.
+real model's magnitudes, so nothing overflows.  Each repeat after the first
+gets random quantized values under the kept block scales (for the types
+whose block layout is listed below), so rows differ and logits do not tie;
+the others repeat as they are.  The model says nothing meaningful: use the
+clone for timings and for comparing two backends on the same file, never
+for answer quality.
 
     gguf_shape_clone.py pack MODEL.gguf DIR [--fraction 0.02]   (needs gguf)
-    gguf_shape_clone.py unpack DIR OUT.gguf                     (stdlib only)
+    gguf_shape_clone.py unpack DIR OUT.gguf                     (needs numpy)
 """
 import argparse
 import hashlib
@@ -23,6 +26,17 @@ import os
 import sys
 
 SMALL_TENSOR_BYTES = 1 << 16
+
+# Block bytes and the byte range of the quantized values in a block (the
+# rest holds the scales), per GGUF type.
+QUANT_PAYLOAD = {
+    "Q4_0": (18, 2, 18),
+    "Q4_1": (20, 4, 20),
+    "Q8_0": (34, 2, 34),
+    "Q4_K": (144, 16, 144),
+    "Q5_K": (176, 16, 176),
+    "Q6_K": (210, 0, 192),
+}
 
 
 def pack(model, out_dir, fraction):
@@ -45,7 +59,8 @@ def pack(model, out_dir, fraction):
             f.seek(t.data_offset)
             data = f.read(keep_rows * row_bytes)
             rows.write(data)
-            index["tensors"].append({"name": t.name, "offset": int(t.data_offset),
+            index["tensors"].append({"name": t.name, "type": t.tensor_type.name,
+                                     "offset": int(t.data_offset),
                                      "bytes": int(t.n_bytes), "kept": len(data)})
             kept += len(data)
     with open(os.path.join(out_dir, "header.bin"), "wb") as f:
@@ -54,6 +69,24 @@ def pack(model, out_dir, fraction):
         json.dump(index, f)
     print(f"{model}: header {len(header)} B, {kept} of "
           f"{index['size'] - reader.data_offset} data bytes kept in {out_dir}")
+
+
+def repeat_rows(t, kept):
+    """The tensor's bytes: `kept` repeated, every repeat after the first with
+    random quantized values under the kept scales."""
+    import numpy as np
+
+    whole, rest = divmod(t["bytes"], len(kept))
+    data = kept * whole + kept[:rest]
+    layout = QUANT_PAYLOAD.get(t.get("type"))
+    if layout is None or whole <= 1 or len(kept) % layout[0] != 0:
+        return data
+    block, lo, hi = layout
+    blocks = np.frombuffer(bytearray(data), dtype=np.uint8).reshape(-1, block)
+    first = len(kept) // block
+    rng = np.random.default_rng(int(hashlib.sha256(t["name"].encode()).hexdigest()[:8], 16))
+    blocks[first:, lo:hi] = rng.integers(0, 256, size=(len(blocks) - first, hi - lo), dtype=np.uint8)
+    return blocks.tobytes()
 
 
 def unpack(in_dir, out):
@@ -71,8 +104,7 @@ def unpack(in_dir, out):
             if len(kept) != t["kept"]:
                 sys.exit(f"{in_dir}/rows.bin ends inside tensor {t['name']}")
             f.write(b"\0" * (t["offset"] - f.tell()))  # the alignment padding
-            whole, rest = divmod(t["bytes"], len(kept))
-            f.write(kept * whole + kept[:rest])
+            f.write(repeat_rows(t, kept))
         f.write(b"\0" * (index["size"] - f.tell()))
     os.replace(tmp, out)
     digest = hashlib.sha256()

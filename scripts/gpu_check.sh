@@ -10,6 +10,9 @@
 #
 # Writes OUT_DIR/log.txt (everything) and OUT_DIR/results.jsonl (every
 # cb_bench --json line, each with "step" added).  CPU rows use all cores.
+# With BUNDLE/base/libcacheblend-cuda.so.0 (an earlier build of the plugin)
+# the GPU benchmarks run with it first ("base_" steps), for a comparison on
+# the same machine.
 set -uo pipefail
 BUNDLE=$(cd "${1:?usage: gpu_check.sh BUNDLE OUT_DIR}" && pwd)
 OUT=${2:?usage: gpu_check.sh BUNDLE OUT_DIR}
@@ -47,19 +50,30 @@ python3 "$(dirname "$0")/gguf_shape_clone.py" unpack "$BUNDLE/model" "$MODEL" ||
 
 GPU="--backend cuda"
 CPU="--backend cpu --threads $CPU_THREADS"
+gpu_benchmarks() {  # PREFIX
+  for n in 512 2048 8192; do
+    step "${1}prefill_$n" 60 "$BIN/cb_bench" prefill --tokens $n --repeat 3 $GPU --json
+  done
+  step "${1}decode" 60 "$BIN/cb_bench" decode --tokens 128 --repeat 3 $GPU --json
+  step "${1}ttft" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,reuse,blend \
+    --repeat 3 $GPU --json
+  step "${1}ttft_f32" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,blend \
+    --repeat 3 --activations f32 $GPU --json
+}
 # GPU first: the figures this run exists for.
-for n in 512 2048 8192; do
-  step "gpu_prefill_$n" 60 "$BIN/cb_bench" prefill --tokens $n --repeat 3 $GPU --json
-done
-step gpu_decode 60 "$BIN/cb_bench" decode --tokens 128 --repeat 3 $GPU --json
-step gpu_ttft 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,reuse,blend \
-  --repeat 3 $GPU --json
-# The CPU on the same machine.
+if [ -f "$BUNDLE/base/libcacheblend-cuda.so.0" ]; then
+  CB_CUDA_PLUGIN=$BUNDLE/base/libcacheblend-cuda.so.0 gpu_benchmarks base_gpu_
+fi
+gpu_benchmarks gpu_
+# The CPU on the same machine (CPU_ROWS=0 skips it and the quality runs).
+CPU_ROWS=${CPU_ROWS:-1}
+[ "$CPU_ROWS" = 1 ] && {
 step cpu_decode 60 "$BIN/cb_bench" decode --tokens 128 --repeat 1 $CPU --json
 step cpu_prefill_512 60 "$BIN/cb_bench" prefill --tokens 512 --repeat 3 $CPU --json
 step cpu_prefill_2048 60 "$BIN/cb_bench" prefill --tokens 2048 --repeat 1 $CPU --json
 step cpu_ttft 150 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,reuse,blend \
   --repeat 1 $CPU --json
+}
 # Where the GPU time goes: per-op totals of 4 requests after the same
 # warm-up, full and blend apart (their difference is the blend's), and of
 # decode.
@@ -72,13 +86,22 @@ CB_CUDA_PROFILE=1 step profile_decode 60 "$BIN/cb_bench" decode --tokens 128 --r
 # (prefill, decode, the blend's selected rows and fused cache); the C API.
 step test_cuda_kernels 120 "$BIN/test_cuda" --gtest_filter='-CudaSession*' --gtest_brief=1
 step test_cuda_session 150 "$BIN/test_cuda" --gtest_filter='CudaSession*'
+if command -v compute-sanitizer >/dev/null; then
+  step memcheck 150 compute-sanitizer --tool memcheck "$BIN/test_cuda" \
+    --gtest_filter='Cuda.Matmul*:Cuda.Attention*:CudaSession.BlendSelection*'
+fi
 if [ -d "$BUNDLE/test_model" ]; then
   python3 "$(dirname "$0")/gguf_shape_clone.py" unpack "$BUNDLE/test_model" /tmp/cb_gpu_check_smol.gguf &&
     CB_MODEL=/tmp/cb_gpu_check_smol.gguf step test_c_api 120 "$BIN/test_c_api"
 fi
-if [ -f "$BUNDLE/data/dev.json" ]; then
-  step gpu_quality 150 "$BIN/cb_bench" quality --dataset "$BUNDLE/data/dev.json" --limit 10 \
-    --max-chunks 6 --modes full,reuse,blend --tf-tokens 16 $GPU --json
+# Fidelity of the same requests on both backends (on a clone only a
+# comparison of the two: its answers mean nothing).
+if [ "$CPU_ROWS" = 1 ] && [ -f "$BUNDLE/data/dev.json" ]; then
+  for dev in gpu cpu; do
+    [ $dev = gpu ] && B=$GPU || B=$CPU
+    step "${dev}_quality" 150 "$BIN/cb_bench" quality --dataset "$BUNDLE/data/dev.json" \
+      --limit "${QUALITY_LIMIT:-5}" --max-chunks 6 --modes full,reuse,blend --tf-tokens 16 $B --json
+  done
 fi
 rm -f "$OUT/.step" "$MODEL"
 echo "=== done $(date +%T)"

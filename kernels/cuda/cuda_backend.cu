@@ -9,15 +9,17 @@
 //    quantized blocks in registers (decode reads each weight once per token,
 //    so it is bound by weight bytes and must not expand them); more rows
 //    (prefill) dequantize the weight, a slice of output rows at a time, to
-//    f32 in a scratch buffer and call cuBLAS SGEMM.  f32 and not f16: the
-//    prefill logits are held to a float64 reference at a relative L2 of
-//    1e-3, and rounding both activations and weights to f16 would spend a
-//    large part of that budget; f32 SGEMM on any recent GPU is still far
-//    faster than the CPU path.  (An f16/bf16 tensor-core path is future
-//    work, see docs/CUDA.md.)
+//    f32 in a scratch buffer and call cuBLAS SGEMM: the exact path, held to
+//    a float64 reference at a relative L2 of 1e-3.  matmul_q8 (the rounded
+//    product the runtime uses by default, as for the CPU's int8
+//    activations) rounds weights and activations to bf16 on both paths and
+//    runs its GEMM on tensor cores.
+//  - attention: few query rows (decode) run a kernel, one block per (row,
+//    head); many rows go through cuBLAS SGEMM per head and a softmax kernel.
 //  - rmsnorm and row_sq_diff accumulate in f64 like the reference; rope
-//    computes its angles in f64 and rounds once; attention is an online
-//    (one pass) softmax, so it matches the two-pass reference to rounding.
+//    computes its angles in f64 and rounds once; the attention kernel is an
+//    online (one pass) softmax, so it matches the two-pass reference to
+//    rounding.
 //
 // Streams and synchronisation (docs/CUDA.md "Synchronisation"): every
 // calling thread gets its own stream (the KV loader thread's uploads and RoPE
@@ -28,6 +30,7 @@
 // page-locked memory before their asynchronous upload, so the caller may
 // reuse them as soon as the op returns, as the Backend contract says.
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -270,7 +273,7 @@ __device__ __forceinline__ void decode_part(const uint8_t* row, int64_t g, int e
 // ---------------------------------------------------------------- GEMV --
 
 constexpr int kGemvMaxRows = 8;
-constexpr int kGemvWarps = 4;  // output rows per 128-thread block
+constexpr int kGemvWarps = 8;  // warps per 256-thread GEMV block
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -325,7 +328,22 @@ constexpr int step_bytes() {
 }
 constexpr int kGemvStageBytes = 8 * static_cast<int>(sizeof(BlockQ8_0));  // the largest step
 
-// One warp per output row o.  Quantized types go in steps of 8 groups of 32
+// v, or v rounded to bf16 (to nearest even) and widened back (exact).
+template <bool kRound>
+__device__ __forceinline__ float round_if(float v) {
+  if constexpr (kRound) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+  } else {
+    return v;
+  }
+}
+
+// `split` warps (a power of two dividing kGemvWarps) per output row o, each
+// taking every split-th step of the row, their sums added in warp order
+// through shared memory (deterministic).  Splitting long rows keeps enough
+// loads in flight: with one warp per row, a 1536 x 8960 weight gives only
+// 1536 warps, each waiting on 35 steps in turn.  Quantized types go in
+// steps of 8 groups of 32
 // elements: the warp first copies the step's blocks to shared memory with
 // coalesced 16-bit loads (blocks are only 2-byte aligned, and reading them
 // byte by byte from global memory made the kernel bound by load
@@ -334,22 +352,28 @@ constexpr int kGemvStageBytes = 8 * static_cast<int>(sizeof(BlockQ8_0));  // the
 // activation row (x loads are whole 128-byte lines).  The weight is read
 // once for all n_rows.  The accumulators are indexed only by unrolled
 // constants (the `r < n_rows` guard), so they stay in registers.
-template <DType T>
+// With kRound (matmul_q8), weights and activations are rounded to bf16
+// before they are multiplied, as the many-row bf16 GEMM does, so that a row
+// gets the same product whichever path its batch takes.
+template <DType T, bool kRound>
 __global__ void gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_in,
                             int64_t n_out, const float* __restrict__ x, int n_rows,
-                            float* __restrict__ y) {
+                            float* __restrict__ y, int split) {
   __shared__ __align__(16) uint16_t stage[kGemvWarps][kGemvStageBytes / 2];
+  __shared__ float partial[kGemvWarps][kGemvMaxRows];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t o = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp;
-  if (o >= n_out) return;  // whole warps leave; only warp-level barriers below
-  const uint8_t* row = w + static_cast<size_t>(o) * row_bytes;
+  const int64_t o = static_cast<int64_t>(blockIdx.x) * (kGemvWarps / split) + warp / split;
+  const int part = warp % split;
   float acc[kGemvMaxRows] = {};
-  if constexpr (is_float_type(T)) {
-    for (int64_t i = lane; i < n_in; i += 32) {
-      const float wv = load_elem<T>(row, i);
+  const uint8_t* row = w + static_cast<size_t>(o) * row_bytes;
+  if (o >= n_out) {
+    // Nothing to add; stays for the block barrier below.
+  } else if constexpr (is_float_type(T)) {
+    for (int64_t i = lane + 32 * static_cast<int64_t>(part); i < n_in; i += 32 * split) {
+      const float wv = round_if<kRound>(load_elem<T>(row, i));
 #pragma unroll
       for (int r = 0; r < kGemvMaxRows; ++r) {
-        if (r < n_rows) acc[r] += wv * x[r * n_in + i];
+        if (r < n_rows) acc[r] += wv * round_if<kRound>(x[r * n_in + i]);
       }
     }
   } else {
@@ -358,24 +382,45 @@ __global__ void gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int
     const int e0 = 8 * (lane % 4), gl = lane / 4;
     uint16_t* st = stage[warp];
     float wv[8];
-    for (int64_t g0 = 0; g0 < n_groups; g0 += 8) {
+    // The next step's blocks are loaded into registers while this step is
+    // decoded, so a warp always has a step's loads in flight.
+    constexpr int kPre = (kGemvStageBytes / 2 + 31) / 32;
+    uint16_t pre[kPre];
+    int halves = 0;
+    auto fetch = [&](int64_t g) {
       // A partial last step only happens for the 32-element types (K-quant
       // rows are whole super-blocks), whose blocks are kStep / 8 bytes.
+      const int n_g = static_cast<int>(min(static_cast<int64_t>(8), n_groups - g));
+      halves = (n_g == 8 ? kStep : n_g * (kStep / 8)) / 2;  // Q6_K: 210 / 8 is not whole
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(row + (g / 8) * kStep);
+#pragma unroll
+      for (int t = 0; t < kPre; ++t) {
+        if (lane + 32 * t < halves) pre[t] = src[lane + 32 * t];
+      }
+    };
+    const int64_t stride = 8 * static_cast<int64_t>(split);
+    if (8 * static_cast<int64_t>(part) < n_groups) fetch(8 * static_cast<int64_t>(part));
+    for (int64_t g0 = 8 * static_cast<int64_t>(part); g0 < n_groups; g0 += stride) {
       const int n_g = static_cast<int>(min(static_cast<int64_t>(8), n_groups - g0));
-      const int halves = (n_g == 8 ? kStep : n_g * (kStep / 8)) / 2;  // Q6_K: 210 / 8 is not whole
-      const uint16_t* src = reinterpret_cast<const uint16_t*>(row + (g0 / 8) * kStep);
+      const int step_halves = halves;
       __syncwarp();  // the previous step's reads of st are done
-      for (int i = lane; i < halves; i += 32) st[i] = src[i];
+#pragma unroll
+      for (int t = 0; t < kPre; ++t) {
+        if (lane + 32 * t < step_halves) st[lane + 32 * t] = pre[t];
+      }
       __syncwarp();
+      if (g0 + stride < n_groups) fetch(g0 + stride);
       if (gl < n_g) {
         decode_part<T, 8>(reinterpret_cast<const uint8_t*>(st), gl, e0, wv);
+#pragma unroll
+        for (int l = 0; l < 8; ++l) wv[l] = round_if<kRound>(wv[l]);
 #pragma unroll
         for (int r = 0; r < kGemvMaxRows; ++r) {
           if (r < n_rows) {
             const float* xr = x + r * n_in + 32 * (g0 + gl) + e0;
             float s = 0.0f;
 #pragma unroll
-            for (int l = 0; l < 8; ++l) s += wv[l] * xr[l];
+            for (int l = 0; l < 8; ++l) s += wv[l] * round_if<kRound>(xr[l]);
             acc[r] += s;
           }
         }
@@ -386,19 +431,39 @@ __global__ void gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int
   for (int r = 0; r < kGemvMaxRows; ++r) {
     if (r < n_rows) {
       const float s = warp_sum(acc[r]);
-      if (lane == 0) y[r * n_out + o] = s;
+      if (lane == 0) partial[warp][r] = s;
     }
   }
+  __syncthreads();
+  if (o >= n_out || part != 0 || lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < kGemvMaxRows; ++r) {
+    if (r < n_rows) {
+      float s = partial[warp][r];
+      for (int p = 1; p < split; ++p) s += partial[warp + p][r];
+      y[r * n_out + o] = s;
+    }
+  }
+}
+
+// Warps per output row for gemv_kernel: at least 2 steps each.
+inline int gemv_split(int64_t steps) {
+  int split = 1;
+  while (split < kGemvWarps && steps / (2 * split) >= 2) split *= 2;
+  return split;
 }
 
 // ------------------------------------------------- dequantize / get_rows --
 
 // out[r] = decoded weight row (ids ? ids[r] : row0 + r), for r < n.  One
 // thread per 32-element group (per element for the float types).
-template <DType T>
+__device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_as(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+template <DType T, class Out>
 __global__ void dequant_rows_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_in,
                                     const int32_t* __restrict__ ids, int64_t row0, int64_t n,
-                                    float* __restrict__ out) {
+                                    Out* __restrict__ out) {
   const int64_t per_row = is_float_type(T) ? n_in : n_in / 32;
   const int64_t total = n * per_row;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
@@ -406,14 +471,14 @@ __global__ void dequant_rows_kernel(const uint8_t* __restrict__ w, size_t row_by
     const int64_t r = t / per_row, g = t % per_row;
     const int64_t src = ids != nullptr ? static_cast<int64_t>(ids[r]) : row0 + r;
     const uint8_t* row = w + static_cast<size_t>(src) * row_bytes;
-    float* o = out + r * n_in;
+    Out* o = out + r * n_in;
     if constexpr (is_float_type(T)) {
-      o[g] = load_elem<T>(row, g);
+      store_as(o + g, load_elem<T>(row, g));
     } else {
       float v[32];
       decode_part<T, 32>(row, g, 0, v);
 #pragma unroll
-      for (int l = 0; l < 32; ++l) o[32 * g + l] = v[l];
+      for (int l = 0; l < 32; ++l) store_as(o + 32 * g + l, v[l]);
     }
   }
 }
@@ -433,6 +498,31 @@ __device__ double block_sum(double v) {
   for (int i = 0; i < kRowThreads / 32; ++i) s += part[i];
   __syncthreads();  // part[] may be reused by a later call
   return s;
+}
+
+// The largest of a float over the block (kRowThreads threads); every thread
+// gets it.
+__device__ float block_max(float v) {
+  __shared__ float part[kRowThreads / 32];
+  v = warp_max(v);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  float m = part[0];
+#pragma unroll
+  for (int i = 1; i < kRowThreads / 32; ++i) m = fmaxf(m, part[i]);
+  __syncthreads();
+  return m;
+}
+
+// Activations in bf16 for the tensor-core GEMM (to nearest even).  bf16
+// keeps f32's exponent range: activation outliers in the thousands need no
+// scaling, as they would in f16 (largest 65504).
+__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t n,
+                               __nv_bfloat16* __restrict__ out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = __float2bfloat16_rn(x[i]);
+  }
 }
 
 // One block per row; f64 sum of squares as in ref::rmsnorm.
@@ -492,6 +582,11 @@ __global__ void rope_kernel(float* x, const int32_t* __restrict__ pos, int64_t n
 
 constexpr int kAttnWarps = 8;
 constexpr int kMaxHeadDim = 256;
+// attention() with at least this many query rows goes through cuBLAS
+// (CudaBackend::attention_gemm), with at most this many bytes of scores at
+// a time.
+constexpr int64_t kAttnGemmMinRows = 32;
+constexpr int64_t kAttnScoreBytes = int64_t{128} << 20;
 constexpr int kDimsPerLane = kMaxHeadDim / 32;
 
 // v[i] holds this lane's partial sum for key i of a 32-key tile; afterwards
@@ -644,61 +739,61 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
   }
 }
 
-// Attention contributions, in two kernels so that the sums are
-// deterministic (no atomics): one block of one warp per (query row, head)
-// finds its softmax maximum and normaliser; then one thread per key adds
-// its weight over every (row, head) in a fixed order, times its value norm.
-template <class T>
-__device__ __forceinline__ float attn_score(const AttentionArgs& a, int64_t qi, int64_t h,
-                                            int64_t group, int64_t j) {
-  const float* q = a.q + qi * a.n_head * a.head_dim + h * a.head_dim;
-  const T* k = static_cast<const T*>(a.k) + j * a.n_head_kv * a.head_dim + (h / group) * a.head_dim;
-  float dot = 0.0f;
-  for (int64_t d = 0; d < a.head_dim; ++d) dot += q[d] * kv_load(k + d);
-  return dot * a.scale;
-}
-
-template <class T>
-__global__ void attn_row_stats_kernel(AttentionArgs a, int64_t group, float* m_out, float* l_out) {
-  const int64_t qi = blockIdx.x / a.n_head, h = blockIdx.x % a.n_head;
-  const int64_t n_keys = min(static_cast<int64_t>(a.q_pos[qi]) + 1, a.n_kv);
-  float m = -INFINITY, l = 0.0f;
-  for (int64_t j = first_visible_key(a, qi) + threadIdx.x; j < n_keys; j += 32) {
-    const float s = attn_score<T>(a, qi, h, group, j);
-    const float m_new = fmaxf(m, s);
-    l = l * expf(m - m_new) + expf(s - m_new);
-    m = m_new;
-  }
-  const float big_m = warp_max(m);
-  l = m == -INFINITY ? 0.0f : l * expf(m - big_m);
-  l = warp_sum(l);
-  if (threadIdx.x == 0) {
-    m_out[blockIdx.x] = big_m;
-    l_out[blockIdx.x] = l;
+// Attention of many query rows through cuBLAS (see CudaBackend::attention):
+// the scores of a block of rows are a GEMM per head, then this kernel, one
+// block per (head, row), turns each row of scores into softmax weights over
+// the keys that row sees (0 elsewhere; all 0 when it sees none), then a
+// second GEMM per head applies them to V.  Rows are scores[(h * rows + i) *
+// n_kv + j] for query row r0 + i.
+__global__ void attn_softmax_rows_kernel(AttentionArgs a, int64_t r0, int64_t rows,
+                                         float* scores) {
+  const int64_t h = blockIdx.x / rows, i = blockIdx.x % rows;
+  float* s = scores + (h * rows + i) * a.n_kv;
+  const int64_t qi = r0 + i;
+  const int64_t first = first_visible_key(a, qi);
+  const int64_t end = min(static_cast<int64_t>(a.q_pos[qi]) + 1, a.n_kv);  // may be <= 0
+  float m = -INFINITY;
+  for (int64_t j = first + threadIdx.x; j < end; j += blockDim.x) m = fmaxf(m, s[j]);
+  m = block_max(m);
+  float l = 0.0f;
+  for (int64_t j = first + threadIdx.x; j < end; j += blockDim.x) l += expf(s[j] - m);
+  l = static_cast<float>(block_sum(static_cast<double>(l)));
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (int64_t j = threadIdx.x; j < a.n_kv; j += blockDim.x) {
+    s[j] = j >= first && j < end ? expf(s[j] - m) * inv : 0.0f;
   }
 }
 
-template <class T>
-__global__ void attn_key_sums_kernel(AttentionArgs a, int64_t group, const float* m, const float* l,
-                                     float* out) {
-  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (j >= a.n_kv) return;
-  float total = 0.0f;
-  for (int64_t g = 0; g < a.n_head_kv; ++g) {
-    const T* v = static_cast<const T*>(a.v) + j * a.n_head_kv * a.head_dim + g * a.head_dim;
-    float norm = 0.0f;
-    for (int64_t d = 0; d < a.head_dim; ++d) norm += kv_load(v + d) * kv_load(v + d);
-    float sum = 0.0f;
-    for (int64_t qi = 0; qi < a.n_q; ++qi) {
-      if (j > a.q_pos[qi] || j < first_visible_key(a, qi)) continue;
+// K or V in f32 for the GEMMs (an f16 cache widened exactly).
+__global__ void widen_f16_kernel(const uint16_t* __restrict__ in, int64_t n, float* __restrict__ out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = kv_load(in + i);
+  }
+}
+
+// attention_contributions' sums over one block of rows' softmax weights
+// (attn_softmax_rows_kernel's layout), one thread per key, in a fixed order
+// (deterministic): out[j] += sum over KV heads g of |V_j,g| times the
+// weights of key j over g's query heads and the block's rows.  v is f32.
+__global__ void attn_key_sums_kernel(AttentionArgs a, int64_t rows, const float* __restrict__ w,
+                                     const float* __restrict__ v, float* out) {
+  const int64_t group = a.n_head / a.n_head_kv;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < a.n_kv;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float total = 0.0f;
+    for (int64_t g = 0; g < a.n_head_kv; ++g) {
+      const float* vj = v + (j * a.n_head_kv + g) * a.head_dim;
+      float norm = 0.0f;
+      for (int64_t d = 0; d < a.head_dim; ++d) norm += vj[d] * vj[d];
+      float sum = 0.0f;
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const int64_t row = qi * a.n_head + h;
-        sum += expf(attn_score<T>(a, qi, h, group, j) - m[row]) / l[row];
+        for (int64_t i = 0; i < rows; ++i) sum += w[(h * rows + i) * a.n_kv + j];
       }
+      total += sum * sqrtf(norm);
     }
-    total += sum * sqrtf(norm);
+    out[j] += total;
   }
-  out[j] += total;
 }
 
 // ------------------------------------------------------ element kernels --
@@ -817,20 +912,36 @@ constexpr size_t kGemmScratchBytes = size_t{64} << 20;
 
 // Kernel launchers, one class template per kernel so dispatch_type() can
 // pick the instantiation for a weight type at run time.
+template <DType T, bool kRound>
+void launch_gemv(const WeightView& w, const float* x, int n_rows, float* y, cudaStream_t st) {
+  const int64_t steps = is_float_type(T) ? (w.n_in + 31) / 32 : (w.n_in / 32 + 7) / 8;
+  const int split = gemv_split(steps);
+  const int64_t rows_per_block = kGemvWarps / split;
+  const unsigned blocks = static_cast<unsigned>((w.n_out + rows_per_block - 1) / rows_per_block);
+  gemv_kernel<T, kRound><<<blocks, 32 * kGemvWarps, 0, st>>>(
+      static_cast<const uint8_t*>(w.data), dtype_row_bytes(w.type, w.n_in), w.n_in, w.n_out, x,
+      n_rows, y, split);
+  launch_check("gemv_kernel");
+}
+
 template <DType T>
 struct LaunchGemv {
   static void run(const WeightView& w, const float* x, int n_rows, float* y, cudaStream_t st) {
-    const unsigned blocks = static_cast<unsigned>((w.n_out + kGemvWarps - 1) / kGemvWarps);
-    gemv_kernel<T><<<blocks, 32 * kGemvWarps, 0, st>>>(static_cast<const uint8_t*>(w.data),
-                                                       dtype_row_bytes(w.type, w.n_in), w.n_in,
-                                                       w.n_out, x, n_rows, y);
-    launch_check("gemv_kernel");
+    launch_gemv<T, false>(w, x, n_rows, y, st);
+  }
+};
+
+template <DType T>
+struct LaunchGemvBf16 {
+  static void run(const WeightView& w, const float* x, int n_rows, float* y, cudaStream_t st) {
+    launch_gemv<T, true>(w, x, n_rows, y, st);
   }
 };
 
 template <DType T>
 struct LaunchDequant {
-  static void run(const WeightView& w, const int32_t* ids, int64_t row0, int64_t n, float* out,
+  template <class Out>
+  static void run(const WeightView& w, const int32_t* ids, int64_t row0, int64_t n, Out* out,
                   cudaStream_t st) {
     const int64_t per_row = is_float_type(T) ? w.n_in : w.n_in / 32;
     dequant_rows_kernel<T><<<grid_for(n * per_row), kEltThreads, 0, st>>>(
@@ -1189,6 +1300,31 @@ class CudaBackend final : public Backend {
     c.finish();
   }
 
+  // The rounded product the interface allows here: weights and activations
+  // rounded to bf16 (8-bit significands, f32's range), products summed in
+  // f32.  Many rows run on tensor cores (an H100 ran the exact f32 SGEMM at
+  // ~18 TFLOP/s on a 1.5B model's prefill); few rows take the GEMV with the
+  // same rounding, so a row's product does not depend on how its batch was
+  // cut (prefix reuse stays exact).  Per element that rounds less than the
+  // CPU's int8 activations (2^-9 relative against up to 1/254 of a block's
+  // largest).
+  void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
+    check(n_rows >= 0 && w.n_in >= 0 && w.n_out >= 0, "matmul: negative size");
+    check(w.n_in % dtype_block_elems(w.type) == 0, "matmul: n_in is not a whole number of blocks");
+    if (w.n_in == 0) return matmul(w, x, n_rows, y);
+    if (n_rows == 0 || w.n_out == 0) return;
+    Call c(*this, "matmul_q8 gemv bf16");
+    const float* dx = c.in(x, n_rows * w.n_in);
+    float* dy = c.out(y, n_rows * w.n_out, false);
+    if (n_rows <= gemv_max_rows_) {
+      dispatch_type<LaunchGemvBf16>(w.type, w, dx, static_cast<int>(n_rows), dy, c.stream());
+    } else {
+      c.name("matmul_q8 gemm bf16");
+      gemm_bf16(c.ctx(), w, dx, n_rows, dy);
+    }
+    c.finish();
+  }
+
   void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override {
     check(n >= 0, "get_rows: negative count");
     if (n == 0 || w.n_in == 0) return;
@@ -1249,6 +1385,12 @@ class CudaBackend final : public Backend {
     d.q_pos = c.in(a.q_pos, a.n_q);
     stage_kv(c, a, d);
     d.out = c.out(a.out, q_elems, false);
+    if (a.n_q >= kAttnGemmMinRows && a.n_kv > 0) {
+      c.name("attention gemm");
+      attention_gemm(c, d);
+      c.finish();
+      return;
+    }
     const size_t smem = static_cast<size_t>(kAttnWarps * (a.head_dim + 2)) * sizeof(float);
     const unsigned blocks = static_cast<unsigned>(a.n_q * a.n_head);
     if (a.kv_type == DType::F16) {
@@ -1275,28 +1417,8 @@ class CudaBackend final : public Backend {
     d.q = c.in(a.q, a.n_q * a.n_head * a.head_dim);
     d.q_pos = c.in(a.q_pos, a.n_q);
     stage_kv(c, a, d);
-    const int64_t rows = a.n_q * a.n_head;
-    float* stats = static_cast<float*>(c.temp(static_cast<size_t>(2 * rows) * sizeof(float)));
     float* dout = c.out(out, a.n_kv, true);
-    const int64_t group = a.n_head / a.n_head_kv;
-    const bool f16 = a.kv_type == DType::F16;
-    const unsigned row_blocks = static_cast<unsigned>(rows);
-    if (f16) {
-      attn_row_stats_kernel<uint16_t>
-          <<<row_blocks, 32, 0, c.stream()>>>(d, group, stats, stats + rows);
-    } else {
-      attn_row_stats_kernel<float>
-          <<<row_blocks, 32, 0, c.stream()>>>(d, group, stats, stats + rows);
-    }
-    launch_check("attn_row_stats_kernel");
-    if (f16) {
-      attn_key_sums_kernel<uint16_t>
-          <<<grid_for(a.n_kv), kEltThreads, 0, c.stream()>>>(d, group, stats, stats + rows, dout);
-    } else {
-      attn_key_sums_kernel<float>
-          <<<grid_for(a.n_kv), kEltThreads, 0, c.stream()>>>(d, group, stats, stats + rows, dout);
-    }
-    launch_check("attn_key_sums_kernel");
+    attention_gemm(c, d, dout);
     c.finish();
   }
 
@@ -2052,17 +2174,8 @@ class CudaBackend final : public Backend {
     const int64_t row_floats = w.n_in;
     const int64_t slice = std::clamp<int64_t>(
         static_cast<int64_t>(kGemmScratchBytes / sizeof(float)) / row_floats, 1, w.n_out);
-    const size_t need = static_cast<size_t>(slice * row_floats) * sizeof(float);
-    if (c.scratch_bytes < need) {
-      // Queued GEMMs may still read the old scratch: its free is ordered
-      // after them on the stream.
-      dev_free(c, c.scratch);
-      c.scratch = nullptr;
-      c.scratch_bytes = 0;
-      c.scratch = dev_alloc(c, need, "gemm scratch");
-      c.scratch_bytes = need;
-    }
-    float* wf = static_cast<float*>(c.scratch);
+    auto* wf = static_cast<float*>(
+        gemm_scratch(c, static_cast<size_t>(slice * row_floats) * sizeof(float)));
     for (int64_t o0 = 0; o0 < w.n_out; o0 += slice) {
       const int64_t rows = std::min(slice, w.n_out - o0);
       // Same stream: the next slice's dequantization waits for this SGEMM.
@@ -2073,6 +2186,121 @@ class CudaBackend final : public Backend {
                       static_cast<int>(w.n_in), &one, wf, static_cast<int>(w.n_in), x,
                       static_cast<int>(w.n_in), &zero, y + o0, static_cast<int>(w.n_out)),
           "cublasSgemm");
+    }
+  }
+
+  // attention() for many query rows, and attention_contributions(): per
+  // block of rows and per head, the
+  // scores by cuBLAS SGEMM (f32, K and V widened from an f16 cache first),
+  // softmax over each row's visible keys, and the weighted sum of V by a
+  // second SGEMM.  It does the full n_kv-wide products (masked keys get
+  // weight 0), about twice a causal kernel's arithmetic, but at cuBLAS's
+  // rate: the one-block-per-(row, head) kernel ran a 4k-token prefill's
+  // attention at ~4 TFLOP/s on an H100.  Scores take at most
+  // kAttnScoreBytes; the arguments are device pointers (staged by the Call).
+  // With `contributions` (attention_contributions), each block's weights
+  // are summed per key into it instead of applied to V.
+  template <class C>
+  void attention_gemm(C& c, const AttentionArgs& d, float* contributions = nullptr) {
+    check(d.n_kv <= INT32_MAX && d.head_dim * d.n_head <= INT32_MAX,
+          "attention: dimension too large for cuBLAS");
+    ThreadCtx& ctx = c.ctx();
+    const int64_t hd = d.head_dim, group = d.n_head / d.n_head_kv;
+    const int64_t kv_elems = d.n_kv * d.n_head_kv * hd;
+    const float* k = static_cast<const float*>(d.k);
+    const float* v = static_cast<const float*>(d.v);
+    if (d.kv_type == DType::F16) {
+      auto* kv = static_cast<float*>(c.temp(static_cast<size_t>(2 * kv_elems) * sizeof(float)));
+      widen_f16_kernel<<<grid_for(kv_elems), kEltThreads, 0, c.stream()>>>(
+          static_cast<const uint16_t*>(d.k), kv_elems, kv);
+      widen_f16_kernel<<<grid_for(kv_elems), kEltThreads, 0, c.stream()>>>(
+          static_cast<const uint16_t*>(d.v), kv_elems, kv + kv_elems);
+      launch_check("widen_f16_kernel");
+      k = kv;
+      v = kv + kv_elems;
+    }
+    const int64_t row_bytes = d.n_head * d.n_kv * static_cast<int64_t>(sizeof(float));
+    const int64_t block_rows = std::clamp<int64_t>(kAttnScoreBytes / row_bytes, 1, d.n_q);
+    auto* scores = static_cast<float*>(c.temp(static_cast<size_t>(block_rows * row_bytes)));
+    cublasHandle_t h = blas(ctx);
+    const float zero = 0.0f, one = 1.0f;
+    const int n_kv = static_cast<int>(d.n_kv), dim = static_cast<int>(hd);
+    const int q_ld = static_cast<int>(d.n_head * hd), kv_ld = static_cast<int>(d.n_head_kv * hd);
+    for (int64_t r0 = 0; r0 < d.n_q; r0 += block_rows) {
+      const int64_t rows = std::min(block_rows, d.n_q - r0);
+      for (int64_t head = 0; head < d.n_head; ++head) {
+        // Column-major: scores_h^T (n_kv x rows) = K_g (n_kv x hd) Q_h^T.
+        const int64_t g = head / group;
+        cublas_check(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n_kv, static_cast<int>(rows), dim,
+                                 &d.scale, k + g * hd, kv_ld, d.q + r0 * q_ld + head * hd, q_ld,
+                                 &zero, scores + head * rows * d.n_kv, n_kv),
+                     "cublasSgemm (attention scores)");
+      }
+      attn_softmax_rows_kernel<<<static_cast<unsigned>(d.n_head * rows), kRowThreads, 0,
+                                 c.stream()>>>(d, r0, rows, scores);
+      launch_check("attn_softmax_rows_kernel");
+      if (contributions != nullptr) {
+        attn_key_sums_kernel<<<grid_for(d.n_kv), kEltThreads, 0, c.stream()>>>(d, rows, scores, v,
+                                                                               contributions);
+        launch_check("attn_key_sums_kernel");
+        continue;
+      }
+      for (int64_t head = 0; head < d.n_head; ++head) {
+        // out_h^T (hd x rows) = V_g^T (hd x n_kv) weights_h^T (n_kv x rows).
+        const int64_t g = head / group;
+        cublas_check(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, dim, static_cast<int>(rows), n_kv,
+                                 &one, v + g * hd, kv_ld, scores + head * rows * d.n_kv, n_kv,
+                                 &zero, d.out + r0 * q_ld + head * hd, q_ld),
+                     "cublasSgemm (attention values)");
+      }
+    }
+  }
+
+  // The scratch of a thread's GEMMs: at least `bytes` (queued GEMMs may
+  // still read the old one: its free is ordered after them).
+  void* gemm_scratch(ThreadCtx& c, size_t bytes) {
+    if (c.scratch_bytes < bytes) {
+      dev_free(c, c.scratch);
+      c.scratch = nullptr;
+      c.scratch_bytes = 0;
+      c.scratch = dev_alloc(c, bytes, "gemm scratch");
+      c.scratch_bytes = bytes;
+    }
+    return c.scratch;
+  }
+
+  // matmul_q8's many-row product: bf16 operands on tensor cores, f32 sums.
+  void gemm_bf16(ThreadCtx& c, const WeightView& w, const float* x, int64_t n_rows, float* y) {
+    check(w.n_in <= INT32_MAX && w.n_out <= INT32_MAX && n_rows <= INT32_MAX,
+          "matmul: dimension too large for cuBLAS");
+    const int64_t x_elems = n_rows * w.n_in;
+    // Freed (stream-ordered) however this ends.
+    struct Temp {
+      CudaBackend& be;
+      ThreadCtx& c;
+      void* p;
+      ~Temp() { be.dev_free(c, p); }
+    } xb{*this, c,
+         dev_alloc(c, static_cast<size_t>(x_elems) * sizeof(__nv_bfloat16), "bf16 activations")};
+    to_bf16_kernel<<<grid_for(x_elems), kEltThreads, 0, c.stream>>>(
+        x, x_elems, static_cast<__nv_bfloat16*>(xb.p));
+    launch_check("to_bf16_kernel");
+    const int64_t slice = std::clamp<int64_t>(
+        static_cast<int64_t>(kGemmScratchBytes / sizeof(__nv_bfloat16)) / w.n_in, 1, w.n_out);
+    auto* wb = static_cast<__nv_bfloat16*>(
+        gemm_scratch(c, static_cast<size_t>(slice * w.n_in) * sizeof(__nv_bfloat16)));
+    const float one = 1.0f, zero = 0.0f;
+    cublasHandle_t h = blas(c);
+    for (int64_t o0 = 0; o0 < w.n_out; o0 += slice) {
+      const int64_t rows = std::min(slice, w.n_out - o0);
+      dispatch_type<LaunchDequant>(w.type, w, static_cast<const int32_t*>(nullptr), o0, rows, wb,
+                                   c.stream);
+      cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
+                                static_cast<int>(n_rows), static_cast<int>(w.n_in), &one, wb,
+                                CUDA_R_16BF, static_cast<int>(w.n_in), xb.p, CUDA_R_16BF,
+                                static_cast<int>(w.n_in), &zero, y + o0, CUDA_R_32F,
+                                static_cast<int>(w.n_out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (bf16)");
     }
   }
 

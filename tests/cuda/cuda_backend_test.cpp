@@ -27,6 +27,7 @@
 
 #include "kernels/cpu/reference_ops.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "platform/half.h"
 #include "platform/shared_library.h"
 #include "runtime/session.h"
 #include "tests/cuda/cuda_fixture.h"
@@ -39,6 +40,10 @@ namespace {
 // sum |W x|, loose enough for any f32 summation order, tight enough to
 // catch a wrong scale or element (~1e-2 and up).
 constexpr double kMatmulRelTol = 1e-5;
+// matmul_q8's bf16 product: each operand rounded once to an 8-bit
+// significand (2^-9 relative) bounds an output's error by ~4e-3 of the sum
+// of |w x|.
+constexpr double kBf16MatmulRelTol = 5e-3;
 
 using test::Cuda;
 
@@ -185,12 +190,13 @@ TEST_F(Cuda, GetRowsMatchesReferenceExactly) {
 }
 
 void expect_matmul_close(const std::vector<float>& y, const std::vector<double>& exact,
-                         const std::vector<double>& abs_sum, const std::string& what) {
+                         const std::vector<double>& abs_sum, const std::string& what,
+                         double rel_tol = kMatmulRelTol) {
   ASSERT_EQ(y.size(), exact.size());
   int bad = 0;
   for (size_t i = 0; i < y.size(); ++i) {
     const double err = std::fabs(static_cast<double>(y[i]) - exact[i]);
-    if (!(err <= kMatmulRelTol * abs_sum[i] + 1e-30) && ++bad <= 3) {
+    if (!(err <= rel_tol * abs_sum[i] + 1e-30) && ++bad <= 3) {
       ADD_FAILURE() << what << " index " << i << ": " << y[i] << " vs " << exact[i] << " (scale "
                     << abs_sum[i] << ")";
     }
@@ -221,11 +227,54 @@ TEST_F(Cuda, MatmulMatchesFloat64OnEveryTypeAndPath) {
                               std::string(dtype_name(t)) + " n_in=" + std::to_string(n_in) +
                                   " rows=" + std::to_string(n_rows) +
                                   " gemv_max_rows=" + std::to_string(gemv_rows));
-          // The decode entry point falls back to the same exact product.
+          // The rounded entry point: bf16 operands on either path.
           float* y8 = dev(std::vector<float>(static_cast<size_t>(n_rows * n_out), NAN));
           be->matmul_q8(w, dev(x), n_rows, y8);
-          expect_matmul_close(host(y8, exact.size()), exact, abs_sum, "matmul_q8");
+          expect_matmul_close(host(y8, exact.size()), exact, abs_sum,
+                              "matmul_q8 " + std::string(dtype_name(t)) + " rows=" +
+                                  std::to_string(n_rows) + " gemv_max_rows=" +
+                                  std::to_string(gemv_rows),
+                              kBf16MatmulRelTol);
         }
+      }
+    }
+  }
+}
+
+// bf16 keeps f32's exponent range: rows far beyond f16's range (65504) and
+// far below its normal range come out as right as ordinary ones.  And a
+// row's product is the same (to f32 summation order) whether its batch took
+// the GEMV (few rows) or the tensor-core GEMM: prefix reuse depends on it.
+TEST_F(Cuda, MatmulQ8KeepsRowsOfAnyMagnitudeOnEitherPath) {
+  std::mt19937 rng(11);
+  const int64_t n_in = 512, n_out = 65, n_rows = 12;
+  for (DType t : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::F32}) {
+    const std::vector<uint8_t> data = test::random_weight(rng, t, n_out, n_in);
+    const WeightView hw{data.data(), t, n_in, n_out};
+    const WeightView w = be_->prepare_weight(hw);
+    std::vector<float> x = test::random_floats(rng, n_rows * n_in);
+    for (int64_t i = 0; i < n_in; ++i) {
+      x[static_cast<size_t>(1 * n_in + i)] *= 1e6f;   // past f16's largest
+      x[static_cast<size_t>(2 * n_in + i)] *= 1e-7f;  // f16 subnormals unscaled
+      x[static_cast<size_t>(3 * n_in + i)] = 0.0f;    // all zero
+    }
+    x[static_cast<size_t>(4 * n_in + 7)] = 3e5f;  // one outlier in an ordinary row
+    std::vector<double> exact, abs_sum;
+    test::matmul_f64(test::dequantize_all(hw), n_out, n_in, x.data(), n_rows, &exact, &abs_sum);
+    float* y = dev(std::vector<float>(static_cast<size_t>(n_rows * n_out), NAN));
+    be_->matmul_q8(w, dev(x), n_rows, y);
+    const std::vector<float> many = host(y, exact.size());
+    expect_matmul_close(many, exact, abs_sum, std::string("matmul_q8 gemm ") + dtype_name(t),
+                        kBf16MatmulRelTol);
+    for (int64_t r0 = 0; r0 < n_rows; r0 += 3) {  // the same rows, 3 at a time: the GEMV
+      float* y3 = dev(std::vector<float>(static_cast<size_t>(3 * n_out), NAN));
+      be_->matmul_q8(w, dev(std::vector<float>(x.begin() + r0 * n_in, x.begin() + (r0 + 3) * n_in)),
+                     3, y3);
+      const std::vector<float> few = host(y3, static_cast<size_t>(3 * n_out));
+      for (size_t i = 0; i < few.size(); ++i) {
+        const size_t at = static_cast<size_t>(r0 * n_out) + i;
+        EXPECT_LE(std::fabs(few[i] - many[at]), 1e-5 * abs_sum[at] + 1e-30)
+            << dtype_name(t) << " row " << r0 + static_cast<int64_t>(i) / n_out;
       }
     }
   }
@@ -355,10 +404,78 @@ TEST_F(Cuda, AttentionMatchesReference) {
   }
 }
 
+// Query rows past the cuBLAS path's threshold (32): scores by GEMM, softmax
+// over each row's visible keys, then a GEMM with V; positions in any order,
+// one negative (zero output), some past n_kv, sliding windows, GQA, an odd
+// head size, and an f16 cache (the reference reads the widened values).
+TEST_F(Cuda, AttentionOfManyRowsMatchesReference) {
+  std::mt19937 rng(12);
+  auto positions = [&](int n, int32_t n_kv) {
+    std::vector<int32_t> p(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % (n_kv + 20));
+    p[3] = -1;
+    return p;
+  };
+  const std::vector<AttnCase> cases = {
+      {6, 2, 72, 100, positions(40, 100)},
+      {8, 2, 128, 300, positions(70, 300)},
+      {2, 1, 17, 33, positions(33, 33)},
+      {4, 1, 64, 300, positions(64, 300), 32},
+      {12, 2, 128, 520, positions(512, 520)},
+  };
+  for (const bool f16 : {false, true}) {
+    for (const AttnCase& c : cases) {
+      const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
+      const int64_t kv_elems = c.n_kv * c.n_head_kv * c.head_dim;
+      const std::vector<float> q = test::random_floats(rng, n_q * c.n_head * c.head_dim);
+      std::vector<float> k = test::random_floats(rng, kv_elems);
+      std::vector<float> v = test::random_floats(rng, kv_elems);
+      std::vector<uint16_t> k16(static_cast<size_t>(kv_elems)), v16(k16.size());
+      if (f16) {  // the reference gets exactly the values the cache holds
+        for (size_t i = 0; i < k16.size(); ++i) {
+          k16[i] = f32_to_f16(k[i]);
+          v16[i] = f32_to_f16(v[i]);
+          k[i] = f16_to_f32(k16[i]);
+          v[i] = f16_to_f32(v16[i]);
+        }
+      }
+      std::vector<float> expect(q.size());
+      AttentionArgs a = host_args(c, q, k, v);
+      a.out = expect.data();
+      ref::attention(a);
+      AttentionArgs d = a;
+      d.q = dev(q);
+      d.q_pos = dev(c.q_pos);
+      if (f16) {
+        d.kv_type = DType::F16;
+        d.k = dev(k16);
+        d.v = dev(v16);
+      } else {
+        d.k = dev(k);
+        d.v = dev(v);
+      }
+      d.out = dev(std::vector<float>(q.size(), NAN));
+      be_->attention(d);
+      const std::vector<float> got = host(d.out, q.size());
+      int bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (!(std::fabs(got[i] - expect[i]) <= 1e-5) && ++bad <= 3) {
+          ADD_FAILURE() << (f16 ? "f16" : "f32") << " heads " << c.n_head << "/" << c.n_head_kv
+                        << " head_dim " << c.head_dim << " rows " << n_q << " at " << i << ": "
+                        << got[i] << " vs " << expect[i];
+        }
+      }
+    }
+  }
+}
+
 // The same sums as the CPU backend, from device K/V into host memory.
 TEST_F(Cuda, AttentionContributionsMatchCpu) {
   std::mt19937 rng(8);
+  std::vector<int32_t> many(40);  // a question's rows at the end of a long context
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int32_t>(260 + i);
   const std::vector<AttnCase> cases = {
+      {12, 2, 128, 300, many},
       {9, 3, 64, 70, {69, 0, 31, 32, 33, 5}},
       {6, 2, 72, 100, {99, 40, 63, 64, 200}},
       {2, 1, 17, 33, {32, 31, 0}},
