@@ -457,8 +457,12 @@ inline int gemv_split(int64_t steps) {
 
 // out[r] = decoded weight row (ids ? ids[r] : row0 + r), for r < n.  One
 // thread per 32-element group (per element for the float types).
-__device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_as(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store_as(float* p, float v) {
+  *p = v;
+}
+__device__ __forceinline__ void store_as(__nv_bfloat16* p, float v) {
+  *p = __float2bfloat16_rn(v);
+}
 
 template <DType T, class Out>
 __global__ void dequant_rows_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_in,
@@ -745,8 +749,7 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
 // the keys that row sees (0 elsewhere; all 0 when it sees none), then a
 // second GEMM per head applies them to V.  Rows are scores[(h * rows + i) *
 // n_kv + j] for query row r0 + i.
-__global__ void attn_softmax_rows_kernel(AttentionArgs a, int64_t r0, int64_t rows,
-                                         float* scores) {
+__global__ void attn_softmax_rows_kernel(AttentionArgs a, int64_t r0, int64_t rows, float* scores) {
   const int64_t h = blockIdx.x / rows, i = blockIdx.x % rows;
   float* s = scores + (h * rows + i) * a.n_kv;
   const int64_t qi = r0 + i;
@@ -765,7 +768,8 @@ __global__ void attn_softmax_rows_kernel(AttentionArgs a, int64_t r0, int64_t ro
 }
 
 // K or V in f32 for the GEMMs (an f16 cache widened exactly).
-__global__ void widen_f16_kernel(const uint16_t* __restrict__ in, int64_t n, float* __restrict__ out) {
+__global__ void widen_f16_kernel(const uint16_t* __restrict__ in, int64_t n,
+                                 float* __restrict__ out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     out[i] = kv_load(in + i);
@@ -918,9 +922,9 @@ void launch_gemv(const WeightView& w, const float* x, int n_rows, float* y, cuda
   const int split = gemv_split(steps);
   const int64_t rows_per_block = kGemvWarps / split;
   const unsigned blocks = static_cast<unsigned>((w.n_out + rows_per_block - 1) / rows_per_block);
-  gemv_kernel<T, kRound><<<blocks, 32 * kGemvWarps, 0, st>>>(
-      static_cast<const uint8_t*>(w.data), dtype_row_bytes(w.type, w.n_in), w.n_in, w.n_out, x,
-      n_rows, y, split);
+  gemv_kernel<T, kRound><<<blocks, 32 * kGemvWarps, 0, st>>>(static_cast<const uint8_t*>(w.data),
+                                                             dtype_row_bytes(w.type, w.n_in),
+                                                             w.n_in, w.n_out, x, n_rows, y, split);
   launch_check("gemv_kernel");
 }
 
@@ -2101,13 +2105,13 @@ class CudaBackend final : public Backend {
               [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
     double all = 0.0;
     for (const auto& r : rows) all += r.second.ms;
-    std::fprintf(stderr, "cuda profile (CB_CUDA_PROFILE): GPU time per op, %.1f ms in all\n",
-                 all);
+    std::fprintf(stderr, "cuda profile (CB_CUDA_PROFILE): GPU time per op, %.1f ms in all\n", all);
     std::fprintf(stderr, "  %-26s %9s %11s %6s %10s\n", "op", "calls", "total ms", "share",
                  "mean us");
     for (const auto& [op, t] : rows) {
       std::fprintf(stderr, "  %-26s %9lld %11.2f %5.1f%% %10.2f\n", op.c_str(), t.calls, t.ms,
-                   all > 0 ? 100.0 * t.ms / all : 0.0, 1000.0 * t.ms / static_cast<double>(t.calls));
+                   all > 0 ? 100.0 * t.ms / all : 0.0,
+                   1000.0 * t.ms / static_cast<double>(t.calls));
     }
   }
 

@@ -285,7 +285,7 @@ TEST_F(Cuda, MatmulQ8Bf16KeepsRowsOfAnyMagnitudeOnEitherPath) {
     for (int64_t r0 = 0; r0 < n_rows; r0 += 3) {  // the same rows, 3 at a time: the GEMV
       float* y3 = dev(std::vector<float>(static_cast<size_t>(3 * n_out), NAN));
       be->matmul_q8(w, dev(std::vector<float>(x.begin() + r0 * n_in, x.begin() + (r0 + 3) * n_in)),
-                     3, y3);
+                    3, y3);
       const std::vector<float> few = host(y3, static_cast<size_t>(3 * n_out));
       for (size_t i = 0; i < few.size(); ++i) {
         const size_t at = static_cast<size_t>(r0 * n_out) + i;
@@ -428,15 +428,14 @@ TEST_F(Cuda, AttentionOfManyRowsMatchesReference) {
   std::mt19937 rng(12);
   auto positions = [&](int n, int32_t n_kv) {
     std::vector<int32_t> p(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % (n_kv + 20));
+    for (int i = 0; i < n; ++i)
+      p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % (n_kv + 20));
     p[3] = -1;
     return p;
   };
   const std::vector<AttnCase> cases = {
-      {6, 2, 72, 100, positions(40, 100)},
-      {8, 2, 128, 300, positions(70, 300)},
-      {2, 1, 17, 33, positions(33, 33)},
-      {4, 1, 64, 300, positions(64, 300), 32},
+      {6, 2, 72, 100, positions(40, 100)},    {8, 2, 128, 300, positions(70, 300)},
+      {2, 1, 17, 33, positions(33, 33)},      {4, 1, 64, 300, positions(64, 300), 32},
       {12, 2, 128, 520, positions(512, 520)},
   };
   for (const bool f16 : {false, true}) {
