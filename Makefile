@@ -16,8 +16,10 @@ all: build
 setup:
 	@bash scripts/setup.sh
 
+# The project's own builds treat warnings as errors (CB_WERROR); a consumer's
+# build of the library does not.
 build: setup
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCB_WERROR=ON $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j$(JOBS)
 
 # The whole suite: release build (unit, integration on the real model, C ABI,
@@ -30,13 +32,13 @@ test: build
 	@$(MAKE) --no-print-directory test-arm
 
 test-asan: setup
-	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCB_SANITIZE=ON >/dev/null
+	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCB_SANITIZE=ON -DCB_WERROR=ON >/dev/null
 	@cmake --build $(BUILD_ASAN) -j$(JOBS)
 	@cd $(BUILD_ASAN) && ctest --output-on-failure -j$(JOBS)
 
 test-fuzz: setup
 	@CC=clang CXX=clang++ cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DCB_FUZZ=ON -DCB_SANITIZE=ON -DCB_BUILD_TESTS=ON >/dev/null
+	  -DCB_FUZZ=ON -DCB_SANITIZE=ON -DCB_BUILD_TESTS=ON -DCB_WERROR=ON >/dev/null
 	@cmake --build $(BUILD_FUZZ) -j$(JOBS) --target fuzz_gguf fuzz_tokenizer
 	@bash scripts/run_fuzzers.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
 
@@ -53,11 +55,17 @@ demo: build
 	  --store $(BUILD)/rag_demo_store
 
 # Installs the C API (header, libcacheblend.so + SONAME links, libcacheblend.a,
-# CMake package, cacheblend.pc) under PREFIX, e.g. make install PREFIX=$HOME/.local
+# CMake package, cacheblend.pc) under PREFIX, e.g. make install PREFIX=$HOME/.local.
+# Its own build tree, without the test suite and without the set-up (no
+# packages, servers or models are fetched): CMake names any missing library.
 PREFIX ?= /usr/local
+BUILD_INSTALL ?= build-install
 .PHONY: install
-install: build
-	@cmake --install $(BUILD) --prefix $(PREFIX)
+install:
+	@cmake -S . -B $(BUILD_INSTALL) -DCMAKE_BUILD_TYPE=Release -DCB_BUILD_TESTS=OFF \
+	  $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD_INSTALL) -j$(JOBS)
+	@cmake --install $(BUILD_INSTALL) --prefix $(PREFIX)
 
 # llama.cpp built from the llama-cpp-python sdist, for side-by-side benchmarks.
 peer: setup
@@ -71,9 +79,9 @@ CUDA_ARCHS  ?=
 .PHONY: build-cuda
 build-cuda:
 	@bash scripts/setup.sh packages  # the CUDA tests need no model
-	@cmake -S . -B $(BUILD_CUDA) -DCMAKE_BUILD_TYPE=Release -DCB_CUDA=ON \
+	@cmake -S . -B $(BUILD_CUDA) -DCMAKE_BUILD_TYPE=Release -DCB_CUDA=ON -DCB_WERROR=ON \
 	  $(if $(CUDA_ARCHS),-DCMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)") $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD_CUDA) -j$(JOBS) --target cacheblend_cuda test_cuda cuda_bench
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ) $(BUILD_INSTALL)

@@ -37,6 +37,10 @@ endif()
 install(EXPORT cacheblendTargets NAMESPACE cacheblend:: DESTINATION ${CB_INSTALL_CMAKEDIR})
 install(EXPORT cacheblendStaticTargets NAMESPACE cacheblend:: DESTINATION ${CB_INSTALL_CMAKEDIR})
 
+set(CB_CONFIG_REDIS_LIB "")
+if(CB_WITH_REDIS)
+  set(CB_CONFIG_REDIS_LIB hiredis)
+endif()
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/cacheblendConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/cacheblendConfig.cmake
                               INSTALL_DESTINATION ${CB_INSTALL_CMAKEDIR})
@@ -55,5 +59,10 @@ set(CB_PC_DL_LIBS "")
 foreach(lib IN LISTS CMAKE_DL_LIBS)
   string(APPEND CB_PC_DL_LIBS " -l${lib}")
 endforeach()
+# hiredis only where the Redis tier is built (CB_WITH_REDIS).
+set(CB_PC_REDIS_LIBS "")
+if(CB_WITH_REDIS)
+  set(CB_PC_REDIS_LIBS " -lhiredis")
+endif()
 configure_file(${CMAKE_CURRENT_LIST_DIR}/cacheblend.pc.in ${PROJECT_BINARY_DIR}/cacheblend.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/cacheblend.pc DESTINATION ${CB_PC_DIR})

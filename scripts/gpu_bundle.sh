@@ -27,7 +27,7 @@ if [ ! -x "$PYTHON" ]; then
   bash scripts/oracle_venv.sh >/dev/null
 fi
 
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCB_CUDA=ON \
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCB_CUDA=ON -DCB_WERROR=ON \
   "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS" >/dev/null
 cmake --build "$BUILD" -j"$(nproc)" --target cacheblend_cuda cb_bench test_cuda test_c_api \
   test_integration cuda_bench

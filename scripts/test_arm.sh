@@ -45,7 +45,7 @@ if ((${#missing[@]})); then
 fi
 
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_TOOLCHAIN_FILE="$ROOT/scripts/aarch64-linux-gnu.cmake" \
-  -DCMAKE_BUILD_TYPE=Release -DCB_CUDA=OFF >/dev/null
+  -DCMAKE_BUILD_TYPE=Release -DCB_CUDA=OFF -DCB_WERROR=ON >/dev/null
 cmake --build "$BUILD" -j"$JOBS" --target cb_platform cb_kernels test_kernels
 
 export QEMU_CPU="${QEMU_CPU:-max}"

@@ -46,8 +46,8 @@ fi
 # built from, so an edit to the bindings reinstalls them.
 package_hash() {
   (cd "$ROOT/bindings/python" &&
-    find pyproject.toml README.md cacheblend -type f \( -name '*.py' -o -name '*.toml' -o -name '*.md' \) |
-    LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1)
+    { find pyproject.toml setup.py README.md cacheblend -type f \( -name '*.py' -o -name '*.toml' -o -name '*.md' \) |
+      LC_ALL=C sort | xargs sha256sum; sha256sum "$LIB"; } | sha256sum | cut -d' ' -f1)
 }
 stamp="$VENV/cacheblend-bindings.stamp"
 want="pytest==$PYTEST_VERSION $(package_hash)"
@@ -58,13 +58,13 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   # build/ left from an earlier version could slip stale modules into the wheel.
   src="$(mktemp -d)"
   trap 'rm -rf "$src"' EXIT
-  cp -r "$ROOT/bindings/python/pyproject.toml" "$ROOT/bindings/python/README.md" \
-    "$ROOT/bindings/python/cacheblend" "$src/"
+  cp -r "$ROOT/bindings/python/pyproject.toml" "$ROOT/bindings/python/setup.py" \
+    "$ROOT/bindings/python/README.md" "$ROOT/bindings/python/cacheblend" "$src/"
   rm -rf "$src/cacheblend/__pycache__"
   if ! "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
       "pytest==$PYTEST_VERSION" ||
-    ! "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
-      --no-deps "$src"; then
+    ! CACHEBLEND_LIBRARY="$LIB" "$VENV/bin/python" -m pip install --quiet \
+      --disable-pip-version-check --force-reinstall --no-deps "$src"; then
     say "pip install failed"
     exit 2
   fi
@@ -72,6 +72,18 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
 else
   say "$VENV is up to date"
 fi
+
+# The installed package carries the library it was built with: it loads with
+# no environment variable, from outside the checkout.
+bundled=$(cd / && env -u CACHEBLEND_LIBRARY "$VENV/bin/python" -c \
+  'import cacheblend; print(cacheblend.library_path)') || {
+  say "the installed package does not import without CACHEBLEND_LIBRARY"
+  exit 1
+}
+case "$bundled" in
+  "$VENV"/*) say "imports with no environment variable: $bundled" ;;
+  *) say "the installed package loaded $bundled, not its bundled copy"; exit 1 ;;
+esac
 
 say "running bindings/python/tests with CACHEBLEND_LIBRARY=$LIB"
 cd "$ROOT"

@@ -5,7 +5,9 @@
 #include <utility>
 
 #include "platform/error.h"
+#if CB_WITH_REDIS
 #include "runtime/blend/redis_chunk_store.h"
+#endif
 
 namespace cb {
 namespace {
@@ -85,9 +87,15 @@ ChunkCache::ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
     list.push_back(tier("slow", read, 1, std::make_shared<FlashChunkStore>(slow_), opts.codec, 0));
   }
   if (tiers.redis) {
+#if CB_WITH_REDIS
     redis_ = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(*tiers.redis));
     list.push_back(tier("redis", 1.25e8, 0, std::make_shared<RedisChunkStore>(redis_),
                         tiers.redis->codec, 0, true));
+#else
+    fail(ErrorCode::kUnsupported,
+         "this build of cacheblend has no Redis tier (configured with CB_REDIS=OFF, or "
+         "hiredis was not found); leave the Redis address unset");
+#endif
   }
   TieredChunkStoreOptions topts;
   topts.ratio = tiers.placement_ratio;
@@ -180,7 +188,7 @@ void ChunkCache::clear() {
   }
   // The shared server is left alone: its values are every device's, and
   // leave by its eviction policy or TTL (remove() drops a single chunk).
-  if (redis_) redis_->flush();
+  flush_redis();
   if (tiered_) tiered_->forget_all();
 }
 
@@ -188,7 +196,13 @@ void ChunkCache::flush() {
   if (saves_) saves_->flush();
   if (flash_) flash_->store().flush();
   if (slow_) slow_->flush();
+  flush_redis();
+}
+
+void ChunkCache::flush_redis() {
+#if CB_WITH_REDIS
   if (redis_) redis_->flush();
+#endif
 }
 
 LoadingController& ChunkCache::controller_for(Session& s, const std::string& device) {

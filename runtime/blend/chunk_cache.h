@@ -109,13 +109,14 @@ class ChunkCache {
 
  private:
   LoadingController& controller_for(Session& s, const std::string& device);
+  void flush_redis();  // the Redis tier's queued writes, where there is one
 
   RamChunkStore table_;
   std::shared_ptr<FlashChunkStore> flash_;
   // With tiers: the stores besides flash, and the store over all of them.
   std::shared_ptr<RamChunkStore> ram_tier_;
   std::shared_ptr<cache::FlashStore> slow_;
-  std::shared_ptr<cache::RedisStore> redis_;
+  std::shared_ptr<cache::RedisStore> redis_;  // null in a build without the Redis tier
   std::unique_ptr<TieredChunkStore> tiered_;
   double assumed_read_bytes_per_sec_ = 0.0;
   std::string open_report_;

@@ -12,7 +12,9 @@
 
 #include "platform/error.h"
 #include "runtime/blend/calibration.h"
+#if CB_WITH_REDIS
 #include "tests/cache/redis_test_util.h"
+#endif
 #include "tests/runtime/model_path.h"
 #include "tests/runtime/rag_request_fixture.h"
 
@@ -70,6 +72,7 @@ TEST_F(ChunkCacheTest, AutoRatioNeedsFlash) {
   EXPECT_EQ(s.n_past(), 0);
 }
 
+#if CB_WITH_REDIS
 // A server that sends a reply header and then a byte every 50 ms (20 s in
 // all) under a 10 s command timeout: the session's abort check (a chat's
 // Ctrl-C) ends the request within a step, not when the server is done.
@@ -97,6 +100,20 @@ TEST_F(ChunkCacheTest, AbortEndsAWaitOnASlowServer) {
   EXPECT_LT(server.seconds_since_asked(), 2.0);
   EXPECT_EQ(s.n_past(), 0);
 }
+#else
+// A build without the Redis tier refuses one by name, before any work.
+TEST_F(ChunkCacheTest, ARedisTierIsRefusedWithoutRedisSupport) {
+  ChunkCacheTiers tiers;
+  tiers.redis = cache::RedisOptions{};
+  try {
+    ChunkCache cache(dir.string(), {}, 0.0, tiers);
+    FAIL() << "a Redis tier was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Redis"), std::string::npos) << e.what();
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace cb

@@ -10,13 +10,19 @@
 #include <cstring>
 
 #include "../cache/cache_test_util.h"
+#if CB_WITH_REDIS
 #include "../cache/redis_test_util.h"
+#endif
 #include "cache/flash_store.h"
+#if CB_WITH_REDIS
 #include "cache/redis_store.h"
+#endif
 #include "platform/error.h"
 #include "runtime/blend/chunk_cache.h"
 #include "runtime/blend/flash_chunk_store.h"
+#if CB_WITH_REDIS
 #include "runtime/blend/redis_chunk_store.h"
+#endif
 
 namespace cb {
 namespace {
@@ -414,6 +420,7 @@ TEST(TieredChunkStore, SourcesOutliveTheStore) {
   EXPECT_TRUE(cache::testing::equals_f16_of(*got, make_kv(kShape, 6)));
 }
 
+#if CB_WITH_REDIS
 // RAM over a real Redis tier: overflow demotes into Redis, a full read from
 // Redis promotes back; and a Redis tier that is down is passed over.
 TEST(TieredChunkStoreRedis, DemotesToAndPromotesFromRedis) {
@@ -668,6 +675,12 @@ TEST(ChunkCacheRedis, ClearLeavesTheSharedServerAlone) {
   EXPECT_TRUE(other->lookup(theirs));
   EXPECT_TRUE(other->lookup(mine));
 }
+
+#else
+TEST(TieredChunkStoreRedis, NeedsTheRedisTier) {
+  GTEST_SKIP() << "this build has no Redis tier (CB_REDIS=OFF or hiredis not found)";
+}
+#endif
 
 }  // namespace
 }  // namespace cb

@@ -222,6 +222,11 @@ def _candidates():
         # would hide a typo.
         yield os.path.abspath(env), ENV_VAR
         return
+    # A copy bundled into the package at install time (setup.py).
+    for name in _file_names():
+        bundled = Path(__file__).resolve().parent / name
+        if bundled.is_file():
+            yield str(bundled), "bundled with the package"
     for name in _file_names():
         yield name, "the loader's search path"
     found = ctypes.util.find_library("cacheblend")
@@ -247,8 +252,9 @@ def _load():
             tried.append(f"  {path} ({how}): {e}")
     raise ImportError(
         "cacheblend: cannot load the cacheblend C library.  Tried:\n" + "\n".join(tried) +
-        f"\nSet {ENV_VAR} to the full path of libcacheblend.so.0 (build it with `make build`"
-        " in the repository: build/lib/), or put its directory on LD_LIBRARY_PATH.")
+        f"\nBuild the library (`make build` in the repository) and reinstall the package "
+        f"(pip install ./bindings/python bundles it), or set {ENV_VAR} to the full path of "
+        "libcacheblend.so.0, or put its directory on LD_LIBRARY_PATH.")
 
 
 def _bind(cdll, path):
