@@ -359,10 +359,6 @@ struct AttnCase {
   int64_t window = 0;  // sliding window (gemma3's local layers); 0 = none
 };
 
-// Query rows are a subset of positions in any order, including one with a
-// negative position (sees no key: zero output) and positions past n_kv
-// (see every key); GQA groups of 1, 3 and 4; head sizes that are not a
-// multiple of 32; key counts that cross the kernel's 32-key tiles.
 // The arguments of one case over host vectors (out left null).
 AttentionArgs host_args(const AttnCase& c, const std::vector<float>& q, const std::vector<float>& k,
                         const std::vector<float>& v) {
@@ -381,50 +377,15 @@ AttentionArgs host_args(const AttnCase& c, const std::vector<float>& q, const st
   return a;
 }
 
+// Both paths: fewer than 32 query rows run the kernel, more go through
+// cuBLAS (scores by GEMM, softmax over each row's visible keys, a GEMM with
+// V).  Query rows are a subset of positions in any order, including a
+// negative one (sees no key: zero output) and positions past n_kv (see
+// every key); GQA groups of 1, 3 and 4; head sizes that are not a multiple
+// of 32; key counts that cross the kernel's 32-key tiles; sliding windows
+// starting inside a tile, on a tile boundary, wider than a row's history;
+// f32 and f16 caches (the reference reads the widened values).
 TEST_F(Cuda, AttentionMatchesReference) {
-  std::mt19937 rng(7);
-  const std::vector<AttnCase> cases = {
-      {1, 1, 64, 1, {0}},
-      {3, 1, 64, 70, {69, 0, 31, 32, 33, 5}},
-      {6, 2, 72, 100, {99, 40, -1, 63, 64, 200}},
-      {8, 2, 128, 257, {256, 128, 1, 255, 100}},
-      {4, 4, 256, 40, {39, 7, 12}},
-      {2, 1, 17, 33, {32, 31, 0}},
-      // Sliding windows starting inside a tile, on a tile boundary, wider
-      // than a row's history.
-      {4, 1, 256, 300, {299, 63, 150, 40, 3}, 32},
-      {6, 2, 72, 100, {99, 40, 63, 64, 200}, 20},
-  };
-  for (const AttnCase& c : cases) {
-    const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
-    const std::vector<float> q = test::random_floats(rng, n_q * c.n_head * c.head_dim);
-    const std::vector<float> k = test::random_floats(rng, c.n_kv * c.n_head_kv * c.head_dim);
-    const std::vector<float> v = test::random_floats(rng, c.n_kv * c.n_head_kv * c.head_dim);
-    std::vector<float> expect(q.size());
-    AttentionArgs a = host_args(c, q, k, v);
-    a.out = expect.data();
-    ref::attention(a);
-
-    AttentionArgs d = a;
-    d.q = dev(q);
-    d.q_pos = dev(c.q_pos);
-    d.k = dev(k);
-    d.v = dev(v);
-    d.out = dev(std::vector<float>(q.size(), NAN));
-    be_->attention(d);
-    const std::vector<float> got = host(d.out, q.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_NEAR(got[i], expect[i], 1e-5) << "heads " << c.n_head << "/" << c.n_head_kv
-                                           << " head_dim " << c.head_dim << " at " << i;
-    }
-  }
-}
-
-// Query rows past the cuBLAS path's threshold (32): scores by GEMM, softmax
-// over each row's visible keys, then a GEMM with V; positions in any order,
-// one negative (zero output), some past n_kv, sliding windows, GQA, an odd
-// head size, and an f16 cache (the reference reads the widened values).
-TEST_F(Cuda, AttentionOfManyRowsMatchesReference) {
   std::mt19937 rng(12);
   auto positions = [&](int n, int32_t n_kv) {
     std::vector<int32_t> p(static_cast<size_t>(n));
@@ -434,8 +395,18 @@ TEST_F(Cuda, AttentionOfManyRowsMatchesReference) {
     return p;
   };
   const std::vector<AttnCase> cases = {
-      {6, 2, 72, 100, positions(40, 100)},    {8, 2, 128, 300, positions(70, 300)},
-      {2, 1, 17, 33, positions(33, 33)},      {4, 1, 64, 300, positions(64, 300), 32},
+      {1, 1, 64, 1, {0}},
+      {3, 1, 64, 70, {69, 0, 31, 32, 33, 5}},
+      {6, 2, 72, 100, {99, 40, -1, 63, 64, 200}},
+      {8, 2, 128, 257, {256, 128, 1, 255, 100}},
+      {4, 4, 256, 40, {39, 7, 12}},
+      {2, 1, 17, 33, {32, 31, 0}},
+      {4, 1, 256, 300, {299, 63, 150, 40, 3}, 32},
+      {6, 2, 72, 100, {99, 40, 63, 64, 200}, 20},
+      {6, 2, 72, 100, positions(40, 100)},
+      {8, 2, 128, 300, positions(70, 300)},
+      {2, 1, 17, 33, positions(33, 33)},
+      {4, 1, 64, 300, positions(64, 300), 32},
       {12, 2, 128, 520, positions(512, 520)},
   };
   for (const bool f16 : {false, true}) {
