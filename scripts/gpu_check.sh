@@ -12,7 +12,9 @@
 # cb_bench --json line, each with "step" added).  CPU rows use all cores.
 # With BUNDLE/base/libcacheblend-cuda.so.0 (an earlier build of the plugin)
 # the GPU benchmarks run with it first ("base_" steps), for a comparison on
-# the same machine.
+# the same machine.  With REAL_TEST_MODEL naming the real file of the C API
+# suite's model (brought over in pieces: docs/CUDA.md), the CUDA sessions
+# and test_c_api (with and without CB_CUDA_BF16) also run on it.
 set -uo pipefail
 BUNDLE=$(cd "${1:?usage: gpu_check.sh BUNDLE OUT_DIR}" && pwd)
 OUT=${2:?usage: gpu_check.sh BUNDLE OUT_DIR}
@@ -59,6 +61,10 @@ gpu_benchmarks() {  # PREFIX
     --repeat 3 $GPU --json
   step "${1}ttft_f32" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,blend \
     --repeat 3 --activations f32 $GPU --json
+  CB_CUDA_BF16=1 step "${1}ttft_bf16" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 \
+    --modes full,reuse,blend --repeat 3 $GPU --json
+  CB_CUDA_BF16=1 step "${1}prefill_8192_bf16" 60 "$BIN/cb_bench" prefill --tokens 8192 --repeat 3 \
+    $GPU --json
 }
 # GPU first: the figures this run exists for.
 if [ -f "$BUNDLE/base/libcacheblend-cuda.so.0" ]; then
@@ -67,13 +73,13 @@ fi
 gpu_benchmarks gpu_
 # The CPU on the same machine (CPU_ROWS=0 skips it and the quality runs).
 CPU_ROWS=${CPU_ROWS:-1}
-[ "$CPU_ROWS" = 1 ] && {
-step cpu_decode 60 "$BIN/cb_bench" decode --tokens 128 --repeat 1 $CPU --json
-step cpu_prefill_512 60 "$BIN/cb_bench" prefill --tokens 512 --repeat 3 $CPU --json
-step cpu_prefill_2048 60 "$BIN/cb_bench" prefill --tokens 2048 --repeat 1 $CPU --json
-step cpu_ttft 150 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,reuse,blend \
-  --repeat 1 $CPU --json
-}
+if [ "$CPU_ROWS" = 1 ]; then
+  step cpu_decode 60 "$BIN/cb_bench" decode --tokens 128 --repeat 1 $CPU --json
+  step cpu_prefill_512 60 "$BIN/cb_bench" prefill --tokens 512 --repeat 3 $CPU --json
+  step cpu_prefill_2048 60 "$BIN/cb_bench" prefill --tokens 2048 --repeat 1 $CPU --json
+  step cpu_ttft 150 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,reuse,blend \
+    --repeat 1 $CPU --json
+fi
 # Where the GPU time goes: per-op totals of 4 requests after the same
 # warm-up, full and blend apart (their difference is the blend's), and of
 # decode.
@@ -93,6 +99,13 @@ fi
 if [ -d "$BUNDLE/test_model" ]; then
   python3 "$(dirname "$0")/gguf_shape_clone.py" unpack "$BUNDLE/test_model" /tmp/cb_gpu_check_smol.gguf &&
     CB_MODEL=/tmp/cb_gpu_check_smol.gguf step test_c_api 120 "$BIN/test_c_api"
+fi
+if [ -n "${REAL_TEST_MODEL:-}" ]; then
+  CB_MODEL=$REAL_TEST_MODEL step real_cuda_session 120 "$BIN/test_cuda" --gtest_filter='CudaSession*'
+  for bf16 in 0 1; do  # the C API's defaults take the bf16 products with CB_CUDA_BF16=1
+    CB_CUDA_BF16=$bf16 CB_MODEL=$REAL_TEST_MODEL step "real_test_c_api_bf16_$bf16" 120 \
+      "$BIN/test_c_api"
+  done
 fi
 # Fidelity of the same requests on both backends (on a clone only a
 # comparison of the two: its answers mean nothing).
