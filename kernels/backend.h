@@ -1,4 +1,5 @@
-// The one interface every compute backend implements (CPU now, CUDA later).
+// The one interface every compute backend implements (the CPU backend, and
+// the CUDA plugin's).
 // Model code never calls a kernel directly: the graph executor (runtime/)
 // dispatches each op to a Backend.  All activations are row-major f32
 // matrices; weights keep their on-disk (possibly quantized) layout.

@@ -587,11 +587,13 @@ CB_API cb_status cb_generate(cb_session* session, const int32_t* prompt, size_t 
 /* ------------------------------------------------------------------------ */
 
 /* A cache of text chunks' KV (the precomputed keys and values of each chunk,
- * prefilled on its own after a fixed chunk head), held in RAM in float32.
- * Entries are keyed by the model's fingerprint, the chunk head, the chunk's
- * token ids and a namespace, so one cache may serve several models and never
- * serves one namespace's chunks to another.  It grows until cleared (no
- * eviction yet).  Thread-safe: any number of sessions, on any threads, may
+ * prefilled on its own after a fixed chunk head): in RAM in float32
+ * (cb_chunk_cache_create(); it grows until cleared), or on flash, encoded,
+ * within a capacity, least recently used entries going first, with optional
+ * tiers around it (cb_chunk_cache_open()).  Entries are keyed by the model's
+ * fingerprint, the chunk head, the chunk's token ids and a namespace, so one
+ * cache may serve several models and never serves one namespace's chunks to
+ * another.  Thread-safe: any number of sessions, on any threads, may
  * use one cache at the same time, and the stats/clear functions may be
  * called concurrently with them (an entry in use by a request stays valid
  * for that request even if cleared meanwhile). */
