@@ -85,13 +85,53 @@ _CLASSES = {
 }
 
 
+# What a Python caller called, for the C function a message starts with
+# ("cb_session_reset: ..." reads "Session.reset(): ...").
+_PYTHON_NAMES = {
+    "cb_model_load": "Model()",
+    "cb_model_get_info": "Model()",
+    "cb_tokenize": "Model.tokenize()",
+    "cb_detokenize": "Model.detokenize()",
+    "cb_token_to_piece": "Model.token_to_piece()",
+    "cb_chat_format": "Model.chat_format()",
+    "cb_session_create": "Model.session()",
+    "cb_session_reset": "Session.reset()",
+    "cb_session_prefill": "Session.prefill()",
+    "cb_session_logits": "Session.logits()",
+    "cb_session_set_abort_callback": "Session.set_abort_callback()",
+    "cb_generate": "Session.generate()",
+    "cb_rag_prefill": "Session.rag_prefill()",
+    "cb_chunk_cache_create": "ChunkCache()",
+    "cb_chunk_cache_open": "ChunkCache()",
+    "cb_chunk_cache_add": "ChunkCache.add()",
+    "cb_chunk_cache_contains": "ChunkCache.contains()",
+    "cb_chunk_cache_remove": "ChunkCache.remove()",
+    "cb_chunk_cache_clear": "ChunkCache.clear()",
+    "cb_chunk_cache_flush": "ChunkCache.flush()",
+    "cb_chunk_cache_get_stats": "ChunkCache.stats()",
+    "cb_chunk_cache_open_report": "ChunkCache.open_report()",
+    "cb_chunk_cache_n_tiers": "ChunkCache.tier_stats()",
+    "cb_chunk_cache_get_tier_stats": "ChunkCache.tier_stats()",
+}
+
+
+def python_message(message):
+    """The library's message with its leading C function name, if it has one,
+    spelled as the Python call that reached it."""
+    name, sep, rest = message.partition(": ")
+    if sep and name in _PYTHON_NAMES:
+        return f"{_PYTHON_NAMES[name]}: {rest}"
+    return message
+
+
 def error_for(status):
     """The exception for `status` (None for OK), with the calling thread's
-    cb_last_error.  Call it right after the failing call, on the same thread:
-    the next call into the library replaces the message."""
+    cb_last_error (its C function named as the Python call).  Call it right
+    after the failing call, on the same thread: the next call into the
+    library replaces the message."""
     if status == Status.OK:
         return None
-    message = lib.cb_last_error().decode("utf-8", "replace")
+    message = python_message(lib.cb_last_error().decode("utf-8", "replace"))
     return _CLASSES.get(status, Error)(status, message)
 
 

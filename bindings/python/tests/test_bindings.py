@@ -295,6 +295,9 @@ def test_errors_carry_status_and_message(tmp_path, session):
         cb.Model(missing)
     assert isinstance(err.value, cb.IoError) and err.value.status == cb.Status.IO
     assert "no-such-model.gguf" in str(err.value)
+    # Messages name the Python call, not the C function behind it.
+    assert err.value.message.startswith("Model(): "), err.value.message
+    assert "cb_model_load" not in str(err.value)
 
     not_gguf = tmp_path / "not.gguf"
     not_gguf.write_text("hello")
@@ -305,8 +308,9 @@ def test_errors_carry_status_and_message(tmp_path, session):
         session.rag_prefill(CHUNKS, QUESTION, None, cb.RagOptions(mode="full", ratio=2.0))
     with pytest.raises(cb.InvalidArgumentError, match="NULL"):
         session.rag_prefill(CHUNKS, QUESTION, None)  # only FULL runs without a cache
-    with pytest.raises(cb.InvalidArgumentError, match="top_p"):
+    with pytest.raises(cb.InvalidArgumentError, match="top_p") as err:
         session.generate(PROMPT, max_tokens=2, top_p=1.5)
+    assert err.value.message.startswith("Session.generate(): "), err.value.message
     with pytest.raises(ValueError, match="unknown Mode"):
         cb.RagOptions(mode="fast").to_struct()
     with pytest.raises(ValueError, match="NUL"):
