@@ -1,6 +1,7 @@
 #include "runtime/session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -167,10 +168,40 @@ std::span<const float> Session::decode(int32_t token) {
   return logits_;
 }
 
+std::vector<float> Session::embed(std::span<const int32_t> tokens) {
+  n_past_ = 0;
+  check_tokens(tokens);
+  const int64_t n = static_cast<int64_t>(tokens.size()), d = model_.hparams().n_embd;
+  std::vector<double> sum(static_cast<size_t>(d), 0.0);
+  std::vector<float> rows;
+  try {
+    for (int64_t i = 0; i < n; i += n_batch_) {
+      const int64_t b = std::min(n_batch_, n - i);
+      rows.resize(static_cast<size_t>(b * d));
+      forward_batch(tokens.data() + i, b, prefill_precision(), stop_check(), rows.data());
+      for (int64_t r = 0; r < b; ++r)
+        for (int64_t j = 0; j < d; ++j) sum[static_cast<size_t>(j)] += rows[static_cast<size_t>(r * d + j)];
+    }
+  } catch (...) {
+    n_past_ = 0;
+    throw;
+  }
+  n_past_ = 0;
+  double norm = 0.0;
+  for (double v : sum) norm += v * v;
+  norm = std::sqrt(norm);
+  std::vector<float> out(static_cast<size_t>(d), 0.0f);
+  if (norm > 0.0)
+    for (int64_t j = 0; j < d; ++j)
+      out[static_cast<size_t>(j)] = static_cast<float>(sum[static_cast<size_t>(j)] / norm);
+  return out;
+}
+
 // One forward pass over n tokens at positions n_past_.. ; writes their K/V
-// into the cache and the last token's logits into logits_.
+// into the cache and the last token's logits into logits_ (or every row's
+// normed hidden state into `hidden`).
 void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision mm,
-                            const StopCheck* stop) {
+                            const StopCheck* stop, float* hidden) {
   const LlamaHparams& hp = model_.hparams();
   std::vector<int32_t> pos(static_cast<size_t>(n));
   std::iota(pos.begin(), pos.end(), static_cast<int32_t>(n_past_));
@@ -193,7 +224,7 @@ void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision m
     // every row's K/V go into the cache, but only that row attends and
     // runs the FFN.
     const int32_t* q_pos = pos.data();
-    if (l + 1 == hp.n_layer && n > 1) {
+    if (l + 1 == hp.n_layer && n > 1 && hidden == nullptr) {
       h = g.gather_rows(h, &last_row, 1);
       x = g.gather_rows(x, &last_row, 1);
       q_pos += last_row;
@@ -203,9 +234,14 @@ void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision m
     layer.attention_output(x, layer.attention(q, q_pos, kc, vc, n_kv));
     layer.ffn(x);
   }
-  // x is the last row alone now.
-  add_output_head(g, hp, model_.output_norm(), output_, x,
-                  g.external(logits_.data(), 1, hp.n_vocab), mm);
+  if (hidden != nullptr) {
+    g.rmsnorm_groups(x, model_.output_norm(), hp.n_embd, hp.rms_eps,
+                     g.external(hidden, n, hp.n_embd));
+  } else {
+    // x is the last row alone now.
+    add_output_head(g, hp, model_.output_norm(), output_, x,
+                    g.external(logits_.data(), 1, hp.n_vocab), mm);
+  }
 
   size_t need = g.plan();
   if (need > arena_bytes_) {

@@ -89,6 +89,12 @@ class Session {
   // One token, as prefill({&token, 1}) but on decode's matmul path (see
   // SessionOptions::int8_decode).
   std::span<const float> decode(int32_t token);
+  // A text's embedding: the mean over its tokens of the last layer's hidden
+  // state after the output norm, scaled to unit length (n_embd floats).  The
+  // tokens run as a sequence of their own, in the KV cache's positions from
+  // 0: the context is discarded, before the call and after it (also when it
+  // throws, as prefill does).
+  std::vector<float> embed(std::span<const int32_t> tokens);
 
   int64_t n_past() const { return n_past_; }
   int64_t n_ctx() const { return n_ctx_; }
@@ -135,7 +141,10 @@ class Session {
 
  private:
   void check_tokens(std::span<const int32_t> tokens) const;
-  void forward_batch(const int32_t* tokens, int64_t n, Graph::Precision mm, const StopCheck* stop);
+  // With `hidden`, every row's normed final hidden state goes there (n x
+  // n_embd) instead of the last row's logits.
+  void forward_batch(const int32_t* tokens, int64_t n, Graph::Precision mm, const StopCheck* stop,
+                     float* hidden = nullptr);
 
   const Model& model_;
   std::unique_ptr<Backend> backend_;

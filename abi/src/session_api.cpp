@@ -153,6 +153,25 @@ cb_status cb_session_set_abort_callback(cb_session* session, cb_abort_callback c
   });
 }
 
+cb_status cb_session_embed(cb_session* session, const int32_t* tokens, size_t n_tokens,
+                           float* out, size_t capacity) {
+  return guard("cb_session_embed", [&] {
+    SessionUse use(session);
+    require(tokens != nullptr, "tokens is NULL");
+    require(n_tokens > 0, "n_tokens is 0");
+    require(out != nullptr, "out is NULL");
+    const size_t n_embd = static_cast<size_t>(session->session->model().hparams().n_embd);
+    if (capacity < n_embd)
+      throw ApiError{CB_ERR_BUFFER_TOO_SMALL,
+                     "out holds fewer floats than the embedding (cb_model_info.n_embd)"};
+    session->generator->reset();
+    const std::vector<float> e =
+        session->session->embed(std::span<const int32_t>(tokens, n_tokens));
+    std::copy(e.begin(), e.end(), out);
+    return CB_OK;
+  });
+}
+
 cb_status cb_session_reset(cb_session* session) {
   return guard("cb_session_reset", [&] {
     SessionUse use(session);

@@ -91,6 +91,7 @@ void test_generate(cb_model* m);
 void test_generation_controls(cb_model* m);
 void test_context_limits(cb_model* m);
 void test_kv_types(cb_model* m);
+void test_embed(cb_model* m);
 void test_lifetime(const char* path);
 void test_threads(cb_model* m);
 void test_concurrent_use_of_one_session(cb_model* m);

@@ -408,6 +408,7 @@ int main(void) {
     test_generation_controls(m);
     test_context_limits(m);
     test_kv_types(m);
+    test_embed(m);
     test_threads(m);
     test_concurrent_use_of_one_session(m);
     test_thread_exit_in_callback(m);

@@ -2,6 +2,7 @@
  * limits, model and session lifetimes, two sessions on two threads, and one
  * session used from two threads at once. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -562,4 +563,63 @@ void test_thread_exit_in_callback(cb_model* m) {
     CHECK(0);
   }
   cb_session_free(e.s);
+}
+
+static size_t embed_text(cb_session* s, cb_model* m, const char* text, float* out, size_t cap) {
+  int32_t ids[256];
+  size_t n = 0;
+  CHECK_OK(cb_tokenize(m, text, strlen(text), 0, 0, ids, 256, &n));
+  CHECK_OK(cb_session_embed(s, ids, n, out, cap));
+  return n;
+}
+
+static double dot(const float* a, const float* b, int32_t n) {
+  double d = 0.0;
+  for (int32_t i = 0; i < n; ++i) d += (double)a[i] * b[i];
+  return d;
+}
+
+/* Pooled embeddings: unit length, the same in one batch or many, the session
+ * empty afterwards, and two sentences about one thing closer than either to
+ * an unrelated one. */
+void test_embed(cb_model* m) {
+  cb_model_info info;
+  cb_session_options so;
+  cb_session *s = NULL, *small = NULL;
+  float a[4096], b[4096], c[4096], a7[4096];
+  int32_t ids[8];
+  size_t n = 0;
+  const float* logits = NULL;
+  size_t n_vocab = 0;
+  cb_model_info_init(&info);
+  CHECK_OK(cb_model_get_info(m, &info));
+  CHECK(info.n_embd > 0 && info.n_embd <= 4096);
+  cb_session_options_init(&so);
+  so.n_ctx = 256;
+  CHECK_OK(cb_session_create(m, &so, &s));
+  so.n_batch = 7; /* several forward chunks for one text */
+  CHECK_OK(cb_session_create(m, &so, &small));
+  if (s == NULL || small == NULL) goto done;
+
+  CHECK_OK(cb_tokenize(m, "hello", 5, 0, 0, ids, 8, &n));
+  CHECK_ERR(cb_session_embed(NULL, ids, n, a, 4096), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_session_embed(s, NULL, n, a, 4096), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_session_embed(s, ids, 0, a, 4096), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_session_embed(s, ids, n, NULL, 4096), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_session_embed(s, ids, n, a, (size_t)info.n_embd - 1), CB_ERR_BUFFER_TOO_SMALL);
+
+  CHECK_OK(cb_session_prefill(s, ids, n));
+  embed_text(s, m, "The cat sat on the warm mat by the kitchen door.", a, 4096);
+  CHECK(cb_session_n_past(s) == 0);
+  CHECK_ERR(cb_session_logits(s, &logits, &n_vocab), CB_ERR_INVALID_ARGUMENT);
+  CHECK(fabs(dot(a, a, info.n_embd) - 1.0) < 1e-5);
+  embed_text(small, m, "The cat sat on the warm mat by the kitchen door.", a7, 4096);
+  CHECK(dot(a, a7, info.n_embd) > 1.0 - 1e-4);
+  embed_text(s, m, "A cat was lying on the mat next to the kitchen door.", b, 4096);
+  embed_text(s, m, "Quarterly revenue grew by twelve percent in Europe.", c, 4096);
+  CHECK(dot(a, b, info.n_embd) > dot(a, c, info.n_embd));
+  CHECK(dot(a, b, info.n_embd) > dot(b, c, info.n_embd));
+done:
+  cb_session_free(s);
+  cb_session_free(small);
 }

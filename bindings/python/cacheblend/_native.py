@@ -166,6 +166,7 @@ _PROTOTYPES = {
     "cb_session_n_ctx": (c_int32, [SessionPtr]),
     "cb_session_kv_bytes": (c_uint64, [SessionPtr]),
     "cb_session_reset": (c_enum, [SessionPtr]),
+    "cb_session_embed": (c_enum, [SessionPtr, _I32P, c_size_t, POINTER(c_float), c_size_t]),
     "cb_session_set_abort_callback": (c_enum, [SessionPtr, AbortCallback, c_void_p]),
     "cb_session_logits": (c_enum, [SessionPtr, POINTER(POINTER(c_float)), _SIZEP]),
     "cb_sampling_options_init_sized": (None, [c_void_p, c_size_t]),

@@ -96,6 +96,7 @@ _PYTHON_NAMES = {
     "cb_chat_format": "Model.chat_format()",
     "cb_session_create": "Model.session()",
     "cb_session_reset": "Session.reset()",
+    "cb_session_embed": "Session.embed()",
     "cb_session_prefill": "Session.prefill()",
     "cb_session_logits": "Session.logits()",
     "cb_session_set_abort_callback": "Session.set_abort_callback()",

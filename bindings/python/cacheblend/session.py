@@ -191,6 +191,26 @@ class Session(Closeable):
             status = lib.cb_session_prefill(self._ptr(), arr, n)
         self._finish(status)
 
+    def embed(self, text):
+        """The embedding of `text` (str, bytes or token ids; text is
+        tokenized without special tokens): the mean of the model's last
+        hidden states over its tokens, scaled to unit length (array of
+        n_embd floats), so a dot product is a cosine.  The session's context
+        is discarded.  A decoder model's pooled states are no trained
+        sentence embedding: measure them on your task first."""
+        self._ptr()
+        if isinstance(text, (str, bytes, bytearray)):
+            ids = tokenize(self._shared.ptr, text, False, False)
+        else:
+            ids = list(text)
+        arr, n = c_int32_array(ids)
+        dim = self.model.info.n_embd
+        out = (c_float * dim)()
+        with calling_back():
+            status = lib.cb_session_embed(self._ptr(), arr, n, out, dim)
+        self._finish(status)
+        return array("f", out)
+
     def logits(self):
         """The last position's logits (a copy, array of n_vocab floats)."""
         data = POINTER(c_float)()
