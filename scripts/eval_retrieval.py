@@ -16,6 +16,9 @@ The corpus is ingested into a temporary store with --kv lazy (no KV: only
 retrieval is measured; the model only counts tokens for the chunker), then
 each question goes through `ask --retrieve-only --json --min-relevance 0`:
 plain BM25 (--no-diversity) and with the per-file cap, at --top-k 1, 3 and 5.
+With --dense MODEL, also dense retrieval (cosine of the runtime's pooled
+hidden states, Session.embed) and a hybrid of it with BM25 (reciprocal-rank
+fusion), scored the same way.
 Reported: recall@1/@3/@5 (the answer file among the first k sources),
 phrase@5 (a source's text holds the phrase), MRR (over 5), and for the
 relevance floor at each threshold X: answerable questions kept (relevance
@@ -33,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 THRESHOLDS = [0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7]
 # Bounds one file's share of the corpus (long changelogs) and its ingest time.
@@ -221,6 +225,76 @@ def evaluate(rag, items, store_info):
     return result
 
 
+def load_bindings(root):
+    """The Python bindings of this tree, on the library of its build."""
+    sys.path.insert(0, os.path.join(root, "bindings", "python"))
+    lib = os.path.join(root, "build", "lib", "libcacheblend.so")
+    if "CACHEBLEND_LIBRARY" not in os.environ and os.path.exists(lib):
+        os.environ["CACHEBLEND_LIBRARY"] = lib
+    import cacheblend
+    return cacheblend
+
+
+def dense_methods(rag, items, store, model_path, threads, root, depth=20):
+    """Dense retrieval (the cosine of pooled last hidden states,
+    Session.embed, of each chunk's text and the question) and a hybrid:
+    reciprocal-rank fusion (k = 60) of BM25's first `depth` chunks and the
+    dense order.  Scored as evaluate() scores BM25: the first k chunks."""
+    import sqlite3
+    cb = load_bindings(root)
+    con = sqlite3.connect(os.path.join(store, "corpus.sqlite"))
+    chunks = con.execute("SELECT chunks.id, files.path, chunks.text FROM chunks "
+                         "JOIN files ON files.id = chunks.file_id ORDER BY chunks.id").fetchall()
+    con.close()
+    model = cb.Model(model_path, n_threads=threads)
+    session = cb.Session(model, n_ctx=2048)
+    t0 = time.time()
+    vecs = {}
+    for cid, path, text in chunks:
+        ids = model.tokenize(text, add_special=False)[:2048]
+        vecs[cid] = session.embed(ids)
+    embed_s = time.time() - t0
+    info = {cid: (os.path.basename(path), text) for cid, path, text in chunks}
+
+    def dot(a, b):
+        return sum(x * y for x, y in zip(a, b))
+
+    orders = {"dense": [], "hybrid": []}
+    answerable = [q for q in items if not q.get("none")]
+    for q in answerable:
+        e = session.embed(q["question"])
+        dense = sorted(vecs, key=lambda c: -dot(e, vecs[c]))
+        _, o = rag.retrieve(q["question"], depth, False, floor=0)
+        bm25 = [src["id"] for src in o["sources"]]
+        score = {}
+        for r, c in enumerate(bm25, 1):
+            score[c] = score.get(c, 0.0) + 1.0 / (60 + r)
+        for r, c in enumerate(dense, 1):
+            score[c] = score.get(c, 0.0) + 1.0 / (60 + r)
+        orders["dense"].append(dense)
+        orders["hybrid"].append(sorted(score, key=lambda c: -score[c]))
+    out = {}
+    n = max(len(answerable), 1)
+    for name, per_q in orders.items():
+        hits = {1: 0, 3: 0, 5: 0}
+        rr, phrase5, one_file3 = 0.0, 0, 0
+        for q, order in zip(answerable, per_q):
+            files = [info[c][0] for c in order[:5]]
+            rank = next((i for i, f in enumerate(files, 1) if f == q["file"]), None)
+            for k in hits:
+                hits[k] += rank is not None and rank <= k
+            rr += 1.0 / rank if rank else 0.0
+            phrase5 += any(norm(q["phrase"]) in norm(info[c][1]) for c in order[:5])
+            one_file3 += len(set(files[:3])) == 1
+        out[name] = {"recall@1": hits[1] / n, "recall@3": hits[3] / n, "recall@5": hits[5] / n,
+                     "phrase@5": phrase5 / n, "mrr": rr / n, "one_file_top3": one_file3 / n}
+    out["dense"]["embed_s"] = embed_s
+    out["dense"]["model"] = os.path.basename(model_path)
+    session.close()
+    model.close()
+    return out
+
+
 def markdown(name, r):
     lines = [f"{name}: {r['questions']} answerable and {r['no_answer_questions']} no-answer "
              f"questions, {r['chunks']} chunks", "",
@@ -251,6 +325,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", help="also write the full results (per-question relevance) here")
     ap.add_argument("--keep", help="build the corpus and store under this folder and keep them")
+    ap.add_argument("--dense", metavar="MODEL",
+                    help="also score dense and hybrid retrieval, embedding with this GGUF "
+                         "(needs the Python bindings and build/lib)")
     args = ap.parse_args()
 
     items = read_set(args.set)
@@ -271,6 +348,8 @@ def main():
         rag = Rag(args.bin, args.model, store, args.threads)
         info = rag.ingest(corpus, args.chunk_tokens)
         r = evaluate(rag, items, info)
+        if args.dense:
+            r["methods"].update(dense_methods(rag, items, store, args.dense, args.threads, root))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -131,6 +131,22 @@ def test_generation_options(model, session):
     assert session.generate(None, max_tokens=1) == model.detokenize([best])
 
 
+def test_embed(model, session):
+    session.prefill("Some context")
+    a = session.embed("The cat sat on the warm mat by the kitchen door.")
+    assert len(a) == model.info.n_embd and session.n_past == 0
+    assert abs(sum(x * x for x in a) - 1.0) < 1e-5
+    b = session.embed("A cat was lying on the mat next to the kitchen door.")
+    c = session.embed("Quarterly revenue grew by twelve percent in Europe.")
+    cos = lambda u, v: sum(x * y for x, y in zip(u, v))  # noqa: E731
+    assert cos(a, b) > cos(a, c) and cos(a, b) > cos(b, c)
+    assert list(session.embed(model.tokenize("The cat", add_special=False))) == \
+        list(session.embed("The cat"))
+    with pytest.raises(cb.InvalidArgumentError) as err:
+        session.embed("")
+    assert err.value.message.startswith("Session.embed(): "), err.value.message
+
+
 def test_streaming(session):
     expected = session.generate(PROMPT, max_tokens=8)
     session.reset()
