@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "api.h"
+#include "cacheblend/cacheblend_experimental.h"
 #include "platform/cancel.h"
 #include "runtime/blend/blend_options.h"
 #include "runtime/blend/rag_request.h"

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cacheblend/cacheblend.h>
+/* cb_bench measures the study-only baselines and oracles too. */
+#include <cacheblend/cacheblend_experimental.h>
 
 #include <chrono>
 #include <cstddef>

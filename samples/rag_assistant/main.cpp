@@ -197,13 +197,13 @@ cb_mode parse_mode(const std::string& s) {
   usage("option --mode: '" + s + "' is not one of blend, full, reuse, prefix");
 }
 
-// The policies an app would use; the oracles are study bounds (they run a
-// full prefill first), not offered here.
+// The policies an app would use (cacheblend.h's); the study baselines of
+// the experimental header are cb_bench's.
 cb_select parse_select(const std::string& s) {
   for (cb_select p : {CB_SELECT_DEFAULT, CB_SELECT_LOOKAHEAD, CB_SELECT_HKVD, CB_SELECT_HKVD_KV,
-                      CB_SELECT_ATTENTION, CB_SELECT_RANDOM})
+                      CB_SELECT_ATTENTION})
     if (s == cb_select_name(p)) return p;
-  usage("option --select: '" + s + "' is not one of lookahead, hkvd, hkvd_kv, attention, random");
+  usage("option --select: '" + s + "' is not one of lookahead, hkvd, hkvd_kv, attention");
 }
 
 void parse_ratio(const std::string& s, rag::AskOptions& o) {

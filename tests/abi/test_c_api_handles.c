@@ -8,6 +8,8 @@
 
 #include "c_api_test.h"
 
+#include <cacheblend/cacheblend_experimental.h>
+
 typedef struct {
   cb_session* session;
   int n_tokens;

@@ -832,31 +832,26 @@ typedef enum cb_select {
   CB_SELECT_HKVD_KV = 2,   /* deviation of K and V, each head's share normalised */
   CB_SELECT_ATTENTION = 3, /* what each token adds to the question's attention output
                             * (weight x value norm) at the check layer */
-  CB_SELECT_LOOKAHEAD = 4, /* a reuse pass first (about the cost of REUSE), then that
+  CB_SELECT_LOOKAHEAD = 4  /* a reuse pass first (about the cost of REUSE), then that
                             * contribution summed over every layer; the best measured
                             * (docs/FIDELITY.md) */
-  CB_SELECT_RANDOM = 5,    /* a seeded uniform pick: a baseline for studies */
-  CB_SELECT_ORACLE = 6,    /* the tokens whose reused KV deviates most from a full
-                            * prefill's, over all layers; runs a full prefill first, so
-                            * it is slower than FULL: for studies only */
-  CB_SELECT_ORACLE_KL = 7  /* the blocks of 16 reused tokens whose KV from a full prefill,
-                            * put in place of the reused KV, most lowers the last token's
-                            * KL against the full prefill; runs a full prefill and a
-                            * question pass per block first: an upper bound for studies only */
+  /* 5 to 7: the study-only baselines and oracles of
+   * cacheblend/cacheblend_experimental.h. */
 } cb_select;
 
-/* The policy's name: "hkvd", "hkvd_kv", "attention", "lookahead", "random",
- * "oracle", "oracle_kl"; CB_SELECT_DEFAULT names the policy it stands for; "unknown" for
- * other values.  Static.  Thread-safe. */
+/* The policy's name: "hkvd", "hkvd_kv", "attention", "lookahead", and for the
+ * experimental ones "random", "oracle", "oracle_kl"; CB_SELECT_DEFAULT names the
+ * policy it stands for; "unknown" for other values.  Static.  Thread-safe. */
 CB_API const char* cb_select_name(cb_select select);
 
 typedef struct cb_rag_options {
   size_t struct_size;
   cb_mode mode; /* default CB_MODE_BLEND */
   /* Recompute ratio in [0, 1] (default 0.2) for BLEND when no schedule is
-   * given: the schedule is then one check, at layer 0 for the LOOKAHEAD,
-   * RANDOM and ORACLE policies (their ranking is known before the pass) and
-   * at layer 1 for the others.  Checked in every mode. */
+   * given: the schedule is then one check, at layer 0 for the LOOKAHEAD
+   * policy and the experimental RANDOM and ORACLE (their ranking is known
+   * before the pass) and at layer 1 for the others.  Checked in every
+   * mode. */
   float ratio;
   /* Optional check-layer schedule (gradual filtering), e.g.
    * [(1, 0.30), (3, 0.15)]: layers strictly increasing and existing in the
@@ -896,7 +891,7 @@ typedef struct cb_rag_options {
   /* The first `sink_tokens` tokens of every chunk are always recomputed, on
    * top of the ratio's count (EPIC's attention-sink fix); default 0. */
   int32_t sink_tokens;
-  /* Seed of CB_SELECT_RANDOM; default 0. */
+  /* Seed of the experimental CB_SELECT_RANDOM; default 0. */
   uint64_t seed;
   /* Quality guard (BLEND): when the tokens selected at the first check
    * layer hold less than `guard_share` of the policy's total score (its

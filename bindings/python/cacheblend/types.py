@@ -82,6 +82,8 @@ class Select(_NamedEnum):
     HKVD_KV = 2
     ATTENTION = 3
     LOOKAHEAD = 4
+    # Study-only baselines and oracles (the C API's experimental header):
+    # no compatibility promise.
     RANDOM = 5
     ORACLE = 6
     ORACLE_KL = 7
