@@ -180,7 +180,8 @@ std::vector<float> Session::embed(std::span<const int32_t> tokens) {
       rows.resize(static_cast<size_t>(b * d));
       forward_batch(tokens.data() + i, b, prefill_precision(), stop_check(), rows.data());
       for (int64_t r = 0; r < b; ++r)
-        for (int64_t j = 0; j < d; ++j) sum[static_cast<size_t>(j)] += rows[static_cast<size_t>(r * d + j)];
+        for (int64_t j = 0; j < d; ++j)
+          sum[static_cast<size_t>(j)] += rows[static_cast<size_t>(r * d + j)];
     }
   } catch (...) {
     n_past_ = 0;

@@ -13,6 +13,7 @@
 #include "cacheblend/cacheblend_experimental.h"
 #include "platform/cancel.h"
 #include "runtime/blend/blend_options.h"
+#include "runtime/blend/rag_call.h"
 #include "runtime/blend/rag_request.h"
 #include "runtime/sampler.h"
 
@@ -476,7 +477,8 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     require(session->generator->n_past() == 0,
             "the session is not empty (reset the session first with cb_session_reset)");
 
-    cb::RagPrefillOptions ro;
+    cb::RagCall call;
+    cb::RagPrefillOptions& ro = call.options;
     switch (enum_value(o.mode)) {
       case CB_MODE_FULL:
         ro.blend.mode = cb::BlendMode::kFull;
@@ -503,56 +505,27 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     ro.blend.seed = o.seed;
     ro.blend.guard_share = o.guard_share;
     ro.blend.guard_max_ratio = o.guard_max_ratio;
-    ro.blend.schedule.clear();
-    if (o.n_schedule == 0) {
-      ro.blend.schedule = cb::single_check_schedule(ro.blend.selection, o.ratio);
-    } else {
-      for (size_t i = 0; i < o.n_schedule; ++i)
-        ro.blend.schedule.push_back({o.schedule[i].layer, o.schedule[i].ratio});
-    }
-    if (ro.blend.mode != cb::BlendMode::kFull)
-      require(cache != nullptr, "cache is NULL (only CB_MODE_FULL runs without a chunk cache)");
-    if (cache != nullptr) check_cache(cache);
+    ro.blend.schedule.clear();  // none given: the runtime's single check at `ratio`
+    for (size_t i = 0; i < o.n_schedule; ++i)
+      ro.blend.schedule.push_back({o.schedule[i].layer, o.schedule[i].ratio});
     ro.pipeline.enabled = o.pipeline != 0;
-    if (o.auto_ratio != 0) {
-      require(ro.blend.mode == cb::BlendMode::kBlend, "auto_ratio needs CB_MODE_BLEND");
-      require(cache != nullptr && cache->impl->store() != nullptr,
-              "auto_ratio needs a chunk cache on flash (cb_chunk_cache_open)");
-      ro.min_ratio = o.ratio;  // the quality floor
-    }
-
-    cb::Session& s = *session->session;
-    const cb::Model& model = *session->state->model;
-    // The options are checked before any work, in every mode (a bad ratio
-    // is the caller's bug even where it is not used).
-    {
-      cb::BlendOptions check = ro.blend;
-      check.mode = cb::BlendMode::kBlend;
-      cb::validate_blend_options(check, model.hparams().n_layer);
-    }
-
-    std::vector<std::string> texts;
-    texts.reserve(n_chunks);
-    for (size_t i = 0; i < n_chunks; ++i) texts.emplace_back(chunk_texts[i]);
-    const cb::RagPrompt prompt = cb::build_rag_prompt(model.tokenizer(), model.chat_format(),
-                                                      key_opts.system_prompt, texts, question);
+    if (cache != nullptr) check_cache(cache);
+    std::vector<std::string> texts(chunk_texts, chunk_texts + n_chunks);
+    call.chunk_texts = texts;
+    call.question = question;
+    call.system_prompt = key_opts.system_prompt;
+    call.ratio = o.ratio;
+    call.auto_ratio = o.auto_ratio != 0;
+    call.n_threads = session->n_threads;
 
     session->generator->forget_logits();
-    cb::RagPrefillStats rs;
-    std::span<const float> logits;
-    try {
-      logits = cache != nullptr
-                   ? cache->impl->prefill(s, prompt, ro, o.auto_ratio != 0, session->n_threads, &rs)
-                   : cb::rag_prefill(s, prompt, nullptr, ro, &rs);
-      cb::check_logits(logits);  // as cb_generate: NaN logits are an error, not an answer
-    } catch (...) {
-      s.truncate(0);  // whatever happened, the session is left empty
-      throw;
-    }
+    const cb::RagCallResult r =
+        cb::run_rag_call(*session->session, cache != nullptr ? cache->impl.get() : nullptr, call);
     const double total_ms = ms_since(t0);
-    session->generator->set_logits(logits, total_ms);
+    session->generator->set_logits(r.logits, total_ms);
 
     if (stats != nullptr) {
+      const cb::RagPrefillStats& rs = r.stats;
       cb_rag_stats out;
       cb_rag_stats_init_sized(&out, sizeof(out));
       out.n_tokens = clamp_i32(rs.fusion.n_tokens);
@@ -563,18 +536,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
       out.precompute_ms = rs.precompute_ms;
       out.fuse_ms = rs.fusion.compute_ms;
       out.computed_fraction = rs.fusion.computed_fraction();
-      switch (ro.blend.mode) {
-        case cb::BlendMode::kFull:
-          out.ratio = 1.0f;
-          break;
-        case cb::BlendMode::kBlend:
-          out.ratio =
-              rs.choice ? static_cast<float>(rs.choice->ratio) : ro.blend.schedule.front().ratio;
-          if (rs.fusion.guard_raised) out.ratio = static_cast<float>(rs.fusion.ratio);
-          break;
-        default:
-          out.ratio = 0.0f;
-      }
+      out.ratio = r.ratio;
       out.pipelined = rs.fusion.pipelined ? 1 : 0;
       out.bytes_read = rs.fusion.bytes_read;
       out.load_ms = rs.fusion.load_ms;

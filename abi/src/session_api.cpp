@@ -153,8 +153,8 @@ cb_status cb_session_set_abort_callback(cb_session* session, cb_abort_callback c
   });
 }
 
-cb_status cb_session_embed(cb_session* session, const int32_t* tokens, size_t n_tokens,
-                           float* out, size_t capacity) {
+cb_status cb_session_embed(cb_session* session, const int32_t* tokens, size_t n_tokens, float* out,
+                           size_t capacity) {
   return guard("cb_session_embed", [&] {
     SessionUse use(session);
     require(tokens != nullptr, "tokens is NULL");

@@ -312,7 +312,8 @@ struct Q6kSlice {
       const float ds = __fmul_rn(df, static_cast<float>(sc));
       // q - 32 with the 2^23 trick: subtract 2^23 + 32 at once (exact).
       const float qe[4] = {byte_as_float<0>(qk[k], 8388640.0f), byte_as_float<1>(qk[k], 8388640.0f),
-                           byte_as_float<2>(qk[k], 8388640.0f), byte_as_float<3>(qk[k], 8388640.0f)};
+                           byte_as_float<2>(qk[k], 8388640.0f),
+                           byte_as_float<3>(qk[k], 8388640.0f)};
       float s = 0.0f;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -357,7 +358,8 @@ __global__ void gemv_k_kernel(const uint8_t* __restrict__ w, size_t row_bytes, i
         float sx[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int t = 0; t < S::kElems / 4; ++t) {
-          const float4 v = *reinterpret_cast<const float4*>(x + r * n_in + xo + 4 * t + S::x_gap(t));
+          const float4 v =
+              *reinterpret_cast<const float4*>(x + r * n_in + xo + 4 * t + S::x_gap(t));
           const float ve[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
@@ -384,7 +386,7 @@ __global__ void gemv_k_kernel(const uint8_t* __restrict__ w, size_t row_bytes, i
   }
   __syncthreads();
   if (o0 >= n_out || part != 0 || lane >= RW || o0 + lane >= n_out) return;
-  // Lane i writes row o0 + i.
+    // Lane i writes row o0 + i.
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     if (r < n_rows) {

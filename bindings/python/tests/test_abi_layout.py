@@ -186,6 +186,10 @@ def test_every_function_and_enum_value_is_known():
     assert declared == set(_native._PROTOTYPES) | UNBOUND
     enumerators = re.findall(r"^\s*(CB_[A-Z0-9_]+)\s*=\s*(\d+)", text, re.M)
     values = {name: int(v) for name, v in enumerators}
+    # The experimental header's values of the public enums.
+    experimental = (HEADER.parent / "cacheblend_experimental.h").read_text()
+    values.update({name: int(v) for name, v in re.findall(
+        r"^#define\s+(CB_[A-Z0-9_]+)\s+\(\(cb_\w+\)(\d+)\)", experimental, re.M)})
     ours = {("CB_OK" if s == 0 else "CB_ERR_" + s.name): int(s) for s in cb.Status}
     for enum, prefix in ENUM_PREFIXES.items():
         ours.update({prefix + m.name: int(m) for m in enum})
