@@ -189,8 +189,9 @@ __global__ void gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int
 // the sums differs.  With kRound each weight is formed and rounded to bf16
 // as the bf16 GEMM does.
 
-// Byte k of v (0..255) as a float, less `bias` - 2^23: the byte under 2^23's
-// exponent, then one exact subtraction.
+// Byte k of v as a float, minus (bias - 2^23): the byte put under 2^23's
+// exponent makes the float 2^23 + byte, then one exact subtraction of bias
+// (2^23 gives the byte itself, 2^23 + 32 the byte less 32).
 template <int k>
 __device__ __forceinline__ float byte_as_float(uint32_t v, float bias) {
   return __int_as_float(static_cast<int>(__byte_perm(v, 0x4B000000u, 0x7540u | k))) - bias;
