@@ -55,4 +55,70 @@ void Progress::draw(size_t done, size_t tokens, bool final) {
   std::fflush(stderr);
 }
 
+std::string human_bytes(double n) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
+  int u = 0;
+  while (n >= 1000.0 && u < 4) {
+    n /= 1000.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", n, units[u]);
+  return buf;
+}
+
+ByteProgress::ByteProgress(std::string label, uint64_t already)
+    : label_(std::move(label)),
+      already_(already),
+      tty_(::isatty(STDERR_FILENO) != 0),
+      start_(std::chrono::steady_clock::now()) {}
+
+void ByteProgress::update(uint64_t have, int64_t total) {
+  have_ = have;
+  total_ = total;
+  if (!tty_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (drawn_ && now - last_draw_ < std::chrono::milliseconds(250)) return;
+  last_draw_ = now;
+  drawn_ = true;
+  std::fprintf(stderr, "\r%s\x1b[K", line(false).c_str());
+  std::fflush(stderr);
+}
+
+void ByteProgress::finish(bool complete) {
+  if (tty_ && drawn_) {
+    std::fprintf(stderr, "\r%s\x1b[K\n", line(complete).c_str());
+  } else if (complete) {
+    std::fprintf(stderr, "%s\n", line(true).c_str());
+  }
+  std::fflush(stderr);
+}
+
+std::string ByteProgress::line(bool complete) const {
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const double fetched = static_cast<double>(have_ >= already_ ? have_ - already_ : 0);
+  const double rate = s > 0.0 ? fetched / s : 0.0;
+  std::string out = label_ + "  " + human_bytes(static_cast<double>(have_));
+  if (total_ > 0) {
+    char pct[16];
+    std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * static_cast<double>(have_) / total_);
+    out += " / " + human_bytes(static_cast<double>(total_)) + "  " + pct;
+  }
+  out += "  " + human_bytes(rate) + "/s";
+  if (complete) {
+    char t[32];
+    std::snprintf(t, sizeof t, "  in %.1f s", s);
+    out += t;
+  } else if (total_ > 0 && rate > 0.0 && static_cast<uint64_t>(total_) > have_) {
+    const long eta = static_cast<long>((static_cast<double>(total_) - have_) / rate + 0.5);
+    char t[48];
+    if (eta >= 3600)
+      std::snprintf(t, sizeof t, "  ETA %ldh%02ldm", eta / 3600, eta / 60 % 60);
+    else
+      std::snprintf(t, sizeof t, "  ETA %ldm%02lds", eta / 60, eta % 60);
+    out += t;
+  }
+  return out;
+}
+
 }  // namespace rag

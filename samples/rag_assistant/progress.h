@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace rag {
@@ -25,6 +26,33 @@ class Progress {
   std::string unit_;
   bool tty_;
   int last_tenth_ = -1;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+// "1.1 GB", "98.4 MB", "512 B": sizes for people (powers of 1000, as disks
+// and download pages count).
+std::string human_bytes(double n);
+
+// Bytes, percent, rate and ETA of a download on stderr: redrawn in place at
+// most four times a second at a terminal; elsewhere (a log) only a final
+// line.
+class ByteProgress {
+ public:
+  ByteProgress(std::string label, uint64_t already);
+  void set_start(uint64_t already) { already_ = already; }
+  // `have`: bytes of the file so far; `total`: its size, or -1.
+  void update(uint64_t have, int64_t total);
+  // Ends the display: the last state on its own line.
+  void finish(bool complete);
+
+ private:
+  std::string line(bool complete) const;
+  std::string label_;
+  uint64_t already_;
+  uint64_t have_ = 0;
+  int64_t total_ = -1;
+  bool tty_;
+  bool drawn_ = false;
   std::chrono::steady_clock::time_point start_, last_draw_;
 };
 

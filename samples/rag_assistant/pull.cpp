@@ -1,14 +1,11 @@
 #include "pull.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
-#include <chrono>
-#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -16,31 +13,19 @@
 #include <vector>
 
 #if CB_HAVE_DOWNLOAD
-#include <curl/curl.h>
 #include <openssl/evp.h>
+
+#include "download.h"
 #endif
 
 #include "app.h"
 #include "json_writer.h"
 #include "model_catalog.h"
 #include "printable.h"
+#include "progress.h"
 
 namespace rag {
 namespace {
-
-// "1.1 GB", "98.4 MB", "512 B": sizes for people (powers of 1000, as disks
-// and download pages count).
-std::string human_bytes(double n) {
-  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
-  int u = 0;
-  while (n >= 1000.0 && u < 4) {
-    n /= 1000.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", n, units[u]);
-  return buf;
-}
 
 // Size of a regular file, or -1 when there is none at `path`.
 int64_t file_size(const std::string& path) {
@@ -183,10 +168,6 @@ std::string to_hex(const unsigned char* bytes, size_t n) {
 
 namespace {
 
-std::string errno_text(int e) {
-  return std::strerror(e);
-}
-
 // An OpenSSL digest context, freed on every path.
 struct Sha256 {
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
@@ -242,232 +223,6 @@ bool download_supported() {
 
 namespace {
 
-volatile std::sig_atomic_t g_interrupted = 0;
-
-void on_interrupt(int) {
-  g_interrupted = 1;
-}
-
-// SIGINT and SIGTERM set a flag that the transfer checks, so that Ctrl-C
-// ends the download between two writes and the partial file stays whole.
-class InterruptGuard {
- public:
-  InterruptGuard() {
-    g_interrupted = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_interrupt;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~InterruptGuard() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  InterruptGuard(const InterruptGuard&) = delete;
-  InterruptGuard& operator=(const InterruptGuard&) = delete;
-
- private:
-  struct sigaction old_int_ {};
-  struct sigaction old_term_ {};
-};
-
-// Bytes, percent, rate and ETA on stderr: redrawn in place at most four
-// times a second at a terminal; elsewhere (a log) only a final line.
-class ByteProgress {
- public:
-  ByteProgress(std::string label, uint64_t already)
-      : label_(std::move(label)),
-        already_(already),
-        tty_(::isatty(STDERR_FILENO) != 0),
-        start_(std::chrono::steady_clock::now()) {}
-
-  void set_start(uint64_t already) { already_ = already; }
-
-  // `have`: bytes of the file so far; `total`: its size, or -1.
-  void update(uint64_t have, int64_t total) {
-    have_ = have;
-    total_ = total;
-    if (!tty_) return;
-    const auto now = std::chrono::steady_clock::now();
-    if (drawn_ && now - last_draw_ < std::chrono::milliseconds(250)) return;
-    last_draw_ = now;
-    drawn_ = true;
-    std::fprintf(stderr, "\r%s\x1b[K", line(false).c_str());
-    std::fflush(stderr);
-  }
-
-  // Ends the display: the last state on its own line.
-  void finish(bool complete) {
-    if (tty_ && drawn_) {
-      std::fprintf(stderr, "\r%s\x1b[K\n", line(complete).c_str());
-    } else if (complete) {
-      std::fprintf(stderr, "%s\n", line(true).c_str());
-    }
-    std::fflush(stderr);
-  }
-
- private:
-  std::string line(bool complete) const {
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    const double fetched = static_cast<double>(have_ >= already_ ? have_ - already_ : 0);
-    const double rate = s > 0.0 ? fetched / s : 0.0;
-    std::string out = label_ + "  " + human_bytes(static_cast<double>(have_));
-    if (total_ > 0) {
-      char pct[16];
-      std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * static_cast<double>(have_) / total_);
-      out += " / " + human_bytes(static_cast<double>(total_)) + "  " + pct;
-    }
-    out += "  " + human_bytes(rate) + "/s";
-    if (complete) {
-      char t[32];
-      std::snprintf(t, sizeof t, "  in %.1f s", s);
-      out += t;
-    } else if (total_ > 0 && rate > 0.0 && static_cast<uint64_t>(total_) > have_) {
-      const long eta = static_cast<long>((static_cast<double>(total_) - have_) / rate + 0.5);
-      char t[48];
-      if (eta >= 3600)
-        std::snprintf(t, sizeof t, "  ETA %ldh%02ldm", eta / 3600, eta / 60 % 60);
-      else
-        std::snprintf(t, sizeof t, "  ETA %ldm%02lds", eta / 60, eta % 60);
-      out += t;
-    }
-    return out;
-  }
-
-  std::string label_;
-  uint64_t already_;
-  uint64_t have_ = 0;
-  int64_t total_ = -1;
-  bool tty_;
-  bool drawn_ = false;
-  std::chrono::steady_clock::time_point start_, last_draw_;
-};
-
-// One HTTP request's state, shared with libcurl's callbacks.
-struct Transfer {
-  int fd = -1;
-  uint64_t offset = 0;   // bytes of the .part this request continues from
-  uint64_t written = 0;  // bytes this request wrote
-  bool body_started = false;
-  bool restarted = false;   // the server ignored the range: the .part was emptied
-  bool http_error = false;  // a status other than 200/206: nothing written
-  bool bad_range = false;   // a 206 for a range other than the one asked for
-  long status = 0;
-  std::string reason;
-  int64_t range_start = -1, range_total = -1;  // Content-Range of a 206
-  int64_t total = -1;                          // the whole file's size, when known
-  int write_errno = 0;
-  CURL* curl = nullptr;
-  ByteProgress* progress = nullptr;
-};
-
-bool starts_with_nocase(const std::string& s, const char* prefix) {
-  const size_t n = std::strlen(prefix);
-  if (s.size() < n) return false;
-  for (size_t i = 0; i < n; ++i)
-    if (std::tolower(static_cast<unsigned char>(s[i])) != prefix[i]) return false;
-  return true;
-}
-
-size_t on_header(char* data, size_t size, size_t n, void* user) {
-  auto* t = static_cast<Transfer*>(user);
-  std::string line(data, size * n);
-  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
-  if (starts_with_nocase(line, "http/")) {
-    // A new response (after a redirect, or a 100 Continue): forget the last.
-    t->range_start = t->range_total = -1;
-    const size_t sp = line.find(' ');
-    t->status = sp == std::string::npos ? 0 : std::strtol(line.c_str() + sp + 1, nullptr, 10);
-    const size_t sp2 = sp == std::string::npos ? sp : line.find(' ', sp + 1);
-    t->reason = sp2 == std::string::npos ? "" : line.substr(sp2 + 1);
-  } else if (starts_with_nocase(line, "content-range:")) {
-    unsigned long long first = 0, last = 0, total = 0;
-    const char* v = line.c_str() + std::strlen("content-range:");
-    while (*v == ' ' || *v == '\t') ++v;
-    if (std::sscanf(v, "bytes %llu-%llu/%llu", &first, &last, &total) == 3) {
-      t->range_start = static_cast<int64_t>(first);
-      t->range_total = static_cast<int64_t>(total);
-    } else if (std::sscanf(v, "bytes %llu-%llu/*", &first, &last) == 2) {
-      t->range_start = static_cast<int64_t>(first);
-    }
-  }
-  return size * n;
-}
-
-// The first bytes of the body decide where they go: after the .part's bytes
-// (a 206 for the range asked for), or from its start (a 200: the server
-// sends the whole file).  Any other status is an error, and its body is not
-// written.
-bool start_body(Transfer& t) {
-  t.body_started = true;
-  long code = 0;
-  curl_easy_getinfo(t.curl, CURLINFO_RESPONSE_CODE, &code);
-  t.status = code;
-  if (code == 206) {
-    if (t.range_start != static_cast<int64_t>(t.offset)) {
-      t.bad_range = true;
-      return false;
-    }
-    t.total = t.range_total;
-    return true;
-  }
-  if (code == 200) {
-    if (t.offset > 0) {
-      if (::ftruncate(t.fd, 0) != 0 || ::lseek(t.fd, 0, SEEK_SET) != 0) {
-        t.write_errno = errno;
-        return false;
-      }
-      t.offset = 0;
-      t.restarted = true;
-      t.progress->set_start(0);
-    }
-    curl_off_t length = -1;
-    curl_easy_getinfo(t.curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
-    t.total = length >= 0 ? static_cast<int64_t>(length) : -1;
-    return true;
-  }
-  t.http_error = true;
-  return false;
-}
-
-size_t on_body(char* data, size_t size, size_t n, void* user) {
-  auto* t = static_cast<Transfer*>(user);
-  const size_t bytes = size * n;
-  if (!t->body_started && !start_body(*t)) return 0;  // a write error for libcurl
-  size_t done = 0;
-  while (done < bytes) {
-    const ssize_t w = ::write(t->fd, data + done, bytes - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      t->write_errno = errno;
-      return 0;  // a write error for libcurl
-    }
-    done += static_cast<size_t>(w);
-    t->written += static_cast<uint64_t>(w);
-  }
-  t->progress->update(t->offset + t->written, t->total);
-  return bytes;
-}
-
-int on_progress(void*, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
-  return g_interrupted ? 1 : 0;
-}
-
-// libcurl's global state, set up once per process.
-void curl_init_once() {
-  static const CURLcode rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-  if (rc != CURLE_OK) throw Error(std::string("cannot start libcurl: ") + curl_easy_strerror(rc));
-}
-
-struct CurlHandle {
-  CURL* h = curl_easy_init();
-  ~CurlHandle() {
-    if (h) curl_easy_cleanup(h);
-  }
-};
-
 // mkdir -p.
 void make_dirs(const std::string& dir) {
   std::string path;
@@ -492,50 +247,6 @@ void sync_dir(const std::string& dir) {
     ::close(fd);
   }
 }
-
-// The .part file, open for writing at its end and locked against a second
-// pull of the same file.
-class PartFile {
- public:
-  explicit PartFile(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw Error("cannot write " + path + ": " + errno_text(errno));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0)
-      throw Error("another pull is writing " + path + " (wait for it to end)");
-    const off_t end = ::lseek(fd_, 0, SEEK_END);
-    if (end < 0) throw Error("cannot write " + path + ": " + errno_text(errno));
-    size_ = static_cast<uint64_t>(end);
-  }
-  ~PartFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  PartFile(const PartFile&) = delete;
-  PartFile& operator=(const PartFile&) = delete;
-
-  int fd() const { return fd_; }
-  uint64_t size() const { return size_; }
-  void truncate() {
-    if (::ftruncate(fd_, 0) != 0 || ::lseek(fd_, 0, SEEK_SET) != 0)
-      throw Error("cannot write " + path_ + ": " + errno_text(errno));
-    size_ = 0;
-  }
-  // Flushes to disk and closes; a full disk shows here at the latest.
-  void close_synced() {
-    const int fd = fd_;
-    fd_ = -1;
-    if (::fsync(fd) != 0) {
-      const int e = errno;
-      ::close(fd);
-      throw Error("cannot write " + path_ + ": " + errno_text(e));
-    }
-    if (::close(fd) != 0) throw Error("cannot write " + path_ + ": " + errno_text(errno));
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  uint64_t size_ = 0;
-};
 
 // What to fetch and how to check it.
 struct PullPlan {
@@ -580,12 +291,6 @@ PullPlan plan_pull(const PullOptions& o) {
   return plan;
 }
 
-std::string with_resume_hint(const std::string& part, uint64_t bytes) {
-  if (bytes == 0) return "";
-  return "; the " + std::to_string(bytes) + " bytes downloaded are kept in " + part +
-         ": run the same pull again to resume";
-}
-
 }  // namespace
 
 int run_pull(const PullOptions& options) {
@@ -613,8 +318,6 @@ int run_pull(const PullOptions& options) {
          "; downloading it again (it is replaced only by a verified file)");
   }
 
-  curl_init_once();
-  InterruptGuard interrupt_guard;
   PartFile part(part_path);
   if (options.force && part.size() > 0) part.truncate();
   if (plan.size >= 0 && part.size() > static_cast<uint64_t>(plan.size)) {
@@ -640,79 +343,7 @@ int run_pull(const PullOptions& options) {
     std::fprintf(stderr, "downloading %s\n  to %s%s\n", cbs::printable(plan.url).c_str(),
                  shown_dest.c_str(),
                  have > 0 ? (" (resuming after " + std::to_string(have) + " bytes)").c_str() : "");
-    CurlHandle curl;
-    if (curl.h == nullptr) throw Error("cannot start libcurl");
-    // At most two requests: a server that answers the resume request with
-    // 416 (the range is past its file) or with another range is asked again
-    // for the whole file.
-    for (int attempt = 0;; ++attempt) {
-      ByteProgress progress(plan.file, have);
-      Transfer t;
-      t.fd = part.fd();
-      t.offset = have;
-      t.total = total;
-      t.curl = curl.h;
-      t.progress = &progress;
-      char errbuf[CURL_ERROR_SIZE] = "";
-      const std::string range = std::to_string(have) + "-";
-      curl_easy_reset(curl.h);
-      curl_easy_setopt(curl.h, CURLOPT_URL, plan.url.c_str());
-      curl_easy_setopt(curl.h, CURLOPT_FOLLOWLOCATION, 1L);
-      curl_easy_setopt(curl.h, CURLOPT_MAXREDIRS, 10L);
-      curl_easy_setopt(curl.h, CURLOPT_PROTOCOLS_STR, "http,https");
-      curl_easy_setopt(curl.h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-      curl_easy_setopt(curl.h, CURLOPT_USERAGENT, "rag_assistant (cacheblend-rt)");
-      curl_easy_setopt(curl.h, CURLOPT_NOSIGNAL, 1L);
-      curl_easy_setopt(curl.h, CURLOPT_ERRORBUFFER, errbuf);
-      // No answer within 30 s, or under 1 kB/s for a minute, is an error
-      // (the .part is kept for the next pull).
-      curl_easy_setopt(curl.h, CURLOPT_CONNECTTIMEOUT, 30L);
-      curl_easy_setopt(curl.h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-      curl_easy_setopt(curl.h, CURLOPT_LOW_SPEED_TIME, 60L);
-      curl_easy_setopt(curl.h, CURLOPT_HEADERFUNCTION, on_header);
-      curl_easy_setopt(curl.h, CURLOPT_HEADERDATA, &t);
-      curl_easy_setopt(curl.h, CURLOPT_WRITEFUNCTION, on_body);
-      curl_easy_setopt(curl.h, CURLOPT_WRITEDATA, &t);
-      curl_easy_setopt(curl.h, CURLOPT_XFERINFOFUNCTION, on_progress);
-      curl_easy_setopt(curl.h, CURLOPT_NOPROGRESS, 0L);
-      // A plain Range header, not CURLOPT_RESUME_FROM: libcurl fails a
-      // resume that the server answers with the whole file, which is a
-      // fine answer here (the .part starts over).
-      if (have > 0) curl_easy_setopt(curl.h, CURLOPT_RANGE, range.c_str());
-      const CURLcode rc = curl_easy_perform(curl.h);
-      if (!t.body_started && rc == CURLE_OK) start_body(t);  // an empty body
-      have = t.offset + t.written;
-      if (t.total >= 0) total = t.total;
-      progress.finish(rc == CURLE_OK && !t.http_error && !t.bad_range);
-      if (t.restarted) warn("the server does not resume downloads: it sent the whole file again");
-
-      if (g_interrupted) throw Error("interrupted" + with_resume_hint(part_path, have));
-      if (t.write_errno != 0)
-        throw Error("cannot write " + part_path + ": " + errno_text(t.write_errno) +
-                    " (nothing was installed)" + with_resume_hint(part_path, have));
-      if ((t.status == 416 || t.bad_range) && have > 0 && attempt == 0) {
-        warn("the server cannot resume " + part_path + " (" +
-             (t.status == 416 ? std::string("HTTP 416") : "another range") + "): starting again");
-        part.truncate();
-        have = 0;
-        continue;
-      }
-      if (t.http_error || t.bad_range) {
-        if (part.size() == 0 && have == 0) ::unlink(part_path.c_str());
-        throw Error("cannot download " + plan.url + ": HTTP " + std::to_string(t.status) +
-                    (t.reason.empty() ? "" : " " + t.reason) + with_resume_hint(part_path, have));
-      }
-      if (rc != CURLE_OK) {
-        if (have == 0) ::unlink(part_path.c_str());
-        throw Error("cannot download " + plan.url + ": " +
-                    (errbuf[0] ? errbuf : curl_easy_strerror(rc)) +
-                    with_resume_hint(part_path, have));
-      }
-      break;
-    }
-    if (total >= 0 && have != static_cast<uint64_t>(total))
-      throw Error("cannot download " + plan.url + ": the server sent " + std::to_string(have) +
-                  " of " + std::to_string(total) + " bytes" + with_resume_hint(part_path, have));
+    have = download(plan.url, plan.file, part, part_path, have, total);
   }
   part.close_synced();
 
