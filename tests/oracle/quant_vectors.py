@@ -7,7 +7,7 @@ appended, so the earlier entries' bytes stay those of the older file) this write
 fields overwritten by sane values so every result is finite, together with
 their dequantization by the `gguf` Python package (gguf.quants.dequantize),
 the reference implementation of the GGUF block formats.  The C++ test
-tests/kernels/dequantize_oracle_test.cpp checks that cb::dequantize_row
+tests/kernels/test_dequantize_oracle.cpp checks that cb::dequantize_row
 reproduces these floats bit for bit.
 
 This script is the documented way to regenerate the golden file; the output

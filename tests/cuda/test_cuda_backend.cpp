@@ -3,7 +3,7 @@
 // sizes and tails, attention on subsets of query rows with GQA, host memory
 // arguments (staged by the backend), and top_k against top_k_indices.  The
 // plugin's loading and the missing device.  (Batches, uploads and threads:
-// cuda_batch_test.cpp.)
+// test_cuda_batch.cpp.)
 //
 // Without a CUDA device every test that needs one skips with a message; the
 // one test that needs no device checks that asking for one is an error.

@@ -8,7 +8,7 @@
 //  * The reference, given quantized activations, computes
 //    sum_i w_i * (xq_i * d): the integer parts are exact, so its only error
 //    is f32 rounding of the per-block terms and their running sum, bounded
-//    by 1e-5 * sum_i |w_i * xq_i * d| at these lengths (see matmul_test.cpp).
+//    by 1e-5 * sum_i |w_i * xq_i * d| at these lengths (see test_matmul.cpp).
 //    A wrong nibble order, scale or offset is an error of order one block's
 //    share, i.e. ~1/n_blocks of that sum, far above the bound.
 //  * SIMD vs reference: both within that bound of the float64 value, so
