@@ -23,6 +23,13 @@
 
 namespace cb::cache {
 
+// What a store's reads decoded with one codec, for its stats.
+struct CodecCounters {
+  uint64_t layers = 0;        // layers decoded
+  uint64_t output_bytes = 0;  // f16-equivalent bytes produced (2 per value)
+  uint64_t decode_ns = 0;     // decompress + dequantize
+};
+
 constexpr int kQ4KGroupTokens = 32;
 constexpr size_t kSegmentHeaderBytes = 8;
 

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "cache/chunk_kv.h"
+#include "cache/codec.h"
 
 namespace cb::cache {
 
@@ -84,12 +85,6 @@ enum class PutResult {
   kStored,
   kAlreadyPresent,  // the same key was stored before (perhaps by another process)
   kNoRoom,          // larger than capacity, or everything else is pinned
-};
-
-struct CodecCounters {
-  uint64_t layers = 0;        // layers decoded
-  uint64_t output_bytes = 0;  // f16-equivalent bytes produced (2 per value)
-  uint64_t decode_ns = 0;     // decompress + dequantize
 };
 
 struct StoreStats {

@@ -66,7 +66,7 @@
 
 #include "cache/blob_format.h"
 #include "cache/chunk_kv.h"
-#include "cache/flash_store.h"
+#include "cache/codec.h"
 
 namespace cb::cache {
 
