@@ -174,20 +174,18 @@ std::vector<float> Session::embed(std::span<const int32_t> tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size()), d = model_.hparams().n_embd;
   std::vector<double> sum(static_cast<size_t>(d), 0.0);
   std::vector<float> rows;
-  try {
-    for (int64_t i = 0; i < n; i += n_batch_) {
-      const int64_t b = std::min(n_batch_, n - i);
-      rows.resize(static_cast<size_t>(b * d));
-      forward_batch(tokens.data() + i, b, prefill_precision(), stop_check(), rows.data());
-      for (int64_t r = 0; r < b; ++r)
-        for (int64_t j = 0; j < d; ++j)
-          sum[static_cast<size_t>(j)] += rows[static_cast<size_t>(r * d + j)];
-    }
-  } catch (...) {
-    n_past_ = 0;
-    throw;
+  struct Empty {  // the session is empty afterwards, also when this throws
+    int64_t& n_past;
+    ~Empty() { n_past = 0; }
+  } empty{n_past_};
+  for (int64_t i = 0; i < n; i += n_batch_) {
+    const int64_t b = std::min(n_batch_, n - i);
+    rows.resize(static_cast<size_t>(b * d));
+    forward_batch(tokens.data() + i, b, prefill_precision(), stop_check(), rows.data());
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t j = 0; j < d; ++j)
+        sum[static_cast<size_t>(j)] += rows[static_cast<size_t>(r * d + j)];
   }
-  n_past_ = 0;
   double norm = 0.0;
   for (double v : sum) norm += v * v;
   norm = std::sqrt(norm);
