@@ -464,11 +464,12 @@ CB_API cb_status cb_session_logits(const cb_session* session, const float** logi
  * of the model's last hidden state (after the output norm), scaled to unit
  * length, so the dot product of two embeddings is their cosine.  Writes
  * n_embd floats (cb_model_info) to out; capacity is out's length in floats
- * (less than n_embd: CB_ERR_BUFFER_TOO_SMALL).  The tokens run as a sequence of their own from position 0 in
- * the session's KV cache: the session's context and logits are discarded,
- * and it is empty afterwards, whatever the outcome.  A decoder model's
- * pooled states are no trained sentence embedding: measure them on your
- * retrieval task before relying on them.  Errors: as cb_session_prefill
+ * (less than n_embd: CB_ERR_BUFFER_TOO_SMALL).  The tokens run as a
+ * sequence of their own from position 0 in the session's KV cache: the
+ * session's context and logits are discarded, and it is empty afterwards,
+ * whatever the outcome.  A decoder model's pooled states are no trained
+ * sentence embedding: measure them on your retrieval task before relying on
+ * them.  Errors: as cb_session_prefill
  * (n_tokens 0 or an id outside the vocabulary: CB_ERR_INVALID_ARGUMENT;
  * more tokens than n_ctx: CB_ERR_CONTEXT_OVERFLOW; the abort callback:
  * CB_ERR_CANCELLED).  The session's thread only. */
