@@ -97,6 +97,18 @@ class Backend {
   virtual void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) {
     matmul(w, x, n_rows, y);
   }
+  // A projection with a bias: matmul() (matmul_q8() when q8), then
+  // add_bias(y, bias, n_rows, w.n_out), bitwise; the default makes those
+  // two calls, a backend may add the bias as it writes y.
+  virtual void matmul_bias(const WeightView& w, const float* x, int64_t n_rows, const float* bias,
+                           float* y, bool q8) {
+    if (q8) {
+      matmul_q8(w, x, n_rows, y);
+    } else {
+      matmul(w, x, n_rows, y);
+    }
+    add_bias(y, bias, n_rows, w.n_out);
+  }
   // out[r] = dequantized row ids[r] of w (embedding lookup); out is n x w.n_in.
   // Every id must be in [0, w.n_out); the caller checks.
   virtual void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) = 0;

@@ -159,6 +159,15 @@ void Graph::add_into(TensorId dst, TensorId src) {
 }
 
 void Graph::add_bias(TensorId x, const float* bias) {
+  // Straight after the product that wrote x it joins that node
+  // (Backend::matmul_bias: the same bits, one op less).
+  if (!nodes_.empty()) {
+    Node& last = nodes_.back();
+    if (last.op == Op::kMatMul && last.out == x && last.vec == nullptr) {
+      last.vec = bias;
+      return;
+    }
+  }
   push(Op::kAddBias, x).vec = bias;
 }
 
@@ -250,7 +259,9 @@ void Graph::run_node(Backend& be, const Node& n, void* arena) const {
       be.get_rows(*n.weight, n.ints, to.rows, out);
       break;
     case Op::kMatMul:
-      if (n.p[0] != 0) {
+      if (n.vec != nullptr) {
+        be.matmul_bias(*n.weight, a, to.rows, n.vec, out, n.p[0] != 0);
+      } else if (n.p[0] != 0) {
         be.matmul_q8(*n.weight, a, to.rows, out);
       } else {
         be.matmul(*n.weight, a, to.rows, out);

@@ -230,24 +230,7 @@ class CudaBackend final : public Backend {
   // --------------------------------------------------------------- ops --
 
   void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
-    check(n_rows >= 0 && w.n_in >= 0 && w.n_out >= 0, "matmul: negative size");
-    check(w.n_in % dtype_block_elems(w.type) == 0, "matmul: n_in is not a whole number of blocks");
-    if (n_rows == 0 || w.n_out == 0) return;
-    Call c(*this);
-    const float* dx = c.in(x, n_rows * w.n_in);
-    float* dy = c.out(y, n_rows * w.n_out, false);
-    if (w.n_in == 0) {
-      cuda_check(
-          cudaMemsetAsync(dy, 0, static_cast<size_t>(n_rows * w.n_out) * sizeof(float), c.stream()),
-          "cudaMemsetAsync");
-    } else if (n_rows <= gemv_max_rows_) {
-      c.name("matmul gemv");
-      dispatch_type<LaunchGemv>(w.type, w, dx, static_cast<int>(n_rows), dy, c.stream());
-    } else {
-      c.name("matmul gemm");
-      gemm(c.ctx(), w, dx, n_rows, dy);
-    }
-    c.finish();
+    product(w, x, n_rows, nullptr, y, false);
   }
 
   // The exact product, unless CB_CUDA_BF16 asks for the rounded one the
@@ -261,21 +244,14 @@ class CudaBackend final : public Backend {
   // same-shape clones a GPU machine here can receive are too ill-conditioned
   // to tell (both paths miss those identities on them; docs/CUDA.md).
   void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
-    if (!round_bf16_) return matmul(w, x, n_rows, y);
-    check(n_rows >= 0 && w.n_in >= 0 && w.n_out >= 0, "matmul: negative size");
-    check(w.n_in % dtype_block_elems(w.type) == 0, "matmul: n_in is not a whole number of blocks");
-    if (w.n_in == 0) return matmul(w, x, n_rows, y);
-    if (n_rows == 0 || w.n_out == 0) return;
-    Call c(*this, "matmul_q8 gemv bf16");
-    const float* dx = c.in(x, n_rows * w.n_in);
-    float* dy = c.out(y, n_rows * w.n_out, false);
-    if (n_rows <= gemv_max_rows_) {
-      dispatch_type<LaunchGemvBf16>(w.type, w, dx, static_cast<int>(n_rows), dy, c.stream());
-    } else {
-      c.name("matmul_q8 gemm bf16");
-      gemm_bf16(c.ctx(), w, dx, n_rows, dy);
-    }
-    c.finish();
+    product(w, x, n_rows, nullptr, y, round_bf16_);
+  }
+
+  // The GEMV adds the bias as it writes each output (one launch less per
+  // biased projection: three a layer in decode on Qwen2).
+  void matmul_bias(const WeightView& w, const float* x, int64_t n_rows, const float* bias, float* y,
+                   bool q8) override {
+    product(w, x, n_rows, bias, y, q8 && round_bf16_);
   }
 
   void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override {
@@ -309,12 +285,16 @@ class CudaBackend final : public Backend {
     check(rot_dim >= 0 && rot_dim <= head_dim && rot_dim % 2 == 0,
           "rope: rot_dim must be even and at most head_dim");
     if (n_rows == 0 || rot_dim == 0) return;
+    // The kernel's table of rot_dim / 2 doubles fits the 48 KiB of shared
+    // memory any launch may take.
+    check(rot_dim <= 4096, "rope: rot_dim above 4096 is not supported");
     Call c(*this);
     float* dx = c.out(x, n_rows * n_heads * head_dim, true);
     const int32_t* dpos = c.in(pos, n_rows);
     const float* dfactors = freq_factors ? c.in(freq_factors, rot_dim / 2) : nullptr;
     const int64_t total = n_rows * (rot_dim / 2);
-    rope_kernel<<<grid_for(total), kEltThreads, 0, c.stream()>>>(
+    const size_t table = static_cast<size_t>(rot_dim / 2) * sizeof(double);
+    rope_kernel<<<grid_for(total), kEltThreads, table, c.stream()>>>(
         dx, dpos, n_rows, n_heads, head_dim, rot_dim, freq_base, dfactors);
     launch_check("rope_kernel");
     c.finish();
@@ -669,6 +649,44 @@ class CudaBackend final : public Backend {
       d.k = c.in(static_cast<const float*>(a.k), kv_elems);
       d.v = c.in(static_cast<const float*>(a.v), kv_elems);
     }
+  }
+
+  // y = x W^T (+ bias): the GEMV for few rows, the GEMM (f32 SGEMM, or bf16
+  // on tensor cores when rounded) for more; the GEMM's bias is its own pass.
+  void product(const WeightView& w, const float* x, int64_t n_rows, const float* bias, float* y,
+               bool rounded) {
+    check(n_rows >= 0 && w.n_in >= 0 && w.n_out >= 0, "matmul: negative size");
+    check(w.n_in % dtype_block_elems(w.type) == 0, "matmul: n_in is not a whole number of blocks");
+    if (n_rows == 0 || w.n_out == 0) return;
+    Call c(*this, rounded ? "matmul_q8 gemv bf16" : "matmul gemv");
+    const float* dx = c.in(x, n_rows * w.n_in);
+    const float* db = c.in(bias, w.n_out);
+    float* dy = c.out(y, n_rows * w.n_out, false);
+    if (w.n_in == 0) {
+      cuda_check(
+          cudaMemsetAsync(dy, 0, static_cast<size_t>(n_rows * w.n_out) * sizeof(float), c.stream()),
+          "cudaMemsetAsync");
+    } else if (n_rows <= gemv_max_rows_) {
+      if (rounded) {
+        dispatch_type<LaunchGemvBf16>(w.type, w, dx, static_cast<int>(n_rows), db, dy, c.stream());
+      } else {
+        dispatch_type<LaunchGemv>(w.type, w, dx, static_cast<int>(n_rows), db, dy, c.stream());
+      }
+      c.finish();
+      return;
+    } else if (rounded) {
+      c.name("matmul_q8 gemm bf16");
+      gemm_bf16(c.ctx(), w, dx, n_rows, dy);
+    } else {
+      c.name("matmul gemm");
+      gemm(c.ctx(), w, dx, n_rows, dy);
+    }
+    if (db != nullptr) {
+      add_bias_kernel<<<grid_for(n_rows * w.n_out), kEltThreads, 0, c.stream()>>>(
+          dy, db, n_rows * w.n_out, w.n_out);
+      launch_check("add_bias_kernel");
+    }
+    c.finish();
   }
 
   enum class Kind { kManaged, kMapped, kWeight };

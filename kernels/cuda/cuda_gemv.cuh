@@ -84,7 +84,7 @@ __device__ __forceinline__ float round_if(float v) {
 template <DType T, bool kRound>
 __global__ void gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_in,
                             int64_t n_out, const float* __restrict__ x, int n_rows,
-                            float* __restrict__ y, int split) {
+                            const float* __restrict__ bias, float* __restrict__ y, int split) {
   __shared__ __align__(16) uint16_t stage[kGemvWarps][kGemvStageBytes / 2];
   __shared__ float partial[kGemvWarps][kGemvMaxRows];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -167,7 +167,7 @@ __global__ void gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int
     if (r < n_rows) {
       float s = partial[warp][r];
       for (int p = 1; p < split; ++p) s += partial[warp + p][r];
-      y[r * n_out + o] = s;
+      y[r * n_out + o] = bias != nullptr ? __fadd_rn(s, bias[o]) : s;
     }
   }
 }
@@ -334,7 +334,7 @@ struct Q6kSlice {
 template <class S, int R, int RW, bool kRound>
 __global__ void gemv_k_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_in,
                               int64_t n_out, const float* __restrict__ x, int n_rows,
-                              float* __restrict__ y, int split) {
+                              const float* __restrict__ bias, float* __restrict__ y, int split) {
   __shared__ float partial[kGemvWarps][R * RW];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / split) + warp / split) * RW;
@@ -393,7 +393,7 @@ __global__ void gemv_k_kernel(const uint8_t* __restrict__ w, size_t row_bytes, i
     if (r < n_rows) {
       float s = partial[warp][r * RW + lane];
       for (int p = 1; p < split; ++p) s += partial[warp + p][r * RW + lane];
-      y[r * n_out + o0 + lane] = s;
+      y[r * n_out + o0 + lane] = bias != nullptr ? __fadd_rn(s, bias[o0 + lane]) : s;
     }
   }
 }
@@ -410,19 +410,21 @@ inline int gemv_split(int64_t steps) {
 // The Q4_K / Q6_K kernel for R activation rows at most, RW weight rows per
 // warp.
 template <DType T, bool kRound, int R, int RW>
-void launch_gemv_k(const WeightView& w, const float* x, int n_rows, float* y, cudaStream_t st) {
+void launch_gemv_k(const WeightView& w, const float* x, int n_rows, const float* bias, float* y,
+                   cudaStream_t st) {
   using S = std::conditional_t<T == DType::Q4_K, Q4kSlice, Q6kSlice>;
   const int split = gemv_split((w.n_in / 256 + S::kPerStep - 1) / S::kPerStep);
   const int64_t rows_per_block = RW * (kGemvWarps / split);
   const unsigned blocks = static_cast<unsigned>((w.n_out + rows_per_block - 1) / rows_per_block);
   gemv_k_kernel<S, R, RW, kRound><<<blocks, 32 * kGemvWarps, 0, st>>>(
       static_cast<const uint8_t*>(w.data), dtype_row_bytes(w.type, w.n_in), w.n_in, w.n_out, x,
-      n_rows, y, split);
+      n_rows, bias, y, split);
   launch_check("gemv_k_kernel");
 }
 
 template <DType T, bool kRound>
-void launch_gemv(const WeightView& w, const float* x, int n_rows, float* y, cudaStream_t st) {
+void launch_gemv(const WeightView& w, const float* x, int n_rows, const float* bias, float* y,
+                 cudaStream_t st) {
   if constexpr (T == DType::Q4_K || T == DType::Q6_K) {
     // Q4_K rows start 16-byte aligned when the weight does (144-byte
     // blocks); the float4 loads of x need x aligned.
@@ -433,10 +435,10 @@ void launch_gemv(const WeightView& w, const float* x, int n_rows, float* y, cuda
       // its x loads where there are rows enough to keep every SM busy
       // (measured on an H200: 286 tok/s against 275 with one row a warp and
       // more warps a row).
-      if (n_rows > 1) return launch_gemv_k<T, kRound, kGemvMaxRows, 1>(w, x, n_rows, y, st);
-      if (w.n_out >= 8192) return launch_gemv_k<T, kRound, 1, 4>(w, x, n_rows, y, st);
-      if (w.n_out >= 4096) return launch_gemv_k<T, kRound, 1, 2>(w, x, n_rows, y, st);
-      return launch_gemv_k<T, kRound, 1, 1>(w, x, n_rows, y, st);
+      if (n_rows > 1) return launch_gemv_k<T, kRound, kGemvMaxRows, 1>(w, x, n_rows, bias, y, st);
+      if (w.n_out >= 8192) return launch_gemv_k<T, kRound, 1, 4>(w, x, n_rows, bias, y, st);
+      if (w.n_out >= 4096) return launch_gemv_k<T, kRound, 1, 2>(w, x, n_rows, bias, y, st);
+      return launch_gemv_k<T, kRound, 1, 1>(w, x, n_rows, bias, y, st);
     }
   }
   const int64_t steps = is_float_type(T) ? (w.n_in + 31) / 32 : (w.n_in / 32 + 7) / 8;
@@ -445,21 +447,24 @@ void launch_gemv(const WeightView& w, const float* x, int n_rows, float* y, cuda
   const unsigned blocks = static_cast<unsigned>((w.n_out + rows_per_block - 1) / rows_per_block);
   gemv_kernel<T, kRound><<<blocks, 32 * kGemvWarps, 0, st>>>(static_cast<const uint8_t*>(w.data),
                                                              dtype_row_bytes(w.type, w.n_in),
-                                                             w.n_in, w.n_out, x, n_rows, y, split);
+                                                             w.n_in, w.n_out, x, n_rows, bias, y,
+                                                             split);
   launch_check("gemv_kernel");
 }
 
 template <DType T>
 struct LaunchGemv {
-  static void run(const WeightView& w, const float* x, int n_rows, float* y, cudaStream_t st) {
-    launch_gemv<T, false>(w, x, n_rows, y, st);
+  static void run(const WeightView& w, const float* x, int n_rows, const float* bias, float* y,
+                  cudaStream_t st) {
+    launch_gemv<T, false>(w, x, n_rows, bias, y, st);
   }
 };
 
 template <DType T>
 struct LaunchGemvBf16 {
-  static void run(const WeightView& w, const float* x, int n_rows, float* y, cudaStream_t st) {
-    launch_gemv<T, true>(w, x, n_rows, y, st);
+  static void run(const WeightView& w, const float* x, int n_rows, const float* bias, float* y,
+                  cudaStream_t st) {
+    launch_gemv<T, true>(w, x, n_rows, bias, y, st);
   }
 };
 

@@ -57,20 +57,29 @@ __global__ void row_sq_diff_kernel(const float* __restrict__ a, const float* __r
 }
 
 // One thread per (row, rotated pair): the angle in f64 (as ref::rope), then
-// the same rotation for every head of the row.
+// the same rotation for every head of the row.  Each block first writes the
+// n_pairs inverse frequencies (f64 pow, the costliest step) to shared
+// memory, so a thread pays one f64 sincos rather than a pow, a sin and a
+// cos (a blend re-rotates every reused key of every layer).
 __global__ void rope_kernel(float* x, const int32_t* __restrict__ pos, int64_t n_rows,
                             int64_t n_heads, int64_t head_dim, int64_t rot_dim, float freq_base,
                             const float* __restrict__ freq_factors) {
+  extern __shared__ double inv_freq[];
   const int64_t n_pairs = rot_dim / 2;
+  for (int64_t i = threadIdx.x; i < n_pairs; i += blockDim.x) {
+    double f = pow(static_cast<double>(freq_base),
+                   -2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
+    if (freq_factors != nullptr) f /= static_cast<double>(freq_factors[i]);
+    inv_freq[i] = f;
+  }
+  __syncthreads();
   const int64_t total = n_rows * n_pairs;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = t / n_pairs, i = t % n_pairs;
-    double inv_freq = pow(static_cast<double>(freq_base),
-                          -2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
-    if (freq_factors != nullptr) inv_freq /= static_cast<double>(freq_factors[i]);
-    const double angle = static_cast<double>(pos[r]) * inv_freq;
-    const float c = static_cast<float>(cos(angle)), s = static_cast<float>(sin(angle));
+    double sd, cd;
+    sincos(static_cast<double>(pos[r]) * inv_freq[i], &sd, &cd);
+    const float c = static_cast<float>(cd), s = static_cast<float>(sd);
     for (int64_t h = 0; h < n_heads; ++h) {
       float* v = x + (r * n_heads + h) * head_dim + 2 * i;
       const float a = v[0], b = v[1];

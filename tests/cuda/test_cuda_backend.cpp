@@ -250,6 +250,18 @@ TEST_F(Cuda, MatmulMatchesFloat64OnEveryTypeAndPath) {
           bf16->matmul_q8(wb, dev(x), n_rows, yb);
           expect_matmul_close(host(yb, exact.size()), exact, abs_sum, what + " bf16",
                               kBf16MatmulRelTol);
+          // A projection's bias (host memory), added as the product is
+          // written: bitwise the product and then add_bias, on both paths.
+          const std::vector<float> bias = test::random_floats(rng, n_out);
+          be->add_bias(y, bias.data(), n_rows, n_out);
+          float* yf = dev(std::vector<float>(static_cast<size_t>(n_rows * n_out), NAN));
+          be->matmul_bias(w, dev(x), n_rows, bias.data(), yf, false);
+          EXPECT_TRUE(test::bitwise_equal(host(yf, exact.size()), host(y, exact.size())))
+              << "matmul_bias " << what;
+          bf16->add_bias(yb, bias.data(), n_rows, n_out);
+          bf16->matmul_bias(wb, dev(x), n_rows, bias.data(), yf, true);
+          EXPECT_TRUE(test::bitwise_equal(host(yf, exact.size()), host(yb, exact.size())))
+              << "matmul_bias " << what << " bf16";
         }
       }
     }

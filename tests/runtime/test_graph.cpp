@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "platform/error.h"
@@ -125,6 +126,56 @@ TEST(Graph, ExecuteIsOneBatchBalancedAlsoWhenAnOpThrows) {
   be.fail_add = false;
   EXPECT_THROW(g.execute(be, arena.data()), std::runtime_error);
   EXPECT_EQ(be.begins, be.ends);
+}
+
+// A bias added straight after the product that wrote it joins that node
+// (one matmul_bias call, bitwise the two ops); anywhere else it stays an
+// add_bias of its own.
+class BiasCountingBackend : public test::ForwardingBackend {
+ public:
+  int fused = 0, separate = 0;
+  void matmul_bias(const WeightView& w, const float* x, int64_t n_rows, const float* bias,
+                   float* y, bool q8) override {
+    ++fused;
+    Backend::matmul_bias(w, x, n_rows, bias, y, q8);
+  }
+  void add_bias(float* x, const float* bias, int64_t n_rows, int64_t dim) override {
+    ++separate;
+    ForwardingBackend::add_bias(x, bias, n_rows, dim);
+  }
+};
+
+TEST(Graph, BiasJoinsTheProductThatWroteIt) {
+  const int64_t rows = 2, dim = 8;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(rows * dim), wmat(dim * dim), bias(dim);
+  for (float& v : x) v = nd(rng);
+  for (float& v : wmat) v = nd(rng);
+  for (float& v : bias) v = nd(rng);
+  const WeightView W{wmat.data(), DType::F32, dim, dim};
+  std::vector<float> fused_out(rows * dim), late_out(rows * dim);
+  std::vector<int32_t> idx = {0, 1};
+  Graph g;
+  TensorId in = g.external(x.data(), rows, dim);
+  TensorId p = g.matmul(W, in);
+  g.add_bias(p, bias.data());
+  g.scatter_rows(p, idx.data(), g.external(fused_out.data(), rows, dim));
+  TensorId q = g.matmul(W, in);
+  g.scale(q, 1.0f);
+  g.add_bias(q, bias.data());  // not straight after its product
+  g.scatter_rows(q, idx.data(), g.external(late_out.data(), rows, dim));
+  std::vector<float> arena(g.plan() / sizeof(float) + 16);
+  BiasCountingBackend be;
+  g.execute(be, arena.data());
+  EXPECT_EQ(be.fused, 1);
+  EXPECT_EQ(be.separate, 2);  // the fused node's default, and the late one
+  auto cpu = make_cpu_backend(1);
+  std::vector<float> expect(rows * dim);
+  cpu->matmul(W, x.data(), rows, expect.data());
+  cpu->add_bias(expect.data(), bias.data(), rows, dim);
+  EXPECT_TRUE(std::memcmp(fused_out.data(), expect.data(), expect.size() * sizeof(float)) == 0);
+  EXPECT_TRUE(std::memcmp(late_out.data(), expect.data(), expect.size() * sizeof(float)) == 0);
 }
 
 }  // namespace
