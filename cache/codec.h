@@ -15,6 +15,7 @@
 // kInvalidArgument otherwise.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -28,6 +29,14 @@ struct CodecCounters {
   uint64_t layers = 0;        // layers decoded
   uint64_t output_bytes = 0;  // f16-equivalent bytes produced (2 per value)
   uint64_t decode_ns = 0;     // decompress + dequantize
+};
+
+// What a store has read since it opened: the loading controller learns a
+// tier's read speed and a codec's decode cost from two of these.
+struct ReadCounters {
+  uint64_t bytes_read = 0;               // stored bytes of the layers read
+  uint64_t read_ns = 0;                  // reading them, throttle waits included
+  std::array<CodecCounters, 4> codec{};  // indexed by static_cast<int>(Codec)
 };
 
 constexpr int kQ4KGroupTokens = 32;

@@ -410,7 +410,7 @@ bool FlashStore::unpin(const ChunkKey& key) {
   return rec && index_->set_pinned(rec->id, false);
 }
 
-bool FlashStore::evict(const ChunkKey& key) {
+bool FlashStore::remove(const ChunkKey& key) {
   const Codec codec = resolve(key);
   std::optional<EntryRecord> rec;
   bool removed = false;

@@ -108,6 +108,7 @@ struct StoreStats {
   uint64_t bytes_read = 0;               // by fetch_layer
   uint64_t read_ns = 0;                  // pread time, throttle waits included
   std::array<CodecCounters, 4> codec{};  // indexed by static_cast<int>(Codec)
+  ReadCounters read_counters() const { return {bytes_read, read_ns, codec}; }
 };
 
 class FlashStore {
@@ -158,7 +159,7 @@ class FlashStore {
   bool unpin(const ChunkKey& key);
   // Removes the entry, pinned or not, at the caller's request (not counted
   // in `evictions`, which are for capacity).  false: no such entry.
-  bool evict(const ChunkKey& key);
+  bool remove(const ChunkKey& key);
   void clear();  // every entry, pinned or not, every namespace
 
   StoreStats stats() const;

@@ -2,7 +2,10 @@
 """The tree's include rules, checked from the sources.
 
 Dependencies point one way: platform <- kernels <- runtime <- abi <- samples,
-and platform <- cache <- runtime.  The samples see only the public C API
+and platform <- cache <- runtime.  cache/ holds the storage layer (the
+chunk stores and their tiers), so storage never includes fusion or
+scheduling code (runtime/blend/); check_layering_test.py shows that a file
+doing so fails here.  The samples see only the public C API
 (abi/include), samples/common and platform's utilities, never the engine.  Inside runtime/ no two
 modules (foo.h with foo.cpp) include each other, directly or through others.
 

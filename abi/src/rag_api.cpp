@@ -258,12 +258,12 @@ cb_status cb_chunk_cache_get_tier_stats(const cb_chunk_cache* cache, size_t tier
     const size_t size = output_size(
         stats, sizeof(cb_tier_stats),
         "stats is NULL or stats->struct_size is not a known size (use cb_tier_stats_init)");
-    const cb::TieredStats all = cache->impl->tier_stats();
+    const cb::cache::TieredStats all = cache->impl->tier_stats();
     if (tier >= all.tiers.size())
       throw cb::Error(cb::ErrorCode::kInvalidArgument,
                       "tier " + std::to_string(tier) + " does not exist (the cache has " +
                           std::to_string(all.tiers.size()) + " tier(s))");
-    const cb::TierStats& t = all.tiers[tier];
+    const cb::cache::TierStats& t = all.tiers[tier];
     cb_tier_stats out;
     cb_tier_stats_init_sized(&out, sizeof(out));
     out.name = static_tier_name(t.name);

@@ -42,7 +42,7 @@ struct CalibratedDecode {
 };
 
 struct CalibratedTier {
-  StorageTier tier;
+  cache::StorageTier tier;
   int64_t observations = 0;
   bool pinned = false;
   bool operator==(const CalibratedTier&) const = default;

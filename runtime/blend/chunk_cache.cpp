@@ -6,7 +6,7 @@
 
 #include "platform/error.h"
 #if CB_WITH_REDIS
-#include "runtime/blend/redis_chunk_store.h"
+#include "cache/redis_chunk_store.h"
 #endif
 
 namespace cb {
@@ -22,7 +22,7 @@ ChunkCache::ChunkCache() = default;
 
 ChunkCache::ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
                        double assumed_read_bytes_per_sec, const ChunkCacheTiers& tiers)
-    : flash_(std::make_shared<FlashChunkStore>(
+    : flash_(std::make_shared<cache::FlashChunkStore>(
           std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir, opts)))),
       assumed_read_bytes_per_sec_(assumed_read_bytes_per_sec),
       open_report_(flash_->store().open_report()) {
@@ -32,9 +32,10 @@ ChunkCache::ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
   // Read speeds placement predicts with until the calibration knows a
   // tier: RAM free, flash at its assumed speed or a typical one, the slow
   // directory at its cap, the server at about 1 GbE.
-  const auto tier = [](const char* name, double read, int rank, std::shared_ptr<ChunkStore> store,
-                       std::optional<cache::Codec> codec, uint64_t capacity, bool shared = false) {
-    ChunkTier t;
+  const auto tier = [](const char* name, double read, int rank,
+                       std::shared_ptr<cache::ChunkStore> store, std::optional<cache::Codec> codec,
+                       uint64_t capacity, bool shared = false) {
+    cache::ChunkTier t;
     t.shared = shared;
     t.cost.name = name;
     t.cost.read_bytes_per_s = read;
@@ -44,9 +45,9 @@ ChunkCache::ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
     t.capacity_bytes = capacity;
     return t;
   };
-  std::vector<ChunkTier> list;
+  std::vector<cache::ChunkTier> list;
   if (tiers.ram_budget_bytes > 0) {
-    ram_tier_ = std::make_shared<RamChunkStore>();
+    ram_tier_ = std::make_shared<cache::RamChunkStore>();
     list.push_back(tier("ram", 0.0, 3, ram_tier_, std::nullopt, tiers.ram_budget_bytes));
   }
   const double flash_read = assumed_read_bytes_per_sec > 0.0 ? assumed_read_bytes_per_sec
@@ -84,12 +85,13 @@ ChunkCache::ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
     const double read = tiers.slow_read_bytes_per_sec > 0
                             ? static_cast<double>(tiers.slow_read_bytes_per_sec)
                             : flash_read / 10.0;
-    list.push_back(tier("slow", read, 1, std::make_shared<FlashChunkStore>(slow_), opts.codec, 0));
+    list.push_back(
+        tier("slow", read, 1, std::make_shared<cache::FlashChunkStore>(slow_), opts.codec, 0));
   }
   if (tiers.redis) {
 #if CB_WITH_REDIS
     redis_ = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(*tiers.redis));
-    list.push_back(tier("redis", 1.25e8, 0, std::make_shared<RedisChunkStore>(redis_),
+    list.push_back(tier("redis", 1.25e8, 0, std::make_shared<cache::RedisChunkStore>(redis_),
                         tiers.redis->codec, 0, true));
 #else
     fail(ErrorCode::kUnsupported,
@@ -97,9 +99,12 @@ ChunkCache::ChunkCache(const std::string& dir, const cache::StoreOptions& opts,
          "hiredis was not found); leave the Redis address unset");
 #endif
   }
-  TieredChunkStoreOptions topts;
-  topts.ratio = tiers.placement_ratio;
-  tiered_ = std::make_unique<TieredChunkStore>(std::move(list), topts);
+  TierPlacementOptions popts;
+  popts.ratio = tiers.placement_ratio;
+  placement_ = std::make_shared<TierPlacement>(popts);
+  cache::TieredChunkStoreOptions topts;
+  topts.placement = placement_;
+  tiered_ = std::make_unique<cache::TieredChunkStore>(std::move(list), topts);
 }
 
 ChunkCache::~ChunkCache() {
@@ -118,12 +123,12 @@ cache::StoreStats ChunkCache::stats() const {
   return st;
 }
 
-TieredStats ChunkCache::tier_stats() const {
+cache::TieredStats ChunkCache::tier_stats() const {
   if (tiered_) return tiered_->stats();
-  TieredStats out;
+  cache::TieredStats out;
   if (flash_) {
     const cache::StoreStats st = flash_->store().stats();
-    TierStats t;
+    cache::TierStats t;
     t.name = "flash";
     t.hits = st.hits;
     t.misses = st.misses;
@@ -135,11 +140,11 @@ TieredStats ChunkCache::tier_stats() const {
 }
 
 void ChunkCache::prepare_placement(Session& s, int n_threads) {
-  if (!tiered_ || tiered_->has_calibration(s.model().fingerprint())) return;
+  if (!placement_ || placement_->has_calibration(s.model().fingerprint())) return;
   std::lock_guard lock(auto_mu_);
-  if (tiered_->has_calibration(s.model().fingerprint())) return;
+  if (placement_->has_calibration(s.model().fingerprint())) return;
   LoadingController& ctrl = controller_for(s, default_device_id(s.backend().name(), n_threads));
-  tiered_->set_calibration(s.model().fingerprint(), ctrl.calibration());
+  placement_->set_calibration(s.model().fingerprint(), ctrl.calibration());
 }
 
 void ChunkCache::add(const cache::ChunkKey& key, cache::ChunkKV kv) {
@@ -148,7 +153,7 @@ void ChunkCache::add(const cache::ChunkKey& key, cache::ChunkKV kv) {
     flush();  // demotions it made room with are queued
     if (!tier) {
       std::string why;
-      for (const TierStats& t : tiered_->stats().tiers)
+      for (const cache::TierStats& t : tiered_->stats().tiers)
         if (!t.last_error.empty()) why += " " + t.name + ": " + t.last_error + ";";
       fail(ErrorCode::kIo, "no storage tier took the chunk's KV" +
                                (why.empty() ? std::string() : " (" + why.substr(1) + ")"));

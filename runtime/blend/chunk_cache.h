@@ -11,15 +11,16 @@
 #include <span>
 #include <string>
 
+#include "cache/chunk_store.h"
+#include "cache/flash_chunk_store.h"
 #include "cache/flash_store.h"
 #include "cache/redis_store.h"
+#include "cache/tiered_chunk_store.h"
 #include "cache/write_back_queue.h"
 #include "runtime/blend/calibration.h"
-#include "runtime/blend/chunk_store.h"
-#include "runtime/blend/flash_chunk_store.h"
 #include "runtime/blend/loading_controller.h"
 #include "runtime/blend/rag_request.h"
-#include "runtime/blend/tiered_chunk_store.h"
+#include "runtime/blend/tier_placement.h"
 #include "runtime/session.h"
 
 namespace cb {
@@ -56,12 +57,12 @@ class ChunkCache {
   ChunkCache(const ChunkCache&) = delete;
   ChunkCache& operator=(const ChunkCache&) = delete;
 
-  ChunkStore& kv() {
+  cache::ChunkStore& kv() {
     if (tiered_) return *tiered_;
-    return flash_ ? static_cast<ChunkStore&>(*flash_) : table_;
+    return flash_ ? static_cast<cache::ChunkStore&>(*flash_) : table_;
   }
   // The tiers around the store on flash; null without tiers.
-  const TieredChunkStore* tiers() const { return tiered_.get(); }
+  const cache::TieredChunkStore* tiers() const { return tiered_.get(); }
   // The store on flash; null in RAM.
   cache::FlashStore* store() { return flash_ ? &flash_->store() : nullptr; }
   const cache::FlashStore* store() const { return flash_ ? &flash_->store() : nullptr; }
@@ -76,7 +77,7 @@ class ChunkCache {
   int unavailable_tiers() const { return unavailable_tiers_; }
   // Per tier, fastest first: with tiers, the tiered store's counters; on
   // flash alone, one tier "flash" (hits, misses, bytes read); in RAM, none.
-  TieredStats tier_stats() const;
+  cache::TieredStats tier_stats() const;
 
   // With tiers: gives placement the compute model of the session's model
   // on this device (measured by a short probe in `s`, which must be empty,
@@ -111,13 +112,14 @@ class ChunkCache {
   LoadingController& controller_for(Session& s, const std::string& device);
   void flush_redis();  // the Redis tier's queued writes, where there is one
 
-  RamChunkStore table_;
-  std::shared_ptr<FlashChunkStore> flash_;
+  cache::RamChunkStore table_;
+  std::shared_ptr<cache::FlashChunkStore> flash_;
   // With tiers: the stores besides flash, and the store over all of them.
-  std::shared_ptr<RamChunkStore> ram_tier_;
+  std::shared_ptr<cache::RamChunkStore> ram_tier_;
   std::shared_ptr<cache::FlashStore> slow_;
   std::shared_ptr<cache::RedisStore> redis_;  // null in a build without the Redis tier
-  std::unique_ptr<TieredChunkStore> tiered_;
+  std::shared_ptr<TierPlacement> placement_;  // with tiers: where new chunks go
+  std::unique_ptr<cache::TieredChunkStore> tiered_;
   double assumed_read_bytes_per_sec_ = 0.0;
   std::string open_report_;
   int unavailable_tiers_ = 0;

@@ -132,7 +132,7 @@ ComputeCost probe_compute_cost(Session& s, const ComputeProbe& probe,
   return fit_compute_cost(out);
 }
 
-double load_seconds(double bytes, const StorageTier& tier, double decode_s_per_byte) {
+double load_seconds(double bytes, const cache::StorageTier& tier, double decode_s_per_byte) {
   const double read = tier.read_bytes_per_s > 0.0 ? bytes / tier.read_bytes_per_s : 0.0;
   return read + bytes * decode_s_per_byte;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cache/chunk_kv.h"
+#include "cache/storage_tier.h"
 
 namespace cb {
 
@@ -65,18 +66,9 @@ struct ComputeProbe {
 ComputeCost probe_compute_cost(Session& s, const ComputeProbe& probe = {},
                                std::vector<LayerTiming>* samples = nullptr);
 
-// Where chunk KV can live.  Lower cost_rank = cheaper per byte (an SD card
-// ranks below internal flash, which ranks below RAM).
-struct StorageTier {
-  std::string name;
-  double read_bytes_per_s = 0.0;  // 0: reads cost nothing (data already in RAM)
-  int cost_rank = 0;
-  bool operator==(const StorageTier&) const = default;
-};
-
 // Seconds to load `bytes` stored bytes from `tier` with a codec decoding at
 // `decode_s_per_byte` (per stored byte).
-double load_seconds(double bytes, const StorageTier& tier, double decode_s_per_byte);
+double load_seconds(double bytes, const cache::StorageTier& tier, double decode_s_per_byte);
 
 // What a short read of a stored chunk measured: the store's read throughput
 // (throttle included) and the decode cost of the chunk's codec, both from

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "cache/chunk_kv.h"
+#include "cache/chunk_source.h"
 #include "runtime/blend/blend_options.h"
-#include "runtime/blend/chunk_source.h"
 #include "runtime/blend/layer_pipeline.h"
 #include "runtime/session.h"
 
@@ -20,7 +20,7 @@ namespace cb {
 
 struct Segment {
   std::span<const int32_t> tokens;
-  ChunkLayerSource* cached = nullptr;  // null: no cached KV
+  cache::ChunkLayerSource* cached = nullptr;  // null: no cached KV
   // True when the cached KV was computed after exactly the tokens that
   // precede this segment in the request (so reusing it is exact); prefix
   // mode reuses only such a leading segment.

@@ -53,7 +53,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/blend/chunk_source.h"
+#include "cache/chunk_source.h"
 #include "runtime/session.h"
 
 namespace cb {
@@ -71,7 +71,7 @@ struct PipelineOptions {
 
 // A cached chunk's place in the request.
 struct CachedChunkRef {
-  ChunkLayerSource* src = nullptr;
+  cache::ChunkLayerSource* src = nullptr;
   int32_t begin = 0;  // first global position
   int32_t len = 0;    // tokens
 };

@@ -82,8 +82,8 @@ double LoadingController::load_s_locked(const RequestShape& shape,
   for (const LayerLoadPart& p : shape.loads) {
     const CalibratedTier* t = cal_.find_tier(tier_override ? *tier_override : p.tier);
     const CalibratedDecode* d = p.codec ? cal_.find_decode(*p.codec) : nullptr;
-    per_layer +=
-        load_seconds(p.bytes_per_layer, t ? t->tier : StorageTier{}, d ? d->s_per_byte : 0.0);
+    per_layer += load_seconds(p.bytes_per_layer, t ? t->tier : cache::StorageTier{},
+                              d ? d->s_per_byte : 0.0);
   }
   return per_layer * static_cast<double>(shape.n_layers);
 }
@@ -182,8 +182,8 @@ void LoadingController::observe_fusion(const RequestShape& shape, const FusionSt
   refresh_compute(cal_, layers, opts_.refresh_alpha);
 }
 
-void LoadingController::observe_store(const std::string& tier, const cache::StoreStats& before,
-                                      const cache::StoreStats& after) {
+void LoadingController::observe_store(const std::string& tier, const cache::ReadCounters& before,
+                                      const cache::ReadCounters& after) {
   if (after.bytes_read <= before.bytes_read) return;
   const double bytes = static_cast<double>(after.bytes_read - before.bytes_read);
   const double read_s = static_cast<double>(after.read_ns - before.read_ns) * 1e-9;

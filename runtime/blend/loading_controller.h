@@ -90,7 +90,7 @@ struct RatioChoice {
 };
 
 struct TierChoice {
-  StorageTier tier;
+  cache::StorageTier tier;
   double load_s = 0.0;     // predicted load from this tier, all layers
   double compute_s = 0.0;  // predicted compute at the given ratio
   bool hidden = false;     // (1 - hide_margin) x load_s <= compute_s
@@ -137,11 +137,11 @@ class LoadingController {
   // layer, are skipped).
   void observe_fusion(const RequestShape& shape, const FusionStats& st);
   // Refreshes the tier's read throughput and the codec's decode cost from
-  // the store's counters around a request (stats() before and after).  The
+  // the store's counters around a request (read_counters() before and after).  The
   // decode cost is refreshed only when one codec was decoded (the counters
   // do not split stored bytes by codec).
-  void observe_store(const std::string& tier, const cache::StoreStats& before,
-                     const cache::StoreStats& after);
+  void observe_store(const std::string& tier, const cache::ReadCounters& before,
+                     const cache::ReadCounters& after);
 
  private:
   double load_s_locked(const RequestShape& shape, const std::string* tier_override) const;

@@ -95,7 +95,7 @@ void check_rag_request_fits(const Session& s, const RagPrompt& prompt, ChunkHead
              "), more than the session's context of " + std::to_string(n_ctx) + " tokens");
 }
 
-std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkStore* store,
+std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, cache::ChunkStore* store,
                                    const RagPrefillOptions& opts, RagPrefillStats* stats) {
   check_rag_request_fits(s, prompt, opts.chunk_head);
   // The session's abort check also ends a wait on a slow storage tier.
@@ -106,7 +106,7 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkSto
   const std::vector<int32_t> head_tokens = chunk_head_tokens(opts.chunk_head, prompt.head);
   std::vector<Segment> segments;
   segments.push_back({prompt.head});
-  std::vector<std::unique_ptr<ChunkLayerSource>> sources;
+  std::vector<std::unique_ptr<cache::ChunkLayerSource>> sources;
   std::vector<cache::ChunkKV> computed;  // kept alive for the sources below
   computed.reserve(prompt.chunks.size());
 
@@ -117,7 +117,7 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkSto
       if (chunk.empty()) continue;
       const cache::ChunkKey key =
           chunk_cache_key(s.model(), opts.chunk_head, head_tokens, chunk, opts.ns);
-      std::unique_ptr<ChunkLayerSource> src =
+      std::unique_ptr<cache::ChunkLayerSource> src =
           store->find(key, chunk_kv_shape(s.model(), chunk.size()));
       if (src) {
         ++st.cache_hits;
@@ -129,7 +129,7 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkSto
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
         store->put(key, computed.back());
-        src = std::make_unique<MemoryChunkSource>(computed.back());
+        src = std::make_unique<cache::MemoryChunkSource>(computed.back());
       }
       sources.push_back(std::move(src));
       // Only the first chunk follows exactly its head, and only when the
@@ -180,11 +180,11 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkSto
   BlendOptions blend = opts.blend;
   blend.schedule = schedule_with_ratio(blend.schedule, choice.ratio);
   if (choice.skip_loads) blend.mode = BlendMode::kFull;
-  const cache::FlashStore* flash = store != nullptr ? store->storage() : nullptr;
-  const cache::StoreStats before = flash ? flash->stats() : cache::StoreStats{};
+  const std::optional<cache::ReadCounters> before =
+      store != nullptr ? store->read_counters() : std::nullopt;
   auto logits = fuse_prefill(s, segments, blend, &st.fusion, opts.pipeline);
   if (st.fusion.chunks_recomputed == 0) opts.controller->observe_fusion(shape, st.fusion);
-  if (flash) opts.controller->observe_store(opts.storage_tier, before, flash->stats());
+  if (before) opts.controller->observe_store(opts.storage_tier, *before, *store->read_counters());
   st.shape = std::move(shape);
   st.choice = choice;
   count_unreadable_as_misses(st);

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/blend/chunk_store.h"
+#include "cache/chunk_store.h"
 #include "runtime/blend/fusor.h"
 #include "runtime/blend/loading_controller.h"
 #include "runtime/chat_format.h"
@@ -69,7 +69,7 @@ struct RagPrefillOptions {
   // ratio from the bytes this request loads and the calibrated costs, and
   // it replaces the schedule's last ratio (schedule_with_ratio).  The
   // request's timings then refresh the controller's calibration (the store's
-  // counters too, when `store` reads from storage: ChunkStore::storage()).
+  // counters too, when `store` reads from storage: ChunkStore::read_counters()).
   // Null: the schedule's ratios as given.
   LoadingController* controller = nullptr;
   // The floor of the controller's ratio for this request; none: the
@@ -97,7 +97,7 @@ void check_rag_request_fits(const Session& s, const RagPrompt& prompt, ChunkHead
 // Prefills the empty session `s` with the request and returns the last
 // token's logits; first check_rag_request_fits().  `store` may be null in full mode.  Chunks
 // missing from the store are computed (in `s`, before the fusion) and stored.
-std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, ChunkStore* store,
+std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, cache::ChunkStore* store,
                                    const RagPrefillOptions& opts, RagPrefillStats* stats = nullptr);
 
 }  // namespace cb

@@ -92,7 +92,7 @@ TEST(FlashStore, NamespacesAreIsolated) {
   EXPECT_TRUE(equals_f16_of(*fetch_all(*store, *ha), a));
   EXPECT_TRUE(equals_f16_of(*fetch_all(*store, *hb), b));
   // Evicting in one namespace leaves the other.
-  EXPECT_TRUE(store->evict(make_key(tokens, Codec::kF16, "app-A")));
+  EXPECT_TRUE(store->remove(make_key(tokens, Codec::kF16, "app-A")));
   EXPECT_FALSE(store->lookup(make_key(tokens, Codec::kF16, "app-A")));
   EXPECT_TRUE(store->lookup(make_key(tokens, Codec::kF16, "app-B")));
 }

@@ -130,7 +130,7 @@ void hammer(FlashStore& writer_store, FlashStore& reader_store, int n_keys) {
     for (int i = 0; i < n_keys; ++i) {
       writer_store.put(key_for(i), kv_for(i).view());
       written = i + 1;
-      if (i % 7 == 3) writer_store.evict(key_for(i - 2));
+      if (i % 7 == 3) writer_store.remove(key_for(i - 2));
     }
     stop = true;
   });

@@ -117,7 +117,7 @@ TEST(Integrity, HandleOutlivesEvictionOfItsEntry) {
   const ChunkKV kv = make_kv(s, 5);
   ASSERT_EQ(store->put(key, kv.view()), PutResult::kStored);
   auto h = store->lookup(key);
-  ASSERT_TRUE(store->evict(key));
+  ASSERT_TRUE(store->remove(key));
   auto got = fetch_all(*store, *h);  // the open descriptor still reads the old data
   ASSERT_TRUE(got);
   EXPECT_TRUE(equals_f16_of(*got, kv));

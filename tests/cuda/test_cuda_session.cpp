@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "cache/chunk_store.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "runtime/blend/chunk_store.h"
 #include "runtime/blend/rag_request.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
@@ -118,12 +118,12 @@ TEST_F(CudaSession, BlendRequestMatchesCpu) {
   const RagPrompt rp = test::lighthouse_prompt(model());
   RagPrefillOptions ro;
   ro.blend.mode = BlendMode::kBlend;
-  auto run = [&](BackendKind b, RamChunkStore& table, RagPrefillStats& st) {
+  auto run = [&](BackendKind b, cache::RamChunkStore& table, RagPrefillStats& st) {
     Session s(model(), opts(b));
     auto l = rag_prefill(s, rp, &table, ro, &st);
     return std::vector<float>(l.begin(), l.end());
   };
-  RamChunkStore cpu_table, gpu_table;
+  cache::RamChunkStore cpu_table, gpu_table;
   RagPrefillStats sc, sg, sx;
   const std::vector<float> lc = run(BackendKind::kCpu, cpu_table, sc);
   const std::vector<float> lg = run(BackendKind::kCuda, gpu_table, sg);
@@ -161,7 +161,7 @@ TEST_F(CudaSession, BlendSelectionAndFusedCacheMatchCpu) {
     RagPrefillOptions ro;
     ro.blend.mode = BlendMode::kBlend;
     ro.pipeline.enabled = pipelined;
-    RamChunkStore table;
+    cache::RamChunkStore table;
     Session cpu(model(), opts(BackendKind::kCpu));
     Session gpu(model(), opts(BackendKind::kCuda));
     RagPrefillStats sc, sg;

@@ -122,8 +122,8 @@ TEST_P(Architecture, FusorIdentities) {
                   {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
   std::vector<cache::ChunkKV> kv;
   for (const auto& c : req.chunks) kv.push_back(precompute_chunk_kv(scratch, req.head, c));
-  std::vector<std::unique_ptr<MemoryChunkSource>> sources;
-  for (const auto& k : kv) sources.push_back(std::make_unique<MemoryChunkSource>(k));
+  std::vector<std::unique_ptr<cache::MemoryChunkSource>> sources;
+  for (const auto& k : kv) sources.push_back(std::make_unique<cache::MemoryChunkSource>(k));
   std::vector<Segment> segs = {{req.head}};
   for (size_t i = 0; i < req.chunks.size(); ++i)
     segs.push_back({req.chunks[i], sources[i].get(), i == 0});

@@ -227,8 +227,8 @@ TEST_F(Qwen2, FusorIdentities) {
   Session scratch(model(), exact);
   std::vector<cache::ChunkKV> kv;
   for (const auto& c : chunks) kv.push_back(precompute_chunk_kv(scratch, head, c));
-  std::vector<std::unique_ptr<MemoryChunkSource>> sources;
-  for (const auto& k : kv) sources.push_back(std::make_unique<MemoryChunkSource>(k));
+  std::vector<std::unique_ptr<cache::MemoryChunkSource>> sources;
+  for (const auto& k : kv) sources.push_back(std::make_unique<cache::MemoryChunkSource>(k));
   std::vector<Segment> segs = {{head}};
   for (size_t i = 0; i < chunks.size(); ++i) segs.push_back({chunks[i], sources[i].get(), i == 0});
   segs.push_back({question});

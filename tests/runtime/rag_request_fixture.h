@@ -15,9 +15,9 @@
 namespace cb::test {
 
 // Fails (returns false, or throws) from layer fail_at on.
-class FailingSource final : public ChunkLayerSource {
+class FailingSource final : public cache::ChunkLayerSource {
  public:
-  FailingSource(ChunkLayerSource& inner, int64_t fail_at, bool throws = false)
+  FailingSource(cache::ChunkLayerSource& inner, int64_t fail_at, bool throws = false)
       : inner_(inner), fail_at_(fail_at), throws_(throws) {}
   bool fetch_layer(int64_t layer, float* k, float* v) override {
     if (layer >= fail_at_) {
@@ -29,7 +29,7 @@ class FailingSource final : public ChunkLayerSource {
   uint64_t layer_bytes(int64_t layer) const override { return inner_.layer_bytes(layer); }
 
  private:
-  ChunkLayerSource& inner_;
+  cache::ChunkLayerSource& inner_;
   int64_t fail_at_;
   bool throws_;
 };
@@ -49,7 +49,7 @@ struct LighthouseRequest {
   explicit LighthouseRequest(const Model& model) : prompt(lighthouse_prompt(model)) {
     Session scratch(model, {.n_ctx = 256, .n_threads = 2});
     for (const auto& c : prompt.chunks) kv.push_back(precompute_chunk_kv(scratch, prompt.head, c));
-    for (const auto& k : kv) sources.push_back(std::make_unique<MemoryChunkSource>(k));
+    for (const auto& k : kv) sources.push_back(std::make_unique<cache::MemoryChunkSource>(k));
   }
 
   // Head, the chunks with their cached KV (the first one an exact prefix),
@@ -64,7 +64,7 @@ struct LighthouseRequest {
 
   RagPrompt prompt;
   std::vector<cache::ChunkKV> kv;
-  std::vector<std::unique_ptr<MemoryChunkSource>> sources;
+  std::vector<std::unique_ptr<cache::MemoryChunkSource>> sources;
 };
 
 }  // namespace cb::test

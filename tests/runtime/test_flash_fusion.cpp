@@ -9,7 +9,7 @@
 
 #include <unistd.h>
 
-#include "runtime/blend/flash_chunk_store.h"
+#include "cache/flash_chunk_store.h"
 #include "runtime/blend/rag_request.h"
 #include "runtime/sampler.h"
 #include "tests/runtime/model_path.h"
@@ -39,7 +39,7 @@ class FlashFusion : public testing::Test {
   }
   void TearDown() override { fs::remove_all(dir); }
 
-  std::vector<float> run(ChunkStore& store, RagPrefillStats* st) {
+  std::vector<float> run(cache::ChunkStore& store, RagPrefillStats* st) {
     Session s(model(), {.n_ctx = 256, .n_threads = 2, .int8_prefill = false});
     const RagPrefillOptions opts;  // blend, lookahead [(0, 0.2)], chunk head = prompt
     auto l = rag_prefill(s, prompt, &store, opts, st);
@@ -51,7 +51,7 @@ class FlashFusion : public testing::Test {
 };
 
 TEST_F(FlashFusion, MissesAreWrittenBackAndServedFromFlash) {
-  RamChunkStore ram;
+  cache::RamChunkStore ram;
   RagPrefillStats ram_stats;
   auto want = run(ram, &ram_stats);
 
@@ -59,7 +59,7 @@ TEST_F(FlashFusion, MissesAreWrittenBackAndServedFromFlash) {
     fs::remove_all(dir);
     auto store = std::shared_ptr<cache::FlashStore>(
         cache::FlashStore::open(dir.string(), {.codec = codec}).release());
-    FlashChunkStore flash(store);
+    cache::FlashChunkStore flash(store);
     RagPrefillStats first, second;
     auto a = run(flash, &first);
     EXPECT_EQ(first.cache_misses, 2);
@@ -78,7 +78,7 @@ TEST_F(FlashFusion, MissesAreWrittenBackAndServedFromFlash) {
 TEST_F(FlashFusion, DamagedBlobIsRecomputedNotTrusted) {
   auto store = std::shared_ptr<cache::FlashStore>(
       cache::FlashStore::open(dir.string(), {.codec = cache::Codec::kF16}).release());
-  FlashChunkStore flash(store);
+  cache::FlashChunkStore flash(store);
   RagPrefillStats st;
   run(flash, &st);
   store->flush();

@@ -66,7 +66,7 @@ class FusorTest : public testing::Test {
   void SetUp() override {
     Session scratch(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
     for (const auto& c : req.chunks) kv.push_back(precompute_chunk_kv(scratch, req.head, c));
-    for (const auto& k : kv) sources.push_back(std::make_unique<MemoryChunkSource>(k));
+    for (const auto& k : kv) sources.push_back(std::make_unique<cache::MemoryChunkSource>(k));
   }
   std::vector<Segment> segments() {
     std::vector<Segment> s = {{req.head}};
@@ -90,7 +90,7 @@ class FusorTest : public testing::Test {
 
   Request req;
   std::vector<cache::ChunkKV> kv;
-  std::vector<std::unique_ptr<MemoryChunkSource>> sources;
+  std::vector<std::unique_ptr<cache::MemoryChunkSource>> sources;
 };
 
 BlendOptions blend_with(Selection sel, std::vector<CheckLayer> schedule) {

@@ -314,7 +314,7 @@ TEST(LoadingController, ObserveStoreRefreshesReadAndDecode) {
   Calibration cal = synthetic();
   cal.decode = {{cache::Codec::kQ8, 2e-9}};
   LoadingController c(cal, {.refresh_alpha = 1.0});
-  cache::StoreStats before, after;
+  cache::ReadCounters before, after;
   after.bytes_read = 1'000'000;
   after.read_ns = 250'000'000;  // 4 MB/s
   const int q8 = static_cast<int>(cache::Codec::kQ8);
@@ -366,7 +366,7 @@ TEST(LoadingController, FirstObservationCalibratesAnUnknownTier) {
   shape.n_layers = 30;
   shape.loads = {{"flash", cache::Codec::kQ8, 0.5e6}};
   EXPECT_DOUBLE_EQ(c.choose_ratio(shape).ratio, 0.15);  // reads look free
-  cache::StoreStats before, after;
+  cache::ReadCounters before, after;
   after.bytes_read = 45'000'000;
   after.read_ns = 22'500'000'000;  // 2 MB/s
   const int q8 = static_cast<int>(cache::Codec::kQ8);

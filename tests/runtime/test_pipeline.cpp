@@ -18,12 +18,12 @@
 #if CB_WITH_REDIS
 #include "../cache/redis_test_util.h"
 #endif
+#include "cache/flash_chunk_store.h"
 #include "platform/half.h"
-#include "runtime/blend/flash_chunk_store.h"
 #include "runtime/blend/layer_pipeline.h"
 #include "runtime/blend/rag_request.h"
 #if CB_WITH_REDIS
-#include "runtime/blend/redis_chunk_store.h"
+#include "cache/redis_chunk_store.h"
 #endif
 #include "runtime/llama_layer.h"
 #include "tests/runtime/model_path.h"
@@ -43,9 +43,9 @@ using test::rel_l2;
 using test::FailingSource;
 
 // Records the highest layer fetched so far.
-class RecordingSource final : public ChunkLayerSource {
+class RecordingSource final : public cache::ChunkLayerSource {
  public:
-  explicit RecordingSource(ChunkLayerSource& inner) : inner_(inner) {}
+  explicit RecordingSource(cache::ChunkLayerSource& inner) : inner_(inner) {}
   bool fetch_layer(int64_t layer, float* k, float* v) override {
     int64_t seen = highest.load();
     while (layer > seen && !highest.compare_exchange_weak(seen, layer)) {
@@ -55,7 +55,7 @@ class RecordingSource final : public ChunkLayerSource {
   std::atomic<int64_t> highest{-1};
 
  private:
-  ChunkLayerSource& inner_;
+  cache::ChunkLayerSource& inner_;
 };
 
 class PipelineTest : public testing::Test, public test::LighthouseRequest {
@@ -73,7 +73,7 @@ class PipelineTest : public testing::Test, public test::LighthouseRequest {
     auto l = fuse_prefill(s, segs, o, st, p);
     return {l.begin(), l.end()};
   }
-  std::vector<float> rag(ChunkStore& store, const RagPrefillOptions& o,
+  std::vector<float> rag(cache::ChunkStore& store, const RagPrefillOptions& o,
                          RagPrefillStats* st = nullptr) {
     Session s(model(), {.n_ctx = 256, .n_threads = 2});
     auto l = rag_prefill(s, prompt, &store, o, st);
@@ -121,7 +121,7 @@ TEST_F(PipelineTest, PipelinedEqualsSerialFromFlashAndUnderAReadCap) {
   for (cache::Codec codec : {cache::Codec::kF16, cache::Codec::kQ8}) {
     fs::remove_all(dir);
     auto store = open_store(codec);
-    FlashChunkStore flash(store);
+    cache::FlashChunkStore flash(store);
     RagPrefillOptions serial;
     serial.pipeline.enabled = false;
     rag(flash, serial);  // computes and writes back the chunks
@@ -154,7 +154,7 @@ TEST_F(PipelineTest, PipelinedEqualsSerialFromRedisAndOverlapsACappedRead) {
   ro.port = server.port();
   ro.codec = cache::Codec::kF16;
   auto redis = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
-  RedisChunkStore remote(redis);
+  cache::RedisChunkStore remote(redis);
   RagPrefillOptions serial;
   serial.pipeline.enabled = false;
   rag(remote, serial);  // computes the chunks and stores them on the server
@@ -168,7 +168,7 @@ TEST_F(PipelineTest, PipelinedEqualsSerialFromRedisAndOverlapsACappedRead) {
   // Capped at 20 MB/s: about 70 ms of reads for the 1.4 MB of f16 KV, a
   // few times less than the computation they can hide behind.
   ro.read_bytes_per_sec = 20'000'000;
-  RedisChunkStore capped(std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro)));
+  cache::RedisChunkStore capped(std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro)));
   RagPrefillStats cs, cp;
   EXPECT_EQ(rag(capped, serial, &cs), want);
   EXPECT_EQ(rag(capped, {}, &cp), want);
@@ -270,7 +270,7 @@ TEST_F(PipelineTest, LookAheadIsBoundedAndTheLoaderAlwaysJoins) {
 
 TEST_F(PipelineTest, AutoRatioFollowsTheStorageTier) {
   auto store = open_store(cache::Codec::kQ8);
-  FlashChunkStore flash(store);
+  cache::FlashChunkStore flash(store);
   rag(flash, {});
   store->flush();
   Calibration cal;
@@ -340,7 +340,7 @@ TEST(PipelineBench, DISABLED_PipelinedVsSerialAtBalancedReadCap) {
     t = static_cast<int32_t>(1000 + (x = x * 1664525u + 1013904223u) % 20000);
   auto store = std::shared_ptr<cache::FlashStore>(
       cache::FlashStore::open(dir.string(), {.codec = cache::Codec::kQ8}).release());
-  FlashChunkStore flash(store);
+  cache::FlashChunkStore flash(store);
   Session s(model(), {.n_ctx = 4608, .n_threads = n_threads});
   auto run = [&](const PipelineOptions& po, RagPrefillStats& st) {
     s.truncate(0);

@@ -3,7 +3,7 @@
 // chunks read in full from a slower tier, RAM budget overflow demoting to the
 // next tier, and fallthrough past a tier that fails -- over real stores
 // (RAM, flash directories, a real redis-server).
-#include "runtime/blend/tiered_chunk_store.h"
+#include "cache/tiered_chunk_store.h"
 
 #include <gtest/gtest.h>
 
@@ -17,11 +17,12 @@
 #if CB_WITH_REDIS
 #include "cache/redis_store.h"
 #endif
+#include "cache/flash_chunk_store.h"
 #include "platform/error.h"
 #include "runtime/blend/chunk_cache.h"
-#include "runtime/blend/flash_chunk_store.h"
+#include "runtime/blend/tier_placement.h"
 #if CB_WITH_REDIS
-#include "runtime/blend/redis_chunk_store.h"
+#include "cache/redis_chunk_store.h"
 #endif
 
 namespace cb {
@@ -39,10 +40,10 @@ constexpr uint64_t kChunkBytes = 2 * 10 * 100 * 64 * 4;
 
 // One tier (built field by field: GCC 12 warns falsely about the strings
 // of nested braced aggregates).
-ChunkTier tier(const char* name, double read_bytes_per_s, int rank,
-               std::shared_ptr<ChunkStore> store, std::optional<Codec> codec = std::nullopt,
-               uint64_t capacity_bytes = 0) {
-  ChunkTier t;
+cache::ChunkTier tier(const char* name, double read_bytes_per_s, int rank,
+                      std::shared_ptr<cache::ChunkStore> store,
+                      std::optional<Codec> codec = std::nullopt, uint64_t capacity_bytes = 0) {
+  cache::ChunkTier t;
   t.cost.name = name;
   t.cost.read_bytes_per_s = read_bytes_per_s;
   t.cost.cost_rank = rank;
@@ -88,7 +89,7 @@ bool same_bits(const cache::ChunkKV& a, const cache::ChunkKV& b) {
 }
 
 // Every layer through `src`, or nullopt.
-std::optional<cache::ChunkKV> read_all(ChunkLayerSource& src) {
+std::optional<cache::ChunkKV> read_all(cache::ChunkLayerSource& src) {
   if (!src.shape()) return std::nullopt;
   cache::ChunkKV kv(*src.shape());
   for (int l = 0; l < kv.shape.n_layers; ++l)
@@ -98,18 +99,19 @@ std::optional<cache::ChunkKV> read_all(ChunkLayerSource& src) {
 
 // RAM (budget `ram_bytes`), flash (f16), and a 5 MB/s directory (f16).
 struct ThreeTiers {
-  explicit ThreeTiers(uint64_t ram_bytes, TieredChunkStoreOptions opts = {}) {
+  explicit ThreeTiers(uint64_t ram_bytes, cache::TieredChunkStoreOptions opts = {}) {
     cache::StoreOptions so;
     so.codec = Codec::kF16;
     flash = cache::FlashStore::open(dir.sub("flash"), so);
     so.read_bytes_per_sec = 5'000'000;
     sd = cache::FlashStore::open(dir.sub("sd"), so);
-    ram = std::make_shared<RamChunkStore>();
-    std::vector<ChunkTier> tiers;
+    ram = std::make_shared<cache::RamChunkStore>();
+    std::vector<cache::ChunkTier> tiers;
     tiers.push_back(tier("ram", 0.0, 2, ram, std::nullopt, ram_bytes));
-    tiers.push_back(tier("flash", 1e8, 1, std::make_shared<FlashChunkStore>(flash), Codec::kF16));
-    tiers.push_back(tier("sd", 5e6, 0, std::make_shared<FlashChunkStore>(sd), Codec::kF16));
-    store = std::make_unique<TieredChunkStore>(std::move(tiers), opts);
+    tiers.push_back(
+        tier("flash", 1e8, 1, std::make_shared<cache::FlashChunkStore>(flash), Codec::kF16));
+    tiers.push_back(tier("sd", 5e6, 0, std::make_shared<cache::FlashChunkStore>(sd), Codec::kF16));
+    store = std::make_unique<cache::TieredChunkStore>(std::move(tiers), opts);
   }
   void flush() {
     flash->flush();
@@ -117,15 +119,25 @@ struct ThreeTiers {
   }
   TempDir dir;
   std::shared_ptr<cache::FlashStore> flash, sd;
-  std::shared_ptr<RamChunkStore> ram;
-  std::unique_ptr<TieredChunkStore> store;
+  std::shared_ptr<cache::RamChunkStore> ram;
+  std::unique_ptr<cache::TieredChunkStore> store;
 };
 
-TieredChunkStoreOptions calibrated(double ratio) {
-  TieredChunkStoreOptions o;
+TierPlacementOptions calibration_at(double ratio) {
+  TierPlacementOptions o;
   o.ratio = ratio;
   o.calibration.compute = CalibratedCompute{{1e-4, 0.0, 0.0}};  // 0.1 ms per row and layer
   return o;
+}
+
+cache::TieredChunkStoreOptions placed_by(TierPlacementOptions p) {
+  cache::TieredChunkStoreOptions o;
+  o.placement = std::make_shared<TierPlacement>(std::move(p));
+  return o;
+}
+
+cache::TieredChunkStoreOptions calibrated(double ratio) {
+  return placed_by(calibration_at(ratio));
 }
 
 // Compute at r: 0.01 s (layer 0, every token) + 9 x 100 r x 1e-4 s.  Loads:
@@ -161,7 +173,7 @@ TEST(TieredChunkStore, TheFastestTierHoldingTheChunkServesIt) {
   auto got = read_all(*src);
   ASSERT_TRUE(got);
   EXPECT_TRUE(same_bits(*got, kv));  // RAM: exact f32, not the directory's f16
-  const TieredStats st = t.store->stats();
+  const cache::TieredStats st = t.store->stats();
   EXPECT_EQ(st.tiers[0].hits, 1u);
   EXPECT_EQ(st.tiers[2].hits, 0u);
   EXPECT_FALSE(t.store->find(make_key(tokens(99)), kShape));
@@ -169,7 +181,7 @@ TEST(TieredChunkStore, TheFastestTierHoldingTheChunkServesIt) {
 }
 
 TEST(TieredChunkStore, AChunkReadInFullFromASlowerTierMovesUp) {
-  TieredChunkStoreOptions opts;
+  cache::TieredChunkStoreOptions opts;
   opts.promote_after_hits = 2;
   ThreeTiers t(0, opts);
   const cache::ChunkKey key = make_key(tokens(3));
@@ -204,7 +216,7 @@ TEST(TieredChunkStore, AChunkReadInFullFromASlowerTierMovesUp) {
   ASSERT_TRUE(from_flash);
   EXPECT_TRUE(same_bits(*from_flash, *from_sd));
   EXPECT_TRUE(cache::testing::equals_f16_of(*from_flash, kv));
-  const TieredStats st = t.store->stats();
+  const cache::TieredStats st = t.store->stats();
   EXPECT_EQ(st.tiers[1].hits, 1u);
   EXPECT_EQ(st.tiers[2].hits, 3u);
 }
@@ -227,7 +239,7 @@ TEST(TieredChunkStore, RamBudgetOverflowDemotesTheLeastRecentlyUsed) {
   auto demoted = cache::testing::fetch_all(*t.flash, *h);
   ASSERT_TRUE(demoted);
   EXPECT_TRUE(cache::testing::equals_f16_of(*demoted, make_kv(kShape, 11)));
-  TieredStats st = t.store->stats();
+  cache::TieredStats st = t.store->stats();
   EXPECT_EQ(st.tiers[0].budget_bytes, 2 * kChunkBytes);
   EXPECT_EQ(st.tiers[1].demoted_in, 1u);
   // Still found, now from flash.
@@ -247,9 +259,10 @@ TEST(TieredChunkStore, RamBudgetOverflowDemotesTheLeastRecentlyUsed) {
 
 // A tier whose storage fails: every call throws, as a FlashStore does when
 // its index cannot be read.
-class FailingStore final : public ChunkStore {
+class FailingStore final : public cache::ChunkStore {
  public:
-  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey&, const cache::KvShape&) override {
+  std::unique_ptr<cache::ChunkLayerSource> find(const cache::ChunkKey&,
+                                                const cache::KvShape&) override {
     fail(ErrorCode::kIo, "index unreadable (test)");
   }
   void put(const cache::ChunkKey&, cache::ChunkKV) override {
@@ -259,11 +272,11 @@ class FailingStore final : public ChunkStore {
 };
 
 TEST(TieredChunkStore, AFailingTierIsSkipped) {
-  auto ram = std::make_shared<RamChunkStore>();
-  std::vector<ChunkTier> tiers;
+  auto ram = std::make_shared<cache::RamChunkStore>();
+  std::vector<cache::ChunkTier> tiers;
   tiers.push_back(tier("broken", 0.0, 0, std::make_shared<FailingStore>()));
   tiers.push_back(tier("ram", 0.0, 1, ram));
-  TieredChunkStore store(std::move(tiers));
+  cache::TieredChunkStore store(std::move(tiers));
   const cache::ChunkKey key = make_key(tokens(4));
   const cache::ChunkKV kv = make_kv(kShape, 4);
   EXPECT_EQ(store.placement(kShape), 0u);  // the broken tier would be chosen...
@@ -275,7 +288,7 @@ TEST(TieredChunkStore, AFailingTierIsSkipped) {
   ASSERT_TRUE(got);
   EXPECT_TRUE(same_bits(*got, kv));
   EXPECT_TRUE(store.remove(key));
-  const TieredStats st = store.stats();
+  const cache::TieredStats st = store.stats();
   // find, put, the promotion after the full read, remove.
   EXPECT_EQ(st.tiers[0].failures, 4u);
   EXPECT_EQ(st.tiers[0].last_error, "gone (test)");
@@ -284,29 +297,30 @@ TEST(TieredChunkStore, AFailingTierIsSkipped) {
 }
 
 TEST(TieredChunkStore, BadConfigurationIsAClearError) {
-  EXPECT_THROW(TieredChunkStore({}), Error);
-  EXPECT_THROW(TieredChunkStore({tier("ram", 0.0, 0, nullptr)}), Error);
-  TieredChunkStoreOptions o;
-  o.ratio = 1.5;
-  EXPECT_THROW(TieredChunkStore({tier("ram", 0.0, 0, std::make_shared<RamChunkStore>())}, o),
-               Error);
-  o = {};
+  EXPECT_THROW(cache::TieredChunkStore({}), Error);
+  EXPECT_THROW(cache::TieredChunkStore({tier("ram", 0.0, 0, nullptr)}), Error);
+  EXPECT_THROW(TierPlacement(calibration_at(1.5)), Error);
+  cache::TieredChunkStoreOptions o;
   o.promote_after_hits = 0;
-  EXPECT_THROW(TieredChunkStore({tier("ram", 0.0, 0, std::make_shared<RamChunkStore>())}, o),
-               Error);
+  EXPECT_THROW(
+      cache::TieredChunkStore({tier("ram", 0.0, 0, std::make_shared<cache::RamChunkStore>())}, o),
+      Error);
 }
 
-// set_calibration gives one model's chunks a compute model: they are placed
+// TierPlacement::set_calibration gives one model's chunks a compute model: they are placed
 // by it, other models' chunks still by the options' (none here: fastest).
 TEST(TieredChunkStore, PlacementUsesTheChunksModelsCalibration) {
   ThreeTiers t(0, calibrated(0.5));
-  ThreeTiers u(0);  // uncalibrated, ratio 0.15 ...
+  auto placement = std::make_shared<TierPlacement>();  // uncalibrated, ratio 0.15 ...
+  cache::TieredChunkStoreOptions uo;
+  uo.placement = placement;
+  ThreeTiers u(0, uo);
   EXPECT_EQ(u.store->placement(kShape, "model-A"), 0u);
-  EXPECT_FALSE(u.store->has_calibration("model-A"));
+  EXPECT_FALSE(placement->has_calibration("model-A"));
   Calibration cal;
   cal.compute = CalibratedCompute{{1e-4, 0.0, 0.0}};
-  u.store->set_calibration("model-A", cal);  // ... now knows model-A's compute
-  EXPECT_TRUE(u.store->has_calibration("model-A"));
+  placement->set_calibration("model-A", cal);  // ... now knows model-A's compute
+  EXPECT_TRUE(placement->has_calibration("model-A"));
   EXPECT_EQ(u.store->placement(kShape, "model-A"), 1u);  // as at_015 above: flash
   EXPECT_EQ(u.store->placement(kShape, "model-B"), 0u);
   const cache::ChunkKey a = make_key(tokens(30));  // model-A
@@ -319,9 +333,9 @@ TEST(TieredChunkStore, PlacementUsesTheChunksModelsCalibration) {
 // A model's fixed per-layer cost is paid once per request, whatever its
 // chunks: it hides no chunk's load, so it does not move placement.
 TEST(TieredChunkStore, FixedPerLayerCostHidesNoLoad) {
-  TieredChunkStoreOptions o = calibrated(0.15);
+  TierPlacementOptions o = calibration_at(0.15);
   o.calibration.compute = CalibratedCompute{{1e-4, 0.0, 1.0}};  // + 1 s per layer
-  ThreeTiers t(0, o);
+  ThreeTiers t(0, placed_by(o));
   EXPECT_EQ(t.store->placement(kShape), 1u);  // flash, as without it; not the 5 MB/s dir
 }
 
@@ -333,12 +347,13 @@ TEST(TieredChunkStore, PromotionSkipsASlowerTierAbove) {
   so.codec = Codec::kF16;
   auto sd = std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir.sub("sd"), so));
   auto fast = std::shared_ptr<cache::FlashStore>(cache::FlashStore::open(dir.sub("fast"), so));
-  auto ram = std::make_shared<RamChunkStore>();
-  std::vector<ChunkTier> tiers;
+  auto ram = std::make_shared<cache::RamChunkStore>();
+  std::vector<cache::ChunkTier> tiers;
   tiers.push_back(tier("ram", 0.0, 2, ram, std::nullopt, 4 * kChunkBytes));
-  tiers.push_back(tier("sd", 5e6, 1, std::make_shared<FlashChunkStore>(sd), Codec::kF16));
-  tiers.push_back(tier("remote", 1e8, 0, std::make_shared<FlashChunkStore>(fast), Codec::kF16));
-  TieredChunkStore store(std::move(tiers));
+  tiers.push_back(tier("sd", 5e6, 1, std::make_shared<cache::FlashChunkStore>(sd), Codec::kF16));
+  tiers.push_back(
+      tier("remote", 1e8, 0, std::make_shared<cache::FlashChunkStore>(fast), Codec::kF16));
+  cache::TieredChunkStore store(std::move(tiers));
   const cache::ChunkKey key = make_key(tokens(33));
   store.tier_store(2).put(key, make_kv(kShape, 33));
   fast->flush();
@@ -377,7 +392,7 @@ TEST(TieredChunkStore, AFullTierAdmitsOnlyAChunkReadMoreOften) {
   EXPECT_TRUE(t.ram->find(b, kShape));
   EXPECT_FALSE(t.ram->find(a, kShape));
   EXPECT_TRUE(t.flash->lookup(a));
-  const TieredStats st = t.store->stats();
+  const cache::TieredStats st = t.store->stats();
   EXPECT_EQ(st.tiers[0].promoted_in, 1u);
   EXPECT_EQ(st.tiers[1].demoted_in, 1u);
 }
@@ -396,7 +411,7 @@ TEST(TieredChunkStore, CountsMissesHitsAndBytesPerTier) {
   EXPECT_GT(stored, 0u);
   ASSERT_TRUE(read_all(*src));
   EXPECT_FALSE(t.store->find(make_key(tokens(32)), kShape));
-  const TieredStats st = t.store->stats();
+  const cache::TieredStats st = t.store->stats();
   EXPECT_EQ(st.tiers[0].misses, 2u);
   EXPECT_EQ(st.tiers[1].misses, 2u);
   EXPECT_EQ(st.tiers[2].misses, 1u);
@@ -430,11 +445,12 @@ TEST(TieredChunkStoreRedis, DemotesToAndPromotesFromRedis) {
   ro.port = server.port();
   ro.codec = Codec::kF16;
   auto redis = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
-  auto ram = std::make_shared<RamChunkStore>();
-  std::vector<ChunkTier> tiers;
+  auto ram = std::make_shared<cache::RamChunkStore>();
+  std::vector<cache::ChunkTier> tiers;
   tiers.push_back(tier("ram", 0.0, 1, ram, std::nullopt, kChunkBytes));
-  tiers.push_back(tier("redis", 1e8, 0, std::make_shared<RedisChunkStore>(redis), Codec::kF16));
-  TieredChunkStore store(std::move(tiers));
+  tiers.push_back(
+      tier("redis", 1e8, 0, std::make_shared<cache::RedisChunkStore>(redis), Codec::kF16));
+  cache::TieredChunkStore store(std::move(tiers));
   const cache::ChunkKey a = make_key(tokens(20)), b = make_key(tokens(21));
   store.put(a, make_kv(kShape, 20));
   store.put(b, make_kv(kShape, 21));  // a goes down to Redis
@@ -450,7 +466,7 @@ TEST(TieredChunkStoreRedis, DemotesToAndPromotesFromRedis) {
   EXPECT_TRUE(ram->find(a, kShape));
   EXPECT_FALSE(ram->find(b, kShape));
   EXPECT_TRUE(redis->lookup(b));
-  const TieredStats st = store.stats();
+  const cache::TieredStats st = store.stats();
   EXPECT_EQ(st.tiers[0].promoted_in, 1u);
   EXPECT_EQ(st.tiers[1].demoted_in, 2u);
   EXPECT_EQ(st.tiers[1].hits, 1u);
@@ -464,17 +480,19 @@ TEST(TieredChunkStoreRedis, ASharedTierGetsEveryPlacedChunk) {
   cache::RedisOptions ro;
   ro.port = server.port();
   ro.codec = Codec::kF16;
-  const auto device = [&](std::shared_ptr<RamChunkStore> ram,
+  const auto device = [&](std::shared_ptr<cache::RamChunkStore> ram,
                           std::shared_ptr<cache::RedisStore> redis) {
-    std::vector<ChunkTier> tiers;
+    std::vector<cache::ChunkTier> tiers;
     tiers.push_back(tier("ram", 0.0, 1, std::move(ram), std::nullopt, 4 * kChunkBytes));
-    tiers.push_back(tier("redis", 1e8, 0, std::make_shared<RedisChunkStore>(redis), Codec::kF16));
+    tiers.push_back(
+        tier("redis", 1e8, 0, std::make_shared<cache::RedisChunkStore>(redis), Codec::kF16));
     tiers.back().shared = true;
-    return std::make_unique<TieredChunkStore>(std::move(tiers));
+    return std::make_unique<cache::TieredChunkStore>(std::move(tiers));
   };
   auto redis1 = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
   auto redis2 = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
-  auto ram1 = std::make_shared<RamChunkStore>(), ram2 = std::make_shared<RamChunkStore>();
+  auto ram1 = std::make_shared<cache::RamChunkStore>(),
+       ram2 = std::make_shared<cache::RamChunkStore>();
   auto one = device(ram1, redis1), two = device(ram2, redis2);
   const cache::ChunkKey key = make_key(tokens(40));
   EXPECT_EQ(one->put_placed(key, make_kv(kShape, 40)), 0u);  // uncalibrated: RAM
@@ -486,7 +504,7 @@ TEST(TieredChunkStoreRedis, ASharedTierGetsEveryPlacedChunk) {
   auto got = read_all(*src);
   ASSERT_TRUE(got);
   EXPECT_TRUE(cache::testing::equals_f16_of(*got, make_kv(kShape, 40)));
-  const TieredStats st = two->stats();
+  const cache::TieredStats st = two->stats();
   EXPECT_EQ(st.tiers[0].misses, 1u);
   EXPECT_EQ(st.tiers[1].hits, 1u);
   EXPECT_GT(st.tiers[1].bytes_read, 0u);
@@ -508,11 +526,13 @@ TEST(TieredChunkStoreRedis, AKilledServerFailsOverToTheTiersAbove) {
   ro.port = server.port();
   ro.codec = Codec::kF16;
   auto redis = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
-  std::vector<ChunkTier> tiers;
-  tiers.push_back(tier("flash", 1e8, 1, std::make_shared<FlashChunkStore>(flash), Codec::kF16));
-  tiers.push_back(tier("redis", 1e8, 0, std::make_shared<RedisChunkStore>(redis), Codec::kF16));
+  std::vector<cache::ChunkTier> tiers;
+  tiers.push_back(
+      tier("flash", 1e8, 1, std::make_shared<cache::FlashChunkStore>(flash), Codec::kF16));
+  tiers.push_back(
+      tier("redis", 1e8, 0, std::make_shared<cache::RedisChunkStore>(redis), Codec::kF16));
   tiers.back().shared = true;
-  TieredChunkStore store(std::move(tiers), calibrated(0.15));  // Redis hides: placed there
+  cache::TieredChunkStore store(std::move(tiers), calibrated(0.15));  // Redis hides: placed there
   const cache::ChunkKey a = make_key(tokens(41)), b = make_key(tokens(42));
   EXPECT_EQ(store.put_placed(a, make_kv(kShape, 41)), 1u);
   redis->flush();
@@ -525,7 +545,7 @@ TEST(TieredChunkStoreRedis, AKilledServerFailsOverToTheTiersAbove) {
   EXPECT_EQ(store.put_placed(b, make_kv(kShape, 42)), 0u);  // flash, the tier above
   flash->flush();
   EXPECT_TRUE(flash->lookup(b));
-  const TieredStats st = store.stats();
+  const cache::TieredStats st = store.stats();
   EXPECT_GE(st.tiers[1].read_failures, 1u);
   EXPECT_GE(st.tiers[1].failures, 2u);  // the lookup and the put
   EXPECT_NE(st.tiers[1].last_error.find("unreachable"), std::string::npos);
@@ -538,10 +558,12 @@ TEST(TieredChunkStoreRedis, AServerThatIsDownIsPassedOver) {
   cache::RedisOptions ro;
   ro.port = cache::testing::free_loopback_port();
   auto redis = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
-  std::vector<ChunkTier> tiers;
-  tiers.push_back(tier("redis", 1e8, 1, std::make_shared<RedisChunkStore>(redis), Codec::kQ8));
-  tiers.push_back(tier("flash", 1e8, 0, std::make_shared<FlashChunkStore>(flash), Codec::kQ8));
-  TieredChunkStore store(std::move(tiers));
+  std::vector<cache::ChunkTier> tiers;
+  tiers.push_back(
+      tier("redis", 1e8, 1, std::make_shared<cache::RedisChunkStore>(redis), Codec::kQ8));
+  tiers.push_back(
+      tier("flash", 1e8, 0, std::make_shared<cache::FlashChunkStore>(flash), Codec::kQ8));
+  cache::TieredChunkStore store(std::move(tiers));
   const cache::ChunkKey key = make_key(tokens(7), Codec::kQ8);
   ASSERT_EQ(flash->put(key, make_kv(kShape, 7).view()), cache::PutResult::kStored);
   auto src = store.find(key, kShape);
@@ -567,18 +589,20 @@ struct FlashOverRedis {
     ro.codec = Codec::kF16;
     ro.reconnect_interval_ms = 60000;
     redis = std::shared_ptr<cache::RedisStore>(cache::RedisStore::open(ro));
-    std::vector<ChunkTier> tiers;
-    tiers.push_back(tier("flash", 1e8, 1, std::make_shared<FlashChunkStore>(flash), Codec::kF16));
-    tiers.push_back(tier("redis", 1e8, 0, std::make_shared<RedisChunkStore>(redis), Codec::kF16));
+    std::vector<cache::ChunkTier> tiers;
+    tiers.push_back(
+        tier("flash", 1e8, 1, std::make_shared<cache::FlashChunkStore>(flash), Codec::kF16));
+    tiers.push_back(
+        tier("redis", 1e8, 0, std::make_shared<cache::RedisChunkStore>(redis), Codec::kF16));
     tiers.back().shared = true;
-    store = std::make_unique<TieredChunkStore>(std::move(tiers), calibrated(0.15));
+    store = std::make_unique<cache::TieredChunkStore>(std::move(tiers), calibrated(0.15));
   }
   cache::testing::RedisServer server;
   std::string started;
   TempDir dir;
   std::shared_ptr<cache::FlashStore> flash;
   std::shared_ptr<cache::RedisStore> redis;
-  std::unique_ptr<TieredChunkStore> store;
+  std::unique_ptr<cache::TieredChunkStore> store;
 };
 
 // A value on the server whose header claims another shape (checksums
@@ -625,7 +649,7 @@ TEST(TieredChunkStoreRedis, AServerThatRefusesWritesLosesNoChunk) {
   EXPECT_EQ(t.store->put_placed(b, make_kv(kShape, 62)), 0u);  // a request's miss
   t.flash->flush();
   EXPECT_TRUE(t.flash->lookup(b));
-  const TieredStats st = t.store->stats();
+  const cache::TieredStats st = t.store->stats();
   EXPECT_EQ(st.tiers[1].placed, 0u);
   EXPECT_EQ(st.tiers[1].failures, 2u);
   EXPECT_NE(st.tiers[1].last_error.find("READONLY"), std::string::npos) << st.tiers[1].last_error;
@@ -647,7 +671,7 @@ TEST(ChunkCacheRedis, AddCountsAWriteTheServerRefuses) {
   cache::StoreOptions so;
   ChunkCache cc(dir.path(), so, 0.0, tiers);
   cc.add(make_key(tokens(71), Codec::kQ8), make_kv(kShape, 71));
-  const TieredStats st = cc.tier_stats();
+  const cache::TieredStats st = cc.tier_stats();
   ASSERT_EQ(st.tiers.size(), 2u);
   EXPECT_EQ(st.tiers[0].placed, 1u);  // flash
   EXPECT_EQ(st.tiers[1].placed, 0u);

@@ -1,8 +1,8 @@
-#include "runtime/blend/flash_chunk_store.h"
+#include "cache/flash_chunk_store.h"
 
 #include "platform/error.h"
 
-namespace cb {
+namespace cb::cache {
 
 std::unique_ptr<ChunkLayerSource> FlashChunkStore::find(const cache::ChunkKey& key,
                                                         const cache::KvShape& shape) {
@@ -21,4 +21,4 @@ void FlashChunkStore::put_now(const cache::ChunkKey& key, cache::ChunkKV kv) {
     fail(ErrorCode::kIo, "the chunk does not fit in the store at " + store_->dir());
 }
 
-}  // namespace cb
+}  // namespace cb::cache

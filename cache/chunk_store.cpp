@@ -1,6 +1,6 @@
-#include "runtime/blend/chunk_store.h"
+#include "cache/chunk_store.h"
 
-namespace cb {
+namespace cb::cache {
 namespace {
 
 // Keeps the entry alive while a request reads it.
@@ -66,4 +66,4 @@ void RamChunkStore::clear() {
   bytes_ = 0;
 }
 
-}  // namespace cb
+}  // namespace cb::cache

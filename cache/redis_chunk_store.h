@@ -12,10 +12,10 @@
 
 #include <memory>
 
+#include "cache/chunk_store.h"
 #include "cache/redis_store.h"
-#include "runtime/blend/chunk_store.h"
 
-namespace cb {
+namespace cb::cache {
 
 class RedisChunkStore final : public ChunkStore {
  public:
@@ -43,4 +43,4 @@ class RedisChunkStore final : public ChunkStore {
   std::shared_ptr<cache::RedisStore> store_;
 };
 
-}  // namespace cb
+}  // namespace cb::cache

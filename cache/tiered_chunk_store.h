@@ -12,15 +12,9 @@
 //     read in full more often (by more than one read; by any, if never)
 //     than that tier's least recently used chunk was hit there: a cyclic
 //     working set larger than the budget does not churn it.
-//   put: the chunk goes to the tier the loading controller's inverse rule
-//     picks (pick_cheapest_hidden): for the configured ratio r, the cheapest
-//     tier whose predicted load of the chunk still hides behind the partial
-//     prefill's recompute (the chunk's marginal share of it: a request's
-//     fixed per-layer cost hides nothing); the fastest when none does.
-//     Loads are assumed to overlap the recompute, as with the HKVD-style
-//     policies; with lookahead they overlap only its reuse pass, so a tier
-//     judged hidden may not be.  The compute model
-//     is the chunk's model's (set_calibration), else the options'.  A tier
+//   put: the chunk goes to the tier the options' ChunkPlacement picks (the
+//     fastest without one; runtime/blend/tier_placement.h picks the
+//     cheapest tier whose loads a blend still hides).  A tier
 //     that fails passes the chunk to the next one down, and when none below
 //     takes it, to the nearest one above.  A shared tier (a
 //     server other devices read) also gets a copy of every chunk placed
@@ -47,11 +41,12 @@
 #include <string>
 #include <vector>
 
-#include "runtime/blend/calibration.h"
-#include "runtime/blend/chunk_store.h"
-#include "runtime/blend/loading_controller.h"
+#include <span>
 
-namespace cb {
+#include "cache/chunk_store.h"
+#include "cache/storage_tier.h"
+
+namespace cb::cache {
 
 struct ChunkTier {
   // The tier's name (as the calibration names tiers), read speed (0: in RAM,
@@ -66,13 +61,20 @@ struct ChunkTier {
   bool shared = false;
 };
 
+// Which tier a new chunk goes to.  The code that predicts load and compute
+// times implements it (runtime/blend/tier_placement.h), so that storage
+// knows nothing of how a request is computed.  Called from any thread.
+class ChunkPlacement {
+ public:
+  virtual ~ChunkPlacement() = default;
+  // The index in `tiers` (fastest first) of the tier for a new chunk of this
+  // shape, of the model with this fingerprint.
+  virtual size_t tier_for(const KvShape& shape, const std::string& model_fingerprint,
+                          std::span<const ChunkTier> tiers) const = 0;
+};
+
 struct TieredChunkStoreOptions {
-  double ratio = 0.15;  // the recompute ratio new chunks are placed for
-  // The compute model and decode costs placement predicts with.  Without a
-  // compute model nothing hides a load, and chunks go to the fastest tier.
-  Calibration calibration;
-  LoadingControllerOptions controller;
-  int first_check_layer = 1;   // as the blend's schedule: layers before it compute every token
+  std::shared_ptr<const ChunkPlacement> placement;  // null: new chunks go to the fastest tier
   int promote_after_hits = 1;  // full reads from a slower tier before a copy moves up
 };
 
@@ -98,8 +100,8 @@ struct TieredStats {
 
 class TieredChunkStore final : public ChunkStore {
  public:
-  // Throws kInvalidArgument for no tiers, a tier without a store, a ratio
-  // outside [0, 1] or promote_after_hits < 1.
+  // Throws kInvalidArgument for no tiers, a tier without a store or
+  // promote_after_hits < 1.
   explicit TieredChunkStore(std::vector<ChunkTier> tiers, TieredChunkStoreOptions options = {});
   ~TieredChunkStore() override;
 
@@ -122,12 +124,6 @@ class TieredChunkStore final : public ChunkStore {
   // tiers' own stores were cleared.
   void forget_all();
 
-  // The calibration placement predicts chunks of this model with (its
-  // compute model, decode costs and measured tiers; tiers it lacks keep
-  // their configured costs), instead of the options'.  Thread-safe.
-  void set_calibration(const std::string& model_fingerprint, Calibration cal);
-  bool has_calibration(const std::string& model_fingerprint) const;
-
   // The tier (index) a new chunk of this shape (of this model) is placed in.
   size_t placement(const cache::KvShape& shape, const std::string& model_fingerprint = {}) const;
   size_t n_tiers() const;
@@ -142,4 +138,4 @@ class TieredChunkStore final : public ChunkStore {
   std::shared_ptr<State> state_;  // shared with the promoting sources
 };
 
-}  // namespace cb
+}  // namespace cb::cache

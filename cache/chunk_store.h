@@ -1,20 +1,22 @@
 // The chunk store: where chunk KV is found by key and new chunk KV is kept,
 // the one interface a RAG request reads and writes chunks through.
 // RamChunkStore keeps entries in RAM; FlashChunkStore
-// (flash_chunk_store.h) keeps them compressed on flash in cache::FlashStore.
-// A ChunkCache (chunk_cache.h, the C API's cb_chunk_cache) owns one of them.
+// (flash_chunk_store.h) keeps them compressed on flash in FlashStore.
+// A ChunkCache (runtime/blend/chunk_cache.h, the C API's cb_chunk_cache)
+// owns one of them.
 #pragma once
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
 #include "cache/chunk_kv.h"
-#include "cache/flash_store.h"
-#include "runtime/blend/chunk_source.h"
+#include "cache/chunk_source.h"
+#include "cache/codec.h"
 
-namespace cb {
+namespace cb::cache {
 
 class ChunkStore {
  public:
@@ -35,10 +37,10 @@ class ChunkStore {
   // Drops the entry, if any (readers already handed out stay valid).
   // false: there was none.
   virtual bool remove(const cache::ChunkKey& key) = 0;
-  // The counters of a store that reads from storage (hits, misses, bytes
-  // and time read), which the loading controller learns read speed from;
-  // null for a store in RAM.
-  virtual const cache::FlashStore* storage() const { return nullptr; }
+  // What a store that reads from storage has read (bytes, time, decoding),
+  // which the loading controller learns read speed from; none for a store
+  // in RAM.
+  virtual std::optional<ReadCounters> read_counters() const { return std::nullopt; }
 };
 
 // Chunk KV in RAM, exact (f32).  Thread-safe.
@@ -59,4 +61,4 @@ class RamChunkStore final : public ChunkStore {
   size_t bytes_ = 0;
 };
 
-}  // namespace cb
+}  // namespace cb::cache

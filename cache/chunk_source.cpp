@@ -1,8 +1,8 @@
-#include "runtime/blend/chunk_source.h"
+#include "cache/chunk_source.h"
 
 #include <cstring>
 
-namespace cb {
+namespace cb::cache {
 
 bool MemoryChunkSource::fetch_layer(int64_t layer, float* k, float* v) {
   if (layer < 0 || layer >= kv_.shape.n_layers) return false;
@@ -17,4 +17,4 @@ uint64_t MemoryChunkSource::layer_bytes(int64_t layer) const {
   return 2 * static_cast<uint64_t>(kv_.shape.layer_floats()) * sizeof(float);
 }
 
-}  // namespace cb
+}  // namespace cb::cache

@@ -1,4 +1,4 @@
-#include "runtime/blend/tiered_chunk_store.h"
+#include "cache/tiered_chunk_store.h"
 
 #include <algorithm>
 #include <cstring>
@@ -10,7 +10,7 @@
 #include "cache/eviction.h"
 #include "platform/error.h"
 
-namespace cb {
+namespace cb::cache {
 namespace {
 
 // Full reads from slower tiers remembered per chunk for promote_after_hits;
@@ -19,23 +19,6 @@ constexpr size_t kMaxTrackedSlowHits = 65536;
 
 uint64_t decoded_bytes(const cache::ChunkKV& kv) {
   return (kv.k.size() + kv.v.size()) * sizeof(float);
-}
-
-// Stored bytes per layer of a chunk in `codec` (none: f32), before zstd: the
-// codec's payload plus its scales.  Placement only needs the magnitude.
-double stored_bytes_per_layer(std::optional<cache::Codec> codec, const cache::KvShape& s) {
-  const double values = 2.0 * static_cast<double>(s.n_tokens) * static_cast<double>(s.kv_dim());
-  if (!codec) return 4.0 * values;
-  const double head_dim = std::max(1, s.head_dim);
-  switch (*codec) {
-    case cache::Codec::kF16:
-      return 2.0 * values;
-    case cache::Codec::kQ8:  // an f16 scale per (token, head)
-      return values * (1.0 + 2.0 / head_dim);
-    case cache::Codec::kQ4:  // f16 scale and offset per group of 32 (K) or a head (V)
-      return values * (0.5 + 2.0 / 32.0 + 2.0 / head_dim);
-  }
-  return 4.0 * values;
 }
 
 enum class Arrival { kPlaced, kPromoted, kDemoted };
@@ -57,9 +40,7 @@ struct TieredChunkStore::State {
     std::unordered_map<std::string, Budgeted> entries;
   };
 
-  State(std::vector<ChunkTier> configs, TieredChunkStoreOptions opts, Calibration cal)
-      : options(std::move(opts)),
-        controller(std::make_shared<LoadingController>(std::move(cal), options.controller)) {
+  State(std::vector<ChunkTier> configs, TieredChunkStoreOptions opts) : options(std::move(opts)) {
     for (ChunkTier& c : configs) {
       Tier t;
       t.stats.name = c.cost.name;
@@ -274,10 +255,6 @@ struct TieredChunkStore::State {
 
   std::vector<Tier> tiers;
   TieredChunkStoreOptions options;
-  // Placement's predictions (thread-safe on their own): the options'
-  // calibration, and per model the one set_calibration gave.
-  std::shared_ptr<LoadingController> controller;
-  std::map<std::string, std::shared_ptr<LoadingController>> model_controllers;
   mutable std::mutex mu;
   uint64_t misses = 0;
   std::unordered_map<std::string, int> slow_hits;
@@ -363,12 +340,6 @@ class TierSource final : public ChunkLayerSource {
   bool failed_ = false;
 };
 
-Calibration with_tiers(Calibration cal, const std::vector<ChunkTier>& tiers) {
-  for (const ChunkTier& t : tiers)
-    if (!cal.find_tier(t.cost.name)) cal.set_tier({t.cost, 0, true});
-  return cal;
-}
-
 }  // namespace
 
 TieredChunkStore::TieredChunkStore(std::vector<ChunkTier> tiers, TieredChunkStoreOptions options) {
@@ -377,12 +348,9 @@ TieredChunkStore::TieredChunkStore(std::vector<ChunkTier> tiers, TieredChunkStor
     if (!t.store)
       fail(ErrorCode::kInvalidArgument,
            "tiered chunk store: tier '" + t.cost.name + "' has no store");
-  if (!(options.ratio >= 0.0 && options.ratio <= 1.0))
-    fail(ErrorCode::kInvalidArgument, "tiered chunk store: ratio must be in [0, 1]");
   if (options.promote_after_hits < 1)
     fail(ErrorCode::kInvalidArgument, "tiered chunk store: promote_after_hits must be >= 1");
-  Calibration cal = with_tiers(options.calibration, tiers);
-  state_ = std::make_shared<State>(std::move(tiers), std::move(options), std::move(cal));
+  state_ = std::make_shared<State>(std::move(tiers), std::move(options));
 }
 
 TieredChunkStore::~TieredChunkStore() = default;
@@ -395,55 +363,14 @@ ChunkStore& TieredChunkStore::tier_store(size_t tier) {
   return *state_->tiers.at(tier).config.store;
 }
 
-void TieredChunkStore::set_calibration(const std::string& model_fingerprint, Calibration cal) {
-  State& s = *state_;
-  auto ctrl = std::make_shared<LoadingController>(with_tiers(std::move(cal),
-                                                             [&] {
-                                                               std::vector<ChunkTier> configs;
-                                                               for (const State::Tier& t : s.tiers)
-                                                                 configs.push_back(t.config);
-                                                               return configs;
-                                                             }()),
-                                                  s.options.controller);
-  std::lock_guard lock(s.mu);
-  s.model_controllers[model_fingerprint] = std::move(ctrl);
-}
-
-bool TieredChunkStore::has_calibration(const std::string& model_fingerprint) const {
-  const State& s = *state_;
-  std::lock_guard lock(s.mu);
-  return s.model_controllers.count(model_fingerprint) > 0;
-}
-
 size_t TieredChunkStore::placement(const cache::KvShape& shape,
                                    const std::string& model_fingerprint) const {
   const State& s = *state_;
-  std::shared_ptr<const LoadingController> controller;
-  {
-    std::lock_guard lock(s.mu);
-    auto it = s.model_controllers.find(model_fingerprint);
-    controller = it != s.model_controllers.end() ? it->second : s.controller;
-  }
-  RequestShape request;
-  request.n_tokens = shape.n_tokens;
-  request.n_reused = shape.n_tokens;
-  request.n_layers = shape.n_layers;
-  request.first_check_layer = s.options.first_check_layer;
-  // The chunk's share of a request's compute: the per-layer fixed cost is
-  // paid once per request, not per chunk, so it hides no chunk's loads.
-  RequestShape none = request;
-  none.n_tokens = none.n_reused = 0;
-  const double compute = std::max(0.0, controller->predict_compute_s(request, s.options.ratio) -
-                                           controller->predict_compute_s(none, s.options.ratio));
-  std::vector<TierChoice> choices;
-  for (const State::Tier& t : s.tiers) {
-    request.loads = {
-        {t.config.cost.name, t.config.codec, stored_bytes_per_layer(t.config.codec, shape)}};
-    const double load = controller->predict_load_s(request);
-    choices.push_back({t.config.cost, load, compute,
-                       (1.0 - controller->options().hide_margin) * load <= compute});
-  }
-  return *pick_cheapest_hidden(choices);
+  if (!s.options.placement) return 0;
+  std::vector<ChunkTier> configs;
+  for (const State::Tier& t : s.tiers) configs.push_back(t.config);
+  return std::min(s.options.placement->tier_for(shape, model_fingerprint, configs),
+                  configs.size() - 1);
 }
 
 std::unique_ptr<ChunkLayerSource> TieredChunkStore::find(const cache::ChunkKey& key,
@@ -551,4 +478,4 @@ TieredStats TieredChunkStore::stats() const {
   return out;
 }
 
-}  // namespace cb
+}  // namespace cb::cache

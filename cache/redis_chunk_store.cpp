@@ -1,8 +1,8 @@
-#include "runtime/blend/redis_chunk_store.h"
+#include "cache/redis_chunk_store.h"
 
 #include "platform/error.h"
 
-namespace cb {
+namespace cb::cache {
 
 [[noreturn]] void RedisChunkStore::unreachable() const {
   fail(ErrorCode::kIo, "redis server unreachable: " + store_->stats().last_error);
@@ -35,4 +35,4 @@ void RedisChunkStore::put_now(const cache::ChunkKey& key, cache::ChunkKV kv) {
     fail(ErrorCode::kIo, "redis server did not store the chunk: " + store_->stats().last_error);
 }
 
-}  // namespace cb
+}  // namespace cb::cache

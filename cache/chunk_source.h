@@ -9,7 +9,7 @@
 
 #include "cache/chunk_kv.h"
 
-namespace cb {
+namespace cb::cache {
 
 class ChunkLayerSource {
  public:
@@ -17,7 +17,7 @@ class ChunkLayerSource {
   // Writes layer `layer`'s K (before RoPE) and V, n_tokens x kv_dim floats
   // each.  Returns false if they cannot be read (corrupt, evicted): the
   // fusor then computes the chunk instead.
-  // May be called from the fusor's loader thread (layer_pipeline.h), one
+  // May be called from the fusor's loader thread (runtime/blend/layer_pipeline.h), one
   // call at a time per source.
   virtual bool fetch_layer(int64_t layer, float* k, float* v) = 0;
   // What fetch_layer(layer) reads, without reading it: stored bytes (0:
@@ -67,4 +67,4 @@ class StoredChunkSource final : public ChunkLayerSource {
   Handle handle_;
 };
 
-}  // namespace cb
+}  // namespace cb::cache

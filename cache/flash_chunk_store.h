@@ -6,10 +6,10 @@
 
 #include <memory>
 
+#include "cache/chunk_store.h"
 #include "cache/flash_store.h"
-#include "runtime/blend/chunk_store.h"
 
-namespace cb {
+namespace cb::cache {
 
 class FlashChunkStore final : public ChunkStore {
  public:
@@ -25,9 +25,11 @@ class FlashChunkStore final : public ChunkStore {
   // the entry and its blob go (cache::FlashStore::evict).
   bool remove(const cache::ChunkKey& key) override {
     store_->flush();
-    return store_->evict(key);
+    return store_->remove(key);
   }
-  const cache::FlashStore* storage() const override { return store_.get(); }
+  std::optional<ReadCounters> read_counters() const override {
+    return store_->stats().read_counters();
+  }
   cache::FlashStore& store() { return *store_; }
   const cache::FlashStore& store() const { return *store_; }
 
@@ -35,4 +37,4 @@ class FlashChunkStore final : public ChunkStore {
   std::shared_ptr<cache::FlashStore> store_;
 };
 
-}  // namespace cb
+}  // namespace cb::cache
