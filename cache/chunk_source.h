@@ -24,26 +24,26 @@ class ChunkLayerSource {
   // unknown) and their codec (none: plain floats already in RAM).  The
   // loading controller's T_load input and the per-request bytes_read.
   virtual uint64_t layer_bytes(int64_t /*layer*/) const { return 0; }
-  virtual std::optional<cache::Codec> codec() const { return std::nullopt; }
+  virtual std::optional<Codec> codec() const { return std::nullopt; }
   // The chunk's KV geometry when the source knows it (a store's sources
   // do); what a copy of the chunk into another store is sized by.
-  virtual std::optional<cache::KvShape> shape() const { return std::nullopt; }
+  virtual std::optional<KvShape> shape() const { return std::nullopt; }
 };
 
 // A ChunkLayerSource over KV held in memory.
 class MemoryChunkSource final : public ChunkLayerSource {
  public:
-  explicit MemoryChunkSource(const cache::ChunkKV& kv) : kv_(kv) {}
+  explicit MemoryChunkSource(const ChunkKV& kv) : kv_(kv) {}
   bool fetch_layer(int64_t layer, float* k, float* v) override;
   uint64_t layer_bytes(int64_t layer) const override;
-  std::optional<cache::KvShape> shape() const override { return kv_.shape; }
+  std::optional<KvShape> shape() const override { return kv_.shape; }
 
  private:
-  const cache::ChunkKV& kv_;
+  const ChunkKV& kv_;
 };
 
-// A ChunkLayerSource over a handle of a storage tier (cache::FlashStore's
-// ChunkHandle, cache::RedisStore's RedisChunkHandle): the handle keeps the
+// A ChunkLayerSource over a handle of a storage tier (FlashStore's
+// ChunkHandle, RedisStore's RedisChunkHandle): the handle keeps the
 // entry readable, the shared store outlives the source.  A segment the store
 // cannot read or verify is false: the fusor computes the chunk instead.
 template <class Store, class Handle>
@@ -57,8 +57,8 @@ class StoredChunkSource final : public ChunkLayerSource {
   uint64_t layer_bytes(int64_t layer) const override {
     return in_range(layer) ? handle_.layer_bytes(static_cast<int>(layer)) : 0;
   }
-  std::optional<cache::Codec> codec() const override { return handle_.codec(); }
-  std::optional<cache::KvShape> shape() const override { return handle_.shape(); }
+  std::optional<Codec> codec() const override { return handle_.codec(); }
+  std::optional<KvShape> shape() const override { return handle_.shape(); }
 
  private:
   bool in_range(int64_t layer) const { return layer >= 0 && layer < handle_.n_layers(); }

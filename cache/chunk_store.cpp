@@ -6,34 +6,33 @@ namespace {
 // Keeps the entry alive while a request reads it.
 class SharedChunkSource final : public ChunkLayerSource {
  public:
-  explicit SharedChunkSource(std::shared_ptr<const cache::ChunkKV> kv)
+  explicit SharedChunkSource(std::shared_ptr<const ChunkKV> kv)
       : kv_(std::move(kv)), reader_(*kv_) {}
   bool fetch_layer(int64_t layer, float* k, float* v) override {
     return reader_.fetch_layer(layer, k, v);
   }
   uint64_t layer_bytes(int64_t layer) const override { return reader_.layer_bytes(layer); }
-  std::optional<cache::KvShape> shape() const override { return kv_->shape; }
+  std::optional<KvShape> shape() const override { return kv_->shape; }
 
  private:
-  std::shared_ptr<const cache::ChunkKV> kv_;
+  std::shared_ptr<const ChunkKV> kv_;
   MemoryChunkSource reader_;
 };
 
 }  // namespace
 
-std::unique_ptr<ChunkLayerSource> RamChunkStore::find(const cache::ChunkKey& key,
-                                                      const cache::KvShape& shape) {
+std::unique_ptr<ChunkLayerSource> RamChunkStore::find(const ChunkKey& key, const KvShape& shape) {
   std::lock_guard lock(mu_);
-  auto it = entries_.find(cache::serialize_key(key));
+  auto it = entries_.find(serialize_key(key));
   if (it == entries_.end() || !(it->second->shape == shape)) return nullptr;
   return std::make_unique<SharedChunkSource>(it->second);
 }
 
-void RamChunkStore::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
-  auto entry = std::make_shared<const cache::ChunkKV>(std::move(kv));
+void RamChunkStore::put(const ChunkKey& key, ChunkKV kv) {
+  auto entry = std::make_shared<const ChunkKV>(std::move(kv));
   const size_t n = (entry->k.size() + entry->v.size()) * sizeof(float);
   std::lock_guard lock(mu_);
-  auto [it, inserted] = entries_.try_emplace(cache::serialize_key(key), entry);
+  auto [it, inserted] = entries_.try_emplace(serialize_key(key), entry);
   if (!inserted) {
     bytes_ -= (it->second->k.size() + it->second->v.size()) * sizeof(float);
     it->second = entry;
@@ -41,9 +40,9 @@ void RamChunkStore::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
   bytes_ += n;
 }
 
-bool RamChunkStore::remove(const cache::ChunkKey& key) {
+bool RamChunkStore::remove(const ChunkKey& key) {
   std::lock_guard lock(mu_);
-  auto it = entries_.find(cache::serialize_key(key));
+  auto it = entries_.find(serialize_key(key));
   if (it == entries_.end()) return false;
   bytes_ -= (it->second->k.size() + it->second->v.size()) * sizeof(float);
   entries_.erase(it);

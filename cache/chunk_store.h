@@ -26,17 +26,16 @@ class ChunkStore {
   // chunk's model and tokens make its KV (chunk_kv_shape): an entry of any
   // other shape is a miss, so a reader never writes more rows than the
   // caller holds and nothing is sized from what a store says.
-  virtual std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key,
-                                                 const cache::KvShape& shape) = 0;
+  virtual std::unique_ptr<ChunkLayerSource> find(const ChunkKey& key, const KvShape& shape) = 0;
   // Keeps the chunk; a store that writes back asynchronously may still
   // lose it (a full queue, a refusing server), counted in its stats.
-  virtual void put(const cache::ChunkKey& key, cache::ChunkKV kv) = 0;
+  virtual void put(const ChunkKey& key, ChunkKV kv) = 0;
   // Keeps the chunk before returning, or throws cb::Error (kIo) saying why
   // not: for an ingest step, which reports the chunk stored.
-  virtual void put_now(const cache::ChunkKey& key, cache::ChunkKV kv) { put(key, std::move(kv)); }
+  virtual void put_now(const ChunkKey& key, ChunkKV kv) { put(key, std::move(kv)); }
   // Drops the entry, if any (readers already handed out stay valid).
   // false: there was none.
-  virtual bool remove(const cache::ChunkKey& key) = 0;
+  virtual bool remove(const ChunkKey& key) = 0;
   // What a store that reads from storage has read (bytes, time, decoding),
   // which the loading controller learns read speed from; none for a store
   // in RAM.
@@ -46,10 +45,9 @@ class ChunkStore {
 // Chunk KV in RAM, exact (f32).  Thread-safe.
 class RamChunkStore final : public ChunkStore {
  public:
-  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key,
-                                         const cache::KvShape& shape) override;
-  void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
-  bool remove(const cache::ChunkKey& key) override;
+  std::unique_ptr<ChunkLayerSource> find(const ChunkKey& key, const KvShape& shape) override;
+  void put(const ChunkKey& key, ChunkKV kv) override;
+  bool remove(const ChunkKey& key) override;
   size_t size() const;
   size_t bytes() const;
   void clear();
@@ -57,7 +55,7 @@ class RamChunkStore final : public ChunkStore {
  private:
   mutable std::mutex mu_;
   // Keyed by every field of the key, serialized: no hash collisions.
-  std::unordered_map<std::string, std::shared_ptr<const cache::ChunkKV>> entries_;
+  std::unordered_map<std::string, std::shared_ptr<const ChunkKV>> entries_;
   size_t bytes_ = 0;
 };
 

@@ -4,20 +4,18 @@
 
 namespace cb::cache {
 
-std::unique_ptr<ChunkLayerSource> FlashChunkStore::find(const cache::ChunkKey& key,
-                                                        const cache::KvShape& shape) {
-  std::optional<cache::ChunkHandle> h = store_->lookup(key);
+std::unique_ptr<ChunkLayerSource> FlashChunkStore::find(const ChunkKey& key, const KvShape& shape) {
+  std::optional<ChunkHandle> h = store_->lookup(key);
   if (!h || !(h->shape() == shape)) return nullptr;
-  return std::make_unique<StoredChunkSource<cache::FlashStore, cache::ChunkHandle>>(store_,
-                                                                                    std::move(*h));
+  return std::make_unique<StoredChunkSource<FlashStore, ChunkHandle>>(store_, std::move(*h));
 }
 
-void FlashChunkStore::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
+void FlashChunkStore::put(const ChunkKey& key, ChunkKV kv) {
   store_->put_async(key, std::move(kv));
 }
 
-void FlashChunkStore::put_now(const cache::ChunkKey& key, cache::ChunkKV kv) {
-  if (store_->put(key, kv.view()) == cache::PutResult::kNoRoom)
+void FlashChunkStore::put_now(const ChunkKey& key, ChunkKV kv) {
+  if (store_->put(key, kv.view()) == PutResult::kNoRoom)
     fail(ErrorCode::kIo, "the chunk does not fit in the store at " + store_->dir());
 }
 

@@ -1,5 +1,5 @@
 // The chunk store on a Redis or Valkey server: a ChunkStore over
-// cache::RedisStore.  Lookups read the value's header, layers are read one
+// RedisStore.  Lookups read the value's header, layers are read one
 // GETRANGE at a time as the fusor asks for them, and new chunks are written
 // back asynchronously so a miss never waits for the network (put_now, for
 // an ingest, writes at once).  A server that is down or unreachable makes
@@ -19,28 +19,27 @@ namespace cb::cache {
 
 class RedisChunkStore final : public ChunkStore {
  public:
-  explicit RedisChunkStore(std::shared_ptr<cache::RedisStore> store) : store_(std::move(store)) {}
-  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key,
-                                         const cache::KvShape& shape) override;
+  explicit RedisChunkStore(std::shared_ptr<RedisStore> store) : store_(std::move(store)) {}
+  std::unique_ptr<ChunkLayerSource> find(const ChunkKey& key, const KvShape& shape) override;
   // Queued for write-back; kIo when the server is known to be down (the
   // last read found it so, and a PING now does too), refused a write within
   // the reconnect interval (full, read-only, no SET permission), or the
   // queue is full: a tiered store then keeps the chunk in another tier.  A
   // write the server refuses later is counted in the store's stats.
-  void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
+  void put(const ChunkKey& key, ChunkKV kv) override;
   // Written now (SET); kIo with the server's answer when it is not stored.
-  void put_now(const cache::ChunkKey& key, cache::ChunkKV kv) override;
+  void put_now(const ChunkKey& key, ChunkKV kv) override;
   // After the write-backs queued before it, the value goes (DEL).
-  bool remove(const cache::ChunkKey& key) override {
+  bool remove(const ChunkKey& key) override {
     store_->flush();
     return store_->remove(key);
   }
-  cache::RedisStore& store() { return *store_; }
-  const cache::RedisStore& store() const { return *store_; }
+  RedisStore& store() { return *store_; }
+  const RedisStore& store() const { return *store_; }
 
  private:
   [[noreturn]] void unreachable() const;
-  std::shared_ptr<cache::RedisStore> store_;
+  std::shared_ptr<RedisStore> store_;
 };
 
 }  // namespace cb::cache

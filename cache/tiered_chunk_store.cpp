@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <list>
-#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -17,7 +16,7 @@ namespace {
 // beyond this many chunks the counts start over (a bound, not a policy).
 constexpr size_t kMaxTrackedSlowHits = 65536;
 
-uint64_t decoded_bytes(const cache::ChunkKV& kv) {
+uint64_t decoded_bytes(const ChunkKV& kv) {
   return (kv.k.size() + kv.v.size()) * sizeof(float);
 }
 
@@ -27,8 +26,8 @@ enum class Arrival { kPlaced, kPromoted, kDemoted };
 
 struct TieredChunkStore::State {
   struct Budgeted {
-    cache::ChunkKey key;
-    cache::KvShape shape;  // as put: what a demotion reads back
+    ChunkKey key;
+    KvShape shape;  // as put: what a demotion reads back
     uint64_t bytes = 0;
     std::list<std::string>::iterator lru;
     uint64_t hits = 0;  // finds this tier served it since it came
@@ -72,12 +71,11 @@ struct TieredChunkStore::State {
   }
 
   // The whole chunk from tier i, or nullopt.
-  std::optional<cache::ChunkKV> read_whole(size_t i, const cache::ChunkKey& key,
-                                           const cache::KvShape& shape) {
+  std::optional<ChunkKV> read_whole(size_t i, const ChunkKey& key, const KvShape& shape) {
     try {
       std::unique_ptr<ChunkLayerSource> src = tiers[i].config.store->find(key, shape);
       if (!src) return std::nullopt;
-      cache::ChunkKV kv(shape);
+      ChunkKV kv(shape);
       for (int l = 0; l < kv.shape.n_layers; ++l)
         if (!src->fetch_layer(l, kv.k_layer(l), kv.v_layer(l))) return std::nullopt;
       return kv;
@@ -87,7 +85,7 @@ struct TieredChunkStore::State {
     }
   }
 
-  bool holds(size_t i, const cache::ChunkKey& key, const cache::KvShape& shape) {
+  bool holds(size_t i, const ChunkKey& key, const KvShape& shape) {
     try {
       return tiers[i].config.store->find(key, shape) != nullptr;
     } catch (const std::exception& e) {
@@ -98,14 +96,14 @@ struct TieredChunkStore::State {
 
   // Moves tier i's chunk `id` one tier down (or drops it from the last).
   void demote(size_t i, const std::string& id) {
-    const cache::ChunkKey key = tiers[i].entries.at(id).key;
-    const cache::KvShape shape = tiers[i].entries.at(id).shape;
+    const ChunkKey key = tiers[i].entries.at(id).key;
+    const KvShape shape = tiers[i].entries.at(id).shape;
     forget(i, id);
     if (i + 1 < tiers.size()) {
       if (holds(i + 1, key, shape)) {
         touch(i + 1, id);
         tiers[i + 1].stats.demoted_in++;
-      } else if (std::optional<cache::ChunkKV> kv = read_whole(i, key, shape)) {
+      } else if (std::optional<ChunkKV> kv = read_whole(i, key, shape)) {
         store_in(i + 1, key, id, std::move(*kv), Arrival::kDemoted);
       }
     } else {
@@ -121,14 +119,14 @@ struct TieredChunkStore::State {
   // Demotes tier i's least recently used chunks until `incoming` fits.
   void make_room(size_t i, uint64_t incoming) {
     Tier& t = tiers[i];
-    std::vector<cache::EvictionCandidate> candidates;
+    std::vector<EvictionCandidate> candidates;
     std::vector<std::string> ids;
     for (const std::string& id : t.lru) {
       candidates.push_back({static_cast<int64_t>(ids.size()), t.entries.at(id).bytes});
       ids.push_back(id);
     }
     const size_t n =
-        cache::plan_eviction(t.stats.budget_bytes, incoming, t.config.capacity_bytes, candidates)
+        plan_eviction(t.stats.budget_bytes, incoming, t.config.capacity_bytes, candidates)
             .value_or(ids.size());
     for (size_t v = 0; v < n; ++v) demote(i, ids[v]);
   }
@@ -139,11 +137,11 @@ struct TieredChunkStore::State {
   // Returns the tier that took it.
   // `only_this`: tier i or nothing.
   // `wait`: each tier's put_now (stored before returning, or a failure).
-  std::optional<size_t> store_in(size_t i, const cache::ChunkKey& key, const std::string& id,
-                                 cache::ChunkKV kv, Arrival arrival, bool skip_shared = false,
-                                 bool only_this = false, bool wait = false) {
+  std::optional<size_t> store_in(size_t i, const ChunkKey& key, const std::string& id, ChunkKV kv,
+                                 Arrival arrival, bool skip_shared = false, bool only_this = false,
+                                 bool wait = false) {
     const uint64_t bytes = decoded_bytes(kv);
-    const cache::KvShape shape = kv.shape;
+    const KvShape shape = kv.shape;
     const size_t first = i;
     const size_t end = only_this ? i + 1 : tiers.size();
     for (; i < end; ++i) {
@@ -159,7 +157,7 @@ struct TieredChunkStore::State {
       try {
         // A copy for every tier but the last: the chunk must survive a put
         // that fails.
-        cache::ChunkKV copy = last ? std::move(kv) : cache::ChunkKV(kv);
+        ChunkKV copy = last ? std::move(kv) : ChunkKV(kv);
         if (wait) {
           t.config.store->put_now(key, std::move(copy));
         } else {
@@ -184,10 +182,10 @@ struct TieredChunkStore::State {
 
   // A promoting source read every layer of the chunk from tier `from`.
   // `kv`: the copy the source kept; none when it kept none (only counted).
-  void on_full_read(const cache::ChunkKey& key, std::optional<cache::ChunkKV> kv, size_t from) {
+  void on_full_read(const ChunkKey& key, std::optional<ChunkKV> kv, size_t from) {
     std::lock_guard lock(mu);
     try {
-      const std::string id = cache::serialize_key(key);
+      const std::string id = serialize_key(key);
       if (slow_hits.size() >= kMaxTrackedSlowHits) slow_hits.clear();
       const int count = ++slow_hits[id];
       if (!kv || count < options.promote_after_hits || !admits(from, decoded_bytes(*kv), count))
@@ -236,15 +234,14 @@ struct TieredChunkStore::State {
 
   // Copies of a new chunk placed in tier `placed` into the shared tiers
   // below it.
-  void write_through(size_t placed, const cache::ChunkKey& key, const cache::ChunkKV& kv,
-                     bool wait) {
+  void write_through(size_t placed, const ChunkKey& key, const ChunkKV& kv, bool wait) {
     for (size_t j = placed + 1; j < tiers.size(); ++j) {
       if (!tiers[j].config.shared) continue;
       try {
         if (wait) {
-          tiers[j].config.store->put_now(key, cache::ChunkKV(kv));
+          tiers[j].config.store->put_now(key, ChunkKV(kv));
         } else {
-          tiers[j].config.store->put(key, cache::ChunkKV(kv));
+          tiers[j].config.store->put(key, ChunkKV(kv));
         }
         tiers[j].stats.placed++;
       } catch (const std::exception& e) {
@@ -272,8 +269,8 @@ class TierSource final : public ChunkLayerSource {
   // what is read is kept for a promotion.
   // `shape`: the one the find asked for (the inner source's, checked by
   // its store), never one a stored value claims.
-  TierSource(std::shared_ptr<State> state, std::unique_ptr<ChunkLayerSource> inner,
-             cache::ChunkKey key, size_t from, const cache::KvShape& shape, bool promote)
+  TierSource(std::shared_ptr<State> state, std::unique_ptr<ChunkLayerSource> inner, ChunkKey key,
+             size_t from, const KvShape& shape, bool promote)
       : state_(std::move(state)),
         inner_(std::move(inner)),
         key_(std::move(key)),
@@ -311,15 +308,15 @@ class TierSource final : public ChunkLayerSource {
     }
     got_[layer] = true;
     if (++n_got_ == n_layers_) {
-      std::optional<cache::ChunkKV> copy = std::move(copy_);
+      std::optional<ChunkKV> copy = std::move(copy_);
       copy_.reset();
       state_->on_full_read(key_, std::move(copy), from_);
     }
     return true;
   }
   uint64_t layer_bytes(int64_t layer) const override { return inner_->layer_bytes(layer); }
-  std::optional<cache::Codec> codec() const override { return inner_->codec(); }
-  std::optional<cache::KvShape> shape() const override { return shape_; }
+  std::optional<Codec> codec() const override { return inner_->codec(); }
+  std::optional<KvShape> shape() const override { return shape_; }
 
  private:
   void note_read_failure() {
@@ -330,10 +327,10 @@ class TierSource final : public ChunkLayerSource {
 
   std::shared_ptr<State> state_;
   std::unique_ptr<ChunkLayerSource> inner_;
-  cache::ChunkKey key_;
+  ChunkKey key_;
   size_t from_;
-  cache::KvShape shape_;
-  std::optional<cache::ChunkKV> copy_;  // from a slower tier: what the fusor read
+  KvShape shape_;
+  std::optional<ChunkKV> copy_;  // from a slower tier: what the fusor read
   std::vector<bool> got_;
   int n_layers_ = 0;  // 0: not counting (the fastest tier)
   int n_got_ = 0;
@@ -363,7 +360,7 @@ ChunkStore& TieredChunkStore::tier_store(size_t tier) {
   return *state_->tiers.at(tier).config.store;
 }
 
-size_t TieredChunkStore::placement(const cache::KvShape& shape,
+size_t TieredChunkStore::placement(const KvShape& shape,
                                    const std::string& model_fingerprint) const {
   const State& s = *state_;
   if (!s.options.placement) return 0;
@@ -373,10 +370,10 @@ size_t TieredChunkStore::placement(const cache::KvShape& shape,
                   configs.size() - 1);
 }
 
-std::unique_ptr<ChunkLayerSource> TieredChunkStore::find(const cache::ChunkKey& key,
-                                                         const cache::KvShape& shape) {
+std::unique_ptr<ChunkLayerSource> TieredChunkStore::find(const ChunkKey& key,
+                                                         const KvShape& shape) {
   State& s = *state_;
-  const std::string id = cache::serialize_key(key);
+  const std::string id = serialize_key(key);
   for (size_t i = 0; i < s.tiers.size(); ++i) {
     std::unique_ptr<ChunkLayerSource> src;
     try {
@@ -409,41 +406,40 @@ std::unique_ptr<ChunkLayerSource> TieredChunkStore::find(const cache::ChunkKey& 
   return nullptr;
 }
 
-void TieredChunkStore::put(const cache::ChunkKey& key, cache::ChunkKV kv) {
+void TieredChunkStore::put(const ChunkKey& key, ChunkKV kv) {
   put_placed(key, std::move(kv));
 }
 
-void TieredChunkStore::put_now(const cache::ChunkKey& key, cache::ChunkKV kv) {
+void TieredChunkStore::put_now(const ChunkKey& key, ChunkKV kv) {
   if (!put_placed(key, std::move(kv), /*wait=*/true))
     fail(ErrorCode::kIo, "no storage tier took the chunk's KV");
 }
 
-std::optional<size_t> TieredChunkStore::put_placed(const cache::ChunkKey& key, cache::ChunkKV kv,
-                                                   bool wait) {
+std::optional<size_t> TieredChunkStore::put_placed(const ChunkKey& key, ChunkKV kv, bool wait) {
   const size_t tier = placement(kv.shape, key.model_fingerprint);
   State& s = *state_;
   std::lock_guard lock(s.mu);
-  const std::string id = cache::serialize_key(key);
+  const std::string id = serialize_key(key);
   s.write_through(tier, key, kv, wait);
   // Failing that tier and every one below, the nearest faster tier that
   // takes it (the chunk was computed: better kept fast than lost).
   if (tier == 0)
     return s.store_in(0, key, id, std::move(kv), Arrival::kPlaced, /*skip_shared=*/true,
                       /*only_this=*/false, wait);
-  if (std::optional<size_t> at = s.store_in(tier, key, id, cache::ChunkKV(kv), Arrival::kPlaced,
+  if (std::optional<size_t> at = s.store_in(tier, key, id, ChunkKV(kv), Arrival::kPlaced,
                                             /*skip_shared=*/true, /*only_this=*/false, wait))
     return at;
   for (size_t up = tier; up-- > 0;) {
-    if (std::optional<size_t> at = s.store_in(up, key, id, cache::ChunkKV(kv), Arrival::kPlaced,
+    if (std::optional<size_t> at = s.store_in(up, key, id, ChunkKV(kv), Arrival::kPlaced,
                                               /*skip_shared=*/true, /*only_this=*/true, wait))
       return at;
   }
   return std::nullopt;
 }
 
-bool TieredChunkStore::remove(const cache::ChunkKey& key) {
+bool TieredChunkStore::remove(const ChunkKey& key) {
   State& s = *state_;
-  const std::string id = cache::serialize_key(key);
+  const std::string id = serialize_key(key);
   bool any = false;
   for (size_t i = 0; i < s.tiers.size(); ++i) {
     try {

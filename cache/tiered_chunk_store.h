@@ -21,7 +21,7 @@
 //     above it, so that they find what this one computed.
 //   budgets: a tier with capacity_bytes keeps to it (in decoded bytes, f32 K
 //     and V): the least recently used chunks are demoted to the next tier
-//     (cache::plan_eviction picks them), or dropped from the last tier.  A
+//     (plan_eviction picks them), or dropped from the last tier.  A
 //     chunk larger than the budget goes to the next tier.  Tiers without a
 //     budget keep to their own capacity (a FlashStore's LRU, a server's
 //     maxmemory policy).
@@ -54,8 +54,8 @@ struct ChunkTier {
   // calibration does not know is predicted from these.
   StorageTier cost;
   std::shared_ptr<ChunkStore> store;
-  std::optional<cache::Codec> codec;  // how the store keeps chunks; none: f32 in RAM
-  uint64_t capacity_bytes = 0;        // decoded bytes this tier may hold; 0: no budget here
+  std::optional<Codec> codec;   // how the store keeps chunks; none: f32 in RAM
+  uint64_t capacity_bytes = 0;  // decoded bytes this tier may hold; 0: no budget here
   // Written through: every chunk placed in a tier above is also put here
   // (a server that other processes and devices share).
   bool shared = false;
@@ -105,27 +105,25 @@ class TieredChunkStore final : public ChunkStore {
   explicit TieredChunkStore(std::vector<ChunkTier> tiers, TieredChunkStoreOptions options = {});
   ~TieredChunkStore() override;
 
-  std::unique_ptr<ChunkLayerSource> find(const cache::ChunkKey& key,
-                                         const cache::KvShape& shape) override;
-  void put(const cache::ChunkKey& key, cache::ChunkKV kv) override;
+  std::unique_ptr<ChunkLayerSource> find(const ChunkKey& key, const KvShape& shape) override;
+  void put(const ChunkKey& key, ChunkKV kv) override;
   // put_placed(wait = true); kIo when no tier took the chunk.
-  void put_now(const cache::ChunkKey& key, cache::ChunkKV kv) override;
+  void put_now(const ChunkKey& key, ChunkKV kv) override;
   // put(), saying where the chunk went: the tier that took it, or nullopt
   // when every tier failed or refused it.  Without `wait`, puts that a
   // store queues and later fails are counted by that store; with it, every
   // tier stores the chunk before returning (put_now) or fails, so a server
   // that refuses the write sends the chunk to the next tier that takes it.
-  std::optional<size_t> put_placed(const cache::ChunkKey& key, cache::ChunkKV kv,
-                                   bool wait = false);
+  std::optional<size_t> put_placed(const ChunkKey& key, ChunkKV kv, bool wait = false);
   // From every tier.  false: no tier had it.
-  bool remove(const cache::ChunkKey& key) override;
+  bool remove(const ChunkKey& key) override;
 
   // Forgets what the budgets hold and the promotion counts: for after the
   // tiers' own stores were cleared.
   void forget_all();
 
   // The tier (index) a new chunk of this shape (of this model) is placed in.
-  size_t placement(const cache::KvShape& shape, const std::string& model_fingerprint = {}) const;
+  size_t placement(const KvShape& shape, const std::string& model_fingerprint = {}) const;
   size_t n_tiers() const;
   ChunkStore& tier_store(size_t tier);
   TieredStats stats() const;
