@@ -99,177 +99,201 @@ ChatFormat Model::chat_format() const {
 
 std::unique_ptr<Model> Model::load(const std::string& path, std::optional<ChatFormat> chat_format) {
   std::unique_ptr<Model> m(new Model(GgufFile::open(path)));
-  const GgufFile& f = m->gguf_;
   try {
-    const std::string arch = f.get_string("general.architecture").value_or("");
-    LlamaHparams& hp = m->hp_;
-    if (arch == "llama")
-      hp.arch = Arch::kLlama;
-    else if (arch == "qwen2")
-      hp.arch = Arch::kQwen2;
-    else if (arch == "qwen3")
-      hp.arch = Arch::kQwen3;
-    else if (arch == "gemma3")
-      hp.arch = Arch::kGemma3;
-    else
-      fail(ErrorCode::kUnsupported,
-           "unsupported architecture '" + arch + "' (supported: llama, qwen2, qwen3, gemma3)");
-    const bool gemma = hp.arch == Arch::kGemma3;
-    const std::string k = arch + ".";
-    auto req = [&](const std::string& key) -> int64_t {
-      auto v = f.get_int(key);
-      if (!v) fail(ErrorCode::kFormat, "missing metadata '" + key + "'");
-      if (*v <= 0 || *v > (int64_t{1} << 24))
-        fail(ErrorCode::kFormat, "metadata '" + key + "' out of range: " + std::to_string(*v));
-      return *v;
-    };
-    hp.n_layer = req(k + "block_count");
-    hp.n_embd = req(k + "embedding_length");
-    hp.n_ff = req(k + "feed_forward_length");
-    hp.n_head = req(k + "attention.head_count");
-    hp.n_head_kv =
-        f.has(k + "attention.head_count_kv") ? req(k + "attention.head_count_kv") : hp.n_head;
-    hp.n_ctx_train = req(k + "context_length");
-    if (hp.n_embd % hp.n_head != 0 || hp.n_head % hp.n_head_kv != 0)
-      fail(ErrorCode::kFormat, "head counts do not divide the embedding size");
-    hp.head_dim =
-        f.has(k + "attention.key_length") ? req(k + "attention.key_length") : hp.n_embd / hp.n_head;
-    if (f.has(k + "attention.value_length") && req(k + "attention.value_length") != hp.head_dim)
-      fail(ErrorCode::kUnsupported, "key and value head sizes differ");
-    hp.rot_dim = f.has(k + "rope.dimension_count") ? req(k + "rope.dimension_count") : hp.head_dim;
-    if (hp.rot_dim > hp.head_dim || hp.rot_dim % 2 != 0 || hp.head_dim % 2 != 0)
-      fail(ErrorCode::kFormat, "invalid RoPE dimension count");
-    hp.rope_freq_base = static_cast<float>(f.get_float(k + "rope.freq_base").value_or(10000.0));
-    hp.rms_eps =
-        static_cast<float>(f.get_float(k + "attention.layer_norm_rms_epsilon").value_or(1e-5));
-    if (!(hp.rope_freq_base > 0) || !std::isfinite(hp.rope_freq_base) || !(hp.rms_eps > 0) ||
-        !std::isfinite(hp.rms_eps))
-      fail(ErrorCode::kFormat, "invalid RoPE base or RMS epsilon (each must be finite and > 0)");
-    // Llama 3.1+ scales RoPE by per-pair frequency divisors, stored in the
-    // file (rope_freqs.weight); linear scaling divides every frequency by
-    // the factor, which is the same divisor for every pair.  Other scalings
-    // (YaRN) are not implemented.
-    const std::string scaling = f.get_string(k + "rope.scaling.type").value_or("none");
-    const double factor = f.get_float(k + "rope.scaling.factor").value_or(1.0);
-    if (f.find_tensor("rope_freqs.weight")) {
-      hp.rope_freq_factors = m->f32_vector("rope_freqs.weight", hp.rot_dim / 2);
-      // Each divides a rotation frequency: NaN, infinite, zero or negative
-      // ones turn every angle into garbage.
-      for (int64_t i = 0; i < hp.rot_dim / 2; ++i) {
-        const float d = hp.rope_freq_factors[i];
-        if (!(d > 0) || !std::isfinite(d))
-          fail(ErrorCode::kFormat, "rope_freqs.weight[" + std::to_string(i) + "] is " +
-                                       std::to_string(d) +
-                                       ": each RoPE frequency divisor must be finite and > 0");
-      }
-    }
-    if (scaling == "linear" && factor != 1.0) {
-      if (!(factor > 0) || !std::isfinite(factor))
-        fail(ErrorCode::kFormat, "invalid RoPE scaling factor " + std::to_string(factor));
-      if (hp.rope_freq_factors)
-        fail(ErrorCode::kUnsupported, "linear RoPE scaling together with rope_freqs");
-      hp.rope_linear_factors.assign(static_cast<size_t>(hp.rot_dim / 2),
-                                    static_cast<float>(factor));
-    } else if (scaling != "none" && scaling != "llama3" && scaling != "linear" && factor != 1.0) {
-      fail(ErrorCode::kUnsupported, "RoPE scaling ('" + scaling + "') is not supported yet");
-    }
-    if (gemma) {
-      // As llama.cpp reads Gemma 3: five local layers to one global and RoPE
-      // base 10000 on local layers, unless the file says otherwise.
-      hp.embedding_scale = std::sqrt(static_cast<float>(hp.n_embd));
-      hp.ffn_activation = Activation::kGeluTanh;
-      if (f.has(k + "attention.sliding_window")) {
-        hp.sliding_window = req(k + "attention.sliding_window");
-        hp.sliding_window_pattern = f.has(k + "attention.sliding_window_pattern")
-                                        ? req(k + "attention.sliding_window_pattern")
-                                        : 6;
-      }
-      hp.rope_freq_base_local =
-          static_cast<float>(f.get_float(k + "rope.freq_base_swa").value_or(10000.0));
-      if (!(hp.rope_freq_base_local > 0) || !std::isfinite(hp.rope_freq_base_local))
-        fail(ErrorCode::kFormat, "invalid local RoPE base");
-      // Gemma 3 27B scales its attention by n_embd / n_head instead of the
-      // head size, and its file does not say so (llama.cpp tells the model
-      // by its 62 layers): refused rather than computed wrong.
-      if (hp.n_layer == 62)
-        fail(ErrorCode::kUnsupported, "Gemma 3 27B's attention scale is not supported");
-      if (f.get_float(k + "final_logit_softcapping").value_or(0.0) != 0.0)
-        fail(ErrorCode::kUnsupported, "final logit soft-capping is not supported");
-    }
-
-    const GgufTensor* emb = f.find_tensor("token_embd.weight");
-    if (!emb || emb->dims.size() != 2)
-      fail(ErrorCode::kFormat, "model is missing a 2-D 'token_embd.weight'");
-    hp.n_vocab = emb->dims[1];
-    m->tok_embd_ = m->matrix("token_embd.weight", hp.n_embd, hp.n_vocab);
-    m->output_ = f.find_tensor("output.weight") ? m->matrix("output.weight", hp.n_embd, hp.n_vocab)
-                                                : m->tok_embd_;
-    m->output_norm_ = m->f32_vector("output_norm.weight", hp.n_embd);
-
-    const int64_t q_dim = hp.n_head * hp.head_dim;
-    const bool neox = hp.arch != Arch::kLlama;
-    const std::vector<int64_t> q_rows =
-        neox ? neox_rows_as_adjacent(hp.n_head, hp.head_dim, hp.rot_dim) : std::vector<int64_t>{};
-    const std::vector<int64_t> k_rows =
-        neox ? neox_rows_as_adjacent(hp.n_head_kv, hp.head_dim, hp.rot_dim)
-             : std::vector<int64_t>{};
-    const std::vector<int64_t> head_order =
-        neox ? neox_rows_as_adjacent(1, hp.head_dim, hp.rot_dim) : std::vector<int64_t>{};
-    for (int64_t l = 0; l < hp.n_layer; ++l) {
-      const std::string p = "blk." + std::to_string(l) + ".";
-      LayerWeights w;
-      w.attn_norm = m->f32_vector(p + "attn_norm.weight", hp.n_embd);
-      w.wq = m->matrix(p + "attn_q.weight", hp.n_embd, q_dim);
-      w.wk = m->matrix(p + "attn_k.weight", hp.n_embd, hp.kv_dim());
-      w.wv = m->matrix(p + "attn_v.weight", hp.n_embd, hp.kv_dim());
-      w.wo = m->matrix(p + "attn_output.weight", q_dim, hp.n_embd);
-      if (hp.arch == Arch::kQwen2) {
-        w.bq = m->f32_vector(p + "attn_q.bias", q_dim);
-        w.bk = m->f32_vector(p + "attn_k.bias", hp.kv_dim());
-        w.bv = m->f32_vector(p + "attn_v.bias", hp.kv_dim());
-      }
-      if (hp.arch == Arch::kQwen3 || gemma) {
-        w.q_norm = m->f32_vector(p + "attn_q_norm.weight", hp.head_dim);
-        w.k_norm = m->f32_vector(p + "attn_k_norm.weight", hp.head_dim);
-      }
-      if (neox) {
-        w.wq = m->reordered_rows(w.wq, q_rows);
-        w.wk = m->reordered_rows(w.wk, k_rows);
-        if (w.bq) w.bq = m->reordered(w.bq, q_rows);
-        if (w.bk) w.bk = m->reordered(w.bk, k_rows);
-        if (w.q_norm) w.q_norm = m->reordered(w.q_norm, head_order);
-        if (w.k_norm) w.k_norm = m->reordered(w.k_norm, head_order);
-      }
-      w.ffn_norm = m->f32_vector(p + "ffn_norm.weight", hp.n_embd);
-      w.w_gate = m->matrix(p + "ffn_gate.weight", hp.n_embd, hp.n_ff);
-      w.w_up = m->matrix(p + "ffn_up.weight", hp.n_embd, hp.n_ff);
-      w.w_down = m->matrix(p + "ffn_down.weight", hp.n_ff, hp.n_embd);
-      if (gemma) {
-        w.attn_post_norm = m->f32_vector(p + "post_attention_norm.weight", hp.n_embd);
-        w.ffn_post_norm = m->f32_vector(p + "post_ffw_norm.weight", hp.n_embd);
-      }
-      m->layers_.push_back(w);
-    }
-
-    m->tokenizer_ = std::make_unique<Tokenizer>(read_tokenizer_vocab(f));
-    if (m->tokenizer_->n_vocab() > hp.n_vocab)
-      fail(ErrorCode::kFormat, "tokenizer has more tokens than the embedding matrix");
-    m->name_ = f.get_string("general.name").value_or(path);
-    m->chat_format_ = chat_format;
-    const std::optional<std::string> chat_template = f.get_string("tokenizer.chat_template");
-    if (!chat_format) {
-      try {
-        m->chat_format_ = detect_chat_format(chat_template, *m->tokenizer_);
-      } catch (const Error& e) {
-        m->chat_format_error_ = e.what();
-      }
-    }
-    if (m->chat_format_)
-      m->chat_default_system_ = cb::chat_default_system(*m->chat_format_, chat_template);
+    m->read_hparams();
+    m->read_weights();
+    m->read_tokenizer(path, chat_format);
   } catch (const Error& e) {
     throw Error(e.code(), path + ": " + e.what());
   }
   return m;
+}
+
+// Metadata `key`, which must be present and an integer in (0, 2^24].
+int64_t Model::required(const std::string& key) const {
+  auto v = gguf_.get_int(key);
+  if (!v) fail(ErrorCode::kFormat, "missing metadata '" + key + "'");
+  if (*v <= 0 || *v > (int64_t{1} << 24))
+    fail(ErrorCode::kFormat, "metadata '" + key + "' out of range: " + std::to_string(*v));
+  return *v;
+}
+
+void Model::read_hparams() {
+  const GgufFile& f = gguf_;
+  const std::string arch = f.get_string("general.architecture").value_or("");
+  LlamaHparams& hp = hp_;
+  if (arch == "llama")
+    hp.arch = Arch::kLlama;
+  else if (arch == "qwen2")
+    hp.arch = Arch::kQwen2;
+  else if (arch == "qwen3")
+    hp.arch = Arch::kQwen3;
+  else if (arch == "gemma3")
+    hp.arch = Arch::kGemma3;
+  else
+    fail(ErrorCode::kUnsupported,
+         "unsupported architecture '" + arch + "' (supported: llama, qwen2, qwen3, gemma3)");
+  const std::string k = arch + ".";
+  auto req = [&](const std::string& key) { return required(key); };
+  hp.n_layer = req(k + "block_count");
+  hp.n_embd = req(k + "embedding_length");
+  hp.n_ff = req(k + "feed_forward_length");
+  hp.n_head = req(k + "attention.head_count");
+  hp.n_head_kv =
+      f.has(k + "attention.head_count_kv") ? req(k + "attention.head_count_kv") : hp.n_head;
+  hp.n_ctx_train = req(k + "context_length");
+  if (hp.n_embd % hp.n_head != 0 || hp.n_head % hp.n_head_kv != 0)
+    fail(ErrorCode::kFormat, "head counts do not divide the embedding size");
+  hp.head_dim =
+      f.has(k + "attention.key_length") ? req(k + "attention.key_length") : hp.n_embd / hp.n_head;
+  if (f.has(k + "attention.value_length") && req(k + "attention.value_length") != hp.head_dim)
+    fail(ErrorCode::kUnsupported, "key and value head sizes differ");
+  hp.rot_dim = f.has(k + "rope.dimension_count") ? req(k + "rope.dimension_count") : hp.head_dim;
+  if (hp.rot_dim > hp.head_dim || hp.rot_dim % 2 != 0 || hp.head_dim % 2 != 0)
+    fail(ErrorCode::kFormat, "invalid RoPE dimension count");
+  hp.rope_freq_base = static_cast<float>(f.get_float(k + "rope.freq_base").value_or(10000.0));
+  hp.rms_eps =
+      static_cast<float>(f.get_float(k + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+  if (!(hp.rope_freq_base > 0) || !std::isfinite(hp.rope_freq_base) || !(hp.rms_eps > 0) ||
+      !std::isfinite(hp.rms_eps))
+    fail(ErrorCode::kFormat, "invalid RoPE base or RMS epsilon (each must be finite and > 0)");
+  read_rope_scaling(k);
+  if (hp.arch == Arch::kGemma3) read_gemma_hparams(k);
+}
+
+// Llama 3.1+ scales RoPE by per-pair frequency divisors, stored in the
+// file (rope_freqs.weight); linear scaling divides every frequency by the
+// factor, which is the same divisor for every pair.  Other scalings (YaRN)
+// are not implemented.
+void Model::read_rope_scaling(const std::string& k) {
+  const GgufFile& f = gguf_;
+  LlamaHparams& hp = hp_;
+  const std::string scaling = f.get_string(k + "rope.scaling.type").value_or("none");
+  const double factor = f.get_float(k + "rope.scaling.factor").value_or(1.0);
+  if (f.find_tensor("rope_freqs.weight")) {
+    hp.rope_freq_factors = f32_vector("rope_freqs.weight", hp.rot_dim / 2);
+    // Each divides a rotation frequency: NaN, infinite, zero or negative
+    // ones turn every angle into garbage.
+    for (int64_t i = 0; i < hp.rot_dim / 2; ++i) {
+      const float d = hp.rope_freq_factors[i];
+      if (!(d > 0) || !std::isfinite(d))
+        fail(ErrorCode::kFormat, "rope_freqs.weight[" + std::to_string(i) + "] is " +
+                                     std::to_string(d) +
+                                     ": each RoPE frequency divisor must be finite and > 0");
+    }
+  }
+  if (scaling == "linear" && factor != 1.0) {
+    if (!(factor > 0) || !std::isfinite(factor))
+      fail(ErrorCode::kFormat, "invalid RoPE scaling factor " + std::to_string(factor));
+    if (hp.rope_freq_factors)
+      fail(ErrorCode::kUnsupported, "linear RoPE scaling together with rope_freqs");
+    hp.rope_linear_factors.assign(static_cast<size_t>(hp.rot_dim / 2), static_cast<float>(factor));
+  } else if (scaling != "none" && scaling != "llama3" && scaling != "linear" && factor != 1.0) {
+    fail(ErrorCode::kUnsupported, "RoPE scaling ('" + scaling + "') is not supported yet");
+  }
+}
+
+// As llama.cpp reads Gemma 3: five local layers to one global and RoPE base
+// 10000 on local layers, unless the file says otherwise.
+void Model::read_gemma_hparams(const std::string& k) {
+  const GgufFile& f = gguf_;
+  LlamaHparams& hp = hp_;
+  auto req = [&](const std::string& key) { return required(key); };
+  hp.embedding_scale = std::sqrt(static_cast<float>(hp.n_embd));
+  hp.ffn_activation = Activation::kGeluTanh;
+  if (f.has(k + "attention.sliding_window")) {
+    hp.sliding_window = req(k + "attention.sliding_window");
+    hp.sliding_window_pattern = f.has(k + "attention.sliding_window_pattern")
+                                    ? req(k + "attention.sliding_window_pattern")
+                                    : 6;
+  }
+  hp.rope_freq_base_local =
+      static_cast<float>(f.get_float(k + "rope.freq_base_swa").value_or(10000.0));
+  if (!(hp.rope_freq_base_local > 0) || !std::isfinite(hp.rope_freq_base_local))
+    fail(ErrorCode::kFormat, "invalid local RoPE base");
+  // Gemma 3 27B scales its attention by n_embd / n_head instead of the
+  // head size, and its file does not say so (llama.cpp tells the model
+  // by its 62 layers): refused rather than computed wrong.
+  if (hp.n_layer == 62)
+    fail(ErrorCode::kUnsupported, "Gemma 3 27B's attention scale is not supported");
+  if (f.get_float(k + "final_logit_softcapping").value_or(0.0) != 0.0)
+    fail(ErrorCode::kUnsupported, "final logit soft-capping is not supported");
+}
+
+void Model::read_weights() {
+  const GgufFile& f = gguf_;
+  const LlamaHparams& hp = hp_;
+  const bool gemma = hp.arch == Arch::kGemma3;
+  const GgufTensor* emb = f.find_tensor("token_embd.weight");
+  if (!emb || emb->dims.size() != 2)
+    fail(ErrorCode::kFormat, "model is missing a 2-D 'token_embd.weight'");
+  hp_.n_vocab = emb->dims[1];
+  tok_embd_ = matrix("token_embd.weight", hp.n_embd, hp.n_vocab);
+  output_ =
+      f.find_tensor("output.weight") ? matrix("output.weight", hp.n_embd, hp.n_vocab) : tok_embd_;
+  output_norm_ = f32_vector("output_norm.weight", hp.n_embd);
+
+  const int64_t q_dim = hp.n_head * hp.head_dim;
+  const bool neox = hp.arch != Arch::kLlama;
+  const std::vector<int64_t> q_rows =
+      neox ? neox_rows_as_adjacent(hp.n_head, hp.head_dim, hp.rot_dim) : std::vector<int64_t>{};
+  const std::vector<int64_t> k_rows =
+      neox ? neox_rows_as_adjacent(hp.n_head_kv, hp.head_dim, hp.rot_dim) : std::vector<int64_t>{};
+  const std::vector<int64_t> head_order =
+      neox ? neox_rows_as_adjacent(1, hp.head_dim, hp.rot_dim) : std::vector<int64_t>{};
+  for (int64_t l = 0; l < hp.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LayerWeights w;
+    w.attn_norm = f32_vector(p + "attn_norm.weight", hp.n_embd);
+    w.wq = matrix(p + "attn_q.weight", hp.n_embd, q_dim);
+    w.wk = matrix(p + "attn_k.weight", hp.n_embd, hp.kv_dim());
+    w.wv = matrix(p + "attn_v.weight", hp.n_embd, hp.kv_dim());
+    w.wo = matrix(p + "attn_output.weight", q_dim, hp.n_embd);
+    if (hp.arch == Arch::kQwen2) {
+      w.bq = f32_vector(p + "attn_q.bias", q_dim);
+      w.bk = f32_vector(p + "attn_k.bias", hp.kv_dim());
+      w.bv = f32_vector(p + "attn_v.bias", hp.kv_dim());
+    }
+    if (hp.arch == Arch::kQwen3 || gemma) {
+      w.q_norm = f32_vector(p + "attn_q_norm.weight", hp.head_dim);
+      w.k_norm = f32_vector(p + "attn_k_norm.weight", hp.head_dim);
+    }
+    if (neox) {
+      w.wq = reordered_rows(w.wq, q_rows);
+      w.wk = reordered_rows(w.wk, k_rows);
+      if (w.bq) w.bq = reordered(w.bq, q_rows);
+      if (w.bk) w.bk = reordered(w.bk, k_rows);
+      if (w.q_norm) w.q_norm = reordered(w.q_norm, head_order);
+      if (w.k_norm) w.k_norm = reordered(w.k_norm, head_order);
+    }
+    w.ffn_norm = f32_vector(p + "ffn_norm.weight", hp.n_embd);
+    w.w_gate = matrix(p + "ffn_gate.weight", hp.n_embd, hp.n_ff);
+    w.w_up = matrix(p + "ffn_up.weight", hp.n_embd, hp.n_ff);
+    w.w_down = matrix(p + "ffn_down.weight", hp.n_ff, hp.n_embd);
+    if (gemma) {
+      w.attn_post_norm = f32_vector(p + "post_attention_norm.weight", hp.n_embd);
+      w.ffn_post_norm = f32_vector(p + "post_ffw_norm.weight", hp.n_embd);
+    }
+    layers_.push_back(w);
+  }
+}
+
+void Model::read_tokenizer(const std::string& path, std::optional<ChatFormat> chat_format) {
+  const GgufFile& f = gguf_;
+  tokenizer_ = std::make_unique<Tokenizer>(read_tokenizer_vocab(f));
+  if (tokenizer_->n_vocab() > hp_.n_vocab)
+    fail(ErrorCode::kFormat, "tokenizer has more tokens than the embedding matrix");
+  name_ = f.get_string("general.name").value_or(path);
+  chat_format_ = chat_format;
+  const std::optional<std::string> chat_template = f.get_string("tokenizer.chat_template");
+  if (!chat_format) {
+    try {
+      chat_format_ = detect_chat_format(chat_template, *tokenizer_);
+    } catch (const Error& e) {
+      chat_format_error_ = e.what();
+    }
+  }
+  if (chat_format_) chat_default_system_ = cb::chat_default_system(*chat_format_, chat_template);
 }
 
 const std::string& Model::fingerprint() const {

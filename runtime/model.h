@@ -122,6 +122,13 @@ class Model {
 
  private:
   explicit Model(GgufFile f) : gguf_(std::move(f)) {}
+  // The parts of load(), in order.
+  void read_hparams();
+  void read_rope_scaling(const std::string& arch_prefix);
+  void read_gemma_hparams(const std::string& arch_prefix);
+  void read_weights();
+  void read_tokenizer(const std::string& path, std::optional<ChatFormat> chat_format);
+  int64_t required(const std::string& key) const;
   const float* f32_vector(const std::string& name, int64_t n);
   WeightView matrix(const std::string& name, int64_t n_in, int64_t n_out);
   // Copies of a matrix's rows and of a vector, reordered: out[i] = in[order[i]].
