@@ -45,6 +45,18 @@
  *   a program's own.  Bindings that lay out a struct themselves call
  *   cb_*_init_sized() with their size.
  *
+ * COMPATIBILITY
+ *   From 0.1.0 on, a program built against an earlier header of this major
+ *   version runs with a later library unchanged: no function is removed or
+ *   changes its signature or meaning, enum values keep their numbers, and
+ *   struct fields are only appended (the sizes of earlier structs stay
+ *   accepted: "Added after X" marks where a struct used to end, and the
+ *   reservedN fields keep a new field out of the padding an earlier struct
+ *   ended with).  The shared library's soname changes with the major
+ *   version only (libcacheblend.so.0).  Not covered: the experimental
+ *   header (cacheblend_experimental.h), the text of error messages, and
+ *   numerical results beyond each function's stated tolerance.
+ *
  * THREADING
  *   A cb_model is immutable after loading: it may be shared by any number of
  *   sessions used concurrently on different threads, and the functions that
