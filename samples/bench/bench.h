@@ -144,12 +144,31 @@ int cmd_generate(const Args& a);
 int cmd_prefill(const Args& a);
 int cmd_decode(const Args& a);
 int cmd_ttft(const Args& a);
-// ttft --tiers (cmd_ttft_tiers.cpp), after cmd_ttft has read the common options.
-int ttft_tiers(const Args& a, const Common& c, Model& model, Session& session,
-               const std::vector<const char*>& chunks, const std::string& question,
-               const std::vector<float>& ratios, const std::vector<cb_mode>& modes,
-               const SelectOptions& sel, cb_chunk_head head, int repeat, int n_chunks,
-               int chunk_tokens, int query_tokens, const std::string& plot);
+// ttft's options (cmd_ttft.cpp), read before the model loads; ttft --tiers
+// takes the same.
+struct TtftOptions {
+  int n_chunks = 0;
+  int chunk_tokens = 0;
+  int query_tokens = 0;
+  int repeat = 0;
+  std::vector<float> ratios;
+  std::vector<cb_mode> modes;
+  cb_chunk_head head{};
+  SelectOptions sel;
+  std::vector<double> caps;  // --storage-mbps; empty: none
+  std::string plot;          // --plot; empty: none
+};
+// The request every ttft run sends: the chunks' texts and the question.
+struct TtftRequest {
+  std::vector<std::string> chunks;
+  std::string question;
+  // The chunks as rag_prefill takes them, pointing into `chunks`.
+  std::vector<const char*> chunk_ptrs() const;
+};
+// ttft --tiers (cmd_ttft_tiers.cpp), after cmd_ttft has read the common
+// options and made the request and its session.
+int ttft_tiers(const Args& a, const Common& c, const TtftOptions& o, const Model& model,
+               const Session& session, const TtftRequest& req);
 int cmd_quality(const Args& a);
 
 }  // namespace cbbench

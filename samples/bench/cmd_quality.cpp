@@ -255,48 +255,63 @@ std::optional<double> gap_closed(double mode, double reuse) {
   return 1.0 - mode / reuse;
 }
 
-}  // namespace
+// quality's options; the common ones are read after them.
+struct QualityOptions {
+  std::string path;  // the dataset
+  long long limit = 0;
+  long long max_chunks = 0;
+  std::vector<cb_check_layer> schedule;
+  std::vector<float> ratios;
+  std::vector<cb_mode> modes;
+  std::string plot;
+  cb_chunk_head head{};
+  int max_tokens = 0;
+  int tf_tokens = 0;
+  SelectOptions sel;
+  uint64_t seed = 0;
+  double guard_share = 0.0;
+  double guard_max_ratio = 0.0;
+  bool show = false;
+};
 
-int cmd_quality(const Args& a) {
+QualityOptions parse_quality_options(const Args& a) {
+  QualityOptions o;
   auto it = a.values.find("--dataset");
   const char* env = std::getenv("CB_DEV_DATA");
-  const std::string path = it != a.values.end() ? it->second : env != nullptr ? env : "";
-  if (path.empty())
+  o.path = it != a.values.end() ? it->second : env != nullptr ? env : "";
+  if (o.path.empty())
     usage_error(
         "quality needs --dataset FILE (or $CB_DEV_DATA; scripts/musique_dataset.py writes one)");
-  const long long limit = parse_int(a, "--limit", 0, 1, 1LL << 40);
-  const long long max_chunks = parse_int(a, "--max-chunks", 0, 1, 1LL << 20);
-  const std::vector<cb_check_layer> schedule = parse_schedule(a);
-  if (!schedule.empty() && a.values.count("--ratio"))
+  o.limit = parse_int(a, "--limit", 0, 1, 1LL << 40);
+  o.max_chunks = parse_int(a, "--max-chunks", 0, 1, 1LL << 20);
+  o.schedule = parse_schedule(a);
+  if (!o.schedule.empty() && a.values.count("--ratio"))
     usage_error("option --schedule sets the ratios itself: give it or --ratio, not both");
-  const std::vector<float> ratios =
-      schedule.empty() ? parse_ratios(a, true) : std::vector<float>{schedule.back().ratio};
-  const std::vector<cb_mode> modes = parse_modes(a, "full,prefix,reuse,blend");
-  const std::string plot = plot_path(a);
-  const cb_chunk_head head = parse_chunk_head(a);
-  const int max_tokens = static_cast<int>(parse_int(a, "--max-tokens", 12, 1, 4096));
-  const int tf_tokens = static_cast<int>(parse_int(a, "--tf-tokens", 32, 1, 4096));
-  const SelectOptions sel = parse_select_options(a);
-  const uint64_t seed = parse_u64(a, "--seed", 0);
-  const double guard_share = parse_double(a, "--guard-share", 0.0, 0.0, 1.0);
-  const double guard_max_ratio = parse_double(a, "--guard-max-ratio", 0.5, 0.0, 1.0);
-  const bool show = a.switches.count("--show") > 0;
-  const Common c = common_options(a);
+  o.ratios =
+      o.schedule.empty() ? parse_ratios(a, true) : std::vector<float>{o.schedule.back().ratio};
+  o.modes = parse_modes(a, "full,prefix,reuse,blend");
+  o.plot = plot_path(a);
+  o.head = parse_chunk_head(a);
+  o.max_tokens = static_cast<int>(parse_int(a, "--max-tokens", 12, 1, 4096));
+  o.tf_tokens = static_cast<int>(parse_int(a, "--tf-tokens", 32, 1, 4096));
+  o.sel = parse_select_options(a);
+  o.seed = parse_u64(a, "--seed", 0);
+  o.guard_share = parse_double(a, "--guard-share", 0.0, 0.0, 1.0);
+  o.guard_max_ratio = parse_double(a, "--guard-max-ratio", 0.5, 0.0, 1.0);
+  o.show = a.switches.count("--show") > 0;
+  return o;
+}
 
-  const std::vector<Example> examples =
-      load_dataset(path, limit > 0 ? static_cast<size_t>(limit) : SIZE_MAX,
-                   max_chunks > 0 ? static_cast<size_t>(max_chunks) : SIZE_MAX);
-  Model model;
-  load_model(c, model);
+// Context for the longest request: chunks and question as tokenized, the
+// prompt's fixed parts, and the answer (free or teacher-forced).
+int quality_n_ctx(const Model& model, const Common& c, const QualityOptions& o,
+                  const std::vector<Example>& examples) {
   const int n_ctx_train = model_n_ctx_train(model);
-
-  // Context for the longest request: chunks and question as tokenized, the
-  // prompt's fixed parts, and the answer (free or teacher-forced).
   long long need = 0;
   for (size_t i = 0; i < examples.size(); ++i) {
     long long n =
         static_cast<long long>(tokenize(model, examples[i].question, false, false).size()) + 128 +
-        std::max(max_tokens, tf_tokens);
+        std::max(o.max_tokens, o.tf_tokens);
     for (const auto& ch : examples[i].chunks)
       n += static_cast<long long>(tokenize(model, ch, false, false).size()) + 4;
     if (c.n_ctx == 0 && n > n_ctx_train)
@@ -305,235 +320,340 @@ int cmd_quality(const Args& a) {
                     " (use --max-chunks)");
     need = std::max(need, n);
   }
-  const int n_ctx =
-      c.n_ctx > 0 ? c.n_ctx : static_cast<int>(std::min<long long>(need, n_ctx_train));
-  Session session;
-  create_session(model, c, n_ctx, session);
-  ChunkCache cache;
-  const std::string codec = open_chunk_cache(a, cache);
+  return c.n_ctx > 0 ? c.n_ctx : static_cast<int>(std::min<long long>(need, n_ctx_train));
+}
 
-  // Full prefill first (the reference), then the other modes, blend once
-  // per policy and ratio; reuse always, as the gap blend closes.
+// The runs reported, and the order they run in on each example: full
+// prefill first (the reference), then the other modes, blend once per
+// policy and ratio; reuse always, as the gap blend closes.
+struct QualityPlan {
   std::vector<QualityRun> reported;
-  for (cb_mode m : modes) {
+  std::vector<QualityRun> run_order;
+};
+
+QualityPlan plan_runs(const QualityOptions& o) {
+  QualityPlan plan;
+  for (cb_mode m : o.modes) {
     if (m != CB_MODE_BLEND) {
-      reported.push_back({m, 0, 0});
+      plan.reported.push_back({m, 0, 0});
       continue;
     }
-    for (size_t p = 0; p < sel.selects.size(); ++p)
-      for (size_t k = 0; k < ratios.size(); ++k) reported.push_back({m, p, k});
+    for (size_t p = 0; p < o.sel.selects.size(); ++p)
+      for (size_t k = 0; k < o.ratios.size(); ++k) plan.reported.push_back({m, p, k});
   }
-  const bool has_blend = std::find(modes.begin(), modes.end(), CB_MODE_BLEND) != modes.end();
-  const bool has_reuse = std::find(modes.begin(), modes.end(), CB_MODE_REUSE) != modes.end();
-  if (has_blend && !has_reuse) reported.push_back({CB_MODE_REUSE, 0, 0});
-  std::vector<QualityRun> run_order = {{CB_MODE_FULL, 0, 0}};
-  for (const QualityRun& r : reported)
-    if (r.mode != CB_MODE_FULL) run_order.push_back(r);
-  std::map<QualityRun, ModeTotals> totals;
+  const bool has_blend = std::find(o.modes.begin(), o.modes.end(), CB_MODE_BLEND) != o.modes.end();
+  const bool has_reuse = std::find(o.modes.begin(), o.modes.end(), CB_MODE_REUSE) != o.modes.end();
+  if (has_blend && !has_reuse) plan.reported.push_back({CB_MODE_REUSE, 0, 0});
+  plan.run_order = {{CB_MODE_FULL, 0, 0}};
+  for (const QualityRun& r : plan.reported)
+    if (r.mode != CB_MODE_FULL) plan.run_order.push_back(r);
+  return plan;
+}
 
+// The request options every run shares; mode, policy and ratio are each
+// run's.  Points into o.schedule.
+cb_rag_options quality_rag_options(const QualityOptions& o) {
   cb_rag_options ro;
   cb_rag_options_init(&ro);
-  ro.chunk_head = head;
+  ro.chunk_head = o.head;
   ro.system_prompt =
       "Answer the question using the documents. Reply with only the answer, at most five words.";
-  ro.sink_tokens = sel.sink_tokens;
-  ro.seed = seed;
-  ro.guard_share = static_cast<float>(guard_share);
-  ro.guard_max_ratio = static_cast<float>(guard_max_ratio);
-  if (!schedule.empty()) {
-    ro.schedule = schedule.data();
-    ro.n_schedule = schedule.size();
+  ro.sink_tokens = o.sel.sink_tokens;
+  ro.seed = o.seed;
+  ro.guard_share = static_cast<float>(o.guard_share);
+  ro.guard_max_ratio = static_cast<float>(o.guard_max_ratio);
+  if (!o.schedule.empty()) {
+    ro.schedule = o.schedule.data();
+    ro.n_schedule = o.schedule.size();
   }
-  const auto start = Clock::now();
+  return ro;
+}
+
+using Totals = std::map<QualityRun, ModeTotals>;
+
+// What every run on every example uses.
+struct QualityBench {
+  const QualityOptions& o;
+  const Model& model;
+  const Session& session;
+  const ChunkCache& cache;
+};
+
+// Adds one run's scores against full prefill's; returns its answer's F1.
+double add_scores(ModeTotals& t, const Example& ex, const ModeResult& r, const ModeResult& full,
+                  const ForcedScore& fs) {
+  double f1 = 0.0;
+  for (const auto& gold : ex.answers) f1 = std::max(f1, answer_f1(r.answer, gold));
+  t.f1.push_back(f1);
+  t.fidelity.push_back(answer_f1(r.answer, full.answer));
+  t.agree += argmax_of(r.logits) == argmax_of(full.logits);
+  t.kl_sum += kl_softmax(full.logits, r.logits);
+  t.kl_tf.push_back(fs.kl_mean);
+  t.agree_tf += fs.agree;
+  t.positions_tf += fs.positions;
+  t.exact += r.answer == full.answer;
+  t.ttft.push_back(r.ttft_ms);
+  t.compute.push_back(r.st.fuse_ms);
+  t.computed_fraction.push_back(r.st.computed_fraction);
+  t.share.push_back(r.st.selected_share);
+  t.raised += r.st.guard_raised != 0;
+  t.ratio = r.st.ratio;
+  return f1;
+}
+
+// Every run on one example, full prefill first.
+void run_example(const QualityBench& b, const std::vector<QualityRun>& run_order, const Example& ex,
+                 cb_rag_options& ro, Totals& totals) {
   std::vector<const char*> chunk_ptrs;
+  for (const auto& ch : ex.chunks) chunk_ptrs.push_back(ch.c_str());
+  ModeResult full;
+  ForcedAnswer forced;
+  for (const QualityRun& run : run_order) {
+    const cb_mode m = run.mode;
+    ro.mode = m;
+    ro.select = m == CB_MODE_BLEND ? b.o.sel.selects[run.select] : CB_SELECT_DEFAULT;
+    set_ratio(ro, m == CB_MODE_BLEND ? b.o.ratios[run.ratio] : 0.15f);
+    ModeResult r = run_mode(b.session, b.cache, ex, ro, b.o.max_tokens);
+    // The teacher-forced pass prefills the (cached) request again.
+    check(cb_session_reset(b.session.h), "cannot reset the session");
+    cb_rag_stats again;
+    rag_prefill(b.session, b.cache, chunk_ptrs, ex.question, ro, again);
+    ModeTotals& t = totals[run];
+    ForcedScore fs;
+    if (m == CB_MODE_FULL) {
+      // The reference: its own answer agrees everywhere by definition.
+      full = r;
+      forced = greedy_answer(b.model, b.session, b.o.tf_tokens);
+      fs.positions = fs.agree = static_cast<int>(forced.tokens.size());
+    } else {
+      fs = score_forced(b.session, forced);
+    }
+    const double f1 = add_scores(t, ex, r, full, fs);
+    if (b.o.show)
+      std::fprintf(stderr, "  %-6s %-9s f1 %.2f  kl %.4f  ttft %7.1f ms  answer: %s\n",
+                   cb_mode_name(m), m == CB_MODE_BLEND ? cb_select_name(ro.select) : "", f1,
+                   kl_softmax(full.logits, r.logits), r.ttft_ms, r.answer.c_str());
+  }
+}
+
+// Every example, with progress on stderr.
+Totals run_examples(const QualityBench& b, const std::vector<QualityRun>& run_order,
+                    const std::vector<Example>& examples) {
+  Totals totals;
+  cb_rag_options ro = quality_rag_options(b.o);
+  const auto start = Clock::now();
   for (size_t i = 0; i < examples.size(); ++i) {
     const Example& ex = examples[i];
-    chunk_ptrs.clear();
-    for (const auto& ch : ex.chunks) chunk_ptrs.push_back(ch.c_str());
-    ModeResult full;
-    ForcedAnswer forced;
-    for (const QualityRun& run : run_order) {
-      const cb_mode m = run.mode;
-      ro.mode = m;
-      ro.select = m == CB_MODE_BLEND ? sel.selects[run.select] : CB_SELECT_DEFAULT;
-      set_ratio(ro, m == CB_MODE_BLEND ? ratios[run.ratio] : 0.15f);
-      ModeResult r = run_mode(session, cache, ex, ro, max_tokens);
-      // The teacher-forced pass prefills the (cached) request again.
-      check(cb_session_reset(session.h), "cannot reset the session");
-      cb_rag_stats again;
-      rag_prefill(session, cache, chunk_ptrs, ex.question, ro, again);
-      ModeTotals& t = totals[run];
-      ForcedScore fs;
-      if (m == CB_MODE_FULL) {
-        // The reference: its own answer agrees everywhere by definition.
-        full = r;
-        forced = greedy_answer(model, session, tf_tokens);
-        fs.positions = fs.agree = static_cast<int>(forced.tokens.size());
-      } else {
-        fs = score_forced(session, forced);
-      }
-      double f1 = 0.0;
-      for (const auto& gold : ex.answers) f1 = std::max(f1, answer_f1(r.answer, gold));
-      t.f1.push_back(f1);
-      t.fidelity.push_back(answer_f1(r.answer, full.answer));
-      t.agree += argmax_of(r.logits) == argmax_of(full.logits);
-      t.kl_sum += kl_softmax(full.logits, r.logits);
-      t.kl_tf.push_back(fs.kl_mean);
-      t.agree_tf += fs.agree;
-      t.positions_tf += fs.positions;
-      t.exact += r.answer == full.answer;
-      t.ttft.push_back(r.ttft_ms);
-      t.compute.push_back(r.st.fuse_ms);
-      t.computed_fraction.push_back(r.st.computed_fraction);
-      t.share.push_back(r.st.selected_share);
-      t.raised += r.st.guard_raised != 0;
-      t.ratio = r.st.ratio;
-      if (show)
-        std::fprintf(stderr, "  %-6s %-9s f1 %.2f  kl %.4f  ttft %7.1f ms  answer: %s\n",
-                     cb_mode_name(m), m == CB_MODE_BLEND ? cb_select_name(ro.select) : "", f1,
-                     kl_softmax(full.logits, r.logits), r.ttft_ms, r.answer.c_str());
-    }
+    run_example(b, run_order, ex, ro, totals);
     const double elapsed = ms_between(start, Clock::now()) / 1000.0;
     const double eta =
         elapsed / static_cast<double>(i + 1) * static_cast<double>(examples.size() - i - 1);
     std::fprintf(stderr, "quality: example %zu/%zu done, %.1f s elapsed, ETA %.0f s%s%s\n", i + 1,
-                 examples.size(), elapsed, eta, show ? "; gold: " : "",
-                 show ? ex.answers.front().c_str() : "");
+                 examples.size(), elapsed, eta, b.o.show ? "; gold: " : "",
+                 b.o.show ? ex.answers.front().c_str() : "");
     std::fflush(stderr);
   }
+  return totals;
+}
 
-  const double n = static_cast<double>(examples.size());
+// What quality reports, and from what.
+struct QualityReport {
+  const Common& c;
+  const QualityOptions& o;
+  const Model& model;
+  const std::string& codec;
+  size_t n_examples;
+  const std::vector<QualityRun>& reported;
+  const Totals& totals;
+};
+
+const ModeTotals* reuse_totals(const Totals& totals) {
   const ModeTotals* reuse = nullptr;
   for (const auto& [run, t] : totals)
     if (run.mode == CB_MODE_REUSE) reuse = &t;
-  auto label = [&](const QualityRun& run) {
-    return run.mode == CB_MODE_BLEND ? std::string(cb_select_name(sel.selects[run.select])) + " " +
-                                           ratio_label(ratios[run.ratio])
-                                     : std::string(cb_mode_name(run.mode));
-  };
-  if (c.json) {
-    for (const QualityRun& run : reported) {
-      const cb_mode m = run.mode;
-      const ModeTotals& t = totals[run];
-      cbs::JsonObject o = header("quality", c, model, cb_mode_name(m));
-      o.add("n", static_cast<int64_t>(examples.size()))
-          .add("f1", mean(t.f1))
-          .add("fidelity_f1", mean(t.fidelity))
-          .add("top1_agree", t.agree / n)
-          .add("kl_first", t.kl_sum / n)
-          .add("kl_tf_mean", mean(t.kl_tf))
-          .add("top1_tf",
-               t.positions_tf > 0 ? static_cast<double>(t.agree_tf) / t.positions_tf : 0.0)
-          .add("exact_answer", t.exact / n)
-          .add("tf_tokens", static_cast<int64_t>(tf_tokens))
-          .add("ttft_ms_median", median(t.ttft))
-          .add("compute_ms_median", median(t.compute))
-          .add("computed_fraction", mean(t.computed_fraction))
-          .add("ratio", ratio_value(t.ratio))
-          .add("ratio_mode",
-               m == CB_MODE_BLEND && ratios[run.ratio] == kAutoRatio ? "auto" : "fixed")
-          .add("chunk_head", chunk_head_label(head))
-          .add("codec", codec)
-          .add("max_tokens", static_cast<int64_t>(max_tokens))
-          .add("dataset", path);
-      // Every line has the same keys; the selection's are null outside blend.
-      if (m == CB_MODE_BLEND) {
-        o.add("select", cb_select_name(sel.selects[run.select]))
-            .add("sink_tokens", static_cast<int64_t>(sel.sink_tokens))
-            .add("selected_share_mean", mean(t.share))
-            .add("guard_raised", t.raised / n);
-      } else {
-        o.add_null("select")
-            .add_null("sink_tokens")
-            .add_null("selected_share_mean")
-            .add_null("guard_raised");
-      }
-      if (m == CB_MODE_BLEND && !schedule.empty()) {
-        std::string text;
-        for (const cb_check_layer& cl : schedule)
-          text +=
-              (text.empty() ? "" : ",") + std::to_string(cl.layer) + ":" + ratio_label(cl.ratio);
-        o.add("schedule", text);
-      } else {
-        o.add_null("schedule");
-      }
-      const std::optional<double> gap =
-          reuse ? gap_closed(t.kl_sum / n, reuse->kl_sum / n) : std::nullopt;
-      const std::optional<double> gap_tf =
-          reuse ? gap_closed(mean(t.kl_tf), mean(reuse->kl_tf)) : std::nullopt;
-      if (gap)
-        o.add("gap_closed", *gap);
-      else
-        o.add_null("gap_closed");
-      if (gap_tf)
-        o.add("gap_closed_tf", *gap_tf);
-      else
-        o.add_null("gap_closed_tf");
-      if (max_chunks > 0)
-        o.add("max_chunks", static_cast<int64_t>(max_chunks));
-      else
-        o.add_null("max_chunks");
-      std::printf("%s\n", o.str().c_str());
-    }
+  return reuse;
+}
+
+double top1_tf(const ModeTotals& t) {
+  return t.positions_tf > 0 ? static_cast<double>(t.agree_tf) / t.positions_tf : 0.0;
+}
+
+std::string run_label(const QualityRun& run, const QualityOptions& o) {
+  return run.mode == CB_MODE_BLEND ? std::string(cb_select_name(o.sel.selects[run.select])) + " " +
+                                         ratio_label(o.ratios[run.ratio])
+                                   : std::string(cb_mode_name(run.mode));
+}
+
+std::string schedule_text(const std::vector<cb_check_layer>& schedule) {
+  std::string text;
+  for (const cb_check_layer& cl : schedule) {
+    if (!text.empty()) text += ',';
+    text += std::to_string(cl.layer) + ":" + ratio_label(cl.ratio);
+  }
+  return text;
+}
+
+// Blend's selection and schedule.  Every line has the same keys: these are
+// null outside blend.
+void add_blend_fields(cbs::JsonObject& j, const QualityRun& run, const ModeTotals& t,
+                      const QualityOptions& o, double n) {
+  if (run.mode == CB_MODE_BLEND) {
+    j.add("select", cb_select_name(o.sel.selects[run.select]))
+        .add("sink_tokens", static_cast<int64_t>(o.sel.sink_tokens))
+        .add("selected_share_mean", mean(t.share))
+        .add("guard_raised", t.raised / n);
   } else {
-    std::printf(
-        "quality: %zu examples of %s, %s chunks each; %s (%s), %d threads; chunk head "
-        "%s, %s; TTFT on cached runs; teacher forcing over %d tokens\n",
-        examples.size(), path.c_str(),
-        max_chunks > 0 ? ("at most " + std::to_string(max_chunks)).c_str() : "all",
-        cbs::printable(model_name(model)).c_str(), kernels_name(model).c_str(), c.threads,
-        chunk_head_label(head), cache_label(codec).c_str(), tf_tokens);
-    std::printf("%-16s %6s %6s %8s %9s %8s %8s %6s %10s %12s %9s\n", "run", "ratio", "f1", "fid_f1",
-                "kl_first", "kl_tf", "top1_tf", "exact", "gap_closed", "ttft_ms(med)", "computed");
-    for (const QualityRun& run : reported) {
-      const ModeTotals& t = totals[run];
-      const std::optional<double> gap =
-          reuse ? gap_closed(t.kl_sum / n, reuse->kl_sum / n) : std::nullopt;
-      char gap_text[16] = "-";
-      if (gap) std::snprintf(gap_text, sizeof gap_text, "%.3f", *gap);
-      std::printf("%-16s %6.2f %6.3f %8.3f %9.4f %8.4f %8.3f %6.2f %10s %12.1f %9.3f\n",
-                  label(run).c_str(), static_cast<double>(t.ratio), mean(t.f1), mean(t.fidelity),
-                  t.kl_sum / n, mean(t.kl_tf),
-                  t.positions_tf > 0 ? static_cast<double>(t.agree_tf) / t.positions_tf : 0.0,
-                  t.exact / n, gap_text, median(t.ttft), mean(t.computed_fraction));
-    }
+    j.add_null("select")
+        .add_null("sink_tokens")
+        .add_null("selected_share_mean")
+        .add_null("guard_raised");
   }
-  if (!plot.empty()) {
-    // Fidelity against cost: one line per policy through its ratios, the
-    // other modes as single points.
-    auto draw = [&](const std::string& png, const std::string& ylabel, auto value) {
-      PlotSpec spec;
-      spec.title = "fidelity against cost, " + std::to_string(examples.size()) + " examples of " +
-                   path + (max_chunks > 0 ? ", " + std::to_string(max_chunks) + " chunks" : "");
-      spec.xlabel = "computed fraction of a full prefill";
-      spec.ylabel = ylabel;
-      for (size_t p = 0; p < sel.selects.size(); ++p) {
-        PlotSeries line{cb_select_name(sel.selects[p]), {}, false};
-        for (const QualityRun& run : reported)
-          if (run.mode == CB_MODE_BLEND && run.select == p) {
-            const ModeTotals& t = totals[run];
-            line.points.push_back({mean(t.computed_fraction), value(t)});
-          }
-        std::sort(line.points.begin(), line.points.end());
-        if (!line.points.empty()) spec.series.push_back(line);
+  if (run.mode == CB_MODE_BLEND && !o.schedule.empty())
+    j.add("schedule", schedule_text(o.schedule));
+  else
+    j.add_null("schedule");
+}
+
+void print_quality_json(const QualityReport& p) {
+  const double n = static_cast<double>(p.n_examples);
+  const ModeTotals* reuse = reuse_totals(p.totals);
+  for (const QualityRun& run : p.reported) {
+    const cb_mode m = run.mode;
+    const ModeTotals& t = p.totals.at(run);
+    cbs::JsonObject j = header("quality", p.c, p.model, cb_mode_name(m));
+    j.add("n", static_cast<int64_t>(p.n_examples))
+        .add("f1", mean(t.f1))
+        .add("fidelity_f1", mean(t.fidelity))
+        .add("top1_agree", t.agree / n)
+        .add("kl_first", t.kl_sum / n)
+        .add("kl_tf_mean", mean(t.kl_tf))
+        .add("top1_tf", top1_tf(t))
+        .add("exact_answer", t.exact / n)
+        .add("tf_tokens", static_cast<int64_t>(p.o.tf_tokens))
+        .add("ttft_ms_median", median(t.ttft))
+        .add("compute_ms_median", median(t.compute))
+        .add("computed_fraction", mean(t.computed_fraction))
+        .add("ratio", ratio_value(t.ratio))
+        .add("ratio_mode",
+             m == CB_MODE_BLEND && p.o.ratios[run.ratio] == kAutoRatio ? "auto" : "fixed")
+        .add("chunk_head", chunk_head_label(p.o.head))
+        .add("codec", p.codec)
+        .add("max_tokens", static_cast<int64_t>(p.o.max_tokens))
+        .add("dataset", p.o.path);
+    add_blend_fields(j, run, t, p.o, n);
+    const std::optional<double> gap =
+        reuse ? gap_closed(t.kl_sum / n, reuse->kl_sum / n) : std::nullopt;
+    const std::optional<double> gap_tf =
+        reuse ? gap_closed(mean(t.kl_tf), mean(reuse->kl_tf)) : std::nullopt;
+    if (gap)
+      j.add("gap_closed", *gap);
+    else
+      j.add_null("gap_closed");
+    if (gap_tf)
+      j.add("gap_closed_tf", *gap_tf);
+    else
+      j.add_null("gap_closed_tf");
+    if (p.o.max_chunks > 0)
+      j.add("max_chunks", static_cast<int64_t>(p.o.max_chunks));
+    else
+      j.add_null("max_chunks");
+    std::printf("%s\n", j.str().c_str());
+  }
+}
+
+void print_quality_table(const QualityReport& p) {
+  const double n = static_cast<double>(p.n_examples);
+  const ModeTotals* reuse = reuse_totals(p.totals);
+  std::printf(
+      "quality: %zu examples of %s, %s chunks each; %s (%s), %d threads; chunk head "
+      "%s, %s; TTFT on cached runs; teacher forcing over %d tokens\n",
+      p.n_examples, p.o.path.c_str(),
+      p.o.max_chunks > 0 ? ("at most " + std::to_string(p.o.max_chunks)).c_str() : "all",
+      cbs::printable(model_name(p.model)).c_str(), kernels_name(p.model).c_str(), p.c.threads,
+      chunk_head_label(p.o.head), cache_label(p.codec).c_str(), p.o.tf_tokens);
+  std::printf("%-16s %6s %6s %8s %9s %8s %8s %6s %10s %12s %9s\n", "run", "ratio", "f1", "fid_f1",
+              "kl_first", "kl_tf", "top1_tf", "exact", "gap_closed", "ttft_ms(med)", "computed");
+  for (const QualityRun& run : p.reported) {
+    const ModeTotals& t = p.totals.at(run);
+    const std::optional<double> gap =
+        reuse ? gap_closed(t.kl_sum / n, reuse->kl_sum / n) : std::nullopt;
+    char gap_text[16] = "-";
+    if (gap) std::snprintf(gap_text, sizeof gap_text, "%.3f", *gap);
+    std::printf("%-16s %6.2f %6.3f %8.3f %9.4f %8.4f %8.3f %6.2f %10s %12.1f %9.3f\n",
+                run_label(run, p.o).c_str(), static_cast<double>(t.ratio), mean(t.f1),
+                mean(t.fidelity), t.kl_sum / n, mean(t.kl_tf), top1_tf(t), t.exact / n, gap_text,
+                median(t.ttft), mean(t.computed_fraction));
+  }
+}
+
+// Fidelity (`value`) against cost: one line per policy through its
+// ratios, the other modes as single points.
+template <typename Value>
+void plot_fidelity(const QualityReport& p, const std::string& png, const std::string& ylabel,
+                   Value value) {
+  PlotSpec spec;
+  spec.title = "fidelity against cost, " + std::to_string(p.n_examples) + " examples of " +
+               p.o.path +
+               (p.o.max_chunks > 0 ? ", " + std::to_string(p.o.max_chunks) + " chunks" : "");
+  spec.xlabel = "computed fraction of a full prefill";
+  spec.ylabel = ylabel;
+  for (size_t s = 0; s < p.o.sel.selects.size(); ++s) {
+    PlotSeries line{cb_select_name(p.o.sel.selects[s]), {}, false};
+    for (const QualityRun& run : p.reported)
+      if (run.mode == CB_MODE_BLEND && run.select == s) {
+        const ModeTotals& t = p.totals.at(run);
+        line.points.push_back({mean(t.computed_fraction), value(t)});
       }
-      for (const QualityRun& run : reported)
-        if (run.mode != CB_MODE_BLEND) {
-          const ModeTotals& t = totals[run];
-          const double x = mean(t.computed_fraction), y = value(t);
-          spec.series.push_back({cb_mode_name(run.mode), {{x, y}, {x, y}}, true});
-        }
-      draw_plot(png, spec);
-    };
-    draw(plot, "KL(full || run), first token", [&](const ModeTotals& t) { return t.kl_sum / n; });
-    const size_t dot = plot.rfind('.');
-    const std::string tf_png = dot == std::string::npos || dot < plot.rfind('/') + 1
-                                   ? plot + "_tf"
-                                   : plot.substr(0, dot) + "_tf" + plot.substr(dot);
-    draw(tf_png, "top-1 agreement, teacher-forced answer", [&](const ModeTotals& t) {
-      return t.positions_tf > 0 ? static_cast<double>(t.agree_tf) / t.positions_tf : 0.0;
-    });
+    std::sort(line.points.begin(), line.points.end());
+    if (!line.points.empty()) spec.series.push_back(line);
   }
+  for (const QualityRun& run : p.reported)
+    if (run.mode != CB_MODE_BLEND) {
+      const ModeTotals& t = p.totals.at(run);
+      const double x = mean(t.computed_fraction), y = value(t);
+      spec.series.push_back({cb_mode_name(run.mode), {{x, y}, {x, y}}, true});
+    }
+  draw_plot(png, spec);
+}
+
+// The first token's KL in --plot FILE, the teacher-forced agreement in
+// FILE with "_tf" before its extension.
+void plot_quality(const QualityReport& p) {
+  const std::string& plot = p.o.plot;
+  const double n = static_cast<double>(p.n_examples);
+  plot_fidelity(p, plot, "KL(full || run), first token",
+                [&](const ModeTotals& t) { return t.kl_sum / n; });
+  const size_t dot = plot.rfind('.');
+  const std::string tf_png = dot == std::string::npos || dot < plot.rfind('/') + 1
+                                 ? plot + "_tf"
+                                 : plot.substr(0, dot) + "_tf" + plot.substr(dot);
+  plot_fidelity(p, tf_png, "top-1 agreement, teacher-forced answer", top1_tf);
+}
+
+}  // namespace
+
+int cmd_quality(const Args& a) {
+  const QualityOptions o = parse_quality_options(a);
+  const Common c = common_options(a);
+
+  const std::vector<Example> examples =
+      load_dataset(o.path, o.limit > 0 ? static_cast<size_t>(o.limit) : SIZE_MAX,
+                   o.max_chunks > 0 ? static_cast<size_t>(o.max_chunks) : SIZE_MAX);
+  Model model;
+  load_model(c, model);
+  Session session;
+  create_session(model, c, quality_n_ctx(model, c, o, examples), session);
+  ChunkCache cache;
+  const std::string codec = open_chunk_cache(a, cache);
+
+  const QualityPlan plan = plan_runs(o);
+  const Totals totals = run_examples({o, model, session, cache}, plan.run_order, examples);
+  const QualityReport report{c, o, model, codec, examples.size(), plan.reported, totals};
+  if (c.json)
+    print_quality_json(report);
+  else
+    print_quality_table(report);
+  if (!o.plot.empty()) plot_quality(report);
   return 0;
 }
 

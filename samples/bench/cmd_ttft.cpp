@@ -151,200 +151,252 @@ void plot_ttft(const std::string& png, const std::vector<TtftRow>& rows,
   draw_plot(png, spec);
 }
 
-}  // namespace
-
-int cmd_ttft(const Args& a) {
+// ttft's options; the common ones are read after them.
+TtftOptions parse_ttft_options(const Args& a) {
   if (!a.values.count("--chunks")) usage_error("ttft needs --chunks N");
   if (!a.values.count("--chunk-tokens")) usage_error("ttft needs --chunk-tokens T");
-  const int n_chunks = static_cast<int>(parse_int(a, "--chunks", 0, 1, 4096));
-  const int chunk_tokens = static_cast<int>(parse_int(a, "--chunk-tokens", 0, 1, 1 << 20));
-  const int query_tokens = static_cast<int>(parse_int(a, "--query-tokens", 32, 1, 1 << 20));
-  const int repeat = static_cast<int>(parse_int(a, "--repeat", 3, 1, 1000));
-  const std::vector<float> ratios = parse_ratios(a, true);
-  const std::vector<cb_mode> modes =
-      parse_modes(a, a.values.count("--tiers") ? "full,blend" : "full,prefix,reuse,blend");
-  const cb_chunk_head head = parse_chunk_head(a);
-  const SelectOptions sel = parse_select_options(a);
-  const std::vector<double> caps = parse_storage_caps(a, true);
-  const std::string plot = plot_path(a);
+  TtftOptions o;
+  o.n_chunks = static_cast<int>(parse_int(a, "--chunks", 0, 1, 4096));
+  o.chunk_tokens = static_cast<int>(parse_int(a, "--chunk-tokens", 0, 1, 1 << 20));
+  o.query_tokens = static_cast<int>(parse_int(a, "--query-tokens", 32, 1, 1 << 20));
+  o.repeat = static_cast<int>(parse_int(a, "--repeat", 3, 1, 1000));
+  o.ratios = parse_ratios(a, true);
+  o.modes = parse_modes(a, a.values.count("--tiers") ? "full,blend" : "full,prefix,reuse,blend");
+  o.head = parse_chunk_head(a);
+  o.sel = parse_select_options(a);
+  o.caps = parse_storage_caps(a, true);
+  o.plot = plot_path(a);
+  return o;
+}
+
+// The chunks, cut from the pool, and the question, ending with "?".
+TtftRequest make_request(const Model& model, const TtftOptions& o) {
+  TtftRequest req;
+  for (int i = 0; i < o.n_chunks; ++i)
+    req.chunks.push_back(
+        bench_chunk(model, static_cast<size_t>(i), static_cast<size_t>(o.chunk_tokens)));
+  req.question =
+      text_of_tokens(model, kQueryPool, static_cast<size_t>(std::max(1, o.query_tokens - 1))) + "?";
+  return req;
+}
+
+// The session's context: --n-ctx, else room for the request (the chunks as
+// tokenized, the question, and the prompt's fixed parts: system turn,
+// separators, assistant header) up to the model's context.
+int request_n_ctx(const Model& model, const Common& c, const TtftRequest& req, int n_ctx_train) {
+  long long need = static_cast<long long>(tokenize(model, req.question, false, false).size()) + 96;
+  for (const auto& t : req.chunks)
+    need += static_cast<long long>(tokenize(model, t, false, false).size()) + 4;
+  return c.n_ctx > 0 ? c.n_ctx : static_cast<int>(std::min<long long>(need, n_ctx_train));
+}
+
+// Warms the cache (and every page of the weights), untimed; with --ratio
+// auto the controller's first-use probe (and a first refresh) too.
+void warm_cache(const TtftOptions& o, const Session& session, const ChunkCache& cache,
+                const TtftRequest& req, cb_rag_options& ro) {
+  const std::vector<const char*> chunks = req.chunk_ptrs();
+  cb_rag_stats st;
+  ro.mode = CB_MODE_BLEND;
+  set_ratio(ro, 0.15f);
+  rag_prefill(session, cache, chunks, req.question, ro, st);
+  check(cb_chunk_cache_flush(cache.h), "cannot flush the chunk cache");
+  if (std::find(o.ratios.begin(), o.ratios.end(), kAutoRatio) != o.ratios.end()) {
+    set_ratio(ro, kAutoRatio);
+    rag_prefill(session, cache, chunks, req.question, ro, st);
+  }
+}
+
+// The rows of one read cap: every mode, blend once per policy and ratio.
+void add_rows(const TtftOptions& o, double storage_mbps, std::vector<TtftRow>& rows) {
+  for (cb_mode mode : o.modes) {
+    const std::vector<float> rs = mode == CB_MODE_BLEND ? o.ratios : std::vector<float>{0.15f};
+    const std::vector<cb_select> ss =
+        mode == CB_MODE_BLEND ? o.sel.selects : std::vector<cb_select>{CB_SELECT_DEFAULT};
+    for (cb_select p : ss)
+      for (float r : rs) {
+        TtftRow row{};
+        row.mode = mode;
+        row.ratio_opt = r;
+        row.select = p;
+        row.storage_mbps = storage_mbps;
+        rows.push_back(row);
+      }
+  }
+}
+
+// Times rows[first..], `repeat` times each, and sets their medians.
+// Repeats are interleaved (every mode and ratio once, then again), so that
+// a burst of load on a shared machine hits them all alike.
+void time_rows(const TtftOptions& o, const Session& session, const ChunkCache& cache,
+               const TtftRequest& req, cb_rag_options& ro, std::vector<TtftRow>& rows,
+               size_t first) {
+  const std::vector<const char*> chunks = req.chunk_ptrs();
+  cb_rag_stats st;
+  cb_generate_options go;
+  cb_generate_options_init(&go);
+  go.max_tokens = 1;
+  std::vector<std::vector<double>> compute(rows.size()), load(rows.size()), blocked(rows.size()),
+      upload(rows.size());
+  for (int k = 0; k < o.repeat; ++k) {
+    for (size_t i = first; i < rows.size(); ++i) {
+      TtftRow& row = rows[i];
+      ro.mode = row.mode;
+      ro.select = row.select;
+      set_ratio(ro, row.ratio_opt);
+      check(cb_session_reset(session.h), "cannot reset the session");
+      const auto t0 = Clock::now();
+      rag_prefill(session, cache, chunks, req.question, ro, st);
+      check(cb_generate(session.h, nullptr, 0, &go, nullptr, nullptr, nullptr),
+            "cannot sample the first token");
+      const auto t1 = Clock::now();
+      row.runs.push_back(ms_between(t0, t1));
+      compute[i].push_back(st.recompute_ms);
+      load[i].push_back(st.load_ms);
+      blocked[i].push_back(st.blocked_ms);
+      upload[i].push_back(st.upload_ms);
+      row.st = st;
+    }
+  }
+  for (size_t i = first; i < rows.size(); ++i) {
+    rows[i].ttft_ms = median(rows[i].runs);
+    rows[i].compute_ms = median(compute[i]);
+    rows[i].load_ms = median(load[i]);
+    rows[i].blocked_ms = median(blocked[i]);
+    rows[i].upload_ms = median(upload[i]);
+  }
+}
+
+// Every mode and ratio once per read cap (one pass when none is set).
+std::vector<TtftRow> measure_ttft(const Args& a, const TtftOptions& o, const Session& session,
+                                  ChunkCache& cache, const TtftRequest& req) {
+  cb_rag_options ro;
+  cb_rag_options_init(&ro);
+  ro.chunk_head = o.head;
+  ro.sink_tokens = o.sel.sink_tokens;
+  ro.pipeline = parse_pipeline(a) ? 1 : 0;
+  std::vector<TtftRow> rows;
+  const size_t n_caps = std::max<size_t>(1, o.caps.size());
+  for (size_t ci = 0; ci < n_caps; ++ci) {
+    if (ci > 0) reopen_with_cap(cache, o.caps[ci]);
+    warm_cache(o, session, cache, req, ro);
+    const size_t first = rows.size();
+    add_rows(o, o.caps.empty() ? 0.0 : o.caps[ci], rows);
+    time_rows(o, session, cache, req, ro, rows, first);
+  }
+  return rows;
+}
+
+// Full prefill's TTFT under the same read cap (0 when not run).
+double full_ms_at(const std::vector<TtftRow>& rows, double cap) {
+  for (const auto& r : rows)
+    if (r.mode == CB_MODE_FULL && r.storage_mbps == cap) return r.ttft_ms;
+  return 0.0;
+}
+
+void print_ttft_json(const std::vector<TtftRow>& rows, const TtftOptions& o, const Common& c,
+                     const Model& model, const std::string& codec) {
+  for (const auto& r : rows) {
+    const double full_ms = full_ms_at(rows, r.storage_mbps);
+    cbs::JsonObject j = header("ttft", c, model, cb_mode_name(r.mode));
+    j.add("ttft_ms", r.ttft_ms)
+        .add("load_ms", r.load_ms)
+        .add("compute_ms", r.compute_ms)
+        .add("blocked_ms", r.blocked_ms)
+        .add("upload_ms", r.upload_ms)
+        .add("ratio", ratio_value(r.st.ratio))
+        .add("ratio_mode", r.ratio_opt == kAutoRatio ? "auto" : "fixed")
+        .add("select", r.mode == CB_MODE_BLEND ? cb_select_name(r.select) : "none")
+        .add("sink_tokens", static_cast<int64_t>(o.sel.sink_tokens))
+        .add("pipeline", r.st.pipelined != 0)
+        .add("bytes_read", static_cast<int64_t>(r.st.bytes_read))
+        .add("n_ctx", r.st.n_tokens)
+        .add("computed_fraction", r.st.computed_fraction)
+        .add("cache_hits", r.st.cache_hits)
+        .add("cache_misses", r.st.cache_misses)
+        .add("n_reused", r.st.n_reused)
+        .add("chunks", static_cast<int64_t>(o.n_chunks))
+        .add("chunk_tokens", static_cast<int64_t>(o.chunk_tokens))
+        .add("query_tokens", static_cast<int64_t>(o.query_tokens))
+        .add("chunk_head", chunk_head_label(o.head))
+        .add("codec", codec)
+        .add("repeat", static_cast<int64_t>(o.repeat))
+        .add("stat", "median")
+        .add("ttft_ms_runs", r.runs);
+    if (r.storage_mbps > 0.0)
+      j.add("storage_mbps", r.storage_mbps);
+    else
+      j.add_null("storage_mbps");
+    if (full_ms > 0.0)
+      j.add("ttft_vs_full", r.ttft_ms / full_ms);
+    else
+      j.add_null("ttft_vs_full");
+    std::printf("%s\n", j.str().c_str());
+  }
+}
+
+void print_ttft_table(const std::vector<TtftRow>& rows, const TtftOptions& o, const Common& c,
+                      const Model& model, const std::string& codec) {
+  std::printf(
+      "ttft: %d chunks x %d tokens, question %d tokens, request %d tokens; %s (%s), "
+      "%d threads; chunk head %s, %s; median of %d\n",
+      o.n_chunks, o.chunk_tokens, o.query_tokens, rows.empty() ? 0 : rows[0].st.n_tokens,
+      cbs::printable(model_name(model)).c_str(), kernels_name(model).c_str(), c.threads,
+      chunk_head_label(o.head), cache_label(codec).c_str(), o.repeat);
+  if (!o.caps.empty()) std::printf("%8s ", "MB/s");
+  std::printf("%-7s %-9s %6s %10s %11s %9s %10s %9s %5s %7s %8s\n", "mode", "select", "ratio",
+              "ttft_ms", "compute_ms", "load_ms", "blocked_ms", "computed", "hits", "misses",
+              "vs_full");
+  for (const auto& r : rows) {
+    const double full_ms = full_ms_at(rows, r.storage_mbps);
+    if (!o.caps.empty()) std::printf("%8g ", r.storage_mbps);
+    char vs[32] = "-";
+    if (full_ms > 0.0) std::snprintf(vs, sizeof vs, "%.3f", r.ttft_ms / full_ms);
+    char ratio[16];
+    std::snprintf(ratio, sizeof ratio, r.ratio_opt == kAutoRatio ? "a%.2f" : "%.2f",
+                  static_cast<double>(r.st.ratio));
+    std::printf("%-7s %-9s %6s %10.1f %11.1f %9.1f %10.1f %9.3f %5d %7d %8s\n",
+                cb_mode_name(r.mode), r.mode == CB_MODE_BLEND ? cb_select_name(r.select) : "-",
+                ratio, r.ttft_ms, r.compute_ms, r.load_ms, r.blocked_ms, r.st.computed_fraction,
+                r.st.cache_hits, r.st.cache_misses, vs);
+  }
+}
+
+}  // namespace
+
+std::vector<const char*> TtftRequest::chunk_ptrs() const {
+  std::vector<const char*> out;
+  for (const auto& t : chunks) out.push_back(t.c_str());
+  return out;
+}
+
+int cmd_ttft(const Args& a) {
+  const TtftOptions o = parse_ttft_options(a);
   const Common c = common_options(a);
 
   Model model;
   load_model(c, model);
   const int n_ctx_train = model_n_ctx_train(model);
-  const long long need_min = static_cast<long long>(n_chunks) * chunk_tokens + query_tokens;
+  const long long need_min = static_cast<long long>(o.n_chunks) * o.chunk_tokens + o.query_tokens;
   if (need_min > n_ctx_train)
     runtime_error("the request needs at least " + std::to_string(need_min) +
                   " tokens, more than the model's context of " + std::to_string(n_ctx_train));
-
-  std::vector<std::string> texts;
-  for (int i = 0; i < n_chunks; ++i)
-    texts.push_back(bench_chunk(model, static_cast<size_t>(i), static_cast<size_t>(chunk_tokens)));
-  std::vector<const char*> chunks;
-  for (const auto& t : texts) chunks.push_back(t.c_str());
-  const std::string question =
-      text_of_tokens(model, kQueryPool, static_cast<size_t>(std::max(1, query_tokens - 1))) + "?";
-
-  // Room for the request: the chunks as tokenized, the question, and the
-  // prompt's fixed parts (system turn, separators, assistant header).
-  long long need = static_cast<long long>(tokenize(model, question, false, false).size()) + 96;
-  for (const auto& t : texts)
-    need += static_cast<long long>(tokenize(model, t, false, false).size()) + 4;
-  const int n_ctx =
-      c.n_ctx > 0 ? c.n_ctx : static_cast<int>(std::min<long long>(need, n_ctx_train));
+  const TtftRequest req = make_request(model, o);
 
   Session session;
-  create_session(model, c, n_ctx, session);
-  if (a.values.count("--tiers"))
-    return ttft_tiers(a, c, model, session, chunks, question, ratios, modes, sel, head, repeat,
-                      n_chunks, chunk_tokens, query_tokens, plot);
+  create_session(model, c, request_n_ctx(model, c, req, n_ctx_train), session);
+  if (a.values.count("--tiers")) return ttft_tiers(a, c, o, model, session, req);
   for (const char* f : {"--ram-budget-mb", "--slow-mbps", "--redis", "--placement-ratio"})
     if (a.values.count(f)) usage_error(std::string("option ") + f + " needs --tiers");
   ChunkCache cache;
   const std::string codec = open_chunk_cache(a, cache, true);
 
-  cb_rag_options ro;
-  cb_rag_options_init(&ro);
-  ro.chunk_head = head;
-  ro.sink_tokens = sel.sink_tokens;
-  cb_rag_stats st;
-  ro.pipeline = parse_pipeline(a) ? 1 : 0;
-  cb_generate_options go;
-  cb_generate_options_init(&go);
-  go.max_tokens = 1;
-  std::vector<TtftRow> rows;
-  // Every mode and ratio once per read cap (one pass when none is set).
-  const size_t n_caps = std::max<size_t>(1, caps.size());
-  for (size_t ci = 0; ci < n_caps; ++ci) {
-    if (ci > 0) reopen_with_cap(cache, caps[ci]);
-    // Warm the cache (and every page of the weights): untimed.
-    ro.mode = CB_MODE_BLEND;
-    set_ratio(ro, 0.15f);
-    rag_prefill(session, cache, chunks, question, ro, st);
-    check(cb_chunk_cache_flush(cache.h), "cannot flush the chunk cache");
-    if (std::find(ratios.begin(), ratios.end(), kAutoRatio) != ratios.end()) {
-      // The controller's first-use probe (and a first refresh) stay untimed.
-      set_ratio(ro, kAutoRatio);
-      rag_prefill(session, cache, chunks, question, ro, st);
-    }
-    // Repeats are interleaved (every mode and ratio once, then again), so
-    // that a burst of load on a shared machine hits them all alike.
-    const size_t first = rows.size();
-    for (cb_mode mode : modes) {
-      const std::vector<float> rs = mode == CB_MODE_BLEND ? ratios : std::vector<float>{0.15f};
-      const std::vector<cb_select> ss =
-          mode == CB_MODE_BLEND ? sel.selects : std::vector<cb_select>{CB_SELECT_DEFAULT};
-      for (cb_select p : ss)
-        for (float r : rs) {
-          TtftRow row{};
-          row.mode = mode;
-          row.ratio_opt = r;
-          row.select = p;
-          row.storage_mbps = caps.empty() ? 0.0 : caps[ci];
-          rows.push_back(row);
-        }
-    }
-    std::vector<std::vector<double>> compute(rows.size()), load(rows.size()), blocked(rows.size()),
-        upload(rows.size());
-    for (int k = 0; k < repeat; ++k) {
-      for (size_t i = first; i < rows.size(); ++i) {
-        TtftRow& row = rows[i];
-        ro.mode = row.mode;
-        ro.select = row.select;
-        set_ratio(ro, row.ratio_opt);
-        check(cb_session_reset(session.h), "cannot reset the session");
-        const auto t0 = Clock::now();
-        rag_prefill(session, cache, chunks, question, ro, st);
-        check(cb_generate(session.h, nullptr, 0, &go, nullptr, nullptr, nullptr),
-              "cannot sample the first token");
-        const auto t1 = Clock::now();
-        row.runs.push_back(ms_between(t0, t1));
-        compute[i].push_back(st.recompute_ms);
-        load[i].push_back(st.load_ms);
-        blocked[i].push_back(st.blocked_ms);
-        upload[i].push_back(st.upload_ms);
-        row.st = st;
-      }
-    }
-    for (size_t i = first; i < rows.size(); ++i) {
-      rows[i].ttft_ms = median(rows[i].runs);
-      rows[i].compute_ms = median(compute[i]);
-      rows[i].load_ms = median(load[i]);
-      rows[i].blocked_ms = median(blocked[i]);
-      rows[i].upload_ms = median(upload[i]);
-    }
-  }
-
-  // Full prefill's TTFT under the same read cap (0 when not run).
-  auto full_ms_at = [&](double cap) {
-    for (const auto& r : rows)
-      if (r.mode == CB_MODE_FULL && r.storage_mbps == cap) return r.ttft_ms;
-    return 0.0;
-  };
-  if (c.json) {
-    for (const auto& r : rows) {
-      const double full_ms = full_ms_at(r.storage_mbps);
-      cbs::JsonObject o = header("ttft", c, model, cb_mode_name(r.mode));
-      o.add("ttft_ms", r.ttft_ms)
-          .add("load_ms", r.load_ms)
-          .add("compute_ms", r.compute_ms)
-          .add("blocked_ms", r.blocked_ms)
-          .add("upload_ms", r.upload_ms)
-          .add("ratio", ratio_value(r.st.ratio))
-          .add("ratio_mode", r.ratio_opt == kAutoRatio ? "auto" : "fixed")
-          .add("select", r.mode == CB_MODE_BLEND ? cb_select_name(r.select) : "none")
-          .add("sink_tokens", static_cast<int64_t>(sel.sink_tokens))
-          .add("pipeline", r.st.pipelined != 0)
-          .add("bytes_read", static_cast<int64_t>(r.st.bytes_read))
-          .add("n_ctx", r.st.n_tokens)
-          .add("computed_fraction", r.st.computed_fraction)
-          .add("cache_hits", r.st.cache_hits)
-          .add("cache_misses", r.st.cache_misses)
-          .add("n_reused", r.st.n_reused)
-          .add("chunks", static_cast<int64_t>(n_chunks))
-          .add("chunk_tokens", static_cast<int64_t>(chunk_tokens))
-          .add("query_tokens", static_cast<int64_t>(query_tokens))
-          .add("chunk_head", chunk_head_label(head))
-          .add("codec", codec)
-          .add("repeat", static_cast<int64_t>(repeat))
-          .add("stat", "median")
-          .add("ttft_ms_runs", r.runs);
-      if (r.storage_mbps > 0.0)
-        o.add("storage_mbps", r.storage_mbps);
-      else
-        o.add_null("storage_mbps");
-      if (full_ms > 0.0)
-        o.add("ttft_vs_full", r.ttft_ms / full_ms);
-      else
-        o.add_null("ttft_vs_full");
-      std::printf("%s\n", o.str().c_str());
-    }
-  } else {
-    std::printf(
-        "ttft: %d chunks x %d tokens, question %d tokens, request %d tokens; %s (%s), "
-        "%d threads; chunk head %s, %s; median of %d\n",
-        n_chunks, chunk_tokens, query_tokens, rows.empty() ? 0 : rows[0].st.n_tokens,
-        cbs::printable(model_name(model)).c_str(), kernels_name(model).c_str(), c.threads,
-        chunk_head_label(head), cache_label(codec).c_str(), repeat);
-    if (!caps.empty()) std::printf("%8s ", "MB/s");
-    std::printf("%-7s %-9s %6s %10s %11s %9s %10s %9s %5s %7s %8s\n", "mode", "select", "ratio",
-                "ttft_ms", "compute_ms", "load_ms", "blocked_ms", "computed", "hits", "misses",
-                "vs_full");
-    for (const auto& r : rows) {
-      const double full_ms = full_ms_at(r.storage_mbps);
-      if (!caps.empty()) std::printf("%8g ", r.storage_mbps);
-      char vs[32] = "-";
-      if (full_ms > 0.0) std::snprintf(vs, sizeof vs, "%.3f", r.ttft_ms / full_ms);
-      char ratio[16];
-      std::snprintf(ratio, sizeof ratio, r.ratio_opt == kAutoRatio ? "a%.2f" : "%.2f",
-                    static_cast<double>(r.st.ratio));
-      std::printf("%-7s %-9s %6s %10.1f %11.1f %9.1f %10.1f %9.3f %5d %7d %8s\n",
-                  cb_mode_name(r.mode), r.mode == CB_MODE_BLEND ? cb_select_name(r.select) : "-",
-                  ratio, r.ttft_ms, r.compute_ms, r.load_ms, r.blocked_ms, r.st.computed_fraction,
-                  r.st.cache_hits, r.st.cache_misses, vs);
-    }
-  }
-  if (!plot.empty()) plot_ttft(plot, rows, caps, ratios, n_chunks, chunk_tokens, c.threads);
+  const std::vector<TtftRow> rows = measure_ttft(a, o, session, cache, req);
+  if (c.json)
+    print_ttft_json(rows, o, c, model, codec);
+  else
+    print_ttft_table(rows, o, c, model, codec);
+  if (!o.plot.empty())
+    plot_ttft(o.plot, rows, o.caps, o.ratios, o.n_chunks, o.chunk_tokens, c.threads);
   return 0;
 }
 

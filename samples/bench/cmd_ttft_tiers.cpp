@@ -53,107 +53,106 @@ struct TierRow {
   std::vector<std::string> tier_names;
 };
 
-}  // namespace
+// The options that go with --tiers only.
+struct TiersOptions {
+  std::vector<std::string> labels;  // the stores, in --tiers order
+  std::string codec_name;           // of the stores on flash
+  cb_codec codec = CB_CODEC_F16;
+  double slow_mbps = 0.0;
+  uint64_t ram_budget = 0;  // bytes
+  float placement_ratio = 0.0f;
+  std::string redis;
+};
 
-int ttft_tiers(const Args& a, const Common& c, Model& model, Session& session,
-               const std::vector<const char*>& chunks, const std::string& question,
-               const std::vector<float>& ratios, const std::vector<cb_mode>& modes,
-               const SelectOptions& sel, cb_chunk_head head, int repeat, int n_chunks,
-               int chunk_tokens, int query_tokens, const std::string& plot) {
+// --tiers: a comma-separated list of ram, flash, slow and tiered, each once.
+std::vector<std::string> parse_tier_labels(const std::string& list) {
+  std::vector<std::string> labels;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = list.find(',', start);
+    const std::string name = list.substr(start, comma == std::string::npos ? comma : comma - start);
+    if (name != "ram" && name != "flash" && name != "slow" && name != "tiered")
+      usage_error("option --tiers: '" + name +
+                  "' is not one of ram, flash, slow, tiered (a comma-separated list)");
+    if (std::find(labels.begin(), labels.end(), name) != labels.end())
+      usage_error("option --tiers: '" + name + "' is listed twice");
+    labels.push_back(name);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return labels;
+}
+
+TiersOptions parse_tiers_options(const Args& a, const std::vector<float>& ratios) {
   for (const char* f : {"--store", "--storage-mbps"})
     if (a.values.count(f)) usage_error(std::string("option ") + f + " does not go with --tiers");
   if (std::find(ratios.begin(), ratios.end(), kAutoRatio) != ratios.end())
     usage_error("option --tiers takes fixed ratios (not auto)");
-  const std::string codec_name = a.values.count("--codec") ? a.values.at("--codec") : "f16";
-  cb_codec codec = CB_CODEC_F16;
-  if (codec_name == "q8") {
-    codec = CB_CODEC_Q8;
-  } else if (codec_name == "q4") {
-    codec = CB_CODEC_Q4;
-  } else if (codec_name != "f16") {
-    usage_error("option --codec with --tiers: '" + codec_name +
+  TiersOptions t;
+  t.codec_name = a.values.count("--codec") ? a.values.at("--codec") : "f16";
+  if (t.codec_name == "q8") {
+    t.codec = CB_CODEC_Q8;
+  } else if (t.codec_name == "q4") {
+    t.codec = CB_CODEC_Q4;
+  } else if (t.codec_name != "f16") {
+    usage_error("option --codec with --tiers: '" + t.codec_name +
                 "' is not one of f16, q8, q4 (the stores on flash; ram is always f32)");
   }
-  const double slow_mbps = parse_double(a, "--slow-mbps", 10.0, 0.001, 1e6);
-  const uint64_t ram_budget =
+  t.slow_mbps = parse_double(a, "--slow-mbps", 10.0, 0.001, 1e6);
+  t.ram_budget =
       static_cast<uint64_t>(parse_double(a, "--ram-budget-mb", 0.0, 0.0, 1 << 20) * 1048576.0);
-  const float placement_ratio =
+  t.placement_ratio =
       static_cast<float>(parse_double(a, "--placement-ratio", ratios.front(), 0.0, 1.0));
-  const std::string redis = a.values.count("--redis") ? a.values.at("--redis") : "";
-
-  std::vector<std::string> labels;
-  {
-    const std::string& list = a.values.at("--tiers");
-    size_t start = 0;
-    for (;;) {
-      const size_t comma = list.find(',', start);
-      const std::string name =
-          list.substr(start, comma == std::string::npos ? comma : comma - start);
-      if (name != "ram" && name != "flash" && name != "slow" && name != "tiered")
-        usage_error("option --tiers: '" + name +
-                    "' is not one of ram, flash, slow, tiered (a comma-separated list)");
-      if (std::find(labels.begin(), labels.end(), name) != labels.end())
-        usage_error("option --tiers: '" + name + "' is listed twice");
-      labels.push_back(name);
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
-  }
-  const bool has_tiered = std::find(labels.begin(), labels.end(), "tiered") != labels.end();
-  if (has_tiered && ram_budget == 0)
+  t.redis = a.values.count("--redis") ? a.values.at("--redis") : "";
+  t.labels = parse_tier_labels(a.values.at("--tiers"));
+  const bool has_tiered = std::find(t.labels.begin(), t.labels.end(), "tiered") != t.labels.end();
+  if (has_tiered && t.ram_budget == 0)
     usage_error("--tiers tiered needs --ram-budget-mb M (the RAM tier's budget)");
-  if (!has_tiered && (ram_budget > 0 || !redis.empty()))
+  if (!has_tiered && (t.ram_budget > 0 || !t.redis.empty()))
     usage_error("options --ram-budget-mb and --redis apply to --tiers tiered");
+  return t;
+}
 
-  std::vector<std::unique_ptr<TierStore>> stores;
-  for (const std::string& label : labels) {
-    auto t = std::make_unique<TierStore>();
-    t->label = label;
-    if (label == "ram") {
-      check(cb_chunk_cache_create(&t->cache.h), "cannot create the chunk cache");
-    } else {
-      cb_store_options so;
-      cb_store_options_init(&so);
-      so.codec = codec;
-      t->cache.dir = temp_dir("store");
-      t->cache.remove_dir = true;
-      std::string slow;
-      if (label == "slow") so.read_bytes_per_sec = static_cast<uint64_t>(slow_mbps * 1e6);
-      if (label == "tiered") {
-        slow = temp_dir("slow");
-        t->extra_dirs.push_back(slow);
-        so.ram_budget_bytes = ram_budget;
-        so.slow_dir = slow.c_str();
-        so.slow_read_bytes_per_sec = static_cast<uint64_t>(slow_mbps * 1e6);
-        if (!redis.empty()) so.redis_address = redis.c_str();
-        so.placement_ratio = placement_ratio;
-      }
-      t->cache.opts = so;
-      check(cb_chunk_cache_open(t->cache.dir.c_str(), &so, &t->cache.h),
-            "cannot open the chunk store in '" + t->cache.dir + "'");
-      t->cache.opts.slow_dir = nullptr;  // not kept: the string is ours
-      t->cache.opts.redis_address = nullptr;
-    }
-    stores.push_back(std::move(t));
+// The store `label` names: a chunk cache in RAM, else a store in a
+// temporary directory (read-capped for slow, with a RAM tier and a slow
+// directory for tiered).
+std::unique_ptr<TierStore> open_store(const std::string& label, const TiersOptions& o) {
+  auto t = std::make_unique<TierStore>();
+  t->label = label;
+  if (label == "ram") {
+    check(cb_chunk_cache_create(&t->cache.h), "cannot create the chunk cache");
+    return t;
   }
+  cb_store_options so;
+  cb_store_options_init(&so);
+  so.codec = o.codec;
+  t->cache.dir = temp_dir("store");
+  t->cache.remove_dir = true;
+  std::string slow;
+  if (label == "slow") so.read_bytes_per_sec = static_cast<uint64_t>(o.slow_mbps * 1e6);
+  if (label == "tiered") {
+    slow = temp_dir("slow");
+    t->extra_dirs.push_back(slow);
+    so.ram_budget_bytes = o.ram_budget;
+    so.slow_dir = slow.c_str();
+    so.slow_read_bytes_per_sec = static_cast<uint64_t>(o.slow_mbps * 1e6);
+    if (!o.redis.empty()) so.redis_address = o.redis.c_str();
+    so.placement_ratio = o.placement_ratio;
+  }
+  t->cache.opts = so;
+  check(cb_chunk_cache_open(t->cache.dir.c_str(), &so, &t->cache.h),
+        "cannot open the chunk store in '" + t->cache.dir + "'");
+  t->cache.opts.slow_dir = nullptr;  // not kept: the string is ours
+  t->cache.opts.redis_address = nullptr;
+  return t;
+}
 
-  cb_rag_options ro;
-  cb_rag_options_init(&ro);
-  ro.chunk_head = head;
-  ro.sink_tokens = sel.sink_tokens;
-  ro.select = sel.selects.front();
-  ro.pipeline = parse_pipeline(a) ? 1 : 0;
-  cb_rag_stats st;
-  // Warm every store: the first request computes and places every chunk,
-  // the second reads them back (promotions included); both untimed.
-  for (auto& t : stores)
-    for (int w = 0; w < 2; ++w) {
-      ro.mode = CB_MODE_BLEND;
-      set_ratio(ro, ratios.front());
-      rag_prefill(session, t->cache, chunks, question, ro, st);
-      check(cb_chunk_cache_flush(t->cache.h), "cannot flush the chunk cache");
-    }
+using Stores = std::vector<std::unique_ptr<TierStore>>;
 
+// Full prefill first (when asked for, once: it uses no store), then every
+// store's modes, blend once per ratio.
+std::vector<TierRow> plan_rows(const Stores& stores, const std::vector<cb_mode>& modes,
+                               const std::vector<float>& ratios) {
   std::vector<TierRow> rows;
   if (std::find(modes.begin(), modes.end(), CB_MODE_FULL) != modes.end()) {
     TierRow r;
@@ -172,11 +171,20 @@ int ttft_tiers(const Args& a, const Common& c, Model& model, Session& session,
         rows.push_back(r);
       }
     }
+  return rows;
+}
+
+// The request against each store and in each mode and ratio: `repeat`
+// interleaved runs (a burst of load hits every store alike), timed to the
+// first token, with each tier's hits.
+void time_rows(const TtftOptions& o, const Stores& stores, const Session& session,
+               const TtftRequest& req, cb_rag_options& ro, std::vector<TierRow>& rows) {
+  const std::vector<const char*> chunks = req.chunk_ptrs();
+  cb_rag_stats st;
   cb_generate_options go;
   cb_generate_options_init(&go);
   go.max_tokens = 1;
-  // Interleaved repeats: a burst of load hits every store alike.
-  for (int k = 0; k < repeat; ++k)
+  for (int k = 0; k < o.repeat; ++k)
     for (TierRow& r : rows) {
       TierStore& t = *stores[r.store];
       ro.mode = r.mode;
@@ -184,7 +192,7 @@ int ttft_tiers(const Args& a, const Common& c, Model& model, Session& session,
       const std::vector<cb_tier_stats> before = tier_stats_of(t.cache);
       check(cb_session_reset(session.h), "cannot reset the session");
       const auto t0 = Clock::now();
-      rag_prefill(session, t.cache, chunks, question, ro, st);
+      rag_prefill(session, t.cache, chunks, req.question, ro, st);
       check(cb_generate(session.h, nullptr, 0, &go, nullptr, nullptr, nullptr),
             "cannot sample the first token");
       const auto t1 = Clock::now();
@@ -199,21 +207,29 @@ int ttft_tiers(const Args& a, const Common& c, Model& model, Session& session,
         // A store without tiers has one, named after the store here.
         r.tier_names.push_back(t.label == "tiered" ? after[i].name : t.label);
         if (i < before.size())
-          r.hits[i] += static_cast<double>(after[i].hits - before[i].hits) / repeat;
+          r.hits[i] += static_cast<double>(after[i].hits - before[i].hits) / o.repeat;
       }
       // The logits the first token was sampled from (the prefill's): read
       // again by a second prefill, untimed, on the last run only.
-      if (k + 1 == repeat) {
-        rag_prefill(session, t.cache, chunks, question, ro, st);
+      if (k + 1 == o.repeat) {
+        rag_prefill(session, t.cache, chunks, req.question, ro, st);
         const float* lg = nullptr;
         size_t n_vocab = 0;
         check(cb_session_logits(session.h, &lg, &n_vocab), "cannot read the logits");
         r.logits.assign(lg, lg + n_vocab);
       }
     }
+}
 
-  // Baselines: blend from the all-in-RAM store (speed, fidelity), and the
-  // full prefill (fidelity).
+// A row's figures as reported, against the baselines: blend from the
+// all-in-RAM store (speed, fidelity), and the full prefill (fidelity).
+struct TierOut {
+  std::string label;
+  double ttft = 0, load = 0, blocked = 0, vs_ram = 0, kl_ram = -1, kl_full = -1;
+  int same_flash = -1;  // 1: bitwise the flash store's logits; -1: no flash row
+};
+
+std::vector<TierOut> compare_rows(const Stores& stores, const std::vector<TierRow>& rows) {
   auto find_row = [&](const std::string& label, const TierRow& like) -> const TierRow* {
     for (const TierRow& r : rows)
       if (r.mode != CB_MODE_FULL && stores[r.store]->label == label && r.mode == like.mode &&
@@ -224,14 +240,9 @@ int ttft_tiers(const Args& a, const Common& c, Model& model, Session& session,
   const TierRow* full_row = nullptr;
   for (const TierRow& r : rows)
     if (r.mode == CB_MODE_FULL) full_row = &r;
-  struct Out {
-    std::string label;
-    double ttft = 0, load = 0, blocked = 0, vs_ram = 0, kl_ram = -1, kl_full = -1;
-    int same_flash = -1;  // 1: bitwise the flash store's logits; -1: no flash row
-  };
-  std::vector<Out> outs;
+  std::vector<TierOut> outs;
   for (const TierRow& r : rows) {
-    Out o;
+    TierOut o;
     o.label = r.mode == CB_MODE_FULL ? "-" : stores[r.store]->label;
     o.ttft = median(r.runs);
     o.load = median(r.load);
@@ -245,111 +256,165 @@ int ttft_tiers(const Args& a, const Common& c, Model& model, Session& session,
       o.same_flash = fl->logits == r.logits ? 1 : 0;
     outs.push_back(o);
   }
-  auto hits_text = [](const TierRow& r) {
-    std::string s;
-    for (size_t i = 0; i < r.hits.size(); ++i) {
-      char buf[48];
-      std::snprintf(buf, sizeof buf, "%s%s:%g", i ? " " : "", r.tier_names[i].c_str(), r.hits[i]);
-      s += buf;
+  return outs;
+}
+
+std::string hits_text(const TierRow& r) {
+  std::string s;
+  for (size_t i = 0; i < r.hits.size(); ++i) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%s%s:%g", i ? " " : "", r.tier_names[i].c_str(), r.hits[i]);
+    s += buf;
+  }
+  return s.empty() ? std::string("-") : s;
+}
+
+// What ttft --tiers reports, and from what.
+struct TiersReport {
+  const Common& c;
+  const TtftOptions& o;
+  const TiersOptions& t;
+  const Model& model;
+  const std::vector<TierRow>& rows;
+  const std::vector<TierOut>& outs;
+};
+
+void print_tiers_json(const TiersReport& p) {
+  for (size_t i = 0; i < p.rows.size(); ++i) {
+    const TierRow& r = p.rows[i];
+    const TierOut& o = p.outs[i];
+    cbs::JsonObject j = header("ttft", p.c, p.model, cb_mode_name(r.mode));
+    j.add("store", o.label)
+        .add("ttft_ms", o.ttft)
+        .add("load_ms", o.load)
+        .add("blocked_ms", o.blocked)
+        .add("ratio", ratio_value(r.st.ratio))
+        .add("placement_ratio", ratio_value(p.t.placement_ratio))
+        .add("bytes_read", static_cast<int64_t>(r.st.bytes_read))
+        .add("cache_hits", r.st.cache_hits)
+        .add("cache_misses", r.st.cache_misses)
+        .add("n_ctx", r.st.n_tokens)
+        .add("chunks", static_cast<int64_t>(p.o.n_chunks))
+        .add("chunk_tokens", static_cast<int64_t>(p.o.chunk_tokens))
+        .add("query_tokens", static_cast<int64_t>(p.o.query_tokens))
+        .add("codec", o.label == "ram" ? std::string("f32") : p.t.codec_name)
+        .add("ram_budget_mb", static_cast<double>(p.t.ram_budget) / 1048576.0)
+        .add("slow_mbps", p.t.slow_mbps)
+        .add("tier_hits_per_request", hits_text(r))
+        .add("repeat", static_cast<int64_t>(p.o.repeat))
+        .add("stat", "median")
+        .add("ttft_ms_runs", r.runs);
+    if (o.vs_ram > 0.0)
+      j.add("ttft_vs_ram", o.vs_ram).add("kl_vs_ram", o.kl_ram);
+    else
+      j.add_null("ttft_vs_ram").add_null("kl_vs_ram");
+    if (o.kl_full >= 0.0)
+      j.add("kl_vs_full", o.kl_full);
+    else
+      j.add_null("kl_vs_full");
+    if (o.same_flash >= 0)
+      j.add("logits_identical_to_flash", o.same_flash == 1);
+    else
+      j.add_null("logits_identical_to_flash");
+    std::printf("%s\n", j.str().c_str());
+  }
+}
+
+void print_tiers_table(const TiersReport& p) {
+  std::printf(
+      "ttft --tiers: %d chunks x %d tokens, question %d tokens, request %d tokens; %s (%s), "
+      "%d threads; stores on flash %s, slow %g MB/s, RAM budget %g MB, placement r = %g; "
+      "median of %d\n",
+      p.o.n_chunks, p.o.chunk_tokens, p.o.query_tokens, p.rows.empty() ? 0 : p.rows[0].st.n_tokens,
+      cbs::printable(model_name(p.model)).c_str(), kernels_name(p.model).c_str(), p.c.threads,
+      p.t.codec_name.c_str(), p.t.slow_mbps, static_cast<double>(p.t.ram_budget) / 1048576.0,
+      ratio_value(p.t.placement_ratio), p.o.repeat);
+  std::printf("%-7s %-6s %6s %10s %9s %10s %7s %10s %10s %6s  %s\n", "store", "mode", "ratio",
+              "ttft_ms", "load_ms", "blocked_ms", "vs_ram", "kl_vs_ram", "kl_vs_full", "=flash",
+              "tier hits per request");
+  for (size_t i = 0; i < p.rows.size(); ++i) {
+    const TierRow& r = p.rows[i];
+    const TierOut& o = p.outs[i];
+    char vs[16] = "-", klr[16] = "-", klf[16] = "-";
+    if (o.vs_ram > 0.0) {
+      std::snprintf(vs, sizeof vs, "%.3f", o.vs_ram);
+      std::snprintf(klr, sizeof klr, "%.2e", o.kl_ram);
     }
-    return s.empty() ? std::string("-") : s;
-  };
-  if (c.json) {
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const TierRow& r = rows[i];
-      const Out& o = outs[i];
-      cbs::JsonObject j = header("ttft", c, model, cb_mode_name(r.mode));
-      j.add("store", o.label)
-          .add("ttft_ms", o.ttft)
-          .add("load_ms", o.load)
-          .add("blocked_ms", o.blocked)
-          .add("ratio", ratio_value(r.st.ratio))
-          .add("placement_ratio", ratio_value(placement_ratio))
-          .add("bytes_read", static_cast<int64_t>(r.st.bytes_read))
-          .add("cache_hits", r.st.cache_hits)
-          .add("cache_misses", r.st.cache_misses)
-          .add("n_ctx", r.st.n_tokens)
-          .add("chunks", static_cast<int64_t>(n_chunks))
-          .add("chunk_tokens", static_cast<int64_t>(chunk_tokens))
-          .add("query_tokens", static_cast<int64_t>(query_tokens))
-          .add("codec", o.label == "ram" ? std::string("f32") : codec_name)
-          .add("ram_budget_mb", static_cast<double>(ram_budget) / 1048576.0)
-          .add("slow_mbps", slow_mbps)
-          .add("tier_hits_per_request", hits_text(r))
-          .add("repeat", static_cast<int64_t>(repeat))
-          .add("stat", "median")
-          .add("ttft_ms_runs", r.runs);
-      if (o.vs_ram > 0.0)
-        j.add("ttft_vs_ram", o.vs_ram).add("kl_vs_ram", o.kl_ram);
-      else
-        j.add_null("ttft_vs_ram").add_null("kl_vs_ram");
-      if (o.kl_full >= 0.0)
-        j.add("kl_vs_full", o.kl_full);
-      else
-        j.add_null("kl_vs_full");
-      if (o.same_flash >= 0)
-        j.add("logits_identical_to_flash", o.same_flash == 1);
-      else
-        j.add_null("logits_identical_to_flash");
-      std::printf("%s\n", j.str().c_str());
+    if (o.kl_full >= 0.0) std::snprintf(klf, sizeof klf, "%.2e", o.kl_full);
+    std::printf("%-7s %-6s %6.2f %10.1f %9.1f %10.1f %7s %10s %10s %6s  %s\n", o.label.c_str(),
+                cb_mode_name(r.mode), static_cast<double>(r.st.ratio), o.ttft, o.load, o.blocked,
+                vs, klr, klf,
+                o.same_flash < 0 ? "-"
+                : o.same_flash   ? "yes"
+                                 : "no",
+                hits_text(r).c_str());
+  }
+}
+
+// TTFT per store: a series per mode and ratio, full prefill a flat line.
+void plot_tiers(const TiersReport& p, const Stores& stores) {
+  PlotSpec spec;
+  spec.title = "TTFT per chunk store, " + std::to_string(p.o.n_chunks) + " chunks x " +
+               std::to_string(p.o.chunk_tokens) + " tokens, " + std::to_string(p.c.threads) +
+               " threads";
+  spec.xlabel = "chunk store";
+  spec.ylabel = "TTFT (ms, median)";
+  for (const auto& t : stores) spec.categories.push_back(t->label);
+  for (size_t i = 0; i < p.rows.size(); ++i) {
+    const TierRow& r = p.rows[i];
+    const std::string name = r.mode == CB_MODE_BLEND ? "blend r=" + ratio_label(r.ratio)
+                                                     : std::string(cb_mode_name(r.mode));
+    PlotSeries* s = nullptr;
+    for (auto& x : spec.series)
+      if (x.name == name) s = &x;
+    if (!s) {
+      spec.series.push_back({name, {}, r.mode == CB_MODE_FULL});
+      s = &spec.series.back();
     }
-  } else {
-    std::printf(
-        "ttft --tiers: %d chunks x %d tokens, question %d tokens, request %d tokens; %s (%s), "
-        "%d threads; stores on flash %s, slow %g MB/s, RAM budget %g MB, placement r = %g; "
-        "median of %d\n",
-        n_chunks, chunk_tokens, query_tokens, rows.empty() ? 0 : rows[0].st.n_tokens,
-        cbs::printable(model_name(model)).c_str(), kernels_name(model).c_str(), c.threads,
-        codec_name.c_str(), slow_mbps, static_cast<double>(ram_budget) / 1048576.0,
-        ratio_value(placement_ratio), repeat);
-    std::printf("%-7s %-6s %6s %10s %9s %10s %7s %10s %10s %6s  %s\n", "store", "mode", "ratio",
-                "ttft_ms", "load_ms", "blocked_ms", "vs_ram", "kl_vs_ram", "kl_vs_full", "=flash",
-                "tier hits per request");
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const TierRow& r = rows[i];
-      const Out& o = outs[i];
-      char vs[16] = "-", klr[16] = "-", klf[16] = "-";
-      if (o.vs_ram > 0.0) {
-        std::snprintf(vs, sizeof vs, "%.3f", o.vs_ram);
-        std::snprintf(klr, sizeof klr, "%.2e", o.kl_ram);
-      }
-      if (o.kl_full >= 0.0) std::snprintf(klf, sizeof klf, "%.2e", o.kl_full);
-      std::printf("%-7s %-6s %6.2f %10.1f %9.1f %10.1f %7s %10s %10s %6s  %s\n", o.label.c_str(),
-                  cb_mode_name(r.mode), static_cast<double>(r.st.ratio), o.ttft, o.load, o.blocked,
-                  vs, klr, klf,
-                  o.same_flash < 0 ? "-"
-                  : o.same_flash   ? "yes"
-                                   : "no",
-                  hits_text(r).c_str());
+    if (r.mode == CB_MODE_FULL) {
+      s->points = {{0.0, p.outs[i].ttft}, {static_cast<double>(stores.size() - 1), p.outs[i].ttft}};
+    } else {
+      s->points.push_back({static_cast<double>(r.store), p.outs[i].ttft});
     }
   }
-  if (!plot.empty()) {
-    PlotSpec spec;
-    spec.title = "TTFT per chunk store, " + std::to_string(n_chunks) + " chunks x " +
-                 std::to_string(chunk_tokens) + " tokens, " + std::to_string(c.threads) +
-                 " threads";
-    spec.xlabel = "chunk store";
-    spec.ylabel = "TTFT (ms, median)";
-    for (const auto& t : stores) spec.categories.push_back(t->label);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const TierRow& r = rows[i];
-      const std::string name = r.mode == CB_MODE_BLEND ? "blend r=" + ratio_label(r.ratio)
-                                                       : std::string(cb_mode_name(r.mode));
-      PlotSeries* s = nullptr;
-      for (auto& x : spec.series)
-        if (x.name == name) s = &x;
-      if (!s) {
-        spec.series.push_back({name, {}, r.mode == CB_MODE_FULL});
-        s = &spec.series.back();
-      }
-      if (r.mode == CB_MODE_FULL) {
-        s->points = {{0.0, outs[i].ttft}, {static_cast<double>(stores.size() - 1), outs[i].ttft}};
-      } else {
-        s->points.push_back({static_cast<double>(r.store), outs[i].ttft});
-      }
+  draw_plot(p.o.plot, spec);
+}
+
+}  // namespace
+
+int ttft_tiers(const Args& a, const Common& c, const TtftOptions& o, const Model& model,
+               const Session& session, const TtftRequest& req) {
+  const TiersOptions t = parse_tiers_options(a, o.ratios);
+  Stores stores;
+  for (const std::string& label : t.labels) stores.push_back(open_store(label, t));
+
+  cb_rag_options ro;
+  cb_rag_options_init(&ro);
+  ro.chunk_head = o.head;
+  ro.sink_tokens = o.sel.sink_tokens;
+  ro.select = o.sel.selects.front();
+  ro.pipeline = parse_pipeline(a) ? 1 : 0;
+  // Warm every store: the first request computes and places every chunk,
+  // the second reads them back (promotions included); both untimed.
+  const std::vector<const char*> chunks = req.chunk_ptrs();
+  cb_rag_stats st;
+  for (auto& s : stores)
+    for (int w = 0; w < 2; ++w) {
+      ro.mode = CB_MODE_BLEND;
+      set_ratio(ro, o.ratios.front());
+      rag_prefill(session, s->cache, chunks, req.question, ro, st);
+      check(cb_chunk_cache_flush(s->cache.h), "cannot flush the chunk cache");
     }
-    draw_plot(plot, spec);
-  }
+
+  std::vector<TierRow> rows = plan_rows(stores, o.modes, o.ratios);
+  time_rows(o, stores, session, req, ro, rows);
+  const std::vector<TierOut> outs = compare_rows(stores, rows);
+  const TiersReport report{c, o, t, model, rows, outs};
+  if (c.json)
+    print_tiers_json(report);
+  else
+    print_tiers_table(report);
+  if (!o.plot.empty()) plot_tiers(report, stores);
   return 0;
 }
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -13,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "answer_report.h"
 #include "conversation.h"
 #include "corpus_db.h"
-#include "json_writer.h"
 #include "kv_store.h"
 #include "line_reader.h"
 #include "printable.h"
@@ -70,19 +69,6 @@ int on_abort(void* user) {
   return *static_cast<const bool*>(user) && g_interrupted ? 1 : 0;
 }
 
-struct Result {
-  std::string answer;
-  std::vector<ChunkRecord> sources;
-  double ttft_ms = 0.0;  // from the start of the RAG prefill to the first token
-  double prefill_ms = 0.0;
-  cb_rag_stats rag{};
-  // Each storage tier's counters for this question (after minus before).
-  std::vector<cb_tier_stats> tiers;
-  int n_generated = 0;
-  bool cancelled = false;
-  bool cancelled_in_prefill = false;  // no answer began
-};
-
 // The loaded model, the store and a session sized for the requests; kept
 // across the questions of a chat.
 class Assistant {
@@ -133,8 +119,8 @@ class Assistant {
     return found;
   }
 
-  Result answer(const std::string& question, const std::vector<ChunkRecord>& sources, bool stream,
-                bool cancellable) {
+  AnswerResult answer(const std::string& question, const std::vector<ChunkRecord>& sources,
+                      bool stream, bool cancellable) {
     load();
     ensure_session(question, sources);
     std::vector<const char*> texts;
@@ -146,7 +132,7 @@ class Assistant {
     ro.select = opts_.select;
     ro.auto_ratio = opts_.auto_ratio ? 1 : 0;
 
-    Result r;
+    AnswerResult r;
     r.sources = sources;
     cb_rag_stats_init(&r.rag);
     const std::vector<cb_tier_stats> before = tier_stats(cache_);
@@ -188,7 +174,7 @@ class Assistant {
   // user turn; the earlier turns' KV is reused.  false when the turn does
   // not fit the session (nothing was changed: start the conversation again).
   bool follow_up(const std::string& question, const std::vector<const ChunkRecord*>& new_chunks,
-                 bool stream, Result& r) {
+                 bool stream, AnswerResult& r) {
     if (!frame_) frame_ = follow_up_frame(model_);
     std::vector<int32_t> prompt = special_tokens(frame_->close_and_open);
     const std::vector<int32_t> text = tokenize(model_, follow_up_text(new_chunks, question));
@@ -198,7 +184,7 @@ class Assistant {
     const int32_t n_past = cb_session_n_past(session_.h);
     if (n_past + static_cast<int>(prompt.size()) + opts_.max_tokens > cb_session_n_ctx(session_.h))
       return false;
-    r = Result();
+    r = AnswerResult();
     for (const ChunkRecord* c : new_chunks) r.sources.push_back(*c);
     cb_rag_stats_init(&r.rag);
     r.rag.n_tokens = n_past + static_cast<int32_t>(prompt.size());
@@ -213,7 +199,7 @@ class Assistant {
   // A storage tier that failed during the request (a server that went
   // away) costs time, never the answer: the chunks it could not serve were
   // computed.  Said on stderr, so the answer on stdout stays clean.
-  static void warn_about_storage(const Result& r) {
+  static void warn_about_storage(const AnswerResult& r) {
     for (const cb_tier_stats& t : r.tiers)
       if (t.failures > 0 || t.read_failures > 0)
         std::fprintf(stderr,
@@ -248,7 +234,7 @@ class Assistant {
  private:
   // Generates the answer after `prompt` (none: from the RAG prefill's
   // logits), streamed when `stream`.
-  void generate(Result& r, const int32_t* prompt, size_t n_prompt, Clock::time_point t0,
+  void generate(AnswerResult& r, const int32_t* prompt, size_t n_prompt, Clock::time_point t0,
                 Clock::time_point t1, bool stream, bool cancellable) {
     cb_sampling_options so;
     cb_sampling_options_init(&so);
@@ -326,112 +312,6 @@ class Assistant {
   std::set<std::string> deleted_warned_;
 };
 
-void print_sources(const std::vector<ChunkRecord>& sources, FILE* out) {
-  std::fprintf(out, "sources:");
-  for (size_t i = 0; i < sources.size(); ++i)
-    std::fprintf(out, "%s [%zu] %s #%d", i ? "," : "", i + 1,
-                 cbs::printable(sources[i].display).c_str(), sources[i].index);
-  std::fprintf(out, "\n");
-  std::fflush(out);
-}
-
-std::string ratio_text(const Result& r, const AskOptions& o) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.2f%s", static_cast<double>(r.rag.ratio),
-                o.auto_ratio && o.mode == CB_MODE_BLEND ? " (auto)" : "");
-  return buf;
-}
-
-void print_report(const Result& r, const AskOptions& o, const char* mode, bool tiered, FILE* out) {
-  std::fprintf(out,
-               "\n---\nTTFT %.1f ms (RAG prefill %.1f ms) | mode %s, r = %s | chunk cache: "
-               "%d hit(s), %d miss(es) | %d context tokens, %d answer tokens%s\n",
-               r.ttft_ms, r.prefill_ms, mode, ratio_text(r, o).c_str(), r.rag.cache_hits,
-               r.rag.cache_misses, r.rag.n_tokens, r.n_generated,
-               r.cancelled ? " (cancelled)" : "");
-  if (tiered) {
-    std::fprintf(out, "storage tiers (hits):");
-    for (size_t i = 0; i < r.tiers.size(); ++i)
-      std::fprintf(out, "%s %s %llu", i ? "," : "", r.tiers[i].name,
-                   static_cast<unsigned long long>(r.tiers[i].hits));
-    std::fprintf(out, "\n");
-  }
-  print_sources(r.sources, out);
-}
-
-// A follow-up's report: it reused the conversation's KV and computed its
-// own turn (with the chunks new to the conversation).
-void print_follow_up_report(const Result& r, FILE* out) {
-  std::fprintf(out,
-               "\n---\nTTFT %.1f ms | follow-up: %d earlier token(s) reused, %d computed "
-               "(%d new chunk(s)) | %d answer tokens%s\n",
-               r.ttft_ms, r.rag.n_reused, r.rag.n_tokens - r.rag.n_reused, r.rag.cache_misses,
-               r.n_generated, r.cancelled ? " (cancelled)" : "");
-  print_sources(r.sources, out);
-}
-
-// A source as --json reports it.
-cbs::JsonObject source_json(const ChunkRecord& c) {
-  cbs::JsonObject s;
-  s.add("id", c.id)
-      .add("file", c.display)
-      .add("chunk", static_cast<int64_t>(c.index))
-      .add("title", c.title)
-      .add("bm25", c.score)
-      .add("relevance", std::round(c.relevance * 1e4) / 1e4);
-  return s;
-}
-
-// Why nothing was answered, after the "could not find" line.
-std::string not_found_detail(const Retrieval& found, const AskOptions& o) {
-  char buf[160];
-  if (found.relevance <= 0.0 && o.min_relevance <= 0.0)
-    std::snprintf(buf, sizeof buf, "no document shares a word with the question");
-  else
-    std::snprintf(buf, sizeof buf,
-                  "the retrieved chunks' relevance %.2f is below --min-relevance %.2f: no sources",
-                  found.relevance, o.min_relevance);
-  return buf;
-}
-
-// --retrieve-only: the ranked chunks (or that none is relevant enough),
-// no model.
-int report_retrieval(const std::string& question, const Retrieval& found, const AskOptions& o) {
-  if (o.json) {
-    std::vector<cbs::JsonObject> src;
-    for (const ChunkRecord& c : found.chunks) {
-      cbs::JsonObject s = source_json(c);
-      s.add("text", c.text);
-      src.push_back(std::move(s));
-    }
-    cbs::JsonObject j;
-    j.add("question", question)
-        .add("found", found.found)
-        .add("relevance", std::round(found.relevance * 1e4) / 1e4)
-        .add("min_relevance", o.min_relevance)
-        .add("diversity", o.diversity)
-        .add("sources", src);
-    std::printf("%s\n", j.str().c_str());
-  } else if (!found.found) {
-    std::printf("%s\n(%s)\n", kNotFoundAnswer, not_found_detail(found, o).c_str());
-  } else {
-    for (size_t i = 0; i < found.chunks.size(); ++i) {
-      const ChunkRecord& c = found.chunks[i];
-      // The chunk's first words, on one line.
-      std::string head = c.text.substr(0, 100);
-      for (char& ch : head)
-        if (ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
-      std::printf("[%zu] %s #%d  bm25 %.3f  relevance %.2f\n    %s%s\n", i + 1,
-                  cbs::printable(c.display).c_str(), c.index, c.score, c.relevance,
-                  cbs::printable(head).c_str(), c.text.size() > head.size() ? " ..." : "");
-    }
-    std::printf("relevance of these chunks together: %.2f (--min-relevance %.2f)\n",
-                found.relevance, o.min_relevance);
-  }
-  std::fflush(stdout);
-  return found.found ? 0 : kExitNotFound;
-}
-
 }  // namespace
 
 int run_ask(const CommonOptions& common, const AskOptions& opts, const std::string& question) {
@@ -440,66 +320,13 @@ int run_ask(const CommonOptions& common, const AskOptions& opts, const std::stri
   Assistant a(common, opts);
   const Retrieval found = a.retrieve(question);
   if (opts.retrieve_only) return report_retrieval(question, found, opts);
-  if (!found.found) {
-    if (opts.json) {
-      cbs::JsonObject o;
-      o.add("question", question)
-          .add("answer", kNotFoundAnswer)
-          .add("found", false)
-          .add("relevance", std::round(found.relevance * 1e4) / 1e4)
-          .add("min_relevance", opts.min_relevance)
-          .add("sources", std::vector<cbs::JsonObject>{});
-      std::printf("%s\n", o.str().c_str());
-    } else {
-      std::printf("%s\n\n---\n%s\n", kNotFoundAnswer, not_found_detail(found, opts).c_str());
-    }
-    std::fflush(stdout);
-    return kExitNotFound;
-  }
+  if (!found.found) return report_not_found(question, found, opts);
   const std::vector<ChunkRecord>& sources = found.chunks;
-  const Result r = a.answer(question, sources, !opts.json, false);
-  if (opts.json) {
-    std::vector<cbs::JsonObject> src;
-    for (const ChunkRecord& c : r.sources) src.push_back(source_json(c));
-    std::vector<cbs::JsonObject> tiers;
-    for (const cb_tier_stats& t : r.tiers) {
-      cbs::JsonObject j;
-      j.add("name", t.name)
-          .add("hits", static_cast<int64_t>(t.hits))
-          .add("misses", static_cast<int64_t>(t.misses))
-          .add("bytes_read", static_cast<int64_t>(t.bytes_read))
-          .add("read_failures", static_cast<int64_t>(t.read_failures))
-          .add("placed", static_cast<int64_t>(t.placed))
-          .add("promoted_in", static_cast<int64_t>(t.promoted_in))
-          .add("failures", static_cast<int64_t>(t.failures));
-      tiers.push_back(std::move(j));
-    }
-    cbs::JsonObject o;
-    o.add("question", question)
-        .add("answer", r.answer)
-        .add("found", true)
-        .add("relevance", std::round(found.relevance * 1e4) / 1e4)
-        .add("ttft_ms", r.ttft_ms)
-        .add("prefill_ms", r.prefill_ms)
-        .add("ratio", std::round(static_cast<double>(r.rag.ratio) * 1e6) / 1e6)
-        .add("ratio_mode", opts.auto_ratio ? "auto" : "fixed")
-        .add("select", opts.mode == CB_MODE_BLEND ? cb_select_name(opts.select) : "none")
-        .add("context_order", opts.best_last ? "best-last" : "best-first")
-        .add("mode", a.mode_name())
-        .add("sources", src)
-        .add("cache_hits", r.rag.cache_hits)
-        .add("cache_misses", r.rag.cache_misses)
-        .add("chunks_recomputed", r.rag.chunks_recomputed)
-        .add("tiers", tiers)
-        .add("n_ctx", r.rag.n_tokens)
-        .add("n_reused", r.rag.n_reused)
-        .add("computed_fraction", r.rag.computed_fraction)
-        .add("n_generated", static_cast<int64_t>(r.n_generated))
-        .add("threads", static_cast<int64_t>(a.threads()));
-    std::printf("%s\n", o.str().c_str());
-  } else {
+  const AnswerResult r = a.answer(question, sources, !opts.json, false);
+  if (opts.json)
+    print_answer_json(question, found, r, opts, a.threads());
+  else
     print_report(r, opts, a.mode_name(), a.tiered(), stdout);
-  }
   return 0;
 }
 
@@ -545,7 +372,7 @@ int run_chat(const CommonOptions& common, const AskOptions& opts) {
       print_sources(conversation.last_sources(), stdout);
       continue;
     }
-    Result r;
+    AnswerResult r;
     bool fresh = true;
     std::vector<ChunkRecord> retrieved;
     try {

@@ -241,6 +241,170 @@ class TagEnds {
 // Headings longer than this are not headings but text in an unclosed <hN>.
 constexpr size_t kMaxHeadingBytes = 200;
 
+// One page's conversion to text: the text so far, the title, and the open
+// elements that change how text is written (the head, <pre>, a heading).
+class HtmlConverter {
+ public:
+  explicit HtmlConverter(std::string_view html) : html_(html), tag_ends_(html) {}
+
+  // The page's text; `title` (unless null): <title>, else the first <h1>.
+  std::string convert(std::string* title) {
+    const size_t n = html_.size();
+    while (i_ < n) {
+      const size_t lt = html_.find('<', i_);
+      if (lt == std::string_view::npos) {
+        emit_text(html_.substr(i_));
+        break;
+      }
+      emit_text(html_.substr(i_, lt - i_));
+      i_ = lt;
+      markup(lt);
+    }
+    close_heading();
+    if (title != nullptr) *title = have_title_ ? page_title_ : first_h1_;
+    std::string text(trim(out_.str()));
+    if (!text.empty()) text += '\n';
+    return text;
+  }
+
+ private:
+  void close_heading() {
+    if (heading_ == 0) return;
+    std::string& s = out_.str();
+    const std::string text = collapse_spaces(std::string_view(s).substr(heading_start_));
+    s.resize(heading_start_);
+    if (text.size() > kMaxHeadingBytes) {
+      out_.text(text, false);
+    } else if (!text.empty()) {
+      out_.raw(std::string(static_cast<size_t>(heading_), '#') + " " + text);
+      if (heading_ == 1 && first_h1_.empty()) first_h1_ = text;
+    }
+    heading_ = 0;
+    out_.paragraph_break();
+  }
+
+  void emit_text(std::string_view raw) {
+    if (raw.empty() || in_head_) return;
+    out_.text(decode_entities(raw), pre_depth_ > 0 && heading_ == 0);
+  }
+
+  // What starts with the '<' at `lt`: a comment, a declaration, a tag, or
+  // text ("a < b").  Moves i_ past it.
+  void markup(size_t lt) {
+    const size_t n = html_.size();
+    const char next = lt + 1 < n ? html_[lt + 1] : '\0';
+    if (html_.substr(lt, 4) == "<!--") {  // a comment; unclosed, it runs to the end
+      const size_t end = html_.find("-->", lt + 4);
+      i_ = end == std::string_view::npos ? n : end + 3;
+      return;
+    }
+    if (next == '!' || next == '?') {  // <!DOCTYPE ...>, <![CDATA[...]]>, <?xml ...?>
+      const size_t end = html_.find('>', lt + 2);
+      i_ = end == std::string_view::npos ? n : end + 1;
+      return;
+    }
+    const bool closing = next == '/';
+    const size_t name_start = lt + (closing ? 2 : 1);
+    if (name_start >= n || !is_ascii_alpha(html_[name_start])) {
+      emit_text("<");  // a '<' that starts no tag is text ("a < b")
+      i_ = lt + 1;
+      return;
+    }
+    size_t k = name_start;
+    while (k < n && (is_ascii_alnum(html_[k]) || html_[k] == '-' || html_[k] == ':')) ++k;
+    const std::string tag = lower(html_.substr(name_start, k - name_start));
+    const size_t end = tag_ends_.after(k);
+    if (end == std::string_view::npos) {
+      emit_text("<");
+      i_ = lt + 1;
+      return;
+    }
+    i_ = end;
+    if (!closing && (tag == "script" || tag == "style" || tag == "title" || tag == "textarea"))
+      raw_text_element(tag);
+    else
+      element(tag, closing);
+  }
+
+  // The content of <script>, <style>, <title> or <textarea>: raw text up
+  // to the closing tag (none: to the end).
+  void raw_text_element(const std::string& tag) {
+    const size_t n = html_.size();
+    const size_t close = find_ci(html_, "</" + tag, i_);
+    const std::string_view content =
+        html_.substr(i_, close == std::string_view::npos ? n - i_ : close - i_);
+    i_ = close == std::string_view::npos ? n : tag_ends_.after(close + 2 + tag.size());
+    if (i_ == std::string_view::npos) i_ = n;
+    if (tag == "title" && !have_title_) {
+      page_title_ = collapse_spaces(decode_entities(content));
+      have_title_ = !page_title_.empty();
+    } else if (tag == "textarea") {
+      emit_text(content);
+    }
+  }
+
+  // Any other tag: the breaks, heading marks and cell separators it makes
+  // in the text.
+  void element(const std::string& tag, bool closing) {
+    if (tag == "head") {
+      in_head_ = !closing;
+      return;
+    }
+    const int level = heading_tag_level(tag);
+    const Block block = block_kind(tag);
+    if (level == 0 && block == Block::kNone && tag != "pre" && tag != "td" && tag != "th") return;
+    in_head_ = false;  // body content: the head ended without its closing tag
+    if (level > 0) {
+      close_heading();
+      if (!closing) {
+        out_.paragraph_break();
+        heading_ = level;
+        heading_start_ = out_.str().size();
+      }
+      return;
+    }
+    if (heading_ > 0) {
+      // Inside a heading a line break is a space; any other block ends it.
+      if (tag == "br") {
+        out_.space();
+        return;
+      }
+      close_heading();
+    }
+    if (tag == "pre") {
+      out_.paragraph_break();
+      if (!closing) {
+        ++pre_depth_;
+        // The newline right after <pre> is not text.
+        if (i_ < html_.size() && html_[i_] == '\n') ++i_;
+      } else if (pre_depth_ > 0) {
+        --pre_depth_;
+      }
+      return;
+    }
+    if (tag == "td" || tag == "th") {
+      if (!closing && !out_.at_line_start()) out_.raw(" | ");
+      return;
+    }
+    if (block == Block::kParagraph) {
+      out_.paragraph_break();
+    } else {
+      out_.line_break();
+    }
+    if (tag == "li" && !closing) out_.raw("- ");
+  }
+
+  std::string_view html_;
+  TagEnds tag_ends_;
+  HtmlText out_;
+  size_t i_ = 0;  // where the conversion is in html_
+  std::string page_title_, first_h1_;
+  bool have_title_ = false, in_head_ = false;
+  int pre_depth_ = 0;
+  int heading_ = 0;           // the open <hN>'s level, 0: none
+  size_t heading_start_ = 0;  // where its text begins in the output
+};
+
 }  // namespace
 
 std::string html_to_text(std::string_view html_in, std::string* title) {
@@ -251,138 +415,7 @@ std::string html_to_text(std::string_view html_in, std::string* title) {
     transcoded = cp1252_to_utf8(html_in);
     html = transcoded;
   }
-  HtmlText out;
-  TagEnds tag_ends(html);
-  std::string page_title, first_h1;
-  bool have_title = false, in_head = false;
-  int pre_depth = 0;
-  int heading = 0;           // the open <hN>'s level, 0: none
-  size_t heading_start = 0;  // where its text begins in the output
-
-  const auto close_heading = [&] {
-    if (heading == 0) return;
-    std::string& s = out.str();
-    const std::string text = collapse_spaces(std::string_view(s).substr(heading_start));
-    s.resize(heading_start);
-    if (text.size() > kMaxHeadingBytes) {
-      out.text(text, false);
-    } else if (!text.empty()) {
-      out.raw(std::string(static_cast<size_t>(heading), '#') + " " + text);
-      if (heading == 1 && first_h1.empty()) first_h1 = text;
-    }
-    heading = 0;
-    out.paragraph_break();
-  };
-  const auto emit_text = [&](std::string_view raw) {
-    if (raw.empty() || in_head) return;
-    out.text(decode_entities(raw), pre_depth > 0 && heading == 0);
-  };
-
-  size_t i = 0;
-  const size_t n = html.size();
-  while (i < n) {
-    const size_t lt = html.find('<', i);
-    if (lt == std::string_view::npos) {
-      emit_text(html.substr(i));
-      break;
-    }
-    emit_text(html.substr(i, lt - i));
-    i = lt;
-    const char next = lt + 1 < n ? html[lt + 1] : '\0';
-    if (html.substr(lt, 4) == "<!--") {  // a comment; unclosed, it runs to the end
-      const size_t end = html.find("-->", lt + 4);
-      i = end == std::string_view::npos ? n : end + 3;
-      continue;
-    }
-    if (next == '!' || next == '?') {  // <!DOCTYPE ...>, <![CDATA[...]]>, <?xml ...?>
-      const size_t end = html.find('>', lt + 2);
-      i = end == std::string_view::npos ? n : end + 1;
-      continue;
-    }
-    const bool closing = next == '/';
-    const size_t name_start = lt + (closing ? 2 : 1);
-    if (name_start >= n || !is_ascii_alpha(html[name_start])) {
-      emit_text("<");  // a '<' that starts no tag is text ("a < b")
-      i = lt + 1;
-      continue;
-    }
-    size_t k = name_start;
-    while (k < n && (is_ascii_alnum(html[k]) || html[k] == '-' || html[k] == ':')) ++k;
-    const std::string tag = lower(html.substr(name_start, k - name_start));
-    const size_t end = tag_ends.after(k);
-    if (end == std::string_view::npos) {
-      emit_text("<");
-      i = lt + 1;
-      continue;
-    }
-    i = end;
-
-    if (!closing && (tag == "script" || tag == "style" || tag == "title" || tag == "textarea")) {
-      // Raw text up to the closing tag (none: to the end).
-      const size_t close = find_ci(html, "</" + tag, i);
-      const std::string_view content =
-          html.substr(i, close == std::string_view::npos ? n - i : close - i);
-      i = close == std::string_view::npos ? n : tag_ends.after(close + 2 + tag.size());
-      if (i == std::string_view::npos) i = n;
-      if (tag == "title" && !have_title) {
-        page_title = collapse_spaces(decode_entities(content));
-        have_title = !page_title.empty();
-      } else if (tag == "textarea") {
-        emit_text(content);
-      }
-      continue;
-    }
-    if (tag == "head") {
-      in_head = !closing;
-      continue;
-    }
-    const int level = heading_tag_level(tag);
-    const Block block = block_kind(tag);
-    if (level == 0 && block == Block::kNone && tag != "pre" && tag != "td" && tag != "th") continue;
-    in_head = false;  // body content: the head ended without its closing tag
-    if (level > 0) {
-      close_heading();
-      if (!closing) {
-        out.paragraph_break();
-        heading = level;
-        heading_start = out.str().size();
-      }
-      continue;
-    }
-    if (heading > 0) {
-      // Inside a heading a line break is a space; any other block ends it.
-      if (tag == "br") {
-        out.space();
-        continue;
-      }
-      close_heading();
-    }
-    if (tag == "pre") {
-      out.paragraph_break();
-      if (!closing) {
-        ++pre_depth;
-        if (i < n && html[i] == '\n') ++i;  // the newline right after <pre> is not text
-      } else if (pre_depth > 0) {
-        --pre_depth;
-      }
-      continue;
-    }
-    if (tag == "td" || tag == "th") {
-      if (!closing && !out.at_line_start()) out.raw(" | ");
-      continue;
-    }
-    if (block == Block::kParagraph) {
-      out.paragraph_break();
-    } else {
-      out.line_break();
-    }
-    if (tag == "li" && !closing) out.raw("- ");
-  }
-  close_heading();
-  if (title != nullptr) *title = have_title ? page_title : first_h1;
-  std::string text(trim(out.str()));
-  if (!text.empty()) text += '\n';
-  return text;
+  return HtmlConverter(html).convert(title);
 }
 
 }  // namespace rag

@@ -244,16 +244,225 @@ std::vector<Candidate> stored_files(const std::string& store) {
   return out;
 }
 
+// What an ingest did to the store's files.
+struct FileCounts {
+  size_t skipped = 0, not_text = 0, unchanged = 0, added = 0, changed = 0, removed = 0;
+  size_t usable = 0, chunked_tokens = 0;
+};
+
+// The chunk length and system prompt of this ingest, and the store's so far.
+struct ChunkSettings {
+  std::optional<size_t> stored;  // the store's chunk length; none on a new store
+  size_t chunk_tokens = 0;
+  std::string old_system, system;
+  bool system_changed = false;
+  bool rechunked() const { return stored && *stored != chunk_tokens; }
+};
+
+ChunkSettings chunk_settings(const CommonOptions& common, const IngestOptions& opts, CorpusDb& db,
+                             bool db_existed) {
+  ChunkSettings cs;
+  // The chunk length: the one given, else the store's own, so that a
+  // re-ingest does not re-chunk everything at the default.
+  cs.stored = db.chunk_tokens();
+  cs.chunk_tokens =
+      opts.chunk_tokens > 0 ? opts.chunk_tokens : cs.stored.value_or(kDefaultChunkTokens);
+  if (cs.rechunked())
+    note("re-chunking every file at " + std::to_string(cs.chunk_tokens) +
+         " tokens (the store was chunked at " + std::to_string(*cs.stored) + ")");
+  // The system prompt: the one given becomes the store's; else the store's.
+  cs.old_system = store_system_prompt(db);
+  cs.system = common.system_prompt.value_or(cs.old_system);
+  cs.system_changed = db_existed && cs.system != cs.old_system;
+  if (cs.system_changed)
+    note("the system prompt changed (it was \"" + cs.old_system +
+         "\"): every chunk's KV is computed again");
+  return cs;
+}
+
+// The chunks of changed and pruned files: their KV goes too, unless
+// another file still has the same chunk.
+void drop_chunks_of(CorpusDb& db, int64_t file_id, std::vector<std::string>& dropped) {
+  for (std::string& t : db.chunk_texts(file_id)) dropped.push_back(std::move(t));
+}
+
+// Chunks every new or changed file into the store; unchanged files (by
+// content hash) are left as they are.
+void chunk_files(const std::vector<Candidate>& candidates, const IngestOptions& opts,
+                 size_t chunk_tokens, const ModelTokens& tokens, CorpusDb& db, FileCounts& files,
+                 std::vector<std::string>& dropped) {
+  Progress progress("chunking", candidates.size(), "files");
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const Candidate& c = candidates[i];
+    progress.update(i, files.chunked_tokens);
+    const std::optional<ExtractedText> data = read_text_file(c, opts.max_file_bytes);
+    if (!data) {
+      ++files.skipped;
+      continue;
+    }
+    ++files.usable;
+    const std::string hash = content_hash(*data, chunk_tokens);
+    const std::optional<FileRecord> old = db.find_file(c.path.string());
+    if (old && old->hash == hash) {
+      ++files.unchanged;
+      continue;
+    }
+    if (old) drop_chunks_of(db, old->id, dropped);
+    std::vector<std::pair<std::string, int>> rows;
+    for (Chunk& ch : chunk_text(data->text, chunk_tokens, tokens)) {
+      files.chunked_tokens += ch.n_tokens;
+      rows.emplace_back(std::move(ch.text), static_cast<int>(ch.n_tokens));
+    }
+    db.replace_file({0, c.path.string(), c.display, hash}, data->title, rows);
+    ++(old ? files.changed : files.added);
+  }
+  progress.finish(candidates.size(), files.chunked_tokens);
+}
+
+// Stored files that no longer exist: dropped with --prune, else still
+// answered from, with a warning.
+void handle_gone_files(const IngestOptions& opts, CorpusDb& db, FileCounts& files,
+                       std::vector<std::string>& dropped) {
+  std::vector<std::string> gone;
+  for (const FileRecord& f : db.files()) {
+    std::error_code ec;
+    if (fs::is_regular_file(f.path, ec)) continue;
+    if (opts.prune) {
+      drop_chunks_of(db, f.id, dropped);
+      db.remove_file(f.id);
+      ++files.removed;
+    } else {
+      gone.push_back(f.display);
+    }
+  }
+  if (!gone.empty())
+    warn(std::to_string(gone.size()) + " stored file(s) no longer exist but are still answered " +
+         "from (" + gone.front() + (gone.size() > 1 ? ", ..." : "") +
+         "): run ingest with --prune to drop them");
+}
+
+// The corpus DB a first ingest created, and the store directory if it
+// made it (and it is empty).
+void remove_new_store(const std::string& store, bool store_existed) {
+  std::error_code ec;
+  for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(corpus_db_path(store) + suffix, ec);
+  if (!store_existed) fs::remove(store, ec);  // only if now empty
+}
+
+// The store's KV settings: the flags, else what the store recorded.
+KvStoreSettings kv_settings(const IngestOptions& opts, CorpusDb& db, bool db_existed) {
+  KvStoreSettings kv = load_kv_settings(db);
+  if (opts.codec) {
+    if (db_existed && *opts.codec != kv.codec)
+      note(std::string("storing chunk KV as ") + codec_name(*opts.codec) + " from now on (it was " +
+           codec_name(kv.codec) + "): every chunk's KV is computed again");
+    kv.codec = *opts.codec;
+  }
+  if (opts.capacity_bytes) kv.capacity_bytes = *opts.capacity_bytes;
+  return kv;
+}
+
+// Removes the chunk KV no stored chunk reaches any more: this model's
+// under the old system prompt when it changed, and that of dropped chunks
+// no other file has.  Returns the entries removed.
+size_t remove_stale_kv(const Model& model, const ChunkCache& cache,
+                       const std::vector<ChunkRecord>& chunks,
+                       const std::vector<std::string>& dropped, const ChunkSettings& cs) {
+  size_t kv_removed = 0;
+  // The chunks' KV so far was computed under the old system prompt.
+  const cb_rag_options old_ro = base_rag_options(cs.old_system);
+  if (cs.system_changed) {
+    // This model's KV under the old system prompt is unreachable now.
+    std::set<std::string_view> done;
+    for (const ChunkRecord& ch : chunks) {
+      if (!done.insert(ch.text).second) continue;
+      int32_t n = 0;
+      check(cb_chunk_cache_remove(model.h, cache.h, ch.text.c_str(), &old_ro, &n),
+            "cannot remove a chunk's KV from the store");
+      kv_removed += static_cast<size_t>(n);
+    }
+  }
+  std::set<std::string> live;
+  for (const ChunkRecord& ch : chunks) live.insert(ch.text);
+  std::set<std::string_view> done;
+  for (const std::string& t : dropped) {
+    if (live.count(t) || !done.insert(t).second) continue;
+    int32_t removed = 0;
+    check(cb_chunk_cache_remove(model.h, cache.h, t.c_str(), &old_ro, &removed),
+          "cannot remove a dropped chunk's KV from the store");
+    kv_removed += static_cast<size_t>(removed);
+  }
+  return kv_removed;
+}
+
+// What run_ingest reports.
+struct IngestSummary {
+  FileCounts files;
+  int64_t n_chunks = 0;
+  PrecomputeTotals computed;
+  size_t kv_removed = 0;
+  size_t kv_pending = 0;
+  uint64_t kv_bytes = 0;
+  KvStoreSettings kv;
+  long background_pid = 0;
+};
+
+void print_summary_json(const IngestSummary& s, const IngestOptions& opts,
+                        const std::string& store) {
+  cbs::JsonObject o;
+  o.add("files_new", static_cast<int64_t>(s.files.added))
+      .add("files_changed", static_cast<int64_t>(s.files.changed))
+      .add("files_unchanged", static_cast<int64_t>(s.files.unchanged))
+      .add("files_removed", static_cast<int64_t>(s.files.removed))
+      .add("files_skipped", static_cast<int64_t>(s.files.skipped))
+      .add("chunks", s.n_chunks)
+      .add("kv_computed", static_cast<int64_t>(s.computed.chunks))
+      .add("kv_removed", static_cast<int64_t>(s.kv_removed))
+      .add("kv_tokens_computed", static_cast<int64_t>(s.computed.tokens))
+      .add("kv_pending", static_cast<int64_t>(s.kv_pending))
+      .add("kv_mode", opts.kv == KvWhen::kEager  ? "eager"
+                      : opts.kv == KvWhen::kLazy ? "lazy"
+                                                 : "background")
+      .add("kv_codec", codec_name(s.kv.codec))
+      .add("kv_bytes", static_cast<int64_t>(s.kv_bytes))
+      .add("kv_capacity_bytes", static_cast<int64_t>(s.kv.capacity_bytes))
+      .add("background_pid", static_cast<int64_t>(s.background_pid))
+      .add("store", store);
+  std::printf("%s\n", o.str().c_str());
+}
+
+void print_summary(const IngestSummary& s, const IngestOptions& opts, const std::string& store) {
+  std::printf(
+      "ingest: %zu new, %zu changed, %zu unchanged, %zu removed, %zu skipped file(s); "
+      "%lld chunks in the store; chunk KV computed for %zu chunk(s), removed for %zu\n",
+      s.files.added, s.files.changed, s.files.unchanged, s.files.removed, s.files.skipped,
+      static_cast<long long>(s.n_chunks), s.computed.chunks, s.kv_removed);
+  std::printf("chunk KV: %s in the store (%s, at most %s)\n",
+              size_text(static_cast<double>(s.kv_bytes)).c_str(), codec_name(s.kv.codec),
+              size_text(static_cast<double>(s.kv.capacity_bytes)).c_str());
+  if (s.kv_pending > 0 && opts.kv == KvWhen::kLazy)
+    std::printf(
+        "%zu chunk(s) have no KV yet: each is computed when a question first retrieves it "
+        "(or run 'rag_assistant --store %s precompute')\n",
+        s.kv_pending, store.c_str());
+  if (s.background_pid > 0)
+    std::printf(
+        "computing the KV of %zu chunk(s) in the background at idle priority (pid %ld, log "
+        "%s); questions can be asked now\n",
+        s.kv_pending, s.background_pid, precompute_log_path(store).c_str());
+}
+
 }  // namespace
 
 int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
-  size_t skipped = 0, not_text = 0, unchanged = 0, added = 0, changed = 0, removed = 0;
+  IngestSummary s;
+  FileCounts& files = s.files;
   const std::vector<Candidate> candidates =
       opts.paths.empty() ? stored_files(common.store)
-                         : collect(opts.paths, common.store, skipped, not_text);
+                         : collect(opts.paths, common.store, files.skipped, files.not_text);
   const auto nothing_to_ingest = [&] {
     return Error(
-        candidates.empty() && skipped == 0
+        candidates.empty() && files.skipped == 0
             ? std::string("empty corpus: found no file of a type ingest reads; it reads ") +
                   supported_types()
             : "nothing to ingest: none of the given paths is a readable file with text");
@@ -269,196 +478,59 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   const bool store_existed = fs::exists(common.store, exists_ec);
   const bool db_existed = fs::exists(corpus_db_path(common.store), exists_ec);
   auto db = std::make_unique<CorpusDb>(corpus_db_path(common.store), true);
-
-  // The chunk length: the one given, else the store's own, so that a
-  // re-ingest does not re-chunk everything at the default.
-  const std::optional<size_t> stored = db->chunk_tokens();
-  const size_t chunk_tokens =
-      opts.chunk_tokens > 0 ? opts.chunk_tokens : stored.value_or(kDefaultChunkTokens);
-  if (stored && *stored != chunk_tokens)
-    note("re-chunking every file at " + std::to_string(chunk_tokens) +
-         " tokens (the store was chunked at " + std::to_string(*stored) + ")");
-  // The system prompt: the one given becomes the store's; else the store's.
-  const std::string old_system = store_system_prompt(*db);
-  const std::string system = common.system_prompt.value_or(old_system);
-  const bool system_changed = db_existed && system != old_system;
-  if (system_changed)
-    note("the system prompt changed (it was \"" + old_system +
-         "\"): every chunk's KV is computed again");
+  const ChunkSettings cs = chunk_settings(common, opts, *db, db_existed);
   const ModelRecord model_id = model_identity(common.model_path, model);
 
-  size_t usable = 0, chunked_tokens = 0;
-  // The chunks of changed and pruned files: their KV goes too, unless
-  // another file still has the same chunk.
   std::vector<std::string> dropped;
-  auto drop_chunks_of = [&](int64_t file_id) {
-    for (std::string& t : db->chunk_texts(file_id)) dropped.push_back(std::move(t));
-  };
-  Progress progress("chunking", candidates.size(), "files");
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    const Candidate& c = candidates[i];
-    progress.update(i, chunked_tokens);
-    const std::optional<ExtractedText> data = read_text_file(c, opts.max_file_bytes);
-    if (!data) {
-      ++skipped;
-      continue;
-    }
-    ++usable;
-    const std::string hash = content_hash(*data, chunk_tokens);
-    const std::optional<FileRecord> old = db->find_file(c.path.string());
-    if (old && old->hash == hash) {
-      ++unchanged;
-      continue;
-    }
-    if (old) drop_chunks_of(old->id);
-    std::vector<std::pair<std::string, int>> rows;
-    for (Chunk& ch : chunk_text(data->text, chunk_tokens, tokens)) {
-      chunked_tokens += ch.n_tokens;
-      rows.emplace_back(std::move(ch.text), static_cast<int>(ch.n_tokens));
-    }
-    db->replace_file({0, c.path.string(), c.display, hash}, data->title, rows);
-    ++(old ? changed : added);
-  }
-  progress.finish(candidates.size(), chunked_tokens);
-  std::vector<std::string> gone;
-  for (const FileRecord& f : db->files()) {
-    std::error_code ec;
-    if (fs::is_regular_file(f.path, ec)) continue;
-    if (opts.prune) {
-      drop_chunks_of(f.id);
-      db->remove_file(f.id);
-      ++removed;
-    } else {
-      gone.push_back(f.display);
-    }
-  }
-  if (!gone.empty())
-    warn(std::to_string(gone.size()) + " stored file(s) no longer exist but are still answered " +
-         "from (" + gone.front() + (gone.size() > 1 ? ", ..." : "") +
-         "): run ingest with --prune to drop them");
-  if (usable == 0) {
+  chunk_files(candidates, opts, cs.chunk_tokens, tokens, *db, files, dropped);
+  handle_gone_files(opts, *db, files, dropped);
+  if (files.usable == 0) {
     if (!db_existed) {
       db.reset();
-      std::error_code ec;
-      for (const char* suffix : {"", "-wal", "-shm"})
-        fs::remove(corpus_db_path(common.store) + suffix, ec);
-      if (!store_existed) fs::remove(common.store, ec);  // only if now empty
+      remove_new_store(common.store, store_existed);
     }
     throw nothing_to_ingest();
   }
-  skipped += not_text;
-  db->set_chunk_tokens(chunk_tokens);
-  db->set_system_prompt(system);
+  files.skipped += files.not_text;
+  db->set_chunk_tokens(cs.chunk_tokens);
+  db->set_system_prompt(cs.system);
   // Re-chunked or under another system prompt, the KV of other models no
   // longer matches any chunk: only this model's is recorded from now on.
-  if (system_changed || (stored && *stored != chunk_tokens)) db->record_kv_model(model_id, true);
-
-  // The store's KV settings: the flags, else what the store recorded.
+  if (cs.system_changed || cs.rechunked()) db->record_kv_model(model_id, true);
   CommonOptions kv_common = common;
-  kv_common.kv = load_kv_settings(*db);
-  if (opts.codec) {
-    if (db_existed && *opts.codec != kv_common.kv.codec)
-      note(std::string("storing chunk KV as ") + codec_name(*opts.codec) + " from now on (it was " +
-           codec_name(kv_common.kv.codec) + "): every chunk's KV is computed again");
-    kv_common.kv.codec = *opts.codec;
-  }
-  if (opts.capacity_bytes) kv_common.kv.capacity_bytes = *opts.capacity_bytes;
+  kv_common.kv = kv_settings(opts, *db, db_existed);
   save_kv_settings(*db, kv_common.kv);
 
   // KV precompute for every chunk the chunk store lacks, whether its file
   // is new or an earlier ingest was interrupted or the store evicted it.
   ChunkCache cache;
   open_chunk_cache(kv_common, cache);
-  const cb_rag_options ro = base_rag_options(system);
-  const std::vector<ChunkRecord> chunks = db->all_chunks();
-  size_t kv_removed = 0;
-  // The chunks' KV so far was computed under the old system prompt.
-  const cb_rag_options old_ro = base_rag_options(old_system);
-  if (system_changed) {
-    // This model's KV under the old system prompt is unreachable now.
-    std::set<std::string_view> done;
-    for (const ChunkRecord& ch : chunks) {
-      if (!done.insert(ch.text).second) continue;
-      int32_t n = 0;
-      check(cb_chunk_cache_remove(model.h, cache.h, ch.text.c_str(), &old_ro, &n),
-            "cannot remove a chunk's KV from the store");
-      kv_removed += static_cast<size_t>(n);
-    }
-  }
-  {
-    std::set<std::string> live;
-    for (const ChunkRecord& ch : chunks) live.insert(ch.text);
-    std::set<std::string_view> done;
-    for (const std::string& t : dropped) {
-      if (live.count(t) || !done.insert(t).second) continue;
-      int32_t removed = 0;
-      check(cb_chunk_cache_remove(model.h, cache.h, t.c_str(), &old_ro, &removed),
-            "cannot remove a dropped chunk's KV from the store");
-      kv_removed += static_cast<size_t>(removed);
-    }
-  }
+  const cb_rag_options ro = base_rag_options(cs.system);
+  s.kv_removed = remove_stale_kv(model, cache, db->all_chunks(), dropped, cs);
   const MissingKv missing = missing_kv(model, *db, cache, ro);
   if (opts.kv != KvWhen::kLazy) warn_if_over_capacity(model, kv_common.kv, missing);
-  PrecomputeTotals computed;
-  long background_pid = 0;
-  if (opts.kv == KvWhen::kEager) computed = precompute_missing(kv_common, model, *db, cache, ro);
+  if (opts.kv == KvWhen::kEager) s.computed = precompute_missing(kv_common, model, *db, cache, ro);
   check(cb_chunk_cache_flush(cache.h), "cannot flush the chunk KV store");
   db->record_kv_model(model_id, false);
   cb_chunk_cache_stats kv_stats;
   cb_chunk_cache_stats_init(&kv_stats);
   check(cb_chunk_cache_get_stats(cache.h, &kv_stats), "cannot read the store's statistics");
-  const size_t kv_pending = opts.kv == KvWhen::kEager ? 0 : missing.chunks;
+  s.kv_pending = opts.kv == KvWhen::kEager ? 0 : missing.chunks;
   if (opts.kv == KvWhen::kBackground && missing.chunks > 0) {
     cache.reset();
     model.reset();
     db.reset();
-    background_pid = start_background_precompute(kv_common);
+    s.background_pid = start_background_precompute(kv_common);
     db = std::make_unique<CorpusDb>(corpus_db_path(common.store), false);
   }
 
-  const int64_t n_chunks = db->n_chunks();
-  if (opts.json) {
-    cbs::JsonObject o;
-    o.add("files_new", static_cast<int64_t>(added))
-        .add("files_changed", static_cast<int64_t>(changed))
-        .add("files_unchanged", static_cast<int64_t>(unchanged))
-        .add("files_removed", static_cast<int64_t>(removed))
-        .add("files_skipped", static_cast<int64_t>(skipped))
-        .add("chunks", n_chunks)
-        .add("kv_computed", static_cast<int64_t>(computed.chunks))
-        .add("kv_removed", static_cast<int64_t>(kv_removed))
-        .add("kv_tokens_computed", static_cast<int64_t>(computed.tokens))
-        .add("kv_pending", static_cast<int64_t>(kv_pending))
-        .add("kv_mode", opts.kv == KvWhen::kEager  ? "eager"
-                        : opts.kv == KvWhen::kLazy ? "lazy"
-                                                   : "background")
-        .add("kv_codec", codec_name(kv_common.kv.codec))
-        .add("kv_bytes", static_cast<int64_t>(kv_stats.bytes))
-        .add("kv_capacity_bytes", static_cast<int64_t>(kv_common.kv.capacity_bytes))
-        .add("background_pid", static_cast<int64_t>(background_pid))
-        .add("store", common.store);
-    std::printf("%s\n", o.str().c_str());
-  } else {
-    std::printf(
-        "ingest: %zu new, %zu changed, %zu unchanged, %zu removed, %zu skipped file(s); "
-        "%lld chunks in the store; chunk KV computed for %zu chunk(s), removed for %zu\n",
-        added, changed, unchanged, removed, skipped, static_cast<long long>(n_chunks),
-        computed.chunks, kv_removed);
-    std::printf("chunk KV: %s in the store (%s, at most %s)\n",
-                size_text(static_cast<double>(kv_stats.bytes)).c_str(),
-                codec_name(kv_common.kv.codec),
-                size_text(static_cast<double>(kv_common.kv.capacity_bytes)).c_str());
-    if (kv_pending > 0 && opts.kv == KvWhen::kLazy)
-      std::printf(
-          "%zu chunk(s) have no KV yet: each is computed when a question first retrieves it "
-          "(or run 'rag_assistant --store %s precompute')\n",
-          kv_pending, common.store.c_str());
-    if (background_pid > 0)
-      std::printf(
-          "computing the KV of %zu chunk(s) in the background at idle priority (pid %ld, log "
-          "%s); questions can be asked now\n",
-          kv_pending, background_pid, precompute_log_path(common.store).c_str());
-  }
+  s.n_chunks = db->n_chunks();
+  s.kv_bytes = kv_stats.bytes;
+  s.kv = kv_common.kv;
+  if (opts.json)
+    print_summary_json(s, opts, common.store);
+  else
+    print_summary(s, opts, common.store);
   return 0;
 }
 

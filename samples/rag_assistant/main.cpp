@@ -214,272 +214,367 @@ void parse_ratio(const std::string& s, rag::AskOptions& o) {
   if (!r.is_auto) o.ratio = r.value;
 }
 
-int run(int argc, char** argv) {
+// The command line as given.  Which options a command accepts is checked
+// after parsing, when the command is known: global options may come before
+// or after it.
+struct CommandLine {
   rag::CommonOptions common;
   rag::IngestOptions ingest;
   rag::AskOptions ask;
+  rag::PullOptions pull;
   std::string command, model_flag;
   std::vector<std::string> positional;
   bool threads_given = false, help = false, ratio_given = false, select_given = false;
   bool version = false;
   bool slow_read_given = false, redis_auth_given = false;
-  // Which options a command accepts (checked after parsing, when the
-  // command is known: global options may come before or after it).
+  // The options given that only some commands accept.
   std::vector<std::string> ingest_only, ask_only, ask_chat;
-  rag::PullOptions pull;
   std::vector<std::string> pull_only, model_commands_only;
   std::vector<std::string> system_given;  // ingest, ask and chat
+};
 
+// One argument: an option's name (without "=VALUE") and its value, given
+// inline ("--flag=VALUE") or as the next argument.
+class Arg {
+ public:
+  Arg(int argc, char** argv, int& i) : name_(argv[i]), argc_(argc), argv_(argv), i_(i) {
+    has_inline_ = cbs::split_inline_value(name_, inline_value_);
+  }
+
+  const std::string& name() const { return name_; }
+
+  std::string value() {
+    if (has_inline_) return inline_value_;
+    if (i_ + 1 >= argc_) usage("option " + name_ + " needs a value");
+    return argv_[++i_];
+  }
+
+  void no_value() const {
+    if (has_inline_) usage("option " + name_ + " takes no value");
+  }
+
+ private:
+  std::string name_;
+  int argc_;
+  char** argv_;
+  int& i_;  // the argument's index; value() moves it past the value
+  bool has_inline_ = false;
+  std::string inline_value_;
+};
+
+// Options every command understands (--system: ingest, ask and chat).
+// false when `arg` is none of them.
+bool parse_common_option(Arg& arg, CommandLine& cl) {
+  const std::string& flag = arg.name();
+  rag::CommonOptions& common = cl.common;
+  if (flag == "--system") {
+    common.system_prompt = arg.value();
+    if (common.system_prompt->empty()) usage("option --system needs a non-empty text");
+    cl.system_given.push_back(flag);
+  } else if (flag == "--store") {
+    common.store = arg.value();
+    if (common.store.empty()) usage("option --store: empty path");
+  } else if (flag == "--model") {
+    cl.model_flag = arg.value();
+    if (cl.model_flag.empty()) usage("option --model: empty path");
+  } else if (flag == "--threads") {
+    common.threads = static_cast<int>(parse_long(flag, arg.value(), 1, 512));
+    cl.threads_given = true;
+  } else if (flag == "--kv-type") {
+    const std::string t = arg.value();
+    if (t != "f16" && t != "f32") usage("option --kv-type: expected f16 or f32, got '" + t + "'");
+    common.kv_type = t == "f32" ? CB_KV_F32 : CB_KV_F16;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The storage tiers' options; false when `arg` is none of them.
+bool parse_tier_option(Arg& arg, CommandLine& cl) {
+  const std::string& flag = arg.name();
+  rag::TierOptions& tiers = cl.common.tiers;
+  if (flag == "--ram-budget-mb") {
+    tiers.ram_budget_bytes = static_cast<uint64_t>(parse_long(flag, arg.value(), 1, 1 << 20)) << 20;
+  } else if (flag == "--slow-dir") {
+    tiers.slow_dir = arg.value();
+    if (tiers.slow_dir.empty()) usage("option --slow-dir: empty path");
+  } else if (flag == "--slow-read-mbps") {
+    tiers.slow_read_bytes_per_sec =
+        static_cast<uint64_t>(parse_number(flag, arg.value(), 0.001, 1e6) * 1e6);
+    cl.slow_read_given = true;
+  } else if (flag == "--redis") {
+    tiers.redis_address = arg.value();
+    if (tiers.redis_address.empty()) usage("option --redis: empty address");
+  } else if (flag == "--redis-password") {
+    tiers.redis_password = arg.value();
+    cl.redis_auth_given = true;
+  } else if (flag == "--redis-user") {
+    tiers.redis_username = arg.value();
+    cl.redis_auth_given = true;
+  } else if (flag == "--redis-timeout-ms") {
+    tiers.redis_timeout_ms = static_cast<int>(parse_long(flag, arg.value(), 1, 600000));
+    cl.redis_auth_given = true;
+  } else if (flag == "--placement-ratio") {
+    tiers.placement_ratio = static_cast<float>(parse_number(flag, arg.value(), 0.0, 1.0));
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// ingest's options; false when `arg` is none of them.
+bool parse_ingest_option(Arg& arg, CommandLine& cl) {
+  const std::string& flag = arg.name();
+  rag::IngestOptions& ingest = cl.ingest;
+  if (flag == "--chunk-tokens") {
+    ingest.chunk_tokens = static_cast<size_t>(parse_long(flag, arg.value(), 16, 8192));
+  } else if (flag == "--max-file-mb") {
+    ingest.max_file_bytes = static_cast<uint64_t>(parse_long(flag, arg.value(), 1, 4096)) << 20;
+  } else if (flag == "--kv") {
+    const std::string v = arg.value();
+    const auto when = rag::parse_kv_when(v);
+    if (!when) usage("option --kv: '" + v + "' is not eager, lazy or background");
+    ingest.kv = *when;
+  } else if (flag == "--kv-codec") {
+    const std::string v = arg.value();
+    const auto codec = rag::parse_codec(v);
+    if (!codec) usage("option --kv-codec: '" + v + "' is not f16, q8 or q4");
+    ingest.codec = *codec;
+  } else if (flag == "--kv-store-mb") {
+    ingest.capacity_bytes = static_cast<uint64_t>(parse_long(flag, arg.value(), 16, 1L << 30))
+                            << 20;
+  } else if (flag == "--prune") {
+    arg.no_value();
+    ingest.prune = true;
+  } else {
+    return false;
+  }
+  cl.ingest_only.push_back(flag);
+  return true;
+}
+
+// How ask and chat answer: retrieval, the mode and generation.  false
+// when `arg` is none of these.
+bool parse_ask_option(Arg& arg, CommandLine& cl) {
+  const std::string& flag = arg.name();
+  rag::AskOptions& ask = cl.ask;
+  if (flag == "--repeat-last-n") {
+    ask.repeat_last_n = static_cast<int>(parse_long(flag, arg.value(), 0, 8192));
+  } else if (flag == "--top-k") {
+    ask.top_k = static_cast<int>(parse_long(flag, arg.value(), 1, 64));
+  } else if (flag == "--mode") {
+    ask.mode = parse_mode(arg.value());
+  } else if (flag == "--ratio") {
+    parse_ratio(arg.value(), ask);
+    cl.ratio_given = true;
+  } else if (flag == "--select") {
+    ask.select = parse_select(arg.value());
+    cl.select_given = true;
+  } else if (flag == "--context-order") {
+    const std::string v = arg.value();
+    if (v != "best-last" && v != "best-first")
+      usage("option --context-order: '" + v + "' is not best-last or best-first");
+    ask.best_last = v == "best-last";
+  } else if (flag == "--max-tokens") {
+    ask.max_tokens = static_cast<int>(parse_long(flag, arg.value(), 1, 8192));
+  } else if (flag == "--temperature") {
+    ask.temperature = static_cast<float>(parse_number(flag, arg.value(), 0.0, 100.0));
+  } else if (flag == "--min-p") {
+    ask.min_p = static_cast<float>(parse_number(flag, arg.value(), 0.0, 0.999));
+  } else if (flag == "--repeat-penalty") {
+    ask.repeat_penalty = static_cast<float>(parse_number(flag, arg.value(), 0.01, 100.0));
+  } else if (flag == "--seed") {
+    ask.seed = static_cast<uint64_t>(parse_long(flag, arg.value(), 0, 1LL << 62));
+  } else if (flag == "--stop") {
+    ask.stops.push_back(arg.value());
+    if (ask.stops.back().empty()) usage("option --stop needs a non-empty text");
+  } else if (flag == "--min-relevance") {
+    ask.min_relevance = parse_number(flag, arg.value(), 0.0, 1.0);
+  } else if (flag == "--no-diversity") {
+    arg.no_value();
+    ask.diversity = false;
+  } else if (flag == "--retrieve-only") {
+    arg.no_value();
+    ask.retrieve_only = true;
+  } else {
+    return false;
+  }
+  cl.ask_chat.push_back(flag);
+  return true;
+}
+
+// models' and pull's options; false when `arg` is none of them.
+bool parse_model_command_option(Arg& arg, CommandLine& cl) {
+  const std::string& flag = arg.name();
+  rag::PullOptions& pull = cl.pull;
+  if (flag == "--models-dir") {
+    pull.models_dir = arg.value();
+    if (pull.models_dir.empty()) usage("option --models-dir: empty path");
+    cl.model_commands_only.push_back(flag);
+  } else if (flag == "--sha256") {
+    pull.sha256 = arg.value();
+    if (!rag::is_sha256_hex(pull.sha256))
+      usage("option --sha256: '" + pull.sha256 + "' is not 64 hexadecimal digits");
+    cl.pull_only.push_back(flag);
+  } else if (flag == "--force") {
+    arg.no_value();
+    pull.force = true;
+    cl.pull_only.push_back(flag);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Any option; false when `arg` is none of them (a command, an argument or
+// an unknown option).
+bool parse_option(Arg& arg, CommandLine& cl) {
+  if (arg.name() == "--help" || arg.name() == "-h") {
+    cl.help = true;
+  } else if (arg.name() == "--version") {
+    arg.no_value();
+    cl.version = true;
+  } else if (arg.name() == "--json") {
+    arg.no_value();
+    cl.ingest.json = cl.ask.json = true;
+    cl.ask_only.push_back(arg.name());  // and ingest: checked later
+  } else {
+    return parse_common_option(arg, cl) || parse_tier_option(arg, cl) ||
+           parse_ingest_option(arg, cl) || parse_ask_option(arg, cl) ||
+           parse_model_command_option(arg, cl);
+  }
+  return true;
+}
+
+CommandLine parse_command_line(int argc, char** argv) {
+  CommandLine cl;
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    const bool has_inline = cbs::split_inline_value(arg, value);
-    auto next = [&]() -> std::string {
-      if (has_inline) return value;
-      if (i + 1 >= argc) usage("option " + arg + " needs a value");
-      return argv[++i];
-    };
-    auto no_value = [&] {
-      if (has_inline) usage("option " + arg + " takes no value");
-    };
-    if (arg == "--help" || arg == "-h") {
-      help = true;
-    } else if (arg == "--version") {
-      no_value();
-      version = true;
-    } else if (arg == "--system") {
-      common.system_prompt = next();
-      if (common.system_prompt->empty()) usage("option --system needs a non-empty text");
-      system_given.push_back(arg);
-    } else if (arg == "--repeat-last-n") {
-      ask.repeat_last_n = static_cast<int>(parse_long(arg, next(), 0, 8192));
-      ask_chat.push_back(arg);
-    } else if (arg == "--store") {
-      common.store = next();
-      if (common.store.empty()) usage("option --store: empty path");
-    } else if (arg == "--model") {
-      model_flag = next();
-      if (model_flag.empty()) usage("option --model: empty path");
-    } else if (arg == "--threads") {
-      common.threads = static_cast<int>(parse_long(arg, next(), 1, 512));
-      threads_given = true;
-    } else if (arg == "--kv-type") {
-      const std::string t = next();
-      if (t != "f16" && t != "f32") usage("option --kv-type: expected f16 or f32, got '" + t + "'");
-      common.kv_type = t == "f32" ? CB_KV_F32 : CB_KV_F16;
-    } else if (arg == "--ram-budget-mb") {
-      common.tiers.ram_budget_bytes = static_cast<uint64_t>(parse_long(arg, next(), 1, 1 << 20))
-                                      << 20;
-    } else if (arg == "--slow-dir") {
-      common.tiers.slow_dir = next();
-      if (common.tiers.slow_dir.empty()) usage("option --slow-dir: empty path");
-    } else if (arg == "--slow-read-mbps") {
-      common.tiers.slow_read_bytes_per_sec =
-          static_cast<uint64_t>(parse_number(arg, next(), 0.001, 1e6) * 1e6);
-      slow_read_given = true;
-    } else if (arg == "--redis") {
-      common.tiers.redis_address = next();
-      if (common.tiers.redis_address.empty()) usage("option --redis: empty address");
-    } else if (arg == "--redis-password") {
-      common.tiers.redis_password = next();
-      redis_auth_given = true;
-    } else if (arg == "--redis-user") {
-      common.tiers.redis_username = next();
-      redis_auth_given = true;
-    } else if (arg == "--redis-timeout-ms") {
-      common.tiers.redis_timeout_ms = static_cast<int>(parse_long(arg, next(), 1, 600000));
-      redis_auth_given = true;
-    } else if (arg == "--placement-ratio") {
-      common.tiers.placement_ratio = static_cast<float>(parse_number(arg, next(), 0.0, 1.0));
-    } else if (arg == "--chunk-tokens") {
-      ingest.chunk_tokens = static_cast<size_t>(parse_long(arg, next(), 16, 8192));
-      ingest_only.push_back(arg);
-    } else if (arg == "--max-file-mb") {
-      ingest.max_file_bytes = static_cast<uint64_t>(parse_long(arg, next(), 1, 4096)) << 20;
-      ingest_only.push_back(arg);
-    } else if (arg == "--kv") {
-      const std::string v = next();
-      const auto when = rag::parse_kv_when(v);
-      if (!when) usage("option --kv: '" + v + "' is not eager, lazy or background");
-      ingest.kv = *when;
-      ingest_only.push_back(arg);
-    } else if (arg == "--kv-codec") {
-      const std::string v = next();
-      const auto codec = rag::parse_codec(v);
-      if (!codec) usage("option --kv-codec: '" + v + "' is not f16, q8 or q4");
-      ingest.codec = *codec;
-      ingest_only.push_back(arg);
-    } else if (arg == "--kv-store-mb") {
-      ingest.capacity_bytes = static_cast<uint64_t>(parse_long(arg, next(), 16, 1L << 30)) << 20;
-      ingest_only.push_back(arg);
-    } else if (arg == "--prune") {
-      no_value();
-      ingest.prune = true;
-      ingest_only.push_back(arg);
-    } else if (arg == "--json") {
-      no_value();
-      ingest.json = ask.json = true;
-      ask_only.push_back(arg);  // and ingest: checked below
-    } else if (arg == "--top-k") {
-      ask.top_k = static_cast<int>(parse_long(arg, next(), 1, 64));
-      ask_chat.push_back(arg);
-    } else if (arg == "--mode") {
-      ask.mode = parse_mode(next());
-      ask_chat.push_back(arg);
-    } else if (arg == "--ratio") {
-      parse_ratio(next(), ask);
-      ratio_given = true;
-      ask_chat.push_back(arg);
-    } else if (arg == "--select") {
-      ask.select = parse_select(next());
-      select_given = true;
-      ask_chat.push_back(arg);
-    } else if (arg == "--context-order") {
-      const std::string v = next();
-      if (v != "best-last" && v != "best-first")
-        usage("option --context-order: '" + v + "' is not best-last or best-first");
-      ask.best_last = v == "best-last";
-      ask_chat.push_back(arg);
-    } else if (arg == "--max-tokens") {
-      ask.max_tokens = static_cast<int>(parse_long(arg, next(), 1, 8192));
-      ask_chat.push_back(arg);
-    } else if (arg == "--temperature") {
-      ask.temperature = static_cast<float>(parse_number(arg, next(), 0.0, 100.0));
-      ask_chat.push_back(arg);
-    } else if (arg == "--min-p") {
-      ask.min_p = static_cast<float>(parse_number(arg, next(), 0.0, 0.999));
-      ask_chat.push_back(arg);
-    } else if (arg == "--repeat-penalty") {
-      ask.repeat_penalty = static_cast<float>(parse_number(arg, next(), 0.01, 100.0));
-      ask_chat.push_back(arg);
-    } else if (arg == "--seed") {
-      ask.seed = static_cast<uint64_t>(parse_long(arg, next(), 0, 1LL << 62));
-      ask_chat.push_back(arg);
-    } else if (arg == "--stop") {
-      ask.stops.push_back(next());
-      if (ask.stops.back().empty()) usage("option --stop needs a non-empty text");
-      ask_chat.push_back(arg);
-    } else if (arg == "--models-dir") {
-      pull.models_dir = next();
-      if (pull.models_dir.empty()) usage("option --models-dir: empty path");
-      model_commands_only.push_back(arg);
-    } else if (arg == "--sha256") {
-      pull.sha256 = next();
-      if (!rag::is_sha256_hex(pull.sha256))
-        usage("option --sha256: '" + pull.sha256 + "' is not 64 hexadecimal digits");
-      pull_only.push_back(arg);
-    } else if (arg == "--force") {
-      no_value();
-      pull.force = true;
-      pull_only.push_back(arg);
-    } else if (arg == "--min-relevance") {
-      ask.min_relevance = parse_number(arg, next(), 0.0, 1.0);
-      ask_chat.push_back(arg);
-    } else if (arg == "--no-diversity") {
-      no_value();
-      ask.diversity = false;
-      ask_chat.push_back(arg);
-    } else if (arg == "--retrieve-only") {
-      no_value();
-      ask.retrieve_only = true;
-      ask_chat.push_back(arg);
-    } else if (arg.rfind("--", 0) == 0) {
-      usage("unknown option '" + arg + "'");
-    } else if (command.empty()) {
-      command = arg;
-    } else {
-      positional.push_back(arg);
-    }
+    Arg arg(argc, argv, i);
+    if (parse_option(arg, cl)) continue;
+    if (arg.name().rfind("--", 0) == 0) usage("unknown option '" + arg.name() + "'");
+    if (cl.command.empty())
+      cl.command = arg.name();
+    else
+      cl.positional.push_back(arg.name());
   }
-  if (help || command == "help") {
-    std::fputs(kUsage, stdout);
-    return 0;
+  return cl;
+}
+
+// models and pull: no store, no model.
+int run_model_command(const CommandLine& cl) {
+  const std::string& command = cl.command;
+  if (!cl.system_given.empty()) usage("option --system is for ingest, ask and chat");
+  if (!cl.ingest_only.empty() || !cl.ask_chat.empty())
+    usage("option " + (cl.ingest_only.empty() ? cl.ask_chat : cl.ingest_only).front() +
+          " is not for " + command);
+  if (command == "models") {
+    if (!cl.pull_only.empty()) usage("option " + cl.pull_only.front() + " is for pull only");
+    if (!cl.positional.empty()) usage("models takes no arguments");
+    return rag::run_models({cl.pull.models_dir, cl.ask.json});
   }
-  if (version) return rag::run_version();
-  if (command.empty())
-    usage("no command given (ingest, ask, chat, precompute, list, remove, status, models or pull)");
-  if (command == "models" || command == "pull") {
-    if (!system_given.empty()) usage("option --system is for ingest, ask and chat");
-    if (!ingest_only.empty() || !ask_chat.empty())
-      usage("option " + (ingest_only.empty() ? ask_chat : ingest_only).front() + " is not for " +
-            command);
-    if (command == "models") {
-      if (!pull_only.empty()) usage("option " + pull_only.front() + " is for pull only");
-      if (!positional.empty()) usage("models takes no arguments");
-      return rag::run_models({pull.models_dir, ask.json});
-    }
-    if (ask.json) usage("option --json is not for pull");
-    if (positional.size() != 1)
-      usage("pull takes one NAME or URL (rag_assistant models lists the names)");
-    pull.target = positional[0];
-    return rag::run_pull(pull);
-  }
-  if (!model_commands_only.empty())
-    usage("option " + model_commands_only.front() + " is for models and pull only");
-  if (!pull_only.empty()) usage("option " + pull_only.front() + " is for pull only");
+  if (cl.ask.json) usage("option --json is not for pull");
+  if (cl.positional.size() != 1)
+    usage("pull takes one NAME or URL (rag_assistant models lists the names)");
+  rag::PullOptions pull = cl.pull;
+  pull.target = cl.positional[0];
+  return rag::run_pull(pull);
+}
+
+// A usage error for a command of the store that is unknown, or given an
+// option it does not take.
+void check_store_command(const CommandLine& cl) {
+  const std::string& command = cl.command;
+  if (!cl.model_commands_only.empty())
+    usage("option " + cl.model_commands_only.front() + " is for models and pull only");
+  if (!cl.pull_only.empty()) usage("option " + cl.pull_only.front() + " is for pull only");
   const bool manage = command == "list" || command == "remove" || command == "status";
   if (command != "ingest" && command != "ask" && command != "chat" && command != "precompute" &&
       !manage)
     usage("unknown command '" + command +
           "' (expected ingest, ask, chat, precompute, list, remove, status, models or pull)");
-  if (common.store.empty()) usage("--store DIR is required");
-  if (command != "ingest" && !ingest_only.empty())
-    usage("option " + ingest_only.front() + " is for ingest only");
-  if ((command == "ingest" || command == "precompute" || manage) && !ask_chat.empty())
-    usage("option " + ask_chat.front() + " is for ask and chat only");
-  if ((manage || command == "precompute") && !system_given.empty())
+  if (cl.common.store.empty()) usage("--store DIR is required");
+  if (command != "ingest" && !cl.ingest_only.empty())
+    usage("option " + cl.ingest_only.front() + " is for ingest only");
+  if ((command == "ingest" || command == "precompute" || manage) && !cl.ask_chat.empty())
+    usage("option " + cl.ask_chat.front() + " is for ask and chat only");
+  if ((manage || command == "precompute") && !cl.system_given.empty())
     usage("option --system is for ingest, ask and chat");
-  if ((command == "chat" || command == "precompute") && !ask_only.empty())
+  if ((command == "chat" || command == "precompute") && !cl.ask_only.empty())
     usage("option --json is not for " + command);
-  if (command == "chat" && ask.retrieve_only) usage("option --retrieve-only is for ask only");
-  if (ratio_given && ask.mode != CB_MODE_BLEND)
+  if (command == "chat" && cl.ask.retrieve_only) usage("option --retrieve-only is for ask only");
+  if (cl.ratio_given && cl.ask.mode != CB_MODE_BLEND)
     usage("option --ratio applies to --mode blend only");
-  if (select_given && ask.mode != CB_MODE_BLEND)
+  if (cl.select_given && cl.ask.mode != CB_MODE_BLEND)
     usage("option --select applies to --mode blend only");
-  if (ask.auto_ratio && ask.mode != CB_MODE_BLEND)
+  if (cl.ask.auto_ratio && cl.ask.mode != CB_MODE_BLEND)
     usage("--ratio auto applies to --mode blend only");
 
-  if (slow_read_given && common.tiers.slow_dir.empty())
+  if (cl.slow_read_given && cl.common.tiers.slow_dir.empty())
     usage("option --slow-read-mbps needs --slow-dir");
-  if (redis_auth_given && common.tiers.redis_address.empty())
+  if (cl.redis_auth_given && cl.common.tiers.redis_address.empty())
     usage("options --redis-password, --redis-user and --redis-timeout-ms need --redis");
-  if (!common.tiers.redis_address.empty()) {
-    // From the environment, so a password need not appear in the process list.
-    const char* pw = std::getenv("CB_REDIS_PASSWORD");
-    if (common.tiers.redis_password.empty() && pw != nullptr) common.tiers.redis_password = pw;
-    const char* user = std::getenv("CB_REDIS_USER");
-    if (common.tiers.redis_username.empty() && user != nullptr) common.tiers.redis_username = user;
-  }
+}
 
-  if (!threads_given) common.threads = rag::available_cores();
-  // Retrieval alone needs no model.
-  if (!ask.retrieve_only || command != "ask")
-    common.model_path = rag::resolve_model_path(model_flag);
+// The Redis tier's password and user not given as options, from the
+// environment, so a password need not appear in the process list.
+void redis_auth_from_environment(rag::TierOptions& tiers) {
+  if (tiers.redis_address.empty()) return;
+  const char* pw = std::getenv("CB_REDIS_PASSWORD");
+  if (tiers.redis_password.empty() && pw != nullptr) tiers.redis_password = pw;
+  const char* user = std::getenv("CB_REDIS_USER");
+  if (tiers.redis_username.empty() && user != nullptr) tiers.redis_username = user;
+}
 
+// The commands of a store, once checked and with the model resolved.
+int run_store_command(CommandLine& cl) {
+  const std::string& command = cl.command;
+  const std::vector<std::string>& positional = cl.positional;
   if (command == "ingest") {
-    ingest.paths = positional;  // none: the store's own files
-    return rag::run_ingest(common, ingest);
+    cl.ingest.paths = positional;  // none: the store's own files
+    return rag::run_ingest(cl.common, cl.ingest);
   }
   if (command == "list" || command == "status") {
     if (!positional.empty()) usage(command + " takes no arguments");
-    return command == "list" ? rag::run_list(common, ask.json) : rag::run_status(common, ask.json);
+    return command == "list" ? rag::run_list(cl.common, cl.ask.json)
+                             : rag::run_status(cl.common, cl.ask.json);
   }
   if (command == "remove") {
     if (positional.empty()) usage("remove needs at least one PATH");
-    return rag::run_remove(common, positional, ask.json);
+    return rag::run_remove(cl.common, positional, cl.ask.json);
   }
   if (command == "ask") {
     if (positional.size() != 1)
       usage(positional.empty() ? "ask needs a QUESTION"
                                : "ask takes one QUESTION (quote it: ask \"...\")");
-    return rag::run_ask(common, ask, positional[0]);
+    return rag::run_ask(cl.common, cl.ask, positional[0]);
   }
   if (command == "precompute") {
     if (!positional.empty()) usage("precompute takes no arguments");
-    return rag::run_precompute(common);
+    return rag::run_precompute(cl.common);
   }
   if (!positional.empty()) usage("chat takes no arguments (questions come from stdin)");
-  return rag::run_chat(common, ask);
+  return rag::run_chat(cl.common, cl.ask);
+}
+
+int run(int argc, char** argv) {
+  CommandLine cl = parse_command_line(argc, argv);
+  if (cl.help || cl.command == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (cl.version) return rag::run_version();
+  if (cl.command.empty())
+    usage("no command given (ingest, ask, chat, precompute, list, remove, status, models or pull)");
+  if (cl.command == "models" || cl.command == "pull") return run_model_command(cl);
+  check_store_command(cl);
+  redis_auth_from_environment(cl.common.tiers);
+
+  if (!cl.threads_given) cl.common.threads = rag::available_cores();
+  // Retrieval alone needs no model.
+  if (!cl.ask.retrieve_only || cl.command != "ask")
+    cl.common.model_path = rag::resolve_model_path(cl.model_flag);
+  return run_store_command(cl);
 }
 
 }  // namespace
