@@ -21,7 +21,7 @@ class FlashChunkStore final : public ChunkStore {
   // Written now; kIo when it does not fit.
   void put_now(const ChunkKey& key, ChunkKV kv) override;
   // After the write-backs queued before it (one of them may be this key's),
-  // the entry and its blob go (FlashStore::evict).
+  // the entry and its blob go (FlashStore::remove).
   bool remove(const ChunkKey& key) override {
     store_->flush();
     return store_->remove(key);
