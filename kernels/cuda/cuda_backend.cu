@@ -138,8 +138,9 @@ class CudaBackend final : public Backend {
   }
 
   const char* name() const override { return "cuda"; }
-  // GEMMs of 512 rows (the size docs/CUDA.md measures) keep the GPU busier;
-  // the activations are in device memory.
+  // GEMMs of 512 rows (the size docs/bench/cuda_runs.md measures; "Decode
+  // GEMV and GEMM dequantization" there compares larger ones) keep the GPU
+  // busier; the activations are in device memory.
   int64_t default_batch_rows() const override { return 512; }
 
   // ------------------------------------------------------------ memory --
@@ -238,11 +239,11 @@ class CudaBackend final : public Backend {
   // significands, f32's range), products summed in f32.  Many rows run on
   // tensor cores (the exact f32 SGEMM reached ~18 TFLOP/s on a 1.5B model's
   // prefill on an H100); few rows take the GEMV with the same rounding, so
-  // rows round alike on either path.  Not the default until it is held to
-  // the float64 reference and the C API's identities (prefix reuse
-  // reproduces full prefill to 1e-3) on a real model on a GPU: the
-  // same-shape clones a GPU machine here can receive are too ill-conditioned
-  // to tell (both paths miss those identities on them; docs/CUDA.md).
+  // rows round alike on either path.  Not the default: on the real
+  // SmolLM2 it misses the float64 reference's bar (1.15e-2 against 1e-2)
+  // and the C API's identities (prefix reuse reproduces full prefill to
+  // 1e-3) that the exact path meets (docs/bench/cuda_runs.md, "The real
+  // SmolLM2 on a GPU").
   void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
     product(w, x, n_rows, nullptr, y, round_bf16_);
   }
