@@ -134,8 +134,8 @@ TEST(Graph, ExecuteIsOneBatchBalancedAlsoWhenAnOpThrows) {
 class BiasCountingBackend : public test::ForwardingBackend {
  public:
   int fused = 0, separate = 0;
-  void matmul_bias(const WeightView& w, const float* x, int64_t n_rows, const float* bias,
-                   float* y, bool q8) override {
+  void matmul_bias(const WeightView& w, const float* x, int64_t n_rows, const float* bias, float* y,
+                   bool q8) override {
     ++fused;
     Backend::matmul_bias(w, x, n_rows, bias, y, q8);
   }
