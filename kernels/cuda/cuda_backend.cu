@@ -141,7 +141,10 @@ class CudaBackend final : public Backend {
   // GEMMs of 512 rows (the size docs/bench/cuda_runs.md measures; "Decode
   // GEMV and GEMM dequantization" there compares larger ones) keep the GPU
   // busier; the activations are in device memory.
-  int64_t default_batch_rows() const override { return 512; }
+  // Larger prefill chunks spread the per-call weight dequantization: on an
+  // H200 (1.5B Q4_K_M shapes) a 4096-token prefill took 348 ms in 2048-row
+  // chunks against 404 in 512-row ones, for ~100 MiB more activations.
+  int64_t default_batch_rows() const override { return 2048; }
 
   // ------------------------------------------------------------ memory --
 
@@ -321,7 +324,7 @@ class CudaBackend final : public Backend {
     d.out = c.out(a.out, q_elems, false);
     if (a.n_q >= kAttnGemmMinRows && a.n_kv > 0) {
       c.name("attention gemm");
-      attention_gemm(c, d);
+      attention_gemm(c, d, a.q_pos);
       c.finish();
       return;
     }
@@ -352,7 +355,7 @@ class CudaBackend final : public Backend {
     d.q_pos = c.in(a.q_pos, a.n_q);
     stage_kv(c, a, d);
     float* dout = c.out(out, a.n_kv, true);
-    attention_gemm(c, d, dout);
+    attention_gemm(c, d, a.q_pos, dout);
     c.finish();
   }
 
@@ -765,19 +768,23 @@ class CudaBackend final : public Backend {
     template <class T>
     const T* in_unknown_extent(const T* src, int64_t row_len, const int32_t* idx, int64_t n) {
       if (be_.where(src) == Where::kBackend) return src;
-      const int32_t* hidx = idx;
-      if (be_.where(idx) == Where::kBackend) {
-        // Queued work may still write idx: wait for it (no lock is held).
-        void* b = ctx_.arena.get(static_cast<size_t>(n) * sizeof(int32_t));
-        cuda_check(cudaMemcpyAsync(b, idx, static_cast<size_t>(n) * sizeof(int32_t),
-                                   cudaMemcpyDefault, ctx_.stream),
-                   "cudaMemcpyAsync (indices)");
-        cuda_check(cudaStreamSynchronize(ctx_.stream), "cudaStreamSynchronize");
-        hidx = static_cast<const int32_t*>(b);
-      }
+      const int32_t* hidx = host_ints(idx, n);
       const int64_t rows = 1 + static_cast<int64_t>(*std::max_element(hidx, hidx + n));
       check(rows > 0, "gather_rows: negative row index");
       return in(src, rows * row_len);
+    }
+
+    // n ints readable on the host: p itself, or a copy of backend memory
+    // (queued work may still write it: waits for the thread's stream; no
+    // lock is held).  The copy lives until the thread's next bounce use.
+    const int32_t* host_ints(const int32_t* p, int64_t n) {
+      if (be_.where(p) != Where::kBackend) return p;
+      void* b = ctx_.arena.get(static_cast<size_t>(n) * sizeof(int32_t));
+      cuda_check(cudaMemcpyAsync(b, p, static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyDefault,
+                                 ctx_.stream),
+                 "cudaMemcpyAsync (indices)");
+      cuda_check(cudaStreamSynchronize(ctx_.stream), "cudaStreamSynchronize");
+      return static_cast<const int32_t*>(b);
     }
 
     // Device scratch for this op, freed (stream-ordered) when the op ends.
@@ -1162,26 +1169,45 @@ class CudaBackend final : public Backend {
   }
 
   // attention() for many query rows, and attention_contributions(): per
-  // block of rows and per head, the
+  // block of rows (at most kAttnScoreBytes of scores) and per head, the
   // scores by cuBLAS SGEMM (f32, K and V widened from an f16 cache first),
   // softmax over each row's visible keys, and the weighted sum of V by a
-  // second SGEMM.  It does the full n_kv-wide products (masked keys get
-  // weight 0), about twice a causal kernel's arithmetic, but at cuBLAS's
-  // rate: the one-block-per-(row, head) kernel ran a 4k-token prefill's
-  // attention at ~4 TFLOP/s on an H100.  Scores take at most
-  // kAttnScoreBytes; the arguments are device pointers (staged by the Call).
-  // With `contributions` (attention_contributions), each block's weights
-  // are summed per key into it instead of applied to V.
+  // second SGEMM.  A block's products stop at the last key one of its rows
+  // sees (`positions`, the caller's q_pos, read on the host); keys masked
+  // before that get weight 0, so a block of consecutive rows does up to
+  // twice a causal kernel's arithmetic, but at cuBLAS's rate: the
+  // one-block-per-(row, head) kernel ran a 4k-token prefill's attention at
+  // ~4 TFLOP/s on an H100.  (Blocks of 128 rows, which skip more masked
+  // keys, ran a 4k-token prefill 11 % slower on an H200: smaller GEMMs.)
+  // The query heads of one KV head form one strided batch (K or V shared:
+  // stride 0), so a block is 2 n_head_kv + 1 launches, not 2 n_head + 1.
+  // The other arguments are device pointers (staged by the Call).  With
+  // `contributions` (attention_contributions), each block's weights are
+  // summed per key into it instead of applied to V.
   template <class C>
-  void attention_gemm(C& c, const AttentionArgs& d, float* contributions = nullptr) {
+  void attention_gemm(C& c, const AttentionArgs& d, const int32_t* positions,
+                      float* contributions = nullptr) {
     check(d.n_kv <= INT32_MAX && d.head_dim * d.n_head <= INT32_MAX,
           "attention: dimension too large for cuBLAS");
-    ThreadCtx& ctx = c.ctx();
     const int64_t hd = d.head_dim, group = d.n_head / d.n_head_kv;
-    const int64_t kv_elems = d.n_kv * d.n_head_kv * hd;
+    const int64_t row_bytes = d.n_head * d.n_kv * static_cast<int64_t>(sizeof(float));
+    const int64_t block_rows = std::clamp<int64_t>(kAttnScoreBytes / row_bytes, 1, d.n_q);
+    // Each block's key count: 1 + its rows' last visible key (at least 1,
+    // where every row sees none: their weights are all 0).
+    std::vector<int64_t> block_keys;
+    {
+      const int32_t* pos = c.host_ints(positions, d.n_q);
+      for (int64_t r0 = 0; r0 < d.n_q; r0 += block_rows) {
+        const int64_t end = std::min(d.n_q, r0 + block_rows);
+        const int64_t last = *std::max_element(pos + r0, pos + end);
+        block_keys.push_back(std::clamp<int64_t>(last + 1, 1, d.n_kv));
+      }
+    }
+    const int64_t keys = *std::max_element(block_keys.begin(), block_keys.end());
     const float* k = static_cast<const float*>(d.k);
     const float* v = static_cast<const float*>(d.v);
     if (d.kv_type == DType::F16) {
+      const int64_t kv_elems = keys * d.n_head_kv * hd;
       auto* kv = static_cast<float*>(c.temp(static_cast<size_t>(2 * kv_elems) * sizeof(float)));
       widen_f16_kernel<<<grid_for(kv_elems), kEltThreads, 0, c.stream()>>>(
           static_cast<const uint16_t*>(d.k), kv_elems, kv);
@@ -1191,39 +1217,43 @@ class CudaBackend final : public Backend {
       k = kv;
       v = kv + kv_elems;
     }
-    const int64_t row_bytes = d.n_head * d.n_kv * static_cast<int64_t>(sizeof(float));
-    const int64_t block_rows = std::clamp<int64_t>(kAttnScoreBytes / row_bytes, 1, d.n_q);
-    auto* scores = static_cast<float*>(c.temp(static_cast<size_t>(block_rows * row_bytes)));
-    cublasHandle_t h = blas(ctx);
+    auto* scores = static_cast<float*>(
+        c.temp(static_cast<size_t>(block_rows * d.n_head * keys) * sizeof(float)));
+    cublasHandle_t h = blas(c.ctx());
     const float zero = 0.0f, one = 1.0f;
-    const int n_kv = static_cast<int>(d.n_kv), dim = static_cast<int>(hd);
+    const int dim = static_cast<int>(hd), n_group = static_cast<int>(group);
     const int q_ld = static_cast<int>(d.n_head * hd), kv_ld = static_cast<int>(d.n_head_kv * hd);
-    for (int64_t r0 = 0; r0 < d.n_q; r0 += block_rows) {
+    for (int64_t r0 = 0, b = 0; r0 < d.n_q; r0 += block_rows, ++b) {
       const int64_t rows = std::min(block_rows, d.n_q - r0);
-      for (int64_t head = 0; head < d.n_head; ++head) {
-        // Column-major: scores_h^T (n_kv x rows) = K_g (n_kv x hd) Q_h^T.
-        const int64_t g = head / group;
-        cublas_check(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n_kv, static_cast<int>(rows), dim,
-                                 &d.scale, k + g * hd, kv_ld, d.q + r0 * q_ld + head * hd, q_ld,
-                                 &zero, scores + head * rows * d.n_kv, n_kv),
-                     "cublasSgemm (attention scores)");
+      AttentionArgs blk = d;
+      blk.n_kv = block_keys[static_cast<size_t>(b)];
+      const int n_kv = static_cast<int>(blk.n_kv);
+      const long long head_scores = static_cast<long long>(rows * blk.n_kv);
+      for (int64_t g = 0; g < d.n_head_kv; ++g) {
+        // Column-major, per query head h of group g:
+        // scores_h^T (n_kv x rows) = K_g (n_kv x hd) Q_h^T.
+        cublas_check(cublasSgemmStridedBatched(
+                         h, CUBLAS_OP_T, CUBLAS_OP_N, n_kv, static_cast<int>(rows), dim, &d.scale,
+                         k + g * hd, kv_ld, 0, d.q + r0 * q_ld + g * group * hd, q_ld, hd, &zero,
+                         scores + g * group * head_scores, n_kv, head_scores, n_group),
+                     "cublasSgemmStridedBatched (attention scores)");
       }
       attn_softmax_rows_kernel<<<static_cast<unsigned>(d.n_head * rows), kRowThreads, 0,
-                                 c.stream()>>>(d, r0, rows, scores);
+                                 c.stream()>>>(blk, r0, rows, scores);
       launch_check("attn_softmax_rows_kernel");
       if (contributions != nullptr) {
-        attn_key_sums_kernel<<<grid_for(d.n_kv), kEltThreads, 0, c.stream()>>>(d, rows, scores, v,
-                                                                               contributions);
+        attn_key_sums_kernel<<<grid_for(blk.n_kv), kEltThreads, 0, c.stream()>>>(blk, rows, scores,
+                                                                                 v, contributions);
         launch_check("attn_key_sums_kernel");
         continue;
       }
-      for (int64_t head = 0; head < d.n_head; ++head) {
+      for (int64_t g = 0; g < d.n_head_kv; ++g) {
         // out_h^T (hd x rows) = V_g^T (hd x n_kv) weights_h^T (n_kv x rows).
-        const int64_t g = head / group;
-        cublas_check(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, dim, static_cast<int>(rows), n_kv,
-                                 &one, v + g * hd, kv_ld, scores + head * rows * d.n_kv, n_kv,
-                                 &zero, d.out + r0 * q_ld + head * hd, q_ld),
-                     "cublasSgemm (attention values)");
+        cublas_check(cublasSgemmStridedBatched(
+                         h, CUBLAS_OP_N, CUBLAS_OP_N, dim, static_cast<int>(rows), n_kv, &one,
+                         v + g * hd, kv_ld, 0, scores + g * group * head_scores, n_kv, head_scores,
+                         &zero, d.out + r0 * q_ld + g * group * hd, q_ld, hd, n_group),
+                     "cublasSgemmStridedBatched (attention values)");
       }
     }
   }

@@ -396,7 +396,8 @@ AttentionArgs host_args(const AttnCase& c, const std::vector<float>& q, const st
 // every key); GQA groups of 1, 3 and 4; head sizes that are not a multiple
 // of 32; key counts that cross the kernel's 32-key tiles; sliding windows
 // starting inside a tile, on a tile boundary, wider than a row's history;
-// f32 and f16 caches (the reference reads the widened values).
+// f32 and f16 caches (the reference reads the widened values); many rows
+// ascending over the whole context (a blend's) or in any order.
 TEST_F(Cuda, AttentionMatchesReference) {
   std::mt19937 rng(12);
   auto positions = [&](int n, int32_t n_kv) {
@@ -404,6 +405,11 @@ TEST_F(Cuda, AttentionMatchesReference) {
     for (int i = 0; i < n; ++i)
       p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % (n_kv + 20));
     p[3] = -1;
+    return p;
+  };
+  auto spread = [](int n, int32_t n_kv) {  // a blend's rows: ascending, over the whole context
+    std::vector<int32_t> p(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>(i * n_kv / n);
     return p;
   };
   const std::vector<AttnCase> cases = {
@@ -420,6 +426,8 @@ TEST_F(Cuda, AttentionMatchesReference) {
       {2, 1, 17, 33, positions(33, 33)},
       {4, 1, 64, 300, positions(64, 300), 32},
       {12, 2, 128, 520, positions(512, 520)},
+      {12, 2, 128, 1100, spread(300, 1100)},
+      {9, 3, 64, 700, positions(200, 700), 64},
   };
   for (const bool f16 : {false, true}) {
     for (const AttnCase& c : cases) {
@@ -472,8 +480,11 @@ TEST_F(Cuda, AttentionContributionsMatchCpu) {
   std::mt19937 rng(8);
   std::vector<int32_t> many(40);  // a question's rows at the end of a long context
   for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int32_t>(260 + i);
+  std::vector<int32_t> spread(300);  // a blend's rows: over the whole context
+  for (size_t i = 0; i < spread.size(); ++i) spread[i] = static_cast<int32_t>(i * 3 + 1);
   const std::vector<AttnCase> cases = {
       {12, 2, 128, 300, many},
+      {12, 2, 128, 900, spread},
       {9, 3, 64, 70, {69, 0, 31, 32, 33, 5}},
       {6, 2, 72, 100, {99, 40, 63, 64, 200}},
       {2, 1, 17, 33, {32, 31, 0}},

@@ -371,8 +371,8 @@ typedef struct cb_session_options {
    * 512.  When the system refuses to start a thread: CB_ERR_OUT_OF_MEMORY. */
   int32_t n_threads;
   /* Tokens per forward chunk during prefill and in a blend's layers
-   * (bounds activation memory); 0 (default): 256 on the CPU, 512 with the
-   * CUDA backend. */
+   * (bounds activation memory); 0 (default): 256 on the CPU, 2048 with
+   * the CUDA backend. */
   int32_t n_batch;
   /* Unused; keeps kv_type past the end of the earlier struct (whose
    * padding it would otherwise share), so an earlier program's struct

@@ -79,7 +79,7 @@ class Session(Closeable):
     n_ctx      context length in tokens; 0: the smaller of the model's
                training context and 4096
     n_threads  compute threads; 0: the model's n_threads
-    n_batch    tokens per forward chunk during prefill; 0: 256 (CPU) or 512 (CUDA)
+    n_batch    tokens per forward chunk during prefill; 0: 256 (CPU) or 2048 (CUDA)
     kv_type    the KV cache's element type: KvType.F16 (default: half the
                memory) or KvType.F32 (exact); a member, its number or "f16"/"f32"
     activations  Activations.INT8 (default: int8 activations in the weight
