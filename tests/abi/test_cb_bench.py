@@ -22,18 +22,8 @@ import subprocess
 import sys
 import tempfile
 
-PASSED = 0
-FAILED = 0
-
-
-def check(cond, what, detail=""):
-    global PASSED, FAILED
-    if cond:
-        PASSED += 1
-        print(f"ok   {what}")
-    else:
-        FAILED += 1
-        print(f"FAIL {what}" + (f"\n     {detail}" if detail else ""))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from check_harness import check, describe, finish  # noqa: E402
 
 
 def run(bench, args, env=None, timeout=300):
@@ -44,10 +34,6 @@ def run(bench, args, env=None, timeout=300):
         e.update(env)
     p = subprocess.run([bench] + args, capture_output=True, timeout=timeout, env=e)
     return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
-
-
-def describe(rc, out, err):
-    return f"rc={rc}\n     stdout: {out[-600:]!r}\n     stderr: {err[-600:]!r}"
 
 
 def expect_error(bench, args, what, code=1, must_contain=None, env=None):
@@ -615,8 +601,7 @@ def main():
                              "--max-tokens", "4"] + common, "prompt longer than the context",
                      must_contain="context")
 
-    print(f"{PASSED} passed, {FAILED} failed")
-    return 0 if FAILED == 0 else 1
+    return finish()
 
 
 if __name__ == "__main__":

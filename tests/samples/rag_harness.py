@@ -1,5 +1,5 @@
-"""What the rag_assistant end-to-end tests share: a pass/fail counter and a
-runner for the binary with the test model.
+"""What the rag_assistant end-to-end tests share: the pass/fail counter of
+tests/check_harness.py and a runner for the binary with the test model.
 
     from rag_harness import Rag, check, describe, finish
 """
@@ -8,29 +8,8 @@ import os
 import subprocess
 import sys
 
-PASSED = 0
-FAILED = 0
-
-
-def check(cond, what, detail=""):
-    global PASSED, FAILED
-    if cond:
-        PASSED += 1
-        print(f"ok   {what}")
-    else:
-        FAILED += 1
-        print(f"FAIL {what}" + (f"\n     {detail}" if detail else ""))
-    sys.stdout.flush()
-
-
-def describe(rc, out, err):
-    return f"rc={rc}\n     stdout: {out[-800:]!r}\n     stderr: {err[-800:]!r}"
-
-
-def finish():
-    """Prints the totals; the process's exit status."""
-    print(f"{PASSED} passed, {FAILED} failed")
-    return 1 if FAILED else 0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from check_harness import check, describe, finish  # noqa: E402,F401
 
 
 class Rag:

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 import rag_harness
-from rag_harness import check, describe
+from rag_harness import check, describe, finish
 
 
 # A small corpus of short declarative paragraphs (tests/samples/fixtures/
@@ -499,8 +499,7 @@ def main():
         test_chat(rag, store)
         test_chat_at_a_terminal(rag, store)
         test_updates(rag, store, corpus)
-    print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed ({time.monotonic() - start:.0f} s)")
-    return 1 if rag_harness.FAILED else 0
+    return finish(f" ({time.monotonic() - start:.0f} s)")
 
 
 if __name__ == "__main__":

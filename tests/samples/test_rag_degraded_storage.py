@@ -32,8 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import rag_harness
-from rag_harness import check, describe
+from rag_harness import check, describe, finish
 
 
 QUESTION = "What is the name of the office cat in the office where Zofia Brandvold works?"
@@ -178,8 +177,7 @@ def main():
             test_full_disk(rag, store)
             test_store_of_another_user(rag, store)
             test_quarantine(rag, store, args.corpus)
-    print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed ({time.monotonic() - start:.0f} s)")
-    return 1 if rag_harness.FAILED else 0
+    return finish(f" ({time.monotonic() - start:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import rag_harness
-from rag_harness import check, describe
+from rag_harness import check, describe, finish
 
 CHUNK_TOKENS = "48"
 THREADS = "2"
@@ -241,8 +241,7 @@ def main():
         rc, o, out, err = rag.json(ingest)
         check(rc == 0 and o is not None, "ingest of the mixed folder succeeds", describe(rc, out, err))
         if o is None:
-            print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed")
-            return 1
+            return finish()
         pdf_built = "built without PDF support" not in err
         if not pdf_built:
             print("note: this rag_assistant was built without PDF support")
@@ -344,8 +343,7 @@ def main():
         check(o is not None and o.get("files_unchanged") == 1 and o.get("files_skipped") == 0
               and "warning" not in err, "a store inside the walked folder is passed over",
               describe(rc, out, err))
-    print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed ({time.monotonic() - start:.0f} s)")
-    return 1 if rag_harness.FAILED else 0
+    return finish(f" ({time.monotonic() - start:.0f} s)")
 
 
 if __name__ == "__main__":

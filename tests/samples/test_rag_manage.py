@@ -22,8 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import rag_harness
-from rag_harness import check, describe
+from rag_harness import check, describe, finish
 
 
 CHUNK_TOKENS = "48"
@@ -260,8 +259,7 @@ def main():
         test_usage(rag)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\n{rag_harness.PASSED} passed, {rag_harness.FAILED} failed")
-    return 1 if rag_harness.FAILED else 0
+    return finish()
 
 
 if __name__ == "__main__":

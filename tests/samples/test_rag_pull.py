@@ -31,8 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-import rag_harness
-from rag_harness import check
+from rag_harness import check, finish
 
 
 SIZE = 4 << 20
@@ -434,8 +433,7 @@ def main():
     probe = rag.run(["pull", "http://127.0.0.1:1/x.gguf"])
     if "built without download support" in probe.stderr:
         check(probe.returncode == 1, "a build without libcurl says so", describe(probe))
-        print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed (no download support: pull not tested)")
-        return 1 if rag_harness.FAILED else 0
+        return finish(" (no download support: pull not tested)")
     srv = Server()
     tmp = tempfile.mkdtemp(prefix="rag_pull_")
     try:
@@ -451,8 +449,7 @@ def main():
     finally:
         srv.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed")
-    return 1 if rag_harness.FAILED else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 import rag_harness
-from rag_harness import check, describe
+from rag_harness import check, describe, finish
 
 
 QUESTION = "What is the name of the office cat in the office where Zofia Brandvold works?"
@@ -253,14 +253,12 @@ def main():
         why = server.start()
         check(why == "", "a redis-server runs on a free loopback port", why)
         if why:
-            print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed")
-            return 1
+            return finish()
         try:
             run_tests(rag, server, tmp, args.corpus)
         finally:
             server.kill()
-    print(f"{rag_harness.PASSED} passed, {rag_harness.FAILED} failed ({time.monotonic() - start:.0f} s)")
-    return 1 if rag_harness.FAILED else 0
+    return finish(f" ({time.monotonic() - start:.0f} s)")
 
 
 def run_tests(rag, server, tmp, corpus_src):

@@ -24,21 +24,12 @@ import sys
 import tempfile
 import time
 
-PASSED = 0
-FAILED = 0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from check_harness import check, finish  # noqa: E402
+
 REGIONS = ["machine", "speed", "vs-llamacpp", "ttft", "ttft-caps", "quality", "chunk-head",
            "codecs", "codec-sizes", "pipeline", "controller", "quality-ratio", "rag"]
 MARK = re.compile(r"^<!-- (/?)generated:([A-Za-z0-9_-]+) -->$")
-
-
-def check(cond, what, detail=""):
-    global PASSED, FAILED
-    if cond:
-        PASSED += 1
-        print(f"ok   {what}")
-    else:
-        FAILED += 1
-        print(f"FAIL {what}" + (f"\n     {detail}" if detail else ""))
 
 
 def read(path):
@@ -295,8 +286,7 @@ def main():
         test_marker_errors(env)
         test_real_doc(env)
         test_run_benchmarks_guards(env)
-    print(f"{PASSED} passed, {FAILED} failed ({time.monotonic() - start:.1f} s)")
-    return 1 if FAILED else 0
+    return finish(f" ({time.monotonic() - start:.1f} s)")
 
 
 if __name__ == "__main__":
