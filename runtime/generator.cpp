@@ -13,6 +13,53 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Chosen tokens held back while their text could be the start of a stop
+// string (never without stop strings), and given to the sink once it is
+// known to be visible.
+class HeldTokens {
+ public:
+  void push(int32_t t, std::string piece) {
+    text_ += piece;
+    held_.emplace_back(t, std::move(piece));
+  }
+  const std::string& text() const { return text_; }
+  bool empty() const { return held_.empty(); }
+  void clear() {
+    held_.clear();
+    text_.clear();
+  }
+
+  // Gives the sink the held tokens whose text ends within the first
+  // `visible` bytes of text() (all of them: SIZE_MAX); with `cut`, also the
+  // one in which `visible` falls, its piece ending there.  Counts each one
+  // given in n_given.  false: the sink said stop.
+  bool release(size_t visible, bool cut, const TokenSink& sink, int32_t& n_given) {
+    size_t begin = 0, n_done = 0;
+    bool go_on = true;
+    for (const auto& [t, piece] : held_) {
+      const size_t end = begin + piece.size();
+      const bool whole = end <= visible;
+      if (!whole && !(cut && visible > begin)) break;
+      const std::string part = whole ? std::string() : piece.substr(0, visible - begin);
+      ++n_given;
+      ++n_done;
+      if (!sink(t, whole ? piece : part)) {
+        go_on = false;
+        break;
+      }
+      if (!whole) break;
+      begin = end;
+    }
+    held_.erase(held_.begin(), held_.begin() + static_cast<std::ptrdiff_t>(n_done));
+    text_.erase(0, std::min(begin, text_.size()));
+    return go_on;
+  }
+
+ private:
+  std::vector<std::pair<int32_t, std::string>> held_;
+  std::string text_;
+};
+
 }  // namespace
 
 std::span<const float> Generator::feed(std::span<const int32_t> tokens) {
@@ -90,37 +137,10 @@ GenerationStats Generator::generate(std::span<const int32_t> prompt, const Gener
   st.n_prompt = static_cast<int32_t>(prompt.size());
   st.ttft_ms = earlier_ms + ms_since(start);
 
-  // Generation.  Chosen tokens wait in `held` while their text could be the
-  // start of a stop string (never without stop strings).
+  // Generation.
   double decode_ms = 0.0;
   int32_t n_decode = 0, n_chosen = 0;
-  std::vector<std::pair<int32_t, std::string>> held;
-  std::string held_text;
-  // Gives the sink the held tokens whose text ends within the first
-  // `visible` bytes of held_text (all of them: SIZE_MAX); with `cut`, also
-  // the one in which `visible` falls, its piece ending there.  false: the
-  // sink said stop.
-  auto report = [&](size_t visible, bool cut) {
-    size_t begin = 0, n_done = 0;
-    bool go_on = true;
-    for (const auto& [t, piece] : held) {
-      const size_t end = begin + piece.size();
-      const bool whole = end <= visible;
-      if (!whole && !(cut && visible > begin)) break;
-      const std::string part = whole ? std::string() : piece.substr(0, visible - begin);
-      ++st.n_generated;
-      ++n_done;
-      if (!sink(t, whole ? piece : part)) {
-        go_on = false;
-        break;
-      }
-      if (!whole) break;
-      begin = end;
-    }
-    held.erase(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(n_done));
-    held_text.erase(0, std::min(begin, held_text.size()));
-    return go_on;
-  };
+  HeldTokens held;
   for (;;) {
     if (n_chosen >= opts.max_tokens) {
       st.stop = StopReason::kMaxTokens;
@@ -141,10 +161,9 @@ GenerationStats Generator::generate(std::span<const int32_t> prompt, const Gener
     ++n_chosen;
     sampler.accept(t);
     pending_ = t;
-    held.emplace_back(t, tok.token_to_piece(t));
-    held_text += held.back().second;
-    const StopStrings::Cut c = stops.cut(held_text);
-    if (!report(c.visible, c.stopped)) {
+    held.push(t, tok.token_to_piece(t));
+    const StopStrings::Cut c = stops.cut(held.text());
+    if (!held.release(c.visible, c.stopped, sink, st.n_generated)) {
       st.stop = StopReason::kCancelled;
       break;
     }
@@ -170,7 +189,8 @@ GenerationStats Generator::generate(std::span<const int32_t> prompt, const Gener
   }
   // Ended for another reason than a stop string or the sink: what was held
   // back is text like any other.
-  if (st.stop != StopReason::kCancelled && !held.empty() && !report(SIZE_MAX, false))
+  if (st.stop != StopReason::kCancelled && !held.empty() &&
+      !held.release(SIZE_MAX, false, sink, st.n_generated))
     st.stop = StopReason::kCancelled;
   st.decode_ms = decode_ms;
   st.tok_s = decode_ms > 0.0 ? n_decode * 1000.0 / decode_ms : 0.0;
