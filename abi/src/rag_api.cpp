@@ -72,6 +72,61 @@ ChunkEntry chunk_entry(const cb::Model& model, const char* chunk_text, const cb_
   return e;
 }
 
+// cb_chunk_cache_add, and with a context cb_chunk_cache_add_after: the
+// chunk's KV computed after its chunk head (and the context's tokens), and
+// stored under the chunk's key; without a context only when missing.
+void add_chunk(cb_session* session, cb_chunk_cache* cache, const char* chunk_text,
+               const char* context_text, const cb_rag_options* opts, int32_t* out_computed,
+               int32_t* out_n_tokens) {
+  SessionUse use(session);
+  check_cache(cache);
+  require(session->generator->n_past() == 0,
+          "the session is not empty (reset the session first with cb_session_reset)");
+  cb::Session& s = *session->session;
+  const ChunkEntry e = chunk_entry(*session->state->model, chunk_text, opts);
+  std::vector<int32_t> head = e.head;
+  if (context_text != nullptr) {
+    const std::vector<int32_t> context =
+        cb::rag_chunk_tokens(session->state->model->tokenizer(), context_text);
+    head.insert(head.end(), context.begin(), context.end());
+  }
+  const int64_t n_ctx = s.n_ctx();
+  const int64_t len = static_cast<int64_t>(e.tokens.size());
+  const int64_t head_len = static_cast<int64_t>(head.size());
+  if (len + head_len > n_ctx)
+    throw cb::Error(
+        cb::ErrorCode::kContextOverflow,
+        "the chunk is " + std::to_string(len) + " tokens long" +
+            (head_len > 0 ? " (plus a " + std::to_string(head_len) + "-token chunk head" +
+                                (context_text != nullptr ? " and context)" : ")")
+                          : std::string()) +
+            ", more than the session's context of " + std::to_string(n_ctx) + " tokens");
+  int32_t computed = 0;
+  // The session's abort check also ends a wait on a slow storage tier.
+  cb::ScopedCancelCheck cancel(s.stop_check() ? *s.stop_check() : cb::StopCheck());
+  // rag_prefill skips empty chunks, so there is nothing to store for one
+  // (the trailing blank line makes that impossible today).
+  if (!e.tokens.empty() &&
+      (context_text != nullptr ||
+       !cache->impl->kv().find(e.key, cb::chunk_kv_shape(s.model(), e.tokens.size())))) {
+    session->generator->forget_logits();
+    cb::cache::ChunkKV kv;
+    try {
+      // With storage tiers, placement learns the model's compute cost
+      // first (a probe in this empty session, once per model).
+      cache->impl->prepare_placement(s, session->n_threads);
+      kv = cb::precompute_chunk_kv(s, head, e.tokens);
+    } catch (...) {
+      s.truncate(0);  // the session is left empty whatever happened
+      throw;
+    }
+    cache->impl->add(e.key, std::move(kv));
+    computed = 1;
+  }
+  if (out_computed != nullptr) *out_computed = computed;
+  if (out_n_tokens != nullptr) *out_n_tokens = clamp_i32(len);
+}
+
 }  // namespace
 
 extern "C" {
@@ -368,46 +423,19 @@ cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const c
                              const cb_rag_options* opts, int32_t* out_computed,
                              int32_t* out_n_tokens) {
   return guard("cb_chunk_cache_add", [&] {
-    SessionUse use(session);
-    check_cache(cache);
     require(chunk_text != nullptr, "chunk_text is NULL");
-    require(session->generator->n_past() == 0,
-            "the session is not empty (reset the session first with cb_session_reset)");
-    cb::Session& s = *session->session;
-    const ChunkEntry e = chunk_entry(*session->state->model, chunk_text, opts);
-    const int64_t n_ctx = s.n_ctx();
-    const int64_t len = static_cast<int64_t>(e.tokens.size());
-    const int64_t head_len = static_cast<int64_t>(e.head.size());
-    if (len + head_len > n_ctx)
-      throw cb::Error(
-          cb::ErrorCode::kContextOverflow,
-          "the chunk is " + std::to_string(len) + " tokens long" +
-              (head_len > 0 ? " (plus a " + std::to_string(head_len) + "-token chunk head)"
-                            : std::string()) +
-              ", more than the session's context of " + std::to_string(n_ctx) + " tokens");
-    int32_t computed = 0;
-    // The session's abort check also ends a wait on a slow storage tier.
-    cb::ScopedCancelCheck cancel(s.stop_check() ? *s.stop_check() : cb::StopCheck());
-    // rag_prefill skips empty chunks, so there is nothing to store for one
-    // (the trailing blank line makes that impossible today).
-    if (!e.tokens.empty() &&
-        !cache->impl->kv().find(e.key, cb::chunk_kv_shape(s.model(), e.tokens.size()))) {
-      session->generator->forget_logits();
-      cb::cache::ChunkKV kv;
-      try {
-        // With storage tiers, placement learns the model's compute cost
-        // first (a probe in this empty session, once per model).
-        cache->impl->prepare_placement(s, session->n_threads);
-        kv = cb::precompute_chunk_kv(s, e.head, e.tokens);
-      } catch (...) {
-        s.truncate(0);  // the session is left empty whatever happened
-        throw;
-      }
-      cache->impl->add(e.key, std::move(kv));
-      computed = 1;
-    }
-    if (out_computed != nullptr) *out_computed = computed;
-    if (out_n_tokens != nullptr) *out_n_tokens = clamp_i32(len);
+    add_chunk(session, cache, chunk_text, nullptr, opts, out_computed, out_n_tokens);
+    return CB_OK;
+  });
+}
+
+cb_status cb_chunk_cache_add_after(cb_session* session, cb_chunk_cache* cache,
+                                   const char* chunk_text, const char* context_text,
+                                   const cb_rag_options* opts, int32_t* out_n_tokens) {
+  return guard("cb_chunk_cache_add_after", [&] {
+    require(chunk_text != nullptr, "chunk_text is NULL");
+    require(context_text != nullptr, "context_text is NULL");
+    add_chunk(session, cache, chunk_text, context_text, opts, nullptr, out_n_tokens);
     return CB_OK;
   });
 }

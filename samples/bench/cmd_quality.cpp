@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -27,6 +28,7 @@ struct Example {
   std::string question;
   std::vector<std::string> answers;
   std::vector<std::string> chunks;  // title + "\n" + text
+  std::vector<std::string> pool;    // every ctx of the example, chunks first
 };
 
 std::vector<Example> load_dataset(const std::string& path, size_t limit, size_t max_chunks) {
@@ -62,7 +64,6 @@ std::vector<Example> load_dataset(const std::string& path, size_t limit, size_t 
     if (!e.contains("ctxs") || !e["ctxs"].is_array() || e["ctxs"].empty())
       bad(i, "'ctxs' is not a non-empty list");
     for (const auto& ctx : e["ctxs"]) {
-      if (ex.chunks.size() >= max_chunks) break;
       if (!ctx.is_object() || !ctx.contains("text") || !ctx["text"].is_string())
         bad(i, "a ctx has no 'text' string");
       std::string title;
@@ -70,8 +71,9 @@ std::vector<Example> load_dataset(const std::string& path, size_t limit, size_t 
         if (!ctx["title"].is_string()) bad(i, "a ctx's 'title' is not a string");
         title = ctx["title"].get<std::string>();
       }
-      ex.chunks.push_back(title.empty() ? ctx["text"].get<std::string>()
-                                        : title + "\n" + ctx["text"].get<std::string>());
+      ex.pool.push_back(title.empty() ? ctx["text"].get<std::string>()
+                                      : title + "\n" + ctx["text"].get<std::string>());
+      if (ex.chunks.size() < max_chunks) ex.chunks.push_back(ex.pool.back());
     }
     out.push_back(std::move(ex));
   }
@@ -272,6 +274,7 @@ struct QualityOptions {
   double guard_share = 0.0;
   double guard_max_ratio = 0.0;
   bool show = false;
+  bool neighbour_context = false;
 };
 
 QualityOptions parse_quality_options(const Args& a) {
@@ -299,6 +302,7 @@ QualityOptions parse_quality_options(const Args& a) {
   o.guard_share = parse_double(a, "--guard-share", 0.0, 0.0, 1.0);
   o.guard_max_ratio = parse_double(a, "--guard-max-ratio", 0.5, 0.0, 1.0);
   o.show = a.switches.count("--show") > 0;
+  o.neighbour_context = a.switches.count("--neighbour-context") > 0;
   return o;
 }
 
@@ -401,6 +405,55 @@ double add_scores(ModeTotals& t, const Example& ex, const ModeResult& r, const M
   return f1;
 }
 
+// The lowercased words of 4 or more letters or digits in `text`.
+std::set<std::string> long_words(const std::string& text) {
+  std::set<std::string> out;
+  std::string w;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    const unsigned char c = i < text.size() ? static_cast<unsigned char>(text[i]) : ' ';
+    if (std::isalnum(c) || c >= 0x80) {
+      w += static_cast<char>(std::tolower(c));
+    } else {
+      if (w.size() >= 4) out.insert(w);
+      w.clear();
+    }
+  }
+  return out;
+}
+
+// The ctx of ex.pool (other than chunk j) sharing most long words with it.
+const std::string& most_similar_ctx(const Example& ex, size_t j) {
+  const std::set<std::string> mine = long_words(ex.chunks[j]);
+  size_t best = j, best_shared = 0;
+  for (size_t k = 0; k < ex.pool.size(); ++k) {
+    if (k == j || ex.pool[k] == ex.chunks[j]) continue;
+    size_t shared = 0;
+    for (const std::string& w : long_words(ex.pool[k])) shared += mine.count(w);
+    if (best == j || shared > best_shared) {
+      best = k;
+      best_shared = shared;
+    }
+  }
+  return ex.pool[best];
+}
+
+// Neighbour-aware precompute: every chunk but the first (which follows the
+// prompt head in the request, so its KV is taken as exact) computed after
+// its most similar ctx, in a namespace of this example's (a chunk opening
+// another example's request keeps its own KV).
+void add_with_neighbours(const QualityBench& b, const Example& ex, size_t index, cb_rag_options& ro,
+                         std::string& ns) {
+  ns = "neighbour-context/" + std::to_string(index);
+  ro.cache_namespace = ns.c_str();
+  check(cb_session_reset(b.session.h), "cannot reset the session");
+  for (size_t j = 1; j < ex.chunks.size(); ++j) {
+    check(cb_chunk_cache_add_after(b.session.h, b.cache.h, ex.chunks[j].c_str(),
+                                   most_similar_ctx(ex, j).c_str(), &ro, nullptr),
+          "cannot add a chunk after its neighbour");
+    check(cb_session_reset(b.session.h), "cannot reset the session");
+  }
+}
+
 // Every run on one example, full prefill first.
 void run_example(const QualityBench& b, const std::vector<QualityRun>& run_order, const Example& ex,
                  cb_rag_options& ro, Totals& totals) {
@@ -442,8 +495,10 @@ Totals run_examples(const QualityBench& b, const std::vector<QualityRun>& run_or
   Totals totals;
   cb_rag_options ro = quality_rag_options(b.o);
   const auto start = Clock::now();
+  std::string ns;
   for (size_t i = 0; i < examples.size(); ++i) {
     const Example& ex = examples[i];
+    if (b.o.neighbour_context) add_with_neighbours(b, ex, i, ro, ns);
     run_example(b, run_order, ex, ro, totals);
     const double elapsed = ms_between(start, Clock::now()) / 1000.0;
     const double eta =

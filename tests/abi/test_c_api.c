@@ -418,6 +418,7 @@ int main(void) {
     test_rag_store(m);
     test_rag_tiers(m);
     test_chunk_cache_add(m);
+    test_chunk_cache_add_after(m);
     test_handles(m, path);
     cb_model_free(m);
     test_lifetime(path);

@@ -311,6 +311,20 @@ def test_rag(bench, common):
                       for o in objs)
               and objs[0].get("kl_tf_mean") == 0 and objs[0].get("top1_tf") == 1,
               "quality --select list: a line per policy and ratio", describe(rc, out, err))
+        # Neighbour-aware precompute: each example's second ctx computed after
+        # its only other ctx, the one before it in the request, so reusing
+        # it gives full prefill's first token (alone it does not).
+        reuse_kl = {}
+        for extra in ([], ["--neighbour-context"]):
+            rc, out, err = run(bench, ["quality", "--dataset", data, "--limit", "1", "--modes",
+                                       "full,reuse", "--tf-tokens", "4", "--json"] + extra
+                               + common)
+            rows = [o for o in json_lines(out) or [] if o.get("mode") == "reuse"]
+            reuse_kl[bool(extra)] = rows[0].get("kl_first") if rc == 0 and rows else None
+        check(None not in reuse_kl.values() and reuse_kl[True] < 1e-6
+              and reuse_kl[False] > 100 * reuse_kl[True],
+              "quality --neighbour-context: a chunk computed after its predecessor is exact",
+              str(reuse_kl))
         rc, out, err = run(bench, ["quality", "--dataset", data, "--limit", "1", "--modes",
                                    "blend", "--select", "hkvd", "--schedule", "1:0.2,3:0.1",
                                    "--guard-share", "1", "--guard-max-ratio", "0.45",

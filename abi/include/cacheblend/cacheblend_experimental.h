@@ -24,4 +24,25 @@
 #define CB_SELECT_ORACLE ((cb_select)6)
 #define CB_SELECT_ORACLE_KL ((cb_select)7)
 
+/* Neighbour-aware precompute: as cb_chunk_cache_add, but the chunk's KV is
+ * computed after its chunk head followed by context_text's tokens (its most
+ * similar chunk, say) instead of after the chunk head alone, and stored under
+ * the chunk's usual key, replacing what is there.  A request then reuses it
+ * like any other entry.  The entry is not what a prefix of the request would
+ * give, so such a chunk must not open a request with the PROMPT chunk head
+ * (which takes the first chunk's KV as exact); give the chunks that open
+ * requests a cache_namespace of their own.  Errors as cb_chunk_cache_add;
+ * the chunk with its head and context must fit in the session's context. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+CB_API cb_status cb_chunk_cache_add_after(cb_session* session, cb_chunk_cache* cache,
+                                          const char* chunk_text, const char* context_text,
+                                          const cb_rag_options* opts, int32_t* out_n_tokens);
+
+#ifdef __cplusplus
+}
+#endif
+
 #endif /* CACHEBLEND_EXPERIMENTAL_H */

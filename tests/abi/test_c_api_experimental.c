@@ -1,0 +1,114 @@
+/* The C API's experimental part (cacheblend_experimental.h): neighbour-aware
+ * precompute with cb_chunk_cache_add_after. */
+#include <cacheblend/cacheblend_experimental.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "c_api_test.h"
+
+/* A chunk computed after the chunk that precedes it in the request holds the
+ * KV a full prefill computes there, so REUSE then gives full prefill's
+ * logits; computed alone, it does not. */
+void test_chunk_cache_add_after(cb_model* m) {
+  cb_model_info info;
+  cb_session_options so;
+  cb_session *s = NULL, *small = NULL;
+  cb_chunk_cache *alone = NULL, *after = NULL;
+  cb_rag_options ro;
+  cb_rag_stats st;
+  cb_chunk_cache_stats cs;
+  collector c;
+  float *l_full = NULL, *l_alone = NULL, *l_after = NULL;
+  int32_t n_tok = -1, found = -1, ids[8];
+  size_t n = 0;
+  double err_after = 1.0, err_alone = 0.0;
+  char* long_context = NULL;
+  int i;
+
+  cb_model_info_init(&info);
+  CHECK_OK(cb_model_get_info(m, &info));
+  cb_session_options_init(&so);
+  so.n_ctx = 512;
+  so.n_threads = 2;
+  CHECK_OK(cb_session_create(m, &so, &s));
+  CHECK_OK(cb_chunk_cache_create(&alone));
+  CHECK_OK(cb_chunk_cache_create(&after));
+  l_full = (float*)malloc((size_t)info.n_vocab * sizeof(float));
+  l_alone = (float*)malloc((size_t)info.n_vocab * sizeof(float));
+  l_after = (float*)malloc((size_t)info.n_vocab * sizeof(float));
+  if (s == NULL || alone == NULL || after == NULL || l_full == NULL || l_alone == NULL ||
+      l_after == NULL)
+    goto done;
+  cb_rag_options_init(&ro);
+  cb_rag_stats_init(&st);
+  ro.mode = CB_MODE_FULL;
+  CHECK_OK(rag_answer(s, alone, &ro, &st, &c, l_full, info.n_vocab));
+  CHECK_OK(cb_session_reset(s));
+
+  CHECK_OK(cb_chunk_cache_add(s, alone, kRagChunks[0], &ro, NULL, NULL));
+  CHECK_OK(cb_chunk_cache_add(s, alone, kRagChunks[1], &ro, NULL, NULL));
+  CHECK_OK(cb_chunk_cache_add(s, after, kRagChunks[0], &ro, NULL, NULL));
+  CHECK_OK(cb_chunk_cache_add_after(s, after, kRagChunks[1], kRagChunks[0], &ro, &n_tok));
+  CHECK(cb_session_n_past(s) == 0);
+  CHECK_OK(cb_tokenize(m, kRagChunks[1], CB_NUL_TERMINATED, 0, 0, NULL, 0, &n));
+  CHECK(n_tok > (int32_t)n); /* its text and a blank line, not the context */
+  /* Stored under the chunk's own key, replacing the entry the second time. */
+  CHECK_OK(cb_chunk_cache_contains(m, after, kRagChunks[1], &ro, &found));
+  CHECK(found == 1);
+  CHECK_OK(cb_chunk_cache_add_after(s, after, kRagChunks[1], kRagChunks[0], &ro, NULL));
+  cb_chunk_cache_stats_init(&cs);
+  CHECK_OK(cb_chunk_cache_get_stats(after, &cs));
+  CHECK(cs.n_entries == 2);
+
+  ro.mode = CB_MODE_REUSE;
+  CHECK_OK(rag_answer(s, alone, &ro, &st, &c, l_alone, info.n_vocab));
+  CHECK(st.cache_hits == 2 && st.cache_misses == 0);
+  CHECK_OK(rag_answer(s, after, &ro, &st, &c, l_after, info.n_vocab));
+  CHECK(st.cache_hits == 2 && st.cache_misses == 0);
+  err_alone = rel_l2(l_alone, l_full, info.n_vocab);
+  err_after = rel_l2(l_after, l_full, info.n_vocab);
+  printf("add_after: REUSE against FULL rel L2 %.2e (chunk computed alone %.2e)\n", err_after,
+         err_alone);
+  CHECK(err_after < 1e-3);
+  CHECK(err_alone > 10.0 * err_after);
+
+  /* Misuse: nothing stored, outputs untouched. */
+  CHECK_OK(cb_session_reset(s));
+  n_tok = -7;
+  CHECK_ERR(cb_chunk_cache_add_after(NULL, after, "x", "y", NULL, &n_tok), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_add_after(s, NULL, "x", "y", NULL, &n_tok), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_add_after(s, after, NULL, "y", NULL, &n_tok), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_add_after(s, after, "x", NULL, NULL, &n_tok), CB_ERR_INVALID_ARGUMENT);
+  CHECK(n_tok == -7);
+  CHECK_OK(cb_tokenize(m, "Hello", CB_NUL_TERMINATED, 0, 0, ids, 8, &n));
+  CHECK_OK(cb_session_prefill(s, ids, n));
+  CHECK_ERR(cb_chunk_cache_add_after(s, after, "new chunk", "y", NULL, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  /* A context that does not fit beside the chunk: an overflow that names
+   * it; nothing stored, the session empty. */
+  cb_session_options_init(&so);
+  so.n_ctx = 64;
+  so.n_threads = 2;
+  CHECK_OK(cb_session_create(m, &so, &small));
+  long_context = (char*)malloc(2000);
+  if (small != NULL && long_context != NULL) {
+    long_context[0] = '\0';
+    for (i = 0; i < 40; ++i) strcat(long_context, "The vault is closed. ");
+    CHECK_ERR(cb_chunk_cache_add_after(small, after, "new chunk", long_context, NULL, NULL),
+              CB_ERR_CONTEXT_OVERFLOW);
+    CHECK(strstr(cb_last_error(), "context") != NULL);
+    CHECK(cb_session_n_past(small) == 0);
+    CHECK_OK(cb_chunk_cache_contains(m, after, "new chunk", NULL, &found));
+    CHECK(found == 0);
+  }
+
+done:
+  free(long_context);
+  free(l_full);
+  free(l_alone);
+  free(l_after);
+  cb_session_free(small);
+  cb_session_free(s);
+  cb_chunk_cache_free(alone);
+  cb_chunk_cache_free(after);
+}
