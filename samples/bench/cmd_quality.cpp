@@ -275,6 +275,7 @@ struct QualityOptions {
   double guard_max_ratio = 0.0;
   bool show = false;
   bool neighbour_context = false;
+  bool neighbour_outside = false;  // neighbours only from the ctxs past the first K
 };
 
 QualityOptions parse_quality_options(const Args& a) {
@@ -302,7 +303,8 @@ QualityOptions parse_quality_options(const Args& a) {
   o.guard_share = parse_double(a, "--guard-share", 0.0, 0.0, 1.0);
   o.guard_max_ratio = parse_double(a, "--guard-max-ratio", 0.5, 0.0, 1.0);
   o.show = a.switches.count("--show") > 0;
-  o.neighbour_context = a.switches.count("--neighbour-context") > 0;
+  o.neighbour_outside = a.switches.count("--neighbour-outside") > 0;
+  o.neighbour_context = a.switches.count("--neighbour-context") > 0 || o.neighbour_outside;
   return o;
 }
 
@@ -421,11 +423,13 @@ std::set<std::string> long_words(const std::string& text) {
   return out;
 }
 
-// The ctx of ex.pool (other than chunk j) sharing most long words with it.
-const std::string& most_similar_ctx(const Example& ex, size_t j) {
+// The ctx of ex.pool (other than chunk j; with `outside`, none of the
+// request's chunks) sharing most long words with it; null when there is
+// none.
+const std::string* most_similar_ctx(const Example& ex, size_t j, bool outside) {
   const std::set<std::string> mine = long_words(ex.chunks[j]);
   size_t best = j, best_shared = 0;
-  for (size_t k = 0; k < ex.pool.size(); ++k) {
+  for (size_t k = outside ? ex.chunks.size() : 0; k < ex.pool.size(); ++k) {
     if (k == j || ex.pool[k] == ex.chunks[j]) continue;
     size_t shared = 0;
     for (const std::string& w : long_words(ex.pool[k])) shared += mine.count(w);
@@ -434,7 +438,7 @@ const std::string& most_similar_ctx(const Example& ex, size_t j) {
       best_shared = shared;
     }
   }
-  return ex.pool[best];
+  return best == j ? nullptr : &ex.pool[best];
 }
 
 // Neighbour-aware precompute: every chunk but the first (which follows the
@@ -447,8 +451,12 @@ void add_with_neighbours(const QualityBench& b, const Example& ex, size_t index,
   ro.cache_namespace = ns.c_str();
   check(cb_session_reset(b.session.h), "cannot reset the session");
   for (size_t j = 1; j < ex.chunks.size(); ++j) {
-    check(cb_chunk_cache_add_after(b.session.h, b.cache.h, ex.chunks[j].c_str(),
-                                   most_similar_ctx(ex, j).c_str(), &ro, nullptr),
+    const std::string* context = most_similar_ctx(ex, j, b.o.neighbour_outside);
+    check(context != nullptr
+              ? cb_chunk_cache_add_after(b.session.h, b.cache.h, ex.chunks[j].c_str(),
+                                         context->c_str(), &ro, nullptr)
+              : cb_chunk_cache_add(b.session.h, b.cache.h, ex.chunks[j].c_str(), &ro, nullptr,
+                                   nullptr),
           "cannot add a chunk after its neighbour");
     check(cb_session_reset(b.session.h), "cannot reset the session");
   }

@@ -64,7 +64,7 @@ Args parse_args(int argc, char** argv) {
       {"prefill", {"--json", "--help"}},
       {"decode", {"--json", "--help"}},
       {"ttft", {"--json", "--help"}},
-      {"quality", {"--json", "--help", "--show", "--neighbour-context"}},
+      {"quality", {"--json", "--help", "--show", "--neighbour-context", "--neighbour-outside"}},
   };
   Args a;
   if (argc < 2) usage_error("no command given (generate, prefill, decode, ttft or quality)");

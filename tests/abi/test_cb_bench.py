@@ -313,16 +313,18 @@ def test_rag(bench, common):
               "quality --select list: a line per policy and ratio", describe(rc, out, err))
         # Neighbour-aware precompute: each example's second ctx computed after
         # its only other ctx, the one before it in the request, so reusing
-        # it gives full prefill's first token (alone it does not).
+        # it gives full prefill's first token (alone it does not); with
+        # --neighbour-outside there is no other ctx: computed alone.
         reuse_kl = {}
-        for extra in ([], ["--neighbour-context"]):
+        for extra in ("", "--neighbour-context", "--neighbour-outside"):
             rc, out, err = run(bench, ["quality", "--dataset", data, "--limit", "1", "--modes",
-                                       "full,reuse", "--tf-tokens", "4", "--json"] + extra
-                               + common)
+                                       "full,reuse", "--tf-tokens", "4", "--json"]
+                               + ([extra] if extra else []) + common)
             rows = [o for o in json_lines(out) or [] if o.get("mode") == "reuse"]
-            reuse_kl[bool(extra)] = rows[0].get("kl_first") if rc == 0 and rows else None
-        check(None not in reuse_kl.values() and reuse_kl[True] < 1e-6
-              and reuse_kl[False] > 100 * reuse_kl[True],
+            reuse_kl[extra] = rows[0].get("kl_first") if rc == 0 and rows else None
+        check(None not in reuse_kl.values() and reuse_kl["--neighbour-context"] < 1e-6
+              and reuse_kl[""] > 100 * reuse_kl["--neighbour-context"]
+              and reuse_kl["--neighbour-outside"] == reuse_kl[""],
               "quality --neighbour-context: a chunk computed after its predecessor is exact",
               str(reuse_kl))
         rc, out, err = run(bench, ["quality", "--dataset", data, "--limit", "1", "--modes",
