@@ -274,8 +274,8 @@ struct QualityOptions {
   double guard_share = 0.0;
   double guard_max_ratio = 0.0;
   bool show = false;
-  bool neighbour_context = false;
-  bool neighbour_outside = false;  // neighbours only from the ctxs past the first K
+  // --neighbour-context: what each chunk but the first is computed after.
+  enum class Neighbour { kNone, kSimilar, kOutside, kUnrelated } neighbour = Neighbour::kNone;
 };
 
 QualityOptions parse_quality_options(const Args& a) {
@@ -303,8 +303,17 @@ QualityOptions parse_quality_options(const Args& a) {
   o.guard_share = parse_double(a, "--guard-share", 0.0, 0.0, 1.0);
   o.guard_max_ratio = parse_double(a, "--guard-max-ratio", 0.5, 0.0, 1.0);
   o.show = a.switches.count("--show") > 0;
-  o.neighbour_outside = a.switches.count("--neighbour-outside") > 0;
-  o.neighbour_context = a.switches.count("--neighbour-context") > 0 || o.neighbour_outside;
+  if (auto n = a.values.find("--neighbour-context"); n != a.values.end()) {
+    const std::map<std::string, QualityOptions::Neighbour> names = {
+        {"similar", QualityOptions::Neighbour::kSimilar},
+        {"outside", QualityOptions::Neighbour::kOutside},
+        {"unrelated", QualityOptions::Neighbour::kUnrelated}};
+    const auto it = names.find(n->second);
+    if (it == names.end())
+      usage_error("--neighbour-context must be similar, outside or unrelated (got '" + n->second +
+                  "')");
+    o.neighbour = it->second;
+  }
   return o;
 }
 
@@ -443,15 +452,25 @@ const std::string* most_similar_ctx(const Example& ex, size_t j, bool outside) {
 
 // Neighbour-aware precompute: every chunk but the first (which follows the
 // prompt head in the request, so its KV is taken as exact) computed after
-// its most similar ctx, in a namespace of this example's (a chunk opening
-// another example's request keeps its own KV).
-void add_with_neighbours(const QualityBench& b, const Example& ex, size_t index, cb_rag_options& ro,
-                         std::string& ns) {
-  ns = "neighbour-context/" + std::to_string(index);
+// its most similar ctx (of the example's, or of those outside the request),
+// or after a ctx of the next example (unrelated text, a control), in a
+// namespace of this example's (a chunk opening another example's request
+// keeps its own KV).  Without such a ctx, alone.
+void add_with_neighbours(const QualityBench& b, const std::vector<Example>& examples, size_t i,
+                         cb_rag_options& ro, std::string& ns) {
+  using Neighbour = QualityOptions::Neighbour;
+  const Example& ex = examples[i];
+  ns = "neighbour-context/" + std::to_string(i);
   ro.cache_namespace = ns.c_str();
   check(cb_session_reset(b.session.h), "cannot reset the session");
   for (size_t j = 1; j < ex.chunks.size(); ++j) {
-    const std::string* context = most_similar_ctx(ex, j, b.o.neighbour_outside);
+    const std::string* context = nullptr;
+    if (b.o.neighbour == Neighbour::kUnrelated) {
+      const Example& next = examples[(i + 1) % examples.size()];
+      if (&next != &ex) context = &next.pool[j % next.pool.size()];
+    } else {
+      context = most_similar_ctx(ex, j, b.o.neighbour == Neighbour::kOutside);
+    }
     check(context != nullptr
               ? cb_chunk_cache_add_after(b.session.h, b.cache.h, ex.chunks[j].c_str(),
                                          context->c_str(), &ro, nullptr)
@@ -506,7 +525,8 @@ Totals run_examples(const QualityBench& b, const std::vector<QualityRun>& run_or
   std::string ns;
   for (size_t i = 0; i < examples.size(); ++i) {
     const Example& ex = examples[i];
-    if (b.o.neighbour_context) add_with_neighbours(b, ex, i, ro, ns);
+    if (b.o.neighbour != QualityOptions::Neighbour::kNone)
+      add_with_neighbours(b, examples, i, ro, ns);
     run_example(b, run_order, ex, ro, totals);
     const double elapsed = ms_between(start, Clock::now()) / 1000.0;
     const double eta =

@@ -57,14 +57,14 @@ Args parse_args(int argc, char** argv) {
        {"--dataset", "--limit", "--max-chunks", "--ratio", "--modes", "--chunk-head",
         "--max-tokens", "--codec", "--storage-mbps", "--store", "--plot", "--select",
         "--sink-tokens", "--seed", "--schedule", "--guard-share", "--guard-max-ratio",
-        "--tf-tokens"}},
+        "--tf-tokens", "--neighbour-context"}},
   };
   static const std::map<std::string, std::set<std::string>> kSwitches = {
       {"generate", {"--chat", "--json", "--help"}},
       {"prefill", {"--json", "--help"}},
       {"decode", {"--json", "--help"}},
       {"ttft", {"--json", "--help"}},
-      {"quality", {"--json", "--help", "--show", "--neighbour-context", "--neighbour-outside"}},
+      {"quality", {"--json", "--help", "--show"}},
   };
   Args a;
   if (argc < 2) usage_error("no command given (generate, prefill, decode, ttft or quality)");

@@ -314,19 +314,23 @@ def test_rag(bench, common):
         # Neighbour-aware precompute: each example's second ctx computed after
         # its only other ctx, the one before it in the request, so reusing
         # it gives full prefill's first token (alone it does not); with
-        # --neighbour-outside there is no other ctx: computed alone.
+        # "outside" there is no other ctx: computed alone; "unrelated" with
+        # one example has no next one: alone too.
         reuse_kl = {}
-        for extra in ("", "--neighbour-context", "--neighbour-outside"):
+        for how in ("", "similar", "outside", "unrelated"):
             rc, out, err = run(bench, ["quality", "--dataset", data, "--limit", "1", "--modes",
                                        "full,reuse", "--tf-tokens", "4", "--json"]
-                               + ([extra] if extra else []) + common)
+                               + (["--neighbour-context", how] if how else []) + common)
             rows = [o for o in json_lines(out) or [] if o.get("mode") == "reuse"]
-            reuse_kl[extra] = rows[0].get("kl_first") if rc == 0 and rows else None
-        check(None not in reuse_kl.values() and reuse_kl["--neighbour-context"] < 1e-6
-              and reuse_kl[""] > 100 * reuse_kl["--neighbour-context"]
-              and reuse_kl["--neighbour-outside"] == reuse_kl[""],
+            reuse_kl[how] = rows[0].get("kl_first") if rc == 0 and rows else None
+        check(None not in reuse_kl.values() and reuse_kl["similar"] < 1e-6
+              and reuse_kl[""] > 100 * reuse_kl["similar"]
+              and reuse_kl["outside"] == reuse_kl[""] and reuse_kl["unrelated"] == reuse_kl[""],
               "quality --neighbour-context: a chunk computed after its predecessor is exact",
               str(reuse_kl))
+        expect_error(bench, ["quality", "--dataset", data, "--neighbour-context", "nearest"]
+                     + common, "quality --neighbour-context nearest", code=2,
+                     must_contain="similar, outside or unrelated")
         rc, out, err = run(bench, ["quality", "--dataset", data, "--limit", "1", "--modes",
                                    "blend", "--select", "hkvd", "--schedule", "1:0.2,3:0.1",
                                    "--guard-share", "1", "--guard-max-ratio", "0.45",
