@@ -138,12 +138,11 @@ class CudaBackend final : public Backend {
   }
 
   const char* name() const override { return "cuda"; }
-  // GEMMs of 512 rows (the size docs/bench/cuda_runs.md measures; "Decode
-  // GEMV and GEMM dequantization" there compares larger ones) keep the GPU
-  // busier; the activations are in device memory.
-  // Larger prefill chunks spread the per-call weight dequantization: on an
-  // H200 (1.5B Q4_K_M shapes) a 4096-token prefill took 348 ms in 2048-row
-  // chunks against 404 in 512-row ones, for ~100 MiB more activations.
+  // Larger chunks than the CPU's: big GEMMs keep the GPU busy, and each
+  // call's weight dequantization is spread over more rows.  On an H200 (1.5B
+  // Q4_K_M shapes) a 4096-token prefill took 348 ms in 2048-row chunks
+  // against 404 in 512-row ones, for ~100 MiB more activations (in device
+  // memory); docs/bench/cuda_runs.md has the sizes compared.
   int64_t default_batch_rows() const override { return 2048; }
 
   // ------------------------------------------------------------ memory --
