@@ -1,0 +1,189 @@
+// CUDA attention against the scalar reference (cb::ref): both paths (the
+// kernel below 32 query rows, cuBLAS above), GQA, sliding windows, f32 and
+// f16 caches, query rows in any order, and the question's attention
+// contributions against the CPU backend's.  Without a CUDA device every
+// test skips with a message.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/reference_ops.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "platform/half.h"
+#include "tests/cuda/cuda_fixture.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace cb {
+namespace {
+
+using test::Cuda;
+
+struct AttnCase {
+  int64_t n_head, n_head_kv, head_dim, n_kv;
+  std::vector<int32_t> q_pos;
+  int64_t window = 0;  // sliding window (gemma3's local layers); 0 = none
+};
+
+// The arguments of one case over host vectors (out left null).
+AttentionArgs host_args(const AttnCase& c, const std::vector<float>& q, const std::vector<float>& k,
+                        const std::vector<float>& v) {
+  AttentionArgs a;
+  a.q = q.data();
+  a.q_pos = c.q_pos.data();
+  a.n_q = static_cast<int64_t>(c.q_pos.size());
+  a.k = k.data();
+  a.v = v.data();
+  a.n_kv = c.n_kv;
+  a.n_head = c.n_head;
+  a.n_head_kv = c.n_head_kv;
+  a.head_dim = c.head_dim;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  a.window = c.window;
+  return a;
+}
+
+// Both paths: fewer than 32 query rows run the kernel, more go through
+// cuBLAS (scores by GEMM, softmax over each row's visible keys, a GEMM with
+// V).  Query rows are a subset of positions in any order, including a
+// negative one (sees no key: zero output) and positions past n_kv (see
+// every key); GQA groups of 1, 3 and 4; head sizes that are not a multiple
+// of 32; key counts that cross the kernel's 32-key tiles; sliding windows
+// starting inside a tile, on a tile boundary, wider than a row's history;
+// f32 and f16 caches (the reference reads the widened values); many rows
+// ascending over the whole context (a blend's) or in any order.
+TEST_F(Cuda, AttentionMatchesReference) {
+  std::mt19937 rng(12);
+  auto positions = [&](int n, int32_t n_kv) {
+    std::vector<int32_t> p(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i)
+      p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % (n_kv + 20));
+    p[3] = -1;
+    return p;
+  };
+  auto spread = [](int n, int32_t n_kv) {  // a blend's rows: ascending, over the whole context
+    std::vector<int32_t> p(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>(i * n_kv / n);
+    return p;
+  };
+  const std::vector<AttnCase> cases = {
+      {1, 1, 64, 1, {0}},
+      {3, 1, 64, 70, {69, 0, 31, 32, 33, 5}},
+      {6, 2, 72, 100, {99, 40, -1, 63, 64, 200}},
+      {8, 2, 128, 257, {256, 128, 1, 255, 100}},
+      {4, 4, 256, 40, {39, 7, 12}},
+      {2, 1, 17, 33, {32, 31, 0}},
+      {4, 1, 256, 300, {299, 63, 150, 40, 3}, 32},
+      {6, 2, 72, 100, {99, 40, 63, 64, 200}, 20},
+      {6, 2, 72, 100, positions(40, 100)},
+      {8, 2, 128, 300, positions(70, 300)},
+      {2, 1, 17, 33, positions(33, 33)},
+      {4, 1, 64, 300, positions(64, 300), 32},
+      {12, 2, 128, 520, positions(512, 520)},
+      {12, 2, 128, 1100, spread(300, 1100)},
+      {9, 3, 64, 700, positions(200, 700), 64},
+  };
+  for (const bool f16 : {false, true}) {
+    for (const AttnCase& c : cases) {
+      const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
+      const int64_t kv_elems = c.n_kv * c.n_head_kv * c.head_dim;
+      const std::vector<float> q = test::random_floats(rng, n_q * c.n_head * c.head_dim);
+      std::vector<float> k = test::random_floats(rng, kv_elems);
+      std::vector<float> v = test::random_floats(rng, kv_elems);
+      std::vector<uint16_t> k16(static_cast<size_t>(kv_elems)), v16(k16.size());
+      if (f16) {  // the reference gets exactly the values the cache holds
+        for (size_t i = 0; i < k16.size(); ++i) {
+          k16[i] = f32_to_f16(k[i]);
+          v16[i] = f32_to_f16(v[i]);
+          k[i] = f16_to_f32(k16[i]);
+          v[i] = f16_to_f32(v16[i]);
+        }
+      }
+      std::vector<float> expect(q.size());
+      AttentionArgs a = host_args(c, q, k, v);
+      a.out = expect.data();
+      ref::attention(a);
+      AttentionArgs d = a;
+      d.q = dev(q);
+      d.q_pos = dev(c.q_pos);
+      if (f16) {
+        d.kv_type = DType::F16;
+        d.k = dev(k16);
+        d.v = dev(v16);
+      } else {
+        d.k = dev(k);
+        d.v = dev(v);
+      }
+      d.out = dev(std::vector<float>(q.size(), NAN));
+      be_->attention(d);
+      const std::vector<float> got = host(d.out, q.size());
+      int bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (!(std::fabs(got[i] - expect[i]) <= 1e-5) && ++bad <= 3) {
+          ADD_FAILURE() << (f16 ? "f16" : "f32") << " heads " << c.n_head << "/" << c.n_head_kv
+                        << " head_dim " << c.head_dim << " rows " << n_q << " at " << i << ": "
+                        << got[i] << " vs " << expect[i];
+        }
+      }
+    }
+  }
+}
+
+// The same sums as the CPU backend, from device K/V into host memory.
+TEST_F(Cuda, AttentionContributionsMatchCpu) {
+  std::mt19937 rng(8);
+  std::vector<int32_t> many(40);  // a question's rows at the end of a long context
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int32_t>(260 + i);
+  std::vector<int32_t> spread(300);  // a blend's rows: over the whole context
+  for (size_t i = 0; i < spread.size(); ++i) spread[i] = static_cast<int32_t>(i * 3 + 1);
+  const std::vector<AttnCase> cases = {
+      {12, 2, 128, 300, many},
+      {12, 2, 128, 900, spread},
+      {9, 3, 64, 70, {69, 0, 31, 32, 33, 5}},
+      {6, 2, 72, 100, {99, 40, 63, 64, 200}},
+      {2, 1, 17, 33, {32, 31, 0}},
+      {6, 2, 72, 100, {99, 40, 63, 64, 200}, 20},
+  };
+  for (const AttnCase& c : cases) {
+    const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
+    const std::vector<float> q = test::random_floats(rng, n_q * c.n_head * c.head_dim);
+    const std::vector<float> k = test::random_floats(rng, c.n_kv * c.n_head_kv * c.head_dim);
+    const std::vector<float> v = test::random_floats(rng, c.n_kv * c.n_head_kv * c.head_dim);
+    AttentionArgs a = host_args(c, q, k, v);
+    std::vector<float> expect(static_cast<size_t>(c.n_kv), 0.0f);
+    make_cpu_backend(1, CpuKernelLevel::kScalar)->attention_contributions(a, expect.data());
+    AttentionArgs d = a;
+    d.q = dev(q);
+    d.q_pos = dev(c.q_pos);
+    d.k = dev(k);
+    d.v = dev(v);
+    std::vector<float> got(static_cast<size_t>(c.n_kv), 0.0f);
+    be_->attention_contributions(d, got.data());
+    for (size_t j = 0; j < got.size(); ++j)
+      EXPECT_NEAR(got[j], expect[j], 1e-4 * (1.0 + std::fabs(expect[j]))) << "key " << j;
+  }
+}
+
+TEST_F(Cuda, AttentionRejectsOversizedHeads) {
+  std::vector<float> buf(512, 0.0f);
+  const int32_t pos = 0;
+  AttentionArgs a;
+  a.q = buf.data();
+  a.q_pos = &pos;
+  a.n_q = 1;
+  a.k = buf.data();
+  a.v = buf.data();
+  a.n_kv = 1;
+  a.n_head = 1;
+  a.n_head_kv = 1;
+  a.head_dim = 512;
+  a.scale = 1.0f;
+  a.out = buf.data();
+  EXPECT_THROW(be_->attention(a), Error);
+}
+
+}  // namespace
+}  // namespace cb
