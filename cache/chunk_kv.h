@@ -46,12 +46,6 @@ struct ChunkKV {
   KvShape shape;
   std::vector<float> k;
   std::vector<float> v;
-  // Optional, RAM stores only (the codecs do not write it): every token's
-  // hidden state at the input of layer hidden_layer, n_tokens x n_embd, for
-  // a blend that recomputes the chosen tokens from that layer on
-  // (BlendOptions::recompute_from_layer).  Empty: not kept.
-  int32_t hidden_layer = -1;
-  std::vector<float> hidden;
 
   ChunkKV() = default;
   explicit ChunkKV(const KvShape& s);

@@ -17,10 +17,4 @@ uint64_t MemoryChunkSource::layer_bytes(int64_t layer) const {
   return 2 * static_cast<uint64_t>(kv_.shape.layer_floats()) * sizeof(float);
 }
 
-bool MemoryChunkSource::fetch_hidden(int64_t layer, float* out) {
-  if (kv_.hidden.empty() || layer != kv_.hidden_layer) return false;
-  std::memcpy(out, kv_.hidden.data(), kv_.hidden.size() * sizeof(float));
-  return true;
-}
-
 }  // namespace cb::cache

@@ -28,10 +28,6 @@ class ChunkLayerSource {
   // The chunk's KV geometry when the source knows it (a store's sources
   // do); what a copy of the chunk into another store is sized by.
   virtual std::optional<KvShape> shape() const { return std::nullopt; }
-  // Writes the chunk's hidden state at the input of `layer` (n_tokens x
-  // n_embd floats) when the entry keeps it (ChunkKV::hidden); false when it
-  // does not.  Never called while fetch_layer may run.
-  virtual bool fetch_hidden(int64_t /*layer*/, float* /*out*/) { return false; }
 };
 
 // A ChunkLayerSource over KV held in memory.
@@ -41,7 +37,6 @@ class MemoryChunkSource final : public ChunkLayerSource {
   bool fetch_layer(int64_t layer, float* k, float* v) override;
   uint64_t layer_bytes(int64_t layer) const override;
   std::optional<KvShape> shape() const override { return kv_.shape; }
-  bool fetch_hidden(int64_t layer, float* out) override;
 
  private:
   const ChunkKV& kv_;

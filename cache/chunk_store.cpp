@@ -13,16 +13,11 @@ class SharedChunkSource final : public ChunkLayerSource {
   }
   uint64_t layer_bytes(int64_t layer) const override { return reader_.layer_bytes(layer); }
   std::optional<KvShape> shape() const override { return kv_->shape; }
-  bool fetch_hidden(int64_t layer, float* out) override { return reader_.fetch_hidden(layer, out); }
 
  private:
   std::shared_ptr<const ChunkKV> kv_;
   MemoryChunkSource reader_;
 };
-
-size_t entry_bytes(const ChunkKV& kv) {
-  return (kv.k.size() + kv.v.size() + kv.hidden.size()) * sizeof(float);
-}
 
 }  // namespace
 
@@ -35,11 +30,11 @@ std::unique_ptr<ChunkLayerSource> RamChunkStore::find(const ChunkKey& key, const
 
 void RamChunkStore::put(const ChunkKey& key, ChunkKV kv) {
   auto entry = std::make_shared<const ChunkKV>(std::move(kv));
-  const size_t n = entry_bytes(*entry);
+  const size_t n = (entry->k.size() + entry->v.size()) * sizeof(float);
   std::lock_guard lock(mu_);
   auto [it, inserted] = entries_.try_emplace(serialize_key(key), entry);
   if (!inserted) {
-    bytes_ -= entry_bytes(*it->second);
+    bytes_ -= (it->second->k.size() + it->second->v.size()) * sizeof(float);
     it->second = entry;
   }
   bytes_ += n;
@@ -49,7 +44,7 @@ bool RamChunkStore::remove(const ChunkKey& key) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(serialize_key(key));
   if (it == entries_.end()) return false;
-  bytes_ -= entry_bytes(*it->second);
+  bytes_ -= (it->second->k.size() + it->second->v.size()) * sizeof(float);
   entries_.erase(it);
   return true;
 }

@@ -115,7 +115,7 @@ void add_chunk(cb_session* session, cb_chunk_cache* cache, const char* chunk_tex
       // With storage tiers, placement learns the model's compute cost
       // first (a probe in this empty session, once per model).
       cache->impl->prepare_placement(s, session->n_threads);
-      kv = cb::precompute_chunk_kv(s, head, e.tokens, cache->impl->recompute_from_layer());
+      kv = cb::precompute_chunk_kv(s, head, e.tokens);
     } catch (...) {
       s.truncate(0);  // the session is left empty whatever happened
       throw;
@@ -436,15 +436,6 @@ cb_status cb_chunk_cache_add_after(cb_session* session, cb_chunk_cache* cache,
     require(chunk_text != nullptr, "chunk_text is NULL");
     require(context_text != nullptr, "context_text is NULL");
     add_chunk(session, cache, chunk_text, context_text, opts, nullptr, out_n_tokens);
-    return CB_OK;
-  });
-}
-
-cb_status cb_chunk_cache_set_recompute_from_layer(cb_chunk_cache* cache, int32_t layer) {
-  return guard("cb_chunk_cache_set_recompute_from_layer", [&] {
-    check_cache(cache);
-    require(layer >= 0, "layer is negative");
-    cache->impl->set_recompute_from_layer(layer);
     return CB_OK;
   });
 }

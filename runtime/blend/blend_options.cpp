@@ -111,13 +111,6 @@ void validate_blend_options(const BlendOptions& opts, int64_t n_layer) {
     fail(ErrorCode::kInvalidArgument, "guard share is outside [0, 1]");
   if (!(opts.guard_max_ratio >= 0.0f && opts.guard_max_ratio <= 1.0f))
     fail(ErrorCode::kInvalidArgument, "guard's maximum ratio is outside [0, 1]");
-  if (opts.recompute_from_layer != 0 &&
-      (opts.recompute_from_layer <= opts.schedule.front().layer ||
-       opts.recompute_from_layer >= n_layer || opts.schedule.size() != 1))
-    fail(ErrorCode::kInvalidArgument,
-         "recompute_from_layer " + std::to_string(opts.recompute_from_layer) +
-             " needs one check layer before it and a model with more layers (the model has " +
-             std::to_string(n_layer) + ")");
 }
 
 }  // namespace cb

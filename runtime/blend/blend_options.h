@@ -70,15 +70,6 @@ struct BlendOptions {
   // they do or the ratio reaches guard_max_ratio.  0: off.
   float guard_share = 0.0f;
   float guard_max_ratio = 0.5f;
-  // Study (0: off): the tokens a policy ranks before the pass (lookahead,
-  // random, the oracles) are recomputed only from this layer on, starting
-  // from the hidden state their chunk's entry keeps for it (ChunkKV::hidden,
-  // computed with the chunk alone); below it they keep their reused KV.  A
-  // token then costs (n_layer - L) / n_layer of a fully recomputed one, so
-  // the ratio's budget covers n_layer / (n_layer - L) times more tokens.
-  // Needs a one-check schedule; a request where any chosen chunk lacks the
-  // hidden state recomputes from the check layer as usual.
-  int64_t recompute_from_layer = 0;
 };
 
 // Throws cb::Error(kInvalidArgument) with the reason when the options cannot

@@ -107,12 +107,6 @@ class ChunkCache {
   // the first token.  Whatever fails, the session is left empty.
   std::span<const float> prefill(Session& s, const RagPrompt& prompt, RagPrefillOptions opts,
                                  bool auto_ratio, int n_threads, RagPrefillStats* stats);
-  // Study (BlendOptions::recompute_from_layer), set before use: > 0, the
-  // chunks this cache computes from then on keep their hidden state at that
-  // layer (RAM entries only), and its blend requests recompute the chosen
-  // tokens from that layer on.
-  void set_recompute_from_layer(int64_t layer) { recompute_from_layer_ = layer; }
-  int64_t recompute_from_layer() const { return recompute_from_layer_; }
 
  private:
   LoadingController& controller_for(Session& s, const std::string& device);
@@ -127,7 +121,6 @@ class ChunkCache {
   std::shared_ptr<TierPlacement> placement_;  // with tiers: where new chunks go
   std::unique_ptr<cache::TieredChunkStore> tiered_;
   double assumed_read_bytes_per_sec_ = 0.0;
-  int64_t recompute_from_layer_ = 0;
   std::string open_report_;
   int unavailable_tiers_ = 0;
   std::mutex auto_mu_;  // serializes auto-ratio requests: the controller learns from each

@@ -49,9 +49,6 @@ void FusedForward::project(int64_t layer) {
     const size_t len = static_cast<size_t>((n_ - capture_begin) * kv_dim);
     std::memcpy(capture->k_layer(static_cast<int>(layer)), k_.data() + off, len * sizeof(float));
     std::memcpy(capture->v_layer(static_cast<int>(layer)), v_.data() + off, len * sizeof(float));
-    if (capture->hidden_layer == layer)
-      std::memcpy(capture->hidden.data(), x_.data() + capture_begin * hp_.n_embd,
-                  capture->hidden.size() * sizeof(float));
   }
 }
 
@@ -151,13 +148,8 @@ void FusedForward::select(int64_t layer, float ratio, bool first, bool projected
   }
   const int64_t n_cand = static_cast<int64_t>(cand.size());
   const double r = std::min(1.0, static_cast<double>(ratio) * ratio_scale);
-  // Tokens recomputed from a later layer cost less each: the same work
-  // covers more of them.
-  const bool late = first && !projected && !late_hidden.empty() && recompute_from_layer > layer;
-  const double per_token =
-      late ? static_cast<double>(hp_.n_layer - recompute_from_layer) / hp_.n_layer : 1.0;
   const int64_t k = std::min<int64_t>(
-      static_cast<int64_t>(std::llround(r * static_cast<double>(n_reused) / per_token)), n_cand);
+      static_cast<int64_t>(std::llround(r * static_cast<double>(n_reused))), n_cand);
   std::vector<uint8_t> chosen(rows.size(), 0);
   if (k >= n_cand) {
     // Every candidate stays; only the rows whose cached KV is exact leave.
@@ -166,14 +158,9 @@ void FusedForward::select(int64_t layer, float ratio, bool first, bool projected
     choose(layer, first, cand, k, chosen);
   }
   std::vector<int32_t> keep_idx;  // indices into rows, ascending
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (keep_always[rows[i]] || rows[i] == n_ - 1)
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (keep_always[rows[i]] || rows[i] == n_ - 1 || chosen[i])
       keep_idx.push_back(static_cast<int32_t>(i));
-    else if (chosen[i] && late)
-      deferred_.push_back(rows[i]);
-    else if (chosen[i])
-      keep_idx.push_back(static_cast<int32_t>(i));
-  }
   const int64_t r_kept = static_cast<int64_t>(keep_idx.size());
   if (r_kept == static_cast<int64_t>(rows.size())) return;
   auto narrow = [&](BackendFloats& buf, int64_t dim) {
@@ -262,32 +249,6 @@ void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
   }
 }
 
-void FusedForward::join_deferred() {
-  const int64_t e = hp_.n_embd, d = static_cast<int64_t>(deferred_.size());
-  const int64_t r = static_cast<int64_t>(rows.size());
-  std::vector<float> host(static_cast<size_t>(d * e));
-  for (int64_t i = 0; i < d; ++i)
-    std::copy_n(late_hidden.data() + static_cast<int64_t>(late_row[deferred_[i]]) * e, e,
-                host.data() + i * e);
-  fresh_.reserve(host.size());
-  be_.upload(fresh_.data(), host.data(), host.size() * sizeof(float));
-  be_.wait_uploads();
-  // Both lists are ascending: merge them, noting where each row lands.
-  std::vector<int32_t> merged, from_rows, from_deferred;
-  merged.reserve(static_cast<size_t>(r + d));
-  for (int64_t i = 0, j = 0; i < r || j < d;) {
-    const bool take_row = j == d || (i < r && rows[i] < deferred_[j]);
-    (take_row ? from_rows : from_deferred).push_back(static_cast<int32_t>(merged.size()));
-    merged.push_back(take_row ? rows[i++] : deferred_[j++]);
-  }
-  scratch_.reserve(merged.size() * static_cast<size_t>(e));
-  be_.scatter_rows(x_.data(), e, from_rows.data(), r, scratch_.data());
-  be_.scatter_rows(fresh_.data(), e, from_deferred.data(), d, scratch_.data());
-  std::swap(x_, scratch_);
-  rows.swap(merged);
-  deferred_.clear();
-}
-
 bool FusedForward::layers(LayerPipeline& loads, bool want_logits) {
   size_t next_check = 0;
   for (int64_t l = 0; l < hp_.n_layer; ++l) {
@@ -296,7 +257,6 @@ bool FusedForward::layers(LayerPipeline& loads, bool want_logits) {
       return false;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    if (l == recompute_from_layer && !deferred_.empty()) join_deferred();
     const bool check = next_check < schedule.size() && schedule[next_check].layer == l;
     // A ranking known before the pass needs no fresh KV: the rows narrow
     // before their projections, so the dropped ones cost nothing here.

@@ -81,13 +81,6 @@ class FusedForward {
   // set, holds the scores a pass before this one measured.
   Selection selection = Selection::kHkvd;
   std::vector<float> prior;
-  // BlendOptions::recompute_from_layer: when late_hidden is set (row
-  // late_row[p] of n_embd floats holds position p's stored hidden state at
-  // the input of that layer, -1: none), the tokens a ranked first check
-  // chooses join the rows only at that layer.
-  int64_t recompute_from_layer = 0;
-  std::vector<float> late_hidden;
-  std::vector<int32_t> late_row;
   std::vector<uint8_t> keep_always;  // per position: computed at every layer
   std::vector<uint8_t> exact;        // per position: cached KV that is exact, never recomputed
   int32_t query_begin = 0;           // the question's rows are those at or after it
@@ -103,15 +96,13 @@ class FusedForward {
   bool guard_raised = false;
   double ratio_scale = 1.0;
   // When set, the chunk rows [capture_begin, n) of K before RoPE and of V
-  // are copied here for every layer (and of the hidden state at the input
-  // of capture->hidden_layer, when that is set).
+  // are copied here for every layer.
   cache::ChunkKV* capture = nullptr;
   int32_t capture_begin = 0;
   std::vector<int64_t> rows_per_layer;
   std::vector<double> layer_ms;  // compute time per layer, load waits excluded
   PipelineLoadStats load_stats;  // after run()
 
-  int64_t n_embd() const { return hp_.n_embd; }
   // Runs all layers; returns false if a cached chunk could not be read (its
   // index is in failed_chunk) so the caller can retry without it.
   bool run(bool want_logits);
@@ -132,9 +123,6 @@ class FusedForward {
   // the rows from `out_begin` (an index into rows) on: at the last layer
   // only the logits' row, or none, is read.
   void attend_and_ffn(int64_t layer, int64_t out_begin);
-  // At recompute_from_layer: the deferred rows join, with their stored
-  // hidden states.
-  void join_deferred();
   void run_graph(Graph& g);
   void resize_buffers();
   // Candidate scores of the check layer `layer`, into host memory.
@@ -154,7 +142,6 @@ class FusedForward {
   // select()'s fresh and cached rows and deviations
   BackendFloats fresh_{be_}, old_{be_}, dev_{be_};
   BackendFloats arena_{be_};
-  std::vector<int32_t> deferred_;  // positions chosen to join at recompute_from_layer
 };
 
 }  // namespace cb

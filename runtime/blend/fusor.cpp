@@ -83,28 +83,6 @@ int32_t first_inexact(const RequestLayout& lay) {
   return n - 1;
 }
 
-// The chunks' stored hidden states at the input of `layer`
-// (BlendOptions::recompute_from_layer), into f; none when any chunk lacks
-// them.  Before the pass starts, while no loader reads the sources.
-void take_late_hidden(FusedForward& f, const RequestLayout& lay, int64_t layer) {
-  const int64_t n = static_cast<int64_t>(lay.is_cached.size());
-  const int64_t e = f.n_embd();
-  f.recompute_from_layer = layer;
-  f.late_row.assign(static_cast<size_t>(n), -1);
-  int64_t rows = 0;
-  for (const CachedChunkRef& c : lay.cached) rows += c.len;
-  f.late_hidden.resize(static_cast<size_t>(rows * e));
-  int64_t at = 0;
-  for (const CachedChunkRef& c : lay.cached) {
-    if (!c.src->fetch_hidden(layer, f.late_hidden.data() + at * e)) {
-      f.late_hidden.clear();
-      return;
-    }
-    for (int32_t j = 0; j < c.len; ++j) f.late_row[c.begin + j] = static_cast<int32_t>(at + j);
-    at += c.len;
-  }
-}
-
 // Sets f up for one pass: every position computed at layer 0 (blend) or
 // only the uncached ones (reuse: the cached KV as it is); the chunks are
 // loaded unless an earlier pass of the attempt left them in the cache, and
@@ -122,7 +100,6 @@ void configure(FusedForward& f, const RequestLayout& lay, bool blend, bool load,
   for (int32_t p = load ? 0 : first_inexact(lay); p < n; ++p)
     if (blend || !lay.is_cached[p] || p == n - 1) f.rows.push_back(p);
   if (!blend) return;
-  if (opts.recompute_from_layer > 0) take_late_hidden(f, lay, opts.recompute_from_layer);
   f.schedule = opts.schedule;
   f.selection = opts.selection;
   f.guard_share = opts.guard_share;
@@ -450,7 +427,7 @@ cache::KvShape chunk_kv_shape(const Model& model, size_t n_tokens) {
 }
 
 cache::ChunkKV precompute_chunk_kv(Session& scratch, std::span<const int32_t> head,
-                                   std::span<const int32_t> chunk, int64_t hidden_layer) {
+                                   std::span<const int32_t> chunk) {
   if (chunk.empty()) fail(ErrorCode::kInvalidArgument, "cannot precompute an empty chunk");
   std::vector<int32_t> tokens(head.begin(), head.end());
   tokens.insert(tokens.end(), chunk.begin(), chunk.end());
@@ -462,15 +439,6 @@ cache::ChunkKV precompute_chunk_kv(Session& scratch, std::span<const int32_t> he
       fail(ErrorCode::kInvalidArgument,
            "token id " + std::to_string(t) + " is outside the vocabulary");
   cache::ChunkKV kv(chunk_kv_shape(scratch.model(), chunk.size()));
-  if (hidden_layer > 0) {
-    const LlamaHparams& hp = scratch.model().hparams();
-    if (hidden_layer >= hp.n_layer)
-      fail(ErrorCode::kInvalidArgument, "hidden-state layer " + std::to_string(hidden_layer) +
-                                            " does not exist (the model has layers 0.." +
-                                            std::to_string(hp.n_layer - 1) + ")");
-    kv.hidden_layer = static_cast<int32_t>(hidden_layer);
-    kv.hidden.resize(chunk.size() * static_cast<size_t>(hp.n_embd));
-  }
   FusedForward f(scratch, tokens);
   f.is_cached.assign(static_cast<size_t>(n), 0);
   f.keep_always.assign(static_cast<size_t>(n), 1);

@@ -80,10 +80,8 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
 cache::KvShape chunk_kv_shape(const Model& model, size_t n_tokens);
 
 // A chunk's KV: prefill of head + chunk in the empty session `scratch`
-// (left empty again), keeping the chunk's rows of K before RoPE and of V,
-// and with hidden_layer > 0 their hidden state at that layer's input
-// (BlendOptions::recompute_from_layer).
+// (left empty again), keeping the chunk's rows of K before RoPE and of V.
 cache::ChunkKV precompute_chunk_kv(Session& scratch, std::span<const int32_t> head,
-                                   std::span<const int32_t> chunk, int64_t hidden_layer = 0);
+                                   std::span<const int32_t> chunk);
 
 }  // namespace cb

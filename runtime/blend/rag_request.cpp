@@ -124,8 +124,7 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, cache::C
       } else {
         ++st.cache_misses;
         const auto t0 = std::chrono::steady_clock::now();
-        computed.push_back(
-            precompute_chunk_kv(s, head_tokens, chunk, opts.blend.recompute_from_layer));
+        computed.push_back(precompute_chunk_kv(s, head_tokens, chunk));
         st.precompute_ms +=
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();

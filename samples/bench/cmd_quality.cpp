@@ -276,7 +276,6 @@ struct QualityOptions {
   bool show = false;
   // --neighbour-context: what each chunk but the first is computed after.
   enum class Neighbour { kNone, kSimilar, kOutside, kUnrelated } neighbour = Neighbour::kNone;
-  long long recompute_from_layer = 0;
 };
 
 QualityOptions parse_quality_options(const Args& a) {
@@ -315,7 +314,6 @@ QualityOptions parse_quality_options(const Args& a) {
                   "')");
     o.neighbour = it->second;
   }
-  o.recompute_from_layer = parse_int(a, "--recompute-from-layer", 0, 1, 1 << 20);
   return o;
 }
 
@@ -730,13 +728,6 @@ int cmd_quality(const Args& a) {
   create_session(model, c, quality_n_ctx(model, c, o, examples), session);
   ChunkCache cache;
   const std::string codec = open_chunk_cache(a, cache);
-  if (o.recompute_from_layer > 0) {
-    if (codec != "f32")
-      usage_error("--recompute-from-layer needs the chunk KV in RAM (no --codec)");
-    check(cb_chunk_cache_set_recompute_from_layer(cache.h,
-                                                  static_cast<int32_t>(o.recompute_from_layer)),
-          "cannot set the layer of late recompute");
-  }
 
   const QualityPlan plan = plan_runs(o);
   const Totals totals = run_examples({o, model, session, cache}, plan.run_order, examples);

@@ -419,7 +419,6 @@ int main(void) {
     test_rag_tiers(m);
     test_chunk_cache_add(m);
     test_chunk_cache_add_after(m);
-    test_late_recompute(m);
     test_handles(m, path);
     cb_model_free(m);
     test_lifetime(path);

@@ -1,7 +1,6 @@
 /* The C API's experimental part (cacheblend_experimental.h): neighbour-aware
- * precompute with cb_chunk_cache_add_after, late-layer recompute. */
+ * precompute with cb_chunk_cache_add_after. */
 #include <cacheblend/cacheblend_experimental.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,100 +111,4 @@ done:
   cb_session_free(s);
   cb_chunk_cache_free(alone);
   cb_chunk_cache_free(after);
-}
-
-/* Late-layer recompute (cb_chunk_cache_set_recompute_from_layer).  With the
- * second chunk computed after the first, its stored KV and hidden state are
- * what a full prefill has there, so a BLEND that recomputes the chosen tokens
- * from the middle layer gives full prefill's logits: that checks the hidden
- * state kept and where the tokens join.  Chunks computed alone: the same
- * share of the work as a BLEND from layer 0, and other logits. */
-void test_late_recompute(cb_model* m) {
-  cb_model_info info;
-  cb_session_options so;
-  cb_session* s = NULL;
-  cb_chunk_cache *late = NULL, *alone = NULL;
-  cb_rag_options ro;
-  cb_rag_stats st;
-  collector c;
-  float *l_full = NULL, *l_late = NULL, *l_blend = NULL;
-  double err_exact = 1.0, frac_late = 0.0, frac_blend = 0.0;
-  int32_t mid = 0;
-  cb_check_layer two[2];
-
-  cb_model_info_init(&info);
-  CHECK_OK(cb_model_get_info(m, &info));
-  mid = info.n_layer / 2;
-  cb_session_options_init(&so);
-  so.n_ctx = 512;
-  so.n_threads = 2;
-  CHECK_OK(cb_session_create(m, &so, &s));
-  CHECK_OK(cb_chunk_cache_create(&late));
-  CHECK_OK(cb_chunk_cache_create(&alone));
-  l_full = (float*)malloc((size_t)info.n_vocab * sizeof(float));
-  l_late = (float*)malloc((size_t)info.n_vocab * sizeof(float));
-  l_blend = (float*)malloc((size_t)info.n_vocab * sizeof(float));
-  if (s == NULL || late == NULL || alone == NULL || l_full == NULL || l_late == NULL ||
-      l_blend == NULL)
-    goto done;
-  CHECK_ERR(cb_chunk_cache_set_recompute_from_layer(NULL, mid), CB_ERR_INVALID_ARGUMENT);
-  CHECK_ERR(cb_chunk_cache_set_recompute_from_layer(late, -1), CB_ERR_INVALID_ARGUMENT);
-  CHECK_OK(cb_chunk_cache_set_recompute_from_layer(late, mid));
-  cb_rag_options_init(&ro);
-  cb_rag_stats_init(&st);
-  ro.mode = CB_MODE_FULL;
-  CHECK_OK(rag_answer(s, late, &ro, &st, &c, l_full, info.n_vocab));
-  CHECK_OK(cb_session_reset(s));
-  CHECK_OK(cb_chunk_cache_add(s, late, kRagChunks[0], &ro, NULL, NULL));
-  CHECK_OK(cb_chunk_cache_add_after(s, late, kRagChunks[1], kRagChunks[0], &ro, NULL));
-  ro.mode = CB_MODE_BLEND;
-  ro.select = CB_SELECT_LOOKAHEAD;
-  ro.ratio = 0.3f;
-  CHECK_OK(rag_answer(s, late, &ro, &st, &c, l_late, info.n_vocab));
-  CHECK(st.cache_hits == 2 && st.cache_misses == 0);
-  err_exact = rel_l2(l_late, l_full, info.n_vocab);
-  printf("late recompute from layer %d of exact KV: rel L2 %.2e against FULL\n", (int)mid,
-         err_exact);
-  CHECK(err_exact < 1e-3);
-
-  /* Chunks computed alone, in a request (misses computed there keep their
-   * hidden state too): the work of a plain BLEND at the same ratio. */
-  CHECK_OK(rag_answer(s, late, &ro, &st, &c, l_late, info.n_vocab)); /* warm */
-  CHECK_OK(cb_chunk_cache_clear(late));
-  CHECK_OK(rag_answer(s, late, &ro, &st, &c, l_late, info.n_vocab));
-  CHECK(st.cache_misses == 2);
-  CHECK_OK(rag_answer(s, late, &ro, &st, &c, l_late, info.n_vocab));
-  CHECK(st.cache_hits == 2);
-  frac_late = st.computed_fraction;
-  CHECK_OK(rag_answer(s, alone, &ro, &st, &c, l_blend, info.n_vocab));
-  CHECK_OK(rag_answer(s, alone, &ro, &st, &c, l_blend, info.n_vocab));
-  CHECK(st.cache_hits == 2);
-  frac_blend = st.computed_fraction;
-  printf("late recompute: computed %.3f (from layer 0: %.3f), logits rel L2 %.2e apart\n",
-         frac_late, frac_blend, rel_l2(l_late, l_blend, info.n_vocab));
-  CHECK(fabs(frac_late - frac_blend) < 0.02);
-  CHECK(rel_l2(l_late, l_blend, info.n_vocab) > 1e-4);
-
-  /* Misuse at request time: a two-check schedule, a layer the model lacks. */
-  two[0].layer = 0;
-  two[0].ratio = 0.3f;
-  two[1].layer = 2;
-  two[1].ratio = 0.2f;
-  ro.schedule = two;
-  ro.n_schedule = 2;
-  CHECK_ERR(rag_answer(s, late, &ro, &st, &c, NULL, info.n_vocab), CB_ERR_INVALID_ARGUMENT);
-  CHECK(strstr(cb_last_error(), "recompute_from_layer") != NULL);
-  CHECK(cb_session_n_past(s) == 0);
-  ro.schedule = NULL;
-  ro.n_schedule = 0;
-  CHECK_OK(cb_chunk_cache_set_recompute_from_layer(late, info.n_layer));
-  CHECK_ERR(rag_answer(s, late, &ro, &st, &c, NULL, info.n_vocab), CB_ERR_INVALID_ARGUMENT);
-
-done:
-  free(l_full);
-  free(l_late);
-  free(l_blend);
-  cb_session_free(s);
-  cb_chunk_cache_free(late);
-  cb_chunk_cache_free(alone);
 }

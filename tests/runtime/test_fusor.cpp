@@ -426,46 +426,6 @@ TEST_F(FusorTest, CostlyLookaheadFallsBackToHkvd) {
   EXPECT_LT(look.computed_fraction(), 1.0);
 }
 
-// Late-layer recompute (BlendOptions::recompute_from_layer): the chosen
-// tokens join at layer L from the hidden state their entry keeps.  Chunks
-// computed after exactly the tokens before them keep the KV and hidden
-// state a full prefill has there, so the blend is full prefill's; with the
-// hidden state zeroed it is not (the state is what the tokens start from);
-// below L only the reuse pass's rows run, and from L on as many more tokens
-// as the same work buys; an entry without the state recomputes from layer 0.
-TEST_F(FusorTest, LateRecomputeStartsFromTheStoredHiddenState) {
-  const int64_t n_layer = model().hparams().n_layer, late = n_layer / 2;
-  Session scratch(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
-  std::vector<int32_t> before = req.head;
-  kv.clear();
-  for (const auto& c : req.chunks) {
-    kv.push_back(precompute_chunk_kv(scratch, before, c, late));
-    before.insert(before.end(), c.begin(), c.end());
-  }
-  sources.clear();
-  for (const auto& k : kv) sources.push_back(std::make_unique<cache::MemoryChunkSource>(k));
-  ASSERT_EQ(kv[1].hidden.size(), req.chunks[1].size() * model().hparams().n_embd);
-  BlendOptions o = blend_with(Selection::kLookahead, {{0, 0.2f}});
-  o.recompute_from_layer = late;
-  FusionStats st;
-  const auto exact_late = fused(o, &st, KvType::kF32);
-  EXPECT_LE(rel_l2(exact_late, full(KvType::kF32)), 1e-4);
-  const int64_t joined = st.rows_per_layer[late] - st.rows_per_layer[late - 1];
-  const double per_token = static_cast<double>(n_layer - late) / static_cast<double>(n_layer);
-  EXPECT_EQ(joined,
-            std::llround(static_cast<double>(0.2f) * static_cast<double>(st.n_reused) / per_token));
-  for (int64_t l = 1; l < late; ++l) EXPECT_EQ(st.rows_per_layer[l], st.rows_per_layer[0]) << l;
-  for (auto& k : kv) std::fill(k.hidden.begin(), k.hidden.end(), 0.0f);
-  EXPECT_GT(rel_l2(fused(o, nullptr, KvType::kF32), exact_late), 1e-3);
-
-  // Without the state: a plain blend from layer 0, to the bit.
-  for (auto& k : kv) k.hidden.clear();
-  o.recompute_from_layer = late;
-  EXPECT_EQ(fused(o), fused(blend_with(Selection::kLookahead, {{0, 0.2f}})));
-  o.schedule = {{0, 0.2f}, {late + 1, 0.1f}};
-  EXPECT_THROW(fused(o), Error);
-}
-
 TEST_F(FusorTest, RandomSelectionFollowsItsSeed) {
   auto pick = [&](uint64_t seed) {
     BlendOptions o = blend_with(Selection::kRandom, {{1, 0.2f}});

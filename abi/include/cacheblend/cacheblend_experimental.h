@@ -41,22 +41,6 @@ CB_API cb_status cb_chunk_cache_add_after(cb_session* session, cb_chunk_cache* c
                                           const char* chunk_text, const char* context_text,
                                           const cb_rag_options* opts, int32_t* out_n_tokens);
 
-/* Late-layer recompute: with layer > 0, every chunk the cache computes from
- * now on (cb_chunk_cache_add, _add_after, or a miss in a request) also keeps
- * its tokens' hidden state at the input of `layer` (in a cache in RAM only:
- * stores on flash, Redis and tiers do not write it), and BLEND requests
- * through the cache with a policy that ranks before the pass (LOOKAHEAD,
- * RANDOM, the ORACLEs) recompute the chosen tokens only from `layer` on,
- * starting from that hidden state; below it they keep their reused KV.  A
- * token then costs (n_layer - layer) / n_layer of a full one, so `ratio`
- * (still the share of the work) covers n_layer / (n_layer - layer) times as
- * many tokens.  A request with a chunk stored without the hidden state
- * recomputes from layer 0 as usual; a request with a schedule of more than
- * one check layer, or a layer the model lacks, fails with
- * CB_ERR_INVALID_ARGUMENT.  0 (the default): off.  Set it before the cache
- * is used. */
-CB_API cb_status cb_chunk_cache_set_recompute_from_layer(cb_chunk_cache* cache, int32_t layer);
-
 #ifdef __cplusplus
 }
 #endif
