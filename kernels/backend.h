@@ -38,6 +38,24 @@ struct WeightView {
 // session's default KV cache).  An F16 cache is read in place, each element
 // widened exactly to f32, so the result is bit for bit the one the same
 // backend gives for an F32 cache holding the f16-rounded values.
+// A bias on the logits of a block of keys: query rows at positions >=
+// query_from add `bias` to their scaled scores of keys [key_begin, key_end),
+// which multiplies those keys' softmax weights by exp(bias) against the
+// others' (APE's context scale: the question's attention to reused chunk KV,
+// computed without the chunks before it, is damped).  bias 0 or an empty
+// block: none.
+struct KeyBlockBias {
+  int64_t key_begin = 0;
+  int64_t key_end = 0;
+  int64_t query_from = 0;
+  float bias = 0.0f;
+  bool active() const { return bias != 0.0f && key_end > key_begin; }
+  // The bias query position qp pays to key j.
+  float at(int64_t qp, int64_t j) const {
+    return qp >= query_from && j >= key_begin && j < key_end ? bias : 0.0f;
+  }
+};
+
 struct AttentionArgs {
   const float* q = nullptr;        // n_q x (n_head * head_dim), RoPE already applied
   const int32_t* q_pos = nullptr;  // n_q global positions
@@ -49,9 +67,10 @@ struct AttentionArgs {
   int64_t n_head = 0;
   int64_t n_head_kv = 0;
   int64_t head_dim = 0;
-  float scale = 0.0f;    // usually 1/sqrt(head_dim)
-  int64_t window = 0;    // keys a query sees, its own included; 0 = all before it
-  float* out = nullptr;  // n_q x (n_head * head_dim)
+  float scale = 0.0f;     // usually 1/sqrt(head_dim)
+  int64_t window = 0;     // keys a query sees, its own included; 0 = all before it
+  KeyBlockBias key_bias;  // none by default
+  float* out = nullptr;   // n_q x (n_head * head_dim)
 };
 
 // The keys [attention_first_key, attention_key_end) that query row qi sees.

@@ -51,7 +51,8 @@ Graph::Node& Graph::push(Op op, TensorId out, TensorId a, TensorId b, TensorId c
     if (ten.first < 0) ten.first = idx;
     ten.last = idx;
   }
-  Node n{op};
+  Node n;
+  n.op = op;
   n.out = out;
   n.a = a;
   n.b = b;
@@ -121,7 +122,7 @@ void Graph::rope(TensorId x, const int32_t* pos, int64_t n_heads, int64_t head_d
 
 TensorId Graph::attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId v, int64_t n_kv,
                           int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale,
-                          int64_t window) {
+                          int64_t window, const KeyBlockBias& key_bias) {
   if (n_kv > tensors_[k].rows || n_kv > tensors_[v].rows)
     fail(ErrorCode::kInternal, "graph: attention over more rows than the cache holds");
   if (tensors_[k].type != tensors_[v].type)
@@ -135,6 +136,7 @@ TensorId Graph::attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId
   n.p[3] = head_dim;
   n.p[4] = window;
   n.f = scale;
+  n.key_bias = key_bias;
   return out;
 }
 
@@ -290,6 +292,7 @@ void Graph::run_node(Backend& be, const Node& n, void* arena) const {
       args.head_dim = n.p[3];
       args.scale = n.f;
       args.window = n.p[4];
+      args.key_bias = n.key_bias;
       args.out = out;
       be.attention(args);
       break;

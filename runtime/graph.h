@@ -51,10 +51,11 @@ class Graph {
   void rope(TensorId x, const int32_t* pos, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
             float freq_base, const float* freq_factors);
   // Queries x positions over the first n_kv rows of k / v, each seeing the
-  // last `window` keys up to its own when window > 0 (see AttentionArgs).
+  // last `window` keys up to its own when window > 0, their logits biased
+  // by key_bias (see AttentionArgs).
   TensorId attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId v, int64_t n_kv,
                      int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale,
-                     int64_t window = 0);
+                     int64_t window = 0, const KeyBlockBias& key_bias = {});
   // In place on gate, which is returned: the FFN's widest tensors are the
   // gate and up projections, and a third one would hold a batch's worth
   // more (16 MiB for 512 rows of a Llama 3.2 1B).
@@ -114,6 +115,7 @@ class Graph {
     const int32_t* ints = nullptr;
     int64_t p[5] = {0, 0, 0, 0, 0};
     float f = 0.0f;
+    KeyBlockBias key_bias;  // kAttention
   };
 
   TensorId new_tensor(int64_t rows, int64_t cols);

@@ -49,9 +49,9 @@ void LlamaLayer::rope_k(TensorId k, const int32_t* pos) {
 }
 
 TensorId LlamaLayer::attention(TensorId q, const int32_t* q_pos, TensorId k_cache, TensorId v_cache,
-                               int64_t n_kv) {
+                               int64_t n_kv, const KeyBlockBias& key_bias) {
   return g_.attention(q, q_pos, k_cache, v_cache, n_kv, hp_.n_head, hp_.n_head_kv, hp_.head_dim,
-                      attention_scale(hp_), hp_.attention_window(layer_));
+                      attention_scale(hp_), hp_.attention_window(layer_), key_bias);
 }
 
 void LlamaLayer::add_branch(TensorId x, TensorId branch, const float* post_norm) {

@@ -129,6 +129,7 @@ void Session::set_n_past(int64_t n) {
 void Session::truncate(int64_t n) {
   if (n < 0 || n > n_past_) fail(ErrorCode::kInvalidArgument, "truncate beyond the session length");
   n_past_ = n;
+  if (n < context_bias_.key_end) context_bias_ = {};
 }
 
 void Session::check_tokens(std::span<const int32_t> tokens) const {
@@ -206,6 +207,7 @@ void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision m
   std::iota(pos.begin(), pos.end(), static_cast<int32_t>(n_past_));
   const int32_t last_row = static_cast<int32_t>(n - 1);
   const int64_t n_kv = n_past_ + n;
+  if (n_past_ < context_bias_.key_end) context_bias_ = {};
 
   Graph g;
   TensorId x = add_embeddings(g, hp, tok_embd_, tokens, n);
@@ -230,7 +232,7 @@ void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision m
     }
     TensorId q = layer.project_q(h);
     layer.rope_q(q, q_pos);
-    layer.attention_output(x, layer.attention(q, q_pos, kc, vc, n_kv));
+    layer.attention_output(x, layer.attention(q, q_pos, kc, vc, n_kv, context_bias_));
     layer.ffn(x);
   }
   if (hidden != nullptr) {

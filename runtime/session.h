@@ -131,6 +131,12 @@ class Session {
   const WeightView& output() const { return output_; }
   std::span<float> logits_buffer() { return logits_; }
   void set_n_past(int64_t n);
+  // A bias on the attention that the rows after the reused chunks pay to
+  // them (BlendOptions::context_scale), set by the fusor with the KV it
+  // leaves: every later forward pass of the session (the answer's decode)
+  // applies it, until rows of its key block are truncated or written anew.
+  void set_context_bias(const KeyBlockBias& b) { context_bias_ = b; }
+  const KeyBlockBias& context_bias() const { return context_bias_; }
 
   // Asked before every op of prefill() and of the fusor's passes over this
   // session (empty: never); see StopCheck.  decode() is one token and does
@@ -151,6 +157,7 @@ class Session {
   int64_t n_ctx_ = 0;
   int64_t n_batch_ = 0;
   int64_t n_past_ = 0;
+  KeyBlockBias context_bias_;
   bool int8_decode_ = true;
   bool int8_prefill_ = true;
   KvType kv_type_ = KvType::kF16;

@@ -440,6 +440,16 @@ cb_status cb_chunk_cache_add_after(cb_session* session, cb_chunk_cache* cache,
   });
 }
 
+cb_status cb_chunk_cache_set_context_scale(cb_chunk_cache* cache, float scale) {
+  return guard("cb_chunk_cache_set_context_scale", [&] {
+    check_cache(cache);
+    require(scale >= cb::kMinContextScale && scale <= cb::kMaxContextScale,
+            "context scale is outside [0.01, 100] (or not a number)");
+    cache->impl->set_context_scale(scale);
+    return CB_OK;
+  });
+}
+
 cb_status cb_chunk_cache_contains(const cb_model* model, cb_chunk_cache* cache,
                                   const char* chunk_text, const cb_rag_options* opts,
                                   int32_t* out_found) {

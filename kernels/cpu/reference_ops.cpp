@@ -385,7 +385,7 @@ int64_t attention_weights_one(const AttentionArgs& a, int64_t qi, int64_t head, 
     const int64_t k = j * kv_stride + kv_head * a.head_dim;
     float s = 0.0f;
     for (int64_t d = 0; d < a.head_dim; ++d) s += q[d] * kv_at(a, a.k, k + d);
-    w[j] = s * a.scale;
+    w[j] = s * a.scale + a.key_bias.at(a.q_pos[qi], j);
     max_score = std::max(max_score, w[j]);
   }
   float sum = 0.0f;

@@ -55,6 +55,11 @@ int64_t first_check_layer(Selection s);
 // [(first_check_layer(s), ratio)].
 std::vector<CheckLayer> single_check_schedule(Selection s, float ratio);
 
+// BlendOptions::context_scale's range: beyond it a block of keys is all but
+// masked out, or drowns the rest.
+inline constexpr float kMinContextScale = 0.01f;
+inline constexpr float kMaxContextScale = 100.0f;
+
 struct BlendOptions {
   BlendMode mode = BlendMode::kBlend;
   // Layers before the first check run a full prefill.  Layers must increase
@@ -70,6 +75,12 @@ struct BlendOptions {
   // they do or the ratio reaches guard_max_ratio.  0: off.
   float guard_share = 0.0f;
   float guard_max_ratio = 0.5f;
+  // Context scale (APE's scaling factor, for REUSE and BLEND): the question's
+  // rows and everything decoded after them weigh their attention to the
+  // reused chunks' keys by this factor against the other keys' (the prompt
+  // head, the question, the answer).  Reused KV was computed without the
+  // chunks before it, and the question leans on it too much; 1: off.
+  float context_scale = 1.0f;
 };
 
 // Throws cb::Error(kInvalidArgument) with the reason when the options cannot

@@ -107,6 +107,9 @@ class ChunkCache {
   // the first token.  Whatever fails, the session is left empty.
   std::span<const float> prefill(Session& s, const RagPrompt& prompt, RagPrefillOptions opts,
                                  bool auto_ratio, int n_threads, RagPrefillStats* stats);
+  // BlendOptions::context_scale of every request through this cache (its
+  // chunks' KV is what the scale corrects); validated by the request.
+  void set_context_scale(float scale) { context_scale_ = scale; }
 
  private:
   LoadingController& controller_for(Session& s, const std::string& device);
@@ -121,6 +124,7 @@ class ChunkCache {
   std::shared_ptr<TierPlacement> placement_;  // with tiers: where new chunks go
   std::unique_ptr<cache::TieredChunkStore> tiered_;
   double assumed_read_bytes_per_sec_ = 0.0;
+  float context_scale_ = 1.0f;
   std::string open_report_;
   int unavailable_tiers_ = 0;
   std::mutex auto_mu_;  // serializes auto-ratio requests: the controller learns from each

@@ -54,8 +54,10 @@ void FusedForward::project(int64_t layer) {
 
 AttentionArgs FusedForward::question_rows(const float* q, const int32_t* pos, int64_t n_q,
                                           int64_t layer) {
-  return attention_args(hp_, layer, q, pos, n_q, s_.k_cache(layer), s_.v_cache(layer),
-                        s_.kv_dtype(), n_);
+  AttentionArgs a = attention_args(hp_, layer, q, pos, n_q, s_.k_cache(layer), s_.v_cache(layer),
+                                   s_.kv_dtype(), n_);
+  a.key_bias = s_.context_bias();
+  return a;
 }
 
 void FusedForward::deviation(int64_t layer, std::span<const int32_t> cand,
@@ -243,7 +245,7 @@ void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
     TensorId q = g.external(q_.data() + r0 * q_dim, b, q_dim);
     TensorId kc = g.external_kv(s_.k_cache(layer), s_.n_ctx(), kv_dim, s_.kv_dtype());
     TensorId vc = g.external_kv(s_.v_cache(layer), s_.n_ctx(), kv_dim, s_.kv_dtype());
-    block.attention_output(x, block.attention(q, rows.data() + r0, kc, vc, n_));
+    block.attention_output(x, block.attention(q, rows.data() + r0, kc, vc, n_, s_.context_bias()));
     block.ffn(x);
     run_graph(g);
   }

@@ -106,6 +106,19 @@ void configure(FusedForward& f, const RequestLayout& lay, bool blend, bool load,
   f.guard_max_ratio = opts.guard_max_ratio;
 }
 
+// The bias of BlendOptions::context_scale: the rows after the last reused
+// chunk on the keys of the reused chunks (those before first_inexact are
+// exact, as a full prefill has them).
+KeyBlockBias context_bias(const RequestLayout& lay, float context_scale) {
+  if (context_scale == 1.0f || lay.cached.empty()) return {};
+  KeyBlockBias b;
+  b.key_begin = first_inexact(lay);
+  b.key_end = lay.query_begin;
+  b.query_from = lay.query_begin;
+  b.bias = std::log(context_scale);
+  return b;
+}
+
 bool ranks_before_pass(Selection s) {
   return s == Selection::kLookahead || s == Selection::kOracle || s == Selection::kOracleKl;
 }
@@ -333,6 +346,9 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
     st.recompute_ms = st.compute_ms;
     return logits;
   };
+  // Whatever this request leaves in the session, a bias of an earlier one
+  // does not apply to it.
+  s.set_context_bias({});
   if (opts.mode == BlendMode::kFull) return full_prefill();
   const bool blend = opts.mode == BlendMode::kBlend;
   st.ratio = !blend ? 0.0 : opts.schedule.empty() ? 1.0 : opts.schedule.back().ratio;
@@ -392,6 +408,7 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
       prior = random_scores(n, used.seed);
     }
     if (ok) {
+      s.set_context_bias(context_bias(lay, used.context_scale));
       FusedForward f(s, tokens);
       configure(f, lay, blend, !loaded, used, pipeline);
       f.prior = std::move(prior);

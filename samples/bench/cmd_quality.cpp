@@ -276,6 +276,7 @@ struct QualityOptions {
   bool show = false;
   // --neighbour-context: what each chunk but the first is computed after.
   enum class Neighbour { kNone, kSimilar, kOutside, kUnrelated } neighbour = Neighbour::kNone;
+  double context_scale = 1.0;
 };
 
 QualityOptions parse_quality_options(const Args& a) {
@@ -303,6 +304,7 @@ QualityOptions parse_quality_options(const Args& a) {
   o.guard_share = parse_double(a, "--guard-share", 0.0, 0.0, 1.0);
   o.guard_max_ratio = parse_double(a, "--guard-max-ratio", 0.5, 0.0, 1.0);
   o.show = a.switches.count("--show") > 0;
+  o.context_scale = parse_double(a, "--context-scale", 1.0, 0.01, 100.0);
   if (auto n = a.values.find("--neighbour-context"); n != a.values.end()) {
     const std::map<std::string, QualityOptions::Neighbour> names = {
         {"similar", QualityOptions::Neighbour::kSimilar},
@@ -621,6 +623,7 @@ void print_quality_json(const QualityReport& p) {
              m == CB_MODE_BLEND && p.o.ratios[run.ratio] == kAutoRatio ? "auto" : "fixed")
         .add("chunk_head", chunk_head_label(p.o.head))
         .add("codec", p.codec)
+        .add("context_scale", p.o.context_scale)
         .add("max_tokens", static_cast<int64_t>(p.o.max_tokens))
         .add("dataset", p.o.path);
     add_blend_fields(j, run, t, p.o, n);
@@ -649,11 +652,11 @@ void print_quality_table(const QualityReport& p) {
   const ModeTotals* reuse = reuse_totals(p.totals);
   std::printf(
       "quality: %zu examples of %s, %s chunks each; %s (%s), %d threads; chunk head "
-      "%s, %s; TTFT on cached runs; teacher forcing over %d tokens\n",
+      "%s, %s; context scale %g; TTFT on cached runs; teacher forcing over %d tokens\n",
       p.n_examples, p.o.path.c_str(),
       p.o.max_chunks > 0 ? ("at most " + std::to_string(p.o.max_chunks)).c_str() : "all",
       cbs::printable(model_name(p.model)).c_str(), kernels_name(p.model).c_str(), p.c.threads,
-      chunk_head_label(p.o.head), cache_label(p.codec).c_str(), p.o.tf_tokens);
+      chunk_head_label(p.o.head), cache_label(p.codec).c_str(), p.o.context_scale, p.o.tf_tokens);
   std::printf("%-16s %6s %6s %8s %9s %8s %8s %6s %10s %12s %9s\n", "run", "ratio", "f1", "fid_f1",
               "kl_first", "kl_tf", "top1_tf", "exact", "gap_closed", "ttft_ms(med)", "computed");
   for (const QualityRun& run : p.reported) {
@@ -728,6 +731,8 @@ int cmd_quality(const Args& a) {
   create_session(model, c, quality_n_ctx(model, c, o, examples), session);
   ChunkCache cache;
   const std::string codec = open_chunk_cache(a, cache);
+  check(cb_chunk_cache_set_context_scale(cache.h, static_cast<float>(o.context_scale)),
+        "cannot set the context scale");
 
   const QualityPlan plan = plan_runs(o);
   const Totals totals = run_examples({o, model, session, cache}, plan.run_order, examples);

@@ -185,5 +185,32 @@ TEST_F(Cuda, AttentionRejectsOversizedHeads) {
   EXPECT_THROW(be_->attention(a), Error);
 }
 
+// No kernel applies AttentionArgs::key_bias yet: it fails, it is not ignored.
+TEST_F(Cuda, AttentionRejectsAKeyBias) {
+  std::vector<float> buf(64, 0.0f);
+  const int32_t pos = 1;
+  AttentionArgs a;
+  a.q = buf.data();
+  a.q_pos = &pos;
+  a.n_q = 1;
+  a.k = buf.data();
+  a.v = buf.data();
+  a.n_kv = 2;
+  a.n_head = 1;
+  a.n_head_kv = 1;
+  a.head_dim = 16;
+  a.scale = 0.25f;
+  a.out = buf.data();
+  a.key_bias = {0, 1, 1, -0.5f};
+  try {
+    be_->attention(a);
+    ADD_FAILURE() << "attention with a key bias did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+  }
+  float sums[2] = {0.0f, 0.0f};
+  EXPECT_THROW(be_->attention_contributions(a, sums), Error);
+}
+
 }  // namespace
 }  // namespace cb

@@ -2,7 +2,8 @@
 // rows that are an arbitrary subset of positions in arbitrary order, GQA,
 // head sizes with SIMD tails, key counts that cross the kernel's blocks, and
 // sliding windows that start inside a block, on its boundary, or past a
-// query's keys.
+// query's keys, and a logit bias on a block of keys (AttentionArgs::key_bias)
+// for the rows from a position on.
 //
 // Tolerance: 1e-5 absolute on outputs of magnitude ~1 (V ~ N(0,1)).  The f32
 // paths are off by ~1e-7 (score rounding, a ~1e-7 polynomial exp); an
@@ -24,7 +25,16 @@ struct Case {
   int64_t n_head, n_head_kv, head_dim, n_kv;
   std::vector<int32_t> q_pos;
   int64_t window = 0;
+  // AttentionArgs::key_bias (scalars: an omitted class member would warn).
+  int64_t bias_begin = 0, bias_end = 0, bias_from = 0;
+  float bias = 0.0f;
+  KeyBlockBias key_bias() const { return {bias_begin, bias_end, bias_from, bias}; }
 };
+
+// What c's bias adds to the scaled score of query row i on key j.
+double bias_f64(const Case& c, int64_t i, int64_t j) {
+  return c.q_pos[i] >= c.bias_from && j >= c.bias_begin && j < c.bias_end ? c.bias : 0.0;
+}
 
 int64_t first_key(const Case& c, int64_t i) {
   return c.window > 0 ? std::max<int64_t>(0, c.q_pos[i] + 1 - c.window) : 0;
@@ -45,6 +55,7 @@ struct Data {
     a.head_dim = c.head_dim;
     a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     a.window = c.window;
+    a.key_bias = c.key_bias();
     a.out = out;
     return a;
   }
@@ -74,7 +85,7 @@ std::vector<double> attention_f64(const Case& c, const Data& d) {
           dot += static_cast<double>(d.q[(i * c.n_head + h) * hd + e]) *
                  d.k[(j * c.n_head_kv + g) * hd + e];
         }
-        s[j] = dot * scale;
+        s[j] = dot * scale + bias_f64(c, i, j);
         mx = std::max(mx, s[j]);
       }
       double sum = 0.0;
@@ -111,6 +122,13 @@ std::vector<Case> cases() {
       {9, 3, 64, 70, {69, 0, 33, 5, 31, 32, 64, 100, 12}, 20},
       {4, 1, 256, 300, {299, 63, 150, 40, 3}, 32},
       {2, 1, 128, 1000, {999, 517, 7}, 513},
+      // A bias on keys 10..49 (crossing a block) for the rows from position
+      // 33 on (rows 31, 32 and 5 pay none); a damping one and a boosting one.
+      {9, 3, 64, 70, {69, 0, 33, 5, 31, 32, 64, 100, 12}, 0, 10, 50, 33, -0.5f},
+      {4, 4, 20, 40, {39, 1, 17, 0}, 0, 0, 17, 17, 1.25f},
+      // A long block of keys, with a sliding window over part of it.
+      {2, 1, 128, 1000, {999, 517, 7, 600}, 0, 64, 960, 517, -2.0f},
+      {9, 3, 64, 70, {69, 0, 33, 5, 31, 32, 64, 100, 12}, 20, 31, 64, 32, -0.7f},
   };
 }
 
@@ -280,7 +298,7 @@ std::vector<double> contributions_f64(const Case& c, const Data& d) {
         for (int64_t e = 0; e < hd; ++e)
           dot += static_cast<double>(d.q[(i * c.n_head + h) * hd + e]) *
                  d.k[(j * c.n_head_kv + g) * hd + e];
-        mx = std::max(mx, s[j] = dot * scale);
+        mx = std::max(mx, s[j] = dot * scale + bias_f64(c, i, j));
       }
       for (double& x : s) sum += (x = std::exp(x - mx));
       for (int64_t j = j0; j < n_keys; ++j) {

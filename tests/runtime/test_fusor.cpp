@@ -267,6 +267,68 @@ TEST_F(FusorTest, GenerationContinuesFromTheFusedCache) {
   EXPECT_LE(rel_l2(a.decode(t), b.decode(t)), 1e-4);
 }
 
+// BlendOptions::context_scale biases the attention of the rows after the
+// reused chunks, and only theirs, and the session keeps the bias for what it
+// decodes next: the question fused and an answer token decoded after it give
+// what the question and the token fused in one request give.
+TEST_F(FusorTest, ContextScaleBiasesTheQuestionAndWhatIsDecodedAfterIt) {
+  const SessionOptions so{
+      .n_ctx = 512, .n_threads = 2, .int8_decode = false, .int8_prefill = false};
+  BlendOptions scaled{BlendMode::kReuse};
+  scaled.context_scale = 0.6f;
+  Session plain(model(), so), s(model(), so);
+  auto segs = segments();
+  const auto lp = fuse_prefill(plain, segs, {BlendMode::kReuse});
+  const std::vector<float> ls = [&] {
+    auto l = fuse_prefill(s, segs, scaled);
+    return std::vector<float>(l.begin(), l.end());
+  }();
+  EXPECT_GT(rel_l2(ls, {lp.begin(), lp.end()}), 1e-3);
+  // The chunks' rows and the head's: the same KV bit for bit.
+  const int64_t query_begin = static_cast<int64_t>(req.all().size() - req.suffix.size());
+  const int64_t kv_dim = model().hparams().kv_dim();
+  for (int64_t layer : {int64_t{0}, model().hparams().n_layer - 1}) {
+    std::vector<float> a(static_cast<size_t>(query_begin * kv_dim)), b(a.size());
+    plain.read_kv_rows(layer, true, 0, query_begin, a.data());
+    s.read_kv_rows(layer, true, 0, query_begin, b.data());
+    EXPECT_EQ(a, b) << "layer " << layer;
+  }
+  ASSERT_TRUE(s.context_bias().active());
+  EXPECT_EQ(s.context_bias().key_begin,
+            static_cast<int64_t>(req.head.size() + req.chunks[0].size()));
+  EXPECT_EQ(s.context_bias().key_end, query_begin);
+
+  const int32_t t = argmax(ls);
+  const std::vector<float> decoded = [&] {
+    auto l = s.decode(t);
+    return std::vector<float>(l.begin(), l.end());
+  }();
+  std::vector<int32_t> question_and_token = req.suffix;
+  question_and_token.push_back(t);
+  segs.back().tokens = question_and_token;
+  Session one(model(), so);
+  const auto lo = fuse_prefill(one, segs, scaled);
+  const std::vector<float> in_one(lo.begin(), lo.end());
+  EXPECT_LE(rel_l2(decoded, in_one), 1e-4);
+  // Without the bias the decoded token's logits are another distribution.
+  s.truncate(s.n_past() - 1);
+  s.set_context_bias({});
+  auto unbiased = s.decode(t);
+  EXPECT_GT(rel_l2({unbiased.begin(), unbiased.end()}, in_one), 1e-3);
+
+  // A truncation into the chunks, or a request in another mode, drops it.
+  s.truncate(0);
+  fuse_prefill(s, segs, scaled);
+  ASSERT_TRUE(s.context_bias().active());
+  s.truncate(query_begin - 1);
+  EXPECT_FALSE(s.context_bias().active());
+  s.truncate(0);
+  fuse_prefill(s, segs, scaled);
+  s.truncate(0);
+  fuse_prefill(s, segs, {BlendMode::kFull});
+  EXPECT_FALSE(s.context_bias().active());
+}
+
 // On a GPU an op's activation outside backend memory is staged over PCIe at
 // every call: the fusion keeps all of them in alloc_buffer() memory but the
 // final logits row and, at each check layer, the row of candidate scores

@@ -33,9 +33,23 @@
  * (which takes the first chunk's KV as exact); give the chunks that open
  * requests a cache_namespace of their own.  Errors as cb_chunk_cache_add;
  * the chunk with its head and context must fit in the session's context. */
+/* Context scale (APE's scaling factor): in REUSE and BLEND requests through
+ * this cache, the question's rows and every token decoded after them weigh
+ * their attention to the reused chunks' keys by `scale` against the other
+ * keys' (the prompt head, the question, the answer); the recomputed chunk
+ * tokens attend as before.  A chunk's KV is computed without the chunks
+ * before it, and the question tends to lean on it too much: a scale below 1
+ * damps that at no cost in compute.  The value that helps is a property of
+ * the model, fitted on development data (docs/FIDELITY.md has the fits);
+ * 1 (the default) leaves attention as it is.  Set it before the cache's
+ * requests run.  CB_ERR_INVALID_ARGUMENT for a NULL cache or a scale outside
+ * [0.01, 100]; the CUDA backend does not support a scale other than 1 yet
+ * (its requests then fail with CB_ERR_UNSUPPORTED). */
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+CB_API cb_status cb_chunk_cache_set_context_scale(cb_chunk_cache* cache, float scale);
 
 CB_API cb_status cb_chunk_cache_add_after(cb_session* session, cb_chunk_cache* cache,
                                           const char* chunk_text, const char* context_text,
