@@ -27,23 +27,13 @@ struct WeightView {
   int64_t n_out = 0;
 };
 
-// Attention of n_q query rows over the first n_kv rows of a layer's KV cache.
-// KV row j holds the key/value of the token at global position j, so the
-// causal mask is "key j visible to query i iff j <= q_pos[i]", and with a
-// sliding window of w keys (a local layer of Gemma 3) also j > q_pos[i] - w.
-// Query rows may be any subset of positions in any order (CacheBlend
-// recomputes a subset).
-// Grouped-query attention: query head h reads KV head h / (n_head / n_head_kv).
-// K and V are elements of kv_type: F32, or F16 (raw binary16 bits, the
-// session's default KV cache).  An F16 cache is read in place, each element
-// widened exactly to f32, so the result is bit for bit the one the same
-// backend gives for an F32 cache holding the f16-rounded values.
 // A bias on the logits of a block of keys: query rows at positions >=
 // query_from add `bias` to their scaled scores of keys [key_begin, key_end),
 // which multiplies those keys' softmax weights by exp(bias) against the
 // others' (APE's context scale: the question's attention to reused chunk KV,
 // computed without the chunks before it, is damped).  bias 0 or an empty
-// block: none.
+// block: none.  attention() and attention_contributions() apply it; a
+// backend without it refuses an active one (kUnsupported), never ignores it.
 struct KeyBlockBias {
   int64_t key_begin = 0;
   int64_t key_end = 0;
@@ -56,6 +46,17 @@ struct KeyBlockBias {
   }
 };
 
+// Attention of n_q query rows over the first n_kv rows of a layer's KV cache.
+// KV row j holds the key/value of the token at global position j, so the
+// causal mask is "key j visible to query i iff j <= q_pos[i]", and with a
+// sliding window of w keys (a local layer of Gemma 3) also j > q_pos[i] - w.
+// Query rows may be any subset of positions in any order (CacheBlend
+// recomputes a subset).
+// Grouped-query attention: query head h reads KV head h / (n_head / n_head_kv).
+// K and V are elements of kv_type: F32, or F16 (raw binary16 bits, the
+// session's default KV cache).  An F16 cache is read in place, each element
+// widened exactly to f32, so the result is bit for bit the one the same
+// backend gives for an F32 cache holding the f16-rounded values.
 struct AttentionArgs {
   const float* q = nullptr;        // n_q x (n_head * head_dim), RoPE already applied
   const int32_t* q_pos = nullptr;  // n_q global positions
