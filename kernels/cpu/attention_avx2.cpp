@@ -200,19 +200,6 @@ void pv_rows(float* o, int64_t hd, const float* carry, const float* p, int64_t n
   }
 }
 
-// a.key_bias on a key block's raw scores s[0..kKeyBlock) of query position
-// qp, keys j0.. (before softmax_block's scaling, hence bias / scale).  The
-// fields are read here rather than through KeyBlockBias's members: see the
-// linkage rule in ops_avx2.h.
-void add_key_bias(const AttentionArgs& a, int64_t qp, int64_t j0, float* s) {
-  const KeyBlockBias& b = a.key_bias;
-  if (qp < b.query_from) return;
-  const int64_t lo = b.key_begin > j0 ? b.key_begin - j0 : 0;
-  const int64_t hi = b.key_end - j0 < kKeyBlock ? b.key_end - j0 : kKeyBlock;
-  const float add = b.bias / a.scale;
-  for (int64_t j = lo; j < hi; ++j) s[j] += add;
-}
-
 constexpr int kRowGroup = 6;
 using ScoresFn = void (*)(const float* const*, const float*, int64_t, float*);
 using PvFn = void (*)(float*, int64_t, const float*, const float*, int64_t, const float*, int64_t);
@@ -330,7 +317,7 @@ void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_b
       kScores[mr](qrow + r0, kt, hd, s);
       for (int64_t r = r0; r < r0 + mr; ++r) {
         float* sr = sc.s + r * kKeyBlock;
-        if (biased) add_key_bias(a, a.q_pos[q_begin + r / nh], j0, sr);
+        if (biased) ref::add_key_bias(a, a.q_pos[q_begin + r / nh], j0, kKeyBlock, sr);
         if (lo[r] == 0 && hi[r] == kKeyBlock) {
           carry[r] = softmax_block<true>(sr, 0, kKeyBlock, a.scale, &running_max[r], &denom[r]);
         } else if (hi[r] > lo[r]) {
@@ -457,7 +444,7 @@ void weight_sums_head(const AttentionArgs& a, int64_t head, float* sums) {
       if (a.key_bias.bias != 0.0f) {
         const int64_t qp = a.q_pos[p0 + r];
         for (int64_t j0 = j_first / kKeyBlock * kKeyBlock; j0 < nk; j0 += kKeyBlock)
-          add_key_bias(a, qp, j0, s + j0);
+          ref::add_key_bias(a, qp, j0, kKeyBlock, s + j0);
       }
       __m256 vmax = _mm256_set1_ps(-INFINITY);
       int64_t j = j_first;

@@ -203,17 +203,6 @@ float softmax_block(float* s, int64_t lo, int64_t hi, float scale, float* runnin
   return carry;
 }
 
-// a.key_bias on a key block's raw scores s[0..kKeyBlock) of query position
-// qp, keys j0.. (before softmax_block's scaling, hence bias / scale).
-void add_key_bias(const AttentionArgs& a, int64_t qp, int64_t j0, float* s) {
-  const KeyBlockBias& b = a.key_bias;
-  if (qp < b.query_from) return;
-  const int64_t lo = b.key_begin > j0 ? b.key_begin - j0 : 0;
-  const int64_t hi = b.key_end - j0 < kKeyBlock ? b.key_end - j0 : kKeyBlock;
-  const float add = b.bias / a.scale;
-  for (int64_t j = lo; j < hi; ++j) s[j] += add;
-}
-
 template <class T>
 void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t h_begin,
                     int64_t nh, Scratch& sc) {
@@ -260,7 +249,8 @@ void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t
       kScores[mr](qrow + r0, sc.kt, hd, s);
       for (int64_t r = r0; r < r0 + mr; ++r) {
         float* sr = sc.s + r * kKeyBlock;
-        if (a.key_bias.bias != 0.0f) add_key_bias(a, a.q_pos[q_begin + r / nh], j0, sr);
+        if (a.key_bias.bias != 0.0f)
+          ref::add_key_bias(a, a.q_pos[q_begin + r / nh], j0, kKeyBlock, sr);
         if (hi[r] > lo[r]) {
           carry[r] = softmax_block(sr, lo[r], hi[r], a.scale, &running_max[r], &denom[r]);
         } else {  // no visible key in this block: leave the row unchanged

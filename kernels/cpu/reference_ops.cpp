@@ -398,6 +398,14 @@ int64_t attention_weights_one(const AttentionArgs& a, int64_t qi, int64_t head, 
   return n_keys;
 }
 
+void add_key_bias(const AttentionArgs& a, int64_t q_pos, int64_t j0, int64_t n, float* s) {
+  const KeyBlockBias& b = a.key_bias;
+  if (q_pos < b.query_from) return;
+  const float add = b.bias / a.scale;
+  for (int64_t j = std::max(b.key_begin - j0, int64_t{0}); j < std::min(b.key_end - j0, n); ++j)
+    s[j] += add;
+}
+
 void attention_one(const AttentionArgs& a, int64_t qi, int64_t head) {
   const int64_t q_stride = a.n_head * a.head_dim;
   const int64_t kv_stride = a.n_head_kv * a.head_dim;

@@ -78,6 +78,10 @@ void attention(const AttentionArgs& a);
 // The softmax weights of query row qi, head `head` over the keys it sees:
 // w[j] for j <= min(q_pos[qi], n_kv - 1); returns how many were written.
 int64_t attention_weights_one(const AttentionArgs& a, int64_t qi, int64_t head, float* w);
+// a.key_bias on the raw scores (q . k, before a.scale) s[0..n) of a query at
+// position q_pos on keys j0.. : adds bias / scale where it applies.  For the
+// SIMD kernels, which scale the scores later; compiled for the baseline ISA.
+void add_key_bias(const AttentionArgs& a, int64_t q_pos, int64_t j0, int64_t n, float* s);
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void gelu_mul(const float* gate, const float* up, int64_t n, float* out);

@@ -167,40 +167,35 @@ TEST_F(Cuda, AttentionContributionsMatchCpu) {
   }
 }
 
-TEST_F(Cuda, AttentionRejectsOversizedHeads) {
-  std::vector<float> buf(512, 0.0f);
-  const int32_t pos = 0;
+// One query at position pos, one head of head_dim, over pos + 1 keys, every
+// array `buf` (which must hold head_dim floats).
+AttentionArgs one_query(std::vector<float>& buf, const int32_t& pos, int64_t head_dim) {
   AttentionArgs a;
   a.q = buf.data();
   a.q_pos = &pos;
   a.n_q = 1;
   a.k = buf.data();
   a.v = buf.data();
-  a.n_kv = 1;
+  a.n_kv = pos + 1;
   a.n_head = 1;
   a.n_head_kv = 1;
-  a.head_dim = 512;
+  a.head_dim = head_dim;
   a.scale = 1.0f;
   a.out = buf.data();
-  EXPECT_THROW(be_->attention(a), Error);
+  return a;
+}
+
+TEST_F(Cuda, AttentionRejectsOversizedHeads) {
+  std::vector<float> buf(512, 0.0f);
+  const int32_t pos = 0;
+  EXPECT_THROW(be_->attention(one_query(buf, pos, 512)), Error);
 }
 
 // No kernel applies AttentionArgs::key_bias yet: it fails, it is not ignored.
 TEST_F(Cuda, AttentionRejectsAKeyBias) {
   std::vector<float> buf(64, 0.0f);
   const int32_t pos = 1;
-  AttentionArgs a;
-  a.q = buf.data();
-  a.q_pos = &pos;
-  a.n_q = 1;
-  a.k = buf.data();
-  a.v = buf.data();
-  a.n_kv = 2;
-  a.n_head = 1;
-  a.n_head_kv = 1;
-  a.head_dim = 16;
-  a.scale = 0.25f;
-  a.out = buf.data();
+  AttentionArgs a = one_query(buf, pos, 16);
   a.key_bias = {0, 1, 1, -0.5f};
   try {
     be_->attention(a);
