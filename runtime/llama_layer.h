@@ -48,8 +48,8 @@ class LlamaLayer {
   void rope_q(TensorId q, const int32_t* pos);
   void rope_k(TensorId k, const int32_t* pos);
   // The queries q at positions q_pos over the first n_kv rows of the
-  // layer's caches (K rotated), causal by position, with the session's
-  // context bias (Session::context_bias) when it has one.
+  // layer's caches (K rotated), causal by position, the logits biased by
+  // key_bias (the session's Session::context_bias).
   TensorId attention(TensorId q, const int32_t* q_pos, TensorId k_cache, TensorId v_cache,
                      int64_t n_kv, const KeyBlockBias& key_bias = {});
   void attention_output(TensorId x, TensorId a);  // x += Wo a

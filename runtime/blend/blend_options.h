@@ -78,8 +78,8 @@ struct BlendOptions {
   // Context scale (APE's scaling factor, for REUSE and BLEND): the question's
   // rows and everything decoded after them weigh their attention to the
   // reused chunks' keys by this factor against the other keys' (the prompt
-  // head, the question, the answer).  Reused KV was computed without the
-  // chunks before it, and the question leans on it too much; 1: off.
+  // head, the question, the answer), a correction for reused KV computed
+  // without the chunks before it; 1: off.
   float context_scale = 1.0f;
 };
 

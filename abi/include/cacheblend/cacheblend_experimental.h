@@ -37,12 +37,12 @@
  * this cache, the question's rows and every token decoded after them weigh
  * their attention to the reused chunks' keys by `scale` against the other
  * keys' (the prompt head, the question, the answer); the recomputed chunk
- * tokens attend as before.  A chunk's KV is computed without the chunks
- * before it, and the question tends to lean on it too much: a scale below 1
- * damps that at no cost in compute.  The value that helps is a property of
- * the model, fitted on development data (docs/FIDELITY.md has the fits);
- * 1 (the default) leaves attention as it is.  Set it before the cache's
- * requests run.  CB_ERR_INVALID_ARGUMENT for a NULL cache or a scale outside
+ * tokens attend as before.  It adds no recompute.  Whether a scale helps,
+ * and which, depends on the model: fit it on development data (in
+ * docs/FIDELITY.md, 0.6 helped SmolLM2-135M, and no scale from 0.45 to 0.8
+ * helped the Qwen2.5-Coder models); 1 (the default) leaves attention as it
+ * is.  Set it before the cache's requests run.  CB_ERR_INVALID_ARGUMENT for
+ * a NULL cache or a scale outside
  * [0.01, 100]; the CUDA backend does not support a scale other than 1 yet
  * (its requests then fail with CB_ERR_UNSUPPORTED). */
 #ifdef __cplusplus
