@@ -7,6 +7,25 @@
 
 #include "c_api_test.h"
 
+/* The model's info and a session of 512 positions on 2 threads (NULL when
+ * it cannot be created: the check says why). */
+static cb_session* open_session(cb_model* m, cb_model_info* info) {
+  cb_session_options so;
+  cb_session* s = NULL;
+  cb_model_info_init(info);
+  CHECK_OK(cb_model_get_info(m, info));
+  cb_session_options_init(&so);
+  so.n_ctx = 512;
+  so.n_threads = 2;
+  CHECK_OK(cb_session_create(m, &so, &s));
+  return s;
+}
+
+/* Room for one row of logits. */
+static float* logits_row(const cb_model_info* info) {
+  return (float*)malloc((size_t)info->n_vocab * sizeof(float));
+}
+
 /* A chunk computed after the chunk that precedes it in the request holds the
  * KV a full prefill computes there, so REUSE then gives full prefill's
  * logits; computed alone, it does not. */
@@ -26,17 +45,12 @@ void test_chunk_cache_add_after(cb_model* m) {
   char* long_context = NULL;
   int i;
 
-  cb_model_info_init(&info);
-  CHECK_OK(cb_model_get_info(m, &info));
-  cb_session_options_init(&so);
-  so.n_ctx = 512;
-  so.n_threads = 2;
-  CHECK_OK(cb_session_create(m, &so, &s));
+  s = open_session(m, &info);
   CHECK_OK(cb_chunk_cache_create(&alone));
   CHECK_OK(cb_chunk_cache_create(&after));
-  l_full = (float*)malloc((size_t)info.n_vocab * sizeof(float));
-  l_alone = (float*)malloc((size_t)info.n_vocab * sizeof(float));
-  l_after = (float*)malloc((size_t)info.n_vocab * sizeof(float));
+  l_full = logits_row(&info);
+  l_alone = logits_row(&info);
+  l_after = logits_row(&info);
   if (s == NULL || alone == NULL || after == NULL || l_full == NULL || l_alone == NULL ||
       l_after == NULL)
     goto done;
@@ -118,7 +132,6 @@ done:
  * is the default's bit for bit; a bad scale is refused and changes nothing. */
 void test_chunk_cache_context_scale(cb_model* m) {
   cb_model_info info;
-  cb_session_options so;
   cb_session* s = NULL;
   cb_chunk_cache* cache = NULL;
   cb_rag_options ro;
@@ -129,17 +142,12 @@ void test_chunk_cache_context_scale(cb_model* m) {
   const float bad[] = {0.0f, -1.0f, 0.005f, 1000.0f, NAN};
   size_t i;
 
-  cb_model_info_init(&info);
-  CHECK_OK(cb_model_get_info(m, &info));
-  cb_session_options_init(&so);
-  so.n_ctx = 512;
-  so.n_threads = 2;
-  CHECK_OK(cb_session_create(m, &so, &s));
+  s = open_session(m, &info);
   CHECK_OK(cb_chunk_cache_create(&cache));
-  l_default = (float*)malloc((size_t)info.n_vocab * sizeof(float));
-  l_one = (float*)malloc((size_t)info.n_vocab * sizeof(float));
-  l_scaled = (float*)malloc((size_t)info.n_vocab * sizeof(float));
-  l_again = (float*)malloc((size_t)info.n_vocab * sizeof(float));
+  l_default = logits_row(&info);
+  l_one = logits_row(&info);
+  l_scaled = logits_row(&info);
+  l_again = logits_row(&info);
   if (s == NULL || cache == NULL || l_default == NULL || l_one == NULL || l_scaled == NULL ||
       l_again == NULL)
     goto done;
