@@ -1,36 +1,32 @@
-// cb_layer_bench: where the CPU time of one transformer layer goes, for
-// kernel work (a measuring tool, not a test).
+// cb_layer_bench: where the CPU time of a prefill goes, for kernel work (a
+// measuring tool, not a test).
 //
-//   cb_layer_bench layer  [--tokens 4096] [--ratio 0.15] [--layer 5] [--threads 2] [--repeat 5]
-//       Per-phase time of one layer over a full prefill of N tokens and over
-//       a blended (CacheBlend) layer that recomputes a fraction r of them,
-//       median of --repeat runs, full and blended interleaved.
+//   cb_layer_bench layer  [--tokens 4096] [--ratio 0.15] [--threads 2] [--repeat 5]
+//       One forward of N tokens through the fusor's own pass
+//       (runtime/blend/fused_forward.h), full (every row at every layer)
+//       and blended (a random r of the rows, plus the last, at every layer,
+//       the others attended with the KV the full pass left in the cache, as
+//       a reused chunk's would be), interleaved, median of --repeat runs:
+//       the time per layer and the time in each kind of backend op.
 //   cb_layer_bench decode [--tokens 128] [--threads 2] [--rounds 5]
 //       Decode tok/s with int8 activations (Session's default) against the
 //       f32 path, interleaved rounds, and how far their logits drift apart.
-//
-// The layer is built from runtime/llama_layer.h, as the session's and the
-// fusor's are, in the fusor's steps: the selected rows (global positions,
-// ascending) are projected, their K/V are scattered into a cache that holds
-// every position, their queries attend over all N keys with the causal mask
-// by global position, and the output projection and FFN run on those rows
-// only; everything runs in batches of 512 rows, as the fusor and
-// Session::prefill do.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
+#include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/forwarding_backend.h"
 #include "platform/error.h"
-#include "runtime/graph.h"
-#include "runtime/llama_layer.h"
+#include "runtime/blend/fused_forward.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
 
@@ -42,7 +38,6 @@ struct Options {
   std::string model;
   int64_t tokens = -1;
   double ratio = 0.15;
-  int64_t layer = 5;
   int threads = 2;
   int repeat = 5;
 };
@@ -59,114 +54,56 @@ double median(std::vector<double> v) {
   return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
-enum Phase { kQkv, kAttention, kOutProj, kFfn, kPhases };
-const char* const kPhaseNames[kPhases] = {"norm+QKV proj", "RoPE+KV write+attention",
-                                          "output proj+residual", "norm+FFN+residual"};
-
-// One layer over the rows at global positions `rows` (ascending), with the
-// cache holding every position < n_kv; adds each phase's time to ms[].
-class LayerRunner {
+// The CPU backend, timing each op by kind.  The CPU finishes an op before
+// it returns, so the time between its call and return is its cost.
+class OpTimingBackend final : public ForwardingBackend {
  public:
-  LayerRunner(Session& s, int64_t layer) : s_(s), hp_(s.model().hparams()), layer_(layer) {}
-
-  void run(const std::vector<int32_t>& rows, std::vector<float>& x, int64_t n_kv, double* ms) {
-    const LayerWeights& w = s_.layer_weights()[static_cast<size_t>(layer_)];
-    const int64_t r = static_cast<int64_t>(rows.size());
-    const int64_t q_dim = hp_.n_head * hp_.head_dim, kv_dim = hp_.kv_dim();
-    q_.resize(static_cast<size_t>(r * q_dim));
-    k_.resize(static_cast<size_t>(r * kv_dim));
-    v_.resize(static_cast<size_t>(r * kv_dim));
-    time(ms[kQkv], [&] {
-      for (int64_t r0 = 0; r0 < r; r0 += s_.n_batch()) {
-        const int64_t b = std::min(s_.n_batch(), r - r0);
-        Graph g;
-        LlamaLayer layer(g, hp_, w, layer_);
-        TensorId h = layer.attention_input(g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd));
-        layer.project_q(h, g.external(q_.data() + r0 * q_dim, b, q_dim));
-        layer.project_k(h, g.external(k_.data() + r0 * kv_dim, b, kv_dim));
-        layer.project_v(h, g.external(v_.data() + r0 * kv_dim, b, kv_dim));
-        exec(g);
-      }
-    });
-    a_.resize(static_cast<size_t>(r * q_dim));
-    time(ms[kAttention], [&] {
-      Graph g;
-      LlamaLayer layer(g, hp_, w, layer_);
-      TensorId k = g.external(k_.data(), r, kv_dim);
-      TensorId v = g.external(v_.data(), r, kv_dim);
-      layer.rope_q(g.external(q_.data(), r, q_dim), rows.data());
-      layer.rope_k(k, rows.data());
-      g.scatter_rows(k, rows.data(),
-                     g.external_kv(s_.k_cache(layer_), s_.n_ctx(), kv_dim, s_.kv_dtype()));
-      g.scatter_rows(v, rows.data(),
-                     g.external_kv(s_.v_cache(layer_), s_.n_ctx(), kv_dim, s_.kv_dtype()));
-      exec(g);
-      // Straight to the backend, as Graph::execute would, so the output
-      // lands in a_ for the next phase.
-      for (int64_t r0 = 0; r0 < r; r0 += s_.n_batch()) {
-        AttentionArgs args = attention_args(hp_, layer_, q_.data() + r0 * q_dim, rows.data() + r0,
-                                            std::min(s_.n_batch(), r - r0), s_.k_cache(layer_),
-                                            s_.v_cache(layer_), s_.kv_dtype(), n_kv);
-        args.out = a_.data() + r0 * q_dim;
-        s_.backend().attention(args);
-      }
-    });
-    time(ms[kOutProj], [&] {
-      for (int64_t r0 = 0; r0 < r; r0 += s_.n_batch()) {
-        const int64_t b = std::min(s_.n_batch(), r - r0);
-        Graph g;
-        LlamaLayer(g, hp_, w, layer_)
-            .attention_output(g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd),
-                              g.external(a_.data() + r0 * q_dim, b, q_dim));
-        exec(g);
-      }
-    });
-    time(ms[kFfn], [&] {
-      for (int64_t r0 = 0; r0 < r; r0 += s_.n_batch()) {
-        const int64_t b = std::min(s_.n_batch(), r - r0);
-        Graph g;
-        LlamaLayer(g, hp_, w, layer_).ffn(g.external(x.data() + r0 * hp_.n_embd, b, hp_.n_embd));
-        exec(g);
-      }
-    });
-  }
+  explicit OpTimingBackend(int n_threads) : ForwardingBackend(make_cpu_backend(n_threads)) {}
+  double ms[kBackendOpCount] = {};
 
  private:
-  static void time(double& acc, const std::function<void()>& f) {
-    const double t0 = now_ms();
-    f();
-    acc += now_ms() - t0;
-  }
-  void exec(Graph& g) {
-    const size_t need = g.plan();
-    if (need > arena_.size()) arena_.resize(need);
-    g.execute(s_.backend(), arena_.data());
-  }
-
-  Session& s_;
-  const LlamaHparams& hp_;
-  int64_t layer_;
-  std::vector<float> q_, k_, v_, a_;
-  std::vector<unsigned char> arena_;
+  void on_op_begin(BackendOp, std::initializer_list<const void*>) override { t0_ = now_ms(); }
+  void on_op_end(BackendOp op) override { ms[static_cast<int>(op)] += now_ms() - t0_; }
+  double t0_ = 0.0;
 };
+
+// One run of the fused pass over `rows`; its times.
+struct PassTimes {
+  double total_ms = 0.0;
+  double layer_ms = 0.0;  // the median layer
+  double op_ms[kBackendOpCount] = {};
+};
+
+PassTimes run_pass(Session& s, OpTimingBackend& be, const std::vector<int32_t>& tokens,
+                   const std::vector<int32_t>& rows) {
+  std::fill(std::begin(be.ms), std::end(be.ms), 0.0);
+  FusedForward f(s, tokens);
+  f.rows = rows;
+  const double t0 = now_ms();
+  f.run(true);
+  PassTimes t;
+  t.total_ms = now_ms() - t0;
+  t.layer_ms = median(f.layer_ms);
+  std::copy(std::begin(be.ms), std::end(be.ms), t.op_ms);
+  return t;
+}
 
 int cmd_layer(const Options& o) {
   auto model = Model::load(o.model);
   const LlamaHparams& hp = model->hparams();
   const int64_t n = o.tokens > 0 ? o.tokens : 4096;
-  if (o.layer < 0 || o.layer >= hp.n_layer)
-    fail(ErrorCode::kInvalidArgument, "--layer out of range");
-  Session s(*model, {.n_ctx = n, .n_threads = o.threads});
+  if (!(o.ratio > 0.0 && o.ratio <= 1.0))
+    fail(ErrorCode::kInvalidArgument, "--ratio must be in (0, 1]");
+  auto owned = std::make_unique<OpTimingBackend>(o.threads);
+  OpTimingBackend& be = *owned;
+  Session s(*model, {.n_ctx = n}, std::move(owned));
   // Realistic activations: the embeddings of random token ids.
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(hp.n_vocab - 1));
   std::vector<int32_t> ids(static_cast<size_t>(n));
   for (int32_t& t : ids) t = tok(rng);
-  std::vector<float> x0(static_cast<size_t>(n * hp.n_embd));
-  embed_tokens(s.backend(), hp, s.token_embd(), ids.data(), n, x0.data());
-
   std::vector<int32_t> all(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) all[i] = static_cast<int32_t>(i);
+  std::iota(all.begin(), all.end(), 0);
   // The blended rows: a random r of the positions, plus the last one (the
   // fusor always keeps it), ascending.
   std::vector<int32_t> sel = all;
@@ -174,41 +111,44 @@ int cmd_layer(const Options& o) {
   sel.resize(static_cast<size_t>(std::llround(o.ratio * static_cast<double>(n - 1))));
   sel.push_back(static_cast<int32_t>(n - 1));
   std::sort(sel.begin(), sel.end());
-  std::vector<float> xs(sel.size() * static_cast<size_t>(hp.n_embd));
 
-  LayerRunner runner(s, o.layer);
-  std::vector<double> full[kPhases], blend[kPhases], full_tot, blend_tot;
+  std::vector<PassTimes> full, blend;
   for (int rep = 0; rep < o.repeat + 1; ++rep) {  // the first round warms up
-    double ms_f[kPhases] = {}, ms_b[kPhases] = {};
-    std::vector<float> x = x0;
-    runner.run(all, x, n, ms_f);  // also leaves every position's K/V in the cache
-    for (size_t i = 0; i < sel.size(); ++i)
-      std::memcpy(xs.data() + i * hp.n_embd, x0.data() + sel[i] * hp.n_embd,
-                  static_cast<size_t>(hp.n_embd) * sizeof(float));
-    runner.run(sel, xs, n, ms_b);
+    // The full pass also leaves every position's KV in the cache.
+    PassTimes f = run_pass(s, be, ids, all);
+    PassTimes b = run_pass(s, be, ids, sel);
     if (rep == 0) continue;
-    double tf = 0, tb = 0;
-    for (int p = 0; p < kPhases; ++p) {
-      full[p].push_back(ms_f[p]);
-      blend[p].push_back(ms_b[p]);
-      tf += ms_f[p];
-      tb += ms_b[p];
-    }
-    full_tot.push_back(tf);
-    blend_tot.push_back(tb);
+    full.push_back(f);
+    blend.push_back(b);
   }
+  auto med = [](const std::vector<PassTimes>& v, auto field) {
+    std::vector<double> x;
+    for (const PassTimes& t : v) x.push_back(field(t));
+    return median(x);
+  };
   std::printf(
-      "layer %lld of %s (%s), %lld tokens, blended rows %zu (r = %.3f), %d threads, "
+      "%s (%s), %lld tokens, %lld layers, blended rows %zu (r = %.3f), %d threads, "
       "median of %d interleaved runs\n",
-      static_cast<long long>(o.layer), model->name().c_str(), s.backend().name(),
-      static_cast<long long>(n), sel.size(), o.ratio, o.threads, o.repeat);
-  std::printf("%-26s %12s %12s %10s\n", "phase", "full ms", "blended ms", "blend/full");
-  for (int p = 0; p < kPhases; ++p) {
-    const double f = median(full[p]), b = median(blend[p]);
-    std::printf("%-26s %12.2f %12.2f %10.3f\n", kPhaseNames[p], f, b, b / f);
+      model->name().c_str(), s.backend().name(), static_cast<long long>(n),
+      static_cast<long long>(hp.n_layer), sel.size(), o.ratio, o.threads, o.repeat);
+  std::printf("%-26s %12s %12s %10s\n", "per forward", "full ms", "blended ms", "blend/full");
+  double f_ops = 0.0, b_ops = 0.0;
+  for (int op = 0; op < kBackendOpCount; ++op) {
+    const double f = med(full, [op](const PassTimes& t) { return t.op_ms[op]; });
+    const double b = med(blend, [op](const PassTimes& t) { return t.op_ms[op]; });
+    f_ops += f;
+    b_ops += b;
+    if (f + b >= 0.005)
+      std::printf("%-26s %12.2f %12.2f %10.3f\n", backend_op_name(static_cast<BackendOp>(op)), f, b,
+                  b / f);
   }
-  const double f = median(full_tot), b = median(blend_tot);
-  std::printf("%-26s %12.2f %12.2f %10.3f\n", "layer total", f, b, b / f);
+  const double f_tot = med(full, [](const PassTimes& t) { return t.total_ms; });
+  const double b_tot = med(blend, [](const PassTimes& t) { return t.total_ms; });
+  std::printf("%-26s %12.2f %12.2f\n", "host (graphs, rest)", f_tot - f_ops, b_tot - b_ops);
+  std::printf("%-26s %12.2f %12.2f %10.3f\n", "forward total", f_tot, b_tot, b_tot / f_tot);
+  const double f_layer = med(full, [](const PassTimes& t) { return t.layer_ms; });
+  const double b_layer = med(blend, [](const PassTimes& t) { return t.layer_ms; });
+  std::printf("%-26s %12.2f %12.2f %10.3f\n", "median layer", f_layer, b_layer, b_layer / f_layer);
   return 0;
 }
 
@@ -277,7 +217,7 @@ int cmd_decode(const Options& o) {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: cb_layer_bench layer [--tokens N] [--ratio R] [--layer L] [--threads T] "
+               "usage: cb_layer_bench layer [--tokens N] [--ratio R] [--threads T] "
                "[--repeat K] [--model PATH]\n"
                "       cb_layer_bench decode [--tokens N] [--threads T] [--repeat K] "
                "[--model PATH]\n");
@@ -302,8 +242,6 @@ int main(int argc, char** argv) {
       o.tokens = std::atoll(v);
     } else if (a == "--ratio") {
       o.ratio = std::atof(v);
-    } else if (a == "--layer") {
-      o.layer = std::atoll(v);
     } else if (a == "--threads") {
       o.threads = std::atoi(v);
     } else if (a == "--repeat" || a == "--rounds") {

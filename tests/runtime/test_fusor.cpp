@@ -14,7 +14,7 @@
 #include "runtime/blend/selection.h"
 #include "runtime/llama_layer.h"
 #include "runtime/model.h"
-#include "tests/runtime/forwarding_backend.h"
+#include "tests/runtime/counting_backends.h"
 #include "tests/runtime/model_path.h"
 #include "tests/runtime/rag_request_fixture.h"
 
@@ -334,8 +334,8 @@ TEST_F(FusorTest, ContextScaleBiasesTheQuestionAndWhatIsDecodedAfterIt) {
 // final logits row and, at each check layer, the row of candidate scores
 // the host ranks; its results are those of the plain CPU backend.
 TEST_F(FusorTest, ActivationsStayInBackendMemory) {
-  auto owned = std::make_unique<test::ForwardingBackend>();
-  test::ForwardingBackend& be = *owned;
+  auto owned = std::make_unique<test::CountingBackend>();
+  test::CountingBackend& be = *owned;
   Session s(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false}, std::move(owned));
   Session plain(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
   auto segs = segments();

@@ -6,7 +6,7 @@
 
 #include "platform/error.h"
 #include "runtime/graph.h"
-#include "tests/runtime/forwarding_backend.h"
+#include "tests/runtime/counting_backends.h"
 
 namespace cb {
 namespace {
@@ -69,9 +69,9 @@ TEST(Graph, ExecutesNodeRanges) {
 }
 
 // Counts batches, and optionally fails an op and the end of the batch.
-class BatchCountingBackend final : public test::ForwardingBackend {
+class BatchCountingBackend final : public test::CountingBackend {
  public:
-  BatchCountingBackend() : ForwardingBackend(1) {}
+  BatchCountingBackend() : CountingBackend(1) {}
   void begin_batch() override {
     ++begins;
     ++depth;
@@ -83,7 +83,7 @@ class BatchCountingBackend final : public test::ForwardingBackend {
   }
   void add(const float* a, const float* b, int64_t n, float* out) override {
     if (fail_add) fail(ErrorCode::kInternal, "add failed");
-    ForwardingBackend::add(a, b, n, out);
+    CountingBackend::add(a, b, n, out);
   }
   int begins = 0, ends = 0, depth = 0, ops_outside = 0;
   bool fail_add = false, fail_end = false;
@@ -131,7 +131,7 @@ TEST(Graph, ExecuteIsOneBatchBalancedAlsoWhenAnOpThrows) {
 // A bias added straight after the product that wrote it joins that node
 // (one matmul_bias call, bitwise the two ops); anywhere else it stays an
 // add_bias of its own.
-class BiasCountingBackend : public test::ForwardingBackend {
+class BiasCountingBackend : public test::CountingBackend {
  public:
   int fused = 0, separate = 0;
   void matmul_bias(const WeightView& w, const float* x, int64_t n_rows, const float* bias, float* y,
@@ -141,7 +141,7 @@ class BiasCountingBackend : public test::ForwardingBackend {
   }
   void add_bias(float* x, const float* bias, int64_t n_rows, int64_t dim) override {
     ++separate;
-    ForwardingBackend::add_bias(x, bias, n_rows, dim);
+    CountingBackend::add_bias(x, bias, n_rows, dim);
   }
 };
 

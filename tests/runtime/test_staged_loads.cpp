@@ -10,7 +10,7 @@
 #include "platform/error.h"
 #include "runtime/blend/fusor.h"
 #include "runtime/blend/rag_request.h"
-#include "tests/runtime/forwarding_backend.h"
+#include "tests/runtime/counting_backends.h"
 #include "tests/runtime/model_path.h"
 #include "tests/runtime/rag_request_fixture.h"
 
@@ -100,8 +100,8 @@ TEST_F(StagedLoadsTest, StagedEqualsDirectBitwise) {
 }
 
 TEST_F(StagedLoadsTest, DirectLoadsNeverStage) {
-  auto owned = std::make_unique<test::ForwardingBackend>();
-  test::ForwardingBackend& be = *owned;
+  auto owned = std::make_unique<test::CountingBackend>();
+  test::CountingBackend& be = *owned;
   Session s(model(), kOpts, std::move(owned));
   for (const PipelineOptions& p : kModes) {
     s.truncate(0);

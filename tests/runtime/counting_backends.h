@@ -16,19 +16,20 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/forwarding_backend.h"
 #include "platform/error.h"
 
 namespace cb::test {
 
-// Forwards every call to a CPU backend; before_op() runs before each op.
-// Counts the staging calls (Backend's defaults: memcpy uploads) and the
-// activation arguments of ops that are not alloc_buffer() memory, which a
-// GPU backend would have to stage through host copies.
-class ForwardingBackend : public Backend {
+// Runs every op on a CPU backend.  Counts the staging calls (Backend's
+// defaults: memcpy uploads) and the activation arguments of ops that are
+// not alloc_buffer() memory, which a GPU backend would have to stage
+// through host copies; before_op() runs before each op.
+class CountingBackend : public ForwardingBackend {
  public:
-  explicit ForwardingBackend(int n_threads = 2) : inner_(make_cpu_backend(n_threads)) {}
+  explicit CountingBackend(int n_threads = 2) : ForwardingBackend(make_cpu_backend(n_threads)) {}
 
-  const char* name() const override { return "forwarding"; }
+  const char* name() const override { return "counting"; }
   void* alloc_buffer(size_t bytes) override {
     void* p = inner_->alloc_buffer(bytes);
     std::lock_guard lock(buffers_mu_);
@@ -42,95 +43,17 @@ class ForwardingBackend : public Backend {
     }
     inner_->free_buffer(p);
   }
-  WeightView prepare_weight(const WeightView& host) override {
-    return inner_->prepare_weight(host);
-  }
-  void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
-    op({x, y});
-    inner_->matmul(w, x, n_rows, y);
-  }
-  void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
-    op({x, y});
-    inner_->matmul_q8(w, x, n_rows, y);
-  }
-  void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override {
-    op({out});
-    inner_->get_rows(w, ids, n, out);
-  }
-  void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
-               float* out) override {
-    op({x, out});  // the weight is the model's, as mapped
-    inner_->rmsnorm(x, weight, n_rows, dim, eps, out);
-  }
-  void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
-            int64_t rot_dim, float freq_base, const float* freq_factors) override {
-    op({x});
-    inner_->rope(x, pos, n_rows, n_heads, head_dim, rot_dim, freq_base, freq_factors);
-  }
-  void attention(const AttentionArgs& a) override {
-    op({a.q, a.k, a.v, a.out});
-    inner_->attention(a);
-  }
-  void attention_contributions(const AttentionArgs& a, float* out) override {
-    op({a.q, a.k, a.v});  // `out` is host memory by contract
-    inner_->attention_contributions(a, out);
-  }
-  void silu_mul(const float* gate, const float* up, int64_t n, float* out) override {
-    op({gate, up, out});
-    inner_->silu_mul(gate, up, n, out);
-  }
-  void gelu_mul(const float* gate, const float* up, int64_t n, float* out) override {
-    op({gate, up, out});
-    inner_->gelu_mul(gate, up, n, out);
-  }
-  void scale(float* x, int64_t n, float s) override {
-    op({x});
-    inner_->scale(x, n, s);
-  }
-  void add(const float* a, const float* b, int64_t n, float* out) override {
-    op({a, b, out});
-    inner_->add(a, b, n, out);
-  }
-  void gather_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
-                   float* dst) override {
-    op({src, dst});
-    inner_->gather_rows(src, row_len, idx, n, dst);
-  }
-  void row_sq_diff(const float* a, const float* b, int64_t n_rows, int64_t row_len,
-                   float* out) override {
-    op({a, b, out});
-    inner_->row_sq_diff(a, b, n_rows, row_len, out);
-  }
-  void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
-                    float* dst) override {
-    op({src, dst});
-    inner_->scatter_rows(src, row_len, idx, n, dst);
-  }
-  void scatter_rows_f16(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
-                        uint16_t* dst) override {
-    op({src, dst});
-    inner_->scatter_rows_f16(src, row_len, idx, n, dst);
-  }
-  void gather_rows_f16(const uint16_t* src, int64_t row_len, const int32_t* idx, int64_t n,
-                       float* dst) override {
-    op({src, dst});
-    inner_->gather_rows_f16(src, row_len, idx, n, dst);
-  }
-  void top_k(const float* values, int64_t n, int64_t k, int32_t* out) override {
-    op({values});  // out is host memory by design
-    inner_->top_k(values, n, k, out);
-  }
   void* alloc_host_staging(size_t bytes) override {
     ++staging_allocs;
-    return Backend::alloc_host_staging(bytes);
+    return ForwardingBackend::alloc_host_staging(bytes);
   }
   void free_host_staging(void* p) override {
     ++staging_frees;
-    Backend::free_host_staging(p);
+    ForwardingBackend::free_host_staging(p);
   }
   void upload(void* dst, const void* src, size_t bytes) override {
     ++uploads;
-    Backend::upload(dst, src, bytes);
+    ForwardingBackend::upload(dst, src, bytes);
   }
 
   // Loader threads call too.
@@ -138,10 +61,9 @@ class ForwardingBackend : public Backend {
 
  protected:
   virtual void before_op() {}
-  std::unique_ptr<Backend> inner_;
 
  private:
-  void op(std::initializer_list<const void*> args) {
+  void on_op_begin(BackendOp, std::initializer_list<const void*> args) override {
     before_op();
     std::lock_guard lock(buffers_mu_);
     for (const void* a : args) {
@@ -161,16 +83,16 @@ class ForwardingBackend : public Backend {
 // layer handed over, before its copy is done shows up as wrong numbers.
 // Staging memory starts as NaNs, and freeing it under a pending copy fails
 // the test.
-class StagingBackend final : public ForwardingBackend {
+class StagingBackend final : public CountingBackend {
  public:
-  using ForwardingBackend::ForwardingBackend;
+  using CountingBackend::CountingBackend;
   // What wait_uploads() reports per completed copy, in "ms".
   static constexpr double kMsPerCopy = 0.001;
 
   bool wants_staged_uploads() const override { return true; }
   void* alloc_host_staging(size_t bytes) override {
     if (fail_staging) fail(ErrorCode::kOutOfMemory, "no staging memory left (injected)");
-    void* p = ForwardingBackend::alloc_host_staging(bytes);
+    void* p = CountingBackend::alloc_host_staging(bytes);
     std::memset(p, 0xff, bytes);
     std::lock_guard lock(mu_);
     staging_[p] = bytes;
@@ -186,7 +108,7 @@ class StagingBackend final : public ForwardingBackend {
             ADD_FAILURE() << "staging memory freed under a pending copy";
       staging_.erase(p);
     }
-    ForwardingBackend::free_host_staging(p);
+    CountingBackend::free_host_staging(p);
   }
   void upload(void* dst, const void* src, size_t bytes) override {
     ++uploads;
