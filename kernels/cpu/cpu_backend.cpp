@@ -7,7 +7,6 @@
 // is f32, so prefill logits track a float64 reference to a relative L2 of
 // 1e-3 (see ops_avx2.h, ops_neon.h); only matmul_q8, which decode asks for,
 // quantizes activations to int8 (see Backend::matmul_q8).
-#include <mimalloc.h>
 
 #include <algorithm>
 #include <cmath>
@@ -20,6 +19,7 @@
 #include "kernels/cpu/ops_neon.h"
 #include "kernels/cpu/reference_ops.h"
 #include "kernels/cpu/rope_table.h"
+#include "platform/aligned_memory.h"
 #include "platform/cpu_features.h"
 #include "platform/error.h"
 #include "platform/half.h"
@@ -141,13 +141,13 @@ class CpuBackend final : public Backend {
   }
 
   void* alloc_buffer(size_t bytes) override {
-    void* p = mi_malloc_aligned(bytes == 0 ? 1 : bytes, 64);
+    void* p = allocate_aligned(bytes, 64);
     if (p == nullptr) {
       fail(ErrorCode::kOutOfMemory, "cannot allocate " + std::to_string(bytes) + " bytes");
     }
     return p;
   }
-  void free_buffer(void* p) override { mi_free(p); }
+  void free_buffer(void* p) override { free_aligned(p); }
   WeightView prepare_weight(const WeightView& host) override { return host; }
 
   void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
@@ -469,15 +469,15 @@ class CpuBackend final : public Backend {
     struct Buffer {
       float* data = nullptr;
       size_t floats = 0;
-      ~Buffer() { mi_free(data); }
+      ~Buffer() { free_aligned(data); }
     };
     thread_local Buffer buffer;
     const size_t floats =
         std::max(static_cast<size_t>(heads) * head_floats, kTransposedKeyBytes / sizeof(float));
     if (buffer.floats < floats) {
-      mi_free(buffer.data);
+      free_aligned(buffer.data);
       buffer.floats = 0;
-      buffer.data = static_cast<float*>(mi_malloc_aligned(floats * sizeof(float), 64));
+      buffer.data = static_cast<float*>(allocate_aligned(floats * sizeof(float), 64));
       if (buffer.data == nullptr) return false;  // the tiles transpose instead
       buffer.floats = floats;
     }
