@@ -33,6 +33,7 @@
 #include <cstring>
 #include <new>
 
+#include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/reference_ops.h"
 #include "kernels/cpu/simd_avx2.h"
@@ -41,83 +42,6 @@ namespace cb::avx2 {
 namespace {
 
 constexpr int64_t kKeyBlock = kAttentionKeyBlock;
-constexpr int64_t kMaxRows = 64;  // rows (query x head) per pass over the keys
-// Larger heads (none in practice) take the reference path.
-constexpr int64_t kMaxHeadDim = 256;
-
-// Per-thread scratch: the transposed key block, the scores / weights of
-// every row for one key block, and the rows' partial outputs.  Internal
-// linkage and no std containers: see the linkage rule in ops_avx2.h.
-struct Scratch {
-  float* kt = nullptr;  // kMaxHeadDim x kKeyBlock
-  float* s = nullptr;   // kMaxRows x kKeyBlock
-  float* o = nullptr;   // kMaxRows x kMaxHeadDim
-  float* v = nullptr;   // kKeyBlock x kMaxHeadDim: an f16 block's V rows widened
-  Scratch() {
-    kt = static_cast<float*>(std::aligned_alloc(64, kMaxHeadDim * kKeyBlock * sizeof(float)));
-    s = static_cast<float*>(std::aligned_alloc(64, kMaxRows * kKeyBlock * sizeof(float)));
-    o = static_cast<float*>(std::aligned_alloc(64, kMaxRows * kMaxHeadDim * sizeof(float)));
-    v = static_cast<float*>(std::aligned_alloc(64, kKeyBlock * kMaxHeadDim * sizeof(float)));
-    if (kt == nullptr || s == nullptr || o == nullptr || v == nullptr) {
-      release();
-      throw std::bad_alloc();
-    }
-  }
-  ~Scratch() { release(); }
-  void release() {
-    std::free(kt);
-    std::free(s);
-    std::free(o);
-    std::free(v);
-  }
-};
-
-// The V rows [0, nb) of a key block as pv_rows reads them, with their row
-// stride in *ld: f32 rows in place; f16 rows widened into buf (hd apart).
-const float* v_rows(const float* vb, int64_t, int64_t, float*, int64_t*) {
-  return vb;
-}
-const float* v_rows(const uint16_t* vb, int64_t nb, int64_t hd, float* buf, int64_t* ld) {
-  for (int64_t j = 0; j < nb; ++j) {
-    const uint16_t* src = vb + j * *ld;
-    float* dst = buf + j * hd;
-    int64_t d = 0;
-    for (; d + 8 <= hd; d += 8) _mm256_storeu_ps(dst + d, load8(src + d));
-    for (; d < hd; ++d) dst[d] = to_f32(src[d]);
-  }
-  *ld = hd;
-  return buf;
-}
-
-Scratch& scratch() {
-  thread_local Scratch buffers;
-  return buffers;
-}
-
-// kt[d * kKeyBlock + j] = k[j * ld + d] for j < nb, d < hd; columns nb..31 zero.
-template <class T>
-void transpose_keys(const T* k, int64_t ld, int64_t nb, int64_t hd, float* kt) {
-  if (nb < kKeyBlock) {
-    for (int64_t d = 0; d < hd; ++d) {
-      for (int64_t j = nb; j < kKeyBlock; ++j) kt[d * kKeyBlock + j] = 0.0f;
-    }
-  }
-  int64_t j = 0;
-  for (; j + 8 <= nb; j += 8) {
-    const T* src = k + j * ld;
-    int64_t d = 0;
-    for (; d + 8 <= hd; d += 8) {
-      transpose8(src + d, ld, kt + d * kKeyBlock + j, kKeyBlock);
-    }
-    for (; d < hd; ++d) {
-      for (int64_t i = 0; i < 8; ++i) kt[d * kKeyBlock + j + i] = to_f32(src[i * ld + d]);
-    }
-  }
-  for (; j < nb; ++j) {
-    for (int64_t d = 0; d < hd; ++d) kt[d * kKeyBlock + j] = to_f32(k[j * ld + d]);
-  }
-}
-
 // Scores of MR rows against the transposed key block:
 // s[r * kKeyBlock + j] = sum_d q[r][d] * kt[d][j], one half of 16 keys at a
 // time so the 2 x MR accumulators stay in registers (per d: 2 loads of kt,
@@ -257,88 +181,37 @@ float softmax_block(float* s, int64_t lo, int64_t hi, float scale, float* runnin
   return carry;
 }
 
-// One pass over the keys for n_rows <= kMaxRows rows: row r is query
-// q_begin + r / nh, head h_begin + r % nh.
-// key_blocks: the tile's KV head's keys, transposed (transpose_key_blocks), or null
-// to transpose each block here.
-template <class T>
-void attention_rows(const AttentionArgs& a, const float* key_blocks, int64_t q_begin, int64_t nq,
-                    int64_t h_begin, int64_t nh, Scratch& sc) {
-  const int64_t hd = a.head_dim;
-  const int64_t q_stride = a.n_head * hd;
-  const int64_t kv_stride = a.n_head_kv * hd;
-  const int64_t kv_head = h_begin / (a.n_head / a.n_head_kv);
-  const T* kbase = static_cast<const T*>(a.k) + kv_head * hd;
-  const T* vbase = static_cast<const T*>(a.v) + kv_head * hd;
-  const int64_t n_rows = nq * nh;
-
-  const float* qrow[kMaxRows];
-  int64_t first_key[kMaxRows], n_keys[kMaxRows];  // each row sees keys [first_key, n_keys)
-  float running_max[kMaxRows], carry[kMaxRows];
-  __m256 denom[kMaxRows];
-  int64_t lo[kMaxRows], hi[kMaxRows];
-  int64_t keys_needed = 0, first_needed = a.n_kv;
-  const bool biased = a.key_bias.bias != 0.0f;
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const int64_t qi = q_begin + r / nh, h = h_begin + r % nh;
-    qrow[r] = a.q + qi * q_stride + h * hd;
-    n_keys[r] = attention_key_end(a, qi);
-    first_key[r] = attention_first_key(a, qi);
-    keys_needed = n_keys[r] > keys_needed ? n_keys[r] : keys_needed;
-    first_needed = first_key[r] < first_needed ? first_key[r] : first_needed;
-    running_max[r] = -INFINITY;
-    denom[r] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; ++d) sc.o[r * hd + d] = 0.0f;
+// What tiles::attention_tile needs of AVX2 (attention_tiles.h).
+struct Isa {
+  static constexpr int64_t kKeyBlock = avx2::kKeyBlock;
+  static constexpr int kRowGroup = avx2::kRowGroup;
+  static constexpr int64_t kLanes = 8;
+  using Denom = __m256;
+  template <class T>
+  static void transpose(const T* src, int64_t lds, float* dst, int64_t ldd) {
+    transpose8(src, lds, dst, ldd);
   }
-
-  for (int64_t j0 = first_needed / kKeyBlock * kKeyBlock; j0 < keys_needed; j0 += kKeyBlock) {
-    const int64_t nb = keys_needed - j0 < kKeyBlock ? keys_needed - j0 : kKeyBlock;
-    const T* kb = kbase + j0 * kv_stride;
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const int64_t l = first_key[r] - j0, h = n_keys[r] - j0;
-      lo[r] = l < 0 ? 0 : (l < nb ? l : nb);
-      hi[r] = h < lo[r] ? lo[r] : (h < nb ? h : nb);
-    }
-    // Scores.
-    const float* kt = sc.kt;
-    if (key_blocks != nullptr) {
-      kt = key_blocks + j0 / kKeyBlock * hd * kKeyBlock;
-    } else {
-      transpose_keys(kb, kv_stride, nb, hd, sc.kt);
-    }
-    int64_t v_ld = kv_stride;
-    const float* vb = v_rows(vbase + j0 * kv_stride, nb, hd, sc.v, &v_ld);
-    for (int64_t r0 = 0; r0 < n_rows; r0 += kRowGroup) {
-      const int64_t mr = n_rows - r0 < kRowGroup ? n_rows - r0 : kRowGroup;
-      int64_t nj = 0;
-      for (int64_t r = r0; r < r0 + mr; ++r) nj = hi[r] > lo[r] && hi[r] > nj ? hi[r] : nj;
-      if (nj == 0) continue;
-      float* s = sc.s + r0 * kKeyBlock;
-      kScores[mr](qrow + r0, kt, hd, s);
-      for (int64_t r = r0; r < r0 + mr; ++r) {
-        float* sr = sc.s + r * kKeyBlock;
-        if (biased) ref::add_key_bias(a, a.q_pos[q_begin + r / nh], j0, kKeyBlock, sr);
-        if (lo[r] == 0 && hi[r] == kKeyBlock) {
-          carry[r] = softmax_block<true>(sr, 0, kKeyBlock, a.scale, &running_max[r], &denom[r]);
-        } else if (hi[r] > lo[r]) {
-          carry[r] = softmax_block<false>(sr, lo[r], hi[r], a.scale, &running_max[r], &denom[r]);
-        } else {  // no visible key in this block: leave the row unchanged
-          carry[r] = 1.0f;
-          for (int64_t j = 0; j < kKeyBlock; ++j) sr[j] = 0.0f;
-        }
-      }
-      kPv[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, v_ld);
-    }
+  static void widen(const uint16_t* src, float* dst) { _mm256_storeu_ps(dst, load8(src)); }
+  template <class T>
+  static float to_f32(T x) {
+    return avx2::to_f32(x);
   }
-
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const int64_t qi = q_begin + r / nh, h = h_begin + r % nh;
-    float* out = a.out + qi * q_stride + h * hd;
-    const float sum = hsum(denom[r]);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // no visible key -> zeros
-    for (int64_t d = 0; d < hd; ++d) out[d] = sc.o[r * hd + d] * inv;
+  static void scores(int mr, const float* const* q, const float* kt, int64_t hd, float* s) {
+    kScores[mr](q, kt, hd, s);
   }
-}
+  static void pv(int mr, float* o, int64_t hd, const float* carry, const float* p, int64_t nj,
+                 const float* v, int64_t ld) {
+    kPv[mr](o, hd, carry, p, nj, v, ld);
+  }
+  static Denom zero_denom() { return _mm256_setzero_ps(); }
+  static float denom_total(Denom d) { return hsum(d); }
+  static float softmax(float* s, int64_t lo, int64_t hi, float scale, float* running_max,
+                       Denom* denom) {
+    if (lo == 0 && hi == kKeyBlock)
+      return softmax_block<true>(s, 0, kKeyBlock, scale, running_max, denom);
+    return softmax_block<false>(s, lo, hi, scale, running_max, denom);
+  }
+};
 
 }  // namespace
 
@@ -349,11 +222,11 @@ void transpose_key_blocks(const AttentionArgs& a, int64_t g, int64_t b_begin, in
     const int64_t j0 = b * kKeyBlock;
     const int64_t nb = a.n_kv - j0 < kKeyBlock ? a.n_kv - j0 : kKeyBlock;
     if (a.kv_type == DType::F16) {
-      transpose_keys(static_cast<const uint16_t*>(a.k) + j0 * ld + g * hd, ld, nb, hd,
-                     key_blocks + b * hd * kKeyBlock);
+      tiles::transpose_keys<Isa>(static_cast<const uint16_t*>(a.k) + j0 * ld + g * hd, ld, nb, hd,
+                                 key_blocks + b * hd * kKeyBlock);
     } else {
-      transpose_keys(static_cast<const float*>(a.k) + j0 * ld + g * hd, ld, nb, hd,
-                     key_blocks + b * hd * kKeyBlock);
+      tiles::transpose_keys<Isa>(static_cast<const float*>(a.k) + j0 * ld + g * hd, ld, nb, hd,
+                                 key_blocks + b * hd * kKeyBlock);
     }
   }
 }
@@ -365,24 +238,7 @@ void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int6
 
 void attention_tile(const AttentionArgs& a, const float* key_blocks, int64_t q_begin, int64_t q_end,
                     int64_t h_begin, int64_t h_end) {
-  const int64_t nh = h_end - h_begin;
-  if (q_begin >= q_end || nh <= 0) return;
-  if (a.head_dim > kMaxHeadDim || nh > kMaxRows) {
-    for (int64_t qi = q_begin; qi < q_end; ++qi) {
-      for (int64_t h = h_begin; h < h_end; ++h) ref::attention_one(a, qi, h);
-    }
-    return;
-  }
-  Scratch& sc = scratch();
-  const int64_t q_step = kMaxRows / nh;
-  for (int64_t q0 = q_begin; q0 < q_end; q0 += q_step) {
-    const int64_t nq = q_end - q0 < q_step ? q_end - q0 : q_step;
-    if (a.kv_type == DType::F16) {
-      attention_rows<uint16_t>(a, key_blocks, q0, nq, h_begin, nh, sc);
-    } else {
-      attention_rows<float>(a, key_blocks, q0, nq, h_begin, nh, sc);
-    }
-  }
+  tiles::attention_tile<Isa>(a, key_blocks, q_begin, q_end, h_begin, h_end);
 }
 
 void attention_one(const AttentionArgs& a, int64_t qi, int64_t head) {
@@ -394,7 +250,7 @@ namespace {
 template <class T>
 void weight_sums_head(const AttentionArgs& a, int64_t head, float* sums) {
   const int64_t hd = a.head_dim, n_kv = a.n_kv;
-  if (hd > kMaxHeadDim || a.n_q == 0 || n_kv == 0) {
+  if (hd > tiles::kMaxHeadDim || a.n_q == 0 || n_kv == 0) {
     float* w = static_cast<float*>(std::malloc(static_cast<size_t>(n_kv) * sizeof(float)));
     if (w == nullptr) throw std::bad_alloc();
     for (int64_t qi = 0; qi < a.n_q; ++qi) {
@@ -404,7 +260,7 @@ void weight_sums_head(const AttentionArgs& a, int64_t head, float* sums) {
     std::free(w);
     return;
   }
-  Scratch& sc = scratch();
+  tiles::Scratch<Isa>& sc = tiles::scratch<Isa>();
   // Whole rows of scores for up to kRowsPerPass queries, padded to key
   // blocks: each key block is transposed once per pass, for all its rows.
   constexpr int64_t kRowsPerPass = 16 * kRowGroup;
@@ -426,7 +282,7 @@ void weight_sums_head(const AttentionArgs& a, int64_t head, float* sums) {
     }
     for (int64_t j0 = first / kKeyBlock * kKeyBlock; j0 < live; j0 += kKeyBlock) {
       const int64_t nb = n_kv - j0 < kKeyBlock ? n_kv - j0 : kKeyBlock;
-      transpose_keys(kbase + j0 * ld, ld, nb, hd, sc.kt);
+      tiles::transpose_keys<Isa>(kbase + j0 * ld, ld, nb, hd, sc.kt);
       for (int64_t q0 = 0; q0 < np; q0 += kRowGroup) {
         const int mr = static_cast<int>(np - q0 < kRowGroup ? np - q0 : kRowGroup);
         const float* q[kRowGroup];

@@ -1,17 +1,17 @@
-// NEON attention, tiled exactly as the AVX2 kernel (attention_avx2.cpp): a
-// tile is a block of query rows times the query heads of one KV head; keys
-// go by blocks of kKeyBlock, transposed once per block; scores and the
-// P V update run six rows at a time on 16 keys / 16 output dims with 24
-// accumulators of 4 lanes; an online softmax per row.  A row's result does
-// not depend on the tiling.  K/V rows below n_kv are expected to be finite
-// (keys past a row's position inside a tile's range get weight exactly 0).
-// K/V are f32 or f16 (AttentionArgs::kv_type); an f16 element is widened
-// exactly where it is loaded (the key transpose; a key block's V rows, once
-// per block into scratch), so the arithmetic is the f32 path's.
+// NEON attention, tiled exactly as the AVX2 kernel (attention_avx2.cpp) and
+// through the same loop (attention_tiles.h): a tile is a block of query rows
+// times the query heads of one KV head; keys go by blocks of kKeyBlock,
+// transposed once per block; scores and the P V update run six rows at a
+// time on 16 keys / 16 output dims with 24 accumulators of 4 lanes; an
+// online softmax per row.  A row's result does not depend on the tiling.
+// K/V rows below n_kv are expected to be finite (keys past a row's position
+// inside a tile's range get weight exactly 0).  K/V are f32 or f16
+// (AttentionArgs::kv_type); an f16 element is widened exactly where it is
+// loaded (the key transpose; a key block's V rows, once per block into
+// scratch), so the arithmetic is the f32 path's.
 #include <cmath>
-#include <cstdlib>
-#include <new>
 
+#include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/ops_neon.h"
 #include "kernels/cpu/reference_ops.h"
 #include "kernels/cpu/simd_neon.h"
@@ -20,70 +20,7 @@ namespace cb::neon {
 namespace {
 
 constexpr int64_t kKeyBlock = 32;
-constexpr int64_t kMaxRows = 64;
-constexpr int64_t kMaxHeadDim = 256;
 constexpr int kRowGroup = 6;
-
-struct Scratch {
-  float* kt = alloc(kMaxHeadDim * kKeyBlock);
-  float* s = alloc(kMaxRows * kKeyBlock);
-  float* o = alloc(kMaxRows * kMaxHeadDim);
-  float* v = alloc(kKeyBlock * kMaxHeadDim);  // an f16 block's V rows widened
-  static float* alloc(int64_t n) {
-    void* p = std::aligned_alloc(64, static_cast<size_t>(n) * sizeof(float));
-    if (p == nullptr) throw std::bad_alloc();
-    return static_cast<float*>(p);
-  }
-  ~Scratch() {
-    std::free(kt);
-    std::free(s);
-    std::free(o);
-    std::free(v);
-  }
-};
-
-// The V rows [0, nb) of a key block as pv_rows reads them, with their row
-// stride in *ld: f32 rows in place; f16 rows widened into buf (hd apart).
-const float* v_rows(const float* vb, int64_t, int64_t, float*, int64_t*) {
-  return vb;
-}
-const float* v_rows(const uint16_t* vb, int64_t nb, int64_t hd, float* buf, int64_t* ld) {
-  for (int64_t j = 0; j < nb; ++j) {
-    const uint16_t* src = vb + j * *ld;
-    float* dst = buf + j * hd;
-    int64_t d = 0;
-    for (; d + 4 <= hd; d += 4) vst1q_f32(dst + d, load4(src + d));
-    for (; d < hd; ++d) dst[d] = to_f32(src[d]);
-  }
-  *ld = hd;
-  return buf;
-}
-
-Scratch& scratch() {
-  thread_local Scratch buffers;
-  return buffers;
-}
-
-// kt[d * kKeyBlock + j] = k[j * ld + d] for j < nb, d < hd; columns nb..31 zero.
-template <class T>
-void transpose_keys(const T* k, int64_t ld, int64_t nb, int64_t hd, float* kt) {
-  if (nb < kKeyBlock) {
-    for (int64_t d = 0; d < hd; ++d) {
-      for (int64_t j = nb; j < kKeyBlock; ++j) kt[d * kKeyBlock + j] = 0.0f;
-    }
-  }
-  int64_t j = 0;
-  for (; j + 4 <= nb; j += 4) {
-    int64_t d = 0;
-    for (; d + 4 <= hd; d += 4) transpose4(k + j * ld + d, ld, kt + d * kKeyBlock + j, kKeyBlock);
-    for (; d < hd; ++d) {
-      for (int64_t i = 0; i < 4; ++i) kt[d * kKeyBlock + j + i] = to_f32(k[(j + i) * ld + d]);
-    }
-  }
-  for (; j < nb; ++j) {
-    for (int64_t d = 0; d < hd; ++d) kt[d * kKeyBlock + j] = to_f32(k[j * ld + d]);
-  }
-}
 
 // s[r * kKeyBlock + j] = sum_d q[r][d] * kt[d][j], 16 keys at a time.
 template <int MR>
@@ -203,95 +140,41 @@ float softmax_block(float* s, int64_t lo, int64_t hi, float scale, float* runnin
   return carry;
 }
 
-template <class T>
-void attention_rows(const AttentionArgs& a, int64_t q_begin, int64_t nq, int64_t h_begin,
-                    int64_t nh, Scratch& sc) {
-  const int64_t hd = a.head_dim;
-  const int64_t q_stride = a.n_head * hd;
-  const int64_t kv_stride = a.n_head_kv * hd;
-  const int64_t kv_head = h_begin / (a.n_head / a.n_head_kv);
-  const T* kbase = static_cast<const T*>(a.k) + kv_head * hd;
-  const T* vbase = static_cast<const T*>(a.v) + kv_head * hd;
-  const int64_t n_rows = nq * nh;
-
-  const float* qrow[kMaxRows];
-  int64_t first_key[kMaxRows], n_keys[kMaxRows], lo[kMaxRows], hi[kMaxRows];
-  float running_max[kMaxRows], denom[kMaxRows], carry[kMaxRows];
-  int64_t keys_needed = 0, first_needed = a.n_kv;
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const int64_t qi = q_begin + r / nh, h = h_begin + r % nh;
-    qrow[r] = a.q + qi * q_stride + h * hd;
-    n_keys[r] = attention_key_end(a, qi);
-    first_key[r] = attention_first_key(a, qi);
-    keys_needed = n_keys[r] > keys_needed ? n_keys[r] : keys_needed;
-    first_needed = first_key[r] < first_needed ? first_key[r] : first_needed;
-    running_max[r] = -INFINITY;
-    denom[r] = 0.0f;
-    for (int64_t d = 0; d < hd; ++d) sc.o[r * hd + d] = 0.0f;
+// What tiles::attention_tile needs of NEON (attention_tiles.h).
+struct Isa {
+  static constexpr int64_t kKeyBlock = neon::kKeyBlock;
+  static constexpr int kRowGroup = neon::kRowGroup;
+  static constexpr int64_t kLanes = 4;
+  using Denom = float;
+  template <class T>
+  static void transpose(const T* src, int64_t lds, float* dst, int64_t ldd) {
+    transpose4(src, lds, dst, ldd);
   }
-
-  for (int64_t j0 = first_needed / kKeyBlock * kKeyBlock; j0 < keys_needed; j0 += kKeyBlock) {
-    const int64_t nb = keys_needed - j0 < kKeyBlock ? keys_needed - j0 : kKeyBlock;
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const int64_t l = first_key[r] - j0, h = n_keys[r] - j0;
-      lo[r] = l < 0 ? 0 : (l < nb ? l : nb);
-      hi[r] = h < lo[r] ? lo[r] : (h < nb ? h : nb);
-    }
-    transpose_keys(kbase + j0 * kv_stride, kv_stride, nb, hd, sc.kt);
-    int64_t v_ld = kv_stride;
-    const float* vb = v_rows(vbase + j0 * kv_stride, nb, hd, sc.v, &v_ld);
-    for (int64_t r0 = 0; r0 < n_rows; r0 += kRowGroup) {
-      const int64_t mr = n_rows - r0 < kRowGroup ? n_rows - r0 : kRowGroup;
-      int64_t nj = 0;
-      for (int64_t r = r0; r < r0 + mr; ++r) nj = hi[r] > lo[r] && hi[r] > nj ? hi[r] : nj;
-      if (nj == 0) continue;
-      float* s = sc.s + r0 * kKeyBlock;
-      kScores[mr](qrow + r0, sc.kt, hd, s);
-      for (int64_t r = r0; r < r0 + mr; ++r) {
-        float* sr = sc.s + r * kKeyBlock;
-        if (a.key_bias.bias != 0.0f)
-          ref::add_key_bias(a, a.q_pos[q_begin + r / nh], j0, kKeyBlock, sr);
-        if (hi[r] > lo[r]) {
-          carry[r] = softmax_block(sr, lo[r], hi[r], a.scale, &running_max[r], &denom[r]);
-        } else {  // no visible key in this block: leave the row unchanged
-          carry[r] = 1.0f;
-          for (int64_t j = 0; j < kKeyBlock; ++j) sr[j] = 0.0f;
-        }
-      }
-      kPv[mr](sc.o + r0 * hd, hd, carry + r0, s, nj, vb, v_ld);
-    }
+  static void widen(const uint16_t* src, float* dst) { vst1q_f32(dst, load4(src)); }
+  template <class T>
+  static float to_f32(T x) {
+    return neon::to_f32(x);
   }
-
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const int64_t qi = q_begin + r / nh, h = h_begin + r % nh;
-    float* out = a.out + qi * q_stride + h * hd;
-    const float inv = denom[r] > 0.0f ? 1.0f / denom[r] : 0.0f;  // no visible key -> zeros
-    for (int64_t d = 0; d < hd; ++d) out[d] = sc.o[r * hd + d] * inv;
+  static void scores(int mr, const float* const* q, const float* kt, int64_t hd, float* s) {
+    kScores[mr](q, kt, hd, s);
   }
-}
+  static void pv(int mr, float* o, int64_t hd, const float* carry, const float* p, int64_t nj,
+                 const float* v, int64_t ld) {
+    kPv[mr](o, hd, carry, p, nj, v, ld);
+  }
+  static Denom zero_denom() { return 0.0f; }
+  static float denom_total(Denom d) { return d; }
+  static float softmax(float* s, int64_t lo, int64_t hi, float scale, float* running_max,
+                       Denom* denom) {
+    return softmax_block(s, lo, hi, scale, running_max, denom);
+  }
+};
 
 }  // namespace
 
 void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int64_t h_begin,
                     int64_t h_end) {
-  const int64_t nh = h_end - h_begin;
-  if (q_begin >= q_end || nh <= 0) return;
-  if (a.head_dim > kMaxHeadDim || nh > kMaxRows) {
-    for (int64_t qi = q_begin; qi < q_end; ++qi) {
-      for (int64_t h = h_begin; h < h_end; ++h) ref::attention_one(a, qi, h);
-    }
-    return;
-  }
-  Scratch& sc = scratch();
-  const int64_t q_step = kMaxRows / nh;
-  for (int64_t q0 = q_begin; q0 < q_end; q0 += q_step) {
-    const int64_t nq = q_end - q0 < q_step ? q_end - q0 : q_step;
-    if (a.kv_type == DType::F16) {
-      attention_rows<uint16_t>(a, q0, nq, h_begin, nh, sc);
-    } else {
-      attention_rows<float>(a, q0, nq, h_begin, nh, sc);
-    }
-  }
+  tiles::attention_tile<Isa>(a, nullptr, q_begin, q_end, h_begin, h_end);
 }
 
 }  // namespace cb::neon

@@ -19,6 +19,7 @@
 #include <new>
 #include <type_traits>
 
+#include "kernels/cpu/gemm_panels.h"
 #include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/quant_blocks.h"
 #include "kernels/cpu/simd_avx2.h"
@@ -337,82 +338,15 @@ struct StoreSink {
   void one(int64_t k, float w) { dst[k - k0] = w; }
 };
 
-// ---- GEMM (n_rows > 1) -------------------------------------------------------
+// ---- GEMM (n_rows > 1): gemm_panels.h's loop ----------------------------------
 //
-// A cache-blocked, register-tiled GEMM in the classic packed form.  The
-// weight block of kNC output columns x kc elements is dequantized once per
-// call into f32 "panels" of kNR = 16 columns laid out k-major
-// (panel[k][0..15]), sized to stay in L2 (kPackFloats * 4 = 256 KiB).  A
-// kMR x 16 micro-kernel then keeps a 6 x 16 block of y in 12 ymm registers:
-// per k it loads the panel's two vectors once, broadcasts one activation per
-// row and issues 12 FMAs, so the FMA units, not the loads, set the pace.
-// The kMR x kc activation slice is reused from L1 across every panel of the
-// block.
-//
-// Every y[r][o] is the same FMA chain over k (in order within a k-block, the
-// k-blocks added in order) whatever its row block, panel or lane, and the
-// k-blocking depends on n_in only, so the result does not depend on how the
-// columns are split over threads.
+// The weight rows are decoded into the panels by the type's decoder
+// (StoreSink); the micro-kernel keeps its 6 x 16 block of y in 12 ymm
+// registers (per k: the panel's two vectors, one broadcast and 2 FMAs per
+// row).
 
-constexpr int64_t kNR = 16;
-constexpr int64_t kMR = 6;
-constexpr int64_t kMaxKC = 768;
-constexpr int64_t kPackFloats = 64 * 1024;  // 256 KiB of packed panels
-constexpr int64_t kRowBufFloats = kNR * kMaxKC;
-
-// Per-thread packing buffers.  Internal linkage and no std containers: see
-// the linkage rule in ops_avx2.h.
-struct PackBuffers {
-  float* panels = nullptr;
-  float* rows = nullptr;
-  PackBuffers() {
-    panels = static_cast<float*>(std::aligned_alloc(64, kPackFloats * sizeof(float)));
-    rows = static_cast<float*>(std::aligned_alloc(64, kRowBufFloats * sizeof(float)));
-    if (panels == nullptr || rows == nullptr) {
-      std::free(panels);
-      std::free(rows);
-      throw std::bad_alloc();
-    }
-  }
-  ~PackBuffers() {
-    std::free(panels);
-    std::free(rows);
-  }
-};
-
-PackBuffers& pack_buffers() {
-  thread_local PackBuffers buffers;
-  return buffers;
-}
-
-// Packs weight rows [o0, o0 + nc) x elements [k0, k0 + kc) into panels of
-// kNR columns: panel p holds element k of column p * kNR + c at
-// panels[p * kNR * kc + k * kNR + c].  Columns past nc are zero.
-template <class Decoder>
-void pack_panels(const uint8_t* base, size_t row_bytes, int64_t o0, int64_t nc, int64_t k0,
-                 int64_t kc, float* panels, float* rows) {
-  for (int64_t p0 = 0; p0 < nc; p0 += kNR) {
-    const int64_t np = nc - p0 < kNR ? nc - p0 : kNR;
-    for (int64_t c = 0; c < kNR; ++c) {
-      float* row = rows + c * kc;
-      if (c < np) {
-        StoreSink sink{row, k0};
-        Decoder::decode(base + static_cast<size_t>(o0 + p0 + c) * row_bytes, k0, k0 + kc, sink);
-      } else {
-        for (int64_t k = 0; k < kc; ++k) row[k] = 0.0f;
-      }
-    }
-    float* panel = panels + p0 * kc;
-    int64_t k = 0;
-    for (; k + 8 <= kc; k += 8) {
-      transpose8(rows + k, kc, panel + k * kNR, kNR);
-      transpose8(rows + 8 * kc + k, kc, panel + k * kNR + 8, kNR);
-    }
-    for (; k < kc; ++k) {  // tail of an f32/f16/bf16 row
-      for (int64_t c = 0; c < kNR; ++c) panel[k * kNR + c] = rows[c * kc + k];
-    }
-  }
-}
+using tiles::kMR;
+using tiles::kNR;
 
 // Stores (first) or adds a row of 16 sums to y[0..ncols).
 inline void store_row(float* y, __m256 a0, __m256 a1, int64_t ncols, bool first) {
@@ -465,14 +399,17 @@ constexpr MicroKernel kMicroKernels[kMR + 1] = {nullptr,         micro_kernel<1>
                                                 micro_kernel<3>, micro_kernel<4>, micro_kernel<5>,
                                                 micro_kernel<6>};
 
-// The k-block length: n_in split into equal parts of at most kMaxKC,
-// rounded up to the type's block size (quantized decoders work on whole
-// blocks).  Depends on n_in and the type only.
-int64_t k_block(int64_t n_in, int64_t block) {
-  const int64_t parts = (n_in + kMaxKC - 1) / kMaxKC;
-  const int64_t kc = (n_in + parts - 1) / parts;
-  return (kc + block - 1) / block * block;
-}
+// What tiles::gemm needs of AVX2 (gemm_panels.h).
+struct Isa {
+  static constexpr int64_t kLanes = 8;
+  static void transpose(const float* src, int64_t lds, float* dst, int64_t ldd) {
+    transpose8(src, lds, dst, ldd);
+  }
+  static void micro_kernel(int mr, const float* x, int64_t ldx, const float* panel, int64_t kc,
+                           float* y, int64_t ldy, int64_t ncols, bool first) {
+    kMicroKernels[mr](x, ldx, panel, kc, y, ldy, ncols, first);
+  }
+};
 
 template <class Decoder>
 void gemv(const WeightView& w, const float* x, float* y, int64_t o_begin, int64_t o_end,
@@ -489,27 +426,11 @@ template <class Decoder>
 void gemm(const WeightView& w, const float* x, int64_t n_rows, float* y, int64_t o_begin,
           int64_t o_end, size_t row_bytes) {
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  PackBuffers& buf = pack_buffers();
-  const int64_t kc_max = k_block(w.n_in, dtype_block_elems(w.type));
-  const int64_t nc_max = kPackFloats / kc_max / kNR * kNR;
-  for (int64_t o0 = o_begin; o0 < o_end; o0 += nc_max) {
-    const int64_t nc = o_end - o0 < nc_max ? o_end - o0 : nc_max;
-    for (int64_t k0 = 0; k0 < w.n_in; k0 += kc_max) {
-      const int64_t kc = w.n_in - k0 < kc_max ? w.n_in - k0 : kc_max;
-      pack_panels<Decoder>(base, row_bytes, o0, nc, k0, kc, buf.panels, buf.rows);
-      const bool first = k0 == 0;
-      for (int64_t r0 = 0; r0 < n_rows; r0 += kMR) {
-        const int64_t mr = n_rows - r0 < kMR ? n_rows - r0 : kMR;
-        const MicroKernel kernel = kMicroKernels[mr];
-        const float* xr = x + r0 * w.n_in + k0;
-        float* yr = y + r0 * w.n_out + o0;
-        for (int64_t p0 = 0; p0 < nc; p0 += kNR) {
-          kernel(xr, w.n_in, buf.panels + p0 * kc, kc, yr + p0, w.n_out,
-                 nc - p0 < kNR ? nc - p0 : kNR, first);
-        }
-      }
-    }
-  }
+  tiles::gemm<Isa>(w, x, n_rows, y, o_begin, o_end,
+                   [&](int64_t o, int64_t k0, int64_t kc, float* row) {
+                     StoreSink sink{row, k0};
+                     Decoder::decode(base + static_cast<size_t>(o) * row_bytes, k0, k0 + kc, sink);
+                   });
 }
 
 // ---- GEMV for the 32-element block types (Q4_0, Q4_1, Q8_0) ------------------

@@ -1,11 +1,11 @@
 // NEON matmul for every weight type: y = x * W^T with f32 activations.
 //
-//  * GEMM (n_rows > 1): the structure of the AVX2 GEMM (matmul_avx2.cpp).
-//    A block of weight rows is dequantized once per call (by the reference
+//  * GEMM (n_rows > 1): the packed GEMM of gemm_panels.h, as on AVX2.  A
+//    block of weight rows is dequantized once per call (by the reference
 //    decoder, dequantize_row: its cost is shared by every activation row)
-//    and transposed into k-major panels of 16 columns sized for L2; a 6 x 16
-//    micro-kernel keeps 24 accumulators of 4 lanes in registers and issues
-//    24 FMAs per k for 4 panel loads and 6 broadcasts.
+//    into k-major panels of 16 columns; a 6 x 16 micro-kernel keeps 24
+//    accumulators of 4 lanes in registers and issues 24 FMAs per k for 4
+//    panel loads and 6 broadcasts.
 //  * GEMV (n_rows == 1): Q4_0, Q4_1 and Q8_0 blocks are decoded in
 //    registers and their scale and offset factored out of the dot product
 //    (d * sum(q x) + m * sum(x)), as in the AVX2 GEMV; the other types
@@ -18,6 +18,7 @@
 #include <new>
 
 #include "kernels/cpu/dequantize.h"
+#include "kernels/cpu/gemm_panels.h"
 #include "kernels/cpu/ops_neon.h"
 #include "kernels/cpu/quant_blocks.h"
 #include "kernels/cpu/simd_neon.h"
@@ -26,30 +27,13 @@
 namespace cb::neon {
 namespace {
 
-constexpr int64_t kNR = 16;
-constexpr int64_t kMR = 6;
-constexpr int64_t kMaxKC = 768;
-constexpr int64_t kPackFloats = 64 * 1024;  // 256 KiB of packed panels
-constexpr int64_t kRowBufFloats = kNR * kMaxKC;
+using tiles::kMR;
+using tiles::kNR;
 
 float* aligned_floats(int64_t n) {
   void* p = std::aligned_alloc(64, static_cast<size_t>((n * 4 + 63) / 64 * 64));
   if (p == nullptr) throw std::bad_alloc();
   return static_cast<float*>(p);
-}
-
-struct PackBuffers {
-  float* panels = aligned_floats(kPackFloats);
-  float* rows = aligned_floats(kRowBufFloats);
-  ~PackBuffers() {
-    std::free(panels);
-    std::free(rows);
-  }
-};
-
-PackBuffers& pack_buffers() {
-  thread_local PackBuffers buffers;
-  return buffers;
 }
 
 // A per-thread buffer of at least n floats (grown on demand).
@@ -68,37 +52,6 @@ float* row_buffer(int64_t n) {
     b.cap = n;
   }
   return b.data;
-}
-
-// Packs weight rows [o0, o0 + nc) x elements [k0, k0 + kc) into panels of
-// kNR columns: element k of column p * kNR + c at panels[p * kNR * kc +
-// k * kNR + c].  Columns past nc are zero.
-void pack_panels(const WeightView& w, size_t row_bytes, int64_t o0, int64_t nc, int64_t k0,
-                 int64_t kc, float* panels, float* rows) {
-  const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  const size_t k_offset =
-      static_cast<size_t>(k0 / dtype_block_elems(w.type)) * dtype_block_bytes(w.type);
-  for (int64_t p0 = 0; p0 < nc; p0 += kNR) {
-    const int64_t np = nc - p0 < kNR ? nc - p0 : kNR;
-    for (int64_t c = 0; c < kNR; ++c) {
-      float* row = rows + c * kc;
-      if (c < np) {
-        dequantize_row(w.type, base + static_cast<size_t>(o0 + p0 + c) * row_bytes + k_offset, row,
-                       kc);
-      } else {
-        for (int64_t k = 0; k < kc; ++k) row[k] = 0.0f;
-      }
-    }
-    float* panel = panels + p0 * kc;
-    int64_t k = 0;
-    for (; k + 4 <= kc; k += 4) {
-      for (int64_t c = 0; c < kNR; c += 4)
-        transpose4(rows + c * kc + k, kc, panel + k * kNR + c, kNR);
-    }
-    for (; k < kc; ++k) {  // tail of an f32/f16/bf16 row
-      for (int64_t c = 0; c < kNR; ++c) panel[k * kNR + c] = rows[c * kc + k];
-    }
-  }
 }
 
 inline void store_row(float* y, const float32x4_t* a, int64_t ncols, bool first) {
@@ -146,35 +99,33 @@ constexpr MicroKernel kMicroKernels[kMR + 1] = {nullptr,         micro_kernel<1>
                                                 micro_kernel<3>, micro_kernel<4>, micro_kernel<5>,
                                                 micro_kernel<6>};
 
-// The k-block length (as in the AVX2 GEMM): depends on n_in and the type only.
-int64_t k_block(int64_t n_in, int64_t block) {
-  const int64_t parts = (n_in + kMaxKC - 1) / kMaxKC;
-  const int64_t kc = (n_in + parts - 1) / parts;
-  return (kc + block - 1) / block * block;
-}
+// What tiles::gemm needs of NEON (gemm_panels.h).
+struct Isa {
+  static constexpr int64_t kLanes = 4;
+  static void transpose(const float* src, int64_t lds, float* dst, int64_t ldd) {
+    transpose4(src, lds, dst, ldd);
+  }
+  static void micro_kernel(int mr, const float* x, int64_t ldx, const float* panel, int64_t kc,
+                           float* y, int64_t ldy, int64_t ncols, bool first) {
+    kMicroKernels[mr](x, ldx, panel, kc, y, ldy, ncols, first);
+  }
+};
 
+// The weight rows decoded by the reference decoder (dequantize_row): its
+// cost is shared by every activation row.
 void gemm(const WeightView& w, const float* x, int64_t n_rows, float* y, int64_t o_begin,
           int64_t o_end) {
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
   const size_t row_bytes = dtype_row_bytes(w.type, w.n_in);
-  PackBuffers& buf = pack_buffers();
-  const int64_t kc_max = k_block(w.n_in, dtype_block_elems(w.type));
-  const int64_t nc_max = kPackFloats / kc_max / kNR * kNR;
-  for (int64_t o0 = o_begin; o0 < o_end; o0 += nc_max) {
-    const int64_t nc = o_end - o0 < nc_max ? o_end - o0 : nc_max;
-    for (int64_t k0 = 0; k0 < w.n_in; k0 += kc_max) {
-      const int64_t kc = w.n_in - k0 < kc_max ? w.n_in - k0 : kc_max;
-      pack_panels(w, row_bytes, o0, nc, k0, kc, buf.panels, buf.rows);
-      const bool first = k0 == 0;
-      for (int64_t r0 = 0; r0 < n_rows; r0 += kMR) {
-        const int64_t mr = n_rows - r0 < kMR ? n_rows - r0 : kMR;
-        const MicroKernel kernel = kMicroKernels[mr];
-        for (int64_t p0 = 0; p0 < nc; p0 += kNR) {
-          kernel(x + r0 * w.n_in + k0, w.n_in, buf.panels + p0 * kc, kc, y + r0 * w.n_out + o0 + p0,
-                 w.n_out, nc - p0 < kNR ? nc - p0 : kNR, first);
-        }
-      }
-    }
-  }
+  const int64_t block = dtype_block_elems(w.type);
+  const size_t block_bytes = dtype_block_bytes(w.type);
+  tiles::gemm<Isa>(w, x, n_rows, y, o_begin, o_end,
+                   [&](int64_t o, int64_t k0, int64_t kc, float* row) {
+                     dequantize_row(w.type,
+                                    base + static_cast<size_t>(o) * row_bytes +
+                                        static_cast<size_t>(k0 / block) * block_bytes,
+                                    row, kc);
+                   });
 }
 
 // ---- GEMV ------------------------------------------------------------------
