@@ -74,7 +74,8 @@ ChunkEntry chunk_entry(const cb::Model& model, const char* chunk_text, const cb_
 
 // cb_chunk_cache_add, and with a context cb_chunk_cache_add_after: the
 // chunk's KV computed after its chunk head (and the context's tokens), and
-// stored under the chunk's key; without a context only when missing.
+// stored under the chunk's key (with a context, cb::after_context_key of
+// it); without a context only when missing.
 void add_chunk(cb_session* session, cb_chunk_cache* cache, const char* chunk_text,
                const char* context_text, const cb_rag_options* opts, int32_t* out_computed,
                int32_t* out_n_tokens) {
@@ -120,7 +121,7 @@ void add_chunk(cb_session* session, cb_chunk_cache* cache, const char* chunk_tex
       s.truncate(0);  // the session is left empty whatever happened
       throw;
     }
-    cache->impl->add(e.key, std::move(kv));
+    cache->impl->add(context_text != nullptr ? cb::after_context_key(e.key) : e.key, std::move(kv));
     computed = 1;
   }
   if (out_computed != nullptr) *out_computed = computed;
@@ -475,7 +476,12 @@ cb_status cb_chunk_cache_remove(const cb_model* model, cb_chunk_cache* cache,
     check_cache(cache);
     require(chunk_text != nullptr, "chunk_text is NULL");
     const ChunkEntry e = chunk_entry(m, chunk_text, opts);
-    const bool removed = !e.tokens.empty() && cache->impl->kv().remove(e.key);
+    bool removed = false;
+    if (!e.tokens.empty()) {
+      removed = cache->impl->kv().remove(e.key);
+      // The KV computed after a context (cb_chunk_cache_add_after) goes too.
+      removed = cache->impl->kv().remove(cb::after_context_key(e.key)) || removed;
+    }
     if (out_removed != nullptr) *out_removed = removed ? 1 : 0;
     return CB_OK;
   });

@@ -61,6 +61,11 @@ cache::ChunkKey chunk_cache_key(const Model& model, ChunkHead h,
                          std::vector<int32_t>(chunk.begin(), chunk.end()), ns};
 }
 
+cache::ChunkKey after_context_key(cache::ChunkKey alone) {
+  alone.chunk_head.insert(0, "after-context/");
+  return alone;
+}
+
 namespace {
 
 // A chunk found in the index but whose KV could not be read (a damaged or
@@ -117,8 +122,14 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, cache::C
       if (chunk.empty()) continue;
       const cache::ChunkKey key =
           chunk_cache_key(s.model(), opts.chunk_head, head_tokens, chunk, opts.ns);
-      std::unique_ptr<cache::ChunkLayerSource> src =
-          store->find(key, chunk_kv_shape(s.model(), chunk.size()));
+      const cache::KvShape shape = chunk_kv_shape(s.model(), chunk.size());
+      // Only the first chunk follows exactly its head, and only when the
+      // head is the request's own P; any other chunk may take the KV
+      // computed after a context.
+      const bool exact = i == 0 && opts.chunk_head == ChunkHead::kPrompt;
+      std::unique_ptr<cache::ChunkLayerSource> src;
+      if (!exact) src = store->find(after_context_key(key), shape);
+      if (!src) src = store->find(key, shape);
       if (src) {
         ++st.cache_hits;
       } else {
@@ -132,10 +143,7 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, cache::C
         src = std::make_unique<cache::MemoryChunkSource>(computed.back());
       }
       sources.push_back(std::move(src));
-      // Only the first chunk follows exactly its head, and only when the
-      // head is the request's own P.
-      segments.push_back(
-          {chunk, sources.back().get(), i == 0 && opts.chunk_head == ChunkHead::kPrompt});
+      segments.push_back({chunk, sources.back().get(), exact});
     }
   } else {
     for (const auto& chunk : prompt.chunks) segments.push_back({chunk});

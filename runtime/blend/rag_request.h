@@ -60,6 +60,14 @@ cache::ChunkKey chunk_cache_key(const Model& model, ChunkHead h,
                                 std::span<const int32_t> head_tokens,
                                 std::span<const int32_t> chunk, const std::string& ns);
 
+// The key of the same chunk's KV computed after its head and then other
+// text (neighbour-aware precompute, cb_chunk_cache_add_after), apart from
+// the key of the KV computed after the head alone.  rag_prefill takes it
+// for a chunk that follows other chunks, in preference to `alone`, and
+// never for a chunk whose KV it takes as exact (the first chunk after the
+// prompt head): there only what a prefix of the request gives will do.
+cache::ChunkKey after_context_key(cache::ChunkKey alone);
+
 struct RagPrefillOptions {
   BlendOptions blend;
   ChunkHead chunk_head = ChunkHead::kPrompt;

@@ -456,8 +456,8 @@ const std::string* most_similar_ctx(const Example& ex, size_t j, bool outside) {
 // prompt head in the request, so its KV is taken as exact) computed after
 // its most similar ctx (of the example's, or of those outside the request),
 // or after a ctx of the next example (unrelated text, a control), in a
-// namespace of this example's (a chunk opening another example's request
-// keeps its own KV).  Without such a ctx, alone.
+// namespace of this example's (the same chunk in another example's request
+// has its neighbour there).  Without such a ctx, alone.
 void add_with_neighbours(const QualityBench& b, const std::vector<Example>& examples, size_t i,
                          cb_rag_options& ro, std::string& ns) {
   using Neighbour = QualityOptions::Neighbour;

@@ -26,9 +26,23 @@ static float* logits_row(const cb_model_info* info) {
   return (float*)malloc((size_t)info->n_vocab * sizeof(float));
 }
 
+/* A RAG prefill of kRagChunks[1] alone and kRagQuestion; its logits. */
+static cb_status first_chunk_logits(cb_session* s, cb_chunk_cache* cache, const cb_rag_options* ro,
+                                    cb_rag_stats* st, float* logits, int32_t n_vocab) {
+  const float* l = NULL;
+  size_t n = 0;
+  cb_status status = cb_session_reset(s);
+  if (status == CB_OK) status = cb_rag_prefill(s, cache, kRagChunks + 1, 1, kRagQuestion, ro, st);
+  if (status == CB_OK) status = cb_session_logits(s, &l, &n);
+  if (status == CB_OK && n != (size_t)n_vocab) status = CB_ERR_INTERNAL;
+  if (status == CB_OK) memcpy(logits, l, n * sizeof(float));
+  return status;
+}
+
 /* A chunk computed after the chunk that precedes it in the request holds the
  * KV a full prefill computes there, so REUSE then gives full prefill's
- * logits; computed alone, it does not. */
+ * logits; computed alone, it does not.  Where the chunk opens a request, its
+ * KV computed alone is taken instead (computed on a miss). */
 void test_chunk_cache_add_after(cb_model* m) {
   cb_model_info info;
   cb_session_options so;
@@ -67,9 +81,10 @@ void test_chunk_cache_add_after(cb_model* m) {
   CHECK(cb_session_n_past(s) == 0);
   CHECK_OK(cb_tokenize(m, kRagChunks[1], CB_NUL_TERMINATED, 0, 0, NULL, 0, &n));
   CHECK(n_tok > (int32_t)n); /* its text and a blank line, not the context */
-  /* Stored under the chunk's own key, replacing the entry the second time. */
+  /* Apart from the KV computed alone (which contains reports); the second
+   * call replaces the entry. */
   CHECK_OK(cb_chunk_cache_contains(m, after, kRagChunks[1], &ro, &found));
-  CHECK(found == 1);
+  CHECK(found == 0);
   CHECK_OK(cb_chunk_cache_add_after(s, after, kRagChunks[1], kRagChunks[0], &ro, NULL));
   cb_chunk_cache_stats_init(&cs);
   CHECK_OK(cb_chunk_cache_get_stats(after, &cs));
@@ -86,6 +101,29 @@ void test_chunk_cache_add_after(cb_model* m) {
          err_alone);
   CHECK(err_after < 1e-3);
   CHECK(err_alone > 10.0 * err_after);
+
+  /* Opening a request, the chunk misses (its KV after a context is not what
+   * the request's prefix gives), and REUSE then equals FULL for it. */
+  ro.mode = CB_MODE_FULL;
+  CHECK_OK(first_chunk_logits(s, alone, &ro, &st, l_full, info.n_vocab));
+  ro.mode = CB_MODE_REUSE;
+  CHECK_OK(first_chunk_logits(s, after, &ro, &st, l_after, info.n_vocab));
+  CHECK(st.cache_hits == 0 && st.cache_misses == 1);
+  err_after = rel_l2(l_after, l_full, info.n_vocab);
+  printf("add_after: the chunk opening a REUSE request against FULL rel L2 %.2e\n", err_after);
+  CHECK(err_after < 1e-4);
+  CHECK_OK(cb_chunk_cache_contains(m, after, kRagChunks[1], &ro, &found));
+  CHECK(found == 1);
+  CHECK_OK(cb_chunk_cache_get_stats(after, &cs));
+  CHECK(cs.n_entries == 3);
+  /* Removing the chunk removes both of its entries. */
+  found = -1;
+  CHECK_OK(cb_chunk_cache_remove(m, after, kRagChunks[1], &ro, &found));
+  CHECK(found == 1);
+  CHECK_OK(cb_chunk_cache_get_stats(after, &cs));
+  CHECK(cs.n_entries == 1);
+  CHECK_OK(rag_answer(s, after, &ro, &st, &c, l_after, info.n_vocab));
+  CHECK(st.cache_hits == 1 && st.cache_misses == 1);
 
   /* Misuse: nothing stored, outputs untouched. */
   CHECK_OK(cb_session_reset(s));

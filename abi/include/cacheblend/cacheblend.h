@@ -1065,9 +1065,10 @@ CB_API cb_status cb_chunk_cache_contains(const cb_model* model, cb_chunk_cache* 
                                          int32_t* out_found);
 
 /* Removes the KV of `chunk_text` (the entry cb_chunk_cache_contains would
- * find for the same model and options), pinned or not: for an app whose
- * documents changed or were deleted.  *out_removed (may be NULL) receives 1
- * if there was such an entry, else 0.  On flash the write-backs queued
+ * find for the same model and options, and the one computed after a context,
+ * see cacheblend_experimental.h), pinned or not: for an app whose documents
+ * changed or were deleted.  *out_removed (may be NULL) receives 1 if there
+ * was such an entry, else 0.  On flash the write-backs queued
  * before the call finish first and the entry's file is deleted (not
  * counted in cb_chunk_cache_stats.evictions, which are for capacity).  A request
  * already using the entry keeps its copy.  Errors: CB_ERR_INVALID_ARGUMENT

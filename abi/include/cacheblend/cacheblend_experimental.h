@@ -26,13 +26,15 @@
 
 /* Neighbour-aware precompute: as cb_chunk_cache_add, but the chunk's KV is
  * computed after its chunk head followed by context_text's tokens (its most
- * similar chunk, say) instead of after the chunk head alone, and stored under
- * the chunk's usual key, replacing what is there.  A request then reuses it
- * like any other entry.  The entry is not what a prefix of the request would
- * give, so such a chunk must not open a request with the PROMPT chunk head
- * (which takes the first chunk's KV as exact); give the chunks that open
- * requests a cache_namespace of their own.  Errors as cb_chunk_cache_add;
- * the chunk with its head and context must fit in the session's context. */
+ * similar chunk, say) instead of after the chunk head alone, and stored as
+ * the chunk's KV after a context, replacing an earlier one (one per chunk,
+ * whatever the context).  A request takes it for the chunk wherever the
+ * chunk follows other chunks, in preference to the KV computed alone; where
+ * the chunk opens the request with the PROMPT chunk head, whose KV the
+ * request takes as exact, it takes the KV computed alone (computing it on a
+ * miss) instead.  cb_chunk_cache_contains reports the KV computed alone;
+ * cb_chunk_cache_remove removes both.  Errors as cb_chunk_cache_add; the
+ * chunk with its head and context must fit in the session's context. */
 /* Context scale (APE's scaling factor): in REUSE and BLEND requests through
  * this cache, the question's rows and every token decoded after them weigh
  * their attention to the reused chunks' keys by `scale` against the other
