@@ -13,7 +13,9 @@
 //  4. O += P V for six rows at a time: per key, 2 loads of the V row and 6
 //     broadcasts feed 12 FMAs on 6 x 16 output dims held in registers.
 // So each K/V block is read from memory once per tile instead of once per
-// (query, head), and K/V are read in place (no per-head copies).
+// (query, head), and K/V are read in place (no per-head copies).  The loop
+// over tiles and key blocks is attention_tiles.h's, shared with NEON; this
+// file has the AVX2 steps 2-4 and the transposes.
 //
 // A row's result depends only on its own query, the keys and the key-block
 // boundaries (multiples of kKeyBlock from 0), not on which tile holds it or
@@ -42,6 +44,7 @@ namespace cb::avx2 {
 namespace {
 
 constexpr int64_t kKeyBlock = kAttentionKeyBlock;
+
 // Scores of MR rows against the transposed key block:
 // s[r * kKeyBlock + j] = sum_d q[r][d] * kt[d][j], one half of 16 keys at a
 // time so the 2 x MR accumulators stay in registers (per d: 2 loads of kt,
