@@ -121,7 +121,12 @@ void add_chunk(cb_session* session, cb_chunk_cache* cache, const char* chunk_tex
       s.truncate(0);  // the session is left empty whatever happened
       throw;
     }
-    cache->impl->add(context_text != nullptr ? cb::after_context_key(e.key) : e.key, std::move(kv));
+    if (context_text != nullptr) {
+      cache->impl->add(cb::after_context_key(e.key), std::move(kv));
+      cache->impl->set_neighbour_kv(true);
+    } else {
+      cache->impl->add(e.key, std::move(kv));
+    }
     computed = 1;
   }
   if (out_computed != nullptr) *out_computed = computed;
@@ -437,6 +442,15 @@ cb_status cb_chunk_cache_add_after(cb_session* session, cb_chunk_cache* cache,
     require(chunk_text != nullptr, "chunk_text is NULL");
     require(context_text != nullptr, "context_text is NULL");
     add_chunk(session, cache, chunk_text, context_text, opts, nullptr, out_n_tokens);
+    return CB_OK;
+  });
+}
+
+cb_status cb_chunk_cache_set_neighbour_kv(cb_chunk_cache* cache, int32_t enabled) {
+  return guard("cb_chunk_cache_set_neighbour_kv", [&] {
+    check_cache(cache);
+    require(enabled == 0 || enabled == 1, "enabled must be 0 or 1");
+    cache->impl->set_neighbour_kv(enabled == 1);
     return CB_OK;
   });
 }

@@ -252,6 +252,7 @@ std::span<const float> ChunkCache::prefill(Session& s, const RagPrompt& prompt,
   // Before the controller's first-use probe, not only in rag_prefill.
   check_rag_request_fits(s, prompt, opts.chunk_head);
   opts.blend.context_scale = context_scale_;
+  opts.neighbour_kv = neighbour_kv_;
   if (auto_ratio && !flash_)
     fail(ErrorCode::kInvalidArgument, "auto ratio needs a chunk cache on flash");
   std::unique_lock<std::mutex> auto_lock;

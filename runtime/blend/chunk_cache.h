@@ -4,6 +4,7 @@
 // cb_chunk_cache is one of these.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -110,6 +111,9 @@ class ChunkCache {
   // BlendOptions::context_scale of every request through this cache (its
   // chunks' KV is what the scale corrects); validated by the request.
   void set_context_scale(float scale) { context_scale_ = scale; }
+  // RagPrefillOptions::neighbour_kv of every request through this cache:
+  // whether its store may hold KV computed after a context.
+  void set_neighbour_kv(bool on) { neighbour_kv_ = on; }
 
  private:
   LoadingController& controller_for(Session& s, const std::string& device);
@@ -125,6 +129,7 @@ class ChunkCache {
   std::unique_ptr<cache::TieredChunkStore> tiered_;
   double assumed_read_bytes_per_sec_ = 0.0;
   float context_scale_ = 1.0f;
+  std::atomic<bool> neighbour_kv_{false};
   std::string open_report_;
   int unavailable_tiers_ = 0;
   std::mutex auto_mu_;  // serializes auto-ratio requests: the controller learns from each

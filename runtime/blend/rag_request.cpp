@@ -128,7 +128,7 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, cache::C
       // computed after a context.
       const bool exact = i == 0 && opts.chunk_head == ChunkHead::kPrompt;
       std::unique_ptr<cache::ChunkLayerSource> src;
-      if (!exact) src = store->find(after_context_key(key), shape);
+      if (!exact && opts.neighbour_kv) src = store->find(after_context_key(key), shape);
       if (!src) src = store->find(key, shape);
       if (src) {
         ++st.cache_hits;

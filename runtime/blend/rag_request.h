@@ -66,12 +66,17 @@ cache::ChunkKey chunk_cache_key(const Model& model, ChunkHead h,
 // for a chunk that follows other chunks, in preference to `alone`, and
 // never for a chunk whose KV it takes as exact (the first chunk after the
 // prompt head): there only what a prefix of the request gives will do.
+// Only with RagPrefillOptions::neighbour_kv.
 cache::ChunkKey after_context_key(cache::ChunkKey alone);
 
 struct RagPrefillOptions {
   BlendOptions blend;
   ChunkHead chunk_head = ChunkHead::kPrompt;
   std::string ns;  // cache namespace
+  // Whether the store may hold chunks' KV computed after a context
+  // (after_context_key): only then does a chunk take a second lookup, which
+  // on a tiered store probes every tier and counts a miss in each.
+  bool neighbour_kv = false;
   PipelineOptions pipeline;
   // Auto ratio (`--ratio auto`): in blend mode the controller chooses the
   // ratio from the bytes this request loads and the calibrated costs, and

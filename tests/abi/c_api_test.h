@@ -107,6 +107,7 @@ void test_chunk_cache_add(cb_model* m);
 void test_chunk_cache_degraded_storage(void);
 /* test_c_api_experimental.c */
 void test_chunk_cache_add_after(cb_model* m);
+void test_chunk_cache_neighbour_lookup(cb_model* m);
 void test_chunk_cache_context_scale(cb_model* m);
 /* test_c_api_handles.c */
 void test_handles(cb_model* m, const char* path);

@@ -419,6 +419,7 @@ int main(void) {
     test_rag_tiers(m);
     test_chunk_cache_add(m);
     test_chunk_cache_add_after(m);
+    test_chunk_cache_neighbour_lookup(m);
     test_chunk_cache_context_scale(m);
     test_handles(m, path);
     cb_model_free(m);

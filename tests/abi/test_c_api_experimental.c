@@ -1,7 +1,10 @@
 /* The C API's experimental part (cacheblend_experimental.h): neighbour-aware
- * precompute with cb_chunk_cache_add_after, the context scale. */
+ * precompute with cb_chunk_cache_add_after and when requests look for it,
+ * the context scale. */
+#define _POSIX_C_SOURCE 200809L
 #include <cacheblend/cacheblend_experimental.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -164,6 +167,86 @@ done:
   cb_session_free(s);
   cb_chunk_cache_free(alone);
   cb_chunk_cache_free(after);
+}
+
+/* The flash store's lookups of one REUSE request of kRagChunks: *hits and
+ * *misses grow by what it counted. */
+static void reuse_lookups(cb_session* s, cb_chunk_cache* cache, cb_rag_options* ro, uint64_t* hits,
+                          uint64_t* misses) {
+  cb_chunk_cache_stats before, after;
+  cb_rag_stats st;
+  collector c;
+  cb_chunk_cache_stats_init(&before);
+  cb_chunk_cache_stats_init(&after);
+  cb_rag_stats_init(&st);
+  ro->mode = CB_MODE_REUSE;
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &before));
+  CHECK_OK(rag_answer(s, cache, ro, &st, &c, NULL, 0));
+  CHECK(st.cache_hits == 2 && st.cache_misses == 0);
+  CHECK_OK(cb_chunk_cache_get_stats(cache, &after));
+  *hits = after.hits - before.hits;
+  *misses = after.misses - before.misses;
+}
+
+/* Requests look for a chunk's KV computed after a context only through a
+ * cache that stored some or was told to (a store an earlier process
+ * filled): other caches pay no second lookup per chunk. */
+void test_chunk_cache_neighbour_lookup(cb_model* m) {
+  cb_model_info info;
+  cb_session* s = NULL;
+  cb_chunk_cache* cache = NULL;
+  cb_rag_options ro;
+  char dir[] = "/tmp/cb_c_api_neighbour.XXXXXX";
+  char cmd[128];
+  uint64_t hits = 0, misses = 0;
+  int made_dir;
+
+  s = open_session(m, &info);
+  made_dir = mkdtemp(dir) != NULL;
+  CHECK(made_dir);
+  if (s == NULL || !made_dir) goto done;
+  cb_rag_options_init(&ro);
+  CHECK_OK(cb_chunk_cache_open(dir, NULL, &cache));
+  if (cache == NULL) goto done;
+  CHECK_OK(cb_chunk_cache_add(s, cache, kRagChunks[0], &ro, NULL, NULL));
+  CHECK_OK(cb_chunk_cache_add(s, cache, kRagChunks[1], &ro, NULL, NULL));
+  /* One lookup per chunk. */
+  reuse_lookups(s, cache, &ro, &hits, &misses);
+  CHECK(hits == 2 && misses == 0);
+  /* Told to look: the second chunk's KV after a context is a miss first. */
+  CHECK_OK(cb_chunk_cache_set_neighbour_kv(cache, 1));
+  reuse_lookups(s, cache, &ro, &hits, &misses);
+  CHECK(hits == 2 && misses == 1);
+  CHECK_OK(cb_chunk_cache_set_neighbour_kv(cache, 0));
+  reuse_lookups(s, cache, &ro, &hits, &misses);
+  CHECK(hits == 2 && misses == 0);
+  /* Storing one turns the lookup on; the KV after a context is then found. */
+  CHECK_OK(cb_session_reset(s));
+  CHECK_OK(cb_chunk_cache_add_after(s, cache, kRagChunks[1], kRagChunks[0], &ro, NULL));
+  reuse_lookups(s, cache, &ro, &hits, &misses);
+  CHECK(hits == 2 && misses == 0);
+  /* Reopened, the cache does not look until told to, and then finds it. */
+  CHECK_OK(cb_chunk_cache_flush(cache));
+  cb_chunk_cache_free(cache);
+  cache = NULL;
+  CHECK_OK(cb_chunk_cache_open(dir, NULL, &cache));
+  if (cache == NULL) goto done;
+  reuse_lookups(s, cache, &ro, &hits, &misses);
+  CHECK(hits == 2 && misses == 0);
+  CHECK_OK(cb_chunk_cache_set_neighbour_kv(cache, 1));
+  reuse_lookups(s, cache, &ro, &hits, &misses);
+  CHECK(hits == 2 && misses == 0);
+
+  /* Misuse. */
+  CHECK_ERR(cb_chunk_cache_set_neighbour_kv(NULL, 1), CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_set_neighbour_kv(cache, 2), CB_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(cb_last_error(), "0 or 1") != NULL);
+
+done:
+  cb_chunk_cache_free(cache);
+  cb_session_free(s);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (made_dir) CHECK(system(cmd) == 0);
 }
 
 /* A context scale changes what REUSE and BLEND give, not what FULL gives; 1

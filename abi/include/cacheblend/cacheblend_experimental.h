@@ -32,9 +32,18 @@
  * chunk follows other chunks, in preference to the KV computed alone; where
  * the chunk opens the request with the PROMPT chunk head, whose KV the
  * request takes as exact, it takes the KV computed alone (computing it on a
- * miss) instead.  cb_chunk_cache_contains reports the KV computed alone;
- * cb_chunk_cache_remove removes both.  Errors as cb_chunk_cache_add; the
- * chunk with its head and context must fit in the session's context. */
+ * miss) instead.  Requests look for it only once this cache object has
+ * stored such KV, or after cb_chunk_cache_set_neighbour_kv(cache, 1) (a
+ * store on flash or Redis that an earlier process filled): other caches
+ * pay no second lookup per chunk.  cb_chunk_cache_contains reports the KV
+ * computed alone; cb_chunk_cache_remove removes both.  Errors as
+ * cb_chunk_cache_add; the chunk with its head and context must fit in the
+ * session's context.
+ *
+ * cb_chunk_cache_set_neighbour_kv: whether requests through `cache` look
+ * for KV computed after a context (1) or not (0, the default until
+ * cb_chunk_cache_add_after stores some through it).
+ * CB_ERR_INVALID_ARGUMENT for a NULL cache or another value. */
 /* Context scale (APE's scaling factor): in REUSE and BLEND requests through
  * this cache, the question's rows and every token decoded after them weigh
  * their attention to the reused chunks' keys by `scale` against the other
@@ -52,6 +61,8 @@ extern "C" {
 #endif
 
 CB_API cb_status cb_chunk_cache_set_context_scale(cb_chunk_cache* cache, float scale);
+
+CB_API cb_status cb_chunk_cache_set_neighbour_kv(cb_chunk_cache* cache, int32_t enabled);
 
 CB_API cb_status cb_chunk_cache_add_after(cb_session* session, cb_chunk_cache* cache,
                                           const char* chunk_text, const char* context_text,
