@@ -465,21 +465,42 @@ cb_status cb_chunk_cache_set_context_scale(cb_chunk_cache* cache, float scale) {
   });
 }
 
-cb_status cb_chunk_cache_contains(const cb_model* model, cb_chunk_cache* cache,
-                                  const char* chunk_text, const cb_rag_options* opts,
-                                  int32_t* out_found) {
-  return guard("cb_chunk_cache_contains", [&] {
+namespace {
+
+// Whether `cache` holds the chunk's KV computed alone (after_context false)
+// or after a context.
+cb_status chunk_cache_lookup(const char* fn, const cb_model* model, cb_chunk_cache* cache,
+                             const char* chunk_text, const cb_rag_options* opts, bool after_context,
+                             int32_t* out_found) {
+  return guard(fn, [&] {
     const cb::Model& m = model_of(model);
     check_cache(cache);
     require(chunk_text != nullptr, "chunk_text is NULL");
     require(out_found != nullptr, "out_found is NULL");
     const ChunkEntry e = chunk_entry(m, chunk_text, opts);
+    const cb::cache::ChunkKey key = after_context ? cb::after_context_key(e.key) : e.key;
     *out_found = !e.tokens.empty() && cache->impl->kv().find(
-                                          e.key, cb::chunk_kv_shape(m, e.tokens.size())) != nullptr
+                                          key, cb::chunk_kv_shape(m, e.tokens.size())) != nullptr
                      ? 1
                      : 0;
     return CB_OK;
   });
+}
+
+}  // namespace
+
+cb_status cb_chunk_cache_contains(const cb_model* model, cb_chunk_cache* cache,
+                                  const char* chunk_text, const cb_rag_options* opts,
+                                  int32_t* out_found) {
+  return chunk_cache_lookup("cb_chunk_cache_contains", model, cache, chunk_text, opts, false,
+                            out_found);
+}
+
+cb_status cb_chunk_cache_contains_after(const cb_model* model, cb_chunk_cache* cache,
+                                        const char* chunk_text, const cb_rag_options* opts,
+                                        int32_t* out_found) {
+  return chunk_cache_lookup("cb_chunk_cache_contains_after", model, cache, chunk_text, opts, true,
+                            out_found);
 }
 
 cb_status cb_chunk_cache_remove(const cb_model* model, cb_chunk_cache* cache,

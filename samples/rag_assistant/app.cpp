@@ -1,5 +1,6 @@
 #include "app.h"
 
+#include <cacheblend/cacheblend_experimental.h>
 #include <sched.h>
 
 #include <cstdio>
@@ -76,6 +77,8 @@ void open_chunk_cache(const CommonOptions& o, ChunkCache& cache) {
   if (t.placement_ratio >= 0.0f) so.placement_ratio = t.placement_ratio;
   check(cb_chunk_cache_open(kv_dir(o.store).c_str(), &so, &cache.h),
         "cannot open the chunk KV store in '" + kv_dir(o.store) + "'");
+  if (o.kv.neighbours)
+    check(cb_chunk_cache_set_neighbour_kv(cache.h, 1), "cannot use the store's neighbour KV");
   // What the open found (a store opened read-only, quarantined chunks, a
   // tier skipped) is said on stderr, and the command goes on.
   size_t n = 0;

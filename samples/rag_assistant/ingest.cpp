@@ -359,6 +359,7 @@ KvStoreSettings kv_settings(const IngestOptions& opts, CorpusDb& db, bool db_exi
     kv.codec = *opts.codec;
   }
   if (opts.capacity_bytes) kv.capacity_bytes = *opts.capacity_bytes;
+  if (opts.neighbours) kv.neighbours = *opts.neighbours;
   return kv;
 }
 
@@ -402,6 +403,7 @@ struct IngestSummary {
   PrecomputeTotals computed;
   size_t kv_removed = 0;
   size_t kv_pending = 0;
+  size_t kv_neighbour_pending = 0;  // chunks without KV after their neighbour
   uint64_t kv_bytes = 0;
   KvStoreSettings kv;
   long background_pid = 0;
@@ -420,6 +422,9 @@ void print_summary_json(const IngestSummary& s, const IngestOptions& opts,
       .add("kv_removed", static_cast<int64_t>(s.kv_removed))
       .add("kv_tokens_computed", static_cast<int64_t>(s.computed.tokens))
       .add("kv_pending", static_cast<int64_t>(s.kv_pending))
+      .add("kv_neighbours", s.kv.neighbours)
+      .add("kv_neighbour_computed", static_cast<int64_t>(s.computed.neighbour_chunks))
+      .add("kv_neighbour_pending", static_cast<int64_t>(s.kv_neighbour_pending))
       .add("kv_mode", opts.kv == KvWhen::kEager  ? "eager"
                       : opts.kv == KvWhen::kLazy ? "lazy"
                                                  : "background")
@@ -437,6 +442,9 @@ void print_summary(const IngestSummary& s, const IngestOptions& opts, const std:
       "%lld chunks in the store; chunk KV computed for %zu chunk(s), removed for %zu\n",
       s.files.added, s.files.changed, s.files.unchanged, s.files.removed, s.files.skipped,
       static_cast<long long>(s.n_chunks), s.computed.chunks, s.kv_removed);
+  if (s.kv.neighbours)
+    std::printf("chunk KV after a neighbour: computed for %zu chunk(s)\n",
+                s.computed.neighbour_chunks);
   std::printf("chunk KV: %s in the store (%s, at most %s)\n",
               size_text(static_cast<double>(s.kv_bytes)).c_str(), codec_name(s.kv.codec),
               size_text(static_cast<double>(s.kv.capacity_bytes)).c_str());
@@ -445,6 +453,11 @@ void print_summary(const IngestSummary& s, const IngestOptions& opts, const std:
         "%zu chunk(s) have no KV yet: each is computed when a question first retrieves it "
         "(or run 'rag_assistant --store %s precompute')\n",
         s.kv_pending, store.c_str());
+  if (s.kv_neighbour_pending > 0 && opts.kv == KvWhen::kLazy)
+    std::printf(
+        "%zu chunk(s) have no KV after their neighbour yet: questions use their KV computed "
+        "alone until 'rag_assistant --store %s precompute' computes it\n",
+        s.kv_neighbour_pending, store.c_str());
   if (s.background_pid > 0)
     std::printf(
         "computing the KV of %zu chunk(s) in the background at idle priority (pid %ld, log "
@@ -507,7 +520,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   open_chunk_cache(kv_common, cache);
   const cb_rag_options ro = base_rag_options(cs.system);
   s.kv_removed = remove_stale_kv(model, cache, db->all_chunks(), dropped, cs);
-  const MissingKv missing = missing_kv(model, *db, cache, ro);
+  const MissingKv missing = missing_kv(model, *db, cache, ro, kv_common.kv.neighbours);
   if (opts.kv != KvWhen::kLazy) warn_if_over_capacity(model, kv_common.kv, missing);
   if (opts.kv == KvWhen::kEager) s.computed = precompute_missing(kv_common, model, *db, cache, ro);
   check(cb_chunk_cache_flush(cache.h), "cannot flush the chunk KV store");
@@ -516,7 +529,8 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   cb_chunk_cache_stats_init(&kv_stats);
   check(cb_chunk_cache_get_stats(cache.h, &kv_stats), "cannot read the store's statistics");
   s.kv_pending = opts.kv == KvWhen::kEager ? 0 : missing.chunks;
-  if (opts.kv == KvWhen::kBackground && missing.chunks > 0) {
+  s.kv_neighbour_pending = opts.kv == KvWhen::kEager ? 0 : missing.neighbour_chunks;
+  if (opts.kv == KvWhen::kBackground && missing.chunks + missing.neighbour_chunks > 0) {
     cache.reset();
     model.reset();
     db.reset();

@@ -28,6 +28,9 @@ struct IngestOptions {
   // the store's (its defaults on a new store).
   std::optional<cb_codec> codec;
   std::optional<uint64_t> capacity_bytes;
+  // --kv-neighbours on|off: recorded as the store's setting; none: the
+  // store's (off on a new store).
+  std::optional<bool> neighbours;
 };
 
 // Chunks and indexes every usable file (unchanged files are skipped by

@@ -1,5 +1,6 @@
 #include "kv_store.h"
 
+#include <cacheblend/cacheblend_experimental.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/file.h>
@@ -16,6 +17,7 @@
 
 #include "corpus_db.h"
 #include "progress.h"
+#include "retrieval.h"
 #include "store_settings.h"
 
 namespace rag {
@@ -23,6 +25,7 @@ namespace {
 
 constexpr const char* kCodecKey = "kv_codec";
 constexpr const char* kCapacityKey = "kv_capacity_bytes";
+constexpr const char* kNeighboursKey = "kv_neighbours";
 
 std::string lock_path(const std::string& store) {
   return store + "/precompute.lock";
@@ -95,12 +98,14 @@ KvStoreSettings load_kv_settings(CorpusDb& db) {
     const unsigned long long n = std::strtoull(v->c_str(), &end, 10);
     if (!v->empty() && *end == '\0' && n > 0) s.capacity_bytes = n;
   }
+  if (const auto v = db.setting(kNeighboursKey)) s.neighbours = *v == "on";
   return s;
 }
 
 void save_kv_settings(CorpusDb& db, const KvStoreSettings& s) {
   db.set_setting(kCodecKey, codec_name(s.codec));
   db.set_setting(kCapacityKey, std::to_string(s.capacity_bytes));
+  db.set_setting(kNeighboursKey, s.neighbours ? "on" : "off");
 }
 
 double kv_bytes_per_token(const Model& model, cb_codec codec) {
@@ -130,8 +135,8 @@ std::string size_text(double bytes) {
   return buf;
 }
 
-MissingKv missing_kv(const Model& model, CorpusDb& db, ChunkCache& cache,
-                     const cb_rag_options& ro) {
+MissingKv missing_kv(const Model& model, CorpusDb& db, ChunkCache& cache, const cb_rag_options& ro,
+                     bool neighbours) {
   MissingKv m;
   for (const ChunkRecord& ch : db.all_chunks()) {
     m.all_tokens += static_cast<size_t>(ch.n_tokens);
@@ -142,13 +147,20 @@ MissingKv missing_kv(const Model& model, CorpusDb& db, ChunkCache& cache,
       ++m.chunks;
       m.tokens += static_cast<size_t>(ch.n_tokens);
     }
+    if (neighbours) {
+      check(cb_chunk_cache_contains_after(model.h, cache.h, ch.text.c_str(), &ro, &found),
+            "cannot look up a chunk's neighbour KV in the KV store");
+      if (!found) ++m.neighbour_chunks;
+    }
   }
   return m;
 }
 
 void warn_if_over_capacity(const Model& model, const KvStoreSettings& s, const MissingKv& m) {
   const double per_token = kv_bytes_per_token(model, s.codec);
-  const double need = per_token * static_cast<double>(m.all_tokens);
+  // With neighbours every chunk's KV is kept twice: computed alone and
+  // after its neighbour.
+  const double need = per_token * static_cast<double>(m.all_tokens) * (s.neighbours ? 2.0 : 1.0);
   if (need <= static_cast<double>(s.capacity_bytes)) return;
   char per[32];
   std::snprintf(per, sizeof per, "%.1f KB", per_token / 1024);
@@ -160,38 +172,94 @@ void warn_if_over_capacity(const Model& model, const KvStoreSettings& s, const M
        "compute only what questions need with --kv lazy");
 }
 
-PrecomputeTotals precompute_missing(const CommonOptions& common, const Model& model, CorpusDb& db,
-                                    ChunkCache& cache, const cb_rag_options& ro) {
-  std::vector<ChunkRecord> todo;
-  int max_tokens = 0;
+namespace {
+
+// A chunk whose KV after its neighbour the store lacks, and the neighbour.
+struct NeighbourTask {
+  ChunkRecord chunk;
+  ChunkRecord neighbour;
+};
+
+// The chunks without KV computed alone, and (with neighbours) those
+// without KV computed after their nearest chunk.
+struct PrecomputeTasks {
+  std::vector<ChunkRecord> alone;
+  std::vector<NeighbourTask> after;
+  int max_tokens = 0;  // of one task, the neighbour included
+};
+
+PrecomputeTasks precompute_tasks(const Model& model, CorpusDb& db, ChunkCache& cache,
+                                 const cb_rag_options& ro, bool neighbours) {
+  PrecomputeTasks t;
   for (ChunkRecord& ch : db.all_chunks()) {
     int32_t found = 0;
+    if (neighbours) {
+      check(cb_chunk_cache_contains_after(model.h, cache.h, ch.text.c_str(), &ro, &found),
+            "cannot look up a chunk's neighbour KV in the KV store");
+      if (!found)
+        if (std::optional<ChunkRecord> n = nearest_chunk(db, ch)) {
+          t.max_tokens = std::max(t.max_tokens, ch.n_tokens + n->n_tokens);
+          t.after.push_back({ch, std::move(*n)});
+        }
+    }
     check(cb_chunk_cache_contains(model.h, cache.h, ch.text.c_str(), &ro, &found),
           "cannot look up a chunk in the KV store");
     if (found) continue;
-    max_tokens = std::max(max_tokens, ch.n_tokens);
-    todo.push_back(std::move(ch));
+    t.max_tokens = std::max(t.max_tokens, ch.n_tokens);
+    t.alone.push_back(std::move(ch));
   }
+  return t;
+}
+
+std::string chunk_name(const ChunkRecord& ch) {
+  return "chunk " + std::to_string(ch.index) + " of " + ch.display;
+}
+
+}  // namespace
+
+PrecomputeTotals precompute_missing(const CommonOptions& common, const Model& model, CorpusDb& db,
+                                    ChunkCache& cache, const cb_rag_options& ro) {
+  const PrecomputeTasks todo = precompute_tasks(model, db, cache, ro, common.kv.neighbours);
   PrecomputeTotals t;
-  if (todo.empty()) return t;
-  // Room for the longest chunk, its chunk head (the system turn) and the
-  // blank line cb_rag_prefill adds after each chunk.
-  const int n_ctx = std::min(model_n_ctx_train(model), max_tokens + 256);
+  if (todo.alone.empty() && todo.after.empty()) return t;
+  // Room for the longest task, its chunk head (the system turn) and the
+  // blank lines cb_rag_prefill adds after each chunk.
+  const int n_ctx = std::min(model_n_ctx_train(model), todo.max_tokens + 256);
   Session session;
   create_session(model, common, n_ctx, session);
-  Progress progress("precomputing chunk KV", todo.size());
-  for (const ChunkRecord& ch : todo) {
-    int32_t n = 0;
-    const cb_status s = cb_chunk_cache_add(session.h, cache.h, ch.text.c_str(), &ro, nullptr, &n);
-    if (s == CB_ERR_CONTEXT_OVERFLOW)
-      throw Error("chunk " + std::to_string(ch.index) + " of " + ch.display +
-                  " does not fit the model's context (use a smaller --chunk-tokens)");
-    check(s, "cannot precompute the KV of chunk " + std::to_string(ch.index) + " of " + ch.display);
-    ++t.chunks;
-    t.tokens += static_cast<size_t>(n);
-    progress.update(t.chunks, t.tokens);
+  if (!todo.alone.empty()) {
+    Progress progress("precomputing chunk KV", todo.alone.size());
+    for (const ChunkRecord& ch : todo.alone) {
+      int32_t n = 0;
+      const cb_status s = cb_chunk_cache_add(session.h, cache.h, ch.text.c_str(), &ro, nullptr, &n);
+      if (s == CB_ERR_CONTEXT_OVERFLOW)
+        throw Error(chunk_name(ch) +
+                    " does not fit the model's context (use a smaller --chunk-tokens)");
+      check(s, "cannot precompute the KV of " + chunk_name(ch));
+      ++t.chunks;
+      t.tokens += static_cast<size_t>(n);
+      progress.update(t.chunks, t.tokens);
+    }
+    progress.finish(t.chunks, t.tokens);
   }
-  progress.finish(t.chunks, t.tokens);
+  if (todo.after.empty()) return t;
+  Progress progress("precomputing chunk KV after neighbours", todo.after.size());
+  size_t done = 0, tokens = 0;
+  for (const NeighbourTask& task : todo.after) {
+    int32_t n = 0;
+    const cb_status s = cb_chunk_cache_add_after(session.h, cache.h, task.chunk.text.c_str(),
+                                                 task.neighbour.text.c_str(), &ro, &n);
+    // A pair longer than the model's context keeps the KV computed alone.
+    if (s != CB_ERR_CONTEXT_OVERFLOW) {
+      check(s, "cannot precompute the KV of " + chunk_name(task.chunk) + " after " +
+                   chunk_name(task.neighbour));
+      ++t.neighbour_chunks;
+      tokens += static_cast<size_t>(task.neighbour.n_tokens + n);
+    }
+    progress.update(++done, tokens);
+  }
+  progress.finish(done, tokens);
+  t.tokens += tokens;
   return t;
 }
 
@@ -212,11 +280,14 @@ int run_precompute(const CommonOptions& common_in) {
   open_chunk_cache(common, cache);
   const std::string system = store_system_prompt(db);  // ro points into it
   const cb_rag_options ro = base_rag_options(system);
-  warn_if_over_capacity(model, common.kv, missing_kv(model, db, cache, ro));
+  warn_if_over_capacity(model, common.kv, missing_kv(model, db, cache, ro, common.kv.neighbours));
   const PrecomputeTotals t = precompute_missing(common, model, db, cache, ro);
   db.record_kv_model(model_identity(common.model_path, model), false);
   check(cb_chunk_cache_flush(cache.h), "cannot flush the chunk KV store");
-  std::printf("precompute: chunk KV computed for %zu chunk(s), %zu tokens\n", t.chunks, t.tokens);
+  std::printf(
+      "precompute: chunk KV computed for %zu chunk(s) alone and %zu after a neighbour, %zu "
+      "tokens\n",
+      t.chunks, t.neighbour_chunks, t.tokens);
   return 0;
 }
 

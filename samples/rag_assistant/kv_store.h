@@ -36,10 +36,13 @@ double kv_bytes_per_token(const Model& model, cb_codec codec);
 std::string size_text(double bytes);
 
 // Computes and stores the KV of every chunk of `db` that `cache` lacks,
-// with progress on stderr.  Returns {chunks, tokens} computed.
+// and with common.kv.neighbours its KV after its nearest chunk
+// (nearest_chunk in retrieval.h) where that is missing, with progress on
+// stderr.  Returns what it computed.
 struct PrecomputeTotals {
-  size_t chunks = 0;
-  size_t tokens = 0;
+  size_t chunks = 0;            // computed alone
+  size_t neighbour_chunks = 0;  // computed after their neighbour
+  size_t tokens = 0;            // every token computed, the neighbours' included
 };
 // `ro`: the request options of the store's chunks (base_rag_options with the
 // store's system prompt), which make their cache keys.
@@ -51,8 +54,11 @@ struct MissingKv {
   size_t chunks = 0;
   size_t tokens = 0;
   size_t all_tokens = 0;  // every chunk's, computed or not
+  // With `neighbours`: the chunks without KV computed after a neighbour.
+  size_t neighbour_chunks = 0;
 };
-MissingKv missing_kv(const Model& model, CorpusDb& db, ChunkCache& cache, const cb_rag_options& ro);
+MissingKv missing_kv(const Model& model, CorpusDb& db, ChunkCache& cache, const cb_rag_options& ro,
+                     bool neighbours);
 
 // Warns (stderr) when the whole corpus's KV would not fit the store, with
 // the sizes and the ways out.

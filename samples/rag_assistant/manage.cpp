@@ -351,6 +351,7 @@ int run_status(const CommonOptions& common, bool json) {
         .add("kv_bytes", static_cast<int64_t>(st.bytes))
         .add("kv_capacity_bytes", static_cast<int64_t>(s.kv.capacity_bytes))
         .add("kv_codec", codec_name(s.kv.codec))
+        .add("kv_neighbours", s.kv.neighbours)
         .add("kv_cached_chunks", n_cached)
         .add("model", model_json(s.model_id, false))
         .add("model_path", common.model_path)
@@ -374,7 +375,8 @@ int run_status(const CommonOptions& common, bool json) {
                       " chunk(s), " + std::to_string(n_tokens) + " tokens");
   p("chunk KV store:", std::to_string(st.n_entries) + " entries, " + megabytes(st.bytes) + " of " +
                            megabytes(s.kv.capacity_bytes) + " (every model's; codec " +
-                           codec_name(s.kv.codec) + ")");
+                           codec_name(s.kv.codec) + (s.kv.neighbours ? ", with neighbour KV" : "") +
+                           ")");
   p("model:", s.model_id.file_name + " (" + s.model_id.description + ")");
   p("", "KV cached for " + std::to_string(n_cached) + " of " + std::to_string(n_chunks) +
             " chunk(s); " +

@@ -161,4 +161,12 @@ Retrieval retrieve(CorpusDb& db, const std::string& question, const RetrievalOpt
   return r;
 }
 
+std::optional<ChunkRecord> nearest_chunk(CorpusDb& db, const ChunkRecord& chunk) {
+  // The chunk itself ranks first, and copies of it (the same text in
+  // another file) next: a few more candidates leave room for them.
+  for (ChunkRecord& c : db.search(fts_match_query(chunk.text), 4))
+    if (c.id != chunk.id && c.text != chunk.text) return std::move(c);
+  return std::nullopt;
+}
+
 }  // namespace rag

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,13 @@ struct Retrieval {
 // top_k).  The question is answered (found) when the picked chunks'
 // relevance (Retrieval::relevance) reaches min_relevance.
 Retrieval retrieve(CorpusDb& db, const std::string& question, const RetrievalOptions& opts);
+
+// The chunk of the store most like `chunk` by BM25 with the chunk's own
+// words as the query: the text that a question retrieving `chunk` most
+// likely retrieves beside it (the neighbour its KV is computed after with
+// --kv-neighbours).  Never `chunk` itself or a chunk of the same text;
+// nullopt when no other chunk shares a word with it.
+std::optional<ChunkRecord> nearest_chunk(CorpusDb& db, const ChunkRecord& chunk);
 
 // The pick alone, on candidates in BM25 order (exposed for tests).
 // gain(picked, c): the weight of the question's terms that c holds and no

@@ -88,6 +88,10 @@ void test_chunk_cache_add_after(cb_model* m) {
    * call replaces the entry. */
   CHECK_OK(cb_chunk_cache_contains(m, after, kRagChunks[1], &ro, &found));
   CHECK(found == 0);
+  CHECK_OK(cb_chunk_cache_contains_after(m, after, kRagChunks[1], &ro, &found));
+  CHECK(found == 1);
+  CHECK_OK(cb_chunk_cache_contains_after(m, after, kRagChunks[0], &ro, &found));
+  CHECK(found == 0);
   CHECK_OK(cb_chunk_cache_add_after(s, after, kRagChunks[1], kRagChunks[0], &ro, NULL));
   cb_chunk_cache_stats_init(&cs);
   CHECK_OK(cb_chunk_cache_get_stats(after, &cs));
@@ -125,6 +129,14 @@ void test_chunk_cache_add_after(cb_model* m) {
   CHECK(found == 1);
   CHECK_OK(cb_chunk_cache_get_stats(after, &cs));
   CHECK(cs.n_entries == 1);
+  CHECK_OK(cb_chunk_cache_contains_after(m, after, kRagChunks[1], &ro, &found));
+  CHECK(found == 0);
+  found = -1;
+  CHECK_ERR(cb_chunk_cache_contains_after(m, after, kRagChunks[1], &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK_ERR(cb_chunk_cache_contains_after(m, NULL, kRagChunks[1], &ro, &found),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK(found == -1);
   CHECK_OK(rag_answer(s, after, &ro, &st, &c, l_after, info.n_vocab));
   CHECK(st.cache_hits == 1 && st.cache_misses == 1);
 

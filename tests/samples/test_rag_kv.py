@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """rag_assistant's chunk KV settings end to end: when KV is computed (ingest
 --kv eager|lazy|background and the precompute command), the store's codec
-and size (--kv-codec, --kv-store-mb, kept as store settings), and the
-warning when a corpus's KV would not fit.
+and size (--kv-codec, --kv-store-mb, kept as store settings), neighbour-aware
+precompute (--kv-neighbours), and the warning when a corpus's KV would not
+fit.
 
   test_rag_kv.py --bin build/bin/rag_assistant --corpus tests/samples/fixtures/small_corpus
                  --model models/X.gguf
@@ -115,6 +116,47 @@ def test_settings(rag, corpus, tmp):
     check(rc == 2 and "ingest" in err, "--kv is for ingest only", describe(rc, out, err))
 
 
+def test_neighbours(rag, corpus, tmp):
+    store = os.path.join(tmp, "neighbours")
+    rc, obj, out, err = ingest(rag, store, corpus, "--kv-neighbours", "on", "--kv", "lazy")
+    ok = rc == 0 and obj and obj["kv_neighbours"] and obj["kv_computed"] == 0 \
+        and obj["kv_neighbour_pending"] == obj["chunks"] > 0
+    check(ok, "ingest --kv-neighbours on --kv lazy leaves every chunk's neighbour KV pending",
+          describe(rc, out, err))
+    # A question computes its chunks' KV alone; the chunks after the first
+    # look for their KV after a neighbour first and miss it.
+    rc, first, out, err = ask(rag, store)
+    n = len(first["sources"]) if first else 0
+    ok = rc == 0 and n > 1 and first["cache_misses"] == n \
+        and first["tiers"][0]["misses"] == 2 * n - 1
+    check(ok, "a question looks for the KV after a neighbour of every chunk but the first",
+          describe(rc, out, err))
+    rc, out, err = rag.run(["--store", store, "precompute"])
+    n_left = obj["chunks"] - n if obj else -1
+    check(rc == 0 and f"computed for {n_left} chunk(s) alone and {obj['chunks']} after a neighbour"
+          in out, "precompute computes the rest and every chunk's KV after its neighbour",
+          describe(rc, out, err))
+    rc, second, out, err = ask(rag, store)
+    ok = rc == 0 and second and second["cache_misses"] == 0 \
+        and second["tiers"][0]["misses"] == 0 and second["tiers"][0]["hits"] == n
+    check(ok, "then the question finds each chunk's KV with one lookup", describe(rc, out, err))
+    rc, info, out, err = rag.json(["--store", store, "status"])
+    ok = rc == 0 and info and info["kv_neighbours"] and info["kv_entries"] == 2 * info["chunks"]
+    check(ok, "info shows the setting, and the store holds two KV entries per chunk",
+          describe(rc, out, err))
+    rc, again, out, err = ingest(rag, store, corpus, "--kv-neighbours", "off")
+    ok = rc == 0 and again and not again["kv_neighbours"] and again["kv_computed"] == 0 \
+        and again["kv_neighbour_computed"] == 0
+    check(ok, "--kv-neighbours off is kept as the store's setting", describe(rc, out, err))
+    rc, third, out, err = ask(rag, store)
+    ok = rc == 0 and third and third["tiers"][0]["misses"] == 0 \
+        and third["tiers"][0]["hits"] == len(third["sources"])
+    check(ok, "and questions then take the KV computed alone", describe(rc, out, err))
+    rc, out, err = rag.run(["--store", store, "ingest", corpus, "--kv-neighbours", "yes"])
+    check(rc == 2 and "--kv-neighbours" in err, "--kv-neighbours takes on or off",
+          describe(rc, out, err))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -126,6 +168,7 @@ def main():
         test_lazy(rag, a.corpus, tmp)
         test_background(rag, a.corpus, tmp)
         test_settings(rag, a.corpus, tmp)
+        test_neighbours(rag, a.corpus, tmp)
     return finish()
 
 

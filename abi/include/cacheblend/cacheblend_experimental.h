@@ -36,7 +36,9 @@
  * stored such KV, or after cb_chunk_cache_set_neighbour_kv(cache, 1) (a
  * store on flash or Redis that an earlier process filled): other caches
  * pay no second lookup per chunk.  cb_chunk_cache_contains reports the KV
- * computed alone; cb_chunk_cache_remove removes both.  Errors as
+ * computed alone, cb_chunk_cache_contains_after the KV computed after a
+ * context (arguments and errors as cb_chunk_cache_contains);
+ * cb_chunk_cache_remove removes both.  Errors as
  * cb_chunk_cache_add; the chunk with its head and context must fit in the
  * session's context.
  *
@@ -67,6 +69,10 @@ CB_API cb_status cb_chunk_cache_set_neighbour_kv(cb_chunk_cache* cache, int32_t 
 CB_API cb_status cb_chunk_cache_add_after(cb_session* session, cb_chunk_cache* cache,
                                           const char* chunk_text, const char* context_text,
                                           const cb_rag_options* opts, int32_t* out_n_tokens);
+
+CB_API cb_status cb_chunk_cache_contains_after(const cb_model* model, cb_chunk_cache* cache,
+                                               const char* chunk_text, const cb_rag_options* opts,
+                                               int32_t* out_found);
 
 #ifdef __cplusplus
 }
