@@ -57,9 +57,10 @@ struct KvStoreSettings {
   uint64_t capacity_bytes = kDefaultCapacityBytes;
   // Neighbour-aware precompute (--kv-neighbours): each chunk's KV is also
   // computed after its nearest chunk in the store (nearest_chunk), which
-  // requests take where the chunk follows other chunks.  It brings the
-  // blend closer to a full prefill at about three times the precompute and
-  // twice the KV (README, "Neighbour-aware precompute").
+  // requests take where the chunk follows other chunks.  It costs about
+  // three times the precompute and twice the KV, and has shown no gain on
+  // the assistant's own requests yet (README, "Neighbour-aware
+  // precompute").
   bool neighbours = false;
 };
 
