@@ -458,11 +458,16 @@ void print_summary(const IngestSummary& s, const IngestOptions& opts, const std:
         "%zu chunk(s) have no KV after their neighbour yet: questions use their KV computed "
         "alone until 'rag_assistant --store %s precompute' computes it\n",
         s.kv_neighbour_pending, store.c_str());
-  if (s.background_pid > 0)
+  if (s.background_pid > 0) {
+    const std::string after =
+        s.kv.neighbours
+            ? " (and of " + std::to_string(s.kv_neighbour_pending) + " after their neighbour)"
+            : "";
     std::printf(
-        "computing the KV of %zu chunk(s) in the background at idle priority (pid %ld, log "
+        "computing the KV of %zu chunk(s)%s in the background at idle priority (pid %ld, log "
         "%s); questions can be asked now\n",
-        s.kv_pending, s.background_pid, precompute_log_path(store).c_str());
+        s.kv_pending, after.c_str(), s.background_pid, precompute_log_path(store).c_str());
+  }
 }
 
 }  // namespace
