@@ -275,7 +275,14 @@ struct QualityOptions {
   double guard_max_ratio = 0.0;
   bool show = false;
   // --neighbour-context: what each chunk but the first is computed after.
-  enum class Neighbour { kNone, kSimilar, kOutside, kUnrelated } neighbour = Neighbour::kNone;
+  enum class Neighbour {
+    kNone,
+    kSimilar,
+    kOutside,
+    kStore,
+    kUnrelated
+  } neighbour = Neighbour::kNone;
+  size_t neighbour_count = 1;  // --neighbours: store passages a chunk is computed after
   double context_scale = 1.0;
 };
 
@@ -309,13 +316,17 @@ QualityOptions parse_quality_options(const Args& a) {
     const std::map<std::string, QualityOptions::Neighbour> names = {
         {"similar", QualityOptions::Neighbour::kSimilar},
         {"outside", QualityOptions::Neighbour::kOutside},
+        {"store", QualityOptions::Neighbour::kStore},
         {"unrelated", QualityOptions::Neighbour::kUnrelated}};
     const auto it = names.find(n->second);
     if (it == names.end())
-      usage_error("--neighbour-context must be similar, outside or unrelated (got '" + n->second +
-                  "')");
+      usage_error("--neighbour-context must be similar, outside, store or unrelated (got '" +
+                  n->second + "')");
     o.neighbour = it->second;
   }
+  o.neighbour_count = static_cast<size_t>(parse_int(a, "--neighbours", 1, 1, 8));
+  if (o.neighbour_count > 1 && o.neighbour != QualityOptions::Neighbour::kStore)
+    usage_error("--neighbours goes with --neighbour-context store");
   return o;
 }
 
@@ -418,20 +429,27 @@ double add_scores(ModeTotals& t, const Example& ex, const ModeResult& r, const M
   return f1;
 }
 
-// The lowercased words of 4 or more letters or digits in `text`.
-std::set<std::string> long_words(const std::string& text) {
-  std::set<std::string> out;
+// The lowercased words of 4 or more letters or digits in `text`, in order,
+// repeats kept.
+std::vector<std::string> long_word_list(const std::string& text) {
+  std::vector<std::string> out;
   std::string w;
   for (size_t i = 0; i <= text.size(); ++i) {
     const unsigned char c = i < text.size() ? static_cast<unsigned char>(text[i]) : ' ';
     if (std::isalnum(c) || c >= 0x80) {
       w += static_cast<char>(std::tolower(c));
     } else {
-      if (w.size() >= 4) out.insert(w);
+      if (w.size() >= 4) out.push_back(w);
       w.clear();
     }
   }
   return out;
+}
+
+// The same, each once.
+std::set<std::string> long_words(const std::string& text) {
+  const std::vector<std::string> list = long_word_list(text);
+  return {list.begin(), list.end()};
 }
 
 // The ctx of ex.pool (other than chunk j; with `outside`, none of the
@@ -452,26 +470,116 @@ const std::string* most_similar_ctx(const Example& ex, size_t j, bool outside) {
   return best == j ? nullptr : &ex.pool[best];
 }
 
+// Where the contexts of neighbour-aware precompute came from.
+struct NeighbourPicks {
+  size_t chunks = 0;      // chunks computed after a context
+  size_t of_request = 0;  // ... that holds another chunk of the request
+  size_t of_example = 0;  // ... that holds another ctx of the same example
+};
+
+// Every distinct ctx of the loaded examples as one store of passages, ranked
+// the way a store's full-text index ranks them: BM25 (k1 = 1.2, b = 0.75,
+// SQLite FTS5's) with a text's distinct words of 4+ letters as the query.
+class PassageStore {
+ public:
+  explicit PassageStore(const std::vector<Example>& examples) {
+    std::set<std::string> seen;
+    double total = 0.0;
+    for (const Example& ex : examples)
+      for (const std::string& p : ex.pool) {
+        if (!seen.insert(p).second) continue;
+        std::map<std::string, int> tf;
+        size_t len = 0;
+        for (const std::string& w : long_word_list(p)) {
+          ++tf[w];
+          ++len;
+        }
+        for (const auto& [w, n] : tf) ++df_[w];
+        docs_.push_back({&p, std::move(tf), len});
+        total += static_cast<double>(len);
+      }
+    avg_len_ = docs_.empty() ? 1.0 : total / static_cast<double>(docs_.size());
+  }
+
+  // The `k` best-ranked passages other than `text` itself, best first.
+  std::vector<const std::string*> nearest(const std::string& text, size_t k) const {
+    const std::set<std::string> query = long_words(text);
+    std::vector<std::pair<double, const std::string*>> ranked;
+    const double n = static_cast<double>(docs_.size());
+    for (const Doc& d : docs_) {
+      if (*d.text == text) continue;
+      double score = 0.0;
+      for (const std::string& w : query) {
+        const auto f = d.tf.find(w);
+        if (f == d.tf.end()) continue;
+        const double df = df_.at(w), tf = f->second;
+        const double idf = std::max(std::log((n - df + 0.5) / (df + 0.5)), 1e-6);
+        const double norm = 1.2 * (0.25 + 0.75 * static_cast<double>(d.len) / avg_len_);
+        score += idf * tf * 2.2 / (tf + norm);
+      }
+      ranked.emplace_back(score, d.text);
+    }
+    k = std::min(k, ranked.size());
+    std::partial_sort(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k), ranked.end(),
+                      [](const auto& x, const auto& y) { return x.first > y.first; });
+    std::vector<const std::string*> out;
+    for (size_t i = 0; i < k; ++i) out.push_back(ranked[i].second);
+    return out;
+  }
+
+ private:
+  struct Doc {
+    const std::string* text;
+    std::map<std::string, int> tf;
+    size_t len;
+  };
+  std::vector<Doc> docs_;
+  std::map<std::string, int> df_;
+  double avg_len_ = 1.0;
+};
+
 // Neighbour-aware precompute: every chunk but the first (which follows the
 // prompt head in the request, so its KV is taken as exact) computed after
 // its most similar ctx (of the example's, or of those outside the request),
-// or after a ctx of the next example (unrelated text, a control), in a
-// namespace of this example's (the same chunk in another example's request
-// has its neighbour there).  Without such a ctx, alone.
-void add_with_neighbours(const QualityBench& b, const std::vector<Example>& examples, size_t i,
-                         cb_rag_options& ro, std::string& ns) {
+// its nearest passage in a store of every loaded example's ctxs, or after a
+// ctx of the next example (unrelated text, a control), in a namespace of
+// this example's (the same chunk in another example's request has its
+// neighbour there).  Without such a ctx, alone.  Counts in `picks` how
+// often the context is another chunk of the request and how often another
+// ctx of the example.
+void add_with_neighbours(const QualityBench& b, const std::vector<Example>& examples,
+                         const PassageStore& store, size_t i, cb_rag_options& ro, std::string& ns,
+                         NeighbourPicks& picks) {
   using Neighbour = QualityOptions::Neighbour;
   const Example& ex = examples[i];
   ns = "neighbour-context/" + std::to_string(i);
   ro.cache_namespace = ns.c_str();
   check(cb_session_reset(b.session.h), "cannot reset the session");
   for (size_t j = 1; j < ex.chunks.size(); ++j) {
-    const std::string* context = nullptr;
+    std::vector<const std::string*> contexts;
     if (b.o.neighbour == Neighbour::kUnrelated) {
       const Example& next = examples[(i + 1) % examples.size()];
-      if (&next != &ex) context = &next.pool[j % next.pool.size()];
-    } else {
-      context = most_similar_ctx(ex, j, b.o.neighbour == Neighbour::kOutside);
+      if (&next != &ex) contexts.push_back(&next.pool[j % next.pool.size()]);
+    } else if (b.o.neighbour == Neighbour::kStore) {
+      contexts = store.nearest(ex.chunks[j], b.o.neighbour_count);
+    } else if (const std::string* c =
+                   most_similar_ctx(ex, j, b.o.neighbour == Neighbour::kOutside)) {
+      contexts.push_back(c);
+    }
+    // The nearest passage last, right before the chunk.
+    std::string joined;
+    for (auto c = contexts.rbegin(); c != contexts.rend(); ++c)
+      joined += (joined.empty() ? "" : "\n\n") + **c;
+    const std::string* context = contexts.empty() ? nullptr : &joined;
+    if (context != nullptr) {
+      ++picks.chunks;
+      const auto in = [&](const std::vector<std::string>& v) {
+        for (const std::string* c : contexts)
+          if (std::find(v.begin(), v.end(), *c) != v.end()) return true;
+        return false;
+      };
+      picks.of_request += in(ex.chunks);
+      picks.of_example += in(ex.pool);
     }
     check(context != nullptr
               ? cb_chunk_cache_add_after(b.session.h, b.cache.h, ex.chunks[j].c_str(),
@@ -525,10 +633,14 @@ Totals run_examples(const QualityBench& b, const std::vector<QualityRun>& run_or
   cb_rag_options ro = quality_rag_options(b.o);
   const auto start = Clock::now();
   std::string ns;
+  static const std::vector<Example> kNoExamples;
+  const PassageStore store(b.o.neighbour == QualityOptions::Neighbour::kStore ? examples
+                                                                              : kNoExamples);
+  NeighbourPicks picks;
   for (size_t i = 0; i < examples.size(); ++i) {
     const Example& ex = examples[i];
     if (b.o.neighbour != QualityOptions::Neighbour::kNone)
-      add_with_neighbours(b, examples, i, ro, ns);
+      add_with_neighbours(b, examples, store, i, ro, ns, picks);
     run_example(b, run_order, ex, ro, totals);
     const double elapsed = ms_between(start, Clock::now()) / 1000.0;
     const double eta =
@@ -538,6 +650,11 @@ Totals run_examples(const QualityBench& b, const std::vector<QualityRun>& run_or
                  b.o.show ? ex.answers.front().c_str() : "");
     std::fflush(stderr);
   }
+  if (picks.chunks > 0)
+    std::fprintf(stderr,
+                 "quality: %zu chunk(s) computed after a context: %zu holding another chunk of "
+                 "the request, %zu another ctx of the example\n",
+                 picks.chunks, picks.of_request, picks.of_example);
   return totals;
 }
 

@@ -73,6 +73,7 @@ Args parse_args(int argc, char** argv) {
         "--guard-max-ratio",
         "--tf-tokens",
         "--neighbour-context",
+        "--neighbours",
         "--context-scale"}},
   };
   static const std::map<std::string, std::set<std::string>> kSwitches = {

@@ -313,24 +313,34 @@ def test_rag(bench, common):
               "quality --select list: a line per policy and ratio", describe(rc, out, err))
         # Neighbour-aware precompute: each example's second ctx computed after
         # its only other ctx, the one before it in the request, so reusing
-        # it gives full prefill's first token (alone it does not); with
-        # "outside" there is no other ctx: computed alone; "unrelated" with
-        # one example has no next one: alone too.
-        reuse_kl = {}
-        for how in ("", "similar", "outside", "unrelated"):
+        # it gives full prefill's first token (alone it does not); so does
+        # "store", whose only other passage it is (with --neighbours 2 too:
+        # there is no second); with "outside" there is no other ctx: computed
+        # alone; "unrelated" with one example has no next one: alone too.
+        reuse_kl, picks = {}, {}
+        for how in ("", "similar", "outside", "unrelated", "store", "store --neighbours 2"):
             rc, out, err = run(bench, ["quality", "--dataset", data, "--limit", "1", "--modes",
                                        "full,reuse", "--tf-tokens", "4", "--json"]
-                               + (["--neighbour-context", how] if how else []) + common)
+                               + (["--neighbour-context"] + how.split() if how else []) + common)
             rows = [o for o in json_lines(out) or [] if o.get("mode") == "reuse"]
             reuse_kl[how] = rows[0].get("kl_first") if rc == 0 and rows else None
+            picks[how] = "1 chunk(s) computed after a context: 1 holding another chunk" in err
         check(None not in reuse_kl.values() and reuse_kl["similar"] < 1e-6
               and reuse_kl[""] > 100 * reuse_kl["similar"]
+              and reuse_kl["store"] == reuse_kl["similar"]
+              and reuse_kl["store --neighbours 2"] == reuse_kl["similar"]
               and reuse_kl["outside"] == reuse_kl[""] and reuse_kl["unrelated"] == reuse_kl[""],
               "quality --neighbour-context: a chunk computed after its predecessor is exact",
               str(reuse_kl))
+        check(picks["similar"] and picks["store"] and not picks["outside"],
+              "quality --neighbour-context: says where the contexts came from", str(picks))
         expect_error(bench, ["quality", "--dataset", data, "--neighbour-context", "nearest"]
                      + common, "quality --neighbour-context nearest", code=2,
-                     must_contain="similar, outside or unrelated")
+                     must_contain="similar, outside, store or unrelated")
+        expect_error(bench, ["quality", "--dataset", data, "--neighbour-context", "similar",
+                             "--neighbours", "2"] + common,
+                     "quality --neighbours without store", code=2,
+                     must_contain="--neighbours goes with --neighbour-context store")
         rc, out, err = run(bench, ["quality", "--dataset", data, "--limit", "1", "--modes",
                                    "blend", "--select", "hkvd", "--schedule", "1:0.2,3:0.1",
                                    "--guard-share", "1", "--guard-max-ratio", "0.45",
