@@ -286,6 +286,22 @@ struct QualityOptions {
   double context_scale = 1.0;
 };
 
+const char* neighbour_context_name(QualityOptions::Neighbour n) {
+  switch (n) {
+    case QualityOptions::Neighbour::kNone:
+      return "none";
+    case QualityOptions::Neighbour::kSimilar:
+      return "similar";
+    case QualityOptions::Neighbour::kOutside:
+      return "outside";
+    case QualityOptions::Neighbour::kStore:
+      return "store";
+    case QualityOptions::Neighbour::kUnrelated:
+      return "unrelated";
+  }
+  return "?";
+}
+
 QualityOptions parse_quality_options(const Args& a) {
   QualityOptions o;
   auto it = a.values.find("--dataset");
@@ -626,9 +642,10 @@ void run_example(const QualityBench& b, const std::vector<QualityRun>& run_order
   }
 }
 
-// Every example, with progress on stderr.
+// Every example, with progress on stderr; `picks` counts where the
+// neighbour contexts came from.
 Totals run_examples(const QualityBench& b, const std::vector<QualityRun>& run_order,
-                    const std::vector<Example>& examples) {
+                    const std::vector<Example>& examples, NeighbourPicks& picks) {
   Totals totals;
   cb_rag_options ro = quality_rag_options(b.o);
   const auto start = Clock::now();
@@ -636,7 +653,6 @@ Totals run_examples(const QualityBench& b, const std::vector<QualityRun>& run_or
   static const std::vector<Example> kNoExamples;
   const PassageStore store(b.o.neighbour == QualityOptions::Neighbour::kStore ? examples
                                                                               : kNoExamples);
-  NeighbourPicks picks;
   for (size_t i = 0; i < examples.size(); ++i) {
     const Example& ex = examples[i];
     if (b.o.neighbour != QualityOptions::Neighbour::kNone)
@@ -667,6 +683,7 @@ struct QualityReport {
   size_t n_examples;
   const std::vector<QualityRun>& reported;
   const Totals& totals;
+  const NeighbourPicks& picks;
 };
 
 const ModeTotals* reuse_totals(const Totals& totals) {
@@ -716,6 +733,23 @@ void add_blend_fields(cbs::JsonObject& j, const QualityRun& run, const ModeTotal
     j.add_null("schedule");
 }
 
+// How the reused chunks' KV was computed: alone, or after what context
+// (--neighbour-context), and where those contexts came from.
+void add_neighbour_fields(cbs::JsonObject& j, const QualityReport& p) {
+  const bool after = p.o.neighbour != QualityOptions::Neighbour::kNone;
+  j.add("neighbour_context", neighbour_context_name(p.o.neighbour));
+  if (after)
+    j.add("neighbours", static_cast<int64_t>(p.o.neighbour_count))
+        .add("neighbour_chunks", static_cast<int64_t>(p.picks.chunks))
+        .add("neighbour_of_request", static_cast<int64_t>(p.picks.of_request))
+        .add("neighbour_of_example", static_cast<int64_t>(p.picks.of_example));
+  else
+    j.add_null("neighbours")
+        .add_null("neighbour_chunks")
+        .add_null("neighbour_of_request")
+        .add_null("neighbour_of_example");
+}
+
 void print_quality_json(const QualityReport& p) {
   const double n = static_cast<double>(p.n_examples);
   const ModeTotals* reuse = reuse_totals(p.totals);
@@ -760,8 +794,16 @@ void print_quality_json(const QualityReport& p) {
       j.add("max_chunks", static_cast<int64_t>(p.o.max_chunks));
     else
       j.add_null("max_chunks");
+    add_neighbour_fields(j, p);
     std::printf("%s\n", j.str().c_str());
   }
+}
+
+std::string neighbour_label(const QualityOptions& o) {
+  if (o.neighbour == QualityOptions::Neighbour::kNone) return "alone";
+  std::string label = std::string("after neighbour context ") + neighbour_context_name(o.neighbour);
+  if (o.neighbour_count > 1) label += " (" + std::to_string(o.neighbour_count) + " passages)";
+  return label;
 }
 
 void print_quality_table(const QualityReport& p) {
@@ -769,11 +811,13 @@ void print_quality_table(const QualityReport& p) {
   const ModeTotals* reuse = reuse_totals(p.totals);
   std::printf(
       "quality: %zu examples of %s, %s chunks each; %s (%s), %d threads; chunk head "
-      "%s, %s; context scale %g; TTFT on cached runs; teacher forcing over %d tokens\n",
+      "%s, %s; context scale %g; chunk KV computed %s; TTFT on cached runs; teacher forcing "
+      "over %d tokens\n",
       p.n_examples, p.o.path.c_str(),
       p.o.max_chunks > 0 ? ("at most " + std::to_string(p.o.max_chunks)).c_str() : "all",
       cbs::printable(model_name(p.model)).c_str(), kernels_name(p.model).c_str(), p.c.threads,
-      chunk_head_label(p.o.head), cache_label(p.codec).c_str(), p.o.context_scale, p.o.tf_tokens);
+      chunk_head_label(p.o.head), cache_label(p.codec).c_str(), p.o.context_scale,
+      neighbour_label(p.o).c_str(), p.o.tf_tokens);
   std::printf("%-16s %6s %6s %8s %9s %8s %8s %6s %10s %12s %9s\n", "run", "ratio", "f1", "fid_f1",
               "kl_first", "kl_tf", "top1_tf", "exact", "gap_closed", "ttft_ms(med)", "computed");
   for (const QualityRun& run : p.reported) {
@@ -852,8 +896,9 @@ int cmd_quality(const Args& a) {
         "cannot set the context scale");
 
   const QualityPlan plan = plan_runs(o);
-  const Totals totals = run_examples({o, model, session, cache}, plan.run_order, examples);
-  const QualityReport report{c, o, model, codec, examples.size(), plan.reported, totals};
+  NeighbourPicks picks;
+  const Totals totals = run_examples({o, model, session, cache}, plan.run_order, examples, picks);
+  const QualityReport report{c, o, model, codec, examples.size(), plan.reported, totals, picks};
   if (c.json)
     print_quality_json(report);
   else

@@ -317,7 +317,7 @@ def test_rag(bench, common):
         # "store", whose only other passage it is (with --neighbours 2 too:
         # there is no second); with "outside" there is no other ctx: computed
         # alone; "unrelated" with one example has no next one: alone too.
-        reuse_kl, picks = {}, {}
+        reuse_kl, picks, recorded = {}, {}, {}
         for how in ("", "similar", "outside", "unrelated", "store", "store --neighbours 2"):
             rc, out, err = run(bench, ["quality", "--dataset", data, "--limit", "1", "--modes",
                                        "full,reuse", "--tf-tokens", "4", "--json"]
@@ -325,6 +325,9 @@ def test_rag(bench, common):
             rows = [o for o in json_lines(out) or [] if o.get("mode") == "reuse"]
             reuse_kl[how] = rows[0].get("kl_first") if rc == 0 and rows else None
             picks[how] = "1 chunk(s) computed after a context: 1 holding another chunk" in err
+            recorded[how] = [(o.get("neighbour_context"), o.get("neighbours"),
+                              o.get("neighbour_chunks"), o.get("neighbour_of_request"))
+                             for o in rows]
         check(None not in reuse_kl.values() and reuse_kl["similar"] < 1e-6
               and reuse_kl[""] > 100 * reuse_kl["similar"]
               and reuse_kl["store"] == reuse_kl["similar"]
@@ -334,6 +337,11 @@ def test_rag(bench, common):
               str(reuse_kl))
         check(picks["similar"] and picks["store"] and not picks["outside"],
               "quality --neighbour-context: says where the contexts came from", str(picks))
+        check(recorded[""] == [("none", None, None, None)]
+              and recorded["similar"] == [("similar", 1, 1, 1)]
+              and recorded["outside"] == [("outside", 1, 0, 0)]
+              and recorded["store --neighbours 2"] == [("store", 2, 1, 1)],
+              "quality --json: records how the chunk KV was computed", str(recorded))
         expect_error(bench, ["quality", "--dataset", data, "--neighbour-context", "nearest"]
                      + common, "quality --neighbour-context nearest", code=2,
                      must_contain="similar, outside, store or unrelated")
