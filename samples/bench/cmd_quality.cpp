@@ -286,19 +286,17 @@ struct QualityOptions {
   double context_scale = 1.0;
 };
 
+// --neighbour-context's names; the first, the default, is not an option value.
+constexpr std::pair<QualityOptions::Neighbour, const char*> kNeighbourNames[] = {
+    {QualityOptions::Neighbour::kNone, "none"},
+    {QualityOptions::Neighbour::kSimilar, "similar"},
+    {QualityOptions::Neighbour::kOutside, "outside"},
+    {QualityOptions::Neighbour::kStore, "store"},
+    {QualityOptions::Neighbour::kUnrelated, "unrelated"}};
+
 const char* neighbour_context_name(QualityOptions::Neighbour n) {
-  switch (n) {
-    case QualityOptions::Neighbour::kNone:
-      return "none";
-    case QualityOptions::Neighbour::kSimilar:
-      return "similar";
-    case QualityOptions::Neighbour::kOutside:
-      return "outside";
-    case QualityOptions::Neighbour::kStore:
-      return "store";
-    case QualityOptions::Neighbour::kUnrelated:
-      return "unrelated";
-  }
+  for (const auto& [value, name] : kNeighbourNames)
+    if (value == n) return name;
   return "?";
 }
 
@@ -329,16 +327,12 @@ QualityOptions parse_quality_options(const Args& a) {
   o.show = a.switches.count("--show") > 0;
   o.context_scale = parse_double(a, "--context-scale", 1.0, 0.01, 100.0);
   if (auto n = a.values.find("--neighbour-context"); n != a.values.end()) {
-    const std::map<std::string, QualityOptions::Neighbour> names = {
-        {"similar", QualityOptions::Neighbour::kSimilar},
-        {"outside", QualityOptions::Neighbour::kOutside},
-        {"store", QualityOptions::Neighbour::kStore},
-        {"unrelated", QualityOptions::Neighbour::kUnrelated}};
-    const auto it = names.find(n->second);
-    if (it == names.end())
+    const auto* it = std::find_if(std::begin(kNeighbourNames) + 1, std::end(kNeighbourNames),
+                                  [&](const auto& e) { return n->second == e.second; });
+    if (it == std::end(kNeighbourNames))
       usage_error("--neighbour-context must be similar, outside, store or unrelated (got '" +
                   n->second + "')");
-    o.neighbour = it->second;
+    o.neighbour = it->first;
   }
   o.neighbour_count = static_cast<size_t>(parse_int(a, "--neighbours", 1, 1, 8));
   if (o.neighbour_count > 1 && o.neighbour != QualityOptions::Neighbour::kStore)
