@@ -47,6 +47,10 @@ Selection default_selection();
 // The ratio used when the caller gives none: 0.2, with kLookahead about a
 // quarter of a full prefill's work on requests of 4 chunks.
 constexpr float kDefaultRatio = 0.2f;
+// Whether BLEND shifts each chunk's other tokens by its recomputed tokens'
+// mean correction when the caller does not say (BlendOptions::chunk_shift;
+// the dev-set evidence is in docs/FIDELITY.md).
+constexpr bool kDefaultChunkShift = true;
 // Where a policy's single check goes: layer 0 when the ranking is known
 // before the pass (lookahead, random, oracle), so no layer computes every
 // token; layer 1 for the policies that measure fresh KV (at layer 0 a
@@ -81,6 +85,13 @@ struct BlendOptions {
   // head, the question, the answer), a correction for reused KV computed
   // without the chunks before it; 1: off.
   float context_scale = 1.0f;
+  // Chunk shift (BLEND): at every layer, each reused chunk's tokens that are
+  // not recomputed take the mean correction (fresh minus cached K before
+  // RoPE, and V) of the chunk's tokens that are, since much of what a
+  // chunk's KV lacks without its preceding context is shared by all of its
+  // tokens.  Nothing is added where no token of the chunk is recomputed
+  // (r = 0 stays REUSE) and nothing is left to add at r = 1 (FULL).
+  bool chunk_shift = kDefaultChunkShift;
 };
 
 // Throws cb::Error(kInvalidArgument) with the reason when the options cannot

@@ -208,10 +208,77 @@ void FusedForward::choose(int64_t layer, bool first, const std::vector<int32_t>&
   for (int32_t t : choice.chosen) chosen[cand[t]] = 1;
 }
 
+namespace {
+
+// The mean of the first n rows of `rows` (dim floats each), into its first
+// row, by pairwise adds: about log2(n) backend ops and nothing on the host.
+void mean_into_first_row(Backend& be, float* rows, int64_t n, int64_t dim) {
+  const int64_t n0 = n;
+  while (n > 1) {
+    const int64_t h = n / 2;  // the last h rows onto the first h
+    be.add(rows, rows + (n - h) * dim, h * dim, rows);
+    n -= h;
+  }
+  be.scale(rows, dim, 1.0f / static_cast<float>(n0));
+}
+
+}  // namespace
+
+void FusedForward::shift_chunks(int64_t layer) {
+  const int64_t kv_dim = hp_.kv_dim();
+  std::vector<int32_t> idx, pos, neg, rest, rest_neg;
+  for (const CachedChunkRef& c : chunks) {
+    const int32_t end = c.begin + c.len;
+    if (c.len == 0 || exact[c.begin]) continue;
+    // The chunk's recomputed rows (rows is ascending) and the others.
+    idx.clear();
+    pos.clear();
+    for (auto it = std::lower_bound(rows.begin(), rows.end(), c.begin);
+         it != rows.end() && *it < end; ++it) {
+      idx.push_back(static_cast<int32_t>(it - rows.begin()));
+      pos.push_back(*it);
+    }
+    if (pos.empty() || static_cast<int32_t>(pos.size()) == c.len) continue;
+    rest.clear();
+    for (int32_t p = c.begin, j = 0; p < end; ++p) {
+      if (j < static_cast<int32_t>(pos.size()) && pos[j] == p)
+        ++j;
+      else
+        rest.push_back(p);
+    }
+    neg.resize(pos.size());
+    rest_neg.resize(rest.size());
+    for (size_t j = 0; j < pos.size(); ++j) neg[j] = -pos[j];
+    for (size_t j = 0; j < rest.size(); ++j) rest_neg[j] = -rest[j];
+    const int64_t n_sel = static_cast<int64_t>(pos.size());
+    const int64_t n_rest = static_cast<int64_t>(rest.size());
+    fresh_.reserve(static_cast<size_t>(n_sel * kv_dim));
+    old_.reserve(static_cast<size_t>(std::max(n_sel, n_rest) * kv_dim));
+    for (const bool is_k : {true, false}) {
+      void* cache = is_k ? s_.k_cache(layer) : s_.v_cache(layer);
+      // fresh - cached over the recomputed rows, K compared before RoPE so
+      // that one correction fits every position.
+      be_.gather_rows(is_k ? k_.data() : v_.data(), kv_dim, idx.data(), n_sel, fresh_.data());
+      load_kv_rows(be_, s_.kv_dtype(), cache, kv_dim, pos.data(), n_sel, old_.data());
+      if (is_k) rope_keys(be_, hp_, layer, old_.data(), neg.data(), n_sel);
+      be_.scale(old_.data(), n_sel * kv_dim, -1.0f);
+      be_.add(fresh_.data(), old_.data(), n_sel * kv_dim, fresh_.data());
+      mean_into_first_row(be_, fresh_.data(), n_sel, kv_dim);
+      // The others: cached + the mean, K un-rotated and rotated back around it.
+      load_kv_rows(be_, s_.kv_dtype(), cache, kv_dim, rest.data(), n_rest, old_.data());
+      if (is_k) rope_keys(be_, hp_, layer, old_.data(), rest_neg.data(), n_rest);
+      be_.add_bias(old_.data(), fresh_.data(), n_rest, kv_dim);
+      if (is_k) rope_keys(be_, hp_, layer, old_.data(), rest.data(), n_rest);
+      store_kv_rows(be_, s_.kv_dtype(), old_.data(), kv_dim, rest.data(), n_rest, cache);
+    }
+  }
+}
+
 void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
   const LayerWeights& w = s_.layer_weights()[static_cast<size_t>(layer)];
   const int64_t r = static_cast<int64_t>(rows.size());
   const int64_t q_dim = hp_.n_head * hp_.head_dim, kv_dim = hp_.kv_dim();
+  if (chunk_shift) shift_chunks(layer);
   // First every carried row's K and V go into the cache, so that the
   // attention below may then run in row batches: a query only needs keys at
   // or before its position, all of which are in place.

@@ -70,8 +70,13 @@ class FusedForward {
 
   // Rows computed at layer 0 (ascending positions).
   std::vector<int32_t> rows;
-  // The cached chunks, in position order.
+  // The cached chunks this pass loads, in position order.
   std::vector<CachedChunkRef> cached;
+  // Every reused chunk, loaded by this pass or an earlier one (only begin
+  // and len are read), and whether the blend shifts their tokens that are
+  // not recomputed (BlendOptions::chunk_shift).
+  std::vector<CachedChunkRef> chunks;
+  bool chunk_shift = false;
   PipelineOptions pipeline;
   std::vector<uint8_t> is_cached;  // per position
   // Check-layer schedule (blend only) and the count the ratios refer to.
@@ -123,6 +128,9 @@ class FusedForward {
   // the rows from `out_begin` (an index into rows) on: at the last layer
   // only the logits' row, or none, is read.
   void attend_and_ffn(int64_t layer, int64_t out_begin);
+  // BlendOptions::chunk_shift at `layer`, before the carried rows' K/V go
+  // into the cache (the cache still holds their reused KV there).
+  void shift_chunks(int64_t layer);
   void run_graph(Graph& g);
   void resize_buffers();
   // Candidate scores of the check layer `layer`, into host memory.

@@ -96,6 +96,7 @@ void configure(FusedForward& f, const RequestLayout& lay, bool blend, bool load,
   f.n_reused = lay.n_reused;
   f.query_begin = lay.query_begin;
   if (load) f.cached = lay.cached;
+  f.chunks = lay.cached;
   f.pipeline = pipeline;
   for (int32_t p = load ? 0 : first_inexact(lay); p < n; ++p)
     if (blend || !lay.is_cached[p] || p == n - 1) f.rows.push_back(p);
@@ -104,6 +105,7 @@ void configure(FusedForward& f, const RequestLayout& lay, bool blend, bool load,
   f.selection = opts.selection;
   f.guard_share = opts.guard_share;
   f.guard_max_ratio = opts.guard_max_ratio;
+  f.chunk_shift = opts.chunk_shift;
 }
 
 // The bias of BlendOptions::context_scale: the rows after the last reused

@@ -95,7 +95,8 @@ std::vector<cb_mode> parse_modes(const Args& a, const char* def);
 constexpr float kAutoRatio = -1.0f;
 void set_ratio(cb_rag_options& ro, float r);
 std::string ratio_label(float r);
-bool parse_pipeline(const Args& a);
+// --NAME on|off; `absent` when not given.
+bool parse_on_off(const Args& a, const std::string& name, bool absent);
 std::vector<float> parse_ratios(const Args& a, bool allow_list);
 cb_chunk_head parse_chunk_head(const Args& a);
 std::vector<cb_select> parse_selects(const Args& a);
@@ -103,6 +104,7 @@ std::vector<cb_check_layer> parse_schedule(const Args& a);
 struct SelectOptions {
   std::vector<cb_select> selects;
   int sink_tokens = 0;
+  bool chunk_shift = true;  // --chunk-shift on|off
 };
 SelectOptions parse_select_options(const Args& a);
 const char* chunk_head_label(cb_chunk_head h);

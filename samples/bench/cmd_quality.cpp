@@ -397,6 +397,7 @@ cb_rag_options quality_rag_options(const QualityOptions& o) {
   ro.system_prompt =
       "Answer the question using the documents. Reply with only the answer, at most five words.";
   ro.sink_tokens = o.sel.sink_tokens;
+  ro.chunk_shift = o.sel.chunk_shift ? 1 : 0;
   ro.seed = o.seed;
   ro.guard_share = static_cast<float>(o.guard_share);
   ro.guard_max_ratio = static_cast<float>(o.guard_max_ratio);
@@ -713,11 +714,13 @@ void add_blend_fields(cbs::JsonObject& j, const QualityRun& run, const ModeTotal
   if (run.mode == CB_MODE_BLEND) {
     j.add("select", cb_select_name(o.sel.selects[run.select]))
         .add("sink_tokens", static_cast<int64_t>(o.sel.sink_tokens))
+        .add("chunk_shift", o.sel.chunk_shift)
         .add("selected_share_mean", mean(t.share))
         .add("guard_raised", t.raised / n);
   } else {
     j.add_null("select")
         .add_null("sink_tokens")
+        .add_null("chunk_shift")
         .add_null("selected_share_mean")
         .add_null("guard_raised");
   }
@@ -805,13 +808,14 @@ void print_quality_table(const QualityReport& p) {
   const ModeTotals* reuse = reuse_totals(p.totals);
   std::printf(
       "quality: %zu examples of %s, %s chunks each; %s (%s), %d threads; chunk head "
-      "%s, %s; context scale %g; chunk KV computed %s; TTFT on cached runs; teacher forcing "
+      "%s, %s; context scale %g; chunk shift %s; chunk KV computed %s; TTFT on cached runs; "
+      "teacher forcing "
       "over %d tokens\n",
       p.n_examples, p.o.path.c_str(),
       p.o.max_chunks > 0 ? ("at most " + std::to_string(p.o.max_chunks)).c_str() : "all",
       cbs::printable(model_name(p.model)).c_str(), kernels_name(p.model).c_str(), p.c.threads,
       chunk_head_label(p.o.head), cache_label(p.codec).c_str(), p.o.context_scale,
-      neighbour_label(p.o).c_str(), p.o.tf_tokens);
+      p.o.sel.chunk_shift ? "on" : "off", neighbour_label(p.o).c_str(), p.o.tf_tokens);
   std::printf("%-16s %6s %6s %8s %9s %8s %8s %6s %10s %12s %9s\n", "run", "ratio", "f1", "fid_f1",
               "kl_first", "kl_tf", "top1_tf", "exact", "gap_closed", "ttft_ms(med)", "computed");
   for (const QualityRun& run : p.reported) {

@@ -273,7 +273,8 @@ std::vector<TtftRow> measure_ttft(const Args& a, const TtftOptions& o, const Ses
   cb_rag_options_init(&ro);
   ro.chunk_head = o.head;
   ro.sink_tokens = o.sel.sink_tokens;
-  ro.pipeline = parse_pipeline(a) ? 1 : 0;
+  ro.chunk_shift = o.sel.chunk_shift ? 1 : 0;
+  ro.pipeline = parse_on_off(a, "--pipeline", true) ? 1 : 0;
   std::vector<TtftRow> rows;
   const size_t n_caps = std::max<size_t>(1, o.caps.size());
   for (size_t ci = 0; ci < n_caps; ++ci) {
@@ -307,6 +308,7 @@ void print_ttft_json(const std::vector<TtftRow>& rows, const TtftOptions& o, con
         .add("ratio_mode", r.ratio_opt == kAutoRatio ? "auto" : "fixed")
         .add("select", r.mode == CB_MODE_BLEND ? cb_select_name(r.select) : "none")
         .add("sink_tokens", static_cast<int64_t>(o.sel.sink_tokens))
+        .add("chunk_shift", o.sel.chunk_shift)
         .add("pipeline", r.st.pipelined != 0)
         .add("bytes_read", static_cast<int64_t>(r.st.bytes_read))
         .add("n_ctx", r.st.n_tokens)

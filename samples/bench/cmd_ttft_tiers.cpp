@@ -392,8 +392,9 @@ int ttft_tiers(const Args& a, const Common& c, const TtftOptions& o, const Model
   cb_rag_options_init(&ro);
   ro.chunk_head = o.head;
   ro.sink_tokens = o.sel.sink_tokens;
+  ro.chunk_shift = o.sel.chunk_shift ? 1 : 0;
   ro.select = o.sel.selects.front();
-  ro.pipeline = parse_pipeline(a) ? 1 : 0;
+  ro.pipeline = parse_on_off(a, "--pipeline", true) ? 1 : 0;
   // Warm every store: the first request computes and places every chunk,
   // the second reads them back (promotions included); both untimed.
   const std::vector<const char*> chunks = req.chunk_ptrs();

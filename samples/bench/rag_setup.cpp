@@ -63,11 +63,12 @@ void set_ratio(cb_rag_options& ro, float r) {
   ro.ratio = r == kAutoRatio ? defaults.ratio : r;
 }
 
-bool parse_pipeline(const Args& a) {
-  auto it = a.values.find("--pipeline");
-  if (it == a.values.end() || it->second == "on") return true;
+bool parse_on_off(const Args& a, const std::string& name, bool absent) {
+  auto it = a.values.find(name);
+  if (it == a.values.end()) return absent;
+  if (it->second == "on") return true;
   if (it->second == "off") return false;
-  usage_error("option --pipeline: '" + it->second + "' is not on or off");
+  usage_error("option " + name + ": '" + it->second + "' is not on or off");
 }
 
 std::vector<float> parse_ratios(const Args& a, bool allow_list) {
@@ -172,6 +173,9 @@ SelectOptions parse_select_options(const Args& a) {
   SelectOptions o;
   o.selects = parse_selects(a);
   o.sink_tokens = static_cast<int>(parse_int(a, "--sink-tokens", 0, 0, 1024));
+  cb_rag_options defaults;  // the library's default chunk shift
+  cb_rag_options_init(&defaults);
+  o.chunk_shift = parse_on_off(a, "--chunk-shift", defaults.chunk_shift != 0);
   return o;
 }
 

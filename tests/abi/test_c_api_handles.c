@@ -216,6 +216,7 @@ void test_rag(cb_model* m) {
         strcmp(cb_select_name(CB_SELECT_ORACLE_KL), "oracle_kl") == 0 &&
         strcmp(cb_select_name((cb_select)99), "unknown") == 0);
   CHECK(ro.sink_tokens == 0 && ro.guard_share == 0.0f && ro.guard_max_ratio == 0.5f);
+  CHECK(ro.chunk_shift == 1);
   CHECK(ro.chunk_head == CB_CHUNK_HEAD_PROMPT && ro.schedule == NULL && ro.n_schedule == 0);
   CHECK_ERR(cb_session_logits(s, &lp, &nv), CB_ERR_INVALID_ARGUMENT); /* nothing yet */
 
@@ -399,6 +400,11 @@ void test_rag(cb_model* m) {
   ro.guard_max_ratio = (float)NAN;
   CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
             CB_ERR_INVALID_ARGUMENT);
+  cb_rag_options_init(&ro);
+  ro.chunk_shift = 2;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(cb_last_error(), "chunk_shift") != NULL);
   CHECK(cb_session_n_past(s) == 0);
   /* A caller built against the struct before `select` still works, with
    * the defaults for the fields it lacks. */

@@ -286,13 +286,14 @@ def test_rag(bench, common):
                   and all(o.get("tf_tokens") == 8 for o in objs),
                   "quality: teacher-forced fidelity and the gap closed", out)
             # The same keys on every line; the selection's are null outside blend.
-            keys = ("select", "sink_tokens", "selected_share_mean", "guard_raised", "schedule",
-                    "gap_closed", "gap_closed_tf")
+            keys = ("select", "sink_tokens", "chunk_shift", "selected_share_mean", "guard_raised",
+                    "schedule", "gap_closed", "gap_closed_tf")
             check(all(k in o for o in objs for k in keys)
                   and all(o.get(k) is None for o in objs if o.get("mode") != "blend"
-                          for k in ("select", "sink_tokens", "selected_share_mean",
-                                    "guard_raised", "schedule"))
+                          for k in ("select", "sink_tokens", "chunk_shift",
+                                    "selected_share_mean", "guard_raised", "schedule"))
                   and blend.get("sink_tokens") == 0 and blend.get("schedule") is None
+                  and blend.get("chunk_shift") is True
                   and 0 <= blend.get("selected_share_mean", -1) <= 1
                   and 0 <= blend.get("guard_raised", -1) <= 1,
                   "quality: selection fields", out)
@@ -301,12 +302,13 @@ def test_rag(bench, common):
         rc, out, err = run(bench, ["quality", "--dataset", data, "--limit", "1", "--modes",
                                    "full,blend", "--select", "hkvd,random", "--ratio", "0.1,0.3",
                                    "--sink-tokens", "2", "--seed", "7", "--tf-tokens", "4",
-                                   "--json"] + common)
+                                   "--chunk-shift", "off", "--json"] + common)
         objs = json_lines(out) or []
         check(rc == 0 and [(o.get("mode"), o.get("select"), o.get("ratio")) for o in objs]
               == [("full", None, 1), ("blend", "hkvd", 0.1), ("blend", "hkvd", 0.3),
                   ("blend", "random", 0.1), ("blend", "random", 0.3), ("reuse", None, 0)]
-              and all(o.get("sink_tokens") == 2 for o in objs if o.get("mode") == "blend")
+              and all(o.get("sink_tokens") == 2 and o.get("chunk_shift") is False
+                      for o in objs if o.get("mode") == "blend")
               and all(o.get("kl_tf_mean", -1) >= 0 and 0 <= o.get("top1_tf", -1) <= 1
                       for o in objs)
               and objs[0].get("kl_tf_mean") == 0 and objs[0].get("top1_tf") == 1,
@@ -393,6 +395,8 @@ def test_rag(bench, common):
                      must_contain="twice")
         expect_error(bench, q + ["--sink-tokens", "2000"] + common, "quality --sink-tokens 2000",
                      code=2, must_contain="--sink-tokens")
+        expect_error(bench, q + ["--chunk-shift", "maybe"] + common, "quality --chunk-shift maybe",
+                     code=2, must_contain="--chunk-shift")
         expect_error(bench, q + ["--guard-share", "1.5"] + common, "quality --guard-share 1.5",
                      code=2, must_contain="--guard-share")
         expect_error(bench, q + ["--guard-max-ratio", "-0.1"] + common,

@@ -406,6 +406,69 @@ TEST_F(FusorTest, EveryPolicyKeepsTheIdentities) {
   }
 }
 
+// The chunk shift undoes exactly what it models: chunk KV that is a full
+// prefill's plus one offset per chunk and layer (K before RoPE, and V).
+// Layer by layer, the recomputed tokens see exact keys and values below, so
+// their fresh KV is exact and their mean correction is minus the offset:
+// the blend is then a full prefill, with any policy that recomputes a token
+// of every chunk.  Without the shift the offsets stay.
+TEST_F(FusorTest, ChunkShiftUndoesAnOffsetSharedByAChunksTokens) {
+  Session scratch(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
+  std::vector<int32_t> before = req.head;
+  std::vector<cache::ChunkKV> shifted;  // the sources borrow them
+  std::vector<std::unique_ptr<cache::MemoryChunkSource>> offset;
+  for (size_t i = 0; i < req.chunks.size(); ++i) {
+    cache::ChunkKV& k = shifted.emplace_back(precompute_chunk_kv(scratch, before, req.chunks[i]));
+    before.insert(before.end(), req.chunks[i].begin(), req.chunks[i].end());
+    const int64_t dim = k.shape.kv_dim();
+    for (int l = 0; l < k.shape.n_layers && i > 0; ++l)
+      for (int64_t t = 0; t < k.shape.n_tokens; ++t)
+        for (int64_t d = 0; d < dim; ++d) {
+          // Different per chunk, layer and element, the same for every token.
+          const float c = 0.05f * static_cast<float>((d * 7 + l * 3 + i * 5) % 11) - 0.25f;
+          k.k_layer(l)[t * dim + d] += c;
+          k.v_layer(l)[t * dim + d] -= 0.5f * c;
+        }
+  }
+  for (const cache::ChunkKV& k : shifted)
+    offset.push_back(std::make_unique<cache::MemoryChunkSource>(k));
+  std::vector<Segment> segs = {{req.head}};
+  for (size_t i = 0; i < req.chunks.size(); ++i)
+    segs.push_back({req.chunks[i], offset[i].get(), /*exact_prefix=*/i == 0});
+  segs.push_back({req.suffix});
+  const std::vector<float> f = full(KvType::kF32);
+  // (Not HKVD: its V deviation is the offset here, so it spends the whole
+  // count on the chunk with the larger one.)
+  for (Selection sel : {Selection::kLookahead, Selection::kRandom}) {
+    SCOPED_TRACE(selection_name(sel));
+    double err[2];
+    for (bool shift : {false, true}) {
+      BlendOptions o = blend_with(sel, {{first_check_layer(sel), 0.3f}});
+      o.chunk_shift = shift;
+      Session s(model(),
+                {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
+      FusionStats st;
+      auto l = fuse_prefill(s, segs, o, &st);
+      err[shift] = rel_l2(std::vector<float>(l.begin(), l.end()), f);
+      EXPECT_EQ(st.chunks_recomputed, 0);
+      int32_t begin = static_cast<int32_t>(req.head.size() + req.chunks[0].size());
+      for (size_t i = 1; i < req.chunks.size(); ++i) {
+        const int32_t end = begin + static_cast<int32_t>(req.chunks[i].size());
+        EXPECT_TRUE(std::any_of(st.final_rows.begin(), st.final_rows.end(),
+                                [&](int32_t p) { return p >= begin && p < end; }))
+            << "chunk " << i << " has a recomputed token";
+        begin = end;
+      }
+    }
+    std::printf(
+        "%s: offset chunk KV against full prefill, rel L2 %.2e without the shift, %.2e "
+        "with it\n",
+        selection_name(sel), err[0], err[1]);
+    EXPECT_LE(err[1], 1e-4);
+    EXPECT_GT(err[0], 100.0 * err[1]);
+  }
+}
+
 // The first chunk follows exactly the head it was computed after: its KV is
 // exact, so no policy spends the ratio on it.
 TEST_F(FusorTest, ExactLeadingChunkIsNeverRecomputed) {

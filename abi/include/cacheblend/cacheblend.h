@@ -916,6 +916,14 @@ typedef struct cb_rag_options {
   /* The guard's ceiling on the ratio, in [0, 1] (default 0.5): the bound
    * on the extra time to first token the caller accepts. */
   float guard_max_ratio;
+  /* 1 (default): BLEND shifts, at every layer, the KV of each chunk's
+   * tokens that are not recomputed by the mean correction (fresh minus
+   * cached K before RoPE, and V) of the chunk's tokens that are: much of
+   * what a chunk's KV lacks without the chunks before it is shared by all
+   * of its tokens.  No extra token is computed.  0: the reused KV as
+   * stored.  Added after guard_max_ratio: a struct that ends before it
+   * gets the default. */
+  int32_t chunk_shift;
 } cb_rag_options;
 
 /* Fills `opts` with defaults.  NULL is ignored. */

@@ -236,6 +236,8 @@ class RagOptions:
     guard_share      quality guard: raise the ratio until the kept tokens hold
                      this share of the policy's score; 0 is off [0]
     guard_max_ratio  the guard's ceiling on the ratio [0.5]
+    chunk_shift      BLEND shifts each chunk's tokens that are not recomputed by
+                     the mean correction of its tokens that are [True]
 
     chunk_head, system_prompt and cache_namespace are part of a chunk's cache
     key: pass the same values when adding, looking up and answering.
@@ -253,6 +255,7 @@ class RagOptions:
     seed: Optional[int] = None
     guard_share: Optional[float] = None
     guard_max_ratio: Optional[float] = None
+    chunk_shift: Optional[bool] = None
 
     _ENUMS = {"mode": Mode, "chunk_head": ChunkHead, "select": Select}
 
@@ -268,7 +271,7 @@ class RagOptions:
                 value = int(self._ENUMS[f.name].coerce(value))
             elif f.name in ("system_prompt", "cache_namespace"):
                 value = c_string(value, f.name)
-            elif f.name in ("pipeline", "auto_ratio"):
+            elif f.name in ("pipeline", "auto_ratio", "chunk_shift"):
                 value = int(bool(value))
             elif f.name == "schedule":
                 layers = [_native.CheckLayer(int(layer), float(ratio)) for layer, ratio in value]
