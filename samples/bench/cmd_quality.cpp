@@ -631,9 +631,12 @@ void run_example(const QualityBench& b, const std::vector<QualityRun>& run_order
     }
     const double f1 = add_scores(t, ex, r, full, fs);
     if (b.o.show)
-      std::fprintf(stderr, "  %-6s %-9s f1 %.2f  kl %.4f  ttft %7.1f ms  answer: %s\n",
+      std::fprintf(stderr,
+                   "  %-6s %-9s f1 %.2f  kl %.4f  kl tf %.4f (%d/%d agree)  ttft %7.1f ms  "
+                   "answer: %s\n",
                    cb_mode_name(m), m == CB_MODE_BLEND ? cb_select_name(ro.select) : "", f1,
-                   kl_softmax(full.logits, r.logits), r.ttft_ms, r.answer.c_str());
+                   kl_softmax(full.logits, r.logits), fs.kl_mean, fs.agree, fs.positions, r.ttft_ms,
+                   r.answer.c_str());
   }
 }
 
