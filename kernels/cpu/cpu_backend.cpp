@@ -275,7 +275,9 @@ class CpuBackend final : public Backend {
           "rope: rot_dim must be even and at most head_dim");
     if (n_rows == 0) return;
     const int64_t row = n_heads * head_dim;
-    const int32_t max_pos = *std::max_element(pos, pos + n_rows);
+    // The table covers |pos|: a negative position undoes a rotation.
+    const auto [lo, hi] = std::minmax_element(pos, pos + n_rows);
+    const int32_t max_pos = std::max(*hi, *lo == INT32_MIN ? INT32_MAX : -*lo);
     const auto angles = rope_table_.covering(max_pos, rot_dim, freq_base, freq_factors);
     split(n_rows, tasks_for(n_rows * row), 1, [&](int64_t r0, int64_t r1) {
       RopeTable::rope(x + r0 * row, pos + r0, r1 - r0, n_heads, head_dim, rot_dim, *angles,

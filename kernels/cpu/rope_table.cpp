@@ -49,11 +49,18 @@ void RopeTable::rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_hea
                      int64_t head_dim, int64_t rot_dim, const Angles& angles, float freq_base,
                      const float* freq_factors) {
   const int64_t n_pairs = rot_dim / 2, row = n_heads * head_dim;
+  std::vector<float> neg_sin;  // a negative position's: sin is odd, cos even
   for (int64_t r = 0; r < n_rows; ++r) {
-    if (pos[r] >= 0 && pos[r] < angles.n_pos) {
-      const size_t off = static_cast<size_t>(pos[r]) * static_cast<size_t>(n_pairs);
-      ref::rope_rotate(x + r * row, n_heads, head_dim, n_pairs, angles.cos_t.data() + off,
-                       angles.sin_t.data() + off);
+    const int64_t p = pos[r], a = p < 0 ? -p : p;
+    if (a < angles.n_pos) {
+      const size_t off = static_cast<size_t>(a) * static_cast<size_t>(n_pairs);
+      const float* sin_t = angles.sin_t.data() + off;
+      if (p < 0) {
+        neg_sin.resize(static_cast<size_t>(n_pairs));
+        for (int64_t i = 0; i < n_pairs; ++i) neg_sin[i] = -sin_t[i];
+        sin_t = neg_sin.data();
+      }
+      ref::rope_rotate(x + r * row, n_heads, head_dim, n_pairs, angles.cos_t.data() + off, sin_t);
     } else {
       ref::rope(x + r * row, pos + r, 1, n_heads, head_dim, rot_dim, freq_base, freq_factors);
     }

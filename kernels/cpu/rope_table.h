@@ -7,8 +7,10 @@
 // The table holds them as ref::rope computes them (f64 angle, rounded
 // once), so a rotation through the table is bitwise the one computed in
 // place.  It grows on demand up to kMaxBytes per (rot_dim, freq_base,
-// frequency factors); positions past that, and negative ones, are computed
-// in place.
+// frequency factors); positions past that are computed in place.  A
+// negative position (a rotation undone) takes its opposite's cos and the
+// negated sin, as ref::rope would compute them: the angle's negation is
+// exact, and cos is even and sin odd.
 #pragma once
 
 #include <cstdint>

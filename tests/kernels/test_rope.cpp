@@ -50,6 +50,17 @@ TEST(Rope, Composes) {
   for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(two_steps[i], one_step[i], 2e-6) << i;
 }
 
+// A negative position undoes the rotation of its opposite (how the blend
+// compares a rotated key with one before RoPE).
+TEST(Rope, NegativePositionUndoesTheRotation) {
+  std::mt19937 rng(24);
+  auto be = make_cpu_backend(2);
+  const std::vector<float> x = test::random_floats(rng, 4 * kHeads * kHeadDim);
+  const std::vector<int32_t> p = {1, 17, 3000, 8000}, minus_p = {-1, -17, -3000, -8000};
+  const std::vector<float> back = rotate(*be, rotate(*be, x, p), minus_p);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(back[i], x[i], 2e-6) << i;
+}
+
 TEST(Rope, MatchesFloat64AtLargePositions) {
   std::mt19937 rng(23);
   auto be = make_cpu_backend(3);
@@ -136,11 +147,13 @@ TEST(Rope, TableRotatesBitwiseAsTheReference) {
   auto be = make_cpu_backend(2);
   // Growing positions (the table grows), then small ones again (it is
   // reused), two bases and a partial rotation (separate tables), negative
-  // positions and ones past the table's cap (computed in place).
+  // positions (the table's opposite angles) and ones past the table's cap
+  // (computed in place).
   const int32_t past_cap =
       static_cast<int32_t>(RopeTable::kMaxBytes / (2 * (kHeadDim / 2) * sizeof(float))) + 7;
-  const std::vector<std::vector<int32_t>> runs = {
-      {0, 1, 2, 3}, {17, 900, 4095}, {8191, 5, 0}, {-3, 12, past_cap, 40000}, {1, 2}};
+  const std::vector<std::vector<int32_t>> runs = {{0, 1, 2, 3}, {17, 900, 4095},
+                                                  {8191, 5, 0}, {-3, 12, past_cap, 40000},
+                                                  {1, 2},       {-1, -900, -8191, -past_cap}};
   for (float base : {10000.0f, 500000.0f}) {
     for (int64_t rot_dim : {kHeadDim, int64_t{32}}) {
       for (const auto& pos : runs) {
