@@ -812,8 +812,7 @@ void print_quality_table(const QualityReport& p) {
   std::printf(
       "quality: %zu examples of %s, %s chunks each; %s (%s), %d threads; chunk head "
       "%s, %s; context scale %g; chunk shift %s; chunk KV computed %s; TTFT on cached runs; "
-      "teacher forcing "
-      "over %d tokens\n",
+      "teacher forcing over %d tokens\n",
       p.n_examples, p.o.path.c_str(),
       p.o.max_chunks > 0 ? ("at most " + std::to_string(p.o.max_chunks)).c_str() : "all",
       cbs::printable(model_name(p.model)).c_str(), kernels_name(p.model).c_str(), p.c.threads,
