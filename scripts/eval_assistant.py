@@ -5,6 +5,7 @@ first token: the evidence for the default model.
     scripts/eval_assistant.py --bin build/bin/rag_assistant --questions FILE.json
         --models models/A.gguf,models/B.gguf [--modes full,blend] [--threads 2]
         [--chunk-tokens N] [--top-k K] [--work DIR] [--json OUT.jsonl] [--neighbours]
+        [--shift-off]
     scripts/eval_assistant.py ... --dataset DEV.json [--limit N] (instead of --questions)
 
 FILE.json: {"files": [paths, .gz read as text], "questions": [{"question": str,
@@ -23,7 +24,9 @@ but full runs again with it ("blend+neighbours").  Prints a table per model
 and mode (right / asked; with full among the modes, how many answers are
 full prefill's and their word-overlap F1 against it; median and worst TTFT;
 the ingest's seconds, for the +neighbours rows those of computing the
-neighbours' KV) and, with --json, one object per answer.
+neighbours' KV) and, with --json, one object per answer.  With --shift-off
+every mode but full runs again without the chunk shift ("blend-shift-off"),
+so that the library's default and the method without it answer side by side.
 """
 import argparse
 import collections
@@ -107,6 +110,7 @@ def main():
     ap.add_argument("--dataset", default="")
     ap.add_argument("--limit", type=int, default=20)
     ap.add_argument("--neighbours", action="store_true")
+    ap.add_argument("--shift-off", action="store_true")
     ap.add_argument("--models", required=True)
     ap.add_argument("--modes", default="full,blend")
     ap.add_argument("--threads", default="2")
@@ -147,22 +151,26 @@ def main():
         t0 = time.time()
         run(ingest + ["--kv-neighbours", "off"])
         ingest_s = time.time() - t0
-        runs = [(mode, False) for mode in modes]
+        runs = [(mode, False, False) for mode in modes]
+        if a.shift_off:
+            runs += [(mode, False, True) for mode in modes if mode != "full"]
         if a.neighbours:
-            runs += [(mode, True) for mode in modes if mode != "full"]
+            runs += [(mode, True, False) for mode in modes if mode != "full"]
         full_answers = {}
-        for mode, neighbours in runs:
-            if neighbours and not runs[runs.index((mode, neighbours)) - 1][1]:
+        for i, (mode, neighbours, shift_off) in enumerate(runs):
+            if neighbours and not runs[i - 1][1]:
                 # The neighbours' KV, once, before the first mode that uses it.
                 t0 = time.time()
                 run(ingest + ["--kv-neighbours", "on"])
                 ingest_s = time.time() - t0
-            name = mode + ("+neighbours" if neighbours else "")
+            name = mode + ("+neighbours" if neighbours else "") + ("-shift-off" if shift_off else "")
             ttft, ok, same, f1 = [], 0, 0, 0.0
             for q in spec["questions"]:
                 cmd = base + ["ask", q["question"], "--mode", mode, "--json", "--max-tokens", a.max_tokens]
                 if a.top_k:
                     cmd += ["--top-k", a.top_k]
+                if shift_off:
+                    cmd += ["--chunk-shift", "off"]
                 r = json.loads(run(cmd))
                 good = right(r["answer"], q)
                 ok += good

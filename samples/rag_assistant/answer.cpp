@@ -131,6 +131,7 @@ class Assistant {
     if (opts_.ratio >= 0.0f) ro.ratio = opts_.ratio;
     ro.select = opts_.select;
     ro.auto_ratio = opts_.auto_ratio ? 1 : 0;
+    if (opts_.chunk_shift >= 0) ro.chunk_shift = opts_.chunk_shift;
 
     AnswerResult r;
     r.sources = sources;

@@ -16,6 +16,7 @@ struct AskOptions {
   float ratio = -1.0f;  // < 0: the library's default (cb_rag_options_init)
   cb_select select = CB_SELECT_DEFAULT;
   bool auto_ratio = false;  // --ratio auto: the loading controller picks r
+  int chunk_shift = -1;     // 0 or 1; < 0: the library's default (cb_rag_options_init)
   int max_tokens = 160;     // answer length cap
   // Generation: greedy unless temperature > 0 (then min_p cuts, seeded);
   // repeat_penalty 1: none; the answer ends before the first stop string.

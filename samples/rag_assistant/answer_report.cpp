@@ -173,6 +173,13 @@ void print_answer_json(const std::string& question, const Retrieval& found, cons
       .add("computed_fraction", r.rag.computed_fraction)
       .add("n_generated", static_cast<int64_t>(r.n_generated))
       .add("threads", static_cast<int64_t>(threads));
+  if (o.mode == CB_MODE_BLEND) {
+    cb_rag_options defaults;
+    cb_rag_options_init(&defaults);
+    j.add("chunk_shift", (o.chunk_shift < 0 ? defaults.chunk_shift : o.chunk_shift) != 0);
+  } else {
+    j.add_null("chunk_shift");
+  }
   std::printf("%s\n", j.str().c_str());
 }
 

@@ -79,14 +79,16 @@ const char* const kUsage =
     "      compute the KV of every stored chunk that has none yet (after --kv lazy,\n"
     "      or after eviction), one precompute per store at a time.\n"
     "  ask QUESTION [--top-k K] [--mode blend|full|reuse|prefix] [--ratio R|auto]\n"
-    "      [--select P] [--context-order best-last|best-first] [--max-tokens N]\n"
+    "      [--select P] [--chunk-shift on|off] [--context-order best-last|best-first]\n"
+    "      [--max-tokens N]\n"
     "      [--temperature T] [--min-p M] [--seed S] [--repeat-penalty X]\n"
     "      [--repeat-last-n N] [--stop TEXT] [--system TEXT] [--min-relevance X]\n"
     "      [--no-diversity] [--retrieve-only] [--json]\n"
     "      retrieve the K best chunks (BM25, default 3), build the request's KV from\n"
     "      their cached KV (blend: recompute a ratio R of the tokens, default 0.2,\n"
     "      chosen by the policy P: lookahead (default), hkvd, hkvd_kv, attention,\n"
-    "      random; auto: the loading controller picks R), stream the answer, then\n"
+    "      random; auto: the loading controller picks R; --chunk-shift off: without\n"
+    "      the chunk shift, which is on by default), stream the answer, then\n"
     "      report TTFT (request start to first token; model load not included),\n"
     "      the ratio, chunk-cache hits and misses and the sources (best first).\n"
     "      The chunks enter the request with the best one last, next to the\n"
@@ -231,6 +233,7 @@ struct CommandLine {
   std::string command, model_flag;
   std::vector<std::string> positional;
   bool threads_given = false, help = false, ratio_given = false, select_given = false;
+  bool chunk_shift_given = false;
   bool version = false;
   bool slow_read_given = false, redis_auth_given = false;
   // The options given that only some commands accept.
@@ -381,6 +384,11 @@ bool parse_ask_option(Arg& arg, CommandLine& cl) {
   } else if (flag == "--select") {
     ask.select = parse_select(arg.value());
     cl.select_given = true;
+  } else if (flag == "--chunk-shift") {
+    const std::string v = arg.value();
+    if (v != "on" && v != "off") usage("option --chunk-shift: '" + v + "' is not on or off");
+    ask.chunk_shift = v == "on" ? 1 : 0;
+    cl.chunk_shift_given = true;
   } else if (flag == "--context-order") {
     const std::string v = arg.value();
     if (v != "best-last" && v != "best-first")
@@ -517,6 +525,8 @@ void check_store_command(const CommandLine& cl) {
     usage("option --ratio applies to --mode blend only");
   if (cl.select_given && cl.ask.mode != CB_MODE_BLEND)
     usage("option --select applies to --mode blend only");
+  if (cl.chunk_shift_given && cl.ask.mode != CB_MODE_BLEND)
+    usage("option --chunk-shift applies to --mode blend only");
   if (cl.ask.auto_ratio && cl.ask.mode != CB_MODE_BLEND)
     usage("--ratio auto applies to --mode blend only");
 

@@ -125,6 +125,10 @@ def test_errors_before_ingest(rag, tmp):
                      code=2, must_contain=["[0, 1]"])
     rag.expect_error(["--store", store, "ask", QUESTION, "--mode", "full", "--ratio", "auto"],
                      "ask --ratio with --mode full", code=2, must_contain=["blend"])
+    rag.expect_error(["--store", store, "ask", QUESTION, "--chunk-shift", "maybe"],
+                     "ask --chunk-shift maybe", code=2, must_contain=["--chunk-shift"])
+    rag.expect_error(["--store", store, "ask", QUESTION, "--mode", "full", "--chunk-shift", "off"],
+                     "ask --chunk-shift with --mode full", code=2, must_contain=["blend"])
     rag.expect_error(["ask", QUESTION], "no --store", code=2, must_contain=["--store"])
     # Without PATH ingest takes the store's own files: here there are none.
     rag.expect_error(["--store", store, "ingest"], "ingest without paths into a store without files",
@@ -170,8 +174,8 @@ def test_ingest(rag, store, corpus):
     return chunks
 
 
-def ask(rag, store, mode, top_k=None):
-    extra = ["--top-k", str(top_k)] if top_k else []
+def ask(rag, store, mode, top_k=None, extra=()):
+    extra = (["--top-k", str(top_k)] if top_k else []) + list(extra)
     rc, o, out, err = rag.json(["--store", store, "ask", QUESTION, "--mode", mode,
                                 "--max-tokens", "40"] + extra)
     check(o is not None and all(k in o for k in ("answer", "ttft_ms", "ratio", "mode", "sources",
@@ -191,9 +195,14 @@ def test_ask(rag, store):
     files = {s.get("file", "").split("/")[-1] for s in blend.get("sources", [])}
     check({"people.md", "offices.md"} <= files, "retrieval brings both documents", str(files))
     check(blend.get("mode") == "blend" and abs(blend.get("ratio", 0) - 0.2) < 1e-6
-          and blend.get("select") == "lookahead"
-          and full.get("mode") == "full" and full.get("ratio") == 1,
-          "mode and ratio reported", f"{blend.get('ratio')} {full.get('ratio')}")
+          and blend.get("select") == "lookahead" and blend.get("chunk_shift") is True
+          and full.get("mode") == "full" and full.get("ratio") == 1
+          and "chunk_shift" in full and full.get("chunk_shift") is None,
+          "mode, ratio and chunk shift reported", f"{blend} {full}")
+    unshifted = ask(rag, store, "blend", extra=["--chunk-shift", "off"])
+    check(unshifted.get("chunk_shift") is False
+          and ANSWER.lower() in unshifted.get("answer", "").lower(),
+          "ask --chunk-shift off: answered, and reported off", str(unshifted))
     check(blend.get("cache_misses") == 0 and blend.get("cache_hits") == len(blend.get("sources", [])),
           "blend: every chunk's KV came from the store (precomputed at ingest)", str(blend))
 
