@@ -417,6 +417,7 @@ void cb_rag_options_init_sized(cb_rag_options* opts, size_t struct_size) {
   d.guard_share = 0.0f;
   d.guard_max_ratio = 0.5f;
   d.chunk_shift = cb::kDefaultChunkShift ? 1 : 0;
+  d.shift_probes = cb::kDefaultShiftProbes;
   write_defaults(opts, d, struct_size);
 }
 
@@ -587,6 +588,8 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     ro.blend.guard_max_ratio = o.guard_max_ratio;
     require(o.chunk_shift == 0 || o.chunk_shift == 1, "chunk_shift must be 0 or 1");
     ro.blend.chunk_shift = o.chunk_shift != 0;
+    require(o.shift_probes >= 0.0f && o.shift_probes <= 1.0f, "shift_probes must be in [0, 1]");
+    ro.blend.shift_probes = o.shift_probes;
     ro.blend.schedule.clear();  // none given: the runtime's single check at `ratio`
     for (size_t i = 0; i < o.n_schedule; ++i)
       ro.blend.schedule.push_back({o.schedule[i].layer, o.schedule[i].ratio});

@@ -51,6 +51,10 @@ constexpr float kDefaultRatio = 0.2f;
 // mean correction when the caller does not say (BlendOptions::chunk_shift;
 // the dev-set evidence is in docs/FIDELITY.md).
 constexpr bool kDefaultChunkShift = true;
+// The share of the recomputed count that goes to the chunk shift's probes
+// when the caller does not say (BlendOptions::shift_probes; the dev-set
+// evidence is in docs/FIDELITY.md).
+constexpr float kDefaultShiftProbes = 0.25f;
 // Where a policy's single check goes: layer 0 when the ranking is known
 // before the pass (lookahead, random, oracle), so no layer computes every
 // token; layer 1 for the policies that measure fresh KV (at layer 0 a
@@ -92,6 +96,14 @@ struct BlendOptions {
   // tokens.  Nothing is added where no token of the chunk is recomputed
   // (r = 0 stays REUSE) and nothing is left to add at r = 1 (FULL).
   bool chunk_shift = kDefaultChunkShift;
+  // With the chunk shift, this share of the first check's count goes to
+  // tokens spread evenly over the reused ones (the probes), the policy
+  // choosing the rest; a chunk's correction is then the mean over its
+  // probes (over all its recomputed tokens when it has fewer than two).  A
+  // policy picks tokens for what they matter to the answer, so their
+  // corrections are not those of the tokens it leaves, while evenly spread
+  // ones are a fair sample of them.  0: no probes; in [0, 1].
+  float shift_probes = kDefaultShiftProbes;
 };
 
 // Throws cb::Error(kInvalidArgument) with the reason when the options cannot

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "runtime/blend/selection.h"
@@ -198,12 +199,29 @@ void FusedForward::choose(int64_t layer, bool first, const std::vector<int32_t>&
       first && guard_share > 0.0f
           ? static_cast<int64_t>(std::llround(guard_max_ratio * static_cast<double>(n_reused)))
           : k;
-  const TokenChoice choice = choose_tokens(score, k, first ? guard_share : 0.0, max_k);
+  int64_t n_probe = 0;
+  if (first && shift_probes > 0.0f) {
+    // The probes first, evenly spread over the candidates (in position
+    // order, so every chunk gets its share); the policy picks the rest.
+    n_probe = std::min<int64_t>(
+        k, std::llround(static_cast<double>(shift_probes) * static_cast<double>(k)));
+    const double step = static_cast<double>(cand.size()) / static_cast<double>(n_probe);
+    probe.assign(static_cast<size_t>(n_), 0);
+    for (int64_t i = 0; i < n_probe; ++i) {
+      const auto j = static_cast<size_t>((static_cast<double>(i) + 0.5) * step);
+      chosen[cand[j]] = 1;
+      probe[cand_pos[j]] = 1;
+      score[j] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  const TokenChoice choice =
+      choose_tokens(score, k - n_probe, first ? guard_share : 0.0, max_k - n_probe);
   if (first) {
     selected_share = choice.share;
     guard_raised = choice.raised;
     if (choice.raised && k > 0)
-      ratio_scale = static_cast<double>(choice.chosen.size()) / static_cast<double>(k);
+      ratio_scale = static_cast<double>(static_cast<int64_t>(choice.chosen.size()) + n_probe) /
+                    static_cast<double>(k);
   }
   for (int32_t t : choice.chosen) chosen[cand[t]] = 1;
 }
@@ -245,6 +263,19 @@ void FusedForward::shift_chunks(int64_t layer) {
         ++j;
       else
         rest.push_back(p);
+    }
+    // The correction is measured on the chunk's probes when it has two or
+    // more (BlendOptions::shift_probes), else on all its recomputed tokens.
+    if (!probe.empty() &&
+        std::count_if(pos.begin(), pos.end(), [&](int32_t p) { return probe[p] != 0; }) >= 2) {
+      size_t m = 0;
+      for (size_t j = 0; j < pos.size(); ++j)
+        if (probe[pos[j]]) {
+          idx[m] = idx[j];
+          pos[m++] = pos[j];
+        }
+      idx.resize(m);
+      pos.resize(m);
     }
     neg.resize(pos.size());
     rest_neg.resize(rest.size());

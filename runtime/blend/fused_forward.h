@@ -77,6 +77,10 @@ class FusedForward {
   // not recomputed (BlendOptions::chunk_shift).
   std::vector<CachedChunkRef> chunks;
   bool chunk_shift = false;
+  // BlendOptions::shift_probes, and per position whether the token is a
+  // probe (set by the first check).
+  float shift_probes = 0.0f;
+  std::vector<uint8_t> probe;
   PipelineOptions pipeline;
   std::vector<uint8_t> is_cached;  // per position
   // Check-layer schedule (blend only) and the count the ratios refer to.

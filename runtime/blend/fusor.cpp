@@ -106,6 +106,7 @@ void configure(FusedForward& f, const RequestLayout& lay, bool blend, bool load,
   f.guard_share = opts.guard_share;
   f.guard_max_ratio = opts.guard_max_ratio;
   f.chunk_shift = opts.chunk_shift;
+  f.shift_probes = opts.chunk_shift ? opts.shift_probes : 0.0f;
 }
 
 // The bias of BlendOptions::context_scale: the rows after the last reused
@@ -423,6 +424,9 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
         add_per_layer(layer_ms, f.layer_ms);
         st.rows_per_layer = std::move(rows_per_layer);
         st.final_rows = std::move(f.rows);
+        st.probe_rows.clear();
+        for (size_t p = 0; p < f.probe.size(); ++p)
+          if (f.probe[p]) st.probe_rows.push_back(static_cast<int32_t>(p));
         st.layer_ms = std::move(layer_ms);
         st.selected_share = blend ? f.selected_share : 0.0;
         st.guard_raised = f.guard_raised;

@@ -32,6 +32,7 @@ struct FusionStats {
   int64_t n_reused = 0;                 // tokens whose cached KV was used
   std::vector<int64_t> rows_per_layer;  // tokens computed at each layer
   std::vector<int32_t> final_rows;      // positions computed at the last layer
+  std::vector<int32_t> probe_rows;      // the chunk shift's probes (BlendOptions::shift_probes)
   int64_t chunks_recomputed = 0;        // cached chunks that could not be read
   // The fusion's wall time, loads and restarts included: its share of TTFT.
   // (Named before the pipeline existed; recompute_ms is the compute alone.)

@@ -104,7 +104,8 @@ std::vector<cb_check_layer> parse_schedule(const Args& a);
 struct SelectOptions {
   std::vector<cb_select> selects;
   int sink_tokens = 0;
-  bool chunk_shift = true;  // --chunk-shift on|off
+  bool chunk_shift = true;    // --chunk-shift on|off
+  float shift_probes = 0.0f;  // --shift-probes X (the library's default when absent)
 };
 SelectOptions parse_select_options(const Args& a);
 const char* chunk_head_label(cb_chunk_head h);

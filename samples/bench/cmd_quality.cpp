@@ -398,6 +398,7 @@ cb_rag_options quality_rag_options(const QualityOptions& o) {
       "Answer the question using the documents. Reply with only the answer, at most five words.";
   ro.sink_tokens = o.sel.sink_tokens;
   ro.chunk_shift = o.sel.chunk_shift ? 1 : 0;
+  ro.shift_probes = o.sel.shift_probes;
   ro.seed = o.seed;
   ro.guard_share = static_cast<float>(o.guard_share);
   ro.guard_max_ratio = static_cast<float>(o.guard_max_ratio);
@@ -718,12 +719,14 @@ void add_blend_fields(cbs::JsonObject& j, const QualityRun& run, const ModeTotal
     j.add("select", cb_select_name(o.sel.selects[run.select]))
         .add("sink_tokens", static_cast<int64_t>(o.sel.sink_tokens))
         .add("chunk_shift", o.sel.chunk_shift)
+        .add("shift_probes", o.sel.chunk_shift ? static_cast<double>(o.sel.shift_probes) : 0.0)
         .add("selected_share_mean", mean(t.share))
         .add("guard_raised", t.raised / n);
   } else {
     j.add_null("select")
         .add_null("sink_tokens")
         .add_null("chunk_shift")
+        .add_null("shift_probes")
         .add_null("selected_share_mean")
         .add_null("guard_raised");
   }
@@ -809,6 +812,9 @@ std::string neighbour_label(const QualityOptions& o) {
 void print_quality_table(const QualityReport& p) {
   const double n = static_cast<double>(p.n_examples);
   const ModeTotals* reuse = reuse_totals(p.totals);
+  char shift[48];
+  std::snprintf(shift, sizeof shift, p.o.sel.chunk_shift ? "on, probes %g" : "off",
+                static_cast<double>(p.o.sel.shift_probes));
   std::printf(
       "quality: %zu examples of %s, %s chunks each; %s (%s), %d threads; chunk head "
       "%s, %s; context scale %g; chunk shift %s; chunk KV computed %s; TTFT on cached runs; "
@@ -816,8 +822,8 @@ void print_quality_table(const QualityReport& p) {
       p.n_examples, p.o.path.c_str(),
       p.o.max_chunks > 0 ? ("at most " + std::to_string(p.o.max_chunks)).c_str() : "all",
       cbs::printable(model_name(p.model)).c_str(), kernels_name(p.model).c_str(), p.c.threads,
-      chunk_head_label(p.o.head), cache_label(p.codec).c_str(), p.o.context_scale,
-      p.o.sel.chunk_shift ? "on" : "off", neighbour_label(p.o).c_str(), p.o.tf_tokens);
+      chunk_head_label(p.o.head), cache_label(p.codec).c_str(), p.o.context_scale, shift,
+      neighbour_label(p.o).c_str(), p.o.tf_tokens);
   std::printf("%-16s %6s %6s %8s %9s %8s %8s %6s %10s %12s %9s\n", "run", "ratio", "f1", "fid_f1",
               "kl_first", "kl_tf", "top1_tf", "exact", "gap_closed", "ttft_ms(med)", "computed");
   for (const QualityRun& run : p.reported) {

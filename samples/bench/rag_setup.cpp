@@ -173,9 +173,11 @@ SelectOptions parse_select_options(const Args& a) {
   SelectOptions o;
   o.selects = parse_selects(a);
   o.sink_tokens = static_cast<int>(parse_int(a, "--sink-tokens", 0, 0, 1024));
-  cb_rag_options defaults;  // the library's default chunk shift
+  cb_rag_options defaults;  // the library's default chunk shift and probes
   cb_rag_options_init(&defaults);
   o.chunk_shift = parse_on_off(a, "--chunk-shift", defaults.chunk_shift != 0);
+  o.shift_probes =
+      static_cast<float>(parse_double(a, "--shift-probes", defaults.shift_probes, 0.0, 1.0));
   return o;
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <set>
 
 #include "runtime/sampler.h"
 
@@ -467,6 +468,81 @@ TEST_F(FusorTest, ChunkShiftUndoesAnOffsetSharedByAChunksTokens) {
     EXPECT_LE(err[1], 1e-4);
     EXPECT_GT(err[0], 100.0 * err[1]);
   }
+}
+
+// A policy picks tokens for what they matter to the answer, and their
+// corrections need not be those of the tokens it leaves.  Here the tokens a
+// random pick chose carry an extra offset the others lack: the mean over
+// every recomputed token then misses the others' correction, the mean over
+// the evenly spread probes finds it.
+TEST_F(FusorTest, ShiftProbesMeasureTheCorrectionOfTheTokensLeft) {
+  Session scratch(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
+  std::vector<int32_t> before = req.head;
+  std::vector<cache::ChunkKV> kv;
+  std::vector<int32_t> begins;
+  for (const std::vector<int32_t>& chunk : req.chunks) {
+    begins.push_back(static_cast<int32_t>(before.size()));
+    kv.push_back(precompute_chunk_kv(scratch, before, chunk));
+    before.insert(before.end(), chunk.begin(), chunk.end());
+  }
+  // Every token of chunk i > 0 is off by one offset per chunk and layer;
+  // the tokens in `extra` by twice as much.
+  struct Offset {
+    std::vector<cache::ChunkKV> kv;  // the sources borrow them
+    std::vector<std::unique_ptr<cache::MemoryChunkSource>> src;
+  };
+  auto offset_sources = [&](const std::set<int32_t>& extra) {
+    Offset out;
+    out.kv = kv;
+    for (size_t i = 0; i < kv.size(); ++i) {
+      cache::ChunkKV& k = out.kv[i];
+      const int64_t dim = k.shape.kv_dim();
+      for (int l = 0; l < k.shape.n_layers && i > 0; ++l)
+        for (int64_t t = 0; t < k.shape.n_tokens; ++t)
+          for (int64_t d = 0; d < dim; ++d) {
+            float c = 0.05f * static_cast<float>((d * 7 + l * 3 + i * 5) % 11) - 0.25f;
+            if (extra.count(begins[i] + static_cast<int32_t>(t))) c *= 2.0f;
+            k.k_layer(l)[t * dim + d] += c;
+            k.v_layer(l)[t * dim + d] -= 0.5f * c;
+          }
+      out.src.push_back(std::make_unique<cache::MemoryChunkSource>(k));
+    }
+    return out;
+  };
+  auto blend = [&](const Offset& src, float probes, FusionStats* st) {
+    std::vector<Segment> segs = {{req.head}};
+    for (size_t i = 0; i < req.chunks.size(); ++i)
+      segs.push_back({req.chunks[i], src.src[i].get(), /*exact_prefix=*/i == 0});
+    segs.push_back({req.suffix});
+    BlendOptions o = blend_with(Selection::kRandom, {{0, 0.3f}});
+    o.shift_probes = probes;
+    Session s(model(),
+              {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
+    auto l = fuse_prefill(s, segs, o, st);
+    return std::vector<float>(l.begin(), l.end());
+  };
+  const std::vector<float> f = full(KvType::kF32);
+  // The random pick does not depend on the KV, nor do the probes: a first
+  // run finds which tokens they are.
+  FusionStats first;
+  blend(offset_sources({}), 0.25f, &first);
+  ASSERT_FALSE(first.probe_rows.empty());
+  std::set<int32_t> picked(first.final_rows.begin(), first.final_rows.end());
+  for (int32_t p : first.probe_rows) {
+    EXPECT_TRUE(picked.count(p)) << "probe " << p << " is recomputed";
+    picked.erase(p);
+  }
+  const auto src = offset_sources(picked);
+  FusionStats with_probes, without;
+  const double err_probes = rel_l2(blend(src, 0.25f, &with_probes), f);
+  const double err_all = rel_l2(blend(src, 0.0f, &without), f);
+  EXPECT_EQ(with_probes.final_rows, first.final_rows);
+  EXPECT_EQ(with_probes.probe_rows, first.probe_rows);
+  EXPECT_TRUE(without.probe_rows.empty());
+  std::printf("extra offset on the picked tokens: rel L2 %.2e with probes, %.2e without\n",
+              err_probes, err_all);
+  EXPECT_LE(err_probes, 1e-4);
+  EXPECT_GT(err_all, 100.0 * err_probes);
 }
 
 // The first chunk follows exactly the head it was computed after: its KV is

@@ -924,6 +924,15 @@ typedef struct cb_rag_options {
    * stored.  Added after guard_max_ratio: a struct that ends before it
    * gets the default. */
   int32_t chunk_shift;
+  /* With chunk_shift, the share of the first check's recomputed count,
+   * in [0, 1] (default 0.25), that goes to tokens spread evenly over the
+   * reused ones, the policy choosing the rest; each chunk's correction is
+   * the mean over these probes (over all its recomputed tokens when it has
+   * fewer than two).  The policy's tokens are picked for what they matter
+   * to the answer and their corrections differ from those of the tokens it
+   * leaves; evenly spread ones are a fair sample.  0: no probes.  Added
+   * after chunk_shift: a struct that ends before it gets the default. */
+  float shift_probes;
 } cb_rag_options;
 
 /* Fills `opts` with defaults.  NULL is ignored. */

@@ -116,7 +116,8 @@ class RagOptions(Structure):
                 ("cache_namespace", c_char_p), ("pipeline", c_int32), ("auto_ratio", c_int32),
                 ("select", c_enum), ("sink_tokens", c_int32), ("seed", c_uint64),
                 ("guard_share", c_float), ("guard_max_ratio", c_float),
-                ("chunk_shift", c_int32)]
+                ("chunk_shift", c_int32),
+                ("shift_probes", c_float)]
 
 
 class RagStats(Structure):

@@ -238,6 +238,8 @@ class RagOptions:
     guard_max_ratio  the guard's ceiling on the ratio [0.5]
     chunk_shift      BLEND shifts each chunk's tokens that are not recomputed by
                      the mean correction of its tokens that are [True]
+    shift_probes     with chunk_shift, the share of the recomputed count given
+                     to evenly spread tokens that measure that correction [0.25]
 
     chunk_head, system_prompt and cache_namespace are part of a chunk's cache
     key: pass the same values when adding, looking up and answering.
@@ -256,6 +258,7 @@ class RagOptions:
     guard_share: Optional[float] = None
     guard_max_ratio: Optional[float] = None
     chunk_shift: Optional[bool] = None
+    shift_probes: Optional[float] = None
 
     _ENUMS = {"mode": Mode, "chunk_head": ChunkHead, "select": Select}
 
