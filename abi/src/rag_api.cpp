@@ -418,6 +418,7 @@ void cb_rag_options_init_sized(cb_rag_options* opts, size_t struct_size) {
   d.guard_max_ratio = 0.5f;
   d.chunk_shift = cb::kDefaultChunkShift ? 1 : 0;
   d.shift_probes = cb::kDefaultShiftProbes;
+  d.shift_span = static_cast<int32_t>(cb::kDefaultShiftSpan);
   write_defaults(opts, d, struct_size);
 }
 
@@ -590,6 +591,8 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     ro.blend.chunk_shift = o.chunk_shift != 0;
     require(o.shift_probes >= 0.0f && o.shift_probes <= 1.0f, "shift_probes must be in [0, 1]");
     ro.blend.shift_probes = o.shift_probes;
+    require(o.shift_span >= 0 && o.shift_span <= (1 << 20), "shift_span must be in [0, 1048576]");
+    ro.blend.shift_span = o.shift_span;
     ro.blend.schedule.clear();  // none given: the runtime's single check at `ratio`
     for (size_t i = 0; i < o.n_schedule; ++i)
       ro.blend.schedule.push_back({o.schedule[i].layer, o.schedule[i].ratio});

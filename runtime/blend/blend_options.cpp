@@ -113,6 +113,9 @@ void validate_blend_options(const BlendOptions& opts, int64_t n_layer) {
     fail(ErrorCode::kInvalidArgument, "guard's maximum ratio is outside [0, 1]");
   if (!(opts.shift_probes >= 0.0f && opts.shift_probes <= 1.0f))
     fail(ErrorCode::kInvalidArgument, "shift probes' share is outside [0, 1]");
+  if (opts.shift_span < 0 || opts.shift_span > (int64_t{1} << 20))
+    fail(ErrorCode::kInvalidArgument,
+         "shift span " + std::to_string(opts.shift_span) + " is outside 0..1048576");
   if (!(opts.context_scale >= kMinContextScale && opts.context_scale <= kMaxContextScale))
     fail(ErrorCode::kInvalidArgument,
          "context scale " + std::to_string(opts.context_scale) + " is outside [0.01, 100]");

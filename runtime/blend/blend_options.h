@@ -55,6 +55,9 @@ constexpr bool kDefaultChunkShift = true;
 // when the caller does not say (BlendOptions::shift_probes; the dev-set
 // evidence is in docs/FIDELITY.md).
 constexpr float kDefaultShiftProbes = 0.25f;
+// The chunk shift's span in tokens when the caller does not say
+// (BlendOptions::shift_span; 0: the chunk's mean alone).
+constexpr int64_t kDefaultShiftSpan = 0;
 // Where a policy's single check goes: layer 0 when the ranking is known
 // before the pass (lookahead, random, oracle), so no layer computes every
 // token; layer 1 for the policies that measure fresh KV (at layer 0 a
@@ -104,6 +107,13 @@ struct BlendOptions {
   // corrections are not those of the tokens it leaves, while evenly spread
   // ones are a fair sample of them.  0: no probes; in [0, 1].
   float shift_probes = kDefaultShiftProbes;
+  // With the chunk shift, each chunk is also cut into equal spans of about
+  // this many tokens, as many as leave two or more of the tokens the
+  // correction is measured on in every span, and a token that is not
+  // recomputed takes half its chunk's mean correction and half its span's:
+  // what a chunk lacks drifts along it, and the spans' means alone are too
+  // noisy (docs/FIDELITY.md).  0: the chunk's mean alone.
+  int64_t shift_span = kDefaultShiftSpan;
 };
 
 // Throws cb::Error(kInvalidArgument) with the reason when the options cannot

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
+#include <span>
 #include <utility>
 
 #include "runtime/blend/selection.h"
@@ -240,11 +242,45 @@ void mean_into_first_row(Backend& be, float* rows, int64_t n, int64_t dim) {
   be.scale(rows, dim, 1.0f / static_cast<float>(n0));
 }
 
+// Where span i of n (equal ones) of [begin, begin + len) starts.
+int32_t span_begin(int32_t begin, int32_t len, int64_t i, int64_t n) {
+  return begin + static_cast<int32_t>(i * len / n);
+}
+
+// BlendOptions::shift_span: how many spans the chunk [begin, begin + len)
+// is cut into, about one per `span` tokens but as many only as leave two or
+// more of `measured` (ascending positions) in each.
+int64_t span_count(int32_t begin, int32_t len, int64_t span, std::span<const int32_t> measured) {
+  if (span <= 0) return 1;
+  for (int64_t n = std::max<int64_t>(1, std::llround(static_cast<double>(len) / span)); n > 1;
+       --n) {
+    bool enough = true;
+    for (int64_t i = 0; i < n && enough; ++i) {
+      const auto lo =
+          std::lower_bound(measured.begin(), measured.end(), span_begin(begin, len, i, n));
+      const auto hi = std::lower_bound(lo, measured.end(), span_begin(begin, len, i + 1, n));
+      enough = hi - lo >= 2;
+    }
+    if (enough) return n;
+  }
+  return 1;
+}
+
+// Where each of n spans of [begin, begin + len) starts in `at` (ascending
+// positions), and at.size() last: n + 1 offsets.
+std::vector<int64_t> span_offsets(int32_t begin, int32_t len, int64_t n,
+                                  std::span<const int32_t> at) {
+  std::vector<int64_t> off(static_cast<size_t>(n + 1));
+  for (int64_t i = 0; i <= n; ++i)
+    off[i] = std::lower_bound(at.begin(), at.end(), span_begin(begin, len, i, n)) - at.begin();
+  return off;
+}
+
 }  // namespace
 
 void FusedForward::shift_chunks(int64_t layer) {
   const int64_t kv_dim = hp_.kv_dim();
-  std::vector<int32_t> idx, pos, neg, rest, rest_neg;
+  std::vector<int32_t> idx, pos, neg, rest, rest_neg, copy;
   for (const CachedChunkRef& c : chunks) {
     const int32_t end = c.begin + c.len;
     if (c.len == 0 || exact[c.begin]) continue;
@@ -283,22 +319,46 @@ void FusedForward::shift_chunks(int64_t layer) {
     for (size_t j = 0; j < rest.size(); ++j) rest_neg[j] = -rest[j];
     const int64_t n_sel = static_cast<int64_t>(pos.size());
     const int64_t n_rest = static_cast<int64_t>(rest.size());
+    // BlendOptions::shift_span: span i's measured rows are [sel_at[i],
+    // sel_at[i + 1]) of pos, its other rows [rest_at[i], rest_at[i + 1]) of rest.
+    const int64_t n_span = span_count(c.begin, c.len, shift_span, pos);
+    const std::vector<int64_t> sel_at = span_offsets(c.begin, c.len, n_span, pos);
+    const std::vector<int64_t> rest_at = span_offsets(c.begin, c.len, n_span, rest);
     fresh_.reserve(static_cast<size_t>(n_sel * kv_dim));
     old_.reserve(static_cast<size_t>(std::max(n_sel, n_rest) * kv_dim));
+    if (n_span > 1) {
+      span_.reserve(static_cast<size_t>(n_sel * kv_dim));
+      copy.resize(static_cast<size_t>(n_sel));
+      std::iota(copy.begin(), copy.end(), 0);
+    }
     for (const bool is_k : {true, false}) {
       void* cache = is_k ? s_.k_cache(layer) : s_.v_cache(layer);
-      // fresh - cached over the recomputed rows, K compared before RoPE so
+      // fresh - cached over the measured rows, K compared before RoPE so
       // that one correction fits every position.
       be_.gather_rows(is_k ? k_.data() : v_.data(), kv_dim, idx.data(), n_sel, fresh_.data());
       load_kv_rows(be_, s_.kv_dtype(), cache, kv_dim, pos.data(), n_sel, old_.data());
       if (is_k) rope_keys(be_, hp_, layer, old_.data(), neg.data(), n_sel);
       be_.scale(old_.data(), n_sel * kv_dim, -1.0f);
       be_.add(fresh_.data(), old_.data(), n_sel * kv_dim, fresh_.data());
+      if (n_span > 1) be_.gather_rows(fresh_.data(), kv_dim, copy.data(), n_sel, span_.data());
       mean_into_first_row(be_, fresh_.data(), n_sel, kv_dim);
-      // The others: cached + the mean, K un-rotated and rotated back around it.
+      // With spans, span i's correction (half the chunk's mean, half the
+      // span's) goes to the first of its measured rows in span_.
+      if (n_span > 1) be_.scale(fresh_.data(), kv_dim, 0.5f);
+      for (int64_t i = 0; n_span > 1 && i < n_span; ++i) {
+        float* row = span_.data() + sel_at[i] * kv_dim;
+        mean_into_first_row(be_, row, sel_at[i + 1] - sel_at[i], kv_dim);
+        be_.scale(row, kv_dim, 0.5f);
+        be_.add(row, fresh_.data(), kv_dim, row);
+      }
+      // The others: cached + the correction, K un-rotated and rotated back
+      // around it.
       load_kv_rows(be_, s_.kv_dtype(), cache, kv_dim, rest.data(), n_rest, old_.data());
       if (is_k) rope_keys(be_, hp_, layer, old_.data(), rest_neg.data(), n_rest);
-      be_.add_bias(old_.data(), fresh_.data(), n_rest, kv_dim);
+      for (int64_t i = 0; i < n_span; ++i) {
+        const float* bias = n_span > 1 ? span_.data() + sel_at[i] * kv_dim : fresh_.data();
+        be_.add_bias(old_.data() + rest_at[i] * kv_dim, bias, rest_at[i + 1] - rest_at[i], kv_dim);
+      }
       if (is_k) rope_keys(be_, hp_, layer, old_.data(), rest.data(), n_rest);
       store_kv_rows(be_, s_.kv_dtype(), old_.data(), kv_dim, rest.data(), n_rest, cache);
     }

@@ -81,6 +81,7 @@ class FusedForward {
   // probe (set by the first check).
   float shift_probes = 0.0f;
   std::vector<uint8_t> probe;
+  int64_t shift_span = 0;  // BlendOptions::shift_span
   PipelineOptions pipeline;
   std::vector<uint8_t> is_cached;  // per position
   // Check-layer schedule (blend only) and the count the ratios refer to.
@@ -153,6 +154,7 @@ class FusedForward {
   BackendFloats x_{be_}, q_{be_}, k_{be_}, v_{be_}, scratch_{be_};
   // select()'s fresh and cached rows and deviations
   BackendFloats fresh_{be_}, old_{be_}, dev_{be_};
+  BackendFloats span_{be_};  // shift_chunks()'s corrections per span
   BackendFloats arena_{be_};
 };
 

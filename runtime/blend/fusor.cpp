@@ -107,6 +107,7 @@ void configure(FusedForward& f, const RequestLayout& lay, bool blend, bool load,
   f.guard_max_ratio = opts.guard_max_ratio;
   f.chunk_shift = opts.chunk_shift;
   f.shift_probes = opts.chunk_shift ? opts.shift_probes : 0.0f;
+  f.shift_span = opts.shift_span;
 }
 
 // The bias of BlendOptions::context_scale: the rows after the last reused

@@ -106,8 +106,11 @@ struct SelectOptions {
   int sink_tokens = 0;
   bool chunk_shift = true;    // --chunk-shift on|off
   float shift_probes = 0.0f;  // --shift-probes X (the library's default when absent)
+  int shift_span = 0;         // --shift-span T (likewise)
 };
 SelectOptions parse_select_options(const Args& a);
+// Sets o's sink tokens and chunk shift options to s's.
+void apply_select_options(const SelectOptions& s, cb_rag_options& o);
 const char* chunk_head_label(cb_chunk_head h);
 std::vector<double> parse_storage_caps(const Args& a, bool allow_list);
 void reopen_with_cap(ChunkCache& cache, double mbps);

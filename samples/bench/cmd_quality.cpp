@@ -396,9 +396,7 @@ cb_rag_options quality_rag_options(const QualityOptions& o) {
   ro.chunk_head = o.head;
   ro.system_prompt =
       "Answer the question using the documents. Reply with only the answer, at most five words.";
-  ro.sink_tokens = o.sel.sink_tokens;
-  ro.chunk_shift = o.sel.chunk_shift ? 1 : 0;
-  ro.shift_probes = o.sel.shift_probes;
+  apply_select_options(o.sel, ro);
   ro.seed = o.seed;
   ro.guard_share = static_cast<float>(o.guard_share);
   ro.guard_max_ratio = static_cast<float>(o.guard_max_ratio);
@@ -720,6 +718,7 @@ void add_blend_fields(cbs::JsonObject& j, const QualityRun& run, const ModeTotal
         .add("sink_tokens", static_cast<int64_t>(o.sel.sink_tokens))
         .add("chunk_shift", o.sel.chunk_shift)
         .add("shift_probes", o.sel.chunk_shift ? static_cast<double>(o.sel.shift_probes) : 0.0)
+        .add("shift_span", static_cast<int64_t>(o.sel.chunk_shift ? o.sel.shift_span : 0))
         .add("selected_share_mean", mean(t.share))
         .add("guard_raised", t.raised / n);
   } else {
@@ -727,6 +726,7 @@ void add_blend_fields(cbs::JsonObject& j, const QualityRun& run, const ModeTotal
         .add_null("sink_tokens")
         .add_null("chunk_shift")
         .add_null("shift_probes")
+        .add_null("shift_span")
         .add_null("selected_share_mean")
         .add_null("guard_raised");
   }
@@ -812,9 +812,9 @@ std::string neighbour_label(const QualityOptions& o) {
 void print_quality_table(const QualityReport& p) {
   const double n = static_cast<double>(p.n_examples);
   const ModeTotals* reuse = reuse_totals(p.totals);
-  char shift[48];
-  std::snprintf(shift, sizeof shift, p.o.sel.chunk_shift ? "on, probes %g" : "off",
-                static_cast<double>(p.o.sel.shift_probes));
+  char shift[64];
+  std::snprintf(shift, sizeof shift, p.o.sel.chunk_shift ? "on, probes %g, span %d" : "off",
+                static_cast<double>(p.o.sel.shift_probes), p.o.sel.shift_span);
   std::printf(
       "quality: %zu examples of %s, %s chunks each; %s (%s), %d threads; chunk head "
       "%s, %s; context scale %g; chunk shift %s; chunk KV computed %s; TTFT on cached runs; "

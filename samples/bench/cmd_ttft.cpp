@@ -272,9 +272,7 @@ std::vector<TtftRow> measure_ttft(const Args& a, const TtftOptions& o, const Ses
   cb_rag_options ro;
   cb_rag_options_init(&ro);
   ro.chunk_head = o.head;
-  ro.sink_tokens = o.sel.sink_tokens;
-  ro.chunk_shift = o.sel.chunk_shift ? 1 : 0;
-  ro.shift_probes = o.sel.shift_probes;
+  apply_select_options(o.sel, ro);
   ro.pipeline = parse_on_off(a, "--pipeline", true) ? 1 : 0;
   std::vector<TtftRow> rows;
   const size_t n_caps = std::max<size_t>(1, o.caps.size());
@@ -311,6 +309,7 @@ void print_ttft_json(const std::vector<TtftRow>& rows, const TtftOptions& o, con
         .add("sink_tokens", static_cast<int64_t>(o.sel.sink_tokens))
         .add("chunk_shift", o.sel.chunk_shift)
         .add("shift_probes", o.sel.chunk_shift ? static_cast<double>(o.sel.shift_probes) : 0.0)
+        .add("shift_span", static_cast<int64_t>(o.sel.chunk_shift ? o.sel.shift_span : 0))
         .add("pipeline", r.st.pipelined != 0)
         .add("bytes_read", static_cast<int64_t>(r.st.bytes_read))
         .add("n_ctx", r.st.n_tokens)

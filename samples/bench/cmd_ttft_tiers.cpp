@@ -391,9 +391,7 @@ int ttft_tiers(const Args& a, const Common& c, const TtftOptions& o, const Model
   cb_rag_options ro;
   cb_rag_options_init(&ro);
   ro.chunk_head = o.head;
-  ro.sink_tokens = o.sel.sink_tokens;
-  ro.chunk_shift = o.sel.chunk_shift ? 1 : 0;
-  ro.shift_probes = o.sel.shift_probes;
+  apply_select_options(o.sel, ro);
   ro.select = o.sel.selects.front();
   ro.pipeline = parse_on_off(a, "--pipeline", true) ? 1 : 0;
   // Warm every store: the first request computes and places every chunk,

@@ -178,7 +178,15 @@ SelectOptions parse_select_options(const Args& a) {
   o.chunk_shift = parse_on_off(a, "--chunk-shift", defaults.chunk_shift != 0);
   o.shift_probes =
       static_cast<float>(parse_double(a, "--shift-probes", defaults.shift_probes, 0.0, 1.0));
+  o.shift_span = static_cast<int>(parse_int(a, "--shift-span", defaults.shift_span, 0, 1 << 20));
   return o;
+}
+
+void apply_select_options(const SelectOptions& s, cb_rag_options& o) {
+  o.sink_tokens = s.sink_tokens;
+  o.chunk_shift = s.chunk_shift ? 1 : 0;
+  o.shift_probes = s.shift_probes;
+  o.shift_span = s.shift_span;
 }
 
 const char* chunk_head_label(cb_chunk_head h) {

@@ -286,14 +286,17 @@ def test_rag(bench, common):
                   and all(o.get("tf_tokens") == 8 for o in objs),
                   "quality: teacher-forced fidelity and the gap closed", out)
             # The same keys on every line; the selection's are null outside blend.
-            keys = ("select", "sink_tokens", "chunk_shift", "shift_probes", "selected_share_mean",
-                    "guard_raised", "schedule", "gap_closed", "gap_closed_tf")
+            keys = ("select", "sink_tokens", "chunk_shift", "shift_probes", "shift_span",
+                    "selected_share_mean", "guard_raised", "schedule", "gap_closed",
+                    "gap_closed_tf")
             check(all(k in o for o in objs for k in keys)
                   and all(o.get(k) is None for o in objs if o.get("mode") != "blend"
                           for k in ("select", "sink_tokens", "chunk_shift", "shift_probes",
-                                    "selected_share_mean", "guard_raised", "schedule"))
+                                    "shift_span", "selected_share_mean", "guard_raised",
+                                    "schedule"))
                   and blend.get("sink_tokens") == 0 and blend.get("schedule") is None
                   and blend.get("chunk_shift") is True and blend.get("shift_probes") == 0.25
+                  and blend.get("shift_span") == 0
                   and 0 <= blend.get("selected_share_mean", -1) <= 1
                   and 0 <= blend.get("guard_raised", -1) <= 1,
                   "quality: selection fields", out)
@@ -308,7 +311,7 @@ def test_rag(bench, common):
               == [("full", None, 1), ("blend", "hkvd", 0.1), ("blend", "hkvd", 0.3),
                   ("blend", "random", 0.1), ("blend", "random", 0.3), ("reuse", None, 0)]
               and all(o.get("sink_tokens") == 2 and o.get("chunk_shift") is False
-                      and o.get("shift_probes") == 0
+                      and o.get("shift_probes") == 0 and o.get("shift_span") == 0
                       for o in objs if o.get("mode") == "blend")
               and all(o.get("kl_tf_mean", -1) >= 0 and 0 <= o.get("top1_tf", -1) <= 1
                       for o in objs)
@@ -400,6 +403,8 @@ def test_rag(bench, common):
                      code=2, must_contain="--chunk-shift")
         expect_error(bench, q + ["--shift-probes", "1.5"] + common, "quality --shift-probes 1.5",
                      code=2, must_contain="--shift-probes")
+        expect_error(bench, q + ["--shift-span", "-1"] + common, "quality --shift-span -1",
+                     code=2, must_contain="--shift-span")
         expect_error(bench, q + ["--guard-share", "1.5"] + common, "quality --guard-share 1.5",
                      code=2, must_contain="--guard-share")
         expect_error(bench, q + ["--guard-max-ratio", "-0.1"] + common,

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <set>
 
@@ -407,45 +408,66 @@ TEST_F(FusorTest, EveryPolicyKeepsTheIdentities) {
   }
 }
 
-// The chunk shift undoes exactly what it models: chunk KV that is a full
-// prefill's plus one offset per chunk and layer (K before RoPE, and V).
-// Layer by layer, the recomputed tokens see exact keys and values below, so
-// their fresh KV is exact and their mean correction is minus the offset:
-// the blend is then a full prefill, with any policy that recomputes a token
-// of every chunk.  Without the shift the offsets stay.
-TEST_F(FusorTest, ChunkShiftUndoesAnOffsetSharedByAChunksTokens) {
+// Chunk KV that is a full prefill's (each chunk computed after everything
+// before it) plus an offset on every chunk after the first: per chunk,
+// layer and element c, times weight(chunk, token), on K before RoPE, and
+// -c/2 times it on V.
+struct OffsetChunks {
+  std::vector<cache::ChunkKV> kv;  // the sources borrow them
+  std::vector<std::unique_ptr<cache::MemoryChunkSource>> src;
+  std::vector<Segment> segments(const Request& req) const {
+    std::vector<Segment> segs = {{req.head}};
+    for (size_t i = 0; i < req.chunks.size(); ++i)
+      segs.push_back({req.chunks[i], src[i].get(), /*exact_prefix=*/i == 0});
+    segs.push_back({req.suffix});
+    return segs;
+  }
+};
+OffsetChunks offset_chunks(const Request& req,
+                           const std::function<float(size_t chunk, int64_t token)>& weight) {
   Session scratch(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
+  OffsetChunks out;
   std::vector<int32_t> before = req.head;
-  std::vector<cache::ChunkKV> shifted;  // the sources borrow them
-  std::vector<std::unique_ptr<cache::MemoryChunkSource>> offset;
   for (size_t i = 0; i < req.chunks.size(); ++i) {
-    cache::ChunkKV& k = shifted.emplace_back(precompute_chunk_kv(scratch, before, req.chunks[i]));
+    cache::ChunkKV& k = out.kv.emplace_back(precompute_chunk_kv(scratch, before, req.chunks[i]));
     before.insert(before.end(), req.chunks[i].begin(), req.chunks[i].end());
     const int64_t dim = k.shape.kv_dim();
     for (int l = 0; l < k.shape.n_layers && i > 0; ++l)
       for (int64_t t = 0; t < k.shape.n_tokens; ++t)
         for (int64_t d = 0; d < dim; ++d) {
-          // Different per chunk, layer and element, the same for every token.
-          const float c = 0.05f * static_cast<float>((d * 7 + l * 3 + i * 5) % 11) - 0.25f;
+          // Different per chunk, layer and element.
+          const float c =
+              (0.05f * static_cast<float>((d * 7 + l * 3 + static_cast<int64_t>(i) * 5) % 11) -
+               0.25f) *
+              weight(i, t);
           k.k_layer(l)[t * dim + d] += c;
           k.v_layer(l)[t * dim + d] -= 0.5f * c;
         }
   }
-  for (const cache::ChunkKV& k : shifted)
-    offset.push_back(std::make_unique<cache::MemoryChunkSource>(k));
-  std::vector<Segment> segs = {{req.head}};
-  for (size_t i = 0; i < req.chunks.size(); ++i)
-    segs.push_back({req.chunks[i], offset[i].get(), /*exact_prefix=*/i == 0});
-  segs.push_back({req.suffix});
+  for (const cache::ChunkKV& k : out.kv)
+    out.src.push_back(std::make_unique<cache::MemoryChunkSource>(k));
+  return out;
+}
+
+// The chunk shift undoes exactly what it models: an offset shared by a
+// chunk's tokens.  Layer by layer, the recomputed tokens see exact keys and
+// values below, so their fresh KV is exact and their mean correction is
+// minus the offset: the blend is then a full prefill, with any policy that
+// recomputes a token of every chunk, and with spans too (every span's mean
+// is the chunk's).  Without the shift the offsets stay.
+TEST_F(FusorTest, ChunkShiftUndoesAnOffsetSharedByAChunksTokens) {
+  const OffsetChunks offset = offset_chunks(req, [](size_t, int64_t) { return 1.0f; });
+  const std::vector<Segment> segs = offset.segments(req);
   const std::vector<float> f = full(KvType::kF32);
   // (Not HKVD: its V deviation is the offset here, so it spends the whole
   // count on the chunk with the larger one.)
   for (Selection sel : {Selection::kLookahead, Selection::kRandom}) {
     SCOPED_TRACE(selection_name(sel));
-    double err[2];
-    for (bool shift : {false, true}) {
+    double err[3];
+    for (int shift : {0, 1, 2}) {
       BlendOptions o = blend_with(sel, {{first_check_layer(sel), 0.3f}});
-      o.chunk_shift = shift;
+      o.chunk_shift = shift > 0;
+      o.shift_span = shift == 2 ? 16 : 0;
       Session s(model(),
                 {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
       FusionStats st;
@@ -463,9 +485,10 @@ TEST_F(FusorTest, ChunkShiftUndoesAnOffsetSharedByAChunksTokens) {
     }
     std::printf(
         "%s: offset chunk KV against full prefill, rel L2 %.2e without the shift, %.2e "
-        "with it\n",
-        selection_name(sel), err[0], err[1]);
+        "with it, %.2e with spans\n",
+        selection_name(sel), err[0], err[1], err[2]);
     EXPECT_LE(err[1], 1e-4);
+    EXPECT_LE(err[2], 1e-4);
     EXPECT_GT(err[0], 100.0 * err[1]);
   }
 }
@@ -476,49 +499,24 @@ TEST_F(FusorTest, ChunkShiftUndoesAnOffsetSharedByAChunksTokens) {
 // every recomputed token then misses the others' correction, the mean over
 // the evenly spread probes finds it.
 TEST_F(FusorTest, ShiftProbesMeasureTheCorrectionOfTheTokensLeft) {
-  Session scratch(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false});
-  std::vector<int32_t> before = req.head;
-  std::vector<cache::ChunkKV> kv;
   std::vector<int32_t> begins;
+  int32_t at = static_cast<int32_t>(req.head.size());
   for (const std::vector<int32_t>& chunk : req.chunks) {
-    begins.push_back(static_cast<int32_t>(before.size()));
-    kv.push_back(precompute_chunk_kv(scratch, before, chunk));
-    before.insert(before.end(), chunk.begin(), chunk.end());
+    begins.push_back(at);
+    at += static_cast<int32_t>(chunk.size());
   }
-  // Every token of chunk i > 0 is off by one offset per chunk and layer;
-  // the tokens in `extra` by twice as much.
-  struct Offset {
-    std::vector<cache::ChunkKV> kv;  // the sources borrow them
-    std::vector<std::unique_ptr<cache::MemoryChunkSource>> src;
-  };
+  // The tokens in `extra` are off by twice as much as the others.
   auto offset_sources = [&](const std::set<int32_t>& extra) {
-    Offset out;
-    out.kv = kv;
-    for (size_t i = 0; i < kv.size(); ++i) {
-      cache::ChunkKV& k = out.kv[i];
-      const int64_t dim = k.shape.kv_dim();
-      for (int l = 0; l < k.shape.n_layers && i > 0; ++l)
-        for (int64_t t = 0; t < k.shape.n_tokens; ++t)
-          for (int64_t d = 0; d < dim; ++d) {
-            float c = 0.05f * static_cast<float>((d * 7 + l * 3 + i * 5) % 11) - 0.25f;
-            if (extra.count(begins[i] + static_cast<int32_t>(t))) c *= 2.0f;
-            k.k_layer(l)[t * dim + d] += c;
-            k.v_layer(l)[t * dim + d] -= 0.5f * c;
-          }
-      out.src.push_back(std::make_unique<cache::MemoryChunkSource>(k));
-    }
-    return out;
+    return offset_chunks(req, [&](size_t i, int64_t t) {
+      return extra.count(begins[i] + static_cast<int32_t>(t)) ? 2.0f : 1.0f;
+    });
   };
-  auto blend = [&](const Offset& src, float probes, FusionStats* st) {
-    std::vector<Segment> segs = {{req.head}};
-    for (size_t i = 0; i < req.chunks.size(); ++i)
-      segs.push_back({req.chunks[i], src.src[i].get(), /*exact_prefix=*/i == 0});
-    segs.push_back({req.suffix});
+  auto blend = [&](const OffsetChunks& src, float probes, FusionStats* st) {
     BlendOptions o = blend_with(Selection::kRandom, {{0, 0.3f}});
     o.shift_probes = probes;
     Session s(model(),
               {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
-    auto l = fuse_prefill(s, segs, o, st);
+    auto l = fuse_prefill(s, src.segments(req), o, st);
     return std::vector<float>(l.begin(), l.end());
   };
   const std::vector<float> f = full(KvType::kF32);
@@ -543,6 +541,38 @@ TEST_F(FusorTest, ShiftProbesMeasureTheCorrectionOfTheTokensLeft) {
               err_probes, err_all);
   EXPECT_LE(err_probes, 1e-4);
   EXPECT_GT(err_all, 100.0 * err_probes);
+}
+
+// What a chunk lacks drifts along it: here its offset grows from half to
+// one and a half times c over the chunk.  One mean for the chunk leaves
+// its ends off by up to half the offset; half the chunk's mean and half
+// each span's leave less.  A span as long as the chunk is the chunk's mean
+// bitwise, and spans keep the identities.
+TEST_F(FusorTest, ShiftSpansFollowACorrectionThatDriftsAlongAChunk) {
+  const OffsetChunks drift = offset_chunks(req, [&](size_t i, int64_t t) {
+    return 0.5f + static_cast<float>(t) / static_cast<float>(req.chunks[i].size());
+  });
+  const std::vector<float> f = full(KvType::kF32);
+  auto blend = [&](int64_t span, float ratio, const PipelineOptions& p = {}) {
+    BlendOptions o = blend_with(Selection::kLookahead, {{0, ratio}});
+    o.shift_probes = 1.0f;
+    o.shift_span = span;
+    Session s(model(),
+              {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
+    auto l = fuse_prefill(s, drift.segments(req), o, nullptr, p);
+    return std::vector<float>(l.begin(), l.end());
+  };
+  const double err_reuse = rel_l2(blend(0, 0.0f), f);
+  const std::vector<float> chunk_mean = blend(0, 0.3f);
+  const double err_chunk = rel_l2(chunk_mean, f), err_spans = rel_l2(blend(16, 0.3f), f);
+  std::printf("drifting offset: rel L2 %.2e reused, %.2e chunk mean, %.2e with spans\n", err_reuse,
+              err_chunk, err_spans);
+  EXPECT_LT(err_chunk, err_reuse);
+  EXPECT_LT(err_spans, 0.8 * err_chunk);
+  EXPECT_EQ(blend(1000, 0.3f), chunk_mean);
+  EXPECT_LE(rel_l2(blend(16, 1.0f), full(KvType::kF32)), 1e-4);
+  EXPECT_LE(rel_l2(blend(16, 0.0f), blend(0, 0.0f)), 1e-4);
+  EXPECT_EQ(blend(16, 0.3f, {.enabled = false}), blend(16, 0.3f)) << "pipelined equals serial";
 }
 
 // The first chunk follows exactly the head it was computed after: its KV is

@@ -933,6 +933,15 @@ typedef struct cb_rag_options {
    * leaves; evenly spread ones are a fair sample.  0: no probes.  Added
    * after chunk_shift: a struct that ends before it gets the default. */
   float shift_probes;
+  /* With chunk_shift, a span length in tokens, in [0, 1048576] (default
+   * 0): each chunk is also cut into equal spans of about this many tokens
+   * (as many as leave two or more of the tokens its correction is measured
+   * on in each), and a token that is not recomputed takes half its
+   * chunk's mean correction and half its span's, since what a chunk lacks
+   * drifts along it.  No extra token is computed.  0: the chunk's mean
+   * alone.  Added after shift_probes: a struct that ends before it gets
+   * the default. */
+  int32_t shift_span;
 } cb_rag_options;
 
 /* Fills `opts` with defaults.  NULL is ignored. */

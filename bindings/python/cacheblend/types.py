@@ -240,6 +240,9 @@ class RagOptions:
                      the mean correction of its tokens that are [True]
     shift_probes     with chunk_shift, the share of the recomputed count given
                      to evenly spread tokens that measure that correction [0.25]
+    shift_span       with chunk_shift, spans of about this many tokens: a token
+                     takes half its chunk's correction and half its span's;
+                     0 is the chunk's alone [0]
 
     chunk_head, system_prompt and cache_namespace are part of a chunk's cache
     key: pass the same values when adding, looking up and answering.
@@ -259,6 +262,7 @@ class RagOptions:
     guard_max_ratio: Optional[float] = None
     chunk_shift: Optional[bool] = None
     shift_probes: Optional[float] = None
+    shift_span: Optional[int] = None
 
     _ENUMS = {"mode": Mode, "chunk_head": ChunkHead, "select": Select}
 
