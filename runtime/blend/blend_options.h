@@ -56,8 +56,9 @@ constexpr bool kDefaultChunkShift = true;
 // evidence is in docs/FIDELITY.md).
 constexpr float kDefaultShiftProbes = 0.25f;
 // The chunk shift's span in tokens when the caller does not say
-// (BlendOptions::shift_span; 0: the chunk's mean alone).
-constexpr int64_t kDefaultShiftSpan = 0;
+// (BlendOptions::shift_span; about 4 spans in a retrieved passage of 500
+// tokens; the dev-set evidence is in docs/FIDELITY.md).
+constexpr int64_t kDefaultShiftSpan = 128;
 // Where a policy's single check goes: layer 0 when the ranking is known
 // before the pass (lookahead, random, oracle), so no layer computes every
 // token; layer 1 for the policies that measure fresh KV (at layer 0 a

@@ -216,7 +216,7 @@ void test_rag(cb_model* m) {
         strcmp(cb_select_name(CB_SELECT_ORACLE_KL), "oracle_kl") == 0 &&
         strcmp(cb_select_name((cb_select)99), "unknown") == 0);
   CHECK(ro.sink_tokens == 0 && ro.guard_share == 0.0f && ro.guard_max_ratio == 0.5f);
-  CHECK(ro.chunk_shift == 1 && ro.shift_probes == 0.25f && ro.shift_span == 0);
+  CHECK(ro.chunk_shift == 1 && ro.shift_probes == 0.25f && ro.shift_span == 128);
   CHECK(ro.chunk_head == CB_CHUNK_HEAD_PROMPT && ro.schedule == NULL && ro.n_schedule == 0);
   CHECK_ERR(cb_session_logits(s, &lp, &nv), CB_ERR_INVALID_ARGUMENT); /* nothing yet */
 

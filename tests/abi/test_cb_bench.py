@@ -296,7 +296,7 @@ def test_rag(bench, common):
                                     "schedule"))
                   and blend.get("sink_tokens") == 0 and blend.get("schedule") is None
                   and blend.get("chunk_shift") is True and blend.get("shift_probes") == 0.25
-                  and blend.get("shift_span") == 0
+                  and blend.get("shift_span") == 128
                   and 0 <= blend.get("selected_share_mean", -1) <= 1
                   and 0 <= blend.get("guard_raised", -1) <= 1,
                   "quality: selection fields", out)

@@ -934,7 +934,7 @@ typedef struct cb_rag_options {
    * after chunk_shift: a struct that ends before it gets the default. */
   float shift_probes;
   /* With chunk_shift, a span length in tokens, in [0, 1048576] (default
-   * 0): each chunk is also cut into equal spans of about this many tokens
+   * 128): each chunk is also cut into equal spans of about this many tokens
    * (as many as leave two or more of the tokens its correction is measured
    * on in each), and a token that is not recomputed takes half its
    * chunk's mean correction and half its span's, since what a chunk lacks

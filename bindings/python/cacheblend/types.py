@@ -242,7 +242,7 @@ class RagOptions:
                      to evenly spread tokens that measure that correction [0.25]
     shift_span       with chunk_shift, spans of about this many tokens: a token
                      takes half its chunk's correction and half its span's;
-                     0 is the chunk's alone [0]
+                     0 is the chunk's alone [128]
 
     chunk_head, system_prompt and cache_namespace are part of a chunk's cache
     key: pass the same values when adding, looking up and answering.
