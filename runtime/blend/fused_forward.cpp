@@ -342,14 +342,16 @@ void FusedForward::shift_chunks(int64_t layer) {
       be_.add(fresh_.data(), old_.data(), n_sel * kv_dim, fresh_.data());
       if (n_span > 1) be_.gather_rows(fresh_.data(), kv_dim, copy.data(), n_sel, span_.data());
       mean_into_first_row(be_, fresh_.data(), n_sel, kv_dim);
-      // With spans, span i's correction (half the chunk's mean, half the
-      // span's) goes to the first of its measured rows in span_.
-      if (n_span > 1) be_.scale(fresh_.data(), kv_dim, 0.5f);
-      for (int64_t i = 0; n_span > 1 && i < n_span; ++i) {
-        float* row = span_.data() + sel_at[i] * kv_dim;
-        mean_into_first_row(be_, row, sel_at[i + 1] - sel_at[i], kv_dim);
-        be_.scale(row, kv_dim, 0.5f);
-        be_.add(row, fresh_.data(), kv_dim, row);
+      if (n_span > 1) {
+        // Span i's correction, half the chunk's mean and half the span's,
+        // into the first of its measured rows in span_.
+        be_.scale(fresh_.data(), kv_dim, 0.5f);
+        for (int64_t i = 0; i < n_span; ++i) {
+          float* row = span_.data() + sel_at[i] * kv_dim;
+          mean_into_first_row(be_, row, sel_at[i + 1] - sel_at[i], kv_dim);
+          be_.scale(row, kv_dim, 0.5f);
+          be_.add(row, fresh_.data(), kv_dim, row);
+        }
       }
       // The others: cached + the correction, K un-rotated and rotated back
       // around it.
