@@ -63,6 +63,17 @@ struct Request {
   }
 };
 
+// The request's segments with chunk i read from src[i]; the first chunk
+// follows exactly the head it was computed after.
+std::vector<Segment> request_segments(
+    const Request& req, const std::vector<std::unique_ptr<cache::MemoryChunkSource>>& src) {
+  std::vector<Segment> s = {{req.head}};
+  for (size_t i = 0; i < req.chunks.size(); ++i)
+    s.push_back({req.chunks[i], src[i].get(), /*exact_prefix=*/i == 0});
+  s.push_back({req.suffix});
+  return s;
+}
+
 class FusorTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -70,13 +81,7 @@ class FusorTest : public testing::Test {
     for (const auto& c : req.chunks) kv.push_back(precompute_chunk_kv(scratch, req.head, c));
     for (const auto& k : kv) sources.push_back(std::make_unique<cache::MemoryChunkSource>(k));
   }
-  std::vector<Segment> segments() {
-    std::vector<Segment> s = {{req.head}};
-    for (size_t i = 0; i < req.chunks.size(); ++i)
-      s.push_back({req.chunks[i], sources[i].get(), /*exact_prefix=*/i == 0});
-    s.push_back({req.suffix});
-    return s;
-  }
+  std::vector<Segment> segments() { return request_segments(req, sources); }
   std::vector<float> fused(const BlendOptions& o, FusionStats* st = nullptr,
                            KvType kv = KvType::kF16, const PipelineOptions& p = {}) {
     Session s(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = kv});
@@ -415,13 +420,7 @@ TEST_F(FusorTest, EveryPolicyKeepsTheIdentities) {
 struct OffsetChunks {
   std::vector<cache::ChunkKV> kv;  // the sources borrow them
   std::vector<std::unique_ptr<cache::MemoryChunkSource>> src;
-  std::vector<Segment> segments(const Request& req) const {
-    std::vector<Segment> segs = {{req.head}};
-    for (size_t i = 0; i < req.chunks.size(); ++i)
-      segs.push_back({req.chunks[i], src[i].get(), /*exact_prefix=*/i == 0});
-    segs.push_back({req.suffix});
-    return segs;
-  }
+  std::vector<Segment> segments(const Request& req) const { return request_segments(req, src); }
 };
 OffsetChunks offset_chunks(const Request& req,
                            const std::function<float(size_t chunk, int64_t token)>& weight) {
