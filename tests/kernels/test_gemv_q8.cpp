@@ -21,10 +21,14 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernel_test_util.h"
 #include "kernels/cpu/reference_ops.h"
+#if defined(__x86_64__) || defined(_M_X64)
+#include "kernels/cpu/ops_avx512.h"
+#endif
 
 namespace cb {
 namespace {
@@ -142,9 +146,23 @@ TEST(GemvQ8, ReferenceMatchesFloat64OfQuantizedActivations) {
   EXPECT_FALSE(ref::gemv_q8_supported(DType::F32));
 }
 
+using GemvQ8Fn = void (*)(const WeightView&, const Q8Row&, float*, int64_t, int64_t);
+
+// Every SIMD GEMV this build and CPU can run: simd_kernels()'s, and the
+// avx512 level's own (its K-quant rows differ from avx2's).
+std::vector<std::pair<std::string, GemvQ8Fn>> simd_gemvs() {
+  std::vector<std::pair<std::string, GemvQ8Fn>> g;
+  if (const test::SimdKernels* simd = test::simd_kernels())
+    g.emplace_back(simd->name, simd->gemv_q8);
+#if defined(__x86_64__) || defined(_M_X64)
+  if (test::avx512_available()) g.emplace_back("avx512", &avx512::gemv_q8);
+#endif
+  return g;
+}
+
 TEST(GemvQ8, SimdMatchesReference) {
-  const test::SimdKernels* simd = test::simd_kernels();
-  if (simd == nullptr) GTEST_SKIP() << "no SIMD kernels for this CPU";
+  const auto gemvs = simd_gemvs();
+  if (gemvs.empty()) GTEST_SKIP() << "no SIMD kernels for this CPU";
   std::mt19937 rng(13);
   for (DType t : kQ8Types) {
     for (int64_t n_in : n_in_cases(t)) {
@@ -155,14 +173,17 @@ TEST(GemvQ8, SimdMatchesReference) {
         const std::vector<float> xd = dequantize(xq);
         std::vector<double> exact, abs_sum;
         test::matmul_f64(test::dequantize_all(w), n_out, n_in, xd.data(), 1, &exact, &abs_sum);
-        std::vector<float> y_ref(n_out), y_simd(n_out, NAN);
+        std::vector<float> y_ref(n_out);
         ref::gemv_q8(w, xq.view(), y_ref.data(), 0, n_out);
-        const int64_t cut = n_out / 3;  // two uneven slices, as threads get them
-        simd->gemv_q8(w, xq.view(), y_simd.data(), 0, cut);
-        simd->gemv_q8(w, xq.view(), y_simd.data(), cut, n_out);
-        for (int64_t o = 0; o < n_out; ++o) {
-          EXPECT_NEAR(y_simd[o], y_ref[o], 2e-5 * abs_sum[o] + 1e-30)
-              << simd->name << " " << dtype_name(t) << " n_in=" << n_in << " o=" << o;
+        for (const auto& [name, gemv] : gemvs) {
+          std::vector<float> y_simd(n_out, NAN);
+          const int64_t cut = n_out / 3;  // two uneven slices, as threads get them
+          gemv(w, xq.view(), y_simd.data(), 0, cut);
+          gemv(w, xq.view(), y_simd.data(), cut, n_out);
+          for (int64_t o = 0; o < n_out; ++o) {
+            EXPECT_NEAR(y_simd[o], y_ref[o], 2e-5 * abs_sum[o] + 1e-30)
+                << name << " " << dtype_name(t) << " n_in=" << n_in << " o=" << o;
+          }
         }
         if (HasFailure()) return;
       }
