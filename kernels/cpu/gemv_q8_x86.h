@@ -314,21 +314,38 @@ inline __m512i pick_halves(int a, int b) {
 // Q4_K: 64 bytes of quants hold sub-blocks 4h and 4h + 2 in their low
 // nibbles, 4h + 1 and 4h + 3 in their high ones; the activation blocks are
 // paired to match by one 128-bit shuffle each.
+// Q4_K's 8 scales and 8 mins as 16 bytes (sc 0-7, then m 0-7), from its
+// 12 bytes of scales taken as words a, b, c (see q4k_scales_mins).
+inline __m128i q4k_scales_mins16(const uint8_t* scales) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));  // a b c (qs)
+  const __m128i low = _mm_and_si128(
+      _mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
+      _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+  const __m128i high =
+      _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)), 2),
+                    _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+  return _mm_or_si128(low, high);
+}
+
 float row_q4_k_512(const BlockQ4_K* w, const Q8Row& x, int64_t n_super) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i pick[4] = {pick_halves(0, 2), pick_halves(1, 3), pick_halves(4, 6),
                            pick_halves(5, 7)};
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  __m256 acc_min = _mm256_setzero_ps();
+  const __m512i d_dmin = pick_halves(0, 1);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc_min = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < n_super; ++sb) {
-    uint64_t sc, m;
-    q4k_scales_mins(w[sb].scales, &sc, &m);
-    // (d * sc) * dx and (dmin * m) * s, as the reference forms them.
-    const __m512 f = _mm512_zextps256_ps512(
-        _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(half(w[sb].d)), u8x8_to_ps(sc)),
-                      _mm256_loadu_ps(x.d + 8 * sb)));
-    acc_min = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(half(w[sb].dmin)), u8x8_to_ps(m)),
-                              _mm256_loadu_ps(x.s + 8 * sb), acc_min);
+    // Lanes 0-7: (d * sc) * dx, the sub-blocks' scales; lanes 8-15:
+    // (dmin * m) * s, their offsets; each formed as the reference forms it.
+    const __m512 dm = _mm512_permutexvar_ps(
+        d_dmin, _mm512_zextps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                    static_cast<int>(w[sb].d | static_cast<uint32_t>(w[sb].dmin) << 16)))));
+    const __m512 f = _mm512_mul_ps(
+        _mm512_mul_ps(dm,
+                      _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_scales_mins16(w[sb].scales)))),
+        _mm512_castpd_ps(_mm512_insertf64x4(
+            _mm512_castps_pd(_mm512_zextps256_ps512(_mm256_loadu_ps(x.d + 8 * sb))),
+            _mm256_castps_pd(_mm256_loadu_ps(x.s + 8 * sb)), 1)));
+    acc_min = _mm512_mask_add_ps(acc_min, 0xFF00, acc_min, f);
     const int8_t* xq = x.qs + kQKK * sb;
     for (int h = 0; h < 2; ++h) {
       const __m512i q = _mm512_loadu_si512(w[sb].qs + 64 * h);
@@ -344,34 +361,39 @@ float row_q4_k_512(const BlockQ4_K* w, const Q8Row& x, int64_t n_super) {
           _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_permutexvar_ps(pick[2 * h + 1], f), acc1);
     }
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - hsum(acc_min);
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - _mm512_reduce_add_ps(acc_min);
 }
 
 // Q6_K: 64 bytes of ql and the 32 bytes of qh that go with them make runs
 // 4h, 4h + 1 (low nibbles) and 4h + 2, 4h + 3 (high nibbles), each pair
 // against 64 consecutive activation bytes.  The upper half's qh is taken
 // shifted by 2, so both halves find their two high bits at the same place.
-// The per-16 scales go in by VPMADDWD as in row_q6_k: 128-bit lane k of a
-// step takes scale k of its four.
-struct alignas(64) Q6KScaleSpread {
-  int16_t idx[4][32];  // step s: int16 lane i takes scale 4s + i / 8
-  constexpr Q6KScaleSpread() : idx{} {
-    for (int s = 0; s < 4; ++s)
-      for (int i = 0; i < 32; ++i) idx[s][i] = static_cast<int16_t>(4 * s + i / 8);
+// The quants stay unsigned: VPDPBUSD sums q * x per 4 elements, and
+// 32 * x's sum comes off by a second one.  Int32 lane i of step s then
+// belongs to run of 16 number 4s + i / 4, and takes that run's scale
+// (d * dx) * sc, formed once per super-block.
+struct alignas(64) Q6KLanes {
+  int32_t run[4][16];  // step s: lane i takes run 4s + i / 4
+  int32_t block[16];   // run r is in activation block r / 2
+  constexpr Q6KLanes() : run{}, block{} {
+    for (int i = 0; i < 16; ++i) {
+      for (int s = 0; s < 4; ++s) run[s][i] = 4 * s + i / 4;
+      block[i] = i / 2;
+    }
   }
 };
-inline constexpr Q6KScaleSpread kQ6KSpread;
+inline constexpr Q6KLanes kQ6KLanes;
 
 float row_q6_k_512(const BlockQ6_K* w, const Q8Row& x, int64_t n_super) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F), off = _mm512_set1_epi8(32);
-  const __m512i pick[4] = {pick_halves(0, 1), pick_halves(2, 3), pick_halves(4, 5),
-                           pick_halves(6, 7)};
+  const __m512i m4 = _mm512_set1_epi8(0x0F), u32 = _mm512_set1_epi8(32);
+  const __m512i to_block = _mm512_load_si512(kQ6KLanes.block);
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < n_super; ++sb) {
-    const __m512 f = _mm512_zextps256_ps512(
-        _mm256_mul_ps(_mm256_set1_ps(half(w[sb].d)), _mm256_loadu_ps(x.d + 8 * sb)));
-    const __m512i scales = _mm512_zextsi256_si512(
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[sb].scales))));
+    const __m512 dx = _mm512_permutexvar_ps(
+        to_block, _mm512_zextps256_ps512(
+                      _mm256_mul_ps(_mm256_set1_ps(half(w[sb].d)), _mm256_loadu_ps(x.d + 8 * sb))));
+    const __m512 g = _mm512_mul_ps(dx, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                           reinterpret_cast<const __m128i*>(w[sb].scales)))));
     const int8_t* xq = x.qs + kQKK * sb;
     for (int h = 0; h < 2; ++h) {
       const __m512i l = _mm512_loadu_si512(w[sb].ql + 64 * h);
@@ -384,19 +406,15 @@ float row_q6_k_512(const BlockQ6_K* w, const Q8Row& x, int64_t n_super) {
           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
                           _mm512_and_si512(hb, _mm512_set1_epi8(0x30)))};
       for (int k = 0; k < 2; ++k) {
-        const __m512i q = _mm512_sub_epi8(runs[k], off);
         const __m512i xv = _mm512_loadu_si512(xq + 128 * h + 64 * k);
-        // |q| * (x * sign(q)): the int8 multiply-add takes unsigned weights.
-        const __m512i sx =
-            _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(q), _mm512_setzero_si512(), xv);
-        const __m512i p16 = _mm512_maddubs_epi16(_mm512_abs_epi8(q), sx);
-        const __m512i isum = _mm512_madd_epi16(
-            p16, _mm512_permutexvar_epi16(_mm512_load_si512(kQ6KSpread.idx[2 * h + k]), scales));
-        const __m512 t = _mm512_cvtepi32_ps(isum);
+        const __m512i isum =
+            _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), runs[k], xv),
+                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), u32, xv));
+        const __m512 scale = _mm512_permutexvar_ps(_mm512_load_si512(kQ6KLanes.run[2 * h + k]), g);
         if (k == 0) {
-          acc0 = _mm512_fmadd_ps(t, _mm512_permutexvar_ps(pick[2 * h + k], f), acc0);
+          acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc0);
         } else {
-          acc1 = _mm512_fmadd_ps(t, _mm512_permutexvar_ps(pick[2 * h + k], f), acc1);
+          acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc1);
         }
       }
     }
