@@ -297,14 +297,13 @@ float row_q45_k(const Block* w, const Q8Row& x, int64_t n_super) {
 
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
 // Q4_K and Q6_K in 512-bit steps of 64 weights, two sub-blocks per step:
-// about half the instructions per weight of the 256-bit rows above.
-// Decode streams these types (a Q4_K_M model is nearly all Q4_K and Q6_K)
-// from DRAM, and there the 256-bit rows' arithmetic did not hide behind
-// the loads: on a 766 MB Q4_K matrix, 2 threads, kernel_bench measured
-// 11-12 GB/s with them and 15-16 GB/s with these, of 23 GB/s that a plain
-// read reaches.
-// Each step's two sub-blocks sit in the lower and upper 256 bits; a
-// permute puts each one's scale under its 8 int32 sums.
+// about half the instructions per weight of the 256-bit rows above, which
+// counts where arithmetic rather than DRAM sets the pace (rows in cache,
+// or more read bandwidth per core).  kernel_bench, one thread: 12 -> 14.5
+// GB/s on an 8,960 x 1,536 Q4_K matrix, 18 -> 23 GB/s on a 1,536 x 1,536
+// Q6_K one; from DRAM on 2 threads, 5-7 % more.  Each step's two
+// sub-blocks sit in the lower and upper 256 bits; a permute puts each
+// one's scale under its 8 int32 sums.
 
 // Lanes 0-7 take element a of a vector, lanes 8-15 element b.
 inline __m512i pick_halves(int a, int b) {
