@@ -22,7 +22,9 @@
 // 2 * 128 * 127 = 32512 per pair.
 //
 // Same results as ref::gemv_q8 up to f32 summation order: the integer sums
-// are exact, and the per-block scale products are formed as there.
+// are exact, and the per-block scale products are formed as there, except
+// that the avx512 level's Q6_K applies its per-16 scales in f32,
+// ((d * dx) * sc) * sum, where the reference sums sc * sum in integers.
 #ifndef CB_GEMV_LEVEL
 #error "define CB_GEMV_LEVEL (avx2 or avx512) before including gemv_q8_x86.h"
 #endif
