@@ -29,7 +29,6 @@
 #error "define CB_GEMV_LEVEL (avx2 or avx512) before including gemv_q8_x86.h"
 #endif
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
