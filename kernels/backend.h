@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 
 #include "kernels/dtype.h"
 
@@ -241,11 +242,21 @@ enum class CpuKernelLevel {
 };
 
 // The CPU backend, running its ops on `n_threads` threads (0 = all cores).
+// kAuto takes the level that the environment variable CB_CPU_KERNELS names
+// where it is set (a name as parse_cpu_kernel_level reads it), else the
+// best this CPU supports.  Error kUnsupported when the CPU or build lacks
+// the level asked for (by `level` or CB_CPU_KERNELS), kInvalidArgument
+// when CB_CPU_KERNELS names no level.
 std::unique_ptr<Backend> make_cpu_backend(int n_threads,
                                           CpuKernelLevel level = CpuKernelLevel::kAuto);
 
+// "auto", "scalar", "avx2", "avx512", "neon" as a level; false for any
+// other name.
+bool parse_cpu_kernel_level(std::string_view name, CpuKernelLevel* level);
+
 // Name of the kernel level a CPU backend created with kAuto would use on this
 // machine ("avx512", "avx2", "neon", "scalar"), for benchmarks to report.
+// Errors as make_cpu_backend's.
 const char* cpu_kernel_level_name();
 
 }  // namespace cb

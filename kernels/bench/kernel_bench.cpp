@@ -1,6 +1,6 @@
 // kernel_bench: throughput sanity check of the CPU kernels (not a test).
 //
-//   kernel_bench [--threads N] [--level auto|scalar|avx2|avx512] [--n-in K] [--n-out N]
+//   kernel_bench [--threads N] [--level auto|scalar|avx2|avx512|neon] [--n-in K] [--n-out N]
 //                [--rows R]... [--type Q4_1]... [--attn-kv N]...
 //
 // Prints one line per (type, rows): milliseconds per matmul and GFLOP/s
@@ -211,11 +211,10 @@ int main(int argc, char** argv) {
     } else if (a == "--attn-kv") {
       attn_kv.push_back(std::atoll(v));
     } else if (a == "--level") {
-      const std::string l = v;
-      level = l == "scalar"   ? cb::CpuKernelLevel::kScalar
-              : l == "avx2"   ? cb::CpuKernelLevel::kAvx2
-              : l == "avx512" ? cb::CpuKernelLevel::kAvx512
-                              : cb::CpuKernelLevel::kAuto;
+      if (!cb::parse_cpu_kernel_level(v, &level)) {
+        std::fprintf(stderr, "unknown kernel level %s\n", v);
+        return 2;
+      }
     } else if (a == "--type") {
       cb::DType t;
       if (!parse_type(v, &t)) {

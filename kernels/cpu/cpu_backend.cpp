@@ -10,7 +10,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -59,7 +62,8 @@ bool neon_usable() {
   return CB_HAVE_NEON_KERNELS && cpu_features().neon;
 }
 
-Level resolve(CpuKernelLevel level) {
+// A level asked for by name.
+Level resolve_named(CpuKernelLevel level) {
   switch (level) {
     case CpuKernelLevel::kScalar:
       return Level::kScalar;
@@ -86,10 +90,37 @@ Level resolve(CpuKernelLevel level) {
     case CpuKernelLevel::kAuto:
       break;
   }
+  fail(ErrorCode::kInternal, "resolve_named(kAuto)");
+}
+
+// kAuto: the level CB_CPU_KERNELS names where it is set (to see how the
+// runtime does on a CPU with fewer features, or to rule a level's kernels
+// out), with the errors of asking for that level; else the best this CPU
+// and build support.
+Level resolve_auto() {
+  const char* env = std::getenv("CB_CPU_KERNELS");
+  CpuKernelLevel level = CpuKernelLevel::kAuto;
+  if (env != nullptr && *env != '\0') {
+    if (!parse_cpu_kernel_level(env, &level))
+      fail(ErrorCode::kInvalidArgument, std::string("CB_CPU_KERNELS=") + env +
+                                            " is not a kernel level (auto, scalar, avx2, "
+                                            "avx512 or neon)");
+    if (level != CpuKernelLevel::kAuto) {
+      try {
+        return resolve_named(level);
+      } catch (const Error& e) {
+        fail(e.code(), std::string("CB_CPU_KERNELS=") + env + ": " + e.what());
+      }
+    }
+  }
   if (avx512_usable()) return Level::kAvx512;
   if (avx2_usable()) return Level::kAvx2;
   if (neon_usable()) return Level::kNeon;
   return Level::kScalar;
+}
+
+Level resolve(CpuKernelLevel level) {
+  return level == CpuKernelLevel::kAuto ? resolve_auto() : resolve_named(level);
 }
 
 // Below this many multiply-adds (or element operations) a task is not worth
@@ -588,6 +619,22 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuKernelLevel level) {
   return std::make_unique<CpuBackend>(n_threads, resolve(level));
+}
+
+bool parse_cpu_kernel_level(std::string_view name, CpuKernelLevel* level) {
+  static constexpr std::pair<std::string_view, CpuKernelLevel> kNames[] = {
+      {"auto", CpuKernelLevel::kAuto},
+      {"scalar", CpuKernelLevel::kScalar},
+      {"avx2", CpuKernelLevel::kAvx2},
+      {"avx512", CpuKernelLevel::kAvx512},
+      {"neon", CpuKernelLevel::kNeon}};
+  for (const auto& [n, l] : kNames) {
+    if (n == name) {
+      *level = l;
+      return true;
+    }
+  }
+  return false;
 }
 
 const char* cpu_kernel_level_name() {

@@ -543,6 +543,15 @@ def main():
         check(ok, f"{cmd} --json", describe(rc, out, err))
     rc, out, err = run(bench, ["prefill", "--tokens", "16", "--repeat", "1"] + common)
     check(rc == 0 and "tok/s" in out, "prefill prints a table", describe(rc, out, err))
+    # CB_CPU_KERNELS: the kernel level the CPU backend takes, reported in
+    # the JSON; a name that is no level is a clean error.
+    rc, out, err = run(bench, ["decode", "--tokens", "2", "--ctx", "8", "--json"] + common,
+                       env={"CB_CPU_KERNELS": "scalar"})
+    check(rc == 0 and (json_lines(out) or [{}])[0].get("kernels") == "scalar",
+          "CB_CPU_KERNELS=scalar runs the scalar kernels", describe(rc, out, err))
+    expect_error(bench, ["decode", "--tokens", "2"] + common, "CB_CPU_KERNELS=sse",
+                 must_contain="CB_CPU_KERNELS=sse is not a kernel level",
+                 env={"CB_CPU_KERNELS": "sse"})
 
     test_rag(bench, common)
     test_tiers(bench, common)

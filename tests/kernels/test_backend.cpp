@@ -4,9 +4,12 @@
 #include <algorithm>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernel_test_util.h"
 
@@ -64,6 +67,53 @@ TEST(CpuBackend, KernelLevelNames) {
     } else {
       EXPECT_THROW(make_cpu_backend(1, l), Error);
     }
+  }
+}
+
+// CB_CPU_KERNELS names the level kAuto takes, with the errors of asking
+// for that level by name.
+TEST(CpuBackend, EnvironmentNamesTheAutomaticLevel) {
+  const char* before = std::getenv("CB_CPU_KERNELS");
+  const std::string saved = before != nullptr ? before : "";
+  unsetenv("CB_CPU_KERNELS");
+  const std::string best = cpu_kernel_level_name();
+  const auto error_of = [](const char* value) -> std::pair<ErrorCode, std::string> {
+    setenv("CB_CPU_KERNELS", value, 1);
+    try {
+      make_cpu_backend(1);
+    } catch (const Error& e) {
+      return {e.code(), e.what()};
+    }
+    return {ErrorCode::kInternal, "no error"};
+  };
+  const std::vector<CpuKernelLevel> levels = test::all_levels();
+  for (const char* name : {"scalar", "avx2", "avx512", "neon"}) {
+    CpuKernelLevel level;
+    ASSERT_TRUE(parse_cpu_kernel_level(name, &level));
+    if (std::find(levels.begin(), levels.end(), level) != levels.end()) {
+      setenv("CB_CPU_KERNELS", name, 1);
+      EXPECT_STREQ(cpu_kernel_level_name(), name);
+      EXPECT_EQ(std::string(make_cpu_backend(1)->name()), std::string("cpu-") + name);
+    } else {
+      const auto [code, message] = error_of(name);
+      EXPECT_EQ(code, ErrorCode::kUnsupported) << name;
+      EXPECT_NE(message.find(std::string("CB_CPU_KERNELS=") + name + ": "), std::string::npos)
+          << message;
+    }
+  }
+  for (const char* value : {"auto", ""}) {
+    setenv("CB_CPU_KERNELS", value, 1);
+    EXPECT_EQ(cpu_kernel_level_name(), best) << "'" << value << "'";
+  }
+  for (const char* value : {"AVX2", "avx2 ", "sse"}) {
+    const auto [code, message] = error_of(value);
+    EXPECT_EQ(code, ErrorCode::kInvalidArgument) << value;
+    EXPECT_NE(message.find("is not a kernel level"), std::string::npos) << message;
+  }
+  if (before != nullptr) {
+    setenv("CB_CPU_KERNELS", saved.c_str(), 1);
+  } else {
+    unsetenv("CB_CPU_KERNELS");
   }
 }
 

@@ -213,9 +213,13 @@ static inline void cb_model_options_init(cb_model_options* opts) {
 /* Loads a GGUF model (memory-mapped; the file must not change while the
  * model is loaded).  `opts` may be NULL for defaults.  On success *out_model
  * receives a new model; free it with cb_model_free().
- * Errors: CB_ERR_INVALID_ARGUMENT (NULL path/out_model, bad options),
- * CB_ERR_IO (cannot open/map), CB_ERR_FORMAT (malformed file),
- * CB_ERR_UNSUPPORTED (architecture, tensor type, backend),
+ * On the CPU the kernel level is the best the CPU has, or the one the
+ * environment variable CB_CPU_KERNELS names (avx512, avx2, neon, scalar;
+ * auto or unset: the best); cb_model_get_info reports it.
+ * Errors: CB_ERR_INVALID_ARGUMENT (NULL path/out_model, bad options,
+ * CB_CPU_KERNELS naming no level), CB_ERR_IO (cannot open/map),
+ * CB_ERR_FORMAT (malformed file), CB_ERR_UNSUPPORTED (architecture, tensor
+ * type, backend, a CB_CPU_KERNELS level this CPU or build lacks),
  * CB_ERR_OUT_OF_MEMORY.  Thread-safe. */
 CB_API cb_status cb_model_load(const char* path, const cb_model_options* opts,
                                cb_model** out_model);
