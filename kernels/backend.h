@@ -237,7 +237,7 @@ enum class CpuKernelLevel {
   kAuto,    // best the CPU supports (chosen once, at first use)
   kScalar,  // the reference kernels
   kAvx2,    // AVX2 + FMA + F16C
-  kAvx512,  // kAvx2 + AVX-512 F, BW, VL and VNNI (the int8 GEMM of prefill)
+  kAvx512,  // kAvx2 + AVX-512 F, BW, VL and VNNI (VNNI int8 GEMM and GEMV)
   kNeon,    // AArch64 Advanced SIMD
 };
 

@@ -56,7 +56,8 @@ struct SessionOptions {
   bool int8_decode = true;
   // prefill() and the CacheBlend passes over the session do the same with
   // Backend::matmul_q8's many-row product: an int8 GEMM where the backend
-  // has one (AVX-512 VNNI: ~4x the f32 GEMM), else the exact f32 GEMM.
+  // has one (x86: ~3x the f32 GEMM with AVX-512 VNNI, ~2x with AVX2), else
+  // the exact f32 GEMM.
   // false keeps f32 activations (the float64 oracle tests pin that path).
   bool int8_prefill = true;
   // kCuda: every op on CUDA device `device` (n_threads and kernels are then

@@ -203,14 +203,10 @@ class CpuBackend final : public Backend {
 
   void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
     // Beyond a few rows the GEMV re-reads the weights per row: the int8
-    // GEMM where there is one (avx512), else the exact GEMM, which is
-    // compute-bound rather than bound by decoding weights.
+    // GEMM where there is one for the type (avx512, avx2), else the exact
+    // GEMM, which is compute-bound rather than bound by decoding weights.
     const bool gemm = n_rows > kMaxQ8Rows;
-    bool int8_gemm = false;
-#if CB_HAVE_AVX2_KERNELS
-    int8_gemm = gemm && level_ == Level::kAvx512 && avx512::gemm_q8_supported(w.type);
-#endif
-    if (gemm && !int8_gemm) return matmul(w, x, n_rows, y);
+    if (gemm && !has_int8_gemm(w.type)) return matmul(w, x, n_rows, y);
     if (!gemm && !ref::gemv_q8_supported(w.type)) return matmul(w, x, n_rows, y);
     check(n_rows >= 0 && w.n_in >= 0 && w.n_out >= 0, "matmul: negative size");
     check(w.n_in % dtype_block_elems(w.type) == 0, "matmul: n_in is not a whole number of blocks");
@@ -234,7 +230,7 @@ class CpuBackend final : public Backend {
     float* s16 = nullptr;
     bool half_sums = false;
 #if CB_HAVE_AVX2_KERNELS
-    half_sums = gemm && avx512::gemm_q8_uses_half_sums(w.type);
+    half_sums = gemm && avx2::gemm_q8_uses_half_sums(w.type);
 #endif
     if (half_sums) {
       xs16.resize(std::max(xs16.size(), static_cast<size_t>(2 * n_rows * nb)));
@@ -252,7 +248,10 @@ class CpuBackend final : public Backend {
     const int64_t work = n_rows * w.n_out * w.n_in;
     split(w.n_out, tasks_for(work, kMatmulTasksPerThread), 16, [&](int64_t o0, int64_t o1) {
 #if CB_HAVE_AVX2_KERNELS
-      if (gemm) return avx512::gemm_q8(w, Q8Row{qs, d, s}, s16, n_rows, y, o0, o1);
+      if (gemm && level_ == Level::kAvx512) {
+        return avx512::gemm_q8(w, Q8Row{qs, d, s}, s16, n_rows, y, o0, o1);
+      }
+      if (gemm) return avx2::gemm_q8(w, Q8Row{qs, d, s}, s16, n_rows, y, o0, o1);
 #endif
       for (int64_t r = 0; r < n_rows; ++r) {
         const Q8Row xr{qs + r * w.n_in, d + r * nb, s + r * nb};
@@ -602,6 +601,16 @@ class CpuBackend final : public Backend {
       for (int i = 0; i < 16; ++i) sum += qs[16 * h + i];
       s16[h] = d[h / 2] * static_cast<float>(sum);
     }
+  }
+
+  // Whether matmul_q8 has an int8 GEMM for many rows of type t.
+  bool has_int8_gemm(DType t) const {
+#if CB_HAVE_AVX2_KERNELS
+    if (level_ == Level::kAvx512) return avx512::gemm_q8_supported(t);
+    if (level_ == Level::kAvx2) return avx2::gemm_q8_supported(t);
+#endif
+    (void)t;
+    return false;
   }
 
   // The AVX2 kernels serve both x86 levels; the avx512 level differs only

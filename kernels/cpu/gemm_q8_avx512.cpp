@@ -1,31 +1,7 @@
-// Int8 GEMM for prefill on AVX-512 VNNI (Backend::matmul_q8 with many
-// rows): y = x * W^T with the activation rows quantized to int8 blocks of 32
-// (Q8Row) and the weights' integer quants multiplied by them with VPDPBUSD,
-// 64 unsigned-by-signed byte products per instruction, about 2.6x the rate
-// of f32 FMAs on the same 512-bit registers (and 5x AVX2's).
-//
-// Every weight type is read as unsigned 8-bit quants q with, per group of G
-// elements (32, or 16 for the types with a scale per run of 16), a scale
-// and an offset: w = scale * q + off.  Signed quants are shifted to
-// unsigned (Q8_0 and IQ4 by +128, Q6_K's q - 32 and Q3_K's q - 4 are kept
-// as q) and the shift moves into the offset.  With the activation
-// x = dx * qx per block of 32 (sum sx = dx * sum(qx) over the group), a
-// group adds
-//     (scale * dx) * sum(q * qx)  +  off * sx
-// to its output: the sum exact in int32, the rest f32.  Same values as the
-// weights' dequantization (w = (d * sc) * q - dmin * m for Q4_K, etc.), so
-// the only differences from the exact f32 GEMM are the activations' int8
-// rounding and f32 summation order.
-//
-// Structure as the f32 GEMM (matmul_avx2.cpp): a block of up to
-// kPackBytes of weight rows is decoded once per call into panels of 16
-// columns, laid out for VPDPBUSD: per group, per 4 consecutive elements,
-// the 16 columns' 4 quant bytes (one zmm), then the group's 16 scales and 16
-// offsets.  A micro-kernel keeps kMR x kNP x 16 outputs in registers (an
-// int32 sum per group, an f32 accumulator) and broadcasts 4 activation bytes
-// of a row per step.  Every output is the same chain of operations (groups
-// in order within a k-block, k-blocks in order) whatever the split over
-// threads, so the result does not depend on the thread count.
+// The AVX-512 VNNI micro-kernel of the int8 GEMM of prefill (the rest is
+// gemm_q8_tiles.h): VPDPBUSD takes 64 unsigned-by-signed byte products per
+// instruction, about 2.6x the rate of f32 FMAs on the same 512-bit
+// registers.  Every weight type is supported.
 // GCC 12's avx512fintrin.h starts conversions from _mm512_undefined_ps(),
 // which -Wmaybe-uninitialized reports as a use of an uninitialized value.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -34,319 +10,21 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <new>
-#include <type_traits>
+#include <utility>
 
+#include "kernels/cpu/gemm_q8_tiles.h"
 #include "kernels/cpu/ops_avx512.h"
-#include "kernels/cpu/quant_blocks.h"
-#include "kernels/cpu/simd_avx2.h"
-#include "kernels/dtype.h"
 
 namespace cb::avx512 {
 namespace {
 
-using avx2::half;
-using avx2::iq4_levels32;
-using avx2::load32;
-using avx2::nibbles32;
-using avx2::q23_k_quants32;
-using avx2::q45_k_quants32;
-using avx2::q5_quants32;
-using avx2::unpack_q6_k_runs;
+using int8_tiles::chunk_bytes;
+using int8_tiles::kNR;
+using int8_tiles::MicroKernel;
+using int8_tiles::Rows;
 
-// ---- Decoders: 32 elements at a time as unsigned quants + scale, offset ----
-//
-// decode(row, k0, k1, sink) calls sink.put(k, q, scale_a, off_a, scale_b,
-// off_b) for each run of 32 elements from k in [k0, k1): q their unsigned
-// quants in element order, (scale_a, off_a) for elements 0-15 and
-// (scale_b, off_b) for 16-31 (equal for the types with one scale per 32).
-// kGroup is the type's group length (32 or 16).
-
-// 32-element block types: a per-block scale d and offset.
-template <class Block, class Quants, class Offset>
-void decode_blocks(const void* row, int64_t k0, int64_t k1, auto& s, Quants quants, Offset offset) {
-  const Block* b = static_cast<const Block*>(row) + k0 / kQK;
-  for (int64_t k = k0; k < k1; k += kQK, ++b) {
-    const float d = half(b->d), off = offset(*b, d);
-    s.put(k, quants(*b), d, off, d, off);
-  }
-}
-
-struct Int8Q8_0 {
-  static constexpr int kGroup = 32;
-  static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    decode_blocks<BlockQ8_0>(
-        row, k0, k1, s,
-        [](const BlockQ8_0& b) { return _mm256_xor_si256(load32(b.qs), _mm256_set1_epi8(-128)); },
-        [](const BlockQ8_0&, float d) { return -128.0f * d; });
-  }
-};
-struct Int8Q4_0 {
-  static constexpr int kGroup = 32;
-  static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    decode_blocks<BlockQ4_0>(
-        row, k0, k1, s, [](const BlockQ4_0& b) { return nibbles32(b.qs); },
-        [](const BlockQ4_0&, float d) { return -8.0f * d; });
-  }
-};
-struct Int8Q4_1 {
-  static constexpr int kGroup = 32;
-  static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    decode_blocks<BlockQ4_1>(
-        row, k0, k1, s, [](const BlockQ4_1& b) { return nibbles32(b.qs); },
-        [](const BlockQ4_1& b, float) { return half(b.m); });
-  }
-};
-struct Int8Q5_0 {
-  static constexpr int kGroup = 32;
-  static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    decode_blocks<BlockQ5_0>(
-        row, k0, k1, s, [](const BlockQ5_0& b) { return q5_quants32(b.qs, b.qh); },
-        [](const BlockQ5_0&, float d) { return -16.0f * d; });
-  }
-};
-struct Int8Q5_1 {
-  static constexpr int kGroup = 32;
-  static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    decode_blocks<BlockQ5_1>(
-        row, k0, k1, s, [](const BlockQ5_1& b) { return q5_quants32(b.qs, b.qh); },
-        [](const BlockQ5_1& b, float) { return half(b.m); });
-  }
-};
-struct Int8IQ4_NL {
-  static constexpr int kGroup = 32;
-  static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    decode_blocks<BlockIQ4_NL>(
-        row, k0, k1, s,
-        [](const BlockIQ4_NL& b) {
-          return _mm256_xor_si256(iq4_levels32(b.qs), _mm256_set1_epi8(-128));
-        },
-        [](const BlockIQ4_NL&, float d) { return -128.0f * d; });
-  }
-};
-
-struct Int8IQ4_XS {
-  static constexpr int kGroup = 32;
-  static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    const BlockIQ4_XS* b = static_cast<const BlockIQ4_XS*>(row) + k0 / kQKK;
-    for (int64_t k = k0; k < k1; k += kQKK, ++b) {
-      const float d = half(b->d);
-      for (int j = 0; j < kQKK / kQK; ++j) {
-        const float sc = d * static_cast<float>(iq4xs_scale(*b, j) - 32);
-        s.put(k + kQK * j, _mm256_xor_si256(iq4_levels32(b->qs + 16 * j), _mm256_set1_epi8(-128)),
-              sc, -128.0f * sc, sc, -128.0f * sc);
-      }
-    }
-  }
-};
-
-template <class Block>
-struct Int8Q45_K {
-  static constexpr int kGroup = 32;
-  static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    const Block* b = static_cast<const Block*>(row) + k0 / kQKK;
-    for (int64_t k = k0; k < k1; k += kQKK, ++b) {
-      const float d = half(b->d), dmin = half(b->dmin);
-      const uint8_t* qh = nullptr;
-      if constexpr (std::is_same_v<Block, BlockQ5_K>) qh = b->qh;
-      uint64_t sc8, m8;
-      q4k_scales_mins(b->scales, &sc8, &m8);
-      for (int j = 0; j < 8; ++j) {
-        const float scale = d * static_cast<float>((sc8 >> (8 * j)) & 0xFF);
-        const float off = -(dmin * static_cast<float>((m8 >> (8 * j)) & 0xFF));
-        s.put(k + kQK * j, q45_k_quants32(b->qs, qh, j), scale, off, scale, off);
-      }
-    }
-  }
-};
-
-struct Int8Q6_K {
-  static constexpr int kGroup = 16;
-  static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    const BlockQ6_K* b = static_cast<const BlockQ6_K*>(row) + k0 / kQKK;
-    for (int64_t k = k0; k < k1; k += kQKK, ++b) {
-      const float d = half(b->d);
-      for (int h = 0; h < 2; ++h) {
-        __m256i runs[4];
-        unpack_q6_k_runs(load32(b->ql + 64 * h), load32(b->ql + 64 * h + 32),
-                         load32(b->qh + 32 * h), runs);
-        for (int r = 0; r < 4; ++r) {
-          const float sa = d * static_cast<float>(b->scales[8 * h + 2 * r]);
-          const float sb = d * static_cast<float>(b->scales[8 * h + 2 * r + 1]);
-          s.put(k + 128 * h + 32 * r, runs[r], sa, -32.0f * sa, sb, -32.0f * sb);
-        }
-      }
-    }
-  }
-};
-
-template <class Block>
-struct Int8Q23_K {
-  static constexpr int kGroup = 16;
-  static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    constexpr bool kQ3 = std::is_same_v<Block, BlockQ3_K>;
-    const Block* b = static_cast<const Block*>(row) + k0 / kQKK;
-    for (int64_t k = k0; k < k1; k += kQKK, ++b) {
-      const float d = half(b->d);
-      for (int j = 0; j < 8; ++j) {
-        float scale[2], off[2];
-        __m256i q;
-        if constexpr (kQ3) {
-          // q - 4 * !bit in [-4, 3], stored as that + 4.
-          q = _mm256_add_epi8(q23_k_quants32(b->qs, b->hmask, j), _mm256_set1_epi8(4));
-          for (int h = 0; h < 2; ++h) {
-            scale[h] = d * static_cast<float>(q3k_scale(b->scales, 2 * j + h) - 32);
-            off[h] = -4.0f * scale[h];
-          }
-        } else {
-          q = q23_k_quants32(b->qs, nullptr, j);
-          const float dmin = half(b->dmin);
-          for (int h = 0; h < 2; ++h) {
-            const uint8_t sc = b->scales[2 * j + h];
-            scale[h] = d * static_cast<float>(sc & 0x0F);
-            off[h] = -(dmin * static_cast<float>(sc >> 4));
-          }
-        }
-        s.put(k + kQK * j, q, scale[0], off[0], scale[1], off[1]);
-      }
-    }
-  }
-};
-
-// ---- Packing ----
-
-constexpr int64_t kNR = 16;                       // columns per panel
-constexpr int64_t kMR = 6;                        // activation rows per micro-kernel call
-constexpr int64_t kNP = 2;                        // panels per micro-kernel call
-constexpr int64_t kMaxKC = 2048;                  // k-block length limit
-constexpr size_t kPackBytes = size_t{512} << 10;  // panels of one call, in L2
-
-// A panel holds 32 elements of its 16 columns per chunk: 8 steps of 16 x 4
-// quant bytes, then per group of G in the chunk (one, or two for G = 16)
-// 16 f32 scales and 16 f32 offsets.
-constexpr size_t chunk_bytes(int g) {
-  return 8 * 64 + static_cast<size_t>(32 / g) * 2 * 64;
-}
-
-// Decoded columns of one panel before the transpose: column c's quants of
-// the k-block, and a scale and offset per group of G.
-template <int G>
-struct ColumnSink {
-  uint8_t* q;  // kc bytes
-  float* scale;
-  float* off;
-  int64_t k0;
-  void put(int64_t k, __m256i quants, float sa, float oa, float sb, float ob) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + (k - k0)), quants);
-    const int64_t g = (k - k0) / G;
-    scale[g] = sa;
-    off[g] = oa;
-    if constexpr (G == 16) {
-      scale[g + 1] = sb;
-      off[g + 1] = ob;
-    }
-  }
-};
-
-struct PackBuffers {
-  uint8_t* panels = nullptr;
-  uint8_t* columns = nullptr;  // kNR x kMaxKC quants
-  float* scales = nullptr;     // kNR x (kMaxKC / 16) scales, then as many offsets
-  PackBuffers() {
-    panels = static_cast<uint8_t*>(std::aligned_alloc(64, kPackBytes));
-    columns = static_cast<uint8_t*>(std::aligned_alloc(64, kNR * kMaxKC));
-    scales = static_cast<float*>(std::aligned_alloc(64, 2 * kNR * (kMaxKC / 16) * sizeof(float)));
-    if (panels == nullptr || columns == nullptr || scales == nullptr) {
-      std::free(panels);
-      std::free(columns);
-      std::free(scales);
-      throw std::bad_alloc();
-    }
-  }
-  ~PackBuffers() {
-    std::free(panels);
-    std::free(columns);
-    std::free(scales);
-  }
-};
-
-PackBuffers& pack_buffers() {
-  thread_local PackBuffers buffers;
-  return buffers;
-}
-
-// Packs weight rows [o0, o0 + nc) x elements [k0, k0 + kc) into panels of
-// kNR columns (columns past nc are zero: they add nothing).
-template <class Decoder>
-void pack_panels(DType type, const uint8_t* base, size_t row_bytes, int64_t o0, int64_t nc,
-                 int64_t k0, int64_t kc, PackBuffers& buf) {
-  constexpr int64_t kAhead = 4;
-  constexpr int kG = Decoder::kGroup;
-  const int64_t n_groups = kc / kG;
-  const size_t panel_bytes = static_cast<size_t>(kc / kQK) * chunk_bytes(kG);
-  float* scales = buf.scales;
-  float* offs = buf.scales + kNR * (kMaxKC / 16);
-  for (int64_t p0 = 0; p0 < nc; p0 += kNR) {
-    const int64_t np = nc - p0 < kNR ? nc - p0 : kNR;
-    for (int64_t c = 0; c < kNR; ++c) {
-      uint8_t* q = buf.columns + c * kMaxKC;
-      float* sc = scales + c * (kMaxKC / 16);
-      float* of = offs + c * (kMaxKC / 16);
-      if (c < np) {
-        // The weights stream from memory once per call: while a row is
-        // decoded, the same range of the row kAhead rows later is fetched.
-        const size_t k_offset =
-            static_cast<size_t>(k0 / dtype_block_elems(type)) * dtype_block_bytes(type);
-        const size_t k_bytes =
-            static_cast<size_t>(kc / dtype_block_elems(type)) * dtype_block_bytes(type);
-        if (p0 + c + kAhead < nc) {
-          const char* next = reinterpret_cast<const char*>(base) +
-                             static_cast<size_t>(o0 + p0 + c + kAhead) * row_bytes + k_offset;
-          for (size_t off = 0; off < k_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
-        }
-        ColumnSink<kG> sink{q, sc, of, k0};
-        Decoder::decode(base + static_cast<size_t>(o0 + p0 + c) * row_bytes, k0, k0 + kc, sink);
-      } else {
-        __builtin_memset(q, 0, static_cast<size_t>(kc));
-        for (int64_t g = 0; g < n_groups; ++g) sc[g] = of[g] = 0.0f;
-      }
-    }
-    uint8_t* panel = buf.panels + static_cast<size_t>(p0 / kNR) * panel_bytes;
-    for (int64_t ch = 0; ch < kc / kQK; ++ch) {
-      uint8_t* dst = panel + static_cast<size_t>(ch) * chunk_bytes(kG);
-      // The 16 columns' 32 quant bytes (8 dwords each) transposed 8 columns
-      // at a time: step k4 of the chunk is dword k4 of every column.
-      const float* src = reinterpret_cast<const float*>(buf.columns + ch * kQK);
-      float* dq = reinterpret_cast<float*>(dst);
-      avx2::transpose8(src, kMaxKC / 4, dq, kNR);
-      avx2::transpose8(src + 8 * (kMaxKC / 4), kMaxKC / 4, dq + 8, kNR);
-      float* dsc = reinterpret_cast<float*>(dst + 8 * 64);
-      for (int64_t g = 0; g < 32 / kG; ++g) {
-        for (int64_t c = 0; c < kNR; ++c) {
-          dsc[2 * kNR * g + c] = scales[c * (kMaxKC / 16) + ch * (32 / kG) + g];
-          dsc[2 * kNR * g + kNR + c] = offs[c * (kMaxKC / 16) + ch * (32 / kG) + g];
-        }
-      }
-    }
-  }
-}
-
-// ---- Micro-kernel ----
-
-// The activation rows of a call: row r's quants at qs + r * n_in, its
-// block scales at d + r * (n_in / 32), its group sums at s + r * lds.
-struct Rows {
-  const int8_t* qs;
-  const float* d;
-  const float* s;
-  int64_t n_in;
-  int64_t lds;
-};
-
-// y[r][0..ncols) (+)= rows r < MR over the k-block's chunks of 32, for NP
-// panels of 16 columns (panel p at panels + p * panel_bytes).  x points at
-// the k-block's first element of row 0 (qs), block (d) and group (s).
+// A MicroKernel for MR rows and NP panels: per panel and step, one zmm of
+// 16 columns x 4 quant bytes against 4 activation bytes broadcast.
 template <int MR, int NP, int G>
 void micro_kernel(const Rows& x, const uint8_t* panels, size_t panel_bytes, int64_t n_chunks,
                   float* y, int64_t ldy, int64_t ncols, bool first) {
@@ -400,116 +78,40 @@ void micro_kernel(const Rows& x, const uint8_t* panels, size_t panel_bytes, int6
   }
 }
 
-template <int G>
-using MicroKernel = void (*)(const Rows&, const uint8_t*, size_t, int64_t, float*, int64_t, int64_t,
-                             bool);
-
-template <int G, int NP, int... MR>
-constexpr MicroKernel<G> pick(int mr, std::integer_sequence<int, MR...>) {
-  MicroKernel<G> k = nullptr;
-  ((mr == MR + 1 ? (k = micro_kernel<MR + 1, NP, G>, 0) : 0), ...);
-  return k;
-}
-
-// The k-block length: n_in split into equal parts of at most kMaxKC,
-// rounded up to the type's block size.  Depends on n_in and the type only.
-int64_t k_block(int64_t n_in, int64_t block) {
-  const int64_t parts = (n_in + kMaxKC - 1) / kMaxKC;
-  const int64_t kc = (n_in + parts - 1) / parts;
-  return (kc + block - 1) / block * block;
-}
-
-template <class Decoder>
-void gemm(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows, float* y,
-          int64_t o_begin, int64_t o_end) {
-  constexpr int kG = Decoder::kGroup;
-  const size_t row_bytes = dtype_row_bytes(w.type, w.n_in);
-  const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  PackBuffers& buf = pack_buffers();
-  const int64_t kc_max = k_block(w.n_in, dtype_block_elems(w.type));
-  const size_t panel_max = static_cast<size_t>(kc_max / kQK) * chunk_bytes(kG);
-  const int64_t nc_max = static_cast<int64_t>(kPackBytes / panel_max) * kNR;
-  const int64_t nb = w.n_in / kQK;
-  const float* sums = kG == 16 ? s16 : x.s;
-  const int64_t lds = w.n_in / kG;
-  for (int64_t o0 = o_begin; o0 < o_end; o0 += nc_max) {
-    const int64_t nc = o_end - o0 < nc_max ? o_end - o0 : nc_max;
-    for (int64_t k0 = 0; k0 < w.n_in; k0 += kc_max) {
-      const int64_t kc = w.n_in - k0 < kc_max ? w.n_in - k0 : kc_max;
-      pack_panels<Decoder>(w.type, base, row_bytes, o0, nc, k0, kc, buf);
-      const size_t panel_bytes = static_cast<size_t>(kc / kQK) * chunk_bytes(kG);
-      const bool first = k0 == 0;
-      for (int64_t r0 = 0; r0 < n_rows; r0 += kMR) {
-        const int mr = static_cast<int>(n_rows - r0 < kMR ? n_rows - r0 : kMR);
-        const Rows rows{x.qs + r0 * w.n_in + k0, x.d + r0 * nb + k0 / kQK,
-                        sums + r0 * lds + k0 / kG, w.n_in, lds};
-        float* yr = y + r0 * w.n_out + o0;
-        for (int64_t p0 = 0; p0 < nc; p0 += kNP * kNR) {
-          const int64_t ncols = nc - p0 < kNP * kNR ? nc - p0 : kNP * kNR;
-          const uint8_t* panels = buf.panels + static_cast<size_t>(p0 / kNR) * panel_bytes;
-          const MicroKernel<kG> kernel =
-              ncols > kNR ? pick<kG, 2>(mr, std::make_integer_sequence<int, kMR>{})
-                          : pick<kG, 1>(mr, std::make_integer_sequence<int, kMR>{});
-          kernel(rows, panels, panel_bytes, kc / kQK, yr + p0, w.n_out, ncols, first);
-        }
-      }
-    }
+struct Isa {
+  static constexpr int64_t kMR = 6;  // activation rows per micro-kernel call
+  static constexpr int64_t kNP = 2;  // panels per micro-kernel call
+  template <class Decoder>
+  static constexpr bool supports = true;
+  template <class Decoder>
+  static MicroKernel kernel(int mr, int np) {
+    return np == 2 ? pick<Decoder::kGroup, 2>(mr, std::make_integer_sequence<int, kMR>{})
+                   : pick<Decoder::kGroup, 1>(mr, std::make_integer_sequence<int, kMR>{});
   }
-}
+
+ private:
+  template <int G, int NP, int... MR>
+  static constexpr MicroKernel pick(int mr, std::integer_sequence<int, MR...>) {
+    MicroKernel k = nullptr;
+    ((mr == MR + 1 ? (k = micro_kernel<MR + 1, NP, G>, 0) : 0), ...);
+    return k;
+  }
+};
 
 }  // namespace
 
 bool gemm_q8_supported(DType t) {
-  switch (t) {
-    case DType::F32:
-    case DType::F16:
-    case DType::BF16:
-      return false;
-    default:
-      return true;
-  }
+  return int8_tiles::supported<Isa>(t);
 }
 
 bool gemm_q8_uses_half_sums(DType t) {
-  // The types whose decoders have groups of 16.
-  static_assert(Int8Q6_K::kGroup == 16 && Int8Q23_K<BlockQ2_K>::kGroup == 16 &&
-                Int8Q23_K<BlockQ3_K>::kGroup == 16 && Int8Q45_K<BlockQ4_K>::kGroup == 32);
-  return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q6_K;
+  return int8_tiles::uses_half_sums(t);
 }
 
 void gemm_q8(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows, float* y,
              int64_t o_begin, int64_t o_end) {
   if (n_rows <= 0 || o_begin >= o_end) return;
-  switch (w.type) {
-    case DType::Q8_0:
-      return gemm<Int8Q8_0>(w, x, s16, n_rows, y, o_begin, o_end);
-    case DType::Q4_0:
-      return gemm<Int8Q4_0>(w, x, s16, n_rows, y, o_begin, o_end);
-    case DType::Q4_1:
-      return gemm<Int8Q4_1>(w, x, s16, n_rows, y, o_begin, o_end);
-    case DType::Q5_0:
-      return gemm<Int8Q5_0>(w, x, s16, n_rows, y, o_begin, o_end);
-    case DType::Q5_1:
-      return gemm<Int8Q5_1>(w, x, s16, n_rows, y, o_begin, o_end);
-    case DType::IQ4_NL:
-      return gemm<Int8IQ4_NL>(w, x, s16, n_rows, y, o_begin, o_end);
-    case DType::IQ4_XS:
-      return gemm<Int8IQ4_XS>(w, x, s16, n_rows, y, o_begin, o_end);
-    case DType::Q2_K:
-      return gemm<Int8Q23_K<BlockQ2_K>>(w, x, s16, n_rows, y, o_begin, o_end);
-    case DType::Q3_K:
-      return gemm<Int8Q23_K<BlockQ3_K>>(w, x, s16, n_rows, y, o_begin, o_end);
-    case DType::Q4_K:
-      return gemm<Int8Q45_K<BlockQ4_K>>(w, x, s16, n_rows, y, o_begin, o_end);
-    case DType::Q5_K:
-      return gemm<Int8Q45_K<BlockQ5_K>>(w, x, s16, n_rows, y, o_begin, o_end);
-    case DType::Q6_K:
-      return gemm<Int8Q6_K>(w, x, s16, n_rows, y, o_begin, o_end);
-    case DType::F32:
-    case DType::F16:
-    case DType::BF16:
-      break;  // gemm_q8_supported() is false; the backend never calls this
-  }
+  int8_tiles::gemm_q8<Isa>(w, x, s16, n_rows, y, o_begin, o_end);
 }
 
 }  // namespace cb::avx512

@@ -15,7 +15,7 @@
 // so the model's logits (prefill) stay within a relative L2 of 1e-3 of a
 // float64 reference; the only differences from cb::ref are summation order,
 // FMA contraction and a polynomial exp (~1e-7 relative).  Only gemv_q8
-// (decode) multiplies int8-quantized activations, by request of the caller.
+// and gemm_q8 multiply int8-quantized activations, by request of the caller.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +67,13 @@ void attention_weight_sums_head(const AttentionArgs& a, int64_t head, float* sum
 // summation order may differ).
 void quantize_q8a(const float* x, int64_t n, int8_t* qs, float* d, float* s);
 void gemv_q8(const WeightView& w, const Q8Row& x, float* y, int64_t o_begin, int64_t o_end);
+// The int8 GEMM of prefill, with ops_avx512.h's contracts, for the types
+// whose quants fit its 16-bit products (gemm_q8_supported: all but Q8_0,
+// IQ4_NL and IQ4_XS); the same bits as the avx512 level's.
+bool gemm_q8_supported(DType t);
+bool gemm_q8_uses_half_sums(DType t);
+void gemm_q8(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows, float* y,
+             int64_t o_begin, int64_t o_end);
 
 void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
              float* out);

@@ -7,7 +7,7 @@
 //
 // The avx512 level runs the AVX2 kernels for every op but these.  gemv_q8
 // and quantize_q8a have ops_avx2.h's contracts (the same bytes, the same
-// integer sums).
+// integer sums); gemm_q8 gives the avx2 level's bits where both have it.
 #pragma once
 
 #include <cstdint>

@@ -152,7 +152,7 @@ const char* const kUsage =
     "  --kv-type T      the session's KV cache: f16 (default, half the memory) or\n"
     "                   f32 (exact)\n"
     "  --activations A  int8 (default: weight products take int8 activations, as\n"
-    "                   llama.cpp's; ~4x faster prefill with AVX-512 VNNI) or f32\n"
+    "                   llama.cpp's; 2-3x faster prefill on x86) or f32\n"
     "                   (exact)\n"
     "  --n-batch N      tokens per forward chunk of a prefill or a blend's layers\n"
     "                   (default 256 on the CPU, 512 on CUDA); fewer take less\n"

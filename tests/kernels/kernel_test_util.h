@@ -94,7 +94,9 @@ inline std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scal
 
 // A weight of n_out rows x n_in elements: random quant bytes with the f16
 // scale fields set to magnitudes in [1e-3, 1e-1] so values stay moderate.
-inline std::vector<uint8_t> random_weight(std::mt19937& rng, DType t, int64_t n_out, int64_t n_in) {
+// fill >= 0: every quant byte is fill instead (0xFF: the largest quants).
+inline std::vector<uint8_t> random_weight(std::mt19937& rng, DType t, int64_t n_out, int64_t n_in,
+                                          int fill = -1) {
   const size_t bytes = dtype_row_bytes(t, n_in) * static_cast<size_t>(n_out);
   std::vector<uint8_t> data(bytes);
   const int64_t n = n_out * n_in;
@@ -118,7 +120,7 @@ inline std::vector<uint8_t> random_weight(std::mt19937& rng, DType t, int64_t n_
       break;
   }
   std::uniform_int_distribution<int> byte(0, 255);
-  for (uint8_t& b : data) b = static_cast<uint8_t>(byte(rng));
+  for (uint8_t& b : data) b = static_cast<uint8_t>(fill < 0 ? byte(rng) : fill);
   std::vector<size_t> scale_offsets;
   switch (t) {
     case DType::Q4_0:

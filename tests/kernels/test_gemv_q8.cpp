@@ -27,6 +27,7 @@
 #include "kernel_test_util.h"
 #include "kernels/cpu/reference_ops.h"
 #if defined(__x86_64__) || defined(_M_X64)
+#include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/ops_avx512.h"
 #endif
 
@@ -203,7 +204,7 @@ TEST(GemvQ8, BackendWithinRoundingBoundOfF32Matmul) {
       const WeightView w{wd.data(), t, n_in, n_out};
       const std::vector<float> wf = test::dequantize_all(w);
       // 1 and 3 rows: the GEMV; 17 and 40: the int8 GEMM where the level
-      // has one (avx512), else the exact GEMM.
+      // has one for the type (avx512, avx2), else the exact GEMM.
       for (int64_t n_rows : {1, 3, 17, 40}) {
         const std::vector<float> x = activations(rng, n_rows * n_in);
         const Q8Act xq = quantize(x);
@@ -235,32 +236,91 @@ TEST(GemvQ8, BackendWithinRoundingBoundOfF32Matmul) {
   }
 }
 
-// The avx512 level's int8 GEMV (1 and 3 rows) and GEMM (7 and 40 rows)
-// are the product of the dequantized weight and the dequantized
-// activations up to f32 rounding: uneven panels (5 and 193 columns),
-// partial micro-kernel row blocks, and rows longer than one k-block (2304
-// elements).
-TEST(GemvQ8, Avx512MatchesFloat64OfQuantizedActivations) {
-  if (!test::avx512_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+// The levels with an int8 GEMM (avx512, avx2) on this CPU, and whether a
+// level has it for type t (else many rows take the exact matmul).
+std::vector<CpuKernelLevel> int8_gemm_levels() {
+  std::vector<CpuKernelLevel> l;
+#if defined(__x86_64__) || defined(_M_X64)
+  if (test::avx512_available()) l.push_back(CpuKernelLevel::kAvx512);
+  if (test::avx2_available()) l.push_back(CpuKernelLevel::kAvx2);
+#endif
+  return l;
+}
+bool has_int8_gemm(CpuKernelLevel level, DType t) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (level == CpuKernelLevel::kAvx512) return avx512::gemm_q8_supported(t);
+  if (level == CpuKernelLevel::kAvx2) return avx2::gemm_q8_supported(t);
+#endif
+  (void)t;
+  return false;
+}
+
+// The x86 levels' int8 GEMV (1 and 3 rows) and GEMM (7 and 40 rows) are
+// the product of the dequantized weight and the dequantized activations up
+// to f32 rounding: uneven panels (5 and 193 columns), partial micro-kernel
+// row blocks, and rows longer than one k-block (2304 elements).
+TEST(GemvQ8, X86MatchesFloat64OfQuantizedActivations) {
+  if (int8_gemm_levels().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937 rng(16);
-  auto be = make_cpu_backend(2, CpuKernelLevel::kAvx512);
-  for (DType t : kQ8Types) {
-    for (int64_t n_in : {dtype_block_elems(t) == 32 ? int64_t{96} : int64_t{256}, int64_t{2304}}) {
-      for (auto [n_out, n_rows] :
-           {std::pair<int64_t, int64_t>{5, 40}, {193, 7}, {5, 1}, {193, 3}}) {
-        std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
-        const WeightView w{wd.data(), t, n_in, n_out};
-        const std::vector<float> x = activations(rng, n_rows * n_in);
-        const std::vector<float> xd = dequantize(quantize(x));
-        std::vector<double> exact, abs_sum;
-        test::matmul_f64(test::dequantize_all(w), n_out, n_in, xd.data(), n_rows, &exact, &abs_sum);
-        std::vector<float> y(n_rows * n_out, NAN);
-        be->matmul_q8(w, x.data(), n_rows, y.data());
-        for (int64_t i = 0; i < n_rows * n_out; ++i)
-          ASSERT_NEAR(y[i], exact[i], 2e-5 * abs_sum[i] + 1e-30)
-              << dtype_name(t) << " n_in=" << n_in << " n_out=" << n_out << " row " << i / n_out
-              << " o=" << i % n_out;
+  for (CpuKernelLevel level : int8_gemm_levels()) {
+    auto be = make_cpu_backend(2, level);
+    for (DType t : kQ8Types) {
+      for (int64_t n_in :
+           {dtype_block_elems(t) == 32 ? int64_t{96} : int64_t{256}, int64_t{2304}}) {
+        for (auto [n_out, n_rows] :
+             {std::pair<int64_t, int64_t>{5, 40}, {193, 7}, {5, 1}, {193, 3}}) {
+          if (n_rows > 4 && !has_int8_gemm(level, t)) continue;
+          std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
+          const WeightView w{wd.data(), t, n_in, n_out};
+          const std::vector<float> x = activations(rng, n_rows * n_in);
+          const std::vector<float> xd = dequantize(quantize(x));
+          std::vector<double> exact, abs_sum;
+          test::matmul_f64(test::dequantize_all(w), n_out, n_in, xd.data(), n_rows, &exact,
+                           &abs_sum);
+          std::vector<float> y(n_rows * n_out, NAN);
+          be->matmul_q8(w, x.data(), n_rows, y.data());
+          for (int64_t i = 0; i < n_rows * n_out; ++i)
+            ASSERT_NEAR(y[i], exact[i], 2e-5 * abs_sum[i] + 1e-30)
+                << be->name() << " " << dtype_name(t) << " n_in=" << n_in << " n_out=" << n_out
+                << " row " << i / n_out << " o=" << i % n_out;
+        }
       }
+    }
+  }
+}
+
+// The int8 GEMM at its extremes: every quant at its largest and every
+// activation at +-127 (rows of +1, of -1, and alternating), where the avx2
+// kernel's 16-bit pair sums come closest to saturating.  The avx2 and
+// avx512 GEMMs give the same bits.
+TEST(GemvQ8, Int8GemmLargestQuantsAndActivations) {
+  if (int8_gemm_levels().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(17);
+  const int64_t n_out = 37, n_rows = 9;
+  for (DType t : kQ8Types) {
+    const int64_t n_in = dtype_block_elems(t) == 32 ? 384 : 512;
+    std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in, 0xFF);
+    const WeightView w{wd.data(), t, n_in, n_out};
+    std::vector<float> x(n_rows * n_in);
+    for (int64_t r = 0; r < n_rows; ++r)
+      for (int64_t i = 0; i < n_in; ++i)
+        x[r * n_in + i] = r % 3 == 0 ? 1.0f : r % 3 == 1 ? -1.0f : (i % 2 == 0 ? 1.0f : -1.0f);
+    const std::vector<float> xd = dequantize(quantize(x));
+    std::vector<double> exact, abs_sum;
+    test::matmul_f64(test::dequantize_all(w), n_out, n_in, xd.data(), n_rows, &exact, &abs_sum);
+    std::vector<std::vector<float>> results;
+    for (CpuKernelLevel level : int8_gemm_levels()) {
+      if (!has_int8_gemm(level, t)) continue;
+      auto be = make_cpu_backend(2, level);
+      std::vector<float> y(n_rows * n_out, NAN);
+      be->matmul_q8(w, x.data(), n_rows, y.data());
+      for (int64_t i = 0; i < n_rows * n_out; ++i)
+        ASSERT_NEAR(y[i], exact[i], 2e-5 * abs_sum[i] + 1e-30)
+            << be->name() << " " << dtype_name(t) << " row " << i / n_out << " o=" << i % n_out;
+      results.push_back(y);
+    }
+    if (results.size() == 2) {
+      EXPECT_TRUE(test::bitwise_equal(results[0], results[1])) << dtype_name(t);
     }
   }
 }
@@ -274,9 +334,9 @@ TEST(GemvQ8, FallsBackToMatmulWhereThereIsNoInt8Path) {
     auto be = make_cpu_backend(2, level);
     for (auto [t, n_rows] :
          {std::pair{DType::F16, int64_t{1}}, std::pair{DType::BF16, int64_t{1}},
-          std::pair{DType::F16, int64_t{17}}, std::pair{DType::Q4_1, int64_t{17}}}) {
-      // (Many rows of a quantized type take the int8 GEMM at the avx512 level.)
-      if (level == CpuKernelLevel::kAvx512 && t == DType::Q4_1) continue;
+          std::pair{DType::F16, int64_t{17}}, std::pair{DType::Q4_1, int64_t{17}},
+          std::pair{DType::Q8_0, int64_t{17}}}) {
+      if (n_rows > 4 && has_int8_gemm(level, t)) continue;
       const int64_t n_in = 256, n_out = 40;
       std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
       const WeightView w{wd.data(), t, n_in, n_out};

@@ -357,8 +357,8 @@ typedef enum cb_activations {
   /* int8 (default): each activation row is quantized to int8 in blocks of
    * 32 and multiplied by the quantized weights in integers, as llama.cpp
    * does: decode on every CPU, and prefill where the CPU has an int8 matrix
-   * product (AVX-512 VNNI: about 4x the f32 one).  Logits move by about
-   * 1e-2 relative L2 from the f32 path's. */
+   * product (x86: about 3x the f32 one with AVX-512 VNNI, 2x with AVX2).
+   * Logits move by about 1e-2 relative L2 from the f32 path's. */
   CB_ACTIVATIONS_INT8 = 0,
   /* f32 activations everywhere: exact up to f32 rounding (logits within
    * 1e-3 of a float64 reference), at the f32 path's speed. */

@@ -43,8 +43,8 @@ class KvType(_NamedEnum):
 
 class Activations(_NamedEnum):
     """How a session's weight products treat the activations: INT8 (default)
-    quantizes them to int8 as llama.cpp does (about 4x faster prefill on CPUs
-    with AVX-512 VNNI; logits ~1e-2 from the f32 path's); F32 keeps them exact."""
+    quantizes them to int8 as llama.cpp does (2-3x faster prefill on x86 CPUs;
+    logits ~1e-2 from the f32 path's); F32 keeps them exact."""
     INT8 = 0
     F32 = 1
 
