@@ -334,14 +334,6 @@ float row_q45_k(const Block* w, const uint8_t* pf, const Q8Row& x, int64_t n_sup
 // 8,960-wide Q4_K matrix went from 13.5-15.7 to 17-20 GB/s; the bursts of
 // two rows at once were slower than one row at a time (10.5 against 14).
 
-// One block's bytes in each of two rows, stride apart, into L2.
-inline void prefetch_block_pair(const uint8_t* p, size_t stride, size_t bytes) {
-  for (size_t off = 0; off < bytes; off += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(p) + off, _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(p) + stride + off, _MM_HINT_T1);
-  }
-}
-
 // Lanes 0-7 take element a of a vector, lanes 8-15 element b.
 inline __m512i pick_halves(int a, int b) {
   return _mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_set1_epi32(a)), _mm256_set1_epi32(b), 1);
@@ -378,7 +370,8 @@ void row_q4_k_512x2(const BlockQ4_K* w0, const BlockQ4_K* w1, const uint8_t* pf,
   __m512 acc0[2], acc1[2], acc_min[2];
   for (int r = 0; r < 2; ++r) acc0[r] = acc1[r] = acc_min[r] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < n_super; ++sb) {
-    prefetch_block_pair(pf + sizeof(BlockQ4_K) * sb, pf_stride, sizeof(BlockQ4_K));
+    prefetch_bytes(pf + sizeof(BlockQ4_K) * sb, sizeof(BlockQ4_K));
+    prefetch_bytes(pf + pf_stride + sizeof(BlockQ4_K) * sb, sizeof(BlockQ4_K));
     // Lanes 0-7: (d * sc) * dx, the sub-blocks' scales; lanes 8-15:
     // (dmin * m) * s, their offsets; each formed as the reference forms it.
     const __m512 dxs = _mm512_castpd_ps(
@@ -448,7 +441,8 @@ void row_q6_k_512x2(const BlockQ6_K* w0, const BlockQ6_K* w1, const uint8_t* pf,
   __m512 acc0[2], acc1[2];
   for (int r = 0; r < 2; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < n_super; ++sb) {
-    prefetch_block_pair(pf + sizeof(BlockQ6_K) * sb, pf_stride, sizeof(BlockQ6_K));
+    prefetch_bytes(pf + sizeof(BlockQ6_K) * sb, sizeof(BlockQ6_K));
+    prefetch_bytes(pf + pf_stride + sizeof(BlockQ6_K) * sb, sizeof(BlockQ6_K));
     const __m256 xd = _mm256_loadu_ps(x.d + 8 * sb);
     __m512 g[2];
     for (int r = 0; r < 2; ++r) {
