@@ -11,7 +11,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <utility>
 
 #include "kernels/cpu/gemm_q8_tiles.h"
 #include "kernels/cpu/ops_avx2.h"
@@ -109,18 +108,8 @@ struct Isa {
   static constexpr int64_t kNP = 1;  // panels per micro-kernel call
   template <class Decoder>
   static constexpr bool supports = Decoder::kMaxQuant <= 63;
-  template <class Decoder>
-  static MicroKernel kernel(int mr, int) {
-    return pick<Decoder>(mr, std::make_integer_sequence<int, kMR>{});
-  }
-
- private:
-  template <class Decoder, int... MR>
-  static constexpr MicroKernel pick(int mr, std::integer_sequence<int, MR...>) {
-    MicroKernel k = nullptr;
-    ((mr == MR + 1 ? (k = micro_kernel<MR + 1, Decoder>, 0) : 0), ...);
-    return k;
-  }
+  template <int MR, int NP, class Decoder>
+  static constexpr MicroKernel kernel = micro_kernel<MR, Decoder>;
 };
 
 }  // namespace
@@ -135,7 +124,6 @@ bool gemm_q8_uses_half_sums(DType t) {
 
 void gemm_q8(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows, float* y,
              int64_t o_begin, int64_t o_end) {
-  if (n_rows <= 0 || o_begin >= o_end) return;
   int8_tiles::gemm_q8<Isa>(w, x, s16, n_rows, y, o_begin, o_end);
 }
 

@@ -28,9 +28,9 @@
 // whatever the split over threads or the instruction set, so the result
 // depends on neither.
 //
-// What differs by instruction set comes in a traits type `Isa` (kMR rows
-// and kNP panels per micro-kernel call, supports<Decoder>, and
-// kernel<Decoder>(mr, np), the micro-kernel for mr rows and np panels).
+// What differs by instruction set comes in a traits type `Isa`: kMR rows
+// and kNP panels (1 or 2) per micro-kernel call, supports<Decoder>, and
+// kernel<MR, NP, Decoder>, the MicroKernel for MR rows and NP panels.
 // Everything here is in an anonymous namespace: each kernel file gets its
 // own copy, compiled with its flags (the linkage rule in ops_avx2.h).
 #pragma once
@@ -41,6 +41,7 @@
 #include <cstdlib>
 #include <new>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/quant_blocks.h"
@@ -371,6 +372,23 @@ inline int64_t k_block(int64_t n_in, int64_t block) {
   return (kc + block - 1) / block * block;
 }
 
+template <class Isa, class Decoder, int NP, int... MR>
+MicroKernel pick_rows(int mr, std::integer_sequence<int, MR...>) {
+  MicroKernel k = nullptr;
+  ((mr == MR + 1 ? (k = Isa::template kernel<MR + 1, NP, Decoder>, 0) : 0), ...);
+  return k;
+}
+
+// Isa's micro-kernel for 1 <= mr <= kMR rows and 1 <= np <= kNP panels.
+template <class Isa, class Decoder>
+MicroKernel pick_kernel(int mr, int np) {
+  constexpr auto rows = std::make_integer_sequence<int, Isa::kMR>{};
+  if constexpr (Isa::kNP == 2) {
+    if (np == 2) return pick_rows<Isa, Decoder, 2>(mr, rows);
+  }
+  return pick_rows<Isa, Decoder, 1>(mr, rows);
+}
+
 template <class Isa, class Decoder>
 void gemm(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows, float* y,
           int64_t o_begin, int64_t o_end) {
@@ -400,7 +418,7 @@ void gemm(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows,
           const int64_t ncols = nc - p0 < Isa::kNP * kNR ? nc - p0 : Isa::kNP * kNR;
           const uint8_t* panels = buf.panels + static_cast<size_t>(p0 / kNR) * panel_bytes;
           const int np = static_cast<int>((ncols + kNR - 1) / kNR);
-          const MicroKernel kernel = Isa::template kernel<Decoder>(mr, np);
+          const MicroKernel kernel = pick_kernel<Isa, Decoder>(mr, np);
           kernel(rows, panels, panel_bytes, kc / kQK, yr + p0, w.n_out, ncols, first);
         }
       }
@@ -458,6 +476,7 @@ inline bool uses_half_sums(DType t) {
 template <class Isa>
 bool gemm_q8(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows, float* y,
              int64_t o_begin, int64_t o_end) {
+  if (n_rows <= 0 || o_begin >= o_end) return true;
   return with_decoder(w.type, [&](auto d) {
     if constexpr (Isa::template supports<decltype(d)>) {
       gemm<Isa, decltype(d)>(w, x, s16, n_rows, y, o_begin, o_end);

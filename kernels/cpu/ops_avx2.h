@@ -71,6 +71,8 @@ void gemv_q8(const WeightView& w, const Q8Row& x, float* y, int64_t o_begin, int
 // whose quants fit its 16-bit products (gemm_q8_supported: all but Q8_0,
 // IQ4_NL and IQ4_XS); the same bits as the avx512 level's.
 bool gemm_q8_supported(DType t);
+// Whether gemm_q8 (at either level) reads s16 for this type (the others
+// take null).
 bool gemm_q8_uses_half_sums(DType t);
 void gemm_q8(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows, float* y,
              int64_t o_begin, int64_t o_end);

@@ -26,8 +26,6 @@ namespace cb::avx512 {
 // exact; the scaled group sums accumulate in f32 in group order, so every
 // output is the same chain whatever the split over threads.
 bool gemm_q8_supported(DType t);
-// Whether gemm_q8 reads s16 for this type (the others take null).
-bool gemm_q8_uses_half_sums(DType t);
 void quantize_q8a(const float* x, int64_t n, int8_t* qs, float* d, float* s);
 void gemv_q8(const WeightView& w, const Q8Row& x, float* y, int64_t o_begin, int64_t o_end);
 void gemm_q8(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows, float* y,
