@@ -251,6 +251,7 @@ bool has_int8_gemm(CpuKernelLevel level, DType t) {
   if (level == CpuKernelLevel::kAvx512) return avx512::gemm_q8_supported(t);
   if (level == CpuKernelLevel::kAvx2) return avx2::gemm_q8_supported(t);
 #endif
+  (void)level;
   (void)t;
   return false;
 }
