@@ -50,6 +50,12 @@ __device__ __forceinline__ float kv_load(const uint16_t* p) {
   return __half2float(__ushort_as_half(*p));
 }
 
+// KeyBlockBias::at on the device: the logit bias query position qp pays to
+// key j (added to the scaled score, as the CPU kernels do).
+__device__ __forceinline__ float key_bias_at(const KeyBlockBias& b, int64_t qp, int64_t j) {
+  return qp >= b.query_from && j >= b.key_begin && j < b.key_end ? b.bias : 0.0f;
+}
+
 // The first key query row qi sees: past the sliding window, if any.
 __device__ __forceinline__ int64_t first_visible_key(const AttentionArgs& a, int64_t qi) {
   return a.window > 0
@@ -82,7 +88,8 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
     qr[t] = d < hd ? q[d] : 0.0f;
   }
 
-  const int64_t n_keys = min(static_cast<int64_t>(a.q_pos[qi]) + 1, a.n_kv);
+  const int64_t qp = a.q_pos[qi];
+  const int64_t n_keys = min(qp + 1, a.n_kv);
   const int64_t first = first_visible_key(a, qi);
   float acc[kDimsPerLane] = {};
   float m = -INFINITY, l = 0.0f;
@@ -104,7 +111,8 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
       part[kk] = dot;
     }
     reduce_scatter32(part, lane);
-    const float s = lane < n_tile ? part[0] * a.scale : -INFINITY;
+    const float s =
+        lane < n_tile ? part[0] * a.scale + key_bias_at(a.key_bias, qp, j0 + lane) : -INFINITY;
     const float m_new = fmaxf(m, warp_max(s));  // finite: key j0 is visible
     const float corr = expf(m - m_new);         // 0 on the first tile (m = -inf)
     const float p = lane < n_tile ? expf(s - m_new) : 0.0f;
@@ -178,7 +186,8 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
 // Attention of many query rows through cuBLAS (see CudaBackend::attention):
 // the scores of a block of rows are a GEMM per head, then this kernel, one
 // block per (head, row), turns each row of scores into softmax weights over
-// the keys that row sees (0 elsewhere; all 0 when it sees none), then a
+// the keys that row sees after a.key_bias (0 elsewhere; all 0 when it sees
+// none), then a
 // second GEMM per head applies them to V.  Rows are scores[(h * rows + i) *
 // n_kv + j] for query row r0 + i.
 __global__ void attn_softmax_rows_kernel(AttentionArgs a, int64_t r0, int64_t rows, float* scores) {
@@ -186,16 +195,18 @@ __global__ void attn_softmax_rows_kernel(AttentionArgs a, int64_t r0, int64_t ro
   float* s = scores + (h * rows + i) * a.n_kv;
   const int64_t qi = r0 + i;
   const int64_t first = first_visible_key(a, qi);
-  const int64_t end = min(static_cast<int64_t>(a.q_pos[qi]) + 1, a.n_kv);  // may be <= 0
+  const int64_t qp = a.q_pos[qi];
+  const int64_t end = min(qp + 1, a.n_kv);  // may be <= 0
+  auto score = [&](int64_t j) { return s[j] + key_bias_at(a.key_bias, qp, j); };
   float m = -INFINITY;
-  for (int64_t j = first + threadIdx.x; j < end; j += blockDim.x) m = fmaxf(m, s[j]);
+  for (int64_t j = first + threadIdx.x; j < end; j += blockDim.x) m = fmaxf(m, score(j));
   m = block_max(m);
   float l = 0.0f;
-  for (int64_t j = first + threadIdx.x; j < end; j += blockDim.x) l += expf(s[j] - m);
+  for (int64_t j = first + threadIdx.x; j < end; j += blockDim.x) l += expf(score(j) - m);
   l = static_cast<float>(block_sum(static_cast<double>(l)));
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   for (int64_t j = threadIdx.x; j < a.n_kv; j += blockDim.x) {
-    s[j] = j >= first && j < end ? expf(s[j] - m) * inv : 0.0f;
+    s[j] = j >= first && j < end ? expf(score(j) - m) * inv : 0.0f;
   }
 }
 

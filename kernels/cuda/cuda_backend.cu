@@ -303,14 +303,6 @@ class CudaBackend final : public Backend {
     c.finish();
   }
 
-  // The kernels have no logit bias yet (AttentionArgs::key_bias).
-  static void reject_key_bias(const AttentionArgs& a) {
-    if (a.key_bias.active())
-      fail(ErrorCode::kUnsupported,
-           "cuda backend: a context scale (attention key bias) is not supported; use the CPU "
-           "backend or a context scale of 1");
-  }
-
   void attention(const AttentionArgs& a) override {
     check(a.n_q >= 0 && a.n_kv >= 0 && a.head_dim > 0, "attention: bad shape");
     check(a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0,
@@ -320,7 +312,6 @@ class CudaBackend final : public Backend {
                                         std::to_string(kMaxHeadDim) + " is not supported");
     }
     check(a.kv_type == DType::F32 || a.kv_type == DType::F16, "attention: K/V must be F32 or F16");
-    reject_key_bias(a);
     if (a.n_q == 0) return;
     check(a.n_q * a.n_head <= INT32_MAX, "attention: too many query rows x heads");
     Call c(*this);
@@ -355,7 +346,6 @@ class CudaBackend final : public Backend {
           "attention_contributions: n_head must be a multiple of n_head_kv");
     check(a.kv_type == DType::F32 || a.kv_type == DType::F16,
           "attention_contributions: K/V must be F32 or F16");
-    reject_key_bias(a);
     if (a.n_q == 0 || a.n_kv == 0) return;
     check(a.n_q * a.n_head <= INT32_MAX, "attention_contributions: too many query rows x heads");
     Call c(*this);

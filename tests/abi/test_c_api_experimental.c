@@ -292,12 +292,6 @@ void test_chunk_cache_context_scale(cb_model* m) {
   CHECK_OK(rag_answer(s, cache, &ro, &st, &c, l_one, info.n_vocab));
   CHECK(memcmp(l_default, l_one, (size_t)info.n_vocab * sizeof(float)) == 0);
   CHECK_OK(cb_chunk_cache_set_context_scale(cache, 0.6f));
-  if (strcmp(backend_of(m), "cuda") == 0) {
-    /* Not supported there yet: refused by name, not ignored. */
-    CHECK_ERR(rag_answer(s, cache, &ro, &st, &c, l_scaled, info.n_vocab), CB_ERR_UNSUPPORTED);
-    CHECK(strstr(cb_last_error(), "context scale") != NULL);
-    goto done;
-  }
   CHECK_OK(rag_answer(s, cache, &ro, &st, &c, l_scaled, info.n_vocab));
   err = rel_l2(l_scaled, l_default, info.n_vocab);
   printf("context scale 0.6: REUSE against scale 1 rel L2 %.2e\n", err);

@@ -1,8 +1,8 @@
 // CUDA attention against the scalar reference (cb::ref): both paths (the
 // kernel below 32 query rows, cuBLAS above), GQA, sliding windows, f32 and
-// f16 caches, query rows in any order, and the question's attention
-// contributions against the CPU backend's.  Without a CUDA device every
-// test skips with a message.
+// f16 caches, query rows in any order, a logit bias on a block of keys (the
+// context scale), and the question's attention contributions against the
+// CPU backend's.  Without a CUDA device every test skips with a message.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,6 +26,7 @@ struct AttnCase {
   int64_t n_head, n_head_kv, head_dim, n_kv;
   std::vector<int32_t> q_pos;
   int64_t window = 0;  // sliding window (gemma3's local layers); 0 = none
+  KeyBlockBias key_bias = {};
 };
 
 // The arguments of one case over host vectors (out left null).
@@ -43,6 +44,7 @@ AttentionArgs host_args(const AttnCase& c, const std::vector<float>& q, const st
   a.head_dim = c.head_dim;
   a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   a.window = c.window;
+  a.key_bias = c.key_bias;
   return a;
 }
 
@@ -54,7 +56,9 @@ AttentionArgs host_args(const AttnCase& c, const std::vector<float>& q, const st
 // of 32; key counts that cross the kernel's 32-key tiles; sliding windows
 // starting inside a tile, on a tile boundary, wider than a row's history;
 // f32 and f16 caches (the reference reads the widened values); many rows
-// ascending over the whole context (a blend's) or in any order.
+// ascending over the whole context (a blend's) or in any order; a key bias
+// (up or down, for some rows only, its block starting and ending inside a
+// tile, with a window) on both paths.
 TEST_F(Cuda, AttentionMatchesReference) {
   std::mt19937 rng(12);
   auto positions = [&](int n, int32_t n_kv) {
@@ -85,6 +89,12 @@ TEST_F(Cuda, AttentionMatchesReference) {
       {12, 2, 128, 520, positions(512, 520)},
       {12, 2, 128, 1100, spread(300, 1100)},
       {9, 3, 64, 700, positions(200, 700), 64},
+      {6, 2, 72, 100, {99, 40, -1, 63, 64, 200}, 0, {10, 61, 50, -0.7f}},
+      {4, 1, 64, 90, {89, 5, 30}, 0, {0, 33, 0, 2.3f}},
+      {6, 2, 72, 100, {99, 40, 63, 64, 200}, 20, {45, 70, 60, 1.1f}},
+      {8, 2, 128, 300, positions(70, 300), 0, {3, 250, 100, -1.6f}},
+      {12, 2, 128, 1100, spread(300, 1100), 0, {0, 1000, 1000, 0.9f}},
+      {9, 3, 64, 700, positions(200, 700), 64, {100, 650, 300, -2.0f}},
   };
   for (const bool f16 : {false, true}) {
     for (const AttnCase& c : cases) {
@@ -124,8 +134,8 @@ TEST_F(Cuda, AttentionMatchesReference) {
       for (size_t i = 0; i < got.size(); ++i) {
         if (!(std::fabs(got[i] - expect[i]) <= 1e-5) && ++bad <= 3) {
           ADD_FAILURE() << (f16 ? "f16" : "f32") << " heads " << c.n_head << "/" << c.n_head_kv
-                        << " head_dim " << c.head_dim << " rows " << n_q << " at " << i << ": "
-                        << got[i] << " vs " << expect[i];
+                        << " head_dim " << c.head_dim << " rows " << n_q << " bias "
+                        << c.key_bias.bias << " at " << i << ": " << got[i] << " vs " << expect[i];
         }
       }
     }
@@ -146,6 +156,9 @@ TEST_F(Cuda, AttentionContributionsMatchCpu) {
       {6, 2, 72, 100, {99, 40, 63, 64, 200}},
       {2, 1, 17, 33, {32, 31, 0}},
       {6, 2, 72, 100, {99, 40, 63, 64, 200}, 20},
+      {12, 2, 128, 300, many, 0, {0, 256, 256, -0.7f}},
+      {12, 2, 128, 900, spread, 0, {40, 700, 300, 1.4f}},
+      {9, 3, 64, 70, {69, 0, 31, 32, 33, 5}, 0, {5, 40, 30, 0.8f}},
   };
   for (const AttnCase& c : cases) {
     const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
@@ -163,7 +176,8 @@ TEST_F(Cuda, AttentionContributionsMatchCpu) {
     std::vector<float> got(static_cast<size_t>(c.n_kv), 0.0f);
     be_->attention_contributions(d, got.data());
     for (size_t j = 0; j < got.size(); ++j)
-      EXPECT_NEAR(got[j], expect[j], 1e-4 * (1.0 + std::fabs(expect[j]))) << "key " << j;
+      EXPECT_NEAR(got[j], expect[j], 1e-4 * (1.0 + std::fabs(expect[j])))
+          << "key " << j << ", bias " << c.key_bias.bias;
   }
 }
 
@@ -189,22 +203,6 @@ TEST_F(Cuda, AttentionRejectsOversizedHeads) {
   std::vector<float> buf(512, 0.0f);
   const int32_t pos = 0;
   EXPECT_THROW(be_->attention(one_query(buf, pos, 512)), Error);
-}
-
-// No kernel applies AttentionArgs::key_bias yet: it fails, it is not ignored.
-TEST_F(Cuda, AttentionRejectsAKeyBias) {
-  std::vector<float> buf(64, 0.0f);
-  const int32_t pos = 1;
-  AttentionArgs a = one_query(buf, pos, 16);
-  a.key_bias = {0, 1, 1, -0.5f};
-  try {
-    be_->attention(a);
-    ADD_FAILURE() << "attention with a key bias did not throw";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
-  }
-  float sums[2] = {0.0f, 0.0f};
-  EXPECT_THROW(be_->attention_contributions(a, sums), Error);
 }
 
 }  // namespace

@@ -144,6 +144,30 @@ TEST_F(CudaSession, BlendRequestMatchesCpu) {
   EXPECT_EQ(argmax(lx), argmax(lc));
 }
 
+// A context scale (BlendOptions::context_scale: a logit bias on the reused
+// chunks' keys for the question's rows) gives the CPU's logits on CUDA too,
+// and changes them (else the bias would not be under test).
+TEST_F(CudaSession, ContextScaleBlendMatchesCpu) {
+  const RagPrompt rp = test::lighthouse_prompt(model());
+  auto run = [&](BackendKind b, float context_scale) {
+    RagPrefillOptions ro;
+    ro.blend.mode = BlendMode::kBlend;
+    ro.blend.context_scale = context_scale;
+    cache::RamChunkStore table;
+    Session s(model(), opts(b));
+    auto l = rag_prefill(s, rp, &table, ro, nullptr);
+    return std::vector<float>(l.begin(), l.end());
+  };
+  const std::vector<float> plain = run(BackendKind::kCpu, 1.0f);
+  const std::vector<float> lc = run(BackendKind::kCpu, 0.6f);
+  const std::vector<float> lg = run(BackendKind::kCuda, 0.6f);
+  const double moved = test::rel_l2(lc, plain), e = test::rel_l2(lg, lc);
+  std::printf("context scale 0.6: rel L2 cuda vs cpu %.3g; cpu against scale 1 %.3g\n", e, moved);
+  EXPECT_GT(moved, 1e-3);
+  EXPECT_LE(e, 1e-2);
+  EXPECT_EQ(argmax(lg), argmax(lc)) << "CPU top-2 gap " << top2_gap(lc);
+}
+
 // The fusion's inner results, not only its logits: the HKVD rows selected
 // at the last check layer (FusionStats::final_rows, chosen on the GPU by
 // top_k over deviations computed there) must be the CPU's, and the fused KV

@@ -55,9 +55,7 @@
  * docs/FIDELITY.md, 0.6 helped SmolLM2-135M, and no scale from 0.45 to 0.8
  * helped the Qwen2.5-Coder models); 1 (the default) leaves attention as it
  * is.  Set it before the cache's requests run.  CB_ERR_INVALID_ARGUMENT for
- * a NULL cache or a scale outside [0.01, 100]; the CUDA backend does not
- * support a scale other than 1 yet (its requests then fail with
- * CB_ERR_UNSUPPORTED). */
+ * a NULL cache or a scale outside [0.01, 100]. */
 #ifdef __cplusplus
 extern "C" {
 #endif
