@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "platform/error.h"
@@ -29,6 +30,32 @@ void top_k_indices(const float* values, int64_t n, int64_t k, int32_t* out) {
 
 void Backend::top_k(const float* values, int64_t n, int64_t k, int32_t* out) {
   top_k_indices(values, n, k, out);
+}
+
+void check_segments(const int32_t* seg, int64_t n_seg) {
+  if (n_seg < 0 || (n_seg > 0 && !seg) || (n_seg > 0 && seg[0] < 0))
+    fail(ErrorCode::kInvalidArgument, "segment_means: bad segments");
+  for (int64_t s = 0; s < n_seg; ++s) {
+    if (seg[s + 1] <= seg[s])
+      fail(ErrorCode::kInvalidArgument,
+           "segment_means: segment " + std::to_string(s) + " is empty or its offsets descend");
+  }
+}
+
+void Backend::segment_means(float* x, int64_t row_len, const int32_t* seg, int64_t n_seg,
+                            float* out) {
+  check_segments(seg, n_seg);
+  for (int64_t s = 0; s < n_seg; ++s) {
+    float* rows = x + static_cast<int64_t>(seg[s]) * row_len;
+    const int64_t n0 = seg[s + 1] - seg[s];
+    for (int64_t n = n0; n > 1;) {
+      const int64_t h = n / 2;
+      add(rows, rows + (n - h) * row_len, h * row_len, rows);
+      n -= h;
+    }
+    gather_rows(x, row_len, &seg[s], 1, out + s * row_len);
+    scale(out + s * row_len, row_len, 1.0f / static_cast<float>(n0));
+  }
 }
 
 void* Backend::alloc_host_staging(size_t bytes) {

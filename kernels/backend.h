@@ -167,6 +167,16 @@ class Backend {
   virtual void add_bias(float* x, const float* bias, int64_t n_rows, int64_t dim) {
     for (int64_t r = 0; r < n_rows; ++r) add(x + r * dim, bias, dim, x + r * dim);
   }
+  // The mean of each of n_seg segments of rows (row_len floats each):
+  // out[s] = the mean of x's rows [seg[s], seg[s + 1]).  seg is host memory,
+  // n_seg + 1 offsets, each segment non-empty.  The sums have one order on
+  // every backend, pairwise halving: while a segment has n > 1 rows, its
+  // last n / 2 rows are added onto its first n / 2; then its first row is
+  // multiplied by 1 / n0 (f32), n0 the segment's size.  x is scratch (its
+  // rows are overwritten).  Bitwise what the default gives with add(),
+  // gather_rows() and scale(); a backend may do it in one pass.
+  virtual void segment_means(float* x, int64_t row_len, const int32_t* seg, int64_t n_seg,
+                             float* out);
   // dst[r] = src[idx[r]]   (rows of row_len floats)
   virtual void gather_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
                            float* dst) = 0;
@@ -232,6 +242,9 @@ class Backend {
 
 // Backend::top_k on the host, for host memory (the default implementation).
 void top_k_indices(const float* values, int64_t n, int64_t k, int32_t* out);
+// Backend::segment_means' argument check: n_seg + 1 host offsets from 0 up,
+// each segment non-empty (kInvalidArgument otherwise).
+void check_segments(const int32_t* seg, int64_t n_seg);
 
 enum class CpuKernelLevel {
   kAuto,    // best the CPU supports (chosen once, at first use)

@@ -29,6 +29,7 @@ enum class BackendOp : uint8_t {
   kAdd,
   kAddBias,
   kGatherRows,
+  kSegmentMeans,
   kRowSqDiff,
   kScatterRows,
   kScatterRowsF16,
@@ -38,25 +39,17 @@ enum class BackendOp : uint8_t {
 inline constexpr int kBackendOpCount = static_cast<int>(BackendOp::kTopK) + 1;
 
 inline const char* backend_op_name(BackendOp op) {
-  static constexpr const char* kNames[kBackendOpCount] = {"matmul",
-                                                          "matmul_q8",
-                                                          "matmul_bias",
-                                                          "get_rows",
-                                                          "rmsnorm",
-                                                          "rope",
-                                                          "attention",
-                                                          "attention_contributions",
-                                                          "silu_mul",
-                                                          "gelu_mul",
-                                                          "scale",
-                                                          "add",
-                                                          "add_bias",
-                                                          "gather_rows",
-                                                          "row_sq_diff",
-                                                          "scatter_rows",
-                                                          "scatter_rows_f16",
-                                                          "gather_rows_f16",
-                                                          "top_k"};
+  static constexpr const char* kNames[kBackendOpCount] = {
+      "matmul",          "matmul_q8",
+      "matmul_bias",     "get_rows",
+      "rmsnorm",         "rope",
+      "attention",       "attention_contributions",
+      "silu_mul",        "gelu_mul",
+      "scale",           "add",
+      "add_bias",        "gather_rows",
+      "segment_means",   "row_sq_diff",
+      "scatter_rows",    "scatter_rows_f16",
+      "gather_rows_f16", "top_k"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -131,6 +124,11 @@ class ForwardingBackend : public Backend {
                    float* dst) override {
     Op op(*this, BackendOp::kGatherRows, {src, dst});
     inner_->gather_rows(src, row_len, idx, n, dst);
+  }
+  void segment_means(float* x, int64_t row_len, const int32_t* seg, int64_t n_seg,
+                     float* out) override {
+    Op op(*this, BackendOp::kSegmentMeans, {x, out});
+    inner_->segment_means(x, row_len, seg, n_seg, out);
   }
   void row_sq_diff(const float* a, const float* b, int64_t n_rows, int64_t row_len,
                    float* out) override {

@@ -448,6 +448,16 @@ class CpuBackend final : public Backend {
     ref::gather_rows(src, row_len, idx, n, dst);
   }
 
+  void segment_means(float* x, int64_t row_len, const int32_t* seg, int64_t n_seg,
+                     float* out) override {
+    check(row_len >= 0, "segment_means: negative size");
+    check_segments(seg, n_seg);
+    if (n_seg == 0) return;
+    split(n_seg, tasks_for((seg[n_seg] - seg[0]) * row_len), 1, [&](int64_t s0, int64_t s1) {
+      ref::segment_means(x, row_len, seg + s0, s1 - s0, out + s0 * row_len);
+    });
+  }
+
   void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
                     float* dst) override {
     ref::scatter_rows(src, row_len, idx, n, dst);

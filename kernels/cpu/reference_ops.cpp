@@ -488,4 +488,19 @@ void row_sq_diff(const float* a, const float* b, int64_t n_rows, int64_t row_len
   }
 }
 
+void segment_means(float* x, int64_t row_len, const int32_t* seg, int64_t n_seg, float* out) {
+  for (int64_t s = 0; s < n_seg; ++s) {
+    float* rows = x + static_cast<int64_t>(seg[s]) * row_len;
+    const int64_t n0 = seg[s + 1] - seg[s];
+    for (int64_t n = n0; n > 1;) {
+      const int64_t h = n / 2;
+      const float* src = rows + (n - h) * row_len;
+      for (int64_t j = 0; j < h * row_len; ++j) rows[j] = rows[j] + src[j];
+      n -= h;
+    }
+    const float inv = 1.0f / static_cast<float>(n0);
+    for (int64_t j = 0; j < row_len; ++j) out[s * row_len + j] = rows[j] * inv;
+  }
+}
+
 }  // namespace cb::ref

@@ -96,5 +96,7 @@ void gather_rows_f16(const uint16_t* src, int64_t row_len, const int32_t* idx, i
                      float* dst);
 // out[r] = sum_j (a[r][j] - b[r][j])^2, accumulated in double.
 void row_sq_diff(const float* a, const float* b, int64_t n_rows, int64_t row_len, float* out);
+// Backend::segment_means in its order, one segment at a time (x is scratch).
+void segment_means(float* x, int64_t row_len, const int32_t* seg, int64_t n_seg, float* out);
 
 }  // namespace cb::ref

@@ -432,6 +432,21 @@ class CudaBackend final : public Backend {
     c.finish();
   }
 
+  void segment_means(float* x, int64_t row_len, const int32_t* seg, int64_t n_seg,
+                     float* out) override {
+    check(row_len >= 0, "segment_means: negative size");
+    check_segments(seg, n_seg);  // host memory by contract
+    if (n_seg == 0 || row_len == 0) return;
+    Call c(*this);
+    const int32_t* dseg = c.in(seg, n_seg + 1);
+    float* dx = c.out(x, seg[n_seg] * row_len, true);
+    float* dout = c.out(out, n_seg * row_len, false);
+    segment_means_kernel<<<grid_for(n_seg * row_len), kEltThreads, 0, c.stream()>>>(
+        dx, row_len, dseg, n_seg, dout);
+    launch_check("segment_means_kernel");
+    c.finish();
+  }
+
   void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
                     float* dst) override {
     check(n >= 0 && row_len >= 0, "scatter_rows: negative size");

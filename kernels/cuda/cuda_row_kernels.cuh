@@ -128,6 +128,24 @@ __global__ void add_bias_kernel(float* x, const float* __restrict__ bias, int64_
   }
 }
 
+// Backend::segment_means: one thread per (segment, column), the column's
+// pairwise halving in place in x, in the contract's order.
+__global__ void segment_means_kernel(float* x, int64_t row_len, const int32_t* __restrict__ seg,
+                                     int64_t n_seg, float* __restrict__ out) {
+  CB_GRID_STRIDE(t, n_seg * row_len) {
+    const int64_t s = t / row_len, j = t % row_len;
+    float* col = x + static_cast<int64_t>(seg[s]) * row_len + j;
+    const int64_t n0 = seg[s + 1] - seg[s];
+    for (int64_t n = n0; n > 1;) {
+      const int64_t h = n / 2;
+      for (int64_t i = 0; i < h; ++i)
+        col[i * row_len] = col[i * row_len] + col[(i + n - h) * row_len];
+      n -= h;
+    }
+    out[t] = __fmul_rn(col[0], __frcp_rn(static_cast<float>(n0)));
+  }
+}
+
 __global__ void gather_rows_kernel(const float* __restrict__ src, int64_t row_len,
                                    const int32_t* __restrict__ idx, int64_t n,
                                    float* __restrict__ dst) {

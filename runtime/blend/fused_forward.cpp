@@ -230,18 +230,6 @@ void FusedForward::choose(int64_t layer, bool first, const std::vector<int32_t>&
 
 namespace {
 
-// The mean of the first n rows of `rows` (dim floats each), into its first
-// row, by pairwise adds: about log2(n) backend ops and nothing on the host.
-void mean_into_first_row(Backend& be, float* rows, int64_t n, int64_t dim) {
-  const int64_t n0 = n;
-  while (n > 1) {
-    const int64_t h = n / 2;  // the last h rows onto the first h
-    be.add(rows, rows + (n - h) * dim, h * dim, rows);
-    n -= h;
-  }
-  be.scale(rows, dim, 1.0f / static_cast<float>(n0));
-}
-
 // Where span i of n (equal ones) of [begin, begin + len) starts.
 int32_t span_begin(int32_t begin, int32_t len, int64_t i, int64_t n) {
   return begin + static_cast<int32_t>(i * len / n);
@@ -278,9 +266,24 @@ std::vector<int64_t> span_offsets(int32_t begin, int32_t len, int64_t n,
 
 }  // namespace
 
-void FusedForward::shift_chunks(int64_t layer) {
-  const int64_t kv_dim = hp_.kv_dim();
-  std::vector<int32_t> idx, pos, neg, rest, rest_neg, copy;
+// Every chunk the shift moves at once, so a layer's shift is the same few
+// backend ops however many chunks there are (a GPU pays per op).  Chunk
+// after chunk: its measured rows (sel), its other rows (rest), and the
+// segments of sel whose means make the corrections.
+struct FusedForward::ShiftPlan {
+  std::vector<int32_t> sel_idx, sel_pos, sel_neg;  // index into rows, position, -position
+  std::vector<int32_t> rest_pos, rest_neg;
+  std::vector<int32_t> chunk_seg{0}, span_seg{0};  // offsets into sel
+  std::vector<int32_t> rest_span;  // per rest row: the span whose correction it takes
+  // The spans of chunks cut in more than one, and each one's chunk: their
+  // correction is half the chunk's mean and half the span's.
+  std::vector<int32_t> split_span, split_chunk;
+  std::vector<int32_t> sel_order;  // 0, 1, ...: sel copied (gather_rows)
+};
+
+FusedForward::ShiftPlan FusedForward::plan_shift() const {
+  ShiftPlan p;
+  std::vector<int32_t> idx, pos, rest;
   for (const CachedChunkRef& c : chunks) {
     const int32_t end = c.begin + c.len;
     if (c.len == 0 || exact[c.begin]) continue;
@@ -294,16 +297,16 @@ void FusedForward::shift_chunks(int64_t layer) {
     }
     if (pos.empty() || static_cast<int32_t>(pos.size()) == c.len) continue;
     rest.clear();
-    for (int32_t p = c.begin, j = 0; p < end; ++p) {
-      if (j < static_cast<int32_t>(pos.size()) && pos[j] == p)
+    for (int32_t q = c.begin, j = 0; q < end; ++q) {
+      if (j < static_cast<int32_t>(pos.size()) && pos[j] == q)
         ++j;
       else
-        rest.push_back(p);
+        rest.push_back(q);
     }
     // The correction is measured on the chunk's probes when it has two or
     // more (BlendOptions::shift_probes), else on all its recomputed tokens.
     if (!probe.empty() &&
-        std::count_if(pos.begin(), pos.end(), [&](int32_t p) { return probe[p] != 0; }) >= 2) {
+        std::count_if(pos.begin(), pos.end(), [&](int32_t q) { return probe[q] != 0; }) >= 2) {
       size_t m = 0;
       for (size_t j = 0; j < pos.size(); ++j)
         if (probe[pos[j]]) {
@@ -313,57 +316,87 @@ void FusedForward::shift_chunks(int64_t layer) {
       idx.resize(m);
       pos.resize(m);
     }
-    neg.resize(pos.size());
-    rest_neg.resize(rest.size());
-    for (size_t j = 0; j < pos.size(); ++j) neg[j] = -pos[j];
-    for (size_t j = 0; j < rest.size(); ++j) rest_neg[j] = -rest[j];
-    const int64_t n_sel = static_cast<int64_t>(pos.size());
-    const int64_t n_rest = static_cast<int64_t>(rest.size());
     // BlendOptions::shift_span: span i's measured rows are [sel_at[i],
     // sel_at[i + 1]) of pos, its other rows [rest_at[i], rest_at[i + 1]) of rest.
     const int64_t n_span = span_count(c.begin, c.len, shift_span, pos);
     const std::vector<int64_t> sel_at = span_offsets(c.begin, c.len, n_span, pos);
     const std::vector<int64_t> rest_at = span_offsets(c.begin, c.len, n_span, rest);
-    fresh_.reserve(static_cast<size_t>(n_sel * kv_dim));
-    old_.reserve(static_cast<size_t>(std::max(n_sel, n_rest) * kv_dim));
-    if (n_span > 1) {
-      span_.reserve(static_cast<size_t>(n_sel * kv_dim));
-      copy.resize(static_cast<size_t>(n_sel));
-      std::iota(copy.begin(), copy.end(), 0);
+    const auto chunk = static_cast<int32_t>(p.chunk_seg.size() - 1);
+    const auto base = static_cast<int32_t>(p.sel_pos.size());
+    for (size_t j = 0; j < pos.size(); ++j) {
+      p.sel_idx.push_back(idx[j]);
+      p.sel_pos.push_back(pos[j]);
+      p.sel_neg.push_back(-pos[j]);
     }
-    for (const bool is_k : {true, false}) {
-      void* cache = is_k ? s_.k_cache(layer) : s_.v_cache(layer);
-      // fresh - cached over the measured rows, K compared before RoPE so
-      // that one correction fits every position.
-      be_.gather_rows(is_k ? k_.data() : v_.data(), kv_dim, idx.data(), n_sel, fresh_.data());
-      load_kv_rows(be_, s_.kv_dtype(), cache, kv_dim, pos.data(), n_sel, old_.data());
-      if (is_k) rope_keys(be_, hp_, layer, old_.data(), neg.data(), n_sel);
-      be_.scale(old_.data(), n_sel * kv_dim, -1.0f);
-      be_.add(fresh_.data(), old_.data(), n_sel * kv_dim, fresh_.data());
-      if (n_span > 1) be_.gather_rows(fresh_.data(), kv_dim, copy.data(), n_sel, span_.data());
-      mean_into_first_row(be_, fresh_.data(), n_sel, kv_dim);
+    for (int32_t q : rest) {
+      p.rest_pos.push_back(q);
+      p.rest_neg.push_back(-q);
+    }
+    for (int64_t i = 0; i < n_span; ++i) {
+      const auto span = static_cast<int32_t>(p.span_seg.size() - 1);
+      p.span_seg.push_back(base + static_cast<int32_t>(sel_at[i + 1]));
+      p.rest_span.insert(p.rest_span.end(), static_cast<size_t>(rest_at[i + 1] - rest_at[i]), span);
       if (n_span > 1) {
-        // Span i's correction, half the chunk's mean and half the span's,
-        // into the first of its measured rows in span_.
-        be_.scale(fresh_.data(), kv_dim, 0.5f);
-        for (int64_t i = 0; i < n_span; ++i) {
-          float* row = span_.data() + sel_at[i] * kv_dim;
-          mean_into_first_row(be_, row, sel_at[i + 1] - sel_at[i], kv_dim);
-          be_.scale(row, kv_dim, 0.5f);
-          be_.add(row, fresh_.data(), kv_dim, row);
-        }
+        p.split_span.push_back(span);
+        p.split_chunk.push_back(chunk);
       }
-      // The others: cached + the correction, K un-rotated and rotated back
-      // around it.
-      load_kv_rows(be_, s_.kv_dtype(), cache, kv_dim, rest.data(), n_rest, old_.data());
-      if (is_k) rope_keys(be_, hp_, layer, old_.data(), rest_neg.data(), n_rest);
-      for (int64_t i = 0; i < n_span; ++i) {
-        const float* bias = n_span > 1 ? span_.data() + sel_at[i] * kv_dim : fresh_.data();
-        be_.add_bias(old_.data() + rest_at[i] * kv_dim, bias, rest_at[i + 1] - rest_at[i], kv_dim);
-      }
-      if (is_k) rope_keys(be_, hp_, layer, old_.data(), rest.data(), n_rest);
-      store_kv_rows(be_, s_.kv_dtype(), old_.data(), kv_dim, rest.data(), n_rest, cache);
     }
+    p.chunk_seg.push_back(base + static_cast<int32_t>(pos.size()));
+  }
+  if (!p.split_span.empty()) {
+    p.sel_order.resize(p.sel_pos.size());
+    std::iota(p.sel_order.begin(), p.sel_order.end(), 0);
+  }
+  return p;
+}
+
+void FusedForward::shift_chunks(int64_t layer) {
+  const ShiftPlan p = plan_shift();
+  const int64_t kv_dim = hp_.kv_dim();
+  const auto n_sel = static_cast<int64_t>(p.sel_pos.size());
+  const auto n_rest = static_cast<int64_t>(p.rest_pos.size());
+  const auto n_span = static_cast<int64_t>(p.span_seg.size() - 1);
+  const auto n_chunk = static_cast<int64_t>(p.chunk_seg.size() - 1);
+  const auto n_split = static_cast<int64_t>(p.split_span.size());
+  if (n_sel == 0) return;
+  fresh_.reserve(static_cast<size_t>(n_sel * kv_dim));
+  old_.reserve(static_cast<size_t>(std::max(n_sel, n_rest) * kv_dim));
+  corr_.reserve(static_cast<size_t>((n_span + n_chunk) * kv_dim));
+  shift_scratch_.reserve(static_cast<size_t>(
+      std::max(n_split > 0 ? n_sel : 0, std::max(n_rest, 2 * n_split)) * kv_dim));
+  float* chunk_mean = corr_.data() + n_span * kv_dim;
+  float* tmp = shift_scratch_.data();
+  for (const bool is_k : {true, false}) {
+    void* cache = is_k ? s_.k_cache(layer) : s_.v_cache(layer);
+    // fresh - cached over the measured rows, K compared before RoPE so
+    // that one correction fits every position.
+    be_.gather_rows(is_k ? k_.data() : v_.data(), kv_dim, p.sel_idx.data(), n_sel, fresh_.data());
+    load_kv_rows(be_, s_.kv_dtype(), cache, kv_dim, p.sel_pos.data(), n_sel, old_.data());
+    if (is_k) rope_keys(be_, hp_, layer, old_.data(), p.sel_neg.data(), n_sel);
+    be_.scale(old_.data(), n_sel * kv_dim, -1.0f);
+    be_.add(fresh_.data(), old_.data(), n_sel * kv_dim, fresh_.data());
+    // The chunks' means from a copy: segment_means uses its rows as scratch.
+    if (n_split > 0) be_.gather_rows(fresh_.data(), kv_dim, p.sel_order.data(), n_sel, tmp);
+    be_.segment_means(fresh_.data(), kv_dim, p.span_seg.data(), n_span, corr_.data());
+    if (n_split > 0) {
+      be_.segment_means(tmp, kv_dim, p.chunk_seg.data(), n_chunk, chunk_mean);
+      // A split span's correction: half its chunk's mean and half its own.
+      be_.scale(chunk_mean, n_chunk * kv_dim, 0.5f);
+      float* half_chunk = tmp + n_split * kv_dim;
+      be_.gather_rows(corr_.data(), kv_dim, p.split_span.data(), n_split, tmp);
+      be_.scale(tmp, n_split * kv_dim, 0.5f);
+      be_.gather_rows(chunk_mean, kv_dim, p.split_chunk.data(), n_split, half_chunk);
+      be_.add(tmp, half_chunk, n_split * kv_dim, tmp);
+      be_.scatter_rows(tmp, kv_dim, p.split_span.data(), n_split, corr_.data());
+    }
+    // The others: cached + their span's correction, K un-rotated and
+    // rotated back around it.
+    load_kv_rows(be_, s_.kv_dtype(), cache, kv_dim, p.rest_pos.data(), n_rest, old_.data());
+    if (is_k) rope_keys(be_, hp_, layer, old_.data(), p.rest_neg.data(), n_rest);
+    be_.gather_rows(corr_.data(), kv_dim, p.rest_span.data(), n_rest, tmp);
+    be_.add(old_.data(), tmp, n_rest * kv_dim, old_.data());
+    if (is_k) rope_keys(be_, hp_, layer, old_.data(), p.rest_pos.data(), n_rest);
+    store_kv_rows(be_, s_.kv_dtype(), old_.data(), kv_dim, p.rest_pos.data(), n_rest, cache);
   }
 }
 

@@ -136,6 +136,8 @@ class FusedForward {
   // BlendOptions::chunk_shift at `layer`, before the carried rows' K/V go
   // into the cache (the cache still holds their reused KV there).
   void shift_chunks(int64_t layer);
+  struct ShiftPlan;
+  ShiftPlan plan_shift() const;
   void run_graph(Graph& g);
   void resize_buffers();
   // Candidate scores of the check layer `layer`, into host memory.
@@ -154,7 +156,8 @@ class FusedForward {
   BackendFloats x_{be_}, q_{be_}, k_{be_}, v_{be_}, scratch_{be_};
   // select()'s fresh and cached rows and deviations
   BackendFloats fresh_{be_}, old_{be_}, dev_{be_};
-  BackendFloats span_{be_};  // shift_chunks()'s corrections per span
+  // shift_chunks()'s corrections (per span, then per chunk) and scratch
+  BackendFloats corr_{be_}, shift_scratch_{be_};
   BackendFloats arena_{be_};
 };
 

@@ -443,6 +443,31 @@ TEST_F(Cuda, RowOpsMatchReference) {
   }
 }
 
+// segment_means in the contract's order: the CPU's bits, from device rows
+// (the chunk shift's case, in a batch) and from host rows.
+TEST_F(Cuda, SegmentMeansMatchCpuBitwise) {
+  std::mt19937 rng(13);
+  const std::vector<int32_t> seg = {2, 3, 5, 12, 140, 141, 400};
+  const int64_t n_seg = static_cast<int64_t>(seg.size()) - 1;
+  for (int64_t row_len : {1, 33, 256}) {
+    const std::vector<float> x = test::random_floats(rng, seg.back() * row_len, 3.0f);
+    std::vector<float> scratch = x, expect(static_cast<size_t>(n_seg * row_len));
+    ref::segment_means(scratch.data(), row_len, seg.data(), n_seg, expect.data());
+    float* dx = dev(x);
+    float* dout = dev(std::vector<float>(expect.size(), NAN));
+    be_->begin_batch();
+    be_->segment_means(dx, row_len, seg.data(), n_seg, dout);
+    be_->end_batch();
+    EXPECT_TRUE(test::bitwise_equal(host(dout, expect.size()), expect)) << "device " << row_len;
+    std::vector<float> hx = x, hout(expect.size(), NAN);
+    be_->segment_means(hx.data(), row_len, seg.data(), n_seg, hout.data());
+    EXPECT_TRUE(test::bitwise_equal(hout, expect)) << "host " << row_len;
+  }
+  const std::vector<int32_t> empty = {0, 1, 1};
+  std::vector<float> x(4), out(4);
+  EXPECT_THROW(be_->segment_means(x.data(), 1, empty.data(), 2, out.data()), Error);
+}
+
 // The runtime hands some arguments in ordinary host memory (norm vectors
 // from the mmapped model, ids and positions in std::vector): the backend
 // stages them, and copies host outputs back.

@@ -1,7 +1,8 @@
-// rmsnorm, silu_mul, gelu_mul, scale, add, gather/scatter and get_rows at both
-// kernel levels.
+// rmsnorm, silu_mul, gelu_mul, scale, add, segment_means, gather/scatter and
+// get_rows at both kernel levels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -9,6 +10,7 @@
 
 #include "kernel_test_util.h"
 #include "kernels/cpu/reference_ops.h"
+#include "platform/error.h"
 
 namespace cb {
 namespace {
@@ -151,6 +153,47 @@ TEST(AddBias, EveryRowExactly) {
       EXPECT_TRUE(test::bitwise_equal(out, want)) << rows << " x " << dim;
     }
   }
+}
+
+// Each level's one pass gives the bits of Backend's default (add, gather
+// and scale in the contract's order), on segments of 1, 2, odd and many
+// rows, whatever the thread count; within f32 rounding of a float64 mean.
+TEST(SegmentMeans, TheDefaultsBitsAndNearTheMean) {
+  std::mt19937 rng(36);
+  const std::vector<int32_t> seg = {3, 4, 6, 13, 14, 100, 229};  // after 3 rows left alone
+  const int64_t n_seg = static_cast<int64_t>(seg.size()) - 1, dim = 70;
+  const std::vector<float> x = test::random_floats(rng, seg.back() * dim, 4.0f);
+  for (CpuKernelLevel level : levels()) {
+    for (int threads : {1, 3}) {
+      auto be = make_cpu_backend(threads, level);
+      std::vector<float> scratch = x, want(static_cast<size_t>(n_seg * dim));
+      be->Backend::segment_means(scratch.data(), dim, seg.data(), n_seg, want.data());
+      scratch = x;
+      std::vector<float> got(want.size(), NAN);
+      be->segment_means(scratch.data(), dim, seg.data(), n_seg, got.data());
+      EXPECT_TRUE(test::bitwise_equal(got, want)) << threads << " threads";
+      EXPECT_TRUE(std::equal(x.begin(), x.begin() + 3 * dim, scratch.begin()))
+          << "rows before the first segment are left alone";
+      for (int64_t s = 0; s < n_seg; ++s) {
+        const int64_t n = seg[s + 1] - seg[s];
+        for (int64_t i = 0; i < dim; ++i) {
+          double sum = 0.0, abs_sum = 0.0;
+          for (int64_t r = seg[s]; r < seg[s + 1]; ++r) {
+            sum += x[r * dim + i];
+            abs_sum += std::fabs(x[r * dim + i]);
+          }
+          // log2(n) + 1 roundings of partial sums at most abs_sum each.
+          const double bound = (std::log2(static_cast<double>(n)) + 2.0) * 6e-8 * abs_sum / n;
+          EXPECT_NEAR(got[s * dim + i], sum / n, bound) << "segment " << s << " column " << i;
+        }
+      }
+    }
+  }
+  auto be = make_cpu_backend(1);
+  std::vector<float> scratch = x, out(static_cast<size_t>(n_seg * dim));
+  const std::vector<int32_t> empty = {0, 2, 2, 5}, descending = {4, 2};
+  EXPECT_THROW(be->segment_means(scratch.data(), dim, empty.data(), 3, out.data()), Error);
+  EXPECT_THROW(be->segment_means(scratch.data(), dim, descending.data(), 1, out.data()), Error);
 }
 
 TEST(GatherScatter, RoundTrip) {

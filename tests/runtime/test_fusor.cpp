@@ -3,6 +3,7 @@
 // a stored chunk re-positioned by RoPE equals the chunk computed in place.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -572,6 +573,44 @@ TEST_F(FusorTest, ShiftSpansFollowACorrectionThatDriftsAlongAChunk) {
   EXPECT_LE(rel_l2(blend(16, 1.0f), full(KvType::kF32)), 1e-4);
   EXPECT_LE(rel_l2(blend(16, 0.0f), blend(0, 0.0f)), 1e-4);
   EXPECT_EQ(blend(16, 0.3f, {.enabled = false}), blend(16, 0.3f)) << "pipelined equals serial";
+}
+
+// A GPU pays for every op, so a layer's chunk shift is the same few ops
+// however many chunks it moves: its ops (a blend's with the shift less the
+// same blend's without) for two shifted chunks cut in spans are those for
+// one, and at most 40 a layer.
+TEST_F(FusorTest, ChunkShiftIsAFewOpsPerLayerWhateverTheChunkCount) {
+  struct OpCounter : test::CountingBackend {
+    std::atomic<int64_t> ops{0};  // the loader thread's ops too
+    void before_op() override { ++ops; }
+  };
+  auto shift_ops = [&](const std::vector<Segment>& segs) {
+    int64_t ops[2];
+    for (const bool shift : {false, true}) {
+      auto owned = std::make_unique<OpCounter>();
+      OpCounter& be = *owned;
+      Session s(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false}, std::move(owned));
+      // Random picks and no probes: the same rows with and without the shift.
+      BlendOptions o = blend_with(Selection::kRandom, {{0, 0.3f}});
+      o.chunk_shift = shift;
+      o.shift_probes = 0.0f;
+      o.shift_span = 16;
+      fuse_prefill(s, segs, o);
+      ops[shift] = be.ops;
+    }
+    return ops[1] - ops[0];
+  };
+  std::vector<Segment> segs = segments();  // head, 3 chunks (the first exact), question
+  const int64_t two = shift_ops(segs);
+  segs.erase(segs.begin() + 3);
+  const int64_t one = shift_ops(segs);
+  const int64_t n_layer = model().hparams().n_layer;
+  std::printf("chunk shift: %lld ops for two chunks, %lld for one, over %lld layers\n",
+              static_cast<long long>(two), static_cast<long long>(one),
+              static_cast<long long>(n_layer));
+  EXPECT_GT(one, 0);
+  EXPECT_EQ(two, one);
+  EXPECT_LE(two, 40 * n_layer);
 }
 
 // The first chunk follows exactly the head it was computed after: its KV is
