@@ -71,6 +71,12 @@ if [ -f "$BUNDLE/base/libcacheblend-cuda.so.0" ]; then
   CB_CUDA_PLUGIN=$BUNDLE/base/libcacheblend-cuda.so.0 gpu_benchmarks base_gpu_
 fi
 gpu_benchmarks gpu_
+# Without the kept f32 weights (CudaBackendOptions::f32_weight_bytes): what
+# dequantizing at every call costs, on the same machine.
+CB_CUDA_F32_WEIGHTS_MB=0 step gpu_ttft_dequant_per_call 120 "$BIN/cb_bench" ttft --chunks 8 \
+  --chunk-tokens 512 --modes full,reuse,blend --repeat 3 $GPU --json
+CB_CUDA_F32_WEIGHTS_MB=0 step gpu_prefill_512_dequant_per_call 60 "$BIN/cb_bench" prefill \
+  --tokens 512 --repeat 3 $GPU --json
 # The CPU on the same machine (CPU_ROWS=0 skips it and the quality runs).
 CPU_ROWS=${CPU_ROWS:-1}
 if [ "$CPU_ROWS" = 1 ]; then

@@ -115,6 +115,7 @@ class CudaBackend final : public Backend {
     profile_ = std::getenv("CB_CUDA_PROFILE") != nullptr;
     const char* bf16 = std::getenv("CB_CUDA_BF16");
     round_bf16_ = bf16 != nullptr && std::strcmp(bf16, "0") != 0;
+    f32_budget_ = f32_weight_budget(opts.f32_weight_bytes, integrated != 0);
   }
 
   ~CudaBackend() override {
@@ -134,6 +135,7 @@ class CudaBackend final : public Backend {
     }
     print_profile();
     for (void* p : weights_) cudaFree(p);
+    for (const auto& [w, f] : f32_weights_) cudaFree(const_cast<float*>(f));
     if (pool_ != nullptr) cudaMemPoolDestroy(pool_);
   }
 
@@ -1167,19 +1169,74 @@ class CudaBackend final : public Backend {
     const int64_t row_floats = w.n_in;
     const int64_t slice = std::clamp<int64_t>(
         static_cast<int64_t>(kGemmScratchBytes / sizeof(float)) / row_floats, 1, w.n_out);
-    auto* wf = static_cast<float*>(
-        gemm_scratch(c, static_cast<size_t>(slice * row_floats) * sizeof(float)));
+    // The kept f32 copy, else a slice at a time in the scratch; the same
+    // slices either way, so the same SGEMMs and the same bits.
+    const float* kept = f32_weight(c, w, slice);
+    float* scratch = kept != nullptr
+                         ? nullptr
+                         : static_cast<float*>(gemm_scratch(
+                               c, static_cast<size_t>(slice * row_floats) * sizeof(float)));
     for (int64_t o0 = 0; o0 < w.n_out; o0 += slice) {
       const int64_t rows = std::min(slice, w.n_out - o0);
+      const float* wf = kept != nullptr ? kept + o0 * row_floats : scratch;
       // Same stream: the next slice's dequantization waits for this SGEMM.
-      dispatch_type<LaunchDequant>(w.type, w, static_cast<const int32_t*>(nullptr), o0, rows, wf,
-                                   c.stream);
+      if (kept == nullptr) {
+        dispatch_type<LaunchDequant>(w.type, w, static_cast<const int32_t*>(nullptr), o0, rows,
+                                     scratch, c.stream);
+      }
       cublas_check(
           cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n_rows),
                       static_cast<int>(w.n_in), &one, wf, static_cast<int>(w.n_in), x,
                       static_cast<int>(w.n_in), &zero, y + o0, static_cast<int>(w.n_out)),
           "cublasSgemm");
     }
+  }
+
+  // CudaBackendOptions::f32_weight_bytes in bytes.
+  static int64_t f32_weight_budget(int64_t asked, bool integrated) {
+    if (const char* mb = std::getenv("CB_CUDA_F32_WEIGHTS_MB")) {
+      char* end = nullptr;
+      const long long v = std::strtoll(mb, &end, 10);
+      if (end == mb || *end != '\0' || v < 0 || v > (int64_t{1} << 40)) {
+        fail(ErrorCode::kInvalidArgument,
+             std::string("CB_CUDA_F32_WEIGHTS_MB must be a number of MiB (got '") + mb + "')");
+      }
+      return static_cast<int64_t>(v) << 20;
+    }
+    if (asked >= 0) return asked;
+    if (integrated) return 0;
+    size_t free_bytes = 0, total = 0;
+    cuda_check(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
+    return static_cast<int64_t>(total / 4);
+  }
+
+  // The kept f32 copy of quantized weight w, made now (dequantized in the
+  // SGEMM's slices of `slice` rows, then waited for, so that every stream
+  // may read it) if the budget holds it; null when it does not.  Weights
+  // live as long as the backend, so their device address names them.
+  const float* f32_weight(ThreadCtx& c, const WeightView& w, int64_t slice) {
+    std::lock_guard<std::mutex> lock(f32_mu_);
+    const auto it = f32_weights_.find(w.data);
+    if (it != f32_weights_.end()) return it->second;
+    const int64_t bytes = w.n_in * w.n_out * static_cast<int64_t>(sizeof(float));
+    if (bytes > f32_budget_) return nullptr;
+    void* p = nullptr;
+    if (cudaMalloc(&p, static_cast<size_t>(bytes)) != cudaSuccess) {
+      cudaGetLastError();
+      f32_budget_ = 0;  // the device is full: stop asking
+      return nullptr;
+    }
+    struct Free {
+      void operator()(float* f) const { cudaFree(f); }
+    };
+    std::unique_ptr<float, Free> f(static_cast<float*>(p));  // until it is kept
+    for (int64_t o0 = 0; o0 < w.n_out; o0 += slice) {
+      dispatch_type<LaunchDequant>(w.type, w, static_cast<const int32_t*>(nullptr), o0,
+                                   std::min(slice, w.n_out - o0), f.get() + o0 * w.n_in, c.stream);
+    }
+    cuda_check(cudaStreamSynchronize(c.stream), "cudaStreamSynchronize (kept f32 weight)");
+    f32_budget_ -= bytes;
+    return f32_weights_.emplace(w.data, f.release()).first->second;
   }
 
   // attention() for many query rows, and attention_contributions(): per
@@ -1338,6 +1395,11 @@ class CudaBackend final : public Backend {
   std::map<uintptr_t, Block> owned_;  // start -> alloc_buffer / prepare_weight blocks
   std::unordered_set<void*> staging_;
   std::vector<void*> weights_;
+  // CudaBackendOptions::f32_weight_bytes: what is left of it, and the kept
+  // copies by the weight's device address.
+  std::mutex f32_mu_;
+  int64_t f32_budget_ = 0;
+  std::unordered_map<const void*, const float*> f32_weights_;
 };
 
 // The plugin's entry points, reached through cb_cuda_plugin_api() (the core

@@ -36,6 +36,13 @@ struct CudaBackendOptions {
   // to the GPU (discrete GPUs only), so that pages the host touched last are
   // not written in host memory.  false: for measuring what that costs.
   bool prefetch_uploads = true;
+  // Device memory for f32 copies of quantized weights, made the first time
+  // a weight runs the SGEMM path and kept, so prefill stops paying a
+  // dequantization per weight per call (bitwise the same products).  -1:
+  // a quarter of the device's memory on a discrete GPU, none on an
+  // integrated one (Jetson: the memory is the system's); the environment
+  // variable CB_CUDA_F32_WEIGHTS_MB, when set, overrides it.  0: none.
+  int64_t f32_weight_bytes = -1;
 };
 
 // Whether the CUDA plugin loads (it is looked for once per process: the file

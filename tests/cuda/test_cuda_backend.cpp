@@ -443,6 +443,51 @@ TEST_F(Cuda, RowOpsMatchReference) {
   }
 }
 
+// Kept f32 copies of quantized weights (CudaBackendOptions::f32_weight_bytes)
+// change nothing but the time: the same bits as dequantizing at every call,
+// on the first call (which makes the copy) and later ones, for a weight of
+// several 64 MiB slices, and where the budget holds only some weights.
+TEST_F(Cuda, KeptF32WeightsGiveTheSameBits) {
+  std::mt19937 rng(14);
+  CudaBackendOptions none, all, some;
+  none.gemv_max_rows = all.gemv_max_rows = some.gemv_max_rows = 0;
+  none.f32_weight_bytes = 0;
+  all.f32_weight_bytes = int64_t{1} << 30;
+  some.f32_weight_bytes = int64_t{64} << 20;  // the smaller weights, not the largest
+  auto plain = make_cuda_backend(0, none);
+  auto kept = make_cuda_backend(0, all);
+  auto partly = make_cuda_backend(0, some);
+  struct Shape {
+    DType t;
+    int64_t n_in, n_out;
+  };
+  for (const Shape& sh : {Shape{DType::Q4_K, 4096, 5000}, Shape{DType::Q6_K, 1536, 333},
+                          Shape{DType::Q8_0, 896, 4864}, Shape{DType::F16, 300, 77}}) {
+    const std::vector<uint8_t> data = test::random_weight(rng, sh.t, sh.n_out, sh.n_in);
+    const WeightView hw{data.data(), sh.t, sh.n_in, sh.n_out};
+    for (int64_t n_rows : {9, 300}) {
+      const std::vector<float> x = test::random_floats(rng, n_rows * sh.n_in);
+      const size_t n_y = static_cast<size_t>(n_rows * sh.n_out);
+      float* want = dev(std::vector<float>(n_y, NAN));
+      plain->matmul(plain->prepare_weight(hw), dev(x), n_rows, want);
+      const std::vector<float> expect = host(want, n_y);
+      for (Backend* be : {kept.get(), partly.get()}) {
+        const WeightView w = be->prepare_weight(hw);
+        for (int call = 0; call < 2; ++call) {
+          float* y = dev(std::vector<float>(n_y, NAN));
+          be->matmul(w, dev(x), n_rows, y);
+          EXPECT_TRUE(test::bitwise_equal(host(y, n_y), expect))
+              << dtype_name(sh.t) << " " << sh.n_in << " x " << sh.n_out << ", rows " << n_rows
+              << ", call " << call << (be == kept.get() ? ", all kept" : ", some kept");
+        }
+      }
+    }
+  }
+  setenv("CB_CUDA_F32_WEIGHTS_MB", "many", 1);
+  EXPECT_THROW(make_cuda_backend(0), Error);
+  unsetenv("CB_CUDA_F32_WEIGHTS_MB");
+}
+
 // segment_means in the contract's order: the CPU's bits, from device rows
 // (the chunk shift's case, in a batch) and from host rows.
 TEST_F(Cuda, SegmentMeansMatchCpuBitwise) {
