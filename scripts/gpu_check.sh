@@ -14,7 +14,9 @@
 # the GPU benchmarks run with it first ("base_" steps), for a comparison on
 # the same machine.  With REAL_TEST_MODEL naming the real file of the C API
 # suite's model (brought over in pieces: docs/CUDA.md), the CUDA sessions
-# and test_c_api (with and without CB_CUDA_BF16) also run on it.
+# and test_c_api (with and without CB_CUDA_BF16) also run on it; with
+# REAL_MODEL naming a real model file, the blend's time and fidelity on it,
+# GPU and CPU.
 set -uo pipefail
 BUNDLE=$(cd "${1:?usage: gpu_check.sh BUNDLE OUT_DIR}" && pwd)
 OUT=${2:?usage: gpu_check.sh BUNDLE OUT_DIR}
@@ -100,7 +102,7 @@ step test_cuda_kernels 120 "$BIN/test_cuda" --gtest_filter='-CudaSession*' --gte
 step test_cuda_session 150 "$BIN/test_cuda" --gtest_filter='CudaSession*'
 if command -v compute-sanitizer >/dev/null; then
   step memcheck 150 compute-sanitizer --tool memcheck "$BIN/test_cuda" \
-    --gtest_filter='Cuda.Matmul*:Cuda.Attention*:CudaSession.BlendSelection*'
+    --gtest_filter='Cuda.Matmul*:Cuda.Attention*:Cuda.SegmentMeans*:Cuda.KeptF32*:CudaSession.BlendSelection*'
 fi
 if [ -d "$BUNDLE/test_model" ]; then
   python3 "$(dirname "$0")/gguf_shape_clone.py" unpack "$BUNDLE/test_model" /tmp/cb_gpu_check_smol.gguf &&
@@ -121,6 +123,21 @@ if [ "$CPU_ROWS" = 1 ] && [ -f "$BUNDLE/data/dev.json" ]; then
     step "${dev}_quality" 150 "$BIN/cb_bench" quality --dataset "$BUNDLE/data/dev.json" \
       --limit "${QUALITY_LIMIT:-5}" --max-chunks 6 --modes full,reuse,blend --tf-tokens 16 $B --json
   done
+fi
+# A real model (REAL_MODEL, brought over in pieces: docs/CUDA.md): the
+# blend's time and its fidelity on real weights, GPU and CPU on the same
+# requests.
+if [ -n "${REAL_MODEL:-}" ]; then
+  step real_gpu_ttft 120 "$BIN/cb_bench" ttft --model "$REAL_MODEL" --chunks 8 --chunk-tokens 512 \
+    --modes full,reuse,blend --repeat 3 $GPU --json
+  if [ -f "$BUNDLE/data/dev.json" ]; then
+    for dev in gpu cpu; do
+      [ $dev = gpu ] && B=$GPU || B=$CPU
+      step "real_${dev}_quality" 240 "$BIN/cb_bench" quality --model "$REAL_MODEL" \
+        --dataset "$BUNDLE/data/dev.json" --limit "${QUALITY_LIMIT:-10}" --max-chunks 6 \
+        --modes full,reuse,blend --tf-tokens 16 $B --json
+    done
+  fi
 fi
 rm -f "$OUT/.step" "$MODEL"
 echo "=== done $(date +%T)"
