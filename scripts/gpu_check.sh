@@ -124,7 +124,7 @@ if [ "$CPU_ROWS" = 1 ] && [ -f "$BUNDLE/data/dev.json" ]; then
       --limit "${QUALITY_LIMIT:-5}" --max-chunks 6 --modes full,reuse,blend --tf-tokens 16 $B --json
   done
 fi
-# A real model (REAL_MODEL, brought over in pieces: docs/CUDA.md): the
+# A real model (REAL_MODEL, where one can be brought to the machine): the
 # blend's time and its fidelity on real weights, GPU and CPU on the same
 # requests.
 if [ -n "${REAL_MODEL:-}" ]; then
