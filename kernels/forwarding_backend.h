@@ -66,25 +66,25 @@ class ForwardingBackend : public Backend {
   }
 
   void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
-    Op op(*this, BackendOp::kMatmul, {x, y});
+    Op op(*this, BackendOp::kMatmul, {x, y}, {w.data});
     inner_->matmul(w, x, n_rows, y);
   }
   void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
-    Op op(*this, BackendOp::kMatmulQ8, {x, y});
+    Op op(*this, BackendOp::kMatmulQ8, {x, y}, {w.data});
     inner_->matmul_q8(w, x, n_rows, y);
   }
   void matmul_bias(const WeightView& w, const float* x, int64_t n_rows, const float* bias, float* y,
                    bool q8) override {
-    Op op(*this, BackendOp::kMatmulBias, {x, y});  // the bias may be host memory
+    Op op(*this, BackendOp::kMatmulBias, {x, y}, {w.data, bias});
     inner_->matmul_bias(w, x, n_rows, bias, y, q8);
   }
   void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override {
-    Op op(*this, BackendOp::kGetRows, {out});
+    Op op(*this, BackendOp::kGetRows, {out}, {w.data});
     inner_->get_rows(w, ids, n, out);
   }
   void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
                float* out) override {
-    Op op(*this, BackendOp::kRmsnorm, {x, out});  // the weight is the model's, as mapped
+    Op op(*this, BackendOp::kRmsnorm, {x, out}, {weight});
     inner_->rmsnorm(x, weight, n_rows, dim, eps, out);
   }
   void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
@@ -117,7 +117,7 @@ class ForwardingBackend : public Backend {
     inner_->add(a, b, n, out);
   }
   void add_bias(float* x, const float* bias, int64_t n_rows, int64_t dim) override {
-    Op op(*this, BackendOp::kAddBias, {x});
+    Op op(*this, BackendOp::kAddBias, {x}, {bias});
     inner_->add_bias(x, bias, n_rows, dim);
   }
   void gather_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
@@ -167,18 +167,23 @@ class ForwardingBackend : public Backend {
 
  protected:
   // Before and after every op, on the calling thread; `args` are its
-  // activation pointers (weights and biases left out).  on_op_end runs also
-  // when the op throws.  Inside a batch an asynchronous inner backend may
-  // still be running the op when on_op_end is called.
+  // activation pointers.  on_op_end runs also when the op throws.  Inside a
+  // batch an asynchronous inner backend may still be running the op when
+  // on_op_end is called.
   virtual void on_op_begin(BackendOp, std::initializer_list<const void*>) {}
   virtual void on_op_end(BackendOp) {}
+  // Before on_op_begin, the op's weight data: a matrix's (WeightView::data)
+  // and the norm weights and biases (RoPE's frequency factors are left out).
+  virtual void on_op_weights(BackendOp, std::initializer_list<const void*>) {}
 
   std::unique_ptr<Backend> inner_;
 
  private:
   struct Op {
-    Op(ForwardingBackend& be, BackendOp op, std::initializer_list<const void*> args)
+    Op(ForwardingBackend& be, BackendOp op, std::initializer_list<const void*> args,
+       std::initializer_list<const void*> weights = {})
         : be(be), op(op) {
+      be.on_op_weights(op, weights);
       be.on_op_begin(op, args);
     }
     ~Op() { be.on_op_end(op); }

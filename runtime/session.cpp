@@ -82,14 +82,31 @@ Session::Session(const Model& model, const SessionOptions& opts, std::unique_ptr
   const size_t elem = dtype_block_bytes(cb::kv_dtype(opts.kv_type));  // throws for a bad value
   kv_type_ = opts.kv_type;
 
+  // The norm weights and biases go to the backend too, as the interface
+  // asks: a GPU backend then finds them among its own blocks, where a host
+  // pointer would cost it a driver query, a comparison with its mirror and
+  // perhaps an upload at every op.
+  auto prepare_vector = [&](const float*& v, int64_t n) {
+    if (v != nullptr)
+      v = static_cast<const float*>(backend_->prepare_weight({v, DType::F32, n, 1}).data);
+  };
   for (const LayerWeights& w : model.layers()) {
     LayerWeights p = w;
     for (WeightView* v : {&p.wq, &p.wk, &p.wv, &p.wo, &p.w_gate, &p.w_up, &p.w_down})
       *v = backend_->prepare_weight(*v);
+    for (const float** v : {&p.attn_norm, &p.ffn_norm, &p.attn_post_norm, &p.ffn_post_norm})
+      prepare_vector(*v, hp.n_embd);
+    prepare_vector(p.bq, hp.n_head * hp.head_dim);
+    prepare_vector(p.bk, hp.kv_dim());
+    prepare_vector(p.bv, hp.kv_dim());
+    prepare_vector(p.q_norm, hp.head_dim);
+    prepare_vector(p.k_norm, hp.head_dim);
     layers_.push_back(p);
   }
   tok_embd_ = backend_->prepare_weight(model.token_embd());
   output_ = backend_->prepare_weight(model.output());
+  output_norm_ = model.output_norm();
+  prepare_vector(output_norm_, hp.n_embd);
 
   const size_t kv_bytes = static_cast<size_t>(n_ctx_ * hp.kv_dim()) * elem;
   try {
@@ -236,12 +253,10 @@ void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision m
     layer.ffn(x);
   }
   if (hidden != nullptr) {
-    g.rmsnorm_groups(x, model_.output_norm(), hp.n_embd, hp.rms_eps,
-                     g.external(hidden, n, hp.n_embd));
+    g.rmsnorm_groups(x, output_norm_, hp.n_embd, hp.rms_eps, g.external(hidden, n, hp.n_embd));
   } else {
     // x is the last row alone now.
-    add_output_head(g, hp, model_.output_norm(), output_, x,
-                    g.external(logits_.data(), 1, hp.n_vocab), mm);
+    add_output_head(g, hp, output_norm_, output_, x, g.external(logits_.data(), 1, hp.n_vocab), mm);
   }
 
   size_t need = g.plan();

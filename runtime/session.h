@@ -125,11 +125,13 @@ class Session {
   void read_kv_rows(int64_t layer, bool v, int64_t first, int64_t n, float* out);
 
   // For code that fills the KV cache by other means than prefill() (the
-  // CacheBlend fusor): the backend-prepared weights, the logits buffer, and
+  // CacheBlend fusor): the backend-prepared weights (the norm weights and
+  // biases too), the logits buffer, and
   // a way to declare rows [0, n) of every layer valid.
   const std::vector<LayerWeights>& layer_weights() const { return layers_; }
   const WeightView& token_embd() const { return tok_embd_; }
   const WeightView& output() const { return output_; }
+  const float* output_norm() const { return output_norm_; }
   std::span<float> logits_buffer() { return logits_; }
   void set_n_past(int64_t n);
   // A bias on the attention that the rows after the reused chunks pay to
@@ -164,8 +166,9 @@ class Session {
   KvType kv_type_ = KvType::kF16;
   size_t kv_bytes_ = 0;
   std::vector<void*> k_cache_, v_cache_;
-  std::vector<LayerWeights> layers_;  // backend-prepared views
+  std::vector<LayerWeights> layers_;  // backend-prepared views and vectors
   WeightView tok_embd_, output_;
+  const float* output_norm_ = nullptr;
   void* arena_ = nullptr;
   size_t arena_bytes_ = 0;
   std::vector<float> logits_;

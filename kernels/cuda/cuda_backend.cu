@@ -111,11 +111,13 @@ class CudaBackend final : public Backend {
     // Prefetching a managed destination before a copy only helps where pages
     // migrate (a discrete GPU with concurrent managed access).
     prefetch_ = opts.prefetch_uploads && integrated == 0 && concurrent != 0;
+    // Before the pool: a malformed CB_CUDA_F32_WEIGHTS_MB throws, and a
+    // throwing constructor runs no destructor to free it.
+    f32_budget_ = f32_weight_budget(opts.f32_weight_bytes, integrated != 0);
     if (pools != 0) create_pool();
     profile_ = std::getenv("CB_CUDA_PROFILE") != nullptr;
     const char* bf16 = std::getenv("CB_CUDA_BF16");
     round_bf16_ = bf16 != nullptr && std::strcmp(bf16, "0") != 0;
-    f32_budget_ = f32_weight_budget(opts.f32_weight_bytes, integrated != 0);
   }
 
   ~CudaBackend() override {
@@ -1205,9 +1207,12 @@ class CudaBackend final : public Backend {
     }
     if (asked >= 0) return asked;
     if (integrated) return 0;
+    // Half of what is free now, so that the copies, which are never given
+    // back, leave room for the KV cache, the scores and the pool's scratch
+    // on a card other processes share; at most a quarter of the card.
     size_t free_bytes = 0, total = 0;
     cuda_check(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
-    return static_cast<int64_t>(total / 4);
+    return static_cast<int64_t>(std::min(total / 4, free_bytes / 2));
   }
 
   // The kept f32 copy of quantized weight w, made now (dequantized in the

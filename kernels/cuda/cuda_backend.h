@@ -39,8 +39,9 @@ struct CudaBackendOptions {
   // Device memory for f32 copies of quantized weights, made the first time
   // a weight runs the SGEMM path and kept, so prefill stops paying a
   // dequantization per weight per call (bitwise the same products).  -1:
-  // a quarter of the device's memory on a discrete GPU, none on an
-  // integrated one (Jetson: the memory is the system's); the environment
+  // on a discrete GPU half of the device memory free when the backend is
+  // made, at most a quarter of the device's; none on an integrated one
+  // (Jetson: the memory is the system's); the environment
   // variable CB_CUDA_F32_WEIGHTS_MB, when set, overrides it.  0: none.
   int64_t f32_weight_bytes = -1;
 };

@@ -21,8 +21,8 @@ namespace {
 
 // ----------------------------------------------------- per-thread state --
 
-// Device mirrors of small read-only host inputs (the RMSNorm weight vectors
-// from the mmapped model, positions and token ids in std::vector), keyed by
+// Device mirrors of small read-only host inputs (positions, token ids and
+// row indices in std::vector, RoPE's frequency factors), keyed by
 // host address and checked against a host copy of the bytes on every use: a
 // hit costs a memcmp, a changed content is uploaded again into the same
 // mirror.  So kernels see exactly the bytes the host held at the call, as if

@@ -495,7 +495,7 @@ bool FusedForward::run(bool want_logits) {
     // rows is ascending and always holds n-1: its hidden state is the last.
     Graph g;
     TensorId last = g.external(x_.data() + (rows.size() - 1) * hp_.n_embd, 1, hp_.n_embd);
-    add_output_head(g, hp_, s_.model().output_norm(), s_.output(), last,
+    add_output_head(g, hp_, s_.output_norm(), s_.output(), last,
                     g.external(s_.logits_buffer().data(), 1, hp_.n_vocab), s_.prefill_precision());
     run_graph(g);
   }

@@ -58,7 +58,7 @@ AttentionArgs host_args(const AttnCase& c, const std::vector<float>& q, const st
 // f32 and f16 caches (the reference reads the widened values); many rows
 // ascending over the whole context (a blend's) or in any order; a key bias
 // (up or down, for some rows only, its block starting and ending inside a
-// tile, with a window) on both paths.
+// tile, with a window) on both paths; rows in a second block of scores.
 TEST_F(Cuda, AttentionMatchesReference) {
   std::mt19937 rng(12);
   auto positions = [&](int n, int32_t n_kv) {
@@ -95,6 +95,9 @@ TEST_F(Cuda, AttentionMatchesReference) {
       {8, 2, 128, 300, positions(70, 300), 0, {3, 250, 100, -1.6f}},
       {12, 2, 128, 1100, spread(300, 1100), 0, {0, 1000, 1000, 0.9f}},
       {9, 3, 64, 700, positions(200, 700), 64, {100, 650, 300, -2.0f}},
+      // Rows past the first block of scores (256 rows of 64 heads x 2048
+      // keys): their positions and bias come from the block's offset.
+      {64, 8, 16, 2048, spread(300, 2048), 0, {100, 1500, 1000, -1.2f}},
   };
   for (const bool f16 : {false, true}) {
     for (const AttnCase& c : cases) {
@@ -159,6 +162,7 @@ TEST_F(Cuda, AttentionContributionsMatchCpu) {
       {12, 2, 128, 300, many, 0, {0, 256, 256, -0.7f}},
       {12, 2, 128, 900, spread, 0, {40, 700, 300, 1.4f}},
       {9, 3, 64, 70, {69, 0, 31, 32, 33, 5}, 0, {5, 40, 30, 0.8f}},
+      {6, 2, 72, 100, {99, 40, 63, 64, 200}, 20, {45, 70, 60, 1.1f}},
   };
   for (const AttnCase& c : cases) {
     const int64_t n_q = static_cast<int64_t>(c.q_pos.size());

@@ -20,6 +20,7 @@
 #include <latch>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -448,6 +449,10 @@ TEST_F(Cuda, RowOpsMatchReference) {
 // on the first call (which makes the copy) and later ones, for a weight of
 // several 64 MiB slices, and where the budget holds only some weights.
 TEST_F(Cuda, KeptF32WeightsGiveTheSameBits) {
+  // The variable overrides every budget below; it is put back at the end.
+  const char* set = std::getenv("CB_CUDA_F32_WEIGHTS_MB");
+  const std::optional<std::string> caller = set ? std::optional<std::string>(set) : std::nullopt;
+  unsetenv("CB_CUDA_F32_WEIGHTS_MB");
   std::mt19937 rng(14);
   CudaBackendOptions none, all, some;
   none.gemv_max_rows = all.gemv_max_rows = some.gemv_max_rows = 0;
@@ -485,7 +490,11 @@ TEST_F(Cuda, KeptF32WeightsGiveTheSameBits) {
   }
   setenv("CB_CUDA_F32_WEIGHTS_MB", "many", 1);
   EXPECT_THROW(make_cuda_backend(0), Error);
-  unsetenv("CB_CUDA_F32_WEIGHTS_MB");
+  if (caller) {
+    setenv("CB_CUDA_F32_WEIGHTS_MB", caller->c_str(), 1);
+  } else {
+    unsetenv("CB_CUDA_F32_WEIGHTS_MB");
+  }
 }
 
 // segment_means in the contract's order: the CPU's bits, from device rows

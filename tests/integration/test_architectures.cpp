@@ -8,6 +8,7 @@
 // follows the architecture's RoPE).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -15,6 +16,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/blend/fusor.h"
@@ -22,6 +24,7 @@
 #include "runtime/model.h"
 #include "runtime/session.h"
 #include "tests/integration/reference_logits.h"
+#include "tests/runtime/counting_backends.h"
 
 namespace cb {
 namespace {
@@ -112,6 +115,22 @@ Request random_request() {
   return {ids(6), ids(12), {ids(40), ids(55), ids(33)}};
 }
 
+// The request's chunks stored after its head by `scratch`, and its
+// segments over them (the first chunk reused as stored).
+struct StoredRequest {
+  StoredRequest(Session& scratch, const Request& req) {
+    for (const auto& c : req.chunks) kv.push_back(precompute_chunk_kv(scratch, req.head, c));
+    for (const auto& k : kv) sources.push_back(std::make_unique<cache::MemoryChunkSource>(k));
+    segments.push_back({req.head});
+    for (size_t i = 0; i < req.chunks.size(); ++i)
+      segments.push_back({req.chunks[i], sources[i].get(), i == 0});
+    segments.push_back({req.suffix});
+  }
+  std::vector<cache::ChunkKV> kv;
+  std::vector<std::unique_ptr<cache::MemoryChunkSource>> sources;
+  std::vector<Segment> segments;
+};
+
 TEST_P(Architecture, FusorIdentities) {
   auto model = load();
   const Request req = random_request();
@@ -120,14 +139,9 @@ TEST_P(Architecture, FusorIdentities) {
   // of the prefill that made it.
   Session scratch(*model,
                   {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
-  std::vector<cache::ChunkKV> kv;
-  for (const auto& c : req.chunks) kv.push_back(precompute_chunk_kv(scratch, req.head, c));
-  std::vector<std::unique_ptr<cache::MemoryChunkSource>> sources;
-  for (const auto& k : kv) sources.push_back(std::make_unique<cache::MemoryChunkSource>(k));
-  std::vector<Segment> segs = {{req.head}};
-  for (size_t i = 0; i < req.chunks.size(); ++i)
-    segs.push_back({req.chunks[i], sources[i].get(), i == 0});
-  segs.push_back({req.suffix});
+  const StoredRequest stored(scratch, req);
+  const std::vector<cache::ChunkKV>& kv = stored.kv;
+  const std::vector<Segment>& segs = stored.segments;
   auto fused = [&](const BlendOptions& o) {
     Session s(*model,
               {.n_ctx = 512, .n_threads = 2, .int8_prefill = false, .kv_type = KvType::kF32});
@@ -163,6 +177,39 @@ TEST_P(Architecture, FusorIdentities) {
   full_session.read_kv_rows(0, false, p0, len, in_place.data());
   for (int64_t i = 0; i < len * kv_dim; ++i)
     ASSERT_NEAR(k[i], in_place[i], 1e-4f * (1.0f + std::fabs(in_place[i]))) << i;
+}
+
+// Every weight an op reads (matrices, norm weights, the projections'
+// biases, the per-head norms, the output norm) comes from prepare_weight(),
+// as the Backend interface asks: a GPU backend uploads it once, where a host
+// pointer would cost it a lookup, a comparison and perhaps an upload at
+// every op of every token.  Prefill, decode and a blend.
+TEST_P(Architecture, OpsReadOnlyPreparedWeights) {
+  auto model = load();
+  const Request req = random_request();
+  const SessionOptions opts{.n_ctx = 512, .n_threads = 2, .int8_prefill = false};
+  auto counted = [&] {
+    auto be = std::make_unique<test::CountingBackend>();
+    test::CountingBackend* raw = be.get();
+    return std::make_pair(std::make_unique<Session>(*model, opts, std::move(be)), raw);
+  };
+  auto [s, be] = counted();
+  Session plain(*model, opts);
+  const std::vector<int32_t> all = req.all();
+  auto got = s->prefill(all);
+  auto want = plain.prefill(all);
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin(), want.end()));
+  got = s->decode(7);
+  want = plain.decode(7);
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin(), want.end()));
+  EXPECT_EQ(be->unprepared_weights, 0);
+
+  auto [blend, blend_be] = counted();
+  Session scratch(*model, opts);
+  const StoredRequest stored(scratch, req);
+  fuse_prefill(*blend, stored.segments, BlendOptions{});
+  blend->decode(7);
+  EXPECT_EQ(blend_be->unprepared_weights, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(RandomWeights, Architecture,

@@ -22,9 +22,11 @@
 namespace cb::test {
 
 // Runs every op on a CPU backend.  Counts the staging calls (Backend's
-// defaults: memcpy uploads) and the activation arguments of ops that are
-// not alloc_buffer() memory, which a GPU backend would have to stage
-// through host copies; before_op() runs before each op.
+// defaults: memcpy uploads), the activation arguments of ops that are not
+// alloc_buffer() memory, which a GPU backend would have to stage through
+// host copies, and the weight arguments (matrices, norm weights, biases)
+// that did not come from prepare_weight(), which a GPU backend would have
+// to look up and mirror at every op; before_op() runs before each op.
 class CountingBackend : public ForwardingBackend {
  public:
   explicit CountingBackend(int n_threads = 2) : ForwardingBackend(make_cpu_backend(n_threads)) {}
@@ -43,6 +45,12 @@ class CountingBackend : public ForwardingBackend {
     }
     inner_->free_buffer(p);
   }
+  WeightView prepare_weight(const WeightView& host) override {
+    const WeightView p = inner_->prepare_weight(host);
+    std::lock_guard lock(buffers_mu_);
+    prepared_[static_cast<const char*>(p.data)] = dtype_row_bytes(p.type, p.n_in) * p.n_out;
+    return p;
+  }
   void* alloc_host_staging(size_t bytes) override {
     ++staging_allocs;
     return ForwardingBackend::alloc_host_staging(bytes);
@@ -57,24 +65,33 @@ class CountingBackend : public ForwardingBackend {
   }
 
   // Loader threads call too.
-  std::atomic<int64_t> uploads{0}, staging_allocs{0}, staging_frees{0}, host_args{0};
+  std::atomic<int64_t> uploads{0}, staging_allocs{0}, staging_frees{0}, host_args{0},
+      unprepared_weights{0};
 
  protected:
   virtual void before_op() {}
 
  private:
+  static bool inside(const std::map<const char*, size_t>& blocks, const void* a) {
+    const char* p = static_cast<const char*>(a);
+    auto it = blocks.upper_bound(p);
+    return it != blocks.begin() && p < std::prev(it)->first + std::prev(it)->second;
+  }
+  void on_op_weights(BackendOp, std::initializer_list<const void*> weights) override {
+    std::lock_guard lock(buffers_mu_);
+    for (const void* w : weights)
+      if (w != nullptr && !inside(prepared_, w)) ++unprepared_weights;
+  }
   void on_op_begin(BackendOp, std::initializer_list<const void*> args) override {
     before_op();
     std::lock_guard lock(buffers_mu_);
-    for (const void* a : args) {
-      const char* p = reinterpret_cast<const char*>(a);
-      auto it = buffers_.upper_bound(p);
-      if (it == buffers_.begin() || p >= std::prev(it)->first + std::prev(it)->second) ++host_args;
-    }
+    for (const void* a : args)
+      if (!inside(buffers_, a)) ++host_args;
   }
 
   std::mutex buffers_mu_;
-  std::map<const char*, size_t> buffers_;  // alloc_buffer() blocks by start
+  std::map<const char*, size_t> buffers_;   // alloc_buffer() blocks by start
+  std::map<const char*, size_t> prepared_;  // prepare_weight() results by start
 };
 
 // Asks for staged uploads and completes them as late as Backend allows, as
