@@ -13,10 +13,16 @@
 # With BUNDLE/base/libcacheblend-cuda.so.0 (an earlier build of the plugin)
 # the GPU benchmarks run with it first ("base_" steps), for a comparison on
 # the same machine.  With REAL_TEST_MODEL naming the real file of the C API
-# suite's model (brought over in pieces: docs/CUDA.md), the CUDA sessions
-# and test_c_api (with and without CB_CUDA_BF16) also run on it; with
-# REAL_MODEL naming a real model file, the blend's time and fidelity on it,
-# GPU and CPU.
+# suite's model (brought over in pieces: scripts/gpu_stage_model.sh), the
+# CUDA sessions and test_c_api (with and without CB_CUDA_BF16) also run on
+# it.  With REAL_MODEL naming a real model file (the one the bundle's clone
+# was made from, brought over the same way), everything runs on it instead
+# of the clone, and its fidelity is measured too, GPU and CPU.
+#
+# PARTS (default all of them) picks what runs, so that a check too long for
+# one call can be split over two: gpu (the GPU benchmarks), variants (f32
+# activations, bf16 products, dequantization per call, an earlier plugin),
+# cpu, profile, tests, quality.
 set -uo pipefail
 BUNDLE=$(cd "${1:?usage: gpu_check.sh BUNDLE OUT_DIR}" && pwd)
 OUT=${2:?usage: gpu_check.sh BUNDLE OUT_DIR}
@@ -33,8 +39,10 @@ CUDA_LIBS=$( (ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/l
 export LD_LIBRARY_PATH=$BUNDLE/lib:$CUDA_LIBS:${LD_LIBRARY_PATH:-}
 BIN=$BUNDLE/bin
 CPU_THREADS=$(nproc)
-MODEL=/tmp/cb_gpu_check_model.gguf
+MODEL=${REAL_MODEL:-/tmp/cb_gpu_check_model.gguf}
 export CB_MODEL=$MODEL
+PARTS=" ${PARTS:-gpu variants cpu profile tests quality} "
+want() { [[ $PARTS == *" $1 "* ]]; }
 
 step() {  # step NAME LIMIT_S COMMAND...: runs, times, keeps --json lines
   local name=$1 limit=$2
@@ -50,7 +58,11 @@ step() {  # step NAME LIMIT_S COMMAND...: runs, times, keeps --json lines
 
 echo "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
 uptime
-python3 "$(dirname "$0")/gguf_shape_clone.py" unpack "$BUNDLE/model" "$MODEL" || exit 1
+if [ -n "${REAL_MODEL:-}" ]; then
+  echo "model: $REAL_MODEL (real), $(stat -c %s "$REAL_MODEL") bytes"
+else
+  python3 "$(dirname "$0")/gguf_shape_clone.py" unpack "$BUNDLE/model" "$MODEL" || exit 1
+fi
 
 GPU="--backend cuda"
 CPU="--backend cpu --threads $CPU_THREADS"
@@ -61,6 +73,8 @@ gpu_benchmarks() {  # PREFIX
   step "${1}decode" 60 "$BIN/cb_bench" decode --tokens 128 --repeat 3 $GPU --json
   step "${1}ttft" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,reuse,blend \
     --repeat 3 $GPU --json
+}
+gpu_variants() {  # PREFIX
   step "${1}ttft_f32" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,blend \
     --repeat 3 --activations f32 $GPU --json
   CB_CUDA_BF16=1 step "${1}ttft_bf16" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 \
@@ -69,19 +83,22 @@ gpu_benchmarks() {  # PREFIX
     $GPU --json
 }
 # GPU first: the figures this run exists for.
-if [ -f "$BUNDLE/base/libcacheblend-cuda.so.0" ]; then
-  CB_CUDA_PLUGIN=$BUNDLE/base/libcacheblend-cuda.so.0 gpu_benchmarks base_gpu_
+want gpu && gpu_benchmarks gpu_
+if want variants; then
+  if [ -f "$BUNDLE/base/libcacheblend-cuda.so.0" ]; then
+    CB_CUDA_PLUGIN=$BUNDLE/base/libcacheblend-cuda.so.0 gpu_benchmarks base_gpu_
+  fi
+  gpu_variants gpu_
+  # Without the kept f32 weights (CudaBackendOptions::f32_weight_bytes):
+  # what dequantizing at every call costs, on the same machine.
+  CB_CUDA_F32_WEIGHTS_MB=0 step gpu_ttft_dequant_per_call 120 "$BIN/cb_bench" ttft --chunks 8 \
+    --chunk-tokens 512 --modes full,reuse,blend --repeat 3 $GPU --json
+  CB_CUDA_F32_WEIGHTS_MB=0 step gpu_prefill_512_dequant_per_call 60 "$BIN/cb_bench" prefill \
+    --tokens 512 --repeat 3 $GPU --json
 fi
-gpu_benchmarks gpu_
-# Without the kept f32 weights (CudaBackendOptions::f32_weight_bytes): what
-# dequantizing at every call costs, on the same machine.
-CB_CUDA_F32_WEIGHTS_MB=0 step gpu_ttft_dequant_per_call 120 "$BIN/cb_bench" ttft --chunks 8 \
-  --chunk-tokens 512 --modes full,reuse,blend --repeat 3 $GPU --json
-CB_CUDA_F32_WEIGHTS_MB=0 step gpu_prefill_512_dequant_per_call 60 "$BIN/cb_bench" prefill \
-  --tokens 512 --repeat 3 $GPU --json
 # The CPU on the same machine (CPU_ROWS=0 skips it and the quality runs).
 CPU_ROWS=${CPU_ROWS:-1}
-if [ "$CPU_ROWS" = 1 ]; then
+if [ "$CPU_ROWS" = 1 ] && want cpu; then
   step cpu_decode 60 "$BIN/cb_bench" decode --tokens 128 --repeat 1 $CPU --json
   step cpu_prefill_512 60 "$BIN/cb_bench" prefill --tokens 512 --repeat 3 $CPU --json
   step cpu_prefill_2048 60 "$BIN/cb_bench" prefill --tokens 2048 --repeat 1 $CPU --json
@@ -91,53 +108,45 @@ fi
 # Where the GPU time goes: per-op totals of 4 requests after the same
 # warm-up, full and blend apart (their difference is the blend's), and of
 # decode.
-for mode in full blend; do
-  CB_CUDA_PROFILE=1 step "profile_$mode" 60 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 \
-    --modes $mode --repeat 4 $GPU
-done
-CB_CUDA_PROFILE=1 step profile_decode 60 "$BIN/cb_bench" decode --tokens 128 --repeat 1 $GPU
+if want profile; then
+  for mode in full blend; do
+    CB_CUDA_PROFILE=1 step "profile_$mode" 60 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 \
+      --modes $mode --repeat 4 $GPU
+  done
+  CB_CUDA_PROFILE=1 step profile_decode 60 "$BIN/cb_bench" decode --tokens 128 --repeat 1 $GPU
+fi
 # Tests: the kernels; a CUDA session against a CPU session on this model
 # (prefill, decode, the blend's selected rows and fused cache); the C API.
-step test_cuda_kernels 120 "$BIN/test_cuda" --gtest_filter='-CudaSession*' --gtest_brief=1
-step test_cuda_session 150 "$BIN/test_cuda" --gtest_filter='CudaSession*'
-if command -v compute-sanitizer >/dev/null; then
-  step memcheck 150 compute-sanitizer --tool memcheck "$BIN/test_cuda" \
-    --gtest_filter='Cuda.Matmul*:Cuda.Attention*:Cuda.SegmentMeans*:Cuda.KeptF32*:CudaSession.BlendSelection*'
-fi
-if [ -d "$BUNDLE/test_model" ]; then
-  python3 "$(dirname "$0")/gguf_shape_clone.py" unpack "$BUNDLE/test_model" /tmp/cb_gpu_check_smol.gguf &&
-    CB_MODEL=/tmp/cb_gpu_check_smol.gguf step test_c_api 120 "$BIN/test_c_api"
-fi
-if [ -n "${REAL_TEST_MODEL:-}" ]; then
-  CB_MODEL=$REAL_TEST_MODEL step real_cuda_session 120 "$BIN/test_cuda" --gtest_filter='CudaSession*'
-  for bf16 in 0 1; do  # the C API's defaults take the bf16 products with CB_CUDA_BF16=1
-    CB_CUDA_BF16=$bf16 CB_MODEL=$REAL_TEST_MODEL step "real_test_c_api_bf16_$bf16" 120 \
-      "$BIN/test_c_api"
-  done
-fi
-# Fidelity of the same requests on both backends (on a clone only a
-# comparison of the two: its answers mean nothing).
-if [ "$CPU_ROWS" = 1 ] && [ -f "$BUNDLE/data/dev.json" ]; then
-  for dev in gpu cpu; do
-    [ $dev = gpu ] && B=$GPU || B=$CPU
-    step "${dev}_quality" 150 "$BIN/cb_bench" quality --dataset "$BUNDLE/data/dev.json" \
-      --limit "${QUALITY_LIMIT:-5}" --max-chunks 6 --modes full,reuse,blend --tf-tokens 16 $B --json
-  done
-fi
-# A real model (REAL_MODEL, where one can be brought to the machine): the
-# blend's time and its fidelity on real weights, GPU and CPU on the same
-# requests.
-if [ -n "${REAL_MODEL:-}" ]; then
-  step real_gpu_ttft 120 "$BIN/cb_bench" ttft --model "$REAL_MODEL" --chunks 8 --chunk-tokens 512 \
-    --modes full,reuse,blend --repeat 3 $GPU --json
-  if [ -f "$BUNDLE/data/dev.json" ]; then
-    for dev in gpu cpu; do
-      [ $dev = gpu ] && B=$GPU || B=$CPU
-      step "real_${dev}_quality" 240 "$BIN/cb_bench" quality --model "$REAL_MODEL" \
-        --dataset "$BUNDLE/data/dev.json" --limit "${QUALITY_LIMIT:-10}" --max-chunks 6 \
-        --modes full,reuse,blend --tf-tokens 16 $B --json
+if want tests; then
+  step test_cuda_kernels 120 "$BIN/test_cuda" --gtest_filter='-CudaSession*' --gtest_brief=1
+  step test_cuda_session 150 "$BIN/test_cuda" --gtest_filter='CudaSession*'
+  if command -v compute-sanitizer >/dev/null; then
+    step memcheck 150 compute-sanitizer --tool memcheck "$BIN/test_cuda" \
+      --gtest_filter='Cuda.Matmul*:Cuda.Attention*:Cuda.SegmentMeans*:Cuda.KeptF32*:CudaSession.BlendSelection*'
+  fi
+  if [ -d "$BUNDLE/test_model" ]; then
+    python3 "$(dirname "$0")/gguf_shape_clone.py" unpack "$BUNDLE/test_model" /tmp/cb_gpu_check_smol.gguf &&
+      CB_MODEL=/tmp/cb_gpu_check_smol.gguf step test_c_api 120 "$BIN/test_c_api"
+  fi
+  if [ -n "${REAL_TEST_MODEL:-}" ]; then
+    CB_MODEL=$REAL_TEST_MODEL step real_cuda_session 120 "$BIN/test_cuda" --gtest_filter='CudaSession*'
+    for bf16 in 0 1; do  # the C API's defaults take the bf16 products with CB_CUDA_BF16=1
+      CB_CUDA_BF16=$bf16 CB_MODEL=$REAL_TEST_MODEL step "real_test_c_api_bf16_$bf16" 120 \
+        "$BIN/test_c_api"
     done
   fi
 fi
-rm -f "$OUT/.step" "$MODEL"
+# Fidelity of the same requests on both backends: on a clone only a
+# comparison of the two (its answers mean nothing), on REAL_MODEL the
+# blend's fidelity on real weights.
+if [ "$CPU_ROWS" = 1 ] && want quality && [ -f "$BUNDLE/data/dev.json" ]; then
+  [ -n "${REAL_MODEL:-}" ] && LIMIT=${QUALITY_LIMIT:-10} || LIMIT=${QUALITY_LIMIT:-5}
+  for dev in gpu cpu; do
+    [ $dev = gpu ] && B=$GPU || B=$CPU
+    step "${dev}_quality" 240 "$BIN/cb_bench" quality --dataset "$BUNDLE/data/dev.json" \
+      --limit "$LIMIT" --max-chunks 6 --modes full,reuse,blend --tf-tokens 16 $B --json
+  done
+fi
+rm -f "$OUT/.step"
+[ -n "${REAL_MODEL:-}" ] || rm -f "$MODEL"
 echo "=== done $(date +%T)"
