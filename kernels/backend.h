@@ -174,9 +174,9 @@ class Backend {
   // last n / 2 rows are added onto its first n / 2; then its first row is
   // multiplied by 1 / n0 (f32), n0 the segment's size.  x is scratch (its
   // rows are overwritten); out must not overlap it (a backend may write out
-  // while other segments are still being summed).  Bitwise what the
-  // default gives with add(),
-  // gather_rows() and scale(); a backend may do it in one pass.
+  // while other segments are still being summed).  Bitwise what the default
+  // gives with add(), gather_rows() and scale(); a backend may do it in one
+  // pass.
   virtual void segment_means(float* x, int64_t row_len, const int32_t* seg, int64_t n_seg,
                              float* out);
   // dst[r] = src[idx[r]]   (rows of row_len floats)

@@ -126,8 +126,8 @@ class Session {
 
   // For code that fills the KV cache by other means than prefill() (the
   // CacheBlend fusor): the backend-prepared weights (the norm weights and
-  // biases too), the logits buffer, and
-  // a way to declare rows [0, n) of every layer valid.
+  // biases too), the logits buffer, and a way to declare rows [0, n) of
+  // every layer valid.
   const std::vector<LayerWeights>& layer_weights() const { return layers_; }
   const WeightView& token_embd() const { return tok_embd_; }
   const WeightView& output() const { return output_; }
