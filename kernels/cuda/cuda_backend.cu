@@ -658,6 +658,12 @@ class CudaBackend final : public Backend {
     return e;
   }
 
+  // Bytes of the f32 weight copies kept so far (cuda_kept_f32_bytes()).
+  int64_t kept_f32_bytes() {
+    std::lock_guard<std::mutex> lock(f32_mu_);
+    return f32_kept_;
+  }
+
  private:
   // The K and V of an attention call on the device: staged when host memory
   // (tests), as elements of the call's kv_type.
@@ -1241,6 +1247,7 @@ class CudaBackend final : public Backend {
     }
     cuda_check(cudaStreamSynchronize(c.stream), "cudaStreamSynchronize (kept f32 weight)");
     f32_budget_ -= bytes;
+    f32_kept_ += bytes;
     return f32_weights_.emplace(w.data, f.release()).first->second;
   }
 
@@ -1404,6 +1411,7 @@ class CudaBackend final : public Backend {
   // copies by the weight's device address.
   std::mutex f32_mu_;
   int64_t f32_budget_ = 0;
+  int64_t f32_kept_ = 0;
   std::unordered_map<const void*, const float*> f32_weights_;
 };
 
@@ -1433,6 +1441,12 @@ CudaMark mark(Backend& be) {
   return cb->mark();
 }
 
+int64_t kept_f32_bytes(Backend& be) {
+  auto* cb = dynamic_cast<CudaBackend*>(&be);
+  if (cb == nullptr) fail(ErrorCode::kInvalidArgument, "cuda_kept_f32_bytes: not a CUDA backend");
+  return cb->kept_f32_bytes();
+}
+
 double elapsed_ms(const CudaMark& from, const CudaMark& to) {
   if (!from || !to) fail(ErrorCode::kInvalidArgument, "cuda_elapsed_ms: empty mark");
   const cudaEvent_t a = from->ev, b = to->ev;
@@ -1448,7 +1462,7 @@ double elapsed_ms(const CudaMark& from, const CudaMark& to) {
 
 extern "C" __attribute__((visibility("default"))) const cb::CudaPluginApi* cb_cuda_plugin_api() {
   static const cb::CudaPluginApi api{
-      cb::kCudaPluginInterface, CB_PROJECT_VERSION, &cb::device_count,
-      &cb::make_backend,        &cb::mark,          &cb::elapsed_ms};
+      cb::kCudaPluginInterface, CB_PROJECT_VERSION, &cb::device_count, &cb::make_backend, &cb::mark,
+      &cb::elapsed_ms,          &cb::kept_f32_bytes};
   return &api;
 }

@@ -67,8 +67,8 @@ int cuda_device_count();
 // the KV cache directly between batches; prepare_weight() copies a weight to
 // device memory once, in its quantized layout (freed with the backend).
 // Each calling thread has its own CUDA stream; batches (begin_batch) defer
-// completion per thread.  Input pointers in ordinary host memory (mmapped
-// norm vectors, index arrays in std::vector) are accepted and copied; host
+// completion per thread.  Input pointers in ordinary host memory (index
+// arrays in std::vector, say) are accepted and copied; host
 // outputs are copied back before the op returns.  See docs/CUDA.md.
 std::unique_ptr<Backend> make_cuda_backend(int device, const CudaBackendOptions& opts = {});
 
@@ -81,5 +81,10 @@ struct CudaEvent;
 using CudaMark = std::shared_ptr<CudaEvent>;
 CudaMark cuda_mark(Backend& be);
 double cuda_elapsed_ms(const CudaMark& from, const CudaMark& to);
+
+// Bytes of f32 weight copies a backend from make_cuda_backend() keeps so far
+// (CudaBackendOptions::f32_weight_bytes; else kInvalidArgument): for tests
+// and tools.
+int64_t cuda_kept_f32_bytes(Backend& be);
 
 }  // namespace cb

@@ -131,4 +131,8 @@ double cuda_elapsed_ms(const CudaMark& from, const CudaMark& to) {
   return api_or_fail().elapsed_ms(from, to);
 }
 
+int64_t cuda_kept_f32_bytes(Backend& be) {
+  return api_or_fail().kept_f32_bytes(be);
+}
+
 }  // namespace cb

@@ -22,6 +22,7 @@ struct CudaPluginApi {
   std::unique_ptr<Backend> (*make_backend)(int device, const CudaBackendOptions& opts);
   CudaMark (*mark)(Backend& be);
   double (*elapsed_ms)(const CudaMark& from, const CudaMark& to);
+  int64_t (*kept_f32_bytes)(Backend& be);
 };
 
 }  // namespace cb

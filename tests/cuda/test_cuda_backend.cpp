@@ -135,11 +135,18 @@ TEST(CudaNoDevice, MissingDeviceIsAnError) {
   }
 }
 
-// The timing hook of cuda_bench only accepts a CUDA backend.
-TEST(CudaNoDevice, MarkNeedsACudaBackend) {
+// The hooks for tools (cuda_bench's timing, the kept weights' bytes) only
+// accept a CUDA backend.
+TEST(CudaNoDevice, ToolHooksNeedACudaBackend) {
   auto cpu = make_cpu_backend(1);
   try {
     cuda_mark(*cpu);
+    FAIL() << "expected kInvalidArgument";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+  }
+  try {
+    cuda_kept_f32_bytes(*cpu);
     FAIL() << "expected kInvalidArgument";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
@@ -488,6 +495,13 @@ TEST_F(Cuda, KeptF32WeightsGiveTheSameBits) {
       }
     }
   }
+  // The copies were made: every weight at least once where all fit, and
+  // only some (not the largest) within the smaller budget.
+  const int64_t all_f32 = (4096 * 5000 + 1536 * 333 + 896 * 4864 + 300 * 77) * 4;
+  EXPECT_EQ(cuda_kept_f32_bytes(*plain), 0);
+  EXPECT_GE(cuda_kept_f32_bytes(*kept), all_f32);
+  EXPECT_GT(cuda_kept_f32_bytes(*partly), 0);
+  EXPECT_LE(cuda_kept_f32_bytes(*partly), some.f32_weight_bytes);
   setenv("CB_CUDA_F32_WEIGHTS_MB", "many", 1);
   EXPECT_THROW(make_cuda_backend(0), Error);
   if (caller) {
