@@ -73,6 +73,9 @@ std::vector<int32_t> tokenize(const Model& model, const std::string& text, bool 
 // The model's general.name, as the file says (cbs::printable before printing it as text).
 std::string model_name(const Model& model);
 std::string kernels_name(const Model& model);
+// What computes, for printed headers: "N threads" on the CPU, "the GPU" on
+// CUDA, where --threads means nothing.  `column`: the number, or "GPU".
+std::string compute_label(const Common& c, const Model& model, bool column = false);
 // The fields every JSON line starts with.
 cbs::JsonObject header(const char* bench, const Common& c, const Model& model,
                        const char* mode = "full");

@@ -119,10 +119,11 @@ int cmd_generate(const Args& a) {
   } else {
     std::printf("\n");
     std::fprintf(stderr,
-                 "\n[%s, %d threads, %s kernels] prompt %d tokens, ttft %.1f ms "
+                 "\n[%s, %s, %s kernels] prompt %d tokens, ttft %.1f ms "
                  "(prefill %.1f ms); %d tokens generated, decode %.1f tok/s\n",
-                 cbs::printable(model_name(model)).c_str(), c.threads, kernels_name(model).c_str(),
-                 stats.n_prompt, stats.ttft_ms, stats.prefill_ms, stats.n_generated, stats.tok_s);
+                 cbs::printable(model_name(model)).c_str(), compute_label(c, model).c_str(),
+                 kernels_name(model).c_str(), stats.n_prompt, stats.ttft_ms, stats.prefill_ms,
+                 stats.n_generated, stats.tok_s);
   }
   return 0;
 }
@@ -203,7 +204,8 @@ int cmd_prefill(const Args& a) {
   } else {
     std::printf("%-8s %7s %7s %10s %11s %11s  %s\n", "bench", "threads", "tokens", "ms(med)",
                 "tok/s(med)", "tok/s(best)", "model");
-    std::printf("%-8s %7d %7d %10.1f %11.1f %11.1f  %s (%s)\n", "prefill", c.threads, n, med, tok_s,
+    std::printf("%-8s %7s %7d %10.1f %11.1f %11.1f  %s (%s)\n", "prefill",
+                compute_label(c, model, true).c_str(), n, med, tok_s,
                 best > 0 ? n * 1000.0 / best : 0.0, cbs::printable(model_name(model)).c_str(),
                 kernels_name(model).c_str());
   }
@@ -253,8 +255,9 @@ int cmd_decode(const Args& a) {
   } else {
     std::printf("%-8s %7s %7s %7s %11s %10s  %s\n", "bench", "threads", "ctx", "tokens",
                 "tok/s(med)", "ms/token", "model");
-    std::printf("%-8s %7d %7d %7d %11.1f %10.2f  %s (%s)\n", "decode", c.threads, ctx, generated,
-                tok_s, tok_s > 0 ? 1000.0 / tok_s : 0.0, cbs::printable(model_name(model)).c_str(),
+    std::printf("%-8s %7s %7d %7d %11.1f %10.2f  %s (%s)\n", "decode",
+                compute_label(c, model, true).c_str(), ctx, generated, tok_s,
+                tok_s > 0 ? 1000.0 / tok_s : 0.0, cbs::printable(model_name(model)).c_str(),
                 kernels_name(model).c_str());
   }
   return 0;

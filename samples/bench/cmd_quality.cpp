@@ -816,14 +816,14 @@ void print_quality_table(const QualityReport& p) {
   std::snprintf(shift, sizeof shift, p.o.sel.chunk_shift ? "on, probes %g, span %d" : "off",
                 static_cast<double>(p.o.sel.shift_probes), p.o.sel.shift_span);
   std::printf(
-      "quality: %zu examples of %s, %s chunks each; %s (%s), %d threads; chunk head "
+      "quality: %zu examples of %s, %s chunks each; %s (%s), %s; chunk head "
       "%s, %s; context scale %g; chunk shift %s; chunk KV computed %s; TTFT on cached runs; "
       "teacher forcing over %d tokens\n",
       p.n_examples, p.o.path.c_str(),
       p.o.max_chunks > 0 ? ("at most " + std::to_string(p.o.max_chunks)).c_str() : "all",
-      cbs::printable(model_name(p.model)).c_str(), kernels_name(p.model).c_str(), p.c.threads,
-      chunk_head_label(p.o.head), cache_label(p.codec).c_str(), p.o.context_scale, shift,
-      neighbour_label(p.o).c_str(), p.o.tf_tokens);
+      cbs::printable(model_name(p.model)).c_str(), kernels_name(p.model).c_str(),
+      compute_label(p.c, p.model).c_str(), chunk_head_label(p.o.head), cache_label(p.codec).c_str(),
+      p.o.context_scale, shift, neighbour_label(p.o).c_str(), p.o.tf_tokens);
   std::printf("%-16s %6s %6s %8s %9s %8s %8s %6s %10s %12s %9s\n", "run", "ratio", "f1", "fid_f1",
               "kl_first", "kl_tf", "top1_tf", "exact", "gap_closed", "ttft_ms(med)", "computed");
   for (const QualityRun& run : p.reported) {

@@ -98,10 +98,10 @@ struct TtftRow {
 // one point per mode.
 void plot_ttft(const std::string& png, const std::vector<TtftRow>& rows,
                const std::vector<double>& caps, const std::vector<float>& ratios, int n_chunks,
-               int chunk_tokens, int threads) {
+               int chunk_tokens, const std::string& compute) {
   PlotSpec spec;
   spec.title = "TTFT, " + std::to_string(n_chunks) + " chunks x " + std::to_string(chunk_tokens) +
-               " tokens, " + std::to_string(threads) + " threads";
+               " tokens, " + compute;
   spec.ylabel = "TTFT (ms, median)";
   auto series_name = [](const TtftRow& r) {
     return r.mode == CB_MODE_BLEND ? "blend r=" + ratio_label(r.ratio_opt)
@@ -341,10 +341,11 @@ void print_ttft_table(const std::vector<TtftRow>& rows, const TtftOptions& o, co
                       const Model& model, const std::string& codec) {
   std::printf(
       "ttft: %d chunks x %d tokens, question %d tokens, request %d tokens; %s (%s), "
-      "%d threads; chunk head %s, %s; median of %d\n",
+      "%s; chunk head %s, %s; median of %d\n",
       o.n_chunks, o.chunk_tokens, o.query_tokens, rows.empty() ? 0 : rows[0].st.n_tokens,
-      cbs::printable(model_name(model)).c_str(), kernels_name(model).c_str(), c.threads,
-      chunk_head_label(o.head), cache_label(codec).c_str(), o.repeat);
+      cbs::printable(model_name(model)).c_str(), kernels_name(model).c_str(),
+      compute_label(c, model).c_str(), chunk_head_label(o.head), cache_label(codec).c_str(),
+      o.repeat);
   if (!o.caps.empty()) std::printf("%8s ", "MB/s");
   std::printf("%-7s %-9s %6s %10s %11s %9s %10s %9s %5s %7s %8s\n", "mode", "select", "ratio",
               "ttft_ms", "compute_ms", "load_ms", "blocked_ms", "computed", "hits", "misses",
@@ -399,7 +400,7 @@ int cmd_ttft(const Args& a) {
   else
     print_ttft_table(rows, o, c, model, codec);
   if (!o.plot.empty())
-    plot_ttft(o.plot, rows, o.caps, o.ratios, o.n_chunks, o.chunk_tokens, c.threads);
+    plot_ttft(o.plot, rows, o.caps, o.ratios, o.n_chunks, o.chunk_tokens, compute_label(c, model));
   return 0;
 }
 

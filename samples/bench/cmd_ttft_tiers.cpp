@@ -323,12 +323,13 @@ void print_tiers_json(const TiersReport& p) {
 void print_tiers_table(const TiersReport& p) {
   std::printf(
       "ttft --tiers: %d chunks x %d tokens, question %d tokens, request %d tokens; %s (%s), "
-      "%d threads; stores on flash %s, slow %g MB/s, RAM budget %g MB, placement r = %g; "
+      "%s; stores on flash %s, slow %g MB/s, RAM budget %g MB, placement r = %g; "
       "median of %d\n",
       p.o.n_chunks, p.o.chunk_tokens, p.o.query_tokens, p.rows.empty() ? 0 : p.rows[0].st.n_tokens,
-      cbs::printable(model_name(p.model)).c_str(), kernels_name(p.model).c_str(), p.c.threads,
-      p.t.codec_name.c_str(), p.t.slow_mbps, static_cast<double>(p.t.ram_budget) / 1048576.0,
-      ratio_value(p.t.placement_ratio), p.o.repeat);
+      cbs::printable(model_name(p.model)).c_str(), kernels_name(p.model).c_str(),
+      compute_label(p.c, p.model).c_str(), p.t.codec_name.c_str(), p.t.slow_mbps,
+      static_cast<double>(p.t.ram_budget) / 1048576.0, ratio_value(p.t.placement_ratio),
+      p.o.repeat);
   std::printf("%-7s %-6s %6s %10s %9s %10s %7s %10s %10s %6s  %s\n", "store", "mode", "ratio",
               "ttft_ms", "load_ms", "blocked_ms", "vs_ram", "kl_vs_ram", "kl_vs_full", "=flash",
               "tier hits per request");
@@ -355,8 +356,7 @@ void print_tiers_table(const TiersReport& p) {
 void plot_tiers(const TiersReport& p, const Stores& stores) {
   PlotSpec spec;
   spec.title = "TTFT per chunk store, " + std::to_string(p.o.n_chunks) + " chunks x " +
-               std::to_string(p.o.chunk_tokens) + " tokens, " + std::to_string(p.c.threads) +
-               " threads";
+               std::to_string(p.o.chunk_tokens) + " tokens, " + compute_label(p.c, p.model);
   spec.xlabel = "chunk store";
   spec.ylabel = "TTFT (ms, median)";
   for (const auto& t : stores) spec.categories.push_back(t->label);

@@ -252,6 +252,11 @@ std::string kernels_name(const Model& model) {
   return info.kernels;
 }
 
+std::string compute_label(const Common& c, const Model& model, bool column) {
+  if (kernels_name(model) == "cuda") return column ? "GPU" : "the GPU";
+  return column ? std::to_string(c.threads) : std::to_string(c.threads) + " threads";
+}
+
 cbs::JsonObject header(const char* bench, const Common& c, const Model& model, const char* mode) {
   cbs::JsonObject o;
   o.add("bench", bench)
