@@ -140,6 +140,16 @@ TensorId Graph::attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId
   return out;
 }
 
+void Graph::set_attention_context(int64_t n_kv, const KeyBlockBias& key_bias) {
+  for (Node& n : nodes_) {
+    if (n.op != Op::kAttention) continue;
+    if (n_kv < 0 || n_kv > tensors_[n.b].rows || n_kv > tensors_[n.c].rows)
+      fail(ErrorCode::kInternal, "graph: attention over more rows than the cache holds");
+    n.p[0] = n_kv;
+    n.key_bias = key_bias;
+  }
+}
+
 TensorId Graph::silu_mul(TensorId gate, TensorId up) {
   push(Op::kSiluMul, gate, gate, up);
   return gate;

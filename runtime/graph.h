@@ -56,6 +56,10 @@ class Graph {
   TensorId attention(TensorId q, const int32_t* q_pos, TensorId k, TensorId v, int64_t n_kv,
                      int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale,
                      int64_t window = 0, const KeyBlockBias& key_bias = {});
+  // Every attention node reads the first n_kv rows of its K / V from now
+  // on, biased by key_bias: a graph built once for one decode token serves
+  // the next ones (its positions and token read through stable pointers).
+  void set_attention_context(int64_t n_kv, const KeyBlockBias& key_bias);
   // In place on gate, which is returned: the FFN's widest tensors are the
   // gate and up projections, and a third one would hold a batch's worth
   // more (16 MiB for 512 rows of a Llama 3.2 1B).

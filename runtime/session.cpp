@@ -180,9 +180,25 @@ std::span<const float> Session::prefill(std::span<const int32_t> tokens) {
 
 std::span<const float> Session::decode(int32_t token) {
   check_tokens({&token, 1});
-  forward_batch(&token, 1,
+  forget_stale_context_bias();
+  // One graph serves every token: built at the first, it reads the token
+  // and its position through these members, and only the attention's
+  // length and bias change between tokens.  A GPU backend then sees the
+  // same ops on the same buffers at every token, and the host is spared
+  // building and planning ~500 nodes a token.
+  if (!decode_graph_) {
+    auto g = std::make_unique<Graph>();
+    add_forward(*g, &decode_token_, &decode_pos_, nullptr, 1, 1,
                 int8_decode_ ? Graph::Precision::kInt8Activations : Graph::Precision::kF32,
                 nullptr);
+    decode_arena_bytes_ = g->plan();
+    decode_graph_ = std::move(g);
+  }
+  decode_token_ = token;
+  decode_pos_ = static_cast<int32_t>(n_past_);
+  decode_graph_->set_attention_context(n_past_ + 1, context_bias_);
+  execute(*decode_graph_, decode_arena_bytes_, nullptr);
+  ++n_past_;
   return logits_;
 }
 
@@ -214,38 +230,48 @@ std::vector<float> Session::embed(std::span<const int32_t> tokens) {
   return out;
 }
 
+void Session::forget_stale_context_bias() {
+  if (n_past_ < context_bias_.key_end) context_bias_ = {};
+}
+
 // One forward pass over n tokens at positions n_past_.. ; writes their K/V
 // into the cache and the last token's logits into logits_ (or every row's
 // normed hidden state into `hidden`).
 void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision mm,
                             const StopCheck* stop, float* hidden) {
-  const LlamaHparams& hp = model_.hparams();
   std::vector<int32_t> pos(static_cast<size_t>(n));
   std::iota(pos.begin(), pos.end(), static_cast<int32_t>(n_past_));
   const int32_t last_row = static_cast<int32_t>(n - 1);
-  const int64_t n_kv = n_past_ + n;
-  if (n_past_ < context_bias_.key_end) context_bias_ = {};
-
+  forget_stale_context_bias();
   Graph g;
+  add_forward(g, tokens, pos.data(), &last_row, n, n_past_ + n, mm, hidden);
+  execute(g, g.plan(), stop);
+  n_past_ += n;
+}
+
+void Session::add_forward(Graph& g, const int32_t* tokens, const int32_t* pos,
+                          const int32_t* last_row, int64_t n, int64_t n_kv, Graph::Precision mm,
+                          float* hidden) {
+  const LlamaHparams& hp = model_.hparams();
   TensorId x = add_embeddings(g, hp, tok_embd_, tokens, n);
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     LlamaLayer layer(g, hp, layers_[static_cast<size_t>(l)], l, mm);
     TensorId h = layer.attention_input(x);
     TensorId k = layer.project_k(h);
     TensorId v = layer.project_v(h);
-    layer.rope_k(k, pos.data());
+    layer.rope_k(k, pos);
     TensorId kc = g.external_kv(k_cache_[l], n_ctx_, hp.kv_dim(), kv_dtype());
     TensorId vc = g.external_kv(v_cache_[l], n_ctx_, hp.kv_dim(), kv_dtype());
-    g.scatter_rows(k, pos.data(), kc);
-    g.scatter_rows(v, pos.data(), vc);
+    g.scatter_rows(k, pos, kc);
+    g.scatter_rows(v, pos, vc);
     // Past the last layer only the last row is read (the logits): there
     // every row's K/V go into the cache, but only that row attends and
     // runs the FFN.
-    const int32_t* q_pos = pos.data();
+    const int32_t* q_pos = pos;
     if (l + 1 == hp.n_layer && n > 1 && hidden == nullptr) {
-      h = g.gather_rows(h, &last_row, 1);
-      x = g.gather_rows(x, &last_row, 1);
-      q_pos += last_row;
+      h = g.gather_rows(h, last_row, 1);
+      x = g.gather_rows(x, last_row, 1);
+      q_pos += *last_row;
     }
     TensorId q = layer.project_q(h);
     layer.rope_q(q, q_pos);
@@ -258,16 +284,16 @@ void Session::forward_batch(const int32_t* tokens, int64_t n, Graph::Precision m
     // x is the last row alone now.
     add_output_head(g, hp, output_norm_, output_, x, g.external(logits_.data(), 1, hp.n_vocab), mm);
   }
+}
 
-  size_t need = g.plan();
-  if (need > arena_bytes_) {
+void Session::execute(const Graph& g, size_t arena_bytes, const StopCheck* stop) {
+  if (arena_bytes > arena_bytes_) {
     if (arena_) backend_->free_buffer(arena_);
     arena_ = nullptr;
-    arena_ = backend_->alloc_buffer(need);
-    arena_bytes_ = need;
+    arena_ = backend_->alloc_buffer(arena_bytes);
+    arena_bytes_ = arena_bytes;
   }
   g.execute(*backend_, arena_, 0, SIZE_MAX, stop);
-  n_past_ += n;
 }
 
 }  // namespace cb

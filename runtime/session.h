@@ -154,6 +154,16 @@ class Session {
   // n_embd) instead of the last row's logits.
   void forward_batch(const int32_t* tokens, int64_t n, Graph::Precision mm, const StopCheck* stop,
                      float* hidden = nullptr);
+  // Adds the forward pass of n tokens to g: their ids and positions are
+  // read through `tokens` and `pos` when g runs (so they must outlive it),
+  // the attention spans n_kv rows, and only row *last_row goes past the
+  // last layer's K/V unless `hidden` takes every row (see forward_batch).
+  void add_forward(Graph& g, const int32_t* tokens, const int32_t* pos, const int32_t* last_row,
+                   int64_t n, int64_t n_kv, Graph::Precision mm, float* hidden);
+  // Runs g in the session's arena, grown to arena_bytes first if needed.
+  void execute(const Graph& g, size_t arena_bytes, const StopCheck* stop);
+  // The context bias ends where rows of its key block were dropped.
+  void forget_stale_context_bias();
 
   const Model& model_;
   std::unique_ptr<Backend> backend_;
@@ -173,6 +183,11 @@ class Session {
   size_t arena_bytes_ = 0;
   std::vector<float> logits_;
   StopCheck stop_;
+  // decode()'s graph, built at its first token, and what it reads.
+  std::unique_ptr<Graph> decode_graph_;
+  size_t decode_arena_bytes_ = 0;
+  int32_t decode_token_ = 0;
+  int32_t decode_pos_ = 0;
 };
 
 }  // namespace cb

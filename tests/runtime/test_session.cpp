@@ -6,7 +6,9 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <memory>
 
+#include "kernels/forwarding_backend.h"
 #include "platform/error.h"
 #include "platform/half.h"
 #include "runtime/model.h"
@@ -209,6 +211,72 @@ TEST(Session, TruncateThenReplayGivesSameLogits) {
   s.truncate(3);
   auto again = s.prefill(std::span(ids).subspan(3));
   EXPECT_LT(rel_l2(again, expect), 1e-5);
+}
+
+// Records every op's kind and pointers (activations, weights, and the
+// token ids, positions and row indices it reads) on a CPU backend.
+class OpRecordingBackend final : public ForwardingBackend {
+ public:
+  OpRecordingBackend() : ForwardingBackend(make_cpu_backend(2)) {}
+  std::vector<const void*> ops;  // per op: its kind, then its pointers
+
+  void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override {
+    ops.push_back(ids);
+    ForwardingBackend::get_rows(w, ids, n, out);
+  }
+  void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
+            int64_t rot_dim, float freq_base, const float* freq_factors) override {
+    ops.push_back(pos);
+    ForwardingBackend::rope(x, pos, n_rows, n_heads, head_dim, rot_dim, freq_base, freq_factors);
+  }
+  void attention(const AttentionArgs& a) override {
+    ops.push_back(a.q_pos);
+    ForwardingBackend::attention(a);
+  }
+  void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
+                    float* dst) override {
+    ops.push_back(idx);
+    ForwardingBackend::scatter_rows(src, row_len, idx, n, dst);
+  }
+  void scatter_rows_f16(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
+                        uint16_t* dst) override {
+    ops.push_back(idx);
+    ForwardingBackend::scatter_rows_f16(src, row_len, idx, n, dst);
+  }
+
+ private:
+  void on_op_weights(BackendOp op, std::initializer_list<const void*> weights) override {
+    ops.push_back(reinterpret_cast<const void*>(static_cast<uintptr_t>(op) + 1));
+    ops.insert(ops.end(), weights);
+  }
+  void on_op_begin(BackendOp, std::initializer_list<const void*> args) override {
+    ops.insert(ops.end(), args);
+  }
+};
+
+// What a GPU backend may keep (device mirrors of host inputs) or capture
+// (one launch graph a token) from one decode token to the next: every
+// token runs the same ops on the same buffers, also while the app
+// allocates memory in between (a token id or position in fresh memory
+// each token would defeat both).
+TEST(Session, DecodeTokensRunTheSameOpsOnTheSameBuffers) {
+  for (KvType kv : {KvType::kF16, KvType::kF32}) {
+    auto owned = std::make_unique<OpRecordingBackend>();
+    OpRecordingBackend& be = *owned;
+    Session s(model(), {.n_ctx = 64, .n_threads = 2, .kv_type = kv}, std::move(owned));
+    auto ids = prompt_ids();
+    s.prefill(std::span(ids).first(4));
+    std::vector<std::vector<const void*>> tokens;
+    std::vector<std::unique_ptr<int32_t>> app_memory;
+    for (int i = 0; i < 4; ++i) {
+      be.ops.clear();
+      s.decode(ids[static_cast<size_t>(4 + i)]);
+      tokens.push_back(be.ops);
+      app_memory.push_back(std::make_unique<int32_t>(i));
+    }
+    ASSERT_GT(tokens[0].size(), 100u);
+    for (size_t t = 1; t < tokens.size(); ++t) EXPECT_EQ(tokens[t], tokens[0]) << "token " << t;
+  }
 }
 
 TEST(Session, ContextOverflowIsAClearErrorAndChangesNothing) {
