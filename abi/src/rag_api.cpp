@@ -419,6 +419,7 @@ void cb_rag_options_init_sized(cb_rag_options* opts, size_t struct_size) {
   d.chunk_shift = cb::kDefaultChunkShift ? 1 : 0;
   d.shift_probes = cb::kDefaultShiftProbes;
   d.shift_span = static_cast<int32_t>(cb::kDefaultShiftSpan);
+  d.fetch_threads = 0;
   write_defaults(opts, d, struct_size);
 }
 
@@ -597,6 +598,8 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
     for (size_t i = 0; i < o.n_schedule; ++i)
       ro.blend.schedule.push_back({o.schedule[i].layer, o.schedule[i].ratio});
     ro.pipeline.enabled = o.pipeline != 0;
+    require(o.fetch_threads >= 0 && o.fetch_threads <= 64, "fetch_threads must be in [0, 64]");
+    ro.pipeline.fetch_threads = o.fetch_threads;
     if (cache != nullptr) check_cache(cache);
     std::vector<std::string> texts(chunk_texts, chunk_texts + n_chunks);
     call.chunk_texts = texts;

@@ -2,9 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <string>
 #include <numeric>
+#include <optional>
 
 #include "platform/cancel.h"
+#include "platform/cpu_features.h"
+#include "platform/error.h"
 #include "runtime/llama_layer.h"
 
 namespace cb {
@@ -32,6 +37,15 @@ struct UploadDrain {
 
 }  // namespace
 
+void PipelineLoadStats::add(const PipelineLoadStats& o) {
+  bytes_read += o.bytes_read;
+  fetch_ms += o.fetch_ms;
+  rope_ms += o.rope_ms;
+  upload_ms += o.upload_ms;
+  blocked_ms += o.blocked_ms;
+  layers_loaded += o.layers_loaded;
+}
+
 LayerPipeline::LayerPipeline(Session& s, std::vector<CachedChunkRef> chunks,
                              const PipelineOptions& opts)
     : s_(s),
@@ -41,6 +55,20 @@ LayerPipeline::LayerPipeline(Session& s, std::vector<CachedChunkRef> chunks,
       threaded_(opts.enabled && !chunks_.empty()),
       staging_(nullptr, StagingFree{&s.backend()}),
       rows_(nullptr, BufferFree{&s.backend()}) {
+  if (opts.fetch_threads < 0)
+    fail(ErrorCode::kInvalidArgument,
+         "fetch_threads " + std::to_string(opts.fetch_threads) + ": at least 0 (0: auto)");
+  if (threaded_) {
+    const int asked = opts.fetch_threads > 0 ? opts.fetch_threads
+                      : s.backend().wants_staged_uploads()
+                          ? std::clamp(cpu_hardware_threads() / 2, 1, 4)
+                          : 1;
+    fetchers_ = static_cast<int>(std::min<int64_t>(asked, static_cast<int64_t>(chunks_.size())));
+    // Two chunk references to one source would read it from two threads.
+    for (size_t i = 0; i < chunks_.size() && fetchers_ > 1; ++i)
+      for (size_t j = i + 1; j < chunks_.size(); ++j)
+        if (chunks_[i].src == chunks_[j].src) fetchers_ = 1;
+  }
   if (s.kv_dtype() == DType::F16 && !chunks_.empty()) {
     for (const CachedChunkRef& c : chunks_) {
       row_offset_.push_back(total_rows_);
@@ -56,8 +84,10 @@ LayerPipeline::LayerPipeline(Session& s, std::vector<CachedChunkRef> chunks,
     for (const CachedChunkRef& c : chunks_) longest = std::max(longest, c.len);
     slot_floats_ =
         2 * static_cast<size_t>(longest) * static_cast<size_t>(s.model().hparams().kv_dim());
-    staging_.reset(s.backend().alloc_host_staging(2 * slot_floats_ * sizeof(float)));
+    staging_.reset(s.backend().alloc_host_staging(2 * static_cast<size_t>(fetchers_) *
+                                                  slot_floats_ * sizeof(float)));
   }
+  if (fetchers_ > 1) fetch_pool_ = std::make_unique<ThreadPool>(fetchers_);
   if (threaded_) thread_ = std::thread([this] { loader_main(); });
 }
 
@@ -65,28 +95,40 @@ LayerPipeline::~LayerPipeline() {
   finish();
 }
 
-LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadStats& st,
-                                                    size_t& failed) {
-  const auto& hp = s_.model().hparams();
+bool LayerPipeline::stop_requested() {
+  if (!threaded_) return false;
+  std::lock_guard lock(mu_);
+  return stop_;
+}
+
+// Where the rows land: the cache rows themselves (f32), or the f32 rows
+// buffer that is rotated and rounded into the cache after the fetches.
+float* LayerPipeline::layer_rows(int64_t layer, bool v) {
+  const int64_t kv_dim = s_.model().hparams().kv_dim();
+  if (rows_) return static_cast<float*>(rows_.get()) + (v ? total_rows_ * kv_dim : 0);
+  return static_cast<float*>(v ? s_.v_cache(layer) : s_.k_cache(layer));
+}
+
+int64_t LayerPipeline::first_row(size_t c) const {
+  return rows_ ? row_offset_[c] : static_cast<int64_t>(chunks_[c].begin);
+}
+
+LayerPipeline::FetchResult LayerPipeline::fetch_chunks(int64_t layer, int64_t task,
+                                                       int64_t n_tasks) {
+  FetchResult r;
   Backend& be = s_.backend();
-  const int64_t kv_dim = hp.kv_dim();
-  // Where the rows land: the cache rows themselves (f32), or the f32 rows
-  // buffer that is rotated and rounded into the cache after the fetches.
-  const bool f16 = rows_ != nullptr;
-  float* const k_base =
-      f16 ? static_cast<float*>(rows_.get()) : static_cast<float*>(s_.k_cache(layer));
-  float* const v_base =
-      f16 ? k_base + total_rows_ * kv_dim : static_cast<float*>(s_.v_cache(layer));
-  auto first_row = [&](size_t c) {
-    return f16 ? row_offset_[c] : static_cast<int64_t>(chunks_[c].begin);
-  };
+  const int64_t kv_dim = s_.model().hparams().kv_dim();
+  float* const k_base = layer_rows(layer, false);
+  float* const v_base = layer_rows(layer, true);
   UploadDrain drain;
-  for (size_t c = 0; c < chunks_.size(); ++c) {
-    if (threaded_) {
-      // Between chunks, so a finish() during a long (throttled) layer waits
-      // for one chunk's read at most.
-      std::lock_guard lock(mu_);
-      if (stop_) return LoadResult::kStopped;
+  int slot = 0;
+  for (size_t c = static_cast<size_t>(task); c < chunks_.size();
+       c += static_cast<size_t>(n_tasks), slot ^= 1) {
+    // Between chunks, so a finish() during a long (throttled) layer waits
+    // for one chunk's read at most.
+    if (stop_requested()) {
+      r.stopped = true;
+      return r;
     }
     const CachedChunkRef& ch = chunks_[c];
     float* const k_rows = k_base + first_row(c) * kv_dim;
@@ -95,7 +137,7 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
     float* k = k_rows;
     float* v = v_rows;
     if (staging_) {
-      k = static_cast<float*>(staging_.get()) + (c % 2) * slot_floats_;
+      k = static_cast<float*>(staging_.get()) + (2 * task + slot) * slot_floats_;
       v = k + static_cast<int64_t>(ch.len) * kv_dim;
     }
     const auto t0 = Clock::now();
@@ -107,26 +149,66 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
       // read, like one that returns false: the request computes it instead.
       ok = false;
     }
-    st.fetch_ms += ms_since(t0);
+    r.st.fetch_ms += ms_since(t0);
     if (!ok) {
-      failed = c;
-      return LoadResult::kFailed;
+      // This thread's later chunks are not needed: the request restarts.
+      r.failed = c;
+      return r;
     }
-    st.bytes_read += ch.src->layer_bytes(layer);
+    r.st.bytes_read += ch.src->layer_bytes(layer);
     if (staging_) {
       // The previous chunk's copies ran during this fetch; once they are
       // done, their slot is free for the next chunk.
-      st.upload_ms += be.wait_uploads();
+      r.st.upload_ms += be.wait_uploads();
       drain.in_flight = &be;
       be.upload(k_rows, k, bytes);
       be.upload(v_rows, v, bytes);
     }
+  }
+  if (staging_) {
+    // The layer's RoPE is issued by the loader thread, after this returns.
+    r.st.upload_ms += be.wait_uploads();
+    drain.in_flight = nullptr;
+  }
+  return r;
+}
+
+LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadStats& st,
+                                                    size_t& failed) {
+  const auto& hp = s_.model().hparams();
+  Backend& be = s_.backend();
+  const int64_t kv_dim = hp.kv_dim();
+  std::vector<FetchResult> fetched(static_cast<size_t>(fetchers_));
+  if (fetch_pool_) {
+    fetch_pool_->parallel_for(fetchers_, [&](int64_t task, int thread) {
+      // A helper's read waiting on a slow store ends with the pipeline, as
+      // the loader thread's does (loader_main).
+      std::optional<ScopedCancelCheck> cancel;
+      if (thread != 0) cancel.emplace([this] { return stop_requested(); });
+      fetched[static_cast<size_t>(task)] = fetch_chunks(layer, task, fetchers_);
+    });
+  } else {
+    fetched[0] = fetch_chunks(layer, 0, 1);
+  }
+  bool stopped = false;
+  size_t first_failed = SIZE_MAX;
+  for (const FetchResult& r : fetched) {
+    st.add(r.st);
+    stopped = stopped || r.stopped;
+    first_failed = std::min(first_failed, r.failed);
+  }
+  if (stopped) return LoadResult::kStopped;
+  if (first_failed != SIZE_MAX) {
+    failed = first_failed;
+    return LoadResult::kFailed;
   }
   // One rotation per run of adjacent chunks (usually the whole run of
   // retrieved chunks): RoPE is row-wise, so this equals rotating chunk by
   // chunk, and each backend call costs the loader a turn on the backend's
   // thread pool, which it shares with the compute side.  (Adjacent chunks
   // are adjacent in the f16 path's rows buffer too: it keeps their order.)
+  float* const k_base = layer_rows(layer, false);
+  float* const v_base = layer_rows(layer, true);
   const auto t1 = Clock::now();
   for (size_t c = 0; c < chunks_.size();) {
     const int32_t begin = chunks_[c].begin;
@@ -137,16 +219,11 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
     std::iota(pos_.begin(), pos_.end(), begin);
     rope_keys(be, hp, layer, k_base + row * kv_dim, pos_.data(), end - begin);
   }
-  if (f16) {
+  if (rows_) {
     store_kv_rows(be, DType::F16, k_base, kv_dim, all_pos_.data(), total_rows_, s_.k_cache(layer));
     store_kv_rows(be, DType::F16, v_base, kv_dim, all_pos_.data(), total_rows_, s_.v_cache(layer));
   }
   st.rope_ms += ms_since(t1);
-  if (staging_) {
-    // The copies completed before the rotation did; this collects their time.
-    st.upload_ms += be.wait_uploads();
-    drain.in_flight = nullptr;
-  }
   ++st.layers_loaded;
   return LoadResult::kOk;
 }
@@ -154,10 +231,7 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
 void LayerPipeline::loader_main() {
   // A read waiting on a slow store ends when the pipeline stops (a
   // cancelled or failed request), not when the store gives up.
-  ScopedCancelCheck cancel([this] {
-    std::lock_guard lock(mu_);
-    return stop_;
-  });
+  ScopedCancelCheck cancel([this] { return stop_requested(); });
   for (int64_t l = 0; l < n_layers_; ++l) {
     {
       std::unique_lock lock(mu_);
@@ -224,12 +298,9 @@ void LayerPipeline::finish() {
     cv_.notify_all();
     thread_.join();
     // The loader's counters are its own until the join.
-    stats_.bytes_read += loader_stats_.bytes_read;
-    stats_.fetch_ms += loader_stats_.fetch_ms;
-    stats_.rope_ms += loader_stats_.rope_ms;
-    stats_.upload_ms += loader_stats_.upload_ms;
-    stats_.layers_loaded += loader_stats_.layers_loaded;
+    stats_.add(loader_stats_);
   }
+  fetch_pool_.reset();
   staging_.reset();
 }
 

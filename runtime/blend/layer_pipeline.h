@@ -1,6 +1,8 @@
 // The layerwise load pipeline: while the fusor computes layer
 // i, a loader thread reads and decodes layer i+1 (and further) of every
 // cached chunk and RoPE-rotates its K, so storage time hides behind compute.
+// With PipelineOptions::fetch_threads above one, the chunks of a layer are
+// read by that many threads at once, each taking every n-th chunk.
 //
 // Where loads go: into the session's KV cache rows of the chunk.  That is
 // race-free because the two sides never touch the same layer at once: the
@@ -11,11 +13,13 @@
 // from the host at full speed (the CPU, an integrated GPU), fetch_layer
 // writes the cache rows directly.  On one that wants staged uploads (a
 // discrete GPU), it writes one of two host staging slots (one chunk's K and
-// V of a layer each) and the loader upload()s the slot to the rows; the
-// slots alternate so that the next chunk's fetch runs while the copy is in
-// flight.  The RoPE op that follows, issued by the same thread outside a
-// batch, completes after the copies, so a layer is in place when it is
-// handed over.
+// V of a layer each; two per fetching thread) and that thread upload()s
+// the slot to the rows; the slots alternate so that the thread's next
+// chunk's fetch runs while the copy is in flight.  Each fetching thread
+// waits for its own copies before the layer's RoPE is issued (a GPU
+// backend's copies are ordered per calling thread only), and that op,
+// issued by the loader thread outside a batch, completes before the layer
+// is handed over.
 //
 // An f16 KV cache (SessionOptions::kv_type) cannot take the sources' f32
 // rows directly, nor be rotated in place without a second rounding: there
@@ -46,6 +50,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -54,6 +59,7 @@
 #include <vector>
 
 #include "cache/chunk_source.h"
+#include "platform/thread_pool.h"
 #include "runtime/session.h"
 
 namespace cb {
@@ -67,6 +73,17 @@ struct PipelineOptions {
   // How many layers the loader may be ahead of the layer computing; <= 0:
   // no bound (every layer has its place in the KV cache already).
   int64_t max_layers_ahead = 0;
+  // Threads that read a layer's chunks at once, each its share of the
+  // chunks (at most one per chunk; the loader thread is one of them).
+  // Pipelined only: a serial load stays on the compute thread.  0 (auto):
+  // one where the host's cores compute, up to 4 (half the hardware threads)
+  // on a backend that wants staged uploads (a discrete GPU leaves the cores
+  // idle, and its loads wait on the host copying or decoding the chunks
+  // into staging memory).  Each source is read by one thread at a time, as
+  // ChunkLayerSource allows; the stores are shared by concurrent requests
+  // anyway.  The loading controller's load times are per thread, so more
+  // threads make its ratio err high, never short of the loads.
+  int fetch_threads = 0;
 };
 
 // A cached chunk's place in the request.
@@ -83,7 +100,9 @@ struct PipelineLoadStats {
   double upload_ms = 0.0;   // staged copies, as the backend timed them (wait_uploads)
   double blocked_ms = 0.0;  // the compute side waiting in synchronize()
   int64_t layers_loaded = 0;
-  double load_ms() const { return fetch_ms + rope_ms; }  // the loader's busy time
+  // The loader's busy time (fetch_ms summed over the fetching threads).
+  double load_ms() const { return fetch_ms + rope_ms; }
+  void add(const PipelineLoadStats& o);
 };
 
 class LayerPipeline {
@@ -111,6 +130,16 @@ class LayerPipeline {
  private:
   enum class LoadResult { kOk, kFailed, kStopped };
   LoadResult load_layer(int64_t layer, PipelineLoadStats& st, size_t& failed);
+  // Fetches (and stages) chunks task, task + n_tasks, ... of the layer.
+  struct FetchResult {
+    PipelineLoadStats st;
+    size_t failed = SIZE_MAX;  // the first chunk that could not be read
+    bool stopped = false;
+  };
+  FetchResult fetch_chunks(int64_t layer, int64_t task, int64_t n_tasks);
+  bool stop_requested();
+  float* layer_rows(int64_t layer, bool v);  // where chunk rows of the layer land
+  int64_t first_row(size_t chunk) const;     // the chunk's first row there
   void loader_main();
 
   Session& s_;
@@ -120,9 +149,11 @@ class LayerPipeline {
   // Set before the loader starts (thread_ itself is written by the
   // constructor while the loader may already run, so it is not read there).
   bool threaded_;
+  int fetchers_ = 1;                     // fetch threads (PipelineOptions::fetch_threads)
+  std::unique_ptr<ThreadPool> fetch_pool_;  // fetchers_ > 1: the loader thread and helpers
   std::vector<int32_t> pos_;  // used by whichever single thread loads
-  // Staged loads only: two slots of slot_floats_, freed by finish().  Every
-  // copy from them has completed when load_layer() returns.
+  // Staged loads only: two slots of slot_floats_ per fetch thread, freed by
+  // finish().  Every copy from them has completed when load_layer() returns.
   struct StagingFree {
     Backend* be;
     void operator()(void* p) const { be->free_host_staging(p); }

@@ -166,6 +166,7 @@ struct TtftOptions {
   SelectOptions sel;
   std::vector<double> caps;  // --storage-mbps; empty: none
   std::string plot;          // --plot; empty: none
+  int fetch_threads = 0;     // --fetch-threads (cb_rag_options.fetch_threads)
 };
 // The request every ttft run sends: the chunks' texts and the question.
 struct TtftRequest {

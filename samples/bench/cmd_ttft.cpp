@@ -166,6 +166,7 @@ TtftOptions parse_ttft_options(const Args& a) {
   o.sel = parse_select_options(a);
   o.caps = parse_storage_caps(a, true);
   o.plot = plot_path(a);
+  o.fetch_threads = static_cast<int>(parse_int(a, "--fetch-threads", 0, 0, 64));
   return o;
 }
 
@@ -274,6 +275,7 @@ std::vector<TtftRow> measure_ttft(const Args& a, const TtftOptions& o, const Ses
   ro.chunk_head = o.head;
   apply_select_options(o.sel, ro);
   ro.pipeline = parse_on_off(a, "--pipeline", true) ? 1 : 0;
+  ro.fetch_threads = o.fetch_threads;
   std::vector<TtftRow> rows;
   const size_t n_caps = std::max<size_t>(1, o.caps.size());
   for (size_t ci = 0; ci < n_caps; ++ci) {
@@ -303,6 +305,7 @@ void print_ttft_json(const std::vector<TtftRow>& rows, const TtftOptions& o, con
         .add("compute_ms", r.compute_ms)
         .add("blocked_ms", r.blocked_ms)
         .add("upload_ms", r.upload_ms)
+        .add("fetch_threads", static_cast<int64_t>(o.fetch_threads))
         .add("ratio", ratio_value(r.st.ratio))
         .add("ratio_mode", r.ratio_opt == kAutoRatio ? "auto" : "fixed")
         .add("select", r.mode == CB_MODE_BLEND ? cb_select_name(r.select) : "none")

@@ -394,6 +394,7 @@ int ttft_tiers(const Args& a, const Common& c, const TtftOptions& o, const Model
   apply_select_options(o.sel, ro);
   ro.select = o.sel.selects.front();
   ro.pipeline = parse_on_off(a, "--pipeline", true) ? 1 : 0;
+  ro.fetch_threads = o.fetch_threads;
   // Warm every store: the first request computes and places every chunk,
   // the second reads them back (promotions included); both untimed.
   const std::vector<const char*> chunks = req.chunk_ptrs();

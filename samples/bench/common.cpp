@@ -53,7 +53,7 @@ Args parse_args(int argc, char** argv) {
         "--repeat",       "--chunk-head",     "--codec",        "--storage-mbps",  "--store",
         "--pipeline",     "--plot",           "--select",       "--sink-tokens",   "--chunk-shift",
         "--shift-probes", "--shift-span",     "--tiers",        "--ram-budget-mb", "--slow-mbps",
-        "--redis",        "--placement-ratio"}},
+        "--redis",        "--placement-ratio", "--fetch-threads"}},
       {"quality", {"--dataset",         "--limit",         "--max-chunks",
                    "--ratio",           "--modes",         "--chunk-head",
                    "--max-tokens",      "--codec",         "--storage-mbps",

@@ -253,6 +253,20 @@ void test_rag(cb_model* m) {
   CHECK(strstr(c.text, "4721") != NULL);
   CHECK(st.cache_misses == 0 && st.cache_hits == 2 && st.precompute_ms == 0.0);
   CHECK(argmax(l_mode, info.n_vocab) == argmax(l_full, info.n_vocab));
+  /* Two threads reading the cached chunks: the same logits, bit for bit. */
+  {
+    float* l_two = (float*)malloc((size_t)info.n_vocab * sizeof(float));
+    CHECK(l_two != NULL);
+    if (l_two != NULL) {
+      ro.fetch_threads = 2;
+      cb_rag_stats_init(&st);
+      CHECK_OK(rag_answer(s, cache, &ro, &st, &c, l_two, info.n_vocab));
+      CHECK(st.cache_hits == 2 && st.pipelined == 1);
+      CHECK(memcmp(l_two, l_mode, (size_t)info.n_vocab * sizeof(float)) == 0);
+      ro.fetch_threads = 0;
+      free(l_two);
+    }
+  }
 
   /* The logits after a prefill are those generation starts from. */
   CHECK_OK(cb_session_reset(s));
@@ -418,11 +432,28 @@ void test_rag(cb_model* m) {
   CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
             CB_ERR_INVALID_ARGUMENT);
   CHECK(strstr(cb_last_error(), "shift_span") != NULL);
+  cb_rag_options_init(&ro);
+  CHECK(ro.fetch_threads == 0);
+  ro.fetch_threads = -1;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(cb_last_error(), "fetch_threads") != NULL);
+  ro.fetch_threads = 65;
+  CHECK_ERR(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL),
+            CB_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(cb_last_error(), "fetch_threads") != NULL);
   CHECK(cb_session_n_past(s) == 0);
   /* A caller built against the struct before `select` still works, with
    * the defaults for the fields it lacks. */
   cb_rag_options_init(&ro);
   ro.struct_size = offsetof(cb_rag_options, select);
+  CHECK_OK(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL));
+  CHECK_OK(cb_session_reset(s));
+  /* ... and one built before `fetch_threads`: what lies past its struct is
+   * not read. */
+  cb_rag_options_init(&ro);
+  ro.struct_size = offsetof(cb_rag_options, fetch_threads);
+  ro.fetch_threads = -1;
   CHECK_OK(cb_rag_prefill(s, cache, kRagChunks, 2, kRagQuestion, &ro, NULL));
   CHECK_OK(cb_session_reset(s));
   cb_rag_options_init(&ro);

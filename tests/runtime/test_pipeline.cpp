@@ -19,6 +19,7 @@
 #include "../cache/redis_test_util.h"
 #endif
 #include "cache/flash_chunk_store.h"
+#include "platform/error.h"
 #include "platform/half.h"
 #include "runtime/blend/layer_pipeline.h"
 #include "runtime/blend/rag_request.h"
@@ -100,10 +101,18 @@ TEST_F(PipelineTest, PipelinedEqualsSerialBitwiseFromRam) {
   EXPECT_EQ(serial_st.bytes_read, bytes);
   // Serially, the compute side waits for every load.
   EXPECT_GE(serial_st.blocked_ms, serial_st.load_ms);
-  for (int64_t ahead : {0, 1, 2, 5}) {
+  for (const PipelineOptions& p : {PipelineOptions{.max_layers_ahead = 0},
+                                   PipelineOptions{.max_layers_ahead = 1},
+                                   PipelineOptions{.max_layers_ahead = 2},
+                                   PipelineOptions{.max_layers_ahead = 5},
+                                   PipelineOptions{.fetch_threads = 1},
+                                   PipelineOptions{.fetch_threads = 2},
+                                   PipelineOptions{.max_layers_ahead = 1, .fetch_threads = 3},
+                                   PipelineOptions{.fetch_threads = 8}}) {
     FusionStats st;
-    const auto got = fuse(segs, {.enabled = true, .max_layers_ahead = ahead}, &st);
-    EXPECT_EQ(got, want) << "max_layers_ahead " << ahead;
+    const auto got = fuse(segs, p, &st);
+    EXPECT_EQ(got, want) << "max_layers_ahead " << p.max_layers_ahead << ", fetch_threads "
+                         << p.fetch_threads;
     EXPECT_TRUE(st.pipelined);
     EXPECT_EQ(st.bytes_read, bytes);
     EXPECT_EQ(st.final_rows, serial_st.final_rows);
@@ -134,11 +143,20 @@ TEST_F(PipelineTest, PipelinedEqualsSerialFromFlashAndUnderAReadCap) {
     // The bytes are the stored (encoded) ones.
     EXPECT_EQ(s2.fusion.bytes_read, s1.fusion.bytes_read);
     EXPECT_GT(s2.fusion.bytes_read, 0u);
-    // Capped at 2 MB/s, a read cannot be faster than the cap.
+    // Three threads reading the one store at once.
+    RagPrefillOptions three;
+    three.pipeline.fetch_threads = 3;
+    RagPrefillStats s4;
+    EXPECT_EQ(rag(flash, three, &s4), want) << cache::codec_name(codec);
+    EXPECT_EQ(s4.fusion.bytes_read, s1.fusion.bytes_read);
+    // Capped at 2 MB/s, a read cannot be faster than the cap, whatever the
+    // threads reading (the cap is the store's).
     store->set_read_bytes_per_sec(2'000'000);
-    const auto capped = rag(flash, {}, &s3);
-    EXPECT_EQ(capped, want) << cache::codec_name(codec);
-    EXPECT_GE(s3.fusion.load_ms, 0.95 * 1e3 * static_cast<double>(s3.fusion.bytes_read) / 2e6);
+    for (const RagPrefillOptions& o : {RagPrefillOptions{}, three}) {
+      const auto capped = rag(flash, o, &s3);
+      EXPECT_EQ(capped, want) << cache::codec_name(codec);
+      EXPECT_GE(s3.fusion.load_ms, 0.95 * 1e3 * static_cast<double>(s3.fusion.bytes_read) / 2e6);
+    }
     store->set_read_bytes_per_sec(0);
   }
 }
@@ -164,6 +182,9 @@ TEST_F(PipelineTest, PipelinedEqualsSerialFromRedisAndOverlapsACappedRead) {
   ASSERT_EQ(s1.cache_hits, 3);
   EXPECT_EQ(rag(remote, {}, &s2), want);
   EXPECT_EQ(s2.fusion.bytes_read, s1.fusion.bytes_read);
+  RagPrefillOptions three;  // three threads on the store's connection at once
+  three.pipeline.fetch_threads = 3;
+  EXPECT_EQ(rag(remote, three), want);
 
   // Capped at 20 MB/s: about 70 ms of reads for the 1.4 MB of f16 KV, a
   // few times less than the computation they can hide behind.
@@ -198,14 +219,17 @@ TEST_F(PipelineTest, LoaderErrorMidRequestComputesTheChunk) {
   const auto want = fuse(ref_segs, kSerial);
   for (bool throws : {false, true})
     for (int64_t fail_at : {int64_t{0}, int64_t{1}, int64_t{7}, model().hparams().n_layer - 1})
-      for (const PipelineOptions& p : {PipelineOptions{}, PipelineOptions{true, 1}, kSerial}) {
+      for (const PipelineOptions& p :
+           {PipelineOptions{}, PipelineOptions{true, 1}, kSerial,
+            PipelineOptions{.fetch_threads = 2}, PipelineOptions{.fetch_threads = 3}}) {
         FailingSource broken(*sources[1], fail_at, throws);
         segs[2].cached = &broken;
         FusionStats st;
         const auto got = fuse(segs, p, &st);
         EXPECT_EQ(st.chunks_recomputed, 1);
         EXPECT_EQ(got, want) << "fail at " << fail_at << (throws ? " (throws)" : "")
-                             << (p.enabled ? " pipelined" : " serial");
+                             << (p.enabled ? " pipelined" : " serial") << ", fetch_threads "
+                             << p.fetch_threads;
       }
 }
 
@@ -216,14 +240,89 @@ TEST_F(PipelineTest, EveryChunkFailingFallsBackToFullPrefill) {
     broken.push_back(std::make_unique<FailingSource>(*sources[i], 3 + i, i % 2 == 1));
     segs[i + 1].cached = broken.back().get();
   }
-  FusionStats st;
-  const auto got = fuse(segs, {}, &st);
-  EXPECT_EQ(st.chunks_recomputed, 3);
-  // With no cached KV left the request is a plain prefill: bitwise FULL.
   Session full(model(), {.n_ctx = 256, .n_threads = 2});
-  const auto want = full.prefill(prompt.tokens());
-  EXPECT_EQ(got, std::vector<float>(want.begin(), want.end()));
-  EXPECT_EQ(st.ratio, 1.0);
+  const auto full_logits = full.prefill(prompt.tokens());
+  const std::vector<float> want(full_logits.begin(), full_logits.end());
+  for (int fetch_threads : {0, 3}) {
+    FusionStats st;
+    const auto got = fuse(segs, {.fetch_threads = fetch_threads}, &st);
+    EXPECT_EQ(st.chunks_recomputed, 3);
+    // With no cached KV left the request is a plain prefill: bitwise FULL.
+    EXPECT_EQ(got, want) << fetch_threads << " fetch threads";
+    EXPECT_EQ(st.ratio, 1.0);
+  }
+}
+
+// Counts the fetches in flight, over all the sources of a request and per
+// source; with `wait`, a fetch waits (up to a second) until two have been in
+// flight at once, so that reads that can overlap do.
+class ConcurrencySource final : public cache::ChunkLayerSource {
+ public:
+  struct Counters {
+    bool wait = false;
+    std::atomic<int> in_flight{0}, most{0}, overlaps_on_one_source{0};
+  };
+  ConcurrencySource(cache::ChunkLayerSource& inner, Counters& all) : inner_(inner), all_(all) {}
+  bool fetch_layer(int64_t layer, float* k, float* v) override {
+    if (mine_.fetch_add(1) != 0) ++all_.overlaps_on_one_source;
+    const int now = all_.in_flight.fetch_add(1) + 1;
+    int most = all_.most.load();
+    while (now > most && !all_.most.compare_exchange_weak(most, now)) {
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (all_.wait && all_.most.load() < 2 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    const bool ok = inner_.fetch_layer(layer, k, v);
+    all_.in_flight.fetch_sub(1);
+    mine_.fetch_sub(1);
+    return ok;
+  }
+
+ private:
+  cache::ChunkLayerSource& inner_;
+  Counters& all_;
+  std::atomic<int> mine_{0};
+};
+
+TEST_F(PipelineTest, FetchThreadsReadDifferentChunksAtOnce) {
+  const auto want = fuse(segments(), kSerial);
+  for (int fetch_threads : {1, 3}) {
+    ConcurrencySource::Counters counters;
+    counters.wait = fetch_threads > 1;
+    std::vector<std::unique_ptr<ConcurrencySource>> wrapped;
+    auto segs = segments();
+    for (size_t i = 0; i < sources.size(); ++i) {
+      wrapped.push_back(std::make_unique<ConcurrencySource>(*sources[i], counters));
+      segs[i + 1].cached = wrapped.back().get();
+    }
+    EXPECT_EQ(fuse(segs, {.fetch_threads = fetch_threads}), want);
+    EXPECT_EQ(counters.overlaps_on_one_source, 0) << fetch_threads;
+    if (fetch_threads == 1) {
+      EXPECT_EQ(counters.most, 1);
+    } else {
+      EXPECT_GE(counters.most, 2);
+    }
+  }
+  // Two references to one source: it is read by one thread only.
+  ConcurrencySource::Counters counters;
+  ConcurrencySource shared(*sources[0], counters);
+  Session s(model(), {.n_ctx = 256, .n_threads = 2});
+  const int32_t len = static_cast<int32_t>(prompt.chunks[0].size());
+  LayerPipeline p(s, {{&shared, 0, len}, {&shared, len, len}}, {.fetch_threads = 2});
+  for (int64_t l = 0; l < model().hparams().n_layer; ++l) ASSERT_TRUE(p.synchronize(l));
+  EXPECT_EQ(counters.overlaps_on_one_source, 0);
+  EXPECT_EQ(counters.most, 1);
+}
+
+TEST_F(PipelineTest, NegativeFetchThreadsIsAnError) {
+  Session s(model(), {.n_ctx = 256, .n_threads = 2});
+  const int32_t len = static_cast<int32_t>(prompt.chunks[0].size());
+  try {
+    LayerPipeline p(s, {{sources[0].get(), 0, len}}, {.fetch_threads = -1});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+  }
 }
 
 TEST_F(PipelineTest, LookAheadIsBoundedAndTheLoaderAlwaysJoins) {
@@ -240,6 +339,20 @@ TEST_F(PipelineTest, LookAheadIsBoundedAndTheLoaderAlwaysJoins) {
     EXPECT_LE(rec.highest.load(), 2);
     EXPECT_GE(rec.highest.load(), 1);
     // Destroyed while the loader waits for the compute side: no hang.
+  }
+  {
+    // The same with three threads reading three chunks: the bound holds for
+    // each, and the helpers are stopped too.
+    RecordingSource rec1(*sources[1]), rec2(*sources[2]);
+    const int32_t len1 = static_cast<int32_t>(prompt.chunks[1].size());
+    const int32_t len2 = static_cast<int32_t>(prompt.chunks[2].size());
+    LayerPipeline p(s,
+                    {{&rec, begin, len}, {&rec1, begin + len, len1},
+                     {&rec2, begin + len + len1, len2}},
+                    {.enabled = true, .max_layers_ahead = 1, .fetch_threads = 3});
+    ASSERT_TRUE(p.synchronize(0));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (const RecordingSource* r : {&rec, &rec1, &rec2}) EXPECT_LE(r->highest.load(), 2);
   }
   // The loaded layer holds the chunk's K rotated to its positions.
   {

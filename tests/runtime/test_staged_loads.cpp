@@ -53,10 +53,18 @@ class StagedLoadsTest : public testing::Test, public test::LighthouseRequest {
   }
 };
 
-const PipelineOptions kModes[] = {{.enabled = false}, {}, {.enabled = true, .max_layers_ahead = 1}};
+// Serial; pipelined with no bound, bounded, and read by 2 and 3 threads
+// (the request has 3 chunks: threads taking 2 + 1 and 1 + 1 + 1 of them).
+const PipelineOptions kModes[] = {{.enabled = false},
+                                  {},
+                                  {.enabled = true, .max_layers_ahead = 1},
+                                  {.enabled = true, .fetch_threads = 2},
+                                  {.enabled = true, .max_layers_ahead = 1, .fetch_threads = 3}};
 
 std::string mode_name(const PipelineOptions& p) {
-  return !p.enabled ? "serial" : "pipelined, ahead " + std::to_string(p.max_layers_ahead);
+  return !p.enabled ? "serial"
+                    : "pipelined, ahead " + std::to_string(p.max_layers_ahead) + ", " +
+                          std::to_string(p.fetch_threads) + " fetch threads";
 }
 
 // A session on a StagingBackend, which it owns; be stays valid while it lives.

@@ -946,6 +946,14 @@ typedef struct cb_rag_options {
    * alone.  Added after shift_probes: a struct that ends before it gets
    * the default. */
   int32_t shift_span;
+  /* Threads that read and decode a layer of the cached chunks at once, each
+   * a share of the chunks (with `pipeline` on; the loader thread is one of
+   * them), in [0, 64].  0 (default): one on the CPU, whose cores the
+   * computation uses, and up to 4 (half the hardware threads) on a discrete
+   * GPU, where the cores are idle and the loads wait on the host copying
+   * and decoding the chunks.  Results are identical for any count.  Added
+   * after shift_span: a struct that ends before it gets the default. */
+  int32_t fetch_threads;
 } cb_rag_options;
 
 /* Fills `opts` with defaults.  NULL is ignored. */

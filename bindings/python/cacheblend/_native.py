@@ -117,7 +117,8 @@ class RagOptions(Structure):
                 ("select", c_enum), ("sink_tokens", c_int32), ("seed", c_uint64),
                 ("guard_share", c_float), ("guard_max_ratio", c_float),
                 ("chunk_shift", c_int32),
-                ("shift_probes", c_float), ("shift_span", c_int32)]
+                ("shift_probes", c_float), ("shift_span", c_int32),
+                ("fetch_threads", c_int32)]
 
 
 class RagStats(Structure):

@@ -243,6 +243,9 @@ class RagOptions:
     shift_span       with chunk_shift, spans of about this many tokens: a token
                      takes half its chunk's correction and half its span's;
                      0 is the chunk's alone [128]
+    fetch_threads    threads reading a layer of the cached chunks at once,
+                     in [0, 64]; 0 picks: 1 on the CPU, up to 4 on a
+                     discrete GPU [0]
 
     chunk_head, system_prompt and cache_namespace are part of a chunk's cache
     key: pass the same values when adding, looking up and answering.
@@ -263,6 +266,7 @@ class RagOptions:
     chunk_shift: Optional[bool] = None
     shift_probes: Optional[float] = None
     shift_span: Optional[int] = None
+    fetch_threads: Optional[int] = None
 
     _ENUMS = {"mode": Mode, "chunk_head": ChunkHead, "select": Select}
 
