@@ -21,8 +21,8 @@
 #
 # PARTS (default all of them) picks what runs, so that a check too long for
 # one call can be split over two: gpu (the GPU benchmarks), variants (f32
-# activations, bf16 products, dequantization per call, an earlier plugin),
-# cpu, profile, tests, quality.
+# activations, bf16 products, dequantization per call, one thread reading
+# the chunk KV, an earlier plugin), cpu, profile, tests, quality.
 set -uo pipefail
 BUNDLE=$(cd "${1:?usage: gpu_check.sh BUNDLE OUT_DIR}" && pwd)
 OUT=${2:?usage: gpu_check.sh BUNDLE OUT_DIR}
@@ -95,6 +95,10 @@ if want variants; then
     --chunk-tokens 512 --modes full,reuse,blend --repeat 3 $GPU --json
   CB_CUDA_F32_WEIGHTS_MB=0 step gpu_prefill_512_dequant_per_call 60 "$BIN/cb_bench" prefill \
     --tokens 512 --repeat 3 $GPU --json
+  # The chunk KV read by one host thread instead of the default (up to 4):
+  # what the parallel reads gain the reuse pass (reuse mode is all loads).
+  step gpu_ttft_fetch_threads_1 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 \
+    --modes reuse,blend --repeat 3 --fetch-threads 1 $GPU --json
 fi
 # The CPU on the same machine (CPU_ROWS=0 skips it and the quality runs).
 CPU_ROWS=${CPU_ROWS:-1}

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <string>
 #include <numeric>
 #include <optional>
+#include <string>
 
 #include "platform/cancel.h"
 #include "platform/cpu_features.h"

@@ -149,9 +149,9 @@ class LayerPipeline {
   // Set before the loader starts (thread_ itself is written by the
   // constructor while the loader may already run, so it is not read there).
   bool threaded_;
-  int fetchers_ = 1;                     // fetch threads (PipelineOptions::fetch_threads)
+  int fetchers_ = 1;                        // fetch threads (PipelineOptions::fetch_threads)
   std::unique_ptr<ThreadPool> fetch_pool_;  // fetchers_ > 1: the loader thread and helpers
-  std::vector<int32_t> pos_;  // used by whichever single thread loads
+  std::vector<int32_t> pos_;                // used by whichever single thread loads
   // Staged loads only: two slots of slot_floats_ per fetch thread, freed by
   // finish().  Every copy from them has completed when load_layer() returns.
   struct StagingFree {

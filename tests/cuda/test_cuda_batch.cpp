@@ -381,6 +381,69 @@ TEST_F(Cuda, LoaderThreadUploadsBesideABatch) {
   }
 }
 
+// A layer's chunks read by several threads at once, as the layer loader
+// does with fetch_threads > 1: each thread stages and uploads every n-th
+// chunk through two slots of its own (waiting for its copies before a slot
+// is refilled and once at its end), then one thread rotates the whole
+// layer's K.  The copies of each thread are ordered on its own stream only,
+// so the result shows that each thread's final wait covered them.
+TEST_F(Cuda, FetchThreadsUploadALayersChunksAtOnce) {
+  constexpr int64_t kChunks = 8, kChunkRows = 64, kHeadsKv = 3, kHeadDim = 64, kThreads = 3;
+  constexpr int64_t kKvDim = kHeadsKv * kHeadDim, kRows = kChunks * kChunkRows;
+  constexpr size_t kChunkBytes = static_cast<size_t>(kChunkRows * kKvDim) * sizeof(float);
+  std::mt19937 rng(26);
+  const std::vector<float> k_src = test::random_floats(rng, kRows * kKvDim);
+  const std::vector<float> v_src = test::random_floats(rng, kRows * kKvDim);
+  std::vector<int32_t> pos(static_cast<size_t>(kRows));
+  std::iota(pos.begin(), pos.end(), 5);
+  std::vector<float> k_ref = k_src;
+  ref::rope(k_ref.data(), pos.data(), kRows, kHeadsKv, kHeadDim, kHeadDim, 100000.0f);
+  const bool integrated = !cuda_backend(CudaZeroCopy::kAuto)->wants_staged_uploads();
+  for (CudaZeroCopy zc : {CudaZeroCopy::kOff, CudaZeroCopy::kOn}) {
+    if (zc == CudaZeroCopy::kOff && integrated) continue;
+    auto be = cuda_backend(zc);
+    const std::string what = zc == CudaZeroCopy::kOn ? "zero-copy" : "managed";
+    const size_t kv_bytes = static_cast<size_t>(kRows * kKvDim) * sizeof(float);
+    auto* kc = static_cast<float*>(be->alloc_buffer(kv_bytes));
+    auto* vc = static_cast<float*>(be->alloc_buffer(kv_bytes));
+    std::memset(kc, 0, kv_bytes);
+    std::memset(vc, 0, kv_bytes);
+    auto* staging = static_cast<float*>(be->alloc_host_staging(2 * kThreads * 2 * kChunkBytes));
+    std::vector<double> copy_ms(kThreads, 0.0);
+    std::vector<std::thread> threads;
+    std::latch start(kThreads);
+    for (int64_t t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        start.arrive_and_wait();
+        int slot = 0;
+        for (int64_t c = t; c < kChunks; c += kThreads, slot ^= 1) {
+          float* sk = staging + (2 * t + slot) * 2 * (kChunkBytes / sizeof(float));
+          float* sv = sk + kChunkBytes / sizeof(float);
+          copy_ms[t] += be->wait_uploads();  // this slot's previous copies
+          const int64_t row0 = c * kChunkRows;
+          std::memcpy(sk, k_src.data() + row0 * kKvDim, kChunkBytes);
+          std::memcpy(sv, v_src.data() + row0 * kKvDim, kChunkBytes);
+          be->upload(kc + row0 * kKvDim, sk, kChunkBytes);
+          be->upload(vc + row0 * kKvDim, sv, kChunkBytes);
+        }
+        copy_ms[t] += be->wait_uploads();
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    be->rope(kc, pos.data(), kRows, kHeadsKv, kHeadDim, kHeadDim, 100000.0f, nullptr);
+    const std::vector<float> k = host(kc, k_src.size());
+    for (size_t i = 0; i < k_ref.size(); ++i)
+      ASSERT_NEAR(k[i], k_ref[i], 2e-6) << what << " K " << i;
+    EXPECT_TRUE(test::bitwise_equal(host(vc, v_src.size()), v_src)) << what << " V";
+    if (zc == CudaZeroCopy::kOff) {
+      for (int64_t t = 0; t < kThreads; ++t) EXPECT_GT(copy_ms[t], 0.0) << what << " thread " << t;
+    }
+    be->free_host_staging(staging);
+    be->free_buffer(kc);
+    be->free_buffer(vc);
+  }
+}
+
 // Threads come and go (the fusor starts a loader per request): each new
 // thread's calls work, and a thread's leftover state does not leak into the
 // next one that gets its stream.

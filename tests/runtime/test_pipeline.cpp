@@ -101,14 +101,12 @@ TEST_F(PipelineTest, PipelinedEqualsSerialBitwiseFromRam) {
   EXPECT_EQ(serial_st.bytes_read, bytes);
   // Serially, the compute side waits for every load.
   EXPECT_GE(serial_st.blocked_ms, serial_st.load_ms);
-  for (const PipelineOptions& p : {PipelineOptions{.max_layers_ahead = 0},
-                                   PipelineOptions{.max_layers_ahead = 1},
-                                   PipelineOptions{.max_layers_ahead = 2},
-                                   PipelineOptions{.max_layers_ahead = 5},
-                                   PipelineOptions{.fetch_threads = 1},
-                                   PipelineOptions{.fetch_threads = 2},
-                                   PipelineOptions{.max_layers_ahead = 1, .fetch_threads = 3},
-                                   PipelineOptions{.fetch_threads = 8}}) {
+  for (const PipelineOptions& p :
+       {PipelineOptions{.max_layers_ahead = 0}, PipelineOptions{.max_layers_ahead = 1},
+        PipelineOptions{.max_layers_ahead = 2}, PipelineOptions{.max_layers_ahead = 5},
+        PipelineOptions{.fetch_threads = 1}, PipelineOptions{.fetch_threads = 2},
+        PipelineOptions{.max_layers_ahead = 1, .fetch_threads = 3},
+        PipelineOptions{.fetch_threads = 8}}) {
     FusionStats st;
     const auto got = fuse(segs, p, &st);
     EXPECT_EQ(got, want) << "max_layers_ahead " << p.max_layers_ahead << ", fetch_threads "
@@ -346,10 +344,9 @@ TEST_F(PipelineTest, LookAheadIsBoundedAndTheLoaderAlwaysJoins) {
     RecordingSource rec1(*sources[1]), rec2(*sources[2]);
     const int32_t len1 = static_cast<int32_t>(prompt.chunks[1].size());
     const int32_t len2 = static_cast<int32_t>(prompt.chunks[2].size());
-    LayerPipeline p(s,
-                    {{&rec, begin, len}, {&rec1, begin + len, len1},
-                     {&rec2, begin + len + len1, len2}},
-                    {.enabled = true, .max_layers_ahead = 1, .fetch_threads = 3});
+    LayerPipeline p(
+        s, {{&rec, begin, len}, {&rec1, begin + len, len1}, {&rec2, begin + len + len1, len2}},
+        {.enabled = true, .max_layers_ahead = 1, .fetch_threads = 3});
     ASSERT_TRUE(p.synchronize(0));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     for (const RecordingSource* r : {&rec, &rec1, &rec2}) EXPECT_LE(r->highest.load(), 2);
