@@ -232,6 +232,17 @@ def test_rag_in_ram(model, session):
         stats = session.rag_prefill(CHUNKS, QUESTION, cache, hkvd)
         assert stats.cache_hits == 3 and 0 < stats.computed_fraction < 1
 
+        # Three threads reading the cached chunks: the same logits.
+        session.reset()
+        session.rag_prefill(CHUNKS, QUESTION, cache)
+        one = list(session.logits())
+        session.reset()
+        stats = session.rag_prefill(CHUNKS, QUESTION, cache, cb.RagOptions(fetch_threads=3))
+        assert stats.cache_hits == 3 and list(session.logits()) == one
+        session.reset()
+        with pytest.raises(cb.InvalidArgumentError, match="fetch_threads"):
+            session.rag_prefill(CHUNKS, QUESTION, cache, cb.RagOptions(fetch_threads=-1))
+
         # Another namespace does not see these chunks.
         other = cb.RagOptions(cache_namespace="another-app")
         assert not cache.contains(model, CHUNKS[0], other)
