@@ -636,6 +636,7 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
       out.upload_ms = rs.fusion.upload_ms;
       out.selected_share = rs.fusion.selected_share;
       out.guard_raised = rs.fusion.guard_raised ? 1 : 0;
+      out.fetch_ms = rs.fusion.fetch_ms;
       out.total_ms = total_ms;
       std::memcpy(static_cast<void*>(stats), &out, stats_size);
       stats->struct_size = stats_size;

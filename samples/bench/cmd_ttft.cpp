@@ -90,7 +90,7 @@ struct TtftRow {
   double ttft_ms, compute_ms;
   std::vector<double> runs;
   cb_rag_stats st;  // of the last run
-  double load_ms = 0.0, blocked_ms = 0.0, upload_ms = 0.0;
+  double load_ms = 0.0, blocked_ms = 0.0, upload_ms = 0.0, fetch_ms = 0.0;
 };
 
 // TTFT per mode against the read cap (several --storage-mbps), else against
@@ -237,7 +237,7 @@ void time_rows(const TtftOptions& o, const Session& session, const ChunkCache& c
   cb_generate_options_init(&go);
   go.max_tokens = 1;
   std::vector<std::vector<double>> compute(rows.size()), load(rows.size()), blocked(rows.size()),
-      upload(rows.size());
+      upload(rows.size()), fetch(rows.size());
   for (int k = 0; k < o.repeat; ++k) {
     for (size_t i = first; i < rows.size(); ++i) {
       TtftRow& row = rows[i];
@@ -255,6 +255,7 @@ void time_rows(const TtftOptions& o, const Session& session, const ChunkCache& c
       load[i].push_back(st.load_ms);
       blocked[i].push_back(st.blocked_ms);
       upload[i].push_back(st.upload_ms);
+      fetch[i].push_back(st.fetch_ms);
       row.st = st;
     }
   }
@@ -264,6 +265,7 @@ void time_rows(const TtftOptions& o, const Session& session, const ChunkCache& c
     rows[i].load_ms = median(load[i]);
     rows[i].blocked_ms = median(blocked[i]);
     rows[i].upload_ms = median(upload[i]);
+    rows[i].fetch_ms = median(fetch[i]);
   }
 }
 
@@ -305,6 +307,7 @@ void print_ttft_json(const std::vector<TtftRow>& rows, const TtftOptions& o, con
         .add("compute_ms", r.compute_ms)
         .add("blocked_ms", r.blocked_ms)
         .add("upload_ms", r.upload_ms)
+        .add("fetch_ms", r.fetch_ms)
         .add("fetch_threads", static_cast<int64_t>(o.fetch_threads))
         .add("ratio", ratio_value(r.st.ratio))
         .add("ratio_mode", r.ratio_opt == kAutoRatio ? "auto" : "fixed")

@@ -437,6 +437,7 @@ void test_rag_store(cb_model* m) {
   CHECK(st.cache_hits == 2 && st.cache_misses == 0);
   CHECK(strstr(c2.text, "4721") != NULL);
   CHECK(st.pipelined == 1 && st.bytes_read > 0);
+  CHECK(st.fetch_ms > 0.0 && st.fetch_ms <= st.load_ms);
   /* Only a discrete GPU copies loaded KV (upload_ms, timed by the GPU). */
   CHECK(st.upload_ms >= 0.0);
   if (strcmp(backend_of(m), "cpu") == 0) CHECK(st.upload_ms == 0.0);

@@ -1000,6 +1000,11 @@ typedef struct cb_rag_stats {
    * struct that ends before them is still accepted. */
   double selected_share;
   int32_t guard_raised;
+  /* The read and decode part of load_ms (the rest is rotating K), summed
+   * over cb_rag_options.fetch_threads; on a discrete GPU it includes
+   * writing the chunks into the staging memory the copies read.  Added
+   * after guard_raised: a struct that ends before it is still accepted. */
+  double fetch_ms;
 } cb_rag_stats;
 
 /* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */

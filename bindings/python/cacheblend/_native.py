@@ -129,7 +129,7 @@ class RagStats(Structure):
                 ("ratio", c_float), ("pipelined", c_int32), ("bytes_read", c_uint64),
                 ("load_ms", c_double), ("blocked_ms", c_double), ("recompute_ms", c_double),
                 ("upload_ms", c_double), ("selected_share", c_double),
-                ("guard_raised", c_int32)]
+                ("guard_raised", c_int32), ("fetch_ms", c_double)]
 
 
 # `piece` is POINTER(c_char), not c_char_p: it is piece_len bytes that need

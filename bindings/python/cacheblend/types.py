@@ -158,6 +158,7 @@ class RagStats:
     upload_ms: float
     selected_share: float
     guard_raised: bool
+    fetch_ms: float
 
 
 @dataclass(frozen=True)
