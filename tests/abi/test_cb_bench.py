@@ -56,7 +56,8 @@ def json_lines(out):
 NUM = (int, float)
 TTFT_FIELDS = {"bench": str, "mode": str, "threads": int, "model": str, "ttft_ms": NUM,
                "load_ms": NUM, "compute_ms": NUM, "ratio": NUM, "bytes_read": int, "n_ctx": int,
-               "computed_fraction": NUM, "cache_hits": int, "cache_misses": int}
+               "computed_fraction": NUM, "cache_hits": int, "cache_misses": int,
+               "fetch_ms": NUM, "upload_ms": NUM, "fetch_threads": int}
 QUALITY_FIELDS = {"bench": str, "mode": str, "threads": int, "model": str, "n": int, "f1": NUM,
                   "fidelity_f1": NUM, "top1_agree": NUM, "kl_first": NUM,
                   "ttft_ms_median": NUM, "kl_tf_mean": NUM, "top1_tf": NUM,
