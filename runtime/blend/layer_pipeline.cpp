@@ -210,19 +210,35 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
   float* const k_base = layer_rows(layer, false);
   float* const v_base = layer_rows(layer, true);
   const auto t1 = Clock::now();
-  for (size_t c = 0; c < chunks_.size();) {
-    const int32_t begin = chunks_[c].begin;
-    const int64_t row = first_row(c);
-    int32_t end = begin + chunks_[c].len;
-    for (++c; c < chunks_.size() && chunks_[c].begin == end; ++c) end += chunks_[c].len;
-    pos_.resize(static_cast<size_t>(end - begin));
-    std::iota(pos_.begin(), pos_.end(), begin);
-    rope_keys(be, hp, layer, k_base + row * kv_dim, pos_.data(), end - begin);
+  // One backend batch: a GPU backend waits once for the layer's ops, when
+  // it ends, instead of after each.
+  be.begin_batch();
+  try {
+    for (size_t c = 0; c < chunks_.size();) {
+      const int32_t begin = chunks_[c].begin;
+      const int64_t row = first_row(c);
+      int32_t end = begin + chunks_[c].len;
+      for (++c; c < chunks_.size() && chunks_[c].begin == end; ++c) end += chunks_[c].len;
+      pos_.resize(static_cast<size_t>(end - begin));
+      std::iota(pos_.begin(), pos_.end(), begin);
+      rope_keys(be, hp, layer, k_base + row * kv_dim, pos_.data(), end - begin);
+    }
+    if (rows_) {
+      store_kv_rows(be, DType::F16, k_base, kv_dim, all_pos_.data(), total_rows_,
+                    s_.k_cache(layer));
+      store_kv_rows(be, DType::F16, v_base, kv_dim, all_pos_.data(), total_rows_,
+                    s_.v_cache(layer));
+    }
+  } catch (...) {
+    // The op's error is the one to report; ending the batch after it
+    // usually reports the same fault again.
+    try {
+      be.end_batch();
+    } catch (...) {
+    }
+    throw;
   }
-  if (rows_) {
-    store_kv_rows(be, DType::F16, k_base, kv_dim, all_pos_.data(), total_rows_, s_.k_cache(layer));
-    store_kv_rows(be, DType::F16, v_base, kv_dim, all_pos_.data(), total_rows_, s_.v_cache(layer));
-  }
+  be.end_batch();
   st.rope_ms += ms_since(t1);
   ++st.layers_loaded;
   return LoadResult::kOk;

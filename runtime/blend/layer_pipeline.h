@@ -17,9 +17,9 @@
 // the slot to the rows; the slots alternate so that the thread's next
 // chunk's fetch runs while the copy is in flight.  Each fetching thread
 // waits for its own copies before the layer's RoPE is issued (a GPU
-// backend's copies are ordered per calling thread only), and that op,
-// issued by the loader thread outside a batch, completes before the layer
-// is handed over.
+// backend's copies are ordered per calling thread only).  The loader thread
+// issues the RoPE (and the f16 stores below) as one backend batch, which
+// has completed when it ends, before the layer is handed over.
 //
 // An f16 KV cache (SessionOptions::kv_type) cannot take the sources' f32
 // rows directly, nor be rotated in place without a second rounding: there
