@@ -242,6 +242,25 @@ class Backend {
   virtual double wait_uploads() { return 0.0; }
 };
 
+// Runs ops(), which issues ops on `be`, as one batch (begin_batch ..
+// end_batch).  When ops() throws, the batch is still ended and ops()'s
+// error is the one that leaves: a failing end_batch() after it usually
+// reports the same fault again.
+template <class Ops>
+void run_batch(Backend& be, Ops&& ops) {
+  be.begin_batch();
+  try {
+    ops();
+  } catch (...) {
+    try {
+      be.end_batch();
+    } catch (...) {
+    }
+    throw;
+  }
+  be.end_batch();
+}
+
 // Backend::top_k on the host, for host memory (the default implementation).
 void top_k_indices(const float* values, int64_t n, int64_t k, int32_t* out);
 // Backend::segment_means' argument check: n_seg + 1 host offsets from 0 up,

@@ -243,23 +243,13 @@ void Graph::execute(Backend& be, void* arena, size_t begin, size_t end,
   end = std::min(end, nodes_.size());
   // One batch for the range: a GPU backend then waits once for all its ops
   // (a decode token is one synchronisation, not one per op).
-  be.begin_batch();
-  try {
+  run_batch(be, [&] {
     for (size_t i = begin; i < end; ++i) {
       if (stop != nullptr && (*stop)())
         fail(ErrorCode::kCancelled, "cancelled at the caller's request");
       run_node(be, nodes_[i], arena);
     }
-  } catch (...) {
-    // The op's error is the one worth reporting; a failing end_batch() after
-    // it usually reports the same fault again.
-    try {
-      be.end_batch();
-    } catch (...) {
-    }
-    throw;
-  }
-  be.end_batch();
+  });
 }
 
 void Graph::run_node(Backend& be, const Node& n, void* arena) const {

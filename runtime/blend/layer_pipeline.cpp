@@ -212,8 +212,7 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
   const auto t1 = Clock::now();
   // One backend batch: a GPU backend waits once for the layer's ops, when
   // it ends, instead of after each.
-  be.begin_batch();
-  try {
+  run_batch(be, [&] {
     for (size_t c = 0; c < chunks_.size();) {
       const int32_t begin = chunks_[c].begin;
       const int64_t row = first_row(c);
@@ -229,16 +228,7 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
       store_kv_rows(be, DType::F16, v_base, kv_dim, all_pos_.data(), total_rows_,
                     s_.v_cache(layer));
     }
-  } catch (...) {
-    // The op's error is the one to report; ending the batch after it
-    // usually reports the same fault again.
-    try {
-      be.end_batch();
-    } catch (...) {
-    }
-    throw;
-  }
-  be.end_batch();
+  });
   st.rope_ms += ms_since(t1);
   ++st.layers_loaded;
   return LoadResult::kOk;
