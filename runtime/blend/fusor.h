@@ -49,8 +49,11 @@ struct FusionStats {
   // Over every attempt of the request (a restart after a failed chunk
   // loads again):
   uint64_t bytes_read = 0;  // stored bytes of cached layers loaded
-  double load_ms = 0.0;     // loader busy time: read + decode + RoPE of cached K
-  double fetch_ms = 0.0;    // its read + decode part (fetch_layer)
+  // The loader's busy time, load_ms: read + decode + RoPE of cached K; of
+  // it fetch_ms is the read + decode (fetch_layer), summed over the fetch
+  // threads (PipelineOptions::fetch_threads).
+  double load_ms = 0.0;
+  double fetch_ms = 0.0;
   // GPU time of the staged copies of loaded layers to the backend's KV cache
   // (Backend::wants_staged_uploads; 0 otherwise).  The copies run beside
   // the loader's work, so this is not part of load_ms.

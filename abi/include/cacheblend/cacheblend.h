@@ -984,12 +984,13 @@ typedef struct cb_rag_stats {
   float ratio;
   int32_t pipelined;   /* 1 if loads overlapped compute */
   uint64_t bytes_read; /* stored bytes of cached KV layers loaded */
-  double load_ms;      /* loader busy time: read + decode + RoPE of cached K */
+  double load_ms;      /* loader busy time: read + decode (summed over the fetch
+                        * threads) + RoPE of cached K */
   double blocked_ms;   /* compute waiting for loads (serial: all of load_ms) */
   double recompute_ms; /* computing layers, waits excluded */
   /* Copying the loaded KV into the GPU's memory, as the backend timed it
-   * (CUDA events on the loader's stream; it overlaps load_ms and the
-   * compute).  0 on the CPU and on GPUs that share the host's memory
+   * (CUDA events on the streams of the threads that read the chunks,
+   * summed over them; it overlaps load_ms and the compute).  0 on the CPU and on GPUs that share the host's memory
    * (Jetson), where loads are written in place.  Added in 0.1.x: a struct
    * that ends before it (older callers) is still accepted. */
   double upload_ms;
