@@ -253,7 +253,8 @@ void test_rag(cb_model* m) {
   CHECK(strstr(c.text, "4721") != NULL);
   CHECK(st.cache_misses == 0 && st.cache_hits == 2 && st.precompute_ms == 0.0);
   CHECK(argmax(l_mode, info.n_vocab) == argmax(l_full, info.n_vocab));
-  /* Two threads reading the cached chunks: the same logits, bit for bit. */
+  /* Two threads reading the cached chunks: the same logits (bit for bit
+   * on the CPU; a GPU's libraries need not repeat their rounding). */
   {
     float* l_two = (float*)malloc((size_t)info.n_vocab * sizeof(float));
     CHECK(l_two != NULL);
@@ -262,7 +263,11 @@ void test_rag(cb_model* m) {
       cb_rag_stats_init(&st);
       CHECK_OK(rag_answer(s, cache, &ro, &st, &c, l_two, info.n_vocab));
       CHECK(st.cache_hits == 2 && st.pipelined == 1);
-      CHECK(memcmp(l_two, l_mode, (size_t)info.n_vocab * sizeof(float)) == 0);
+      if (strcmp(backend_of(m), "cpu") == 0) {
+        CHECK(memcmp(l_two, l_mode, (size_t)info.n_vocab * sizeof(float)) == 0);
+      } else {
+        CHECK(rel_l2(l_two, l_mode, info.n_vocab) < 1e-5);
+      }
       ro.fetch_threads = 0;
       free(l_two);
     }

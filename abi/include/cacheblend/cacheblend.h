@@ -990,9 +990,10 @@ typedef struct cb_rag_stats {
   double recompute_ms; /* computing layers, waits excluded */
   /* Copying the loaded KV into the GPU's memory, as the backend timed it
    * (CUDA events on the streams of the threads that read the chunks,
-   * summed over them; it overlaps load_ms and the compute).  0 on the CPU and on GPUs that share the host's memory
-   * (Jetson), where loads are written in place.  Added in 0.1.x: a struct
-   * that ends before it (older callers) is still accepted. */
+   * summed over them; it overlaps load_ms and the compute).  0 on the CPU
+   * and on GPUs that share the host's memory (Jetson), where loads are
+   * written in place.  Added in 0.1.x: a struct that ends before it (older
+   * callers) is still accepted. */
   double upload_ms;
   /* The share of the selection policy's total score that the tokens kept
    * at the first check layer hold (BLEND; 1 when every reused token is
