@@ -10,6 +10,7 @@
 #include "platform/cancel.h"
 #include "platform/cpu_features.h"
 #include "platform/error.h"
+#include "platform/half.h"
 #include "runtime/llama_layer.h"
 
 namespace cb {
@@ -54,7 +55,7 @@ LayerPipeline::LayerPipeline(Session& s, std::vector<CachedChunkRef> chunks,
       n_layers_(s.model().hparams().n_layer),
       threaded_(opts.enabled && !chunks_.empty()),
       staging_(nullptr, StagingFree{&s.backend()}),
-      rows_(nullptr, BufferFree{&s.backend()}) {
+      k_rows_(nullptr, BufferFree{&s.backend()}) {
   if (opts.fetch_threads < 0)
     fail(ErrorCode::kInvalidArgument,
          "fetch_threads " + std::to_string(opts.fetch_threads) + ": at least 0 (0: auto)");
@@ -69,23 +70,26 @@ LayerPipeline::LayerPipeline(Session& s, std::vector<CachedChunkRef> chunks,
       for (size_t j = i + 1; j < chunks_.size(); ++j)
         if (chunks_[i].src == chunks_[j].src) fetchers_ = 1;
   }
+  const int64_t kv_dim = s.model().hparams().kv_dim();
+  int32_t longest = 0;
+  for (const CachedChunkRef& c : chunks_) longest = std::max(longest, c.len);
   if (s.kv_dtype() == DType::F16 && !chunks_.empty()) {
     for (const CachedChunkRef& c : chunks_) {
       row_offset_.push_back(total_rows_);
       total_rows_ += c.len;
       for (int32_t p = c.begin; p < c.begin + c.len; ++p) all_pos_.push_back(p);
     }
-    rows_.reset(s.backend().alloc_buffer(2 * static_cast<size_t>(total_rows_) *
-                                         static_cast<size_t>(s.model().hparams().kv_dim()) *
-                                         sizeof(float)));
+    k_rows_.reset(
+        s.backend().alloc_buffer(static_cast<size_t>(total_rows_ * kv_dim) * sizeof(float)));
+    v_f32_.resize(static_cast<size_t>(fetchers_));
+    for (std::vector<float>& v : v_f32_) v.resize(static_cast<size_t>(longest * kv_dim));
   }
   if (s.backend().wants_staged_uploads() && !chunks_.empty()) {
-    int32_t longest = 0;
-    for (const CachedChunkRef& c : chunks_) longest = std::max(longest, c.len);
-    slot_floats_ =
-        2 * static_cast<size_t>(longest) * static_cast<size_t>(s.model().hparams().kv_dim());
-    staging_.reset(s.backend().alloc_host_staging(2 * static_cast<size_t>(fetchers_) *
-                                                  slot_floats_ * sizeof(float)));
+    // K as f32; V as f32, or as the f16 rows of an f16 cache.
+    slot_bytes_ = static_cast<size_t>(longest * kv_dim) *
+                  (sizeof(float) + (k_rows_ ? sizeof(uint16_t) : sizeof(float)));
+    staging_.reset(
+        s.backend().alloc_host_staging(2 * static_cast<size_t>(fetchers_) * slot_bytes_));
   }
   if (fetchers_ > 1) fetch_pool_ = std::make_unique<ThreadPool>(fetchers_);
   if (threaded_) thread_ = std::thread([this] { loader_main(); });
@@ -101,16 +105,15 @@ bool LayerPipeline::stop_requested() {
   return stop_;
 }
 
-// Where the rows land: the cache rows themselves (f32), or the f32 rows
+// Where a layer's K rows land: the cache rows themselves (f32), or the f32
 // buffer that is rotated and rounded into the cache after the fetches.
-float* LayerPipeline::layer_rows(int64_t layer, bool v) {
-  const int64_t kv_dim = s_.model().hparams().kv_dim();
-  if (rows_) return static_cast<float*>(rows_.get()) + (v ? total_rows_ * kv_dim : 0);
-  return static_cast<float*>(v ? s_.v_cache(layer) : s_.k_cache(layer));
+float* LayerPipeline::layer_k_rows(int64_t layer) {
+  if (k_rows_) return static_cast<float*>(k_rows_.get());
+  return static_cast<float*>(s_.k_cache(layer));
 }
 
-int64_t LayerPipeline::first_row(size_t c) const {
-  return rows_ ? row_offset_[c] : static_cast<int64_t>(chunks_[c].begin);
+int64_t LayerPipeline::first_k_row(size_t c) const {
+  return k_rows_ ? row_offset_[c] : static_cast<int64_t>(chunks_[c].begin);
 }
 
 LayerPipeline::FetchResult LayerPipeline::fetch_chunks(int64_t layer, int64_t task,
@@ -118,8 +121,12 @@ LayerPipeline::FetchResult LayerPipeline::fetch_chunks(int64_t layer, int64_t ta
   FetchResult r;
   Backend& be = s_.backend();
   const int64_t kv_dim = s_.model().hparams().kv_dim();
-  float* const k_base = layer_rows(layer, false);
-  float* const v_base = layer_rows(layer, true);
+  float* const k_base = layer_k_rows(layer);
+  // An f16 cache takes V as it is fetched, rounded once (V is not rotated);
+  // only K goes through the f32 rows buffer.
+  const bool v_f16 = k_rows_ != nullptr;
+  const size_t v_elem = v_f16 ? sizeof(uint16_t) : sizeof(float);
+  char* const v_base = static_cast<char*>(s_.v_cache(layer));
   UploadDrain drain;
   int slot = 0;
   for (size_t c = static_cast<size_t>(task); c < chunks_.size();
@@ -131,15 +138,20 @@ LayerPipeline::FetchResult LayerPipeline::fetch_chunks(int64_t layer, int64_t ta
       return r;
     }
     const CachedChunkRef& ch = chunks_[c];
-    float* const k_rows = k_base + first_row(c) * kv_dim;
-    float* const v_rows = v_base + first_row(c) * kv_dim;
-    const size_t bytes = static_cast<size_t>(ch.len * kv_dim) * sizeof(float);
+    const size_t n = static_cast<size_t>(ch.len * kv_dim);
+    float* const k_rows = k_base + first_k_row(c) * kv_dim;
+    char* const v_rows = v_base + static_cast<size_t>(ch.begin * kv_dim) * v_elem;
+    // Where fetch_layer writes, and where the rows are uploaded from.
     float* k = k_rows;
-    float* v = v_rows;
+    char* v_out = v_rows;
     if (staging_) {
-      k = static_cast<float*>(staging_.get()) + (2 * task + slot) * slot_floats_;
-      v = k + static_cast<int64_t>(ch.len) * kv_dim;
+      char* const slot_start =
+          static_cast<char*>(staging_.get()) + static_cast<size_t>(2 * task + slot) * slot_bytes_;
+      k = reinterpret_cast<float*>(slot_start);
+      v_out = slot_start + n * sizeof(float);
     }
+    float* const v =
+        v_f16 ? v_f32_[static_cast<size_t>(task)].data() : reinterpret_cast<float*>(v_out);
     const auto t0 = Clock::now();
     bool ok = false;
     try {
@@ -149,6 +161,7 @@ LayerPipeline::FetchResult LayerPipeline::fetch_chunks(int64_t layer, int64_t ta
       // read, like one that returns false: the request computes it instead.
       ok = false;
     }
+    if (ok && v_f16) f32_to_f16_n(v, v_out, n);
     r.st.fetch_ms += ms_since(t0);
     if (!ok) {
       // This thread's later chunks are not needed: the request restarts.
@@ -161,8 +174,8 @@ LayerPipeline::FetchResult LayerPipeline::fetch_chunks(int64_t layer, int64_t ta
       // done, their slot is free for the next chunk.
       r.st.upload_ms += be.wait_uploads();
       drain.in_flight = &be;
-      be.upload(k_rows, k, bytes);
-      be.upload(v_rows, v, bytes);
+      be.upload(k_rows, k, n * sizeof(float));
+      be.upload(v_rows, v_out, n * v_elem);
     }
   }
   if (staging_) {
@@ -207,27 +220,23 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
   // chunk, and each backend call costs the loader a turn on the backend's
   // thread pool, which it shares with the compute side.  (Adjacent chunks
   // are adjacent in the f16 path's rows buffer too: it keeps their order.)
-  float* const k_base = layer_rows(layer, false);
-  float* const v_base = layer_rows(layer, true);
+  float* const k_base = layer_k_rows(layer);
   const auto t1 = Clock::now();
   // One backend batch: a GPU backend waits once for the layer's ops, when
   // it ends, instead of after each.
   run_batch(be, [&] {
     for (size_t c = 0; c < chunks_.size();) {
       const int32_t begin = chunks_[c].begin;
-      const int64_t row = first_row(c);
+      const int64_t row = first_k_row(c);
       int32_t end = begin + chunks_[c].len;
       for (++c; c < chunks_.size() && chunks_[c].begin == end; ++c) end += chunks_[c].len;
       pos_.resize(static_cast<size_t>(end - begin));
       std::iota(pos_.begin(), pos_.end(), begin);
       rope_keys(be, hp, layer, k_base + row * kv_dim, pos_.data(), end - begin);
     }
-    if (rows_) {
+    if (k_rows_)
       store_kv_rows(be, DType::F16, k_base, kv_dim, all_pos_.data(), total_rows_,
                     s_.k_cache(layer));
-      store_kv_rows(be, DType::F16, v_base, kv_dim, all_pos_.data(), total_rows_,
-                    s_.v_cache(layer));
-    }
   });
   st.rope_ms += ms_since(t1);
   ++st.layers_loaded;

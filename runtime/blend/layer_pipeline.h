@@ -18,19 +18,22 @@
 // chunk's fetch runs while the copy is in flight.  Each fetching thread
 // waits for its own copies before the layer's RoPE is issued (a GPU
 // backend's copies are ordered per calling thread only).  The loader thread
-// issues the RoPE (and the f16 stores below) as one backend batch, which
+// issues the RoPE (and the f16 store of K below) as one backend batch, which
 // has completed when it ends, before the layer is handed over.
 //
 // An f16 KV cache (SessionOptions::kv_type) cannot take the sources' f32
-// rows directly, nor be rotated in place without a second rounding: there
-// the rows go (fetched, or uploaded from staging) into an f32 buffer of the
-// pipeline's, in backend memory, holding one layer of every cached chunk
-// (K then V, chunks in request order: 8 bytes per element, 32 MiB for 8K
-// cached tokens of a 1B Llama), are rotated there, and are then stored
+// rows directly, nor be rotated in place without a second rounding.  V,
+// which is not rotated, is rounded to f16 by the fetching thread as it is
+// read (through a chunk-sized f32 buffer of that thread's) and written to
+// the cache rows, or to the staging slot that is uploaded to them: half the
+// bytes of f32 to copy.  K goes (fetched, or uploaded from staging) into an
+// f32 buffer of the pipeline's, in backend memory, holding one layer's K of
+// every cached chunk (chunks in request order: 4 bytes per element, 16 MiB
+// for 8K cached tokens of a 1B Llama), is rotated there, and is then stored
 // into the cache rows by Backend::scatter_rows_f16.  So each element is
-// rounded once, after RoPE, exactly as prefill stores it, and a chunk's
-// cache rows are bitwise those a full prefill would write given the same
-// f32 K and V.
+// rounded once (after RoPE for K), to nearest even as every backend's f16
+// store rounds, exactly as prefill stores it, and a chunk's cache rows are
+// bitwise those a full prefill would write given the same f32 K and V.
 //
 // How far ahead: PipelineOptions::max_layers_ahead bounds the look-ahead
 // (1 = classic double buffering).  The default is no bound: the first
@@ -95,9 +98,9 @@ struct CachedChunkRef {
 
 struct PipelineLoadStats {
   uint64_t bytes_read = 0;  // stored bytes, per the sources' layer_bytes()
-  double fetch_ms = 0.0;    // in fetch_layer: read + decode (+ throttle waits)
-  double rope_ms = 0.0;     // rotating the loaded K (f16 cache: and storing the rows)
-  double upload_ms = 0.0;   // staged copies, as the backend timed them (wait_uploads)
+  double fetch_ms = 0.0;   // fetch_layer: read + decode (+ throttle waits; f16 cache: V's rounding)
+  double rope_ms = 0.0;    // rotating the loaded K (f16 cache: and storing it)
+  double upload_ms = 0.0;  // staged copies, as the backend timed them (wait_uploads)
   double blocked_ms = 0.0;  // the compute side waiting in synchronize()
   int64_t layers_loaded = 0;
   // The loader's busy time (fetch_ms summed over the fetching threads).
@@ -138,8 +141,8 @@ class LayerPipeline {
   };
   FetchResult fetch_chunks(int64_t layer, int64_t task, int64_t n_tasks);
   bool stop_requested();
-  float* layer_rows(int64_t layer, bool v);  // where chunk rows of the layer land
-  int64_t first_row(size_t chunk) const;     // the chunk's first row there
+  float* layer_k_rows(int64_t layer);       // where the layer's K rows land
+  int64_t first_k_row(size_t chunk) const;  // the chunk's first row there
   void loader_main();
 
   Session& s_;
@@ -152,25 +155,27 @@ class LayerPipeline {
   int fetchers_ = 1;                        // fetch threads (PipelineOptions::fetch_threads)
   std::unique_ptr<ThreadPool> fetch_pool_;  // fetchers_ > 1: the loader thread and helpers
   std::vector<int32_t> pos_;                // used by whichever single thread loads
-  // Staged loads only: two slots of slot_floats_ per fetch thread, freed by
+  // Staged loads only: two slots of slot_bytes_ per fetch thread, freed by
   // finish().  Every copy from them has completed when load_layer() returns.
   struct StagingFree {
     Backend* be;
     void operator()(void* p) const { be->free_host_staging(p); }
   };
   std::unique_ptr<void, StagingFree> staging_;
-  size_t slot_floats_ = 0;
-  // f16 cache only: the f32 rows of one layer of every chunk (K of all,
-  // then V of all), freed by the destructor; chunk c's rows start at
-  // row_offset_[c].  all_pos_: the global positions of those rows.
+  size_t slot_bytes_ = 0;
+  // f16 cache only: the f32 K rows of one layer of every chunk, freed by
+  // the destructor; chunk c's rows start at row_offset_[c].  all_pos_: the
+  // global positions of those rows.  v_f32_: per fetching thread, where a
+  // chunk's V is read before it is rounded to f16.
   struct BufferFree {
     Backend* be;
     void operator()(void* p) const { be->free_buffer(p); }
   };
-  std::unique_ptr<void, BufferFree> rows_;
+  std::unique_ptr<void, BufferFree> k_rows_;
   std::vector<int64_t> row_offset_;
   int64_t total_rows_ = 0;
   std::vector<int32_t> all_pos_;
+  std::vector<std::vector<float>> v_f32_;
 
   // Shared with the loader thread, guarded by mu_.
   std::mutex mu_;

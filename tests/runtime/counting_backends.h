@@ -129,6 +129,7 @@ class StagingBackend final : public CountingBackend {
   }
   void upload(void* dst, const void* src, size_t bytes) override {
     ++uploads;
+    uploaded_bytes += static_cast<int64_t>(bytes);
     std::lock_guard lock(mu_);
     pending_[std::this_thread::get_id()].push_back(
         {static_cast<char*>(dst), static_cast<const char*>(src), bytes});
@@ -150,6 +151,7 @@ class StagingBackend final : public CountingBackend {
   }
 
   bool fail_staging = false;
+  std::atomic<int64_t> uploaded_bytes{0};
 
  private:
   struct Copy {

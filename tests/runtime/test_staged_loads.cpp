@@ -69,10 +69,10 @@ std::string mode_name(const PipelineOptions& p) {
 
 // A session on a StagingBackend, which it owns; be stays valid while it lives.
 struct StagedSession {
-  StagedSession() {
+  explicit StagedSession(const SessionOptions& o = kOpts) {
     auto owned = std::make_unique<test::StagingBackend>();
     be = owned.get();
-    s = std::make_unique<Session>(model(), kOpts, std::move(owned));
+    s = std::make_unique<Session>(model(), o, std::move(owned));
   }
   test::StagingBackend* be;
   std::unique_ptr<Session> s;
@@ -80,31 +80,43 @@ struct StagedSession {
 
 TEST_F(StagedLoadsTest, StagedEqualsDirectBitwise) {
   const auto segs = segments();
-  const int64_t copies = 2 * model().hparams().n_layer * static_cast<int64_t>(sources.size());
-  for (const BlendOptions& o : {BlendOptions{}, BlendOptions{BlendMode::kReuse, {}}})
-    for (const PipelineOptions& p : kModes) {
-      SCOPED_TRACE(mode_name(p) + (o.mode == BlendMode::kReuse ? ", reuse" : ", blend"));
-      Session direct(model(), kOpts);
-      const Fused want = fuse(direct, segs, p, o);
-      StagedSession staged;
-      const Fused got = fuse(*staged.s, segs, p, o);
-      EXPECT_EQ(got.logits, want.logits);
-      EXPECT_EQ(got.stats.final_rows, want.stats.final_rows);
-      EXPECT_EQ(got.kv, want.kv);
-      EXPECT_EQ(got.stats.bytes_read, want.stats.bytes_read);
-      // One K and one V copy per chunk and layer, each reported by a wait.
-      EXPECT_EQ(staged.be->uploads, copies);
-      EXPECT_NEAR(got.stats.upload_ms, test::StagingBackend::kMsPerCopy * copies, 1e-9);
-      EXPECT_EQ(want.stats.upload_ms, 0.0);
-      // Staging is allocated once per request and freed by its end.
-      EXPECT_EQ(staged.be->staging_allocs, 1);
-      EXPECT_EQ(staged.be->staging_frees, 1);
-      EXPECT_EQ(staged.be->pending_copies(), 0u);
-      // Decoding goes on from the same cache.
-      const auto a = staged.s->decode(42);
-      const auto b = direct.decode(42);
-      EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin(), b.end()));
-    }
+  const auto& hp = model().hparams();
+  const int64_t copies = 2 * hp.n_layer * static_cast<int64_t>(sources.size());
+  int64_t cached_tokens = 0;
+  for (const auto& c : prompt.chunks) cached_tokens += static_cast<int64_t>(c.size());
+  for (const KvType kv : {KvType::kF16, KvType::kF32})
+    for (const BlendOptions& o : {BlendOptions{}, BlendOptions{BlendMode::kReuse, {}}})
+      for (const PipelineOptions& p : kModes) {
+        SCOPED_TRACE(mode_name(p) + (o.mode == BlendMode::kReuse ? ", reuse" : ", blend") + ", " +
+                     kv_type_name(kv) + " cache");
+        SessionOptions so = kOpts;
+        so.kv_type = kv;
+        Session direct(model(), so);
+        const Fused want = fuse(direct, segs, p, o);
+        StagedSession staged(so);
+        const Fused got = fuse(*staged.s, segs, p, o);
+        EXPECT_EQ(got.logits, want.logits);
+        EXPECT_EQ(got.stats.final_rows, want.stats.final_rows);
+        EXPECT_EQ(got.kv, want.kv);
+        EXPECT_EQ(got.stats.bytes_read, want.stats.bytes_read);
+        // One K and one V copy per chunk and layer, each reported by a wait.
+        EXPECT_EQ(staged.be->uploads, copies);
+        EXPECT_NEAR(got.stats.upload_ms, test::StagingBackend::kMsPerCopy * copies, 1e-9);
+        EXPECT_EQ(want.stats.upload_ms, 0.0);
+        // K as f32 (rotated after the copy), V as the cache stores it: an
+        // f16 cache's V crosses at half the bytes.
+        const int64_t v_bytes = kv == KvType::kF16 ? 2 : 4;
+        EXPECT_EQ(staged.be->uploaded_bytes,
+                  hp.n_layer * cached_tokens * hp.kv_dim() * (4 + v_bytes));
+        // Staging is allocated once per request and freed by its end.
+        EXPECT_EQ(staged.be->staging_allocs, 1);
+        EXPECT_EQ(staged.be->staging_frees, 1);
+        EXPECT_EQ(staged.be->pending_copies(), 0u);
+        // Decoding goes on from the same cache.
+        const auto a = staged.s->decode(42);
+        const auto b = direct.decode(42);
+        EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+      }
 }
 
 TEST_F(StagedLoadsTest, DirectLoadsNeverStage) {
