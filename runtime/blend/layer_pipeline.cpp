@@ -85,9 +85,11 @@ LayerPipeline::LayerPipeline(Session& s, std::vector<CachedChunkRef> chunks,
     for (std::vector<float>& v : v_f32_) v.resize(static_cast<size_t>(longest * kv_dim));
   }
   if (s.backend().wants_staged_uploads() && !chunks_.empty()) {
-    // K as f32; V as f32, or as the f16 rows of an f16 cache.
-    slot_bytes_ = static_cast<size_t>(longest * kv_dim) *
-                  (sizeof(float) + (k_rows_ ? sizeof(uint16_t) : sizeof(float)));
+    // K as f32; V as f32, or as the f16 rows of an f16 cache.  Slots start
+    // 64-byte aligned, whatever the row length.
+    const size_t bytes = static_cast<size_t>(longest * kv_dim) *
+                         (sizeof(float) + (k_rows_ ? sizeof(uint16_t) : sizeof(float)));
+    slot_bytes_ = (bytes + 63) / 64 * 64;
     staging_.reset(
         s.backend().alloc_host_staging(2 * static_cast<size_t>(fetchers_) * slot_bytes_));
   }
