@@ -69,7 +69,7 @@ class CountingBackend : public ForwardingBackend {
       unprepared_weights{0};
 
  protected:
-  virtual void before_op() {}
+  virtual void before_op(BackendOp) {}
 
  private:
   static bool inside(const std::map<const char*, size_t>& blocks, const void* a) {
@@ -82,8 +82,8 @@ class CountingBackend : public ForwardingBackend {
     for (const void* w : weights)
       if (w != nullptr && !inside(prepared_, w)) ++unprepared_weights;
   }
-  void on_op_begin(BackendOp, std::initializer_list<const void*> args) override {
-    before_op();
+  void on_op_begin(BackendOp op, std::initializer_list<const void*> args) override {
+    before_op(op);
     std::lock_guard lock(buffers_mu_);
     for (const void* a : args)
       if (!inside(buffers_, a)) ++host_args;
@@ -159,7 +159,7 @@ class StagingBackend final : public CountingBackend {
     const char* src;
     size_t bytes;
   };
-  void before_op() override { complete_copies(); }
+  void before_op(BackendOp) override { complete_copies(); }
   void complete_copies() {
     std::lock_guard lock(mu_);
     auto& mine = pending_[std::this_thread::get_id()];
@@ -172,6 +172,42 @@ class StagingBackend final : public CountingBackend {
   std::map<std::thread::id, std::vector<Copy>> pending_;
   std::map<std::thread::id, size_t> unreported_;
   std::map<void*, size_t> staging_;
+};
+
+// Counts, per op kind, the ops each thread issues outside any batch of its
+// own: a GPU backend waits for each of those before it returns, where a
+// batch waits once at its end.
+class BatchWatchingBackend final : public CountingBackend {
+ public:
+  using CountingBackend::CountingBackend;
+  void begin_batch() override {
+    {
+      std::lock_guard lock(mu_);
+      ++depth_[std::this_thread::get_id()];
+    }
+    CountingBackend::begin_batch();
+  }
+  void end_batch() override {
+    CountingBackend::end_batch();
+    std::lock_guard lock(mu_);
+    --depth_[std::this_thread::get_id()];
+  }
+  // The ops `thread` issued outside a batch, by kind.
+  std::map<BackendOp, int64_t> unbatched(std::thread::id thread) {
+    std::lock_guard lock(mu_);
+    return unbatched_[thread];
+  }
+
+ private:
+  void before_op(BackendOp op) override {
+    std::lock_guard lock(mu_);
+    const auto id = std::this_thread::get_id();
+    if (depth_[id] == 0) ++unbatched_[id][op];
+  }
+
+  std::mutex mu_;
+  std::map<std::thread::id, int> depth_;
+  std::map<std::thread::id, std::map<BackendOp, int64_t>> unbatched_;
 };
 
 }  // namespace cb::test

@@ -368,6 +368,30 @@ TEST_F(FusorTest, ActivationsStayInBackendMemory) {
   EXPECT_EQ(captured.v, kv[2].v);
 }
 
+// A GPU backend waits for each op issued outside a batch before it
+// returns, where a batch waits once at its end.  A default blend request's
+// compute side issues its layers' ops (the chunk shift's too) in batches;
+// outside them only a few per request and the lookahead's per-layer sums,
+// whose host copy the contract asks for (attention_contributions).
+TEST_F(FusorTest, ABlendRequestsOpsRunInBatches) {
+  auto owned = std::make_unique<test::BatchWatchingBackend>();
+  test::BatchWatchingBackend& be = *owned;
+  Session s(model(), {.n_ctx = 512, .n_threads = 2, .int8_prefill = false}, std::move(owned));
+  auto segs = segments();
+  FusionStats st;
+  fuse_prefill(s, segs, BlendOptions{}, &st);
+  ASSERT_GT(st.final_rows.size(), 0u);
+  int64_t others = 0;
+  for (const auto& [op, n] : be.unbatched(std::this_thread::get_id())) {
+    std::printf("outside a batch: %lld %s\n", static_cast<long long>(n), backend_op_name(op));
+    if (op == BackendOp::kAttentionContributions)
+      EXPECT_LE(n, model().hparams().n_layer);
+    else
+      others += n;
+  }
+  EXPECT_LE(others, 4);
+}
+
 // A chunk whose KV cannot be read mid-request is computed instead: the
 // result equals fusing with that chunk uncached.
 using test::FailingSource;
@@ -582,7 +606,7 @@ TEST_F(FusorTest, ShiftSpansFollowACorrectionThatDriftsAlongAChunk) {
 TEST_F(FusorTest, ChunkShiftIsAFewOpsPerLayerWhateverTheChunkCount) {
   struct OpCounter : test::CountingBackend {
     std::atomic<int64_t> ops{0};  // the loader thread's ops too
-    void before_op() override { ++ops; }
+    void before_op(BackendOp) override { ++ops; }
   };
   auto shift_ops = [&](const std::vector<Segment>& segs) {
     int64_t ops[2];

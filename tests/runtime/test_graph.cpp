@@ -89,7 +89,7 @@ class BatchCountingBackend final : public test::CountingBackend {
   bool fail_add = false, fail_end = false;
 
  private:
-  void before_op() override { ops_outside += depth == 0; }
+  void before_op(BackendOp) override { ops_outside += depth == 0; }
 };
 
 TEST(Graph, ExecuteIsOneBatchBalancedAlsoWhenAnOpThrows) {
