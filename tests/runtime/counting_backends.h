@@ -70,6 +70,22 @@ class CountingBackend : public ForwardingBackend {
 
  protected:
   virtual void before_op(BackendOp) {}
+  // Whether p lies in an alloc_buffer() block; that block's start and size.
+  bool in_buffer(const void* p, const char** start = nullptr, size_t* bytes = nullptr) {
+    std::lock_guard lock(buffers_mu_);
+    const char* c = static_cast<const char*>(p);
+    auto it = buffers_.upper_bound(c);
+    if (it == buffers_.begin() || c >= std::prev(it)->first + std::prev(it)->second) return false;
+    if (start) *start = std::prev(it)->first;
+    if (bytes) *bytes = std::prev(it)->second;
+    return true;
+  }
+  // alloc_buffer() memory or a prepare_weight() result.
+  bool in_backend_memory(const void* p) {
+    if (in_buffer(p)) return true;
+    std::lock_guard lock(buffers_mu_);
+    return inside(prepared_, p);
+  }
 
  private:
   static bool inside(const std::map<const char*, size_t>& blocks, const void* a) {
