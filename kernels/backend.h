@@ -96,7 +96,9 @@ class Backend {
   virtual int64_t default_batch_rows() const { return 256; }
 
   // Memory.  alloc_buffer returns memory aligned to at least 64 bytes, or
-  // throws cb::Error(kOutOfMemory).
+  // throws cb::Error(kOutOfMemory).  free_buffer may be called inside a
+  // batch: the ops the calling thread has issued in it complete first (they
+  // may still use the memory).
   virtual void* alloc_buffer(size_t bytes) = 0;
   virtual void free_buffer(void* p) = 0;
   // Makes a host (mmapped) weight usable by this backend.  The CPU backend

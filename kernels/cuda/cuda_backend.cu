@@ -202,6 +202,15 @@ class CudaBackend final : public Backend {
     }
     // Outside the lock: freeing may wait for the device.
     use_device();
+    // Inside a batch, ops the calling thread queued may still use the
+    // memory (Backend::free_buffer): they complete first.
+    ThreadCtx* c = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(table_->mu);
+      auto it = table_->by_thread.find(std::this_thread::get_id());
+      if (it != table_->by_thread.end()) c = it->second;
+    }
+    if (c != nullptr && c->depth > 0) sync(*c);
     cuda_check(kind == Kind::kMapped ? cudaFreeHost(p) : cudaFree(p), "cudaFree");
   }
 

@@ -456,22 +456,32 @@ bool FusedForward::layers(LayerPipeline& loads, bool want_logits) {
       return false;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    const bool check = next_check < schedule.size() && schedule[next_check].layer == l;
-    // A ranking known before the pass needs no fresh KV: the rows narrow
-    // before their projections, so the dropped ones cost nothing here.
-    const bool ranked = check && next_check == 0 && !prior.empty();
-    if (ranked) select(l, schedule[next_check++].ratio, true, false);
-    resize_buffers();
-    project(l);
-    if (check && !ranked) {
-      select(l, schedule[next_check].ratio, next_check == 0, true);
-      ++next_check;
-    }
-    rows_per_layer.push_back(static_cast<int64_t>(rows.size()));
-    // After the last layer only the last row's hidden state is read (the
-    // logits), and only when they are wanted.
-    const int64_t n_rows = static_cast<int64_t>(rows.size());
-    attend_and_ffn(l, l + 1 < hp_.n_layer ? 0 : want_logits ? n_rows - 1 : n_rows);
+    const auto layer = [&] {
+      const bool check = next_check < schedule.size() && schedule[next_check].layer == l;
+      // A ranking known before the pass needs no fresh KV: the rows narrow
+      // before their projections, so the dropped ones cost nothing here.
+      const bool ranked = check && next_check == 0 && !prior.empty();
+      if (ranked) select(l, schedule[next_check++].ratio, true, false);
+      resize_buffers();
+      project(l);
+      if (check && !ranked) {
+        select(l, schedule[next_check].ratio, next_check == 0, true);
+        ++next_check;
+      }
+      rows_per_layer.push_back(static_cast<int64_t>(rows.size()));
+      // After the last layer only the last row's hidden state is read (the
+      // logits), and only when they are wanted.
+      const int64_t n_rows = static_cast<int64_t>(rows.size());
+      attend_and_ffn(l, l + 1 < hp_.n_layer ? 0 : want_logits ? n_rows - 1 : n_rows);
+    };
+    // One batch a layer: a GPU backend waits once for the layer's ops, not
+    // after each of its graphs.  (The host reads only what ops hand to host
+    // memory, which completes at once, batch or not.)  A chunk's precompute
+    // copies its rows on the host as each projection ends: not batched.
+    if (capture)
+      layer();
+    else
+      run_batch(be_, layer);
     layer_ms.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }

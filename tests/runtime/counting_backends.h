@@ -191,8 +191,8 @@ class StagingBackend final : public CountingBackend {
 };
 
 // Counts, per op kind, the ops each thread issues outside any batch of its
-// own: a GPU backend waits for each of those before it returns, where a
-// batch waits once at its end.
+// own, and its outermost batches: a GPU backend waits for each of those
+// ops before it returns, and once for each batch, at its end.
 class BatchWatchingBackend final : public CountingBackend {
  public:
   using CountingBackend::CountingBackend;
@@ -206,12 +206,17 @@ class BatchWatchingBackend final : public CountingBackend {
   void end_batch() override {
     CountingBackend::end_batch();
     std::lock_guard lock(mu_);
-    --depth_[std::this_thread::get_id()];
+    if (--depth_[std::this_thread::get_id()] == 0) ++batches_[std::this_thread::get_id()];
   }
   // The ops `thread` issued outside a batch, by kind.
   std::map<BackendOp, int64_t> unbatched(std::thread::id thread) {
     std::lock_guard lock(mu_);
     return unbatched_[thread];
+  }
+  // The outermost batches `thread` ended: a GPU backend's waits for them.
+  int64_t batches(std::thread::id thread) {
+    std::lock_guard lock(mu_);
+    return batches_[thread];
   }
 
  private:
@@ -224,6 +229,7 @@ class BatchWatchingBackend final : public CountingBackend {
   std::mutex mu_;
   std::map<std::thread::id, int> depth_;
   std::map<std::thread::id, std::map<BackendOp, int64_t>> unbatched_;
+  std::map<std::thread::id, int64_t> batches_;
 };
 
 }  // namespace cb::test

@@ -3,11 +3,11 @@
 // end_batch() of a thread, an op whose outputs are all alloc_buffer()
 // memory is queued (with copies of its host inputs, which the caller may
 // reuse once it returns) and runs only at that end_batch(), at the thread's
-// next op outside a batch or with a host output, or at a free_buffer().  So
-// host code that reads a buffer a batch writes before the batch has ended
-// sees stale numbers here, as it would on a GPU, and a test comparing with
-// the CPU backend fails.  Freeing memory that another thread's queued op
-// uses fails the test.
+// next op outside a batch or with a host output, or at its free_buffer().
+// So host code that reads a buffer a batch writes before the batch has
+// ended sees stale numbers here, as it would on a GPU, and a test comparing
+// with the CPU backend fails.  Freeing memory that another thread's queued
+// op uses fails the test.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -46,9 +46,11 @@ class DeferringBackend final : public CountingBackend {
     }
     run_queued(*t);
   }
-  // Backend's contract forbids it, but a free under a queued op fails the
-  // test instead of freeing memory an op is still to use.
+  // The calling thread's queued ops complete first, as Backend asks; an op
+  // another thread queued on the memory fails the test (and the memory is
+  // leaked rather than written after its free).
   void free_buffer(void* p) override {
+    run_queued(self());
     const char* start = nullptr;
     size_t bytes = 0;
     if (in_buffer(p, &start, &bytes)) {
@@ -58,7 +60,7 @@ class DeferringBackend final : public CountingBackend {
           for (const void* a : op.args) {
             const char* c = static_cast<const char*>(a);
             if (c >= start && c < start + bytes) {
-              ADD_FAILURE() << "a buffer freed while a batch's op still uses it";
+              ADD_FAILURE() << "a buffer freed under another thread's queued op";
               return;  // leaked: the queued op must not write freed memory
             }
           }
