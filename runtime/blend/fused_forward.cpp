@@ -366,42 +366,38 @@ void FusedForward::shift_chunks(int64_t layer) {
       std::max(n_split > 0 ? n_sel : 0, std::max(n_rest, 2 * n_split)) * kv_dim));
   float* chunk_mean = corr_.data() + n_span * kv_dim;
   float* tmp = shift_scratch_.data();
-  // One batch: a GPU backend then waits once for the shift, not after each
-  // of its ops (the buffers above are not reallocated until it has ended).
-  run_batch(be_, [&] {
-    for (const bool is_k : {true, false}) {
-      void* cache = is_k ? s_.k_cache(layer) : s_.v_cache(layer);
-      // fresh - cached over the measured rows, K compared before RoPE so
-      // that one correction fits every position.
-      be_.gather_rows(is_k ? k_.data() : v_.data(), kv_dim, p.sel_idx.data(), n_sel, fresh_.data());
-      load_kv_rows(be_, s_.kv_dtype(), cache, kv_dim, p.sel_pos.data(), n_sel, old_.data());
-      if (is_k) rope_keys(be_, hp_, layer, old_.data(), p.sel_neg.data(), n_sel);
-      be_.scale(old_.data(), n_sel * kv_dim, -1.0f);
-      be_.add(fresh_.data(), old_.data(), n_sel * kv_dim, fresh_.data());
-      // The chunks' means from a copy: segment_means uses its rows as scratch.
-      if (n_split > 0) be_.gather_rows(fresh_.data(), kv_dim, p.sel_order.data(), n_sel, tmp);
-      be_.segment_means(fresh_.data(), kv_dim, p.span_seg.data(), n_span, corr_.data());
-      if (n_split > 0) {
-        be_.segment_means(tmp, kv_dim, p.chunk_seg.data(), n_chunk, chunk_mean);
-        // A split span's correction: half its chunk's mean and half its own.
-        be_.scale(chunk_mean, n_chunk * kv_dim, 0.5f);
-        float* half_chunk = tmp + n_split * kv_dim;
-        be_.gather_rows(corr_.data(), kv_dim, p.split_span.data(), n_split, tmp);
-        be_.scale(tmp, n_split * kv_dim, 0.5f);
-        be_.gather_rows(chunk_mean, kv_dim, p.split_chunk.data(), n_split, half_chunk);
-        be_.add(tmp, half_chunk, n_split * kv_dim, tmp);
-        be_.scatter_rows(tmp, kv_dim, p.split_span.data(), n_split, corr_.data());
-      }
-      // The others: cached + their span's correction, K un-rotated and
-      // rotated back around it.
-      load_kv_rows(be_, s_.kv_dtype(), cache, kv_dim, p.rest_pos.data(), n_rest, old_.data());
-      if (is_k) rope_keys(be_, hp_, layer, old_.data(), p.rest_neg.data(), n_rest);
-      be_.gather_rows(corr_.data(), kv_dim, p.rest_span.data(), n_rest, tmp);
-      be_.add(old_.data(), tmp, n_rest * kv_dim, old_.data());
-      if (is_k) rope_keys(be_, hp_, layer, old_.data(), p.rest_pos.data(), n_rest);
-      store_kv_rows(be_, s_.kv_dtype(), old_.data(), kv_dim, p.rest_pos.data(), n_rest, cache);
+  for (const bool is_k : {true, false}) {
+    void* cache = is_k ? s_.k_cache(layer) : s_.v_cache(layer);
+    // fresh - cached over the measured rows, K compared before RoPE so
+    // that one correction fits every position.
+    be_.gather_rows(is_k ? k_.data() : v_.data(), kv_dim, p.sel_idx.data(), n_sel, fresh_.data());
+    load_kv_rows(be_, s_.kv_dtype(), cache, kv_dim, p.sel_pos.data(), n_sel, old_.data());
+    if (is_k) rope_keys(be_, hp_, layer, old_.data(), p.sel_neg.data(), n_sel);
+    be_.scale(old_.data(), n_sel * kv_dim, -1.0f);
+    be_.add(fresh_.data(), old_.data(), n_sel * kv_dim, fresh_.data());
+    // The chunks' means from a copy: segment_means uses its rows as scratch.
+    if (n_split > 0) be_.gather_rows(fresh_.data(), kv_dim, p.sel_order.data(), n_sel, tmp);
+    be_.segment_means(fresh_.data(), kv_dim, p.span_seg.data(), n_span, corr_.data());
+    if (n_split > 0) {
+      be_.segment_means(tmp, kv_dim, p.chunk_seg.data(), n_chunk, chunk_mean);
+      // A split span's correction: half its chunk's mean and half its own.
+      be_.scale(chunk_mean, n_chunk * kv_dim, 0.5f);
+      float* half_chunk = tmp + n_split * kv_dim;
+      be_.gather_rows(corr_.data(), kv_dim, p.split_span.data(), n_split, tmp);
+      be_.scale(tmp, n_split * kv_dim, 0.5f);
+      be_.gather_rows(chunk_mean, kv_dim, p.split_chunk.data(), n_split, half_chunk);
+      be_.add(tmp, half_chunk, n_split * kv_dim, tmp);
+      be_.scatter_rows(tmp, kv_dim, p.split_span.data(), n_split, corr_.data());
     }
-  });
+    // The others: cached + their span's correction, K un-rotated and
+    // rotated back around it.
+    load_kv_rows(be_, s_.kv_dtype(), cache, kv_dim, p.rest_pos.data(), n_rest, old_.data());
+    if (is_k) rope_keys(be_, hp_, layer, old_.data(), p.rest_neg.data(), n_rest);
+    be_.gather_rows(corr_.data(), kv_dim, p.rest_span.data(), n_rest, tmp);
+    be_.add(old_.data(), tmp, n_rest * kv_dim, old_.data());
+    if (is_k) rope_keys(be_, hp_, layer, old_.data(), p.rest_pos.data(), n_rest);
+    store_kv_rows(be_, s_.kv_dtype(), old_.data(), kv_dim, p.rest_pos.data(), n_rest, cache);
+  }
 }
 
 void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
