@@ -6,6 +6,7 @@
 // owns one of them.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -20,7 +21,14 @@ namespace cb::cache {
 
 class ChunkStore {
  public:
+  ChunkStore() : id_(next_id()) {}
   virtual ~ChunkStore() = default;
+  ChunkStore(const ChunkStore&) = delete;
+  ChunkStore& operator=(const ChunkStore&) = delete;
+  // This store object's number, never reused in the process: with a key
+  // and a codec it names the bytes a chunk is read as (a copy of them kept
+  // elsewhere, such as a session's resident chunks, is named so).
+  uint64_t id() const { return id_; }
   // A reader of the chunk's layers, or null on a miss.  The reader stays
   // valid even if the entry is evicted meanwhile.  `shape` is what the
   // chunk's model and tokens make its KV (chunk_kv_shape): an entry of any
@@ -40,6 +48,13 @@ class ChunkStore {
   // which the loading controller learns read speed from; none for a store
   // in RAM.
   virtual std::optional<ReadCounters> read_counters() const { return std::nullopt; }
+
+ private:
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> last{0};
+    return ++last;
+  }
+  const uint64_t id_;
 };
 
 // Chunk KV in RAM, exact (f32).  Thread-safe.

@@ -231,17 +231,26 @@ class Backend {
   // cb::Error(kOutOfMemory) when none is left.
   virtual void* alloc_host_staging(size_t bytes);
   virtual void free_host_staging(void* p);
-  // Copies `bytes` from host memory `src` (ideally from alloc_host_staging)
-  // to backend memory `dst`.  A GPU backend enqueues the copy on the calling
-  // thread's own queue, separate from other threads' compute, and returns at
-  // once; the copy is complete, and `src` may be rewritten, when a later op
-  // from the same thread outside a batch returns, or after wait_uploads().
+  // Copies `bytes` from host memory `src` (ideally from alloc_host_staging),
+  // or from this backend's alloc_buffer() memory (a copy within the
+  // backend), to backend memory `dst`.  A GPU backend enqueues the copy on
+  // the calling thread's own queue, separate from other threads' compute,
+  // and returns at once; a thread's copies run in the order it issued them
+  // (so one may read what an earlier one wrote).  The copy is complete, and
+  // `src` may be rewritten, when a later op from the same thread outside a
+  // batch returns, or after wait_uploads().
   virtual void upload(void* dst, const void* src, size_t bytes);
   // Waits for every upload() the calling thread has issued.  Returns the
   // time the copies themselves took since the previous call, in ms, as the
   // backend measured it (GPU events), or 0 when it cannot tell (the CPU,
   // where upload() is a memcpy and its time is the caller's to measure).
   virtual double wait_uploads() { return 0.0; }
+  // Bytes of this backend's memory worth keeping retrieved chunks' KV in
+  // between requests (SessionOptions::resident_chunk_bytes), so that a
+  // chunk loaded again is copied within the backend instead of staged and
+  // uploaded; 0 where that gains nothing (the host's memory is the
+  // backend's).
+  virtual uint64_t resident_kv_bytes() const { return 0; }
 };
 
 // Runs ops(), which issues ops on `be`, as one batch (begin_batch ..

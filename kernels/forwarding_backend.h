@@ -164,6 +164,7 @@ class ForwardingBackend : public Backend {
     inner_->upload(dst, src, bytes);
   }
   double wait_uploads() override { return inner_->wait_uploads(); }
+  uint64_t resident_kv_bytes() const override { return inner_->resident_kv_bytes(); }
 
  protected:
   // Before and after every op, on the calling thread; `args` are its

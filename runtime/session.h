@@ -11,6 +11,7 @@
 #include "kernels/backend.h"
 #include "runtime/graph.h"
 #include "runtime/model.h"
+#include "runtime/resident_chunks.h"
 
 namespace cb {
 
@@ -66,6 +67,12 @@ struct SessionOptions {
   BackendKind backend = BackendKind::kCpu;
   int device = 0;
   KvType kv_type = KvType::kF16;
+  // Backend memory for retrieved chunks' KV kept between requests
+  // (resident_chunks()): -1, the backend's choice (Backend::
+  // resident_kv_bytes: none on the CPU or an integrated GPU, whose memory
+  // the chunk store already is); 0, none.  Used only on a backend that
+  // wants staged uploads.
+  int64_t resident_chunk_bytes = -1;
 };
 
 class Session {
@@ -139,6 +146,9 @@ class Session {
   // leaves: every later forward pass of the session (the answer's decode)
   // applies it, until rows of its key block are truncated or written anew.
   void set_context_bias(const KeyBlockBias& b) { context_bias_ = b; }
+  // Chunk KV kept in backend memory across requests (SessionOptions::
+  // resident_chunk_bytes; reset and truncate leave it).
+  ResidentChunks& resident_chunks() { return *resident_; }
   const KeyBlockBias& context_bias() const { return context_bias_; }
 
   // Asked before every op of prefill() and of the fusor's passes over this
@@ -182,6 +192,7 @@ class Session {
   void* arena_ = nullptr;
   size_t arena_bytes_ = 0;
   std::vector<float> logits_;
+  std::unique_ptr<ResidentChunks> resident_;
   StopCheck stop_;
   // decode()'s graph, built at its first token, and what it reads.
   std::unique_ptr<Graph> decode_graph_;

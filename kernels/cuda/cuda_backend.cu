@@ -111,6 +111,14 @@ class CudaBackend final : public Backend {
     // Prefetching a managed destination before a copy only helps where pages
     // migrate (a discrete GPU with concurrent managed access).
     prefetch_ = opts.prefetch_uploads && integrated == 0 && concurrent != 0;
+    if (!zero_copy_) {
+      // Chunk KV kept on the card between requests: a sixteenth of it, at
+      // most 4 GiB (about 100,000 cached tokens of a 1.5B model with an f16
+      // cache), beside the weights and their kept f32 copies.
+      size_t free_bytes = 0, total = 0;
+      cuda_check(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
+      resident_kv_bytes_ = std::min<uint64_t>(total / 16, uint64_t{4} << 30);
+    }
     // Before the pool: a malformed CB_CUDA_F32_WEIGHTS_MB throws, and a
     // throwing constructor runs no destructor to free it.
     f32_budget_ = f32_weight_budget(opts.f32_weight_bytes, integrated != 0);
@@ -577,6 +585,7 @@ class CudaBackend final : public Backend {
   // ----------------------------------------------------------- uploads --
 
   bool wants_staged_uploads() const override { return !zero_copy_; }
+  uint64_t resident_kv_bytes() const override { return resident_kv_bytes_; }
 
   void* alloc_host_staging(size_t bytes) override {
     use_device();
@@ -1402,6 +1411,7 @@ class CudaBackend final : public Backend {
   const int gemv_max_rows_;
   bool zero_copy_ = false;
   bool prefetch_ = false;
+  uint64_t resident_kv_bytes_ = 0;
   bool profile_ = false;     // CB_CUDA_PROFILE set: time every op
   bool round_bf16_ = false;  // CB_CUDA_BF16 set (not "0"): matmul_q8 rounds to bf16
   struct ProfileTotal {

@@ -53,7 +53,7 @@ RequestLayout layout_request(std::span<const Segment> segments, const std::vecto
   for (size_t i = 0; i < segments.size(); ++i) {
     const int32_t len = static_cast<int32_t>(segments[i].tokens.size());
     if (use[i]) {
-      lay.cached.push_back({segments[i].cached, pos, len});
+      lay.cached.push_back({segments[i].cached, pos, len, segments[i].resident});
       lay.seg_of_cached.push_back(i);
       std::fill(lay.is_cached.begin() + pos, lay.is_cached.begin() + pos + len, 1);
       if (segments[i].exact_prefix)
@@ -181,6 +181,7 @@ BlendOptions without_costly_lookahead(const BlendOptions& opts, std::span<const 
 // Adds one pass's loads and timings to the request's stats.
 void add_pass(FusionStats& st, const FusedForward& f) {
   st.bytes_read += f.load_stats.bytes_read;
+  st.resident_bytes += f.load_stats.resident_bytes;
   st.load_ms += f.load_stats.load_ms();
   st.fetch_ms += f.load_stats.fetch_ms;
   st.upload_ms += f.load_stats.upload_ms;

@@ -25,6 +25,9 @@ struct Segment {
   // precede this segment in the request (so reusing it is exact); prefix
   // mode reuses only such a leading segment.
   bool exact_prefix = false;
+  // The cached chunk's copy in the session's backend memory, if it has one
+  // (Session::resident_chunks(); CachedChunkRef::resident).
+  ResidentChunk* resident = nullptr;
 };
 
 struct FusionStats {
@@ -49,6 +52,9 @@ struct FusionStats {
   // Over every attempt of the request (a restart after a failed chunk
   // loads again):
   uint64_t bytes_read = 0;  // stored bytes of cached layers loaded
+  // Bytes of cached layers copied from resident chunks instead (their
+  // K as f32, their V as the cache holds it).
+  uint64_t resident_bytes = 0;
   // The loader's busy time, load_ms: read + decode + RoPE of cached K; of
   // it fetch_ms is the read + decode (fetch_layer), summed over the fetch
   // threads (PipelineOptions::fetch_threads).

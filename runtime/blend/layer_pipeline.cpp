@@ -40,6 +40,7 @@ struct UploadDrain {
 
 void PipelineLoadStats::add(const PipelineLoadStats& o) {
   bytes_read += o.bytes_read;
+  resident_bytes += o.resident_bytes;
   fetch_ms += o.fetch_ms;
   rope_ms += o.rope_ms;
   upload_ms += o.upload_ms;
@@ -132,7 +133,7 @@ LayerPipeline::FetchResult LayerPipeline::fetch_chunks(int64_t layer, int64_t ta
   UploadDrain drain;
   int slot = 0;
   for (size_t c = static_cast<size_t>(task); c < chunks_.size();
-       c += static_cast<size_t>(n_tasks), slot ^= 1) {
+       c += static_cast<size_t>(n_tasks)) {
     // Between chunks, so a finish() during a long (throttled) layer waits
     // for one chunk's read at most.
     if (stop_requested()) {
@@ -143,12 +144,21 @@ LayerPipeline::FetchResult LayerPipeline::fetch_chunks(int64_t layer, int64_t ta
     const size_t n = static_cast<size_t>(ch.len * kv_dim);
     float* const k_rows = k_base + first_k_row(c) * kv_dim;
     char* const v_rows = v_base + static_cast<size_t>(ch.begin * kv_dim) * v_elem;
+    ResidentChunk* const resident = staging_ ? ch.resident : nullptr;
+    if (resident && resident->ready) {
+      drain.in_flight = &be;
+      be.upload(k_rows, resident->k(layer), n * sizeof(float));
+      be.upload(v_rows, resident->v(layer), n * v_elem);
+      r.st.resident_bytes += n * (sizeof(float) + v_elem);
+      continue;
+    }
     // Where fetch_layer writes, and where the rows are uploaded from.
     float* k = k_rows;
     char* v_out = v_rows;
     if (staging_) {
       char* const slot_start =
           static_cast<char*>(staging_.get()) + static_cast<size_t>(2 * task + slot) * slot_bytes_;
+      slot ^= 1;
       k = reinterpret_cast<float*>(slot_start);
       v_out = slot_start + n * sizeof(float);
     }
@@ -178,6 +188,11 @@ LayerPipeline::FetchResult LayerPipeline::fetch_chunks(int64_t layer, int64_t ta
       drain.in_flight = &be;
       be.upload(k_rows, k, n * sizeof(float));
       be.upload(v_rows, v_out, n * v_elem);
+      if (resident) {
+        // After the copies above on this thread's queue, before the RoPE.
+        be.upload(resident->k(layer), k_rows, n * sizeof(float));
+        be.upload(resident->v(layer), v_rows, n * v_elem);
+      }
     }
   }
   if (staging_) {
@@ -242,6 +257,11 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
   });
   st.rope_ms += ms_since(t1);
   ++st.layers_loaded;
+  // Every layer of the recorded chunks is in their entries now: each
+  // fetching thread has waited for its copies.
+  if (layer == n_layers_ - 1)
+    for (const CachedChunkRef& c : chunks_)
+      if (staging_ && c.resident) c.resident->ready = true;
   return LoadResult::kOk;
 }
 

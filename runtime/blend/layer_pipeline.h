@@ -45,6 +45,13 @@
 // pipeline existed), so pipelined and serial fusion are bitwise identical.
 // The CPU backend serializes ops issued from different threads on its pool.
 //
+// Chunks kept in backend memory (runtime/resident_chunks.h; staged loads
+// only): a ready one is copied from there within the backend, without a
+// fetch or staging; one being recorded is fetched and uploaded as above,
+// then copied from the rows it landed in (K before RoPE, V as the cache
+// holds it) into its entry by the same thread, and marked ready when the
+// last layer has loaded.  Either way the cache rows get the same bytes.
+//
 // Errors: a chunk whose fetch_layer returns false or throws is reported by
 // synchronize() as failed (for the fusor's restart with that chunk
 // computed); other loader errors are rethrown by synchronize().  The loader
@@ -63,6 +70,7 @@
 
 #include "cache/chunk_source.h"
 #include "platform/thread_pool.h"
+#include "runtime/resident_chunks.h"
 #include "runtime/session.h"
 
 namespace cb {
@@ -94,10 +102,15 @@ struct CachedChunkRef {
   cache::ChunkLayerSource* src = nullptr;
   int32_t begin = 0;  // first global position
   int32_t len = 0;    // tokens
+  // Staged loads only (null: none): the chunk's copy in backend memory
+  // (Session::resident_chunks()), loaded from when ready, else recorded
+  // as the chunk is loaded from src.
+  ResidentChunk* resident = nullptr;
 };
 
 struct PipelineLoadStats {
-  uint64_t bytes_read = 0;  // stored bytes, per the sources' layer_bytes()
+  uint64_t bytes_read = 0;      // stored bytes, per the sources' layer_bytes()
+  uint64_t resident_bytes = 0;  // copied from resident chunks (not read from their sources)
   double fetch_ms = 0.0;   // fetch_layer: read + decode (+ throttle waits; f16 cache: V's rounding)
   double rope_ms = 0.0;    // rotating the loaded K (f16 cache: and storing it)
   double upload_ms = 0.0;  // staged copies, as the backend timed them (wait_uploads)

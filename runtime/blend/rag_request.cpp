@@ -75,6 +75,22 @@ void count_unreadable_as_misses(RagPrefillStats& st) {
   st.cache_misses += st.fusion.chunks_recomputed;
 }
 
+// The session's copy in backend memory of what `src`, found in `store` for
+// `key`, reads (null: none).  The store, the key, and the codec and size the
+// chunk is stored in name its bytes.
+ResidentChunk* resident_copy(Session& s, const cache::ChunkStore& store, const cache::ChunkKey& key,
+                             const cache::ChunkLayerSource& src) {
+  ResidentChunks& resident = s.resident_chunks();
+  if (resident.budget_bytes() == 0) return nullptr;
+  uint64_t bytes = 0;
+  for (int64_t l = 0; l < s.model().hparams().n_layer; ++l) bytes += src.layer_bytes(l);
+  const std::optional<cache::Codec> codec = src.codec();
+  const std::string name = std::to_string(store.id()) + '/' +
+                           (codec ? cache::codec_name(*codec) : "ram") + '/' +
+                           std::to_string(bytes) + '/' + cache::serialize_key(key);
+  return resident.acquire(name, static_cast<int64_t>(key.tokens.size()));
+}
+
 }  // namespace
 
 void check_rag_request_fits(const Session& s, const RagPrompt& prompt, ChunkHead head) {
@@ -117,6 +133,7 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, cache::C
 
   if (opts.blend.mode != BlendMode::kFull) {
     if (!store) fail(ErrorCode::kInvalidArgument, "mode needs a chunk cache");
+    s.resident_chunks().begin_request();
     for (size_t i = 0; i < prompt.chunks.size(); ++i) {
       const auto& chunk = prompt.chunks[i];
       if (chunk.empty()) continue;
@@ -128,10 +145,15 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, cache::C
       // computed after a context.
       const bool exact = i == 0 && opts.chunk_head == ChunkHead::kPrompt;
       std::unique_ptr<cache::ChunkLayerSource> src;
-      if (!exact && opts.neighbour_kv) src = store->find(after_context_key(key), shape);
-      if (!src) src = store->find(key, shape);
+      ResidentChunk* resident = nullptr;
+      if (!exact && opts.neighbour_kv) {
+        const cache::ChunkKey after = after_context_key(key);
+        if ((src = store->find(after, shape))) resident = resident_copy(s, *store, after, *src);
+      }
+      if (!src && (src = store->find(key, shape))) resident = resident_copy(s, *store, key, *src);
       if (src) {
         ++st.cache_hits;
+        if (resident && resident->ready) ++st.resident_hits;
       } else {
         ++st.cache_misses;
         const auto t0 = std::chrono::steady_clock::now();
@@ -143,7 +165,7 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, cache::C
         src = std::make_unique<cache::MemoryChunkSource>(computed.back());
       }
       sources.push_back(std::move(src));
-      segments.push_back({chunk, sources.back().get(), exact});
+      segments.push_back({chunk, sources.back().get(), exact, resident});
     }
   } else {
     for (const auto& chunk : prompt.chunks) segments.push_back({chunk});
@@ -163,6 +185,8 @@ std::span<const float> rag_prefill(Session& s, const RagPrompt& prompt, cache::C
     shape.n_tokens += static_cast<int64_t>(seg.tokens.size());
     if (!seg.cached) continue;
     shape.n_reused += static_cast<int64_t>(seg.tokens.size());
+    // Copied within the backend: no load to hide.
+    if (seg.resident && seg.resident->ready) continue;
     uint64_t bytes = 0;
     for (int64_t l = 0; l < shape.n_layers; ++l) bytes += seg.cached->layer_bytes(l);
     const std::optional<cache::Codec> codec = seg.cached->codec();

@@ -95,7 +95,10 @@ struct RagPrefillOptions {
 
 struct RagPrefillStats {
   FusionStats fusion;
-  int64_t cache_hits = 0;      // chunks whose KV was read from the store
+  int64_t cache_hits = 0;  // chunks whose KV was read from the store
+  // Of those, chunks copied from the session's backend memory instead
+  // (Session::resident_chunks()).
+  int64_t resident_hits = 0;
   int64_t cache_misses = 0;    // chunks computed: absent, or unreadable (fusion.chunks_recomputed)
   double precompute_ms = 0.0;  // computing missing chunks' KV
   // What the controller saw and chose (auto ratio only).

@@ -119,6 +119,118 @@ TEST_F(StagedLoadsTest, StagedEqualsDirectBitwise) {
       }
 }
 
+// A chunk kept in backend memory: the first fusion records it (its source
+// fetched and staged as before, then copied within the backend into its
+// entry), later ones copy it from there and never read the source; every
+// fusion equals direct loads bitwise.
+TEST_F(StagedLoadsTest, ResidentChunksLoadWithinTheBackendBitwise) {
+  const auto& hp = model().hparams();
+  int64_t cached_tokens = 0;
+  for (const auto& c : prompt.chunks) cached_tokens += static_cast<int64_t>(c.size());
+  for (const KvType kv : {KvType::kF16, KvType::kF32})
+    for (const PipelineOptions& p : kModes) {
+      SCOPED_TRACE(mode_name(p) + ", " + kv_type_name(kv) + " cache");
+      SessionOptions so = kOpts;
+      so.kv_type = kv;
+      Session direct(model(), so);
+      const Fused want = fuse(direct, segments(), p);
+      so.resident_chunk_bytes = int64_t{64} << 20;
+      StagedSession staged(so);
+      ResidentChunks& resident = staged.s->resident_chunks();
+      const int64_t element = kv == KvType::kF16 ? 4 + 2 : 4 + 4;
+      const int64_t chunk_bytes = hp.n_layer * cached_tokens * hp.kv_dim() * element;
+      // Round 2 takes only the middle chunk's entry: a copy from it between
+      // two staged chunks must leave the first one's slot alone.
+      for (int round = 0; round < 3; ++round) {
+        SCOPED_TRACE("request " + std::to_string(round));
+        resident.begin_request();
+        auto segs = segments();
+        // Once recorded, the chunks' sources fail at their first layer: a
+        // fetch would make the fusion compute them instead.
+        std::vector<std::unique_ptr<FailingSource>> broken;
+        for (size_t i = 0; i < prompt.chunks.size(); ++i) {
+          if (round == 2 && i != 1) continue;
+          Segment& seg = segs[i + 1];
+          seg.resident = resident.acquire("chunk " + std::to_string(i),
+                                          static_cast<int64_t>(seg.tokens.size()));
+          ASSERT_NE(seg.resident, nullptr);
+          EXPECT_EQ(seg.resident->ready, round > 0);
+          if (round > 0) {
+            broken.push_back(std::make_unique<FailingSource>(*sources[i], 0));
+            seg.cached = broken.back().get();
+          }
+        }
+        staged.s->truncate(0);
+        staged.be->uploads = 0;
+        staged.be->uploaded_bytes = 0;
+        const Fused got = fuse(*staged.s, segs, p);
+        EXPECT_EQ(got.logits, want.logits);
+        EXPECT_EQ(got.stats.final_rows, want.stats.final_rows);
+        EXPECT_EQ(got.kv, want.kv);
+        EXPECT_EQ(got.stats.chunks_recomputed, 0);
+        if (round == 0) {
+          // Staged as without an entry, then copied into it: twice the bytes.
+          EXPECT_EQ(got.stats.bytes_read, want.stats.bytes_read);
+          EXPECT_EQ(got.stats.resident_bytes, 0u);
+          EXPECT_EQ(staged.be->uploaded_bytes, 2 * chunk_bytes);
+          for (size_t i = 0; i < prompt.chunks.size(); ++i)
+            EXPECT_TRUE(segs[i + 1].resident->ready);
+        } else if (round == 2) {
+          const uint64_t middle = static_cast<uint64_t>(hp.n_layer) * prompt.chunks[1].size() *
+                                  static_cast<uint64_t>(hp.kv_dim() * element);
+          EXPECT_EQ(got.stats.resident_bytes, middle);
+          EXPECT_EQ(staged.be->uploaded_bytes, chunk_bytes);
+        } else {
+          EXPECT_EQ(got.stats.bytes_read, 0u);
+          EXPECT_EQ(got.stats.resident_bytes, static_cast<uint64_t>(chunk_bytes));
+          EXPECT_EQ(staged.be->uploaded_bytes, chunk_bytes);
+        }
+        EXPECT_EQ(staged.be->pending_copies(), 0u);
+      }
+      EXPECT_EQ(resident.size(), prompt.chunks.size());
+    }
+}
+
+// A recording that did not finish (the request failed at a chunk, then
+// restarted without it) leaves that chunk's entry unready, and the next
+// request records it again.
+TEST_F(StagedLoadsTest, AnUnfinishedRecordingIsNotUsed) {
+  SessionOptions so = kOpts;
+  so.resident_chunk_bytes = int64_t{64} << 20;
+  StagedSession staged(so);
+  ResidentChunks& resident = staged.s->resident_chunks();
+  Session direct(model(), kOpts);
+  const Fused want = fuse(direct, segments(), {});
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("request " + std::to_string(round));
+    resident.begin_request();
+    auto segs = segments();
+    FailingSource broken(*sources[1], 5);
+    if (round == 0) segs[2].cached = &broken;
+    for (size_t i = 0; i < prompt.chunks.size(); ++i)
+      segs[i + 1].resident = resident.acquire("chunk " + std::to_string(i),
+                                              static_cast<int64_t>(segs[i + 1].tokens.size()));
+    staged.s->truncate(0);
+    const Fused got = fuse(*staged.s, segs, {});
+    if (round == 0) {
+      EXPECT_EQ(got.stats.chunks_recomputed, 1);
+      EXPECT_TRUE(segs[1].resident->ready);
+      EXPECT_FALSE(segs[2].resident->ready);
+      EXPECT_TRUE(segs[3].resident->ready);
+    } else {
+      EXPECT_EQ(got.stats.chunks_recomputed, 0);
+      EXPECT_EQ(got.logits, want.logits);
+      EXPECT_EQ(got.kv, want.kv);
+      // Two chunks copied from their entries, one fetched and recorded.
+      uint64_t second_chunk = 0;
+      for (int64_t l = 0; l < model().hparams().n_layer; ++l)
+        second_chunk += sources[1]->layer_bytes(l);
+      EXPECT_EQ(got.stats.bytes_read, second_chunk);
+      EXPECT_TRUE(segs[2].resident->ready);
+    }
+  }
+}
+
 TEST_F(StagedLoadsTest, DirectLoadsNeverStage) {
   auto owned = std::make_unique<test::CountingBackend>();
   test::CountingBackend& be = *owned;
