@@ -246,7 +246,7 @@ class Backend {
   // where upload() is a memcpy and its time is the caller's to measure).
   virtual double wait_uploads() { return 0.0; }
   // Bytes of this backend's memory worth keeping retrieved chunks' KV in
-  // between requests (SessionOptions::resident_chunk_bytes), so that a
+  // between requests (SessionOptions::resident_kv_bytes), so that a
   // chunk loaded again is copied within the backend instead of staged and
   // uploaded; 0 where that gains nothing (the host's memory is the
   // backend's).

@@ -76,9 +76,9 @@ Session::Session(const Model& model, const SessionOptions& opts, std::unique_ptr
                                           " is outside 1.." + std::to_string(hp.n_ctx_train) +
                                           " (the model's training context)");
   if (opts.n_batch < 0) fail(ErrorCode::kInvalidArgument, "batch size must be >= 0 (0: default)");
-  if (opts.resident_chunk_bytes < -1)
+  if (opts.resident_kv_bytes < -1)
     fail(ErrorCode::kInvalidArgument,
-         "resident_chunk_bytes must be >= -1 (-1: the backend's choice, 0: none)");
+         "resident_kv_bytes must be >= -1 (-1: the backend's choice, 0: none)");
   n_batch_ = std::min(opts.n_batch > 0 ? opts.n_batch : backend_->default_batch_rows(), n_ctx_);
   int8_decode_ = opts.int8_decode;
   int8_prefill_ = opts.int8_prefill;
@@ -125,9 +125,9 @@ Session::Session(const Model& model, const SessionOptions& opts, std::unique_ptr
   kv_bytes_ = 2 * kv_bytes * static_cast<size_t>(hp.n_layer);
   logits_.resize(static_cast<size_t>(hp.n_vocab));
   const uint64_t resident = !backend_->wants_staged_uploads() ? 0
-                            : opts.resident_chunk_bytes < 0
+                            : opts.resident_kv_bytes < 0
                                 ? backend_->resident_kv_bytes()
-                                : static_cast<uint64_t>(opts.resident_chunk_bytes);
+                                : static_cast<uint64_t>(opts.resident_kv_bytes);
   resident_ = std::make_unique<ResidentChunks>(*backend_, hp.n_layer, hp.kv_dim(), elem, resident);
 }
 

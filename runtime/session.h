@@ -72,7 +72,7 @@ struct SessionOptions {
   // resident_kv_bytes: none on the CPU or an integrated GPU, whose memory
   // the chunk store already is); 0, none.  Used only on a backend that
   // wants staged uploads.
-  int64_t resident_chunk_bytes = -1;
+  int64_t resident_kv_bytes = -1;
 };
 
 class Session {
@@ -147,7 +147,7 @@ class Session {
   // applies it, until rows of its key block are truncated or written anew.
   void set_context_bias(const KeyBlockBias& b) { context_bias_ = b; }
   // Chunk KV kept in backend memory across requests (SessionOptions::
-  // resident_chunk_bytes; reset and truncate leave it).
+  // resident_kv_bytes; reset and truncate leave it).
   ResidentChunks& resident_chunks() { return *resident_; }
   const KeyBlockBias& context_bias() const { return context_bias_; }
 

@@ -167,7 +167,7 @@ void cb_store_options_init_sized(cb_store_options* opts, size_t struct_size) {
 // The exported entry point of programs built before *_init became inline:
 // their struct has this size.
 void cb_store_options_init(cb_store_options* opts) {
-  cb_store_options_init_sized(opts, sizeof(cb_store_options));
+  cb_store_options_init_sized(opts, offsetof(cb_store_options, ram_budget_bytes));
 }
 
 cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* opts,
@@ -426,7 +426,7 @@ void cb_rag_options_init_sized(cb_rag_options* opts, size_t struct_size) {
 // The exported entry point of programs built before *_init became inline:
 // their struct has this size.
 void cb_rag_options_init(cb_rag_options* opts) {
-  cb_rag_options_init_sized(opts, sizeof(cb_rag_options));
+  cb_rag_options_init_sized(opts, offsetof(cb_rag_options, chunk_shift));
 }
 
 cb_status cb_chunk_cache_add(cb_session* session, cb_chunk_cache* cache, const char* chunk_text,
@@ -637,6 +637,8 @@ cb_status cb_rag_prefill(cb_session* session, cb_chunk_cache* cache, const char*
       out.selected_share = rs.fusion.selected_share;
       out.guard_raised = rs.fusion.guard_raised ? 1 : 0;
       out.fetch_ms = rs.fusion.fetch_ms;
+      out.resident_hits = clamp_i32(rs.resident_hits);
+      out.resident_bytes = rs.fusion.resident_bytes;
       out.total_ms = total_ms;
       std::memcpy(static_cast<void*>(stats), &out, stats_size);
       stats->struct_size = stats_size;

@@ -47,7 +47,7 @@ void cb_session_options_init_sized(cb_session_options* opts, size_t struct_size)
 // The exported entry point of programs built before *_init became inline:
 // their struct has this size.
 void cb_session_options_init(cb_session_options* opts) {
-  cb_session_options_init_sized(opts, sizeof(cb_session_options));
+  cb_session_options_init_sized(opts, offsetof(cb_session_options, kv_type));
 }
 
 cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
@@ -69,6 +69,8 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
       cb::fail(cb::ErrorCode::kInvalidArgument,
                "activations must be CB_ACTIVATIONS_INT8 (0) or CB_ACTIVATIONS_F32 (1), got " +
                    std::to_string(o.activations));
+    require(o.resident_kv_bytes >= -1,
+            "resident_kv_bytes must be >= -1 (0: the backend's choice, -1: none)");
     cb::SessionOptions so;
     so.n_ctx = o.n_ctx;
     so.n_threads = o.n_threads > 0 ? o.n_threads : model->state->n_threads;
@@ -77,6 +79,9 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
     so.device = model->state->device;
     so.kv_type = o.kv_type == CB_KV_F32 ? cb::KvType::kF32 : cb::KvType::kF16;
     so.int8_decode = so.int8_prefill = o.activations == CB_ACTIVATIONS_INT8;
+    so.resident_kv_bytes = o.resident_kv_bytes == 0  ? -1
+                           : o.resident_kv_bytes < 0 ? 0
+                                                     : o.resident_kv_bytes;
     auto handle = std::make_unique<cb_session>();
     handle->state = model->state;
     handle->n_threads = so.n_threads;

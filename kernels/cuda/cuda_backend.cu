@@ -218,8 +218,12 @@ class CudaBackend final : public Backend {
       auto it = table_->by_thread.find(std::this_thread::get_id());
       if (it != table_->by_thread.end()) c = it->second;
     }
-    if (c != nullptr && c->depth > 0) sync(*c);
-    cuda_check(kind == Kind::kMapped ? cudaFreeHost(p) : cudaFree(p), "cudaFree");
+    // Nothing is thrown from here on (buffers are freed by destructors and
+    // deleters): a fault of a queued kernel is sticky and surfaces at the
+    // thread's next synchronisation, end_batch() inside a batch.
+    if (c != nullptr && c->depth > 0 && cudaStreamSynchronize(c->stream) == cudaSuccess)
+      after_sync(*c);
+    if ((kind == Kind::kMapped ? cudaFreeHost(p) : cudaFree(p)) != cudaSuccess) cudaGetLastError();
   }
 
   WeightView prepare_weight(const WeightView& host) override {
@@ -1150,9 +1154,14 @@ class CudaBackend final : public Backend {
         cudaGetLastError();
         break;
       }
-      cuda_check(q, "upload");
       float ms = 0.0f;
-      cuda_check(cudaEventElapsedTime(&ms, u.start, u.end), "cudaEventElapsedTime");
+      const cudaError_t e = q == cudaSuccess ? cudaEventElapsedTime(&ms, u.start, u.end) : q;
+      if (e != cudaSuccess) {
+        // The copies summed so far leave the list before the error does,
+        // so their events, now spare, are not reused or destroyed twice.
+        c.uploads.erase(c.uploads.begin(), c.uploads.begin() + static_cast<std::ptrdiff_t>(done));
+        cuda_check(e, "upload");
+      }
       c.upload_ms += ms;
       c.spare.push_back(u.start);
       c.spare.push_back(u.end);
@@ -1249,8 +1258,14 @@ class CudaBackend final : public Backend {
     if (it != f32_weights_.end()) return it->second;
     const int64_t bytes = w.n_in * w.n_out * static_cast<int64_t>(sizeof(float));
     if (bytes > f32_budget_) return nullptr;
+    // The budget was set before the model's weights came to the device:
+    // each copy also leaves at least as much free as it takes, for the KV
+    // cache, activations and the pool's scratch.
+    size_t free_bytes = 0, total = 0;
     void* p = nullptr;
-    if (cudaMalloc(&p, static_cast<size_t>(bytes)) != cudaSuccess) {
+    if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess ||
+        static_cast<uint64_t>(bytes) > free_bytes / 2 ||
+        cudaMalloc(&p, static_cast<size_t>(bytes)) != cudaSuccess) {
       cudaGetLastError();
       f32_budget_ = 0;  // the device is full: stop asking
       return nullptr;

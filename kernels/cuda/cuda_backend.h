@@ -43,6 +43,8 @@ struct CudaBackendOptions {
   // made, at most a quarter of the device's; none on an integrated one
   // (Jetson: the memory is the system's); the environment
   // variable CB_CUDA_F32_WEIGHTS_MB, when set, overrides it.  0: none.
+  // Whatever the budget, a copy is made only while it takes at most half of
+  // the device memory free at that moment.
   int64_t f32_weight_bytes = -1;
 };
 

@@ -56,7 +56,8 @@ struct Common {
   std::string model_path;
   int threads = 0;
   int n_ctx = 0;
-  int n_batch = 0;  // 0: the library's default
+  int n_batch = 0;              // 0: the library's default
+  int64_t resident_kv_mb = -1;  // -1: the library's default; 0: none
   cb_backend backend = CB_BACKEND_AUTO;
   int device = 0;
   cb_chat_template chat_template = CB_CHAT_TEMPLATE_AUTO;

@@ -39,9 +39,9 @@ void check(cb_status s, const std::string& what) {
 // Command line
 
 Args parse_args(int argc, char** argv) {
-  static const std::set<std::string> kCommon = {"--model",   "--threads", "--n-ctx",
-                                                "--backend", "--device",  "--chat-template",
-                                                "--kv-type", "--n-batch", "--activations"};
+  static const std::set<std::string> kCommon = {
+      "--model",         "--threads", "--n-ctx",   "--backend",     "--device",
+      "--chat-template", "--kv-type", "--n-batch", "--activations", "--resident-kv-mb"};
   static const std::map<std::string, std::set<std::string>> kValueFlags = {
       {"generate",
        {"--prompt", "--system", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
@@ -159,6 +159,7 @@ Common common_options(const Args& a) {
   c.threads = static_cast<int>(parse_int(a, "--threads", available_cores(), 1, 512));
   c.n_ctx = static_cast<int>(parse_int(a, "--n-ctx", 0, 1, 1 << 30));
   c.n_batch = static_cast<int>(parse_int(a, "--n-batch", 0, 1, 1 << 20));
+  c.resident_kv_mb = parse_int(a, "--resident-kv-mb", -1, 0, int64_t{1} << 30);
   c.device = static_cast<int>(parse_int(a, "--device", 0, 0, 4095));
   c.json = a.switches.count("--json") > 0;
   if (auto it = a.values.find("--backend"); it != a.values.end()) {
@@ -222,6 +223,8 @@ void create_session(const Model& model, const Common& c, int n_ctx, Session& s) 
   so.kv_type = c.kv_type;
   so.activations = c.activations;
   so.n_batch = c.n_batch;
+  if (c.resident_kv_mb >= 0)
+    so.resident_kv_bytes = c.resident_kv_mb == 0 ? -1 : c.resident_kv_mb << 20;
   check(cb_session_create(model.h, &so, &s.h), "cannot create a session");
 }
 
@@ -268,6 +271,7 @@ cbs::JsonObject header(const char* bench, const Common& c, const Model& model, c
       .add("model_name", model_name(model))
       .add("kernels", kernels_name(model));
   if (c.n_batch > 0) o.add("n_batch", static_cast<int64_t>(c.n_batch));
+  if (c.resident_kv_mb >= 0) o.add("resident_kv_mb", c.resident_kv_mb);
   return o;
 }
 

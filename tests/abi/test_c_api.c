@@ -285,10 +285,35 @@ void test_chat_format_errors(cb_model* m) {
   CHECK(len > sizeof buf);
 }
 
+/* The exported cb_*_init `name` of programs built before the inline one
+ * writes the size those programs' struct has, and no more. */
+static void check_legacy_init(const char* name, size_t old_size) {
+  union {
+    uint64_t align;
+    unsigned char b[512];
+  } u;
+  void* sym = dlsym(RTLD_DEFAULT, name);
+  void (*legacy)(void*) = NULL;
+  size_t i, written = 0;
+  int untouched = 1;
+
+  CHECK(sym != NULL);
+  if (sym == NULL) return;
+  memcpy(&legacy, &sym, sizeof legacy);
+  memset(u.b, 0xAB, sizeof u.b);
+  legacy(u.b);
+  memcpy(&written, u.b, sizeof written);
+  if (written != old_size) fprintf(stderr, "%s wrote struct_size %zu, not %zu\n", name, written, old_size);
+  CHECK(written == old_size);
+  for (i = old_size; i < sizeof u.b; ++i) untouched = untouched && u.b[i] == 0xAB;
+  CHECK(untouched);
+}
+
 /* The *_init functions write sizeof(struct) as this header declares it and
  * no more; *_init_sized writes the size it is given; the exported
  * cb_model_options_init of programs built before the inline one writes the
- * size those programs' struct has (before chat_template). */
+ * size those programs' struct has (before chat_template), and so do the
+ * session, store and RAG options' (before the first field added since). */
 void test_init_sizes(const char* path) {
   union {
     cb_model_options o;
@@ -327,6 +352,9 @@ void test_init_sizes(const char* path) {
     for (i = old_size; i < sizeof u.b; ++i) untouched = untouched && u.b[i] == 0xAB;
     CHECK(untouched);
   }
+  check_legacy_init("cb_session_options_init", offsetof(cb_session_options, kv_type));
+  check_legacy_init("cb_store_options_init", offsetof(cb_store_options, ram_budget_bytes));
+  check_legacy_init("cb_rag_options_init", offsetof(cb_rag_options, chunk_shift));
   /* Too small to hold struct_size: nothing is written. */
   memset(u.b, 0xAB, sizeof u.b);
   cb_model_options_init_sized(&u.o, 3);

@@ -109,21 +109,21 @@ const Model& model() {
 }
 
 TEST(ResidentChunks, ASessionKeepsThemOnlyWhereLoadsAreStaged) {
-  Session cpu(model(), {.n_ctx = 64, .n_threads = 2, .resident_chunk_bytes = 1 << 20});
+  Session cpu(model(), {.n_ctx = 64, .n_threads = 2, .resident_kv_bytes = 1 << 20});
   EXPECT_EQ(cpu.resident_chunks().budget_bytes(), 0u);
   // A staging backend's own choice (the CPU's underneath: none), or what
   // the options say.
   Session staged_default(model(), {.n_ctx = 64}, std::make_unique<test::StagingBackend>());
   EXPECT_EQ(staged_default.resident_chunks().budget_bytes(), 0u);
-  Session staged(model(), {.n_ctx = 64, .resident_chunk_bytes = 1 << 20},
+  Session staged(model(), {.n_ctx = 64, .resident_kv_bytes = 1 << 20},
                  std::make_unique<test::StagingBackend>());
   EXPECT_EQ(staged.resident_chunks().budget_bytes(), 1u << 20);
   try {
-    Session bad(model(), {.n_ctx = 64, .resident_chunk_bytes = -2});
+    Session bad(model(), {.n_ctx = 64, .resident_kv_bytes = -2});
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("resident_chunk_bytes"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("resident_kv_bytes"), std::string::npos) << e.what();
   }
 }
 
@@ -141,7 +141,7 @@ TEST(ResidentChunks, RagRequestsCopyStoredChunksWithTheStoresBits) {
     opts.pipeline.enabled = pipelined;
     cache::RamChunkStore store;
     Session plain(model(), {.n_ctx = 256, .n_threads = 2});
-    Session staged(model(), {.n_ctx = 256, .n_threads = 2, .resident_chunk_bytes = 64 << 20},
+    Session staged(model(), {.n_ctx = 256, .n_threads = 2, .resident_kv_bytes = 64 << 20},
                    std::make_unique<test::StagingBackend>());
     auto request = [&](Session& s, cache::ChunkStore& st, RagPrefillStats& stats) {
       s.truncate(0);

@@ -134,7 +134,7 @@ TEST_F(StagedLoadsTest, ResidentChunksLoadWithinTheBackendBitwise) {
       so.kv_type = kv;
       Session direct(model(), so);
       const Fused want = fuse(direct, segments(), p);
-      so.resident_chunk_bytes = int64_t{64} << 20;
+      so.resident_kv_bytes = int64_t{64} << 20;
       StagedSession staged(so);
       ResidentChunks& resident = staged.s->resident_chunks();
       const int64_t element = kv == KvType::kF16 ? 4 + 2 : 4 + 4;
@@ -196,7 +196,7 @@ TEST_F(StagedLoadsTest, ResidentChunksLoadWithinTheBackendBitwise) {
 // request records it again.
 TEST_F(StagedLoadsTest, AnUnfinishedRecordingIsNotUsed) {
   SessionOptions so = kOpts;
-  so.resident_chunk_bytes = int64_t{64} << 20;
+  so.resident_kv_bytes = int64_t{64} << 20;
   StagedSession staged(so);
   ResidentChunks& resident = staged.s->resident_chunks();
   Session direct(model(), kOpts);

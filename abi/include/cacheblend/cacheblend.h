@@ -392,6 +392,17 @@ typedef struct cb_session_options {
   /* Added after reserved1.  A cb_activations: CB_ACTIVATIONS_INT8 (default)
    * or CB_ACTIVATIONS_F32.  Another value: CB_ERR_INVALID_ARGUMENT. */
   int32_t activations;
+  /* Added after activations.  GPU memory for retrieved chunks' KV kept
+   * between requests on this session, so that a chunk an earlier request
+   * read from the chunk cache is copied within the GPU instead of read and
+   * sent over the bus again (cb_rag_stats.resident_hits); the copy has the
+   * cache's bits.  0 (default): the backend's choice (CUDA on a discrete
+   * GPU: a sixteenth of its memory, at most 4 GiB; none on the CPU, nor on
+   * a GPU that shares the host's memory, such as Jetson, where nothing
+   * crosses a bus); -1: none; > 0: at most that many bytes (on a discrete
+   * GPU only).  Least recently used chunks make room for new ones.  Below
+   * -1: CB_ERR_INVALID_ARGUMENT. */
+  int64_t resident_kv_bytes;
 } cb_session_options;
 
 /* Fills `opts` with defaults.  NULL is ignored. */
@@ -1007,6 +1018,12 @@ typedef struct cb_rag_stats {
    * writing the chunks into the staging memory the copies read.  Added
    * after guard_raised: a struct that ends before it is still accepted. */
   double fetch_ms;
+  /* Of cache_hits, the chunks copied from the session's GPU memory
+   * (cb_session_options.resident_kv_bytes) instead of read from the cache
+   * (not in bytes_read), and the bytes copied so.  Added after fetch_ms: a
+   * struct that ends before them is still accepted. */
+  int32_t resident_hits;
+  uint64_t resident_bytes;
 } cb_rag_stats;
 
 /* Sets stats->struct_size and zeroes the rest.  NULL is ignored. */
