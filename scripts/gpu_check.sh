@@ -75,6 +75,10 @@ gpu_benchmarks() {  # PREFIX
     --repeat 3 $GPU --json
 }
 gpu_variants() {  # PREFIX
+  # Every request reading its chunks from the chunk cache and sending them
+  # over PCIe (no resident chunks): what keeping them on the device gains.
+  step "${1}ttft_resident_off" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 \
+    --modes full,reuse,blend --repeat 3 --resident-kv-mb 0 $GPU --json
   step "${1}ttft_f32" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,blend \
     --repeat 3 --activations f32 $GPU --json
   CB_CUDA_BF16=1 step "${1}ttft_bf16" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 \
@@ -96,9 +100,10 @@ if want variants; then
   CB_CUDA_F32_WEIGHTS_MB=0 step gpu_prefill_512_dequant_per_call 60 "$BIN/cb_bench" prefill \
     --tokens 512 --repeat 3 $GPU --json
   # The chunk KV read by one host thread instead of the default (up to 4):
-  # what the parallel reads gain the reuse pass (reuse mode is all loads).
+  # what the parallel reads gain the reuse pass (reuse mode is all loads);
+  # without resident chunks, which skip the reads.
   step gpu_ttft_fetch_threads_1 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 \
-    --modes reuse,blend --repeat 3 --fetch-threads 1 $GPU --json
+    --modes reuse,blend --repeat 3 --fetch-threads 1 --resident-kv-mb 0 $GPU --json
 fi
 # The CPU on the same machine (CPU_ROWS=0 skips it and the quality runs).
 CPU_ROWS=${CPU_ROWS:-1}

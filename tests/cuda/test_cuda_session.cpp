@@ -144,6 +144,43 @@ TEST_F(CudaSession, BlendRequestMatchesCpu) {
   EXPECT_EQ(argmax(lx), argmax(lc));
 }
 
+// Chunks kept in GPU memory between requests (Session::resident_chunks(),
+// on by default on a discrete GPU): a request that copies them within the
+// device gives the bits of one that reads them from the store, pipelined
+// and serial, and decoding after it too.
+TEST_F(CudaSession, ResidentChunksGiveTheStoresBits) {
+  const RagPrompt rp = test::lighthouse_prompt(model());
+  for (const bool pipelined : {true, false}) {
+    SCOPED_TRACE(pipelined ? "pipelined" : "serial");
+    RagPrefillOptions ro;
+    ro.pipeline.enabled = pipelined;
+    cache::RamChunkStore table;
+    Session s(model(), opts(BackendKind::kCuda));
+    if (!s.backend().wants_staged_uploads() || s.resident_chunks().budget_bytes() == 0)
+      GTEST_SKIP() << "a GPU that shares the host's memory keeps no resident chunks";
+    std::vector<std::vector<float>> logits, decoded;
+    std::vector<RagPrefillStats> st(4);
+    for (RagPrefillStats& x : st) {
+      s.truncate(0);
+      auto l = rag_prefill(s, rp, &table, ro, &x);
+      logits.emplace_back(l.begin(), l.end());
+      auto d = s.decode(argmax(l));
+      decoded.emplace_back(d.begin(), d.end());
+    }
+    EXPECT_EQ(st[0].cache_misses, 3);
+    EXPECT_EQ(st[1].resident_hits, 0);  // read from the store, and recorded
+    for (size_t i = 2; i < st.size(); ++i) {
+      EXPECT_EQ(st[i].resident_hits, 3);
+      EXPECT_EQ(st[i].fusion.bytes_read, 0u);
+      EXPECT_GT(st[i].fusion.resident_bytes, 0u);
+      EXPECT_EQ(logits[i], logits[1]);
+      EXPECT_EQ(decoded[i], decoded[1]);
+    }
+    std::printf("resident chunks: fuse %.2f ms from the store, %.2f / %.2f ms from GPU memory\n",
+                st[1].fusion.compute_ms, st[2].fusion.compute_ms, st[3].fusion.compute_ms);
+  }
+}
+
 // A context scale (BlendOptions::context_scale: a logit bias on the reused
 // chunks' keys for the question's rows) gives the CPU's logits on CUDA too,
 // and changes them (else the bias would not be under test).

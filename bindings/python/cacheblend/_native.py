@@ -9,7 +9,7 @@ import ctypes.util
 import os
 import sys
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int,
-                    c_int32, c_size_t, c_uint32, c_uint64, c_void_p)
+                    c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 
 ENV_VAR = "CACHEBLEND_LIBRARY"
@@ -60,7 +60,8 @@ class ChatMessage(Structure):
 class SessionOptions(Structure):
     _fields_ = [("struct_size", c_size_t), ("n_ctx", c_int32), ("n_threads", c_int32),
                 ("n_batch", c_int32), ("reserved0", c_int32), ("kv_type", c_int32),
-                ("reserved1", c_int32), ("activations", c_int32)]
+                ("reserved1", c_int32), ("activations", c_int32),
+                ("resident_kv_bytes", c_int64)]
 
 
 class SamplingOptions(Structure):
@@ -129,7 +130,8 @@ class RagStats(Structure):
                 ("ratio", c_float), ("pipelined", c_int32), ("bytes_read", c_uint64),
                 ("load_ms", c_double), ("blocked_ms", c_double), ("recompute_ms", c_double),
                 ("upload_ms", c_double), ("selected_share", c_double),
-                ("guard_raised", c_int32), ("fetch_ms", c_double)]
+                ("guard_raised", c_int32), ("fetch_ms", c_double),
+                ("resident_hits", c_int32), ("resident_bytes", c_uint64)]
 
 
 # `piece` is POINTER(c_char), not c_char_p: it is piece_len bytes that need

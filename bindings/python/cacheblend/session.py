@@ -85,18 +85,24 @@ class Session(Closeable):
     activations  Activations.INT8 (default: int8 activations in the weight
                products, as llama.cpp) or Activations.F32 (exact); a member,
                its number or "int8"/"f32"
+    resident_kv_bytes  GPU memory for retrieved chunks' KV kept between RAG
+               requests (RagStats.resident_hits); 0: the library's choice (a
+               sixteenth of a discrete GPU's memory, at most 4 GiB; none on
+               the CPU or Jetson), -1: none
 
     Prompts may be text (tokenized with control tokens parsed, BOS/EOS added
     as the model says when the session is empty), bytes, or token ids.
     """
 
-    def __init__(self, model, n_ctx=None, n_threads=None, n_batch=None, kv_type=None, activations=None):
+    def __init__(self, model, n_ctx=None, n_threads=None, n_batch=None, kv_type=None, activations=None,
+                 resident_kv_bytes=None):
         self._handle = None
         shared = model._shared
         if shared is None:
             raise closed_error("Model")
         opts = _native.new_options(_native.SessionOptions, lib.cb_session_options_init_sized)
-        for name, value in (("n_ctx", n_ctx), ("n_threads", n_threads), ("n_batch", n_batch)):
+        for name, value in (("n_ctx", n_ctx), ("n_threads", n_threads), ("n_batch", n_batch),
+                            ("resident_kv_bytes", resident_kv_bytes)):
             if value is not None:
                 setattr(opts, name, value)
         if kv_type is not None:

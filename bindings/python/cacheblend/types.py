@@ -159,6 +159,8 @@ class RagStats:
     selected_share: float
     guard_raised: bool
     fetch_ms: float
+    resident_hits: int  # of cache_hits, chunks copied from the session's GPU memory
+    resident_bytes: int
 
 
 @dataclass(frozen=True)

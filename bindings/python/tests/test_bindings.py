@@ -239,6 +239,8 @@ def test_rag_in_ram(model, session):
         session.reset()
         stats = session.rag_prefill(CHUNKS, QUESTION, cache, cb.RagOptions(fetch_threads=3))
         assert stats.cache_hits == 3 and list(session.logits()) == one
+        # The CPU keeps no chunks in a GPU's memory.
+        assert stats.resident_hits == 0 and stats.resident_bytes == 0
         session.reset()
         with pytest.raises(cb.InvalidArgumentError, match="fetch_threads"):
             session.rag_prefill(CHUNKS, QUESTION, cache, cb.RagOptions(fetch_threads=-1))
@@ -314,6 +316,10 @@ def test_kv_type_sets_the_cache_size_and_keeps_greedy_text(model):
         model.session(kv_type=7)
     with pytest.raises(ValueError, match="unknown KvType"):
         model.session(kv_type="bf16")
+    # GPU memory for resident chunks: -1 (none) is a valid choice, below is not.
+    model.session(n_ctx=64, resident_kv_bytes=-1).close()
+    with pytest.raises(cb.InvalidArgumentError, match="resident_kv_bytes"):
+        model.session(resident_kv_bytes=-2)
 
 
 def test_errors_carry_status_and_message(tmp_path, session):
