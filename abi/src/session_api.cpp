@@ -79,6 +79,8 @@ cb_status cb_session_create(cb_model* model, const cb_session_options* opts,
     so.device = model->state->device;
     so.kv_type = o.kv_type == CB_KV_F32 ? cb::KvType::kF32 : cb::KvType::kF16;
     so.int8_decode = so.int8_prefill = o.activations == CB_ACTIVATIONS_INT8;
+    // The C API's zero is the default (the backend's choice), the
+    // runtime's -1; the C API's -1 (none) is the runtime's 0.
     so.resident_kv_bytes = o.resident_kv_bytes == 0  ? -1
                            : o.resident_kv_bytes < 0 ? 0
                                                      : o.resident_kv_bytes;

@@ -303,7 +303,8 @@ static void check_legacy_init(const char* name, size_t old_size) {
   memset(u.b, 0xAB, sizeof u.b);
   legacy(u.b);
   memcpy(&written, u.b, sizeof written);
-  if (written != old_size) fprintf(stderr, "%s wrote struct_size %zu, not %zu\n", name, written, old_size);
+  if (written != old_size)
+    fprintf(stderr, "%s wrote struct_size %zu, not %zu\n", name, written, old_size);
   CHECK(written == old_size);
   for (i = old_size; i < sizeof u.b; ++i) untouched = untouched && u.b[i] == 0xAB;
   CHECK(untouched);
