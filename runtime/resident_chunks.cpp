@@ -22,7 +22,10 @@ ResidentChunk* ResidentChunks::acquire(const std::string& name, int64_t n_tokens
   if (it != entries_.end()) {
     ResidentChunk& e = it->second;
     if (e.n_tokens != n_tokens) {
-      release(it);  // a name reused for other bytes: they are not these
+      // A name reused for other bytes: they are not these.  Freed unless
+      // this request holds the entry.
+      if (e.last_use == request_) return nullptr;
+      release(it);
     } else {
       if (e.last_use == request_ && !e.ready) return nullptr;
       e.last_use = request_;

@@ -60,7 +60,7 @@ class ResidentChunks {
   // to be recorded (not ready), evicting older entries to make room.  Null
   // when the budget cannot hold it, the backend has no memory left for it,
   // or the request already acquired it and it is being recorded (one
-  // recording at a time).
+  // recording at a time) or holds other bytes (another n_tokens).
   ResidentChunk* acquire(const std::string& name, int64_t n_tokens);
   // Frees every entry.
   void clear();

@@ -81,7 +81,11 @@ TEST(ResidentChunks, OneRecordingAtATimeAndNamesTiedToTheirSize) {
   r.begin_request();
   EXPECT_EQ(r.acquire("b", 6), b);
   EXPECT_FALSE(b->ready);
-  // A name asked for with another size names other bytes.
+  // A name asked for with another size names other bytes: never while the
+  // request holds the entry, else in place of it.
+  EXPECT_EQ(r.acquire("a", 6), a);
+  EXPECT_EQ(r.acquire("a", 4), nullptr);
+  r.begin_request();
   ResidentChunk* a4 = r.acquire("a", 4);
   ASSERT_NE(a4, nullptr);
   EXPECT_FALSE(a4->ready);
