@@ -136,6 +136,7 @@ Session::~Session() {
   for (void* p : k_cache_) backend_->free_buffer(p);
   for (void* p : v_cache_) backend_->free_buffer(p);
   if (arena_) backend_->free_buffer(arena_);
+  if (decode_in_) backend_->free_buffer(decode_in_);
 }
 
 void Session::read_kv_rows(int64_t layer, bool v, int64_t first, int64_t n, float* out) {
@@ -196,15 +197,22 @@ std::span<const float> Session::decode(int32_t token) {
   // same ops on the same buffers at every token, and the host is spared
   // building and planning ~500 nodes a token.
   if (!decode_graph_) {
+    if (!decode_in_)
+      decode_in_ = static_cast<int32_t*>(backend_->alloc_buffer(sizeof decode_in_host_));
     auto g = std::make_unique<Graph>();
-    add_forward(*g, &decode_token_, &decode_pos_, nullptr, 1, 1,
+    add_forward(*g, &decode_in_[0], &decode_in_[1], nullptr, 1, 1,
                 int8_decode_ ? Graph::Precision::kInt8Activations : Graph::Precision::kF32,
                 nullptr);
     decode_arena_bytes_ = g->plan();
     decode_graph_ = std::move(g);
   }
-  decode_token_ = token;
-  decode_pos_ = static_cast<int32_t>(n_past_);
+  // Uploaded rather than written in place: a GPU then copies 8 bytes ahead
+  // of the token's ops, where a host write to managed memory would move
+  // the page to the host and back, and host-memory arguments would cost a
+  // look-up per op.
+  decode_in_host_[0] = token;
+  decode_in_host_[1] = static_cast<int32_t>(n_past_);
+  backend_->upload(decode_in_, decode_in_host_, sizeof decode_in_host_);
   decode_graph_->set_attention_context(n_past_ + 1, context_bias_);
   execute(*decode_graph_, decode_arena_bytes_, nullptr);
   ++n_past_;

@@ -197,8 +197,10 @@ class Session {
   // decode()'s graph, built at its first token, and what it reads.
   std::unique_ptr<Graph> decode_graph_;
   size_t decode_arena_bytes_ = 0;
-  int32_t decode_token_ = 0;
-  int32_t decode_pos_ = 0;
+  // The token's id and position, in backend memory (uploaded from the
+  // host copy at each token).
+  int32_t* decode_in_ = nullptr;
+  int32_t decode_in_host_[2] = {0, 0};
 };
 
 }  // namespace cb

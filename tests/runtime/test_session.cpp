@@ -14,6 +14,7 @@
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
+#include "tests/runtime/counting_backends.h"
 #include "tests/runtime/gguf_builder.h"
 #include "tests/runtime/model_path.h"
 
@@ -276,6 +277,72 @@ TEST(Session, DecodeTokensRunTheSameOpsOnTheSameBuffers) {
     }
     ASSERT_GT(tokens[0].size(), 100u);
     for (size_t t = 1; t < tokens.size(); ++t) EXPECT_EQ(tokens[t], tokens[0]) << "token " << t;
+  }
+}
+
+// Counts the token ids, positions and row indices that ops read from
+// outside alloc_buffer() memory.
+class IndexArgsBackend final : public test::CountingBackend {
+ public:
+  void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override {
+    count(ids);
+    CountingBackend::get_rows(w, ids, n, out);
+  }
+  void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
+            int64_t rot_dim, float freq_base, const float* freq_factors) override {
+    count(pos);
+    CountingBackend::rope(x, pos, n_rows, n_heads, head_dim, rot_dim, freq_base, freq_factors);
+  }
+  void scatter_rows(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
+                    float* dst) override {
+    count(idx);
+    CountingBackend::scatter_rows(src, row_len, idx, n, dst);
+  }
+  void scatter_rows_f16(const float* src, int64_t row_len, const int32_t* idx, int64_t n,
+                        uint16_t* dst) override {
+    count(idx);
+    CountingBackend::scatter_rows_f16(src, row_len, idx, n, dst);
+  }
+  void attention(const AttentionArgs& a) override {
+    count(a.q_pos);
+    CountingBackend::attention(a);
+  }
+  int host_indices = 0;
+
+ private:
+  void count(const void* p) {
+    if (!in_buffer(p)) ++host_indices;
+  }
+};
+
+// A decode token's id and position are in backend memory, so its ops read
+// no index from the host (a GPU backend looks up and mirrors every host
+// argument, once per op), and the only host memory they touch is the
+// logits row they return.
+TEST(Session, DecodeTokensReadNoHostMemory) {
+  for (KvType kv : {KvType::kF16, KvType::kF32}) {
+    auto owned = std::make_unique<IndexArgsBackend>();
+    IndexArgsBackend& be = *owned;
+    // f32 products on both paths, so decode and prefill agree closely.
+    Session s(
+        model(),
+        {.n_ctx = 64, .n_threads = 2, .int8_decode = false, .int8_prefill = false, .kv_type = kv},
+        std::move(owned));
+    auto ids = prompt_ids();
+    const auto want_prefill = s.prefill(std::span(ids).first(5));
+    const std::vector<float> want(want_prefill.begin(), want_prefill.end());
+    s.truncate(4);
+    for (int i = 0; i < 3; ++i) {
+      be.host_args = 0;
+      be.host_indices = 0;
+      const auto got = s.decode(ids[static_cast<size_t>(4 + i)]);
+      EXPECT_EQ(be.host_indices, 0) << "token " << i;
+      EXPECT_EQ(be.host_args, 1) << "token " << i;
+      // The token and its position are the ones asked for.
+      if (i == 0) {
+        EXPECT_LT(test::rel_l2(got, want), 1e-4);
+      }
+    }
   }
 }
 
