@@ -146,10 +146,10 @@ class Session {
   // leaves: every later forward pass of the session (the answer's decode)
   // applies it, until rows of its key block are truncated or written anew.
   void set_context_bias(const KeyBlockBias& b) { context_bias_ = b; }
+  const KeyBlockBias& context_bias() const { return context_bias_; }
   // Chunk KV kept in backend memory across requests (SessionOptions::
   // resident_kv_bytes; reset and truncate leave it).
   ResidentChunks& resident_chunks() { return *resident_; }
-  const KeyBlockBias& context_bias() const { return context_bias_; }
 
   // Asked before every op of prefill() and of the fusor's passes over this
   // session (empty: never); see StopCheck.  decode() is one token and does
