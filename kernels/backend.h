@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <utility>
 
 #include "kernels/dtype.h"
 
@@ -41,6 +42,10 @@ struct KeyBlockBias {
   int64_t query_from = 0;
   float bias = 0.0f;
   bool active() const { return bias != 0.0f && key_end > key_begin; }
+  bool operator==(const KeyBlockBias& o) const {
+    return key_begin == o.key_begin && key_end == o.key_end && query_from == o.query_from &&
+           bias == o.bias;
+  }
   // The bias query position qp pays to key j.
   float at(int64_t qp, int64_t j) const {
     return qp >= query_from && j >= key_begin && j < key_end ? bias : 0.0f;
@@ -220,6 +225,30 @@ class Backend {
   virtual void begin_batch() {}
   virtual void end_batch() {}
 
+  // --- Replayed batches ---
+  // A caller that issues the same ops with the same arguments (every
+  // pointer, size and scalar) batch after batch, where only the contents of
+  // alloc_buffer() memory differ in between (a decode token, whose id and
+  // position are uploaded before it), may let the backend record such a
+  // batch once and replay the recording.  begin_replay(key) opens an
+  // outermost batch, as begin_batch() does, for the ops the caller issued
+  // last under `key` (nonzero, chosen by the caller).  It returns true when
+  // the backend has issued them itself, from a recording: the caller then
+  // issues nothing and calls end_batch().  On false the caller issues the
+  // ops and calls end_batch(), and the backend may record them.  The ops of
+  // such a batch read no host memory (weights from prepare_weight(), every
+  // other input in alloc_buffer() memory); an output in host memory holds
+  // its result when end_batch() returns, not before.  forget_replay(key)
+  // drops the recording: the caller calls it before it frees or changes
+  // anything that the ops under `key` name.  By default nothing is
+  // recorded (a CPU runs the ops at once: there is nothing to save).
+  virtual bool begin_replay(uint64_t key) {
+    (void)key;
+    begin_batch();
+    return false;
+  }
+  virtual void forget_replay(uint64_t key) { (void)key; }
+
   // --- Uploads by a loader thread (the layerwise KV pipeline) ---
   // True when data loaded on the host should reach this backend's buffers
   // through host staging memory and upload() (a discrete GPU: page-locked
@@ -253,13 +282,12 @@ class Backend {
   virtual uint64_t resident_kv_bytes() const { return 0; }
 };
 
-// Runs ops(), which issues ops on `be`, as one batch (begin_batch ..
-// end_batch).  When ops() throws, the batch is still ended and ops()'s
-// error is the one that leaves: a failing end_batch() after it usually
-// reports the same fault again.
+// Runs ops(), which issues ops on `be`, and then ends the batch open on
+// `be` (begin_batch or begin_replay).  When ops() throws, the batch is
+// still ended and ops()'s error is the one that leaves: a failing
+// end_batch() after it usually reports the same fault again.
 template <class Ops>
-void run_batch(Backend& be, Ops&& ops) {
-  be.begin_batch();
+void end_batch_after(Backend& be, Ops&& ops) {
   try {
     ops();
   } catch (...) {
@@ -270,6 +298,13 @@ void run_batch(Backend& be, Ops&& ops) {
     throw;
   }
   be.end_batch();
+}
+
+// Runs ops() as one batch (begin_batch .. end_batch).
+template <class Ops>
+void run_batch(Backend& be, Ops&& ops) {
+  be.begin_batch();
+  end_batch_after(be, std::forward<Ops>(ops));
 }
 
 // Backend::top_k on the host, for host memory (the default implementation).

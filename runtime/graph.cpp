@@ -252,6 +252,14 @@ void Graph::execute(Backend& be, void* arena, size_t begin, size_t end,
   });
 }
 
+void Graph::execute_replayable(Backend& be, void* arena, uint64_t key) const {
+  const bool replayed = be.begin_replay(key);
+  end_batch_after(be, [&] {
+    if (!replayed)
+      for (const Node& n : nodes_) run_node(be, n, arena);
+  });
+}
+
 void Graph::run_node(Backend& be, const Node& n, void* arena) const {
   float* out = ptr(n.out, arena);
   const float* a = ptr(n.a, arena);

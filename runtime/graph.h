@@ -82,6 +82,11 @@ class Graph {
   // the call or after it.  `stop` (may be null) is asked before each op.
   void execute(Backend& be, void* arena, size_t begin = 0, size_t end = SIZE_MAX,
                const StopCheck* stop = nullptr) const;
+  // Runs every node as one batch that the backend may record under `key`
+  // and replay (Backend::begin_replay) instead of the ops being issued
+  // again: the caller keeps the arena, the external tensors and the
+  // attention context that `key` was first run with, or forgets the key.
+  void execute_replayable(Backend& be, void* arena, uint64_t key) const;
 
   size_t n_nodes() const { return nodes_.size(); }
   int64_t rows(TensorId t) const { return tensors_[t].rows; }

@@ -1,6 +1,7 @@
 #include "runtime/session.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numeric>
 #include <string>
@@ -60,6 +61,10 @@ std::unique_ptr<Backend> make_backend(const SessionOptions& opts) {
   // Reached only by a value cast into the enum from outside its range.
   fail(ErrorCode::kInvalidArgument, "unknown backend kind");
 }
+
+// Keys of decode recordings (Backend::begin_replay), unique in the process
+// so that sessions sharing a backend never name each other's.
+std::atomic<uint64_t> next_replay_key{0};
 
 }  // namespace
 
@@ -132,6 +137,7 @@ Session::Session(const Model& model, const SessionOptions& opts, std::unique_ptr
 }
 
 Session::~Session() {
+  forget_decode_key();
   resident_.reset();
   for (void* p : k_cache_) backend_->free_buffer(p);
   for (void* p : v_cache_) backend_->free_buffer(p);
@@ -206,6 +212,18 @@ std::span<const float> Session::decode(int32_t token) {
     decode_arena_bytes_ = g->plan();
     decode_graph_ = std::move(g);
   }
+  ensure_arena(decode_arena_bytes_);
+  // Every token's ops, arguments included, are then the same, so a backend
+  // may replay a recording of them (a GPU: one launch for ~500 kernels):
+  // the attention takes the whole cache, and its causal bound (the key
+  // rows up to the token's position, which it reads in backend memory)
+  // keeps it to the rows written.
+  if (decode_key_ == 0 || !(decode_key_bias_ == context_bias_)) {
+    forget_decode_key();
+    decode_graph_->set_attention_context(n_ctx_, context_bias_);
+    decode_key_bias_ = context_bias_;
+    decode_key_ = next_replay_key.fetch_add(1) + 1;
+  }
   // Uploaded rather than written in place: a GPU then copies 8 bytes ahead
   // of the token's ops, where a host write to managed memory would move
   // the page to the host and back, and host-memory arguments would cost a
@@ -213,10 +231,14 @@ std::span<const float> Session::decode(int32_t token) {
   decode_in_host_[0] = token;
   decode_in_host_[1] = static_cast<int32_t>(n_past_);
   backend_->upload(decode_in_, decode_in_host_, sizeof decode_in_host_);
-  decode_graph_->set_attention_context(n_past_ + 1, context_bias_);
-  execute(*decode_graph_, decode_arena_bytes_, nullptr);
+  decode_graph_->execute_replayable(*backend_, arena_, decode_key_);
   ++n_past_;
   return logits_;
+}
+
+void Session::forget_decode_key() {
+  if (decode_key_ != 0) backend_->forget_replay(decode_key_);
+  decode_key_ = 0;
 }
 
 std::vector<float> Session::embed(std::span<const int32_t> tokens) {
@@ -303,13 +325,17 @@ void Session::add_forward(Graph& g, const int32_t* tokens, const int32_t* pos,
   }
 }
 
+void Session::ensure_arena(size_t bytes) {
+  if (bytes <= arena_bytes_) return;
+  forget_decode_key();  // its recording names the old arena
+  if (arena_) backend_->free_buffer(arena_);
+  arena_ = nullptr;
+  arena_ = backend_->alloc_buffer(bytes);
+  arena_bytes_ = bytes;
+}
+
 void Session::execute(const Graph& g, size_t arena_bytes, const StopCheck* stop) {
-  if (arena_bytes > arena_bytes_) {
-    if (arena_) backend_->free_buffer(arena_);
-    arena_ = nullptr;
-    arena_ = backend_->alloc_buffer(arena_bytes);
-    arena_bytes_ = arena_bytes;
-  }
+  ensure_arena(arena_bytes);
   g.execute(*backend_, arena_, 0, SIZE_MAX, stop);
 }
 

@@ -170,8 +170,12 @@ class Session {
   // last layer's K/V unless `hidden` takes every row (see forward_batch).
   void add_forward(Graph& g, const int32_t* tokens, const int32_t* pos, const int32_t* last_row,
                    int64_t n, int64_t n_kv, Graph::Precision mm, float* hidden);
+  // Grows the session's arena to `bytes` if it is smaller.
+  void ensure_arena(size_t bytes);
   // Runs g in the session's arena, grown to arena_bytes first if needed.
   void execute(const Graph& g, size_t arena_bytes, const StopCheck* stop);
+  // Drops the backend's recording of the decode graph, if any.
+  void forget_decode_key();
   // The context bias ends where rows of its key block were dropped.
   void forget_stale_context_bias();
 
@@ -201,6 +205,10 @@ class Session {
   // host copy at each token).
   int32_t* decode_in_ = nullptr;
   int32_t decode_in_host_[2] = {0, 0};
+  // The key the backend may have recorded the decode graph under (0:
+  // none), valid while the arena and the context bias it ran with stay.
+  uint64_t decode_key_ = 0;
+  KeyBlockBias decode_key_bias_;
 };
 
 }  // namespace cb

@@ -71,6 +71,9 @@ gpu_benchmarks() {  # PREFIX
     step "${1}prefill_$n" 60 "$BIN/cb_bench" prefill --tokens $n --repeat 3 $GPU --json
   done
   step "${1}decode" 60 "$BIN/cb_bench" decode --tokens 128 --repeat 3 $GPU --json
+  # Decode tokens replayed from one CUDA graph each (off by default).
+  CB_CUDA_GRAPHS=1 step "${1}decode_graphs" 60 "$BIN/cb_bench" decode --tokens 128 --repeat 3 \
+    $GPU --json
   step "${1}ttft" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,reuse,blend \
     --repeat 3 $GPU --json
 }

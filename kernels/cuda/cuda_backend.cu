@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -126,12 +127,15 @@ class CudaBackend final : public Backend {
     profile_ = std::getenv("CB_CUDA_PROFILE") != nullptr;
     const char* bf16 = std::getenv("CB_CUDA_BF16");
     round_bf16_ = bf16 != nullptr && std::strcmp(bf16, "0") != 0;
+    const char* graphs = std::getenv("CB_CUDA_GRAPHS");
+    replay_ = opts.replay_batches || (graphs != nullptr && std::strcmp(graphs, "0") != 0);
   }
 
   ~CudaBackend() override {
     // Errors cannot be reported from a destructor; the process is usually
     // exiting or the session is being torn down.
     cudaSetDevice(device_);
+    recordings_.clear();
     std::vector<std::unique_ptr<ThreadCtx>> ctxs;
     {
       std::lock_guard<std::mutex> lock(table_->mu);
@@ -348,6 +352,7 @@ class CudaBackend final : public Backend {
     d.out = c.out(a.out, q_elems, false);
     if (a.n_q >= kAttnGemmMinRows && a.n_kv > 0) {
       c.name("attention gemm");
+      c.uncapturable("its GEMMs take scratch memory");
       attention_gemm(c, d, a.q_pos);
       c.finish();
       return;
@@ -583,7 +588,97 @@ class CudaBackend final : public Backend {
   void end_batch() override {
     ThreadCtx& c = this_thread_ctx();
     check(c.depth > 0, "end_batch without a matching begin_batch on this thread");
-    if (--c.depth == 0) sync(c);
+    if (--c.depth > 0) return;
+    const ReplayMode mode = c.replay;
+    c.replay = ReplayMode::kOff;
+    if (mode == ReplayMode::kProbe) {
+      auto r = std::make_unique<Recording>();
+      r->state = c.capturable ? Recording::State::kProbed : Recording::State::kIssued;
+      r->output_bytes.swap(c.probed_outputs);
+      std::lock_guard<std::mutex> lock(table_->mu);
+      recordings_[c.replay_key] = std::move(r);
+    } else if (mode == ReplayMode::kCapture) {
+      end_capture(c);
+    }
+    const std::vector<HostCopy>* copies = c.host_copies;
+    c.host_copies = nullptr;
+    sync(c);
+    if (copies != nullptr)
+      for (const HostCopy& h : *copies) std::memcpy(h.host, h.pinned, h.bytes);
+  }
+
+  // Replayed batches as CUDA graphs (cuda_replay.cuh); only with
+  // CudaBackendOptions::replay_batches or CB_CUDA_GRAPHS, and not while
+  // CB_CUDA_PROFILE times every op.
+  bool begin_replay(uint64_t key) override {
+    ThreadCtx& c = this_thread_ctx();
+    check(key != 0, "begin_replay: key 0 names no batch");
+    check(c.depth == 0, "begin_replay inside a batch");
+    if (!replay_ || profile_) {
+      ++c.depth;
+      return false;
+    }
+    std::unique_lock<std::mutex> lock(table_->mu);
+    auto it = recordings_.find(key);
+    Recording* r = it == recordings_.end() ? nullptr : it->second.get();
+    if (r == nullptr) {
+      lock.unlock();
+      c.replay = ReplayMode::kProbe;
+      c.replay_key = key;
+      c.capturable = true;
+      c.probed_outputs.clear();
+      ++c.depth;
+      return false;
+    }
+    if (r->state == Recording::State::kReplayable) {
+      cuda_check(cudaGraphLaunch(r->exec, c.stream), "cudaGraphLaunch");
+      ++graph_launches_;
+      c.host_copies = &r->host_copies;
+      ++c.depth;
+      return true;
+    }
+    if (r->state == Recording::State::kIssued) {
+      ++c.depth;
+      return false;
+    }
+    // Probed: this batch is captured.  Memory for its host outputs first,
+    // since nothing is allocated while capturing.
+    std::vector<size_t> sizes = r->output_bytes;
+    lock.unlock();
+    auto rec = std::make_unique<Recording>();
+    for (size_t bytes : sizes) {
+      void* d = nullptr;
+      void* h = nullptr;
+      cuda_check(cudaMalloc(&d, bytes), "cudaMalloc (replayed output)");
+      rec->device.push_back(d);
+      cuda_check(cudaHostAlloc(&h, bytes, cudaHostAllocDefault), "cudaHostAlloc (replayed output)");
+      rec->pinned.push_back(h);
+    }
+    rec->output_bytes = std::move(sizes);
+    // Relaxed: the ops' own driver queries (pointer attributes of a host
+    // output) stay allowed; nothing in a probed batch allocates or waits.
+    cuda_check(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeRelaxed),
+               "cudaStreamBeginCapture");
+    c.capture = std::move(rec);
+    c.captured_outputs = 0;
+    c.capturable = true;
+    c.replay = ReplayMode::kCapture;
+    c.replay_key = key;
+    ++c.depth;
+    return false;
+  }
+
+  void forget_replay(uint64_t key) override {
+    std::unique_ptr<Recording> r;
+    {
+      std::lock_guard<std::mutex> lock(table_->mu);
+      auto it = recordings_.find(key);
+      if (it == recordings_.end()) return;
+      r = std::move(it->second);
+      recordings_.erase(it);
+    }
+    use_device();
+    r.reset();  // outside the lock: cudaFree waits for the device
   }
 
   // ----------------------------------------------------------- uploads --
@@ -621,6 +716,10 @@ class CudaBackend final : public Backend {
     if (bytes == 0) return;
     check(dst != nullptr && src != nullptr, "upload: null pointer");
     ThreadCtx& c = this_thread_ctx();
+    if (c.replay != ReplayMode::kOff) {
+      c.capturable = false;  // a replay would copy what src held at the capture
+      check(c.replay == ReplayMode::kProbe, "upload: inside a replayed batch being captured");
+    }
     bool managed = false;
     {
       std::lock_guard<std::mutex> lock(table_->mu);
@@ -680,6 +779,11 @@ class CudaBackend final : public Backend {
     return e;
   }
 
+  // Batches replayed from a CUDA graph so far (cuda_graph_launches()).
+  int64_t graph_launches() const {
+    return graph_launches_.load();
+  }
+
   // Bytes of the f32 weight copies kept so far (cuda_kept_f32_bytes()).
   int64_t kept_f32_bytes() {
     std::lock_guard<std::mutex> lock(f32_mu_);
@@ -726,9 +830,11 @@ class CudaBackend final : public Backend {
       return;
     } else if (rounded) {
       c.name("matmul_q8 gemm bf16");
+      c.uncapturable("its GEMM takes scratch memory");
       gemm_bf16(c.ctx(), w, dx, n_rows, dy);
     } else {
       c.name("matmul gemm");
+      c.uncapturable("its GEMM takes scratch memory");
       gemm(c.ctx(), w, dx, n_rows, dy);
     }
     if (db != nullptr) {
@@ -754,8 +860,14 @@ class CudaBackend final : public Backend {
     // `op` names the op in the CB_CUDA_PROFILE totals: the calling member
     // function unless given.
     explicit Call(CudaBackend& be, const char* op = __builtin_FUNCTION())
-        : be_(be), ctx_(be.this_thread_ctx()), op_(op) {
-      if (ctx_.mirror_bytes > kMirrorMaxTotal || ctx_.mirrors.size() > kMirrorMaxEntries) {
+        : be_(be),
+          ctx_(be.this_thread_ctx()),
+          op_(op),
+          capturing_(ctx_.replay == ReplayMode::kCapture),
+          exceptions_(std::uncaught_exceptions()) {
+      // Mirrors are freed on the stream, which a capture would record.
+      if (!capturing_ &&
+          (ctx_.mirror_bytes > kMirrorMaxTotal || ctx_.mirrors.size() > kMirrorMaxEntries)) {
         be_.drop_mirrors(ctx_);
       }
       if (be_.profile_) {
@@ -768,8 +880,19 @@ class CudaBackend final : public Backend {
     // Frees are stream-ordered, so they also run after work this call
     // queued before an exception.
     ~Call() {
+      // An op that failed while captured leaves a graph without its work.
+      if (capturing_ && std::uncaught_exceptions() > exceptions_) ctx_.capturable = false;
       release_temps();
       if (start_ != nullptr) ctx_.spare.push_back(start_);
+    }
+
+    // This op cannot be replayed from a graph (why: for the message): a
+    // probe notes it, a capture fails.
+    void uncapturable(const char* why) {
+      if (ctx_.replay == ReplayMode::kProbe) ctx_.capturable = false;
+      if (capturing_)
+        fail(ErrorCode::kInternal, std::string("cuda backend: ") + op_ +
+                                       " cannot be captured in a replayed batch: " + why);
     }
 
     cudaStream_t stream() const { return ctx_.stream; }
@@ -779,6 +902,7 @@ class CudaBackend final : public Backend {
     template <class T>
     const T* in(const T* p, int64_t n) {
       if (p == nullptr || n == 0 || be_.where(p) == Where::kBackend) return p;
+      uncapturable("it reads host memory");
       const size_t bytes = static_cast<size_t>(n) * sizeof(T);
       if (bytes <= kMirrorMaxBytes) return static_cast<const T*>(mirror(p, bytes));
       void* d = temp(bytes);
@@ -793,7 +917,10 @@ class CudaBackend final : public Backend {
       if (p == nullptr || n == 0) return p;
       if (T* d = out_in_place(p)) return d;
       const size_t bytes = static_cast<size_t>(n) * sizeof(T);
-      void* d = temp(bytes);
+      if (copy_in) uncapturable("it reads host memory");
+      if (ctx_.replay == ReplayMode::kProbe) ctx_.probed_outputs.push_back(bytes);
+      if (capturing_) return static_cast<T*>(captured_output(p, bytes));
+      void* d = alloc_temp(bytes);
       if (copy_in) to_device(d, p, bytes);
       backs_.push_back({p, d, nullptr, bytes});
       host_out_ = true;
@@ -805,7 +932,8 @@ class CudaBackend final : public Backend {
     template <class T>
     T* out_in_place(T* p) {
       const Where w = be_.where(p);
-      if (w == Where::kPinned) host_out_ = true;
+      // A graph writes page-locked memory at each replay, read after the wait.
+      if (w == Where::kPinned && !capturing_) host_out_ = true;
       return w == Where::kHost ? nullptr : p;
     }
 
@@ -825,6 +953,7 @@ class CudaBackend final : public Backend {
     // lock is held).  The copy lives until the thread's next bounce use.
     const int32_t* host_ints(const int32_t* p, int64_t n) {
       if (be_.where(p) != Where::kBackend) return p;
+      uncapturable("it reads indices back to the host");
       void* b = ctx_.arena.get(static_cast<size_t>(n) * sizeof(int32_t));
       cuda_check(cudaMemcpyAsync(b, p, static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyDefault,
                                  ctx_.stream),
@@ -835,14 +964,19 @@ class CudaBackend final : public Backend {
 
     // Device scratch for this op, freed (stream-ordered) when the op ends.
     void* temp(size_t bytes) {
-      void* d = be_.dev_alloc(ctx_, bytes, "staging");
-      temps_.push_back(d);
-      return d;
+      uncapturable("it takes temporary device memory");
+      return alloc_temp(bytes);
     }
 
     // Copies staged outputs back and, outside a batch or for a host output,
     // waits for everything the thread queued.
     void finish() {
+      for (const auto& [h, dev] : captured_) {
+        cuda_check(cudaMemcpyAsync(const_cast<void*>(h.pinned), dev, h.bytes,
+                                   cudaMemcpyDeviceToHost, ctx_.stream),
+                   "cudaMemcpyAsync (replayed output)");
+        ctx_.capture->host_copies.push_back(h);
+      }
       for (Back& b : backs_) {
         b.bounce = ctx_.arena.get(b.bytes);
         cuda_check(cudaMemcpyAsync(b.bounce, b.dev, b.bytes, cudaMemcpyDeviceToHost, ctx_.stream),
@@ -868,6 +1002,26 @@ class CudaBackend final : public Backend {
       void* bounce;
       size_t bytes;
     };
+
+    void* alloc_temp(size_t bytes) {
+      void* d = be_.dev_alloc(ctx_, bytes, "staging");
+      temps_.push_back(d);
+      return d;
+    }
+
+    // A captured op's output bound for host memory `host`: the recording's
+    // next device buffer, copied to its page-locked twin when the op ends
+    // and from there to `host` after each wait.
+    void* captured_output(void* host, size_t bytes) {
+      Recording& r = *ctx_.capture;
+      const size_t i = ctx_.captured_outputs++;
+      if (i >= r.output_bytes.size() || r.output_bytes[i] != bytes)
+        fail(ErrorCode::kInternal, std::string("cuda backend: ") + op_ +
+                                       " in a replayed batch has host outputs unlike its first "
+                                       "batch's");
+      captured_.push_back({{host, r.pinned[i], bytes}, r.device[i]});
+      return r.device[i];
+    }
 
     // Host bytes -> device, through bounce memory (see PinnedArena).
     void to_device(void* d, const void* h, size_t bytes) {
@@ -914,8 +1068,11 @@ class CudaBackend final : public Backend {
     std::vector<void*> temps_;
     std::vector<void*> retired_;
     std::vector<Back> backs_;
+    std::vector<std::pair<HostCopy, const void*>> captured_;  // and the device output
     bool host_out_ = false;
     const char* op_;
+    const bool capturing_;
+    const int exceptions_;
     cudaEvent_t start_ = nullptr;
   };
 
@@ -1078,6 +1235,40 @@ class CudaBackend final : public Backend {
     for (void* p : c.deferred) cudaFree(p);
     c.deferred.clear();
     c.arena.reset();
+  }
+
+  // Ends the capture of c's batch: its graph is instantiated, kept under
+  // the batch's key and launched (the captured ops have not run yet).  A
+  // capture that failed (an op threw, or the driver refused a call in it)
+  // leaves the key's batches to run as usual from then on.
+  void end_capture(ThreadCtx& c) {
+    std::unique_ptr<Recording> rec = std::move(c.capture);
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(c.stream, &graph);
+    // An op failed, or fewer host outputs than the probe had.
+    if (e == cudaSuccess && (!c.capturable || c.captured_outputs != rec->output_bytes.size()))
+      e = cudaErrorInvalidValue;
+    if (e == cudaSuccess) e = cudaGraphInstantiateWithFlags(&rec->exec, graph, 0);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (e == cudaSuccess) e = cudaGraphLaunch(rec->exec, c.stream);
+    if (e == cudaSuccess) ++graph_launches_;
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      auto issued = std::make_unique<Recording>();
+      issued->state = Recording::State::kIssued;
+      std::lock_guard<std::mutex> lock(table_->mu);
+      recordings_[c.replay_key] = std::move(issued);
+      fail(ErrorCode::kInternal,
+           std::string("cuda backend: a replayed batch could not be captured (") +
+               cudaGetErrorString(e) +
+               "); its ops did not run, and later batches under its key "
+               "run without a graph");
+    }
+    rec->state = Recording::State::kReplayable;
+    std::lock_guard<std::mutex> lock(table_->mu);
+    Recording* r = rec.get();
+    recordings_[c.replay_key] = std::move(rec);
+    c.host_copies = &r->host_copies;
   }
 
   // Waits for everything the thread queued.  Execution errors of any queued
@@ -1429,6 +1620,10 @@ class CudaBackend final : public Backend {
   uint64_t resident_kv_bytes_ = 0;
   bool profile_ = false;     // CB_CUDA_PROFILE set: time every op
   bool round_bf16_ = false;  // CB_CUDA_BF16 set (not "0"): matmul_q8 rounds to bf16
+  bool replay_ = false;      // CudaBackendOptions::replay_batches or CB_CUDA_GRAPHS
+  // begin_replay()'s recordings by key; under table_->mu.
+  std::unordered_map<uint64_t, std::unique_ptr<Recording>> recordings_;
+  std::atomic<int64_t> graph_launches_{0};
   struct ProfileTotal {
     long long calls = 0;
     double ms = 0.0;
@@ -1481,6 +1676,12 @@ int64_t kept_f32_bytes(Backend& be) {
   return cb->kept_f32_bytes();
 }
 
+int64_t graph_launches(Backend& be) {
+  auto* cb = dynamic_cast<CudaBackend*>(&be);
+  if (cb == nullptr) fail(ErrorCode::kInvalidArgument, "cuda_graph_launches: not a CUDA backend");
+  return cb->graph_launches();
+}
+
 double elapsed_ms(const CudaMark& from, const CudaMark& to) {
   if (!from || !to) fail(ErrorCode::kInvalidArgument, "cuda_elapsed_ms: empty mark");
   const cudaEvent_t a = from->ev, b = to->ev;
@@ -1496,7 +1697,8 @@ double elapsed_ms(const CudaMark& from, const CudaMark& to) {
 
 extern "C" __attribute__((visibility("default"))) const cb::CudaPluginApi* cb_cuda_plugin_api() {
   static const cb::CudaPluginApi api{
-      cb::kCudaPluginInterface, CB_PROJECT_VERSION, &cb::device_count, &cb::make_backend, &cb::mark,
-      &cb::elapsed_ms,          &cb::kept_f32_bytes};
+      cb::kCudaPluginInterface, CB_PROJECT_VERSION, &cb::device_count,
+      &cb::make_backend,        &cb::mark,          &cb::elapsed_ms,
+      &cb::kept_f32_bytes,      &cb::graph_launches};
   return &api;
 }

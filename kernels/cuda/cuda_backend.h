@@ -46,6 +46,13 @@ struct CudaBackendOptions {
   // Whatever the budget, a copy is made only while it takes at most half of
   // the device memory free at that moment.
   int64_t f32_weight_bytes = -1;
+  // Replayed batches (Backend::begin_replay: a session's decode tokens) as
+  // CUDA graphs: a key's first batch runs as usual and checks that its ops
+  // can be captured, its second is captured and launched as one graph, the
+  // later ones launch that graph.  Also turned on by the environment
+  // variable CB_CUDA_GRAPHS (set, not "0").  Off by default until measured
+  // on a GPU; ignored while CB_CUDA_PROFILE times every op.
+  bool replay_batches = false;
 };
 
 // Whether the CUDA plugin loads (it is looked for once per process: the file
@@ -88,5 +95,10 @@ double cuda_elapsed_ms(const CudaMark& from, const CudaMark& to);
 // (CudaBackendOptions::f32_weight_bytes; else kInvalidArgument): for tests
 // and tools.
 int64_t cuda_kept_f32_bytes(Backend& be);
+
+// Batches a backend from make_cuda_backend() has launched as one CUDA graph
+// so far (CudaBackendOptions::replay_batches; else kInvalidArgument): for
+// tests and tools.
+int64_t cuda_graph_launches(Backend& be);
 
 }  // namespace cb

@@ -135,4 +135,8 @@ int64_t cuda_kept_f32_bytes(Backend& be) {
   return api_or_fail().kept_f32_bytes(be);
 }
 
+int64_t cuda_graph_launches(Backend& be) {
+  return api_or_fail().graph_launches(be);
+}
+
 }  // namespace cb

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_replay.cuh"
 
 namespace cb {
 namespace {
@@ -125,6 +127,17 @@ struct ThreadCtx {
     cudaEvent_t start, end;
   };
   std::vector<TimedOp> timed;  // CB_CUDA_PROFILE: ops not yet added to the totals
+  // The outermost batch's replay (cuda_replay.cuh): its mode and key; a
+  // probe's finding (every op could be captured so far) and its host
+  // outputs' sizes; the recording being captured and how many of its
+  // outputs the ops took; the host copies to make after the batch's wait.
+  ReplayMode replay = ReplayMode::kOff;
+  uint64_t replay_key = 0;
+  bool capturable = true;
+  std::vector<size_t> probed_outputs;
+  std::unique_ptr<Recording> capture;
+  size_t captured_outputs = 0;
+  const std::vector<HostCopy>* host_copies = nullptr;
 };
 
 // The thread -> context map, shared with the thread-exit hook below so a

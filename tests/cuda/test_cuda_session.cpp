@@ -110,6 +110,44 @@ TEST_F(CudaSession, PrefillAndGreedyDecodeMatchCpu) {
   EXPECT_EQ(gpu.n_past(), cpu.n_past());
 }
 
+// Decode tokens replayed from a CUDA graph (CudaBackendOptions::
+// replay_batches) give the logits of the same tokens issued op by op,
+// bitwise (the same kernels with the same arguments, none of them
+// accumulating in a varying order): through the probe, the capture and
+// the replays, after a longer prefill has moved the arena and after a
+// context bias has changed the attention's arguments.
+TEST_F(CudaSession, ReplayedDecodeEqualsIssuedDecode) {
+  CudaBackendOptions graphs;
+  graphs.replay_batches = true;
+  Session issued(model(), opts(BackendKind::kCuda), make_cuda_backend(0));
+  Session replayed(model(), opts(BackendKind::kCuda), make_cuda_backend(0, graphs));
+  auto to_vec = [](std::span<const float> l) { return std::vector<float>(l.begin(), l.end()); };
+  const std::vector<int32_t> p = prompt();
+  ASSERT_GE(p.size(), 26u);
+  std::vector<float> want = to_vec(issued.prefill(std::span(p).first(6)));
+  ASSERT_EQ(to_vec(replayed.prefill(std::span(p).first(6))), want);
+  size_t next = 6;
+  auto decode = [&](int n) {
+    for (int i = 0; i < n; ++i, ++next) {
+      want = to_vec(issued.decode(p[next]));
+      ASSERT_EQ(to_vec(replayed.decode(p[next])), want) << "token " << next;
+    }
+  };
+  decode(4);
+  // The first token probes, the second is captured, the others replay.
+  EXPECT_EQ(cuda_graph_launches(replayed.backend()), 3);
+  EXPECT_EQ(cuda_graph_launches(issued.backend()), 0);
+  want = to_vec(issued.prefill(std::span(p).subspan(next, 10)));
+  ASSERT_EQ(to_vec(replayed.prefill(std::span(p).subspan(next, 10))), want);
+  next += 10;
+  decode(3);
+  const KeyBlockBias bias{.key_begin = 2, .key_end = 12, .query_from = 0, .bias = -0.7f};
+  issued.set_context_bias(bias);
+  replayed.set_context_bias(bias);
+  decode(3);
+  EXPECT_EQ(cuda_graph_launches(replayed.backend()), 3 + 2 + 2);
+}
+
 // CacheBlend: the fusor reads and writes the KV cache from host code
 // (chunk KV copied in, deviations computed on the host), so this covers the
 // managed-memory path too.  Three runs: CPU computing its chunks, CUDA
