@@ -232,20 +232,26 @@ class Backend {
   // position are uploaded before it), may let the backend record such a
   // batch once and replay the recording.  begin_replay(key) opens an
   // outermost batch, as begin_batch() does, for the ops the caller issued
-  // last under `key` (nonzero, chosen by the caller).  It returns true when
-  // the backend has issued them itself, from a recording: the caller then
-  // issues nothing and calls end_batch().  On false the caller issues the
-  // ops and calls end_batch(), and the backend may record them.  The ops of
-  // such a batch read no host memory (weights from prepare_weight(), every
-  // other input in alloc_buffer() memory); an output in host memory holds
-  // its result when end_batch() returns, not before.  forget_replay(key)
-  // drops the recording: the caller calls it before it frees or changes
-  // anything that the ops under `key` name.  By default nothing is
-  // recorded (a CPU runs the ops at once: there is nothing to save).
-  virtual bool begin_replay(uint64_t key) {
+  // last under `key` (nonzero, chosen by the caller), and says what the
+  // caller does before its end_batch():
+  //  - kReplayed: nothing; the backend has issued the ops from a recording;
+  //  - kIssue: issue the ops (the backend may look at them);
+  //  - kRecord: issue the ops, which the backend records and runs only at
+  //    end_batch(); if that end_batch() throws, the recording failed and
+  //    none of them ran, and the caller may issue them again in an
+  //    ordinary batch.
+  // The ops of such a batch read no host memory (weights from
+  // prepare_weight(), every other input in alloc_buffer() memory); an
+  // output in host memory holds its result when end_batch() returns, not
+  // before.  forget_replay(key) drops the recording: the caller calls it
+  // before it frees or changes anything that the ops under `key` name.  By
+  // default nothing is recorded (a CPU runs the ops at once: there is
+  // nothing to save).
+  enum class ReplayStart { kReplayed, kIssue, kRecord };
+  virtual ReplayStart begin_replay(uint64_t key) {
     (void)key;
     begin_batch();
-    return false;
+    return ReplayStart::kIssue;
   }
   virtual void forget_replay(uint64_t key) { (void)key; }
 

@@ -253,11 +253,18 @@ void Graph::execute(Backend& be, void* arena, size_t begin, size_t end,
 }
 
 void Graph::execute_replayable(Backend& be, void* arena, uint64_t key) const {
-  const bool replayed = be.begin_replay(key);
-  end_batch_after(be, [&] {
-    if (!replayed)
-      for (const Node& n : nodes_) run_node(be, n, arena);
-  });
+  const Backend::ReplayStart start = be.begin_replay(key);
+  try {
+    end_batch_after(be, [&] {
+      if (start != Backend::ReplayStart::kReplayed)
+        for (const Node& n : nodes_) run_node(be, n, arena);
+    });
+  } catch (const Error&) {
+    // A recording that failed ran nothing: the ops once more, as usual (an
+    // error of their own comes back from there).
+    if (start != Backend::ReplayStart::kRecord) throw;
+    execute(be, arena);
+  }
 }
 
 void Graph::run_node(Backend& be, const Node& n, void* arena) const {

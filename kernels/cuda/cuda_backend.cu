@@ -610,13 +610,13 @@ class CudaBackend final : public Backend {
   // Replayed batches as CUDA graphs (cuda_replay.cuh); only with
   // CudaBackendOptions::replay_batches or CB_CUDA_GRAPHS, and not while
   // CB_CUDA_PROFILE times every op.
-  bool begin_replay(uint64_t key) override {
+  ReplayStart begin_replay(uint64_t key) override {
     ThreadCtx& c = this_thread_ctx();
     check(key != 0, "begin_replay: key 0 names no batch");
     check(c.depth == 0, "begin_replay inside a batch");
-    if (!replay_ || profile_) {
+    if (!replay_.load() || profile_) {
       ++c.depth;
-      return false;
+      return ReplayStart::kIssue;
     }
     std::unique_lock<std::mutex> lock(table_->mu);
     auto it = recordings_.find(key);
@@ -628,18 +628,18 @@ class CudaBackend final : public Backend {
       c.capturable = true;
       c.probed_outputs.clear();
       ++c.depth;
-      return false;
+      return ReplayStart::kIssue;
     }
     if (r->state == Recording::State::kReplayable) {
       cuda_check(cudaGraphLaunch(r->exec, c.stream), "cudaGraphLaunch");
       ++graph_launches_;
       c.host_copies = &r->host_copies;
       ++c.depth;
-      return true;
+      return ReplayStart::kReplayed;
     }
     if (r->state == Recording::State::kIssued) {
       ++c.depth;
-      return false;
+      return ReplayStart::kIssue;
     }
     // Probed: this batch is captured.  Memory for its host outputs first,
     // since nothing is allocated while capturing.
@@ -665,7 +665,7 @@ class CudaBackend final : public Backend {
     c.replay = ReplayMode::kCapture;
     c.replay_key = key;
     ++c.depth;
-    return false;
+    return ReplayStart::kRecord;
   }
 
   void forget_replay(uint64_t key) override {
@@ -1240,7 +1240,9 @@ class CudaBackend final : public Backend {
   // Ends the capture of c's batch: its graph is instantiated, kept under
   // the batch's key and launched (the captured ops have not run yet).  A
   // capture that failed (an op threw, or the driver refused a call in it)
-  // leaves the key's batches to run as usual from then on.
+  // throws, so that the caller issues the ops again, and turns replays off
+  // for this backend: a failure that is not the op's own would come back
+  // at every key.
   void end_capture(ThreadCtx& c) {
     std::unique_ptr<Recording> rec = std::move(c.capture);
     cudaGraph_t graph = nullptr;
@@ -1254,6 +1256,7 @@ class CudaBackend final : public Backend {
     if (e == cudaSuccess) ++graph_launches_;
     if (e != cudaSuccess) {
       cudaGetLastError();
+      replay_ = false;
       auto issued = std::make_unique<Recording>();
       issued->state = Recording::State::kIssued;
       std::lock_guard<std::mutex> lock(table_->mu);
@@ -1261,8 +1264,8 @@ class CudaBackend final : public Backend {
       fail(ErrorCode::kInternal,
            std::string("cuda backend: a replayed batch could not be captured (") +
                cudaGetErrorString(e) +
-               "); its ops did not run, and later batches under its key "
-               "run without a graph");
+               "); its ops did not run, and this backend runs batches without graphs "
+               "from now on");
     }
     rec->state = Recording::State::kReplayable;
     std::lock_guard<std::mutex> lock(table_->mu);
@@ -1620,7 +1623,8 @@ class CudaBackend final : public Backend {
   uint64_t resident_kv_bytes_ = 0;
   bool profile_ = false;     // CB_CUDA_PROFILE set: time every op
   bool round_bf16_ = false;  // CB_CUDA_BF16 set (not "0"): matmul_q8 rounds to bf16
-  bool replay_ = false;      // CudaBackendOptions::replay_batches or CB_CUDA_GRAPHS
+  // CudaBackendOptions::replay_batches or CB_CUDA_GRAPHS, until a capture fails.
+  std::atomic<bool> replay_{false};
   // begin_replay()'s recordings by key; under table_->mu.
   std::unordered_map<uint64_t, std::unique_ptr<Recording>> recordings_;
   std::atomic<int64_t> graph_launches_{0};

@@ -10,8 +10,10 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
+#include "platform/error.h"
 #include "runtime/session.h"
 #include "tests/runtime/counting_backends.h"
 #include "tests/runtime/model_path.h"
@@ -23,31 +25,43 @@ const Model& model() {
   return test::shared_model();
 }
 
-// Records the ops of a batch opened by begin_replay() (closures holding
-// their arguments, and the memory they name) and, under a key recorded
-// before, runs them again instead of taking new ones.  Only the ops a
-// forward graph issues are recorded: any other op would be missing from a
-// replay, and the logits would show it.
+// Records the ops of a batch opened by begin_replay() under a new key
+// (closures holding their arguments, and the memory they name), runs them
+// only when the batch ends, as a captured graph runs, and under a key
+// recorded before runs them again instead of taking new ones.  Only the
+// ops a forward graph issues are recorded: any other op would be missing
+// from a replay, and the logits would show it.  fail_recordings makes the
+// next recordings fail at end_batch() without running anything, as a
+// capture the driver refuses.
 class ReplayingBackend final : public test::CountingBackend {
  public:
-  int recordings = 0, replays = 0, forgotten = 0;
+  int recordings = 0, replays = 0, forgotten = 0, fail_recordings = 0;
 
-  bool begin_replay(uint64_t key) override {
+  ReplayStart begin_replay(uint64_t key) override {
     EXPECT_NE(key, 0u);
     begin_batch();
     auto it = recorded_.find(key);
     if (it != recorded_.end()) {
       ++replays;
       for (const Recorded& op : it->second) op.run();
-      return true;
+      return ReplayStart::kReplayed;
     }
     ++recordings;
+    recording_key_ = key;
     recording_ = &recorded_[key];
-    return false;
+    return ReplayStart::kRecord;
   }
   void end_batch() override {
+    std::vector<Recorded>* recorded = recording_;
     recording_ = nullptr;
     CountingBackend::end_batch();
+    if (recorded == nullptr) return;
+    if (fail_recordings > 0) {
+      --fail_recordings;
+      recorded_.erase(recording_key_);
+      throw Error(ErrorCode::kInternal, "replaying backend: a recording failed");
+    }
+    for (const Recorded& op : *recorded) op.run();
   }
   void forget_replay(uint64_t key) override { forgotten += static_cast<int>(recorded_.erase(key)); }
   // The caller forgets a recording before it frees memory the recording
@@ -127,12 +141,16 @@ class ReplayingBackend final : public test::CountingBackend {
     std::function<void()> run;
   };
   void op(std::initializer_list<const void*> mem, std::function<void()> run) {
-    if (recording_ != nullptr) recording_->push_back({std::vector<const void*>(mem), run});
-    run();
+    if (recording_ != nullptr) {
+      recording_->push_back({std::vector<const void*>(mem), std::move(run)});
+    } else {
+      run();
+    }
   }
 
   std::map<uint64_t, std::vector<Recorded>> recorded_;
   std::vector<Recorded>* recording_ = nullptr;
+  uint64_t recording_key_ = 0;
 };
 
 std::vector<float> copy(std::span<const float> s) {
@@ -145,8 +163,9 @@ std::vector<float> copy(std::span<const float> s) {
 // has grown (and moved) the session's arena and after the context bias of
 // a blended request has changed: both make the session record again.
 TEST(ReplayedBatches, DecodeReplaysGiveTheCpusLogits) {
-  const std::vector<int32_t> ids = {1,  504, 3290, 314, 260, 1686, 282, 1345, 30, 2,  9, 88,
-                                    17, 4,   611,  90,  12,  5,    700, 31,   8,  41, 3, 77};
+  const std::vector<int32_t> ids = {1, 504, 3290, 314, 260, 1686, 282, 1345, 30,  2,
+                                    9, 88,  17,   4,   611, 90,   12,  5,    700, 31,
+                                    8, 41,  3,    77,  260, 1686, 282, 1345, 30,  2};
   for (KvType kv : {KvType::kF16, KvType::kF32}) {
     SCOPED_TRACE(kv == KvType::kF16 ? "f16 cache" : "f32 cache");
     const SessionOptions o{.n_ctx = 64, .n_threads = 2, .kv_type = kv};
@@ -183,6 +202,16 @@ TEST(ReplayedBatches, DecodeReplaysGiveTheCpusLogits) {
     decode(3);
     EXPECT_EQ(be.recordings, 3);
     EXPECT_EQ(be.replays, 7);
+    // A recording that fails runs nothing: the session issues the token's
+    // ops again, and records at its next token.
+    const KeyBlockBias other{.key_begin = 3, .key_end = 9, .query_from = 0, .bias = -0.3f};
+    cpu.set_context_bias(other);
+    s.set_context_bias(other);
+    be.fail_recordings = 1;
+    decode(3);
+    EXPECT_EQ(be.fail_recordings, 0);
+    EXPECT_EQ(be.recordings, 5);
+    EXPECT_EQ(be.replays, 8);
   }
 }
 
