@@ -212,6 +212,9 @@ TEST(ReplayedBatches, DecodeReplaysGiveTheCpusLogits) {
     EXPECT_EQ(be.fail_recordings, 0);
     EXPECT_EQ(be.recordings, 5);
     EXPECT_EQ(be.replays, 8);
+    // Every weight, norm and bias came from prepare_weight(): a GPU's
+    // capture refuses host inputs.
+    EXPECT_EQ(be.unprepared_weights, 0);
   }
 }
 
