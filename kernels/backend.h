@@ -237,9 +237,9 @@ class Backend {
   //  - kReplayed: nothing; the backend has issued the ops from a recording;
   //  - kIssue: issue the ops (the backend may look at them);
   //  - kRecord: issue the ops, which the backend records and runs only at
-  //    end_batch(); if that end_batch() throws, the recording failed and
-  //    none of them ran, and the caller may issue them again in an
-  //    ordinary batch.
+  //    end_batch(); if that end_batch() throws Error(kUnsupported), the
+  //    recording failed and none of them ran, and the caller may issue
+  //    them again in an ordinary batch (other errors are the ops' own).
   // The ops of such a batch read no host memory (weights from
   // prepare_weight(), every other input in alloc_buffer() memory); an
   // output in host memory holds its result when end_batch() returns, not

@@ -259,10 +259,10 @@ void Graph::execute_replayable(Backend& be, void* arena, uint64_t key) const {
       if (start != Backend::ReplayStart::kReplayed)
         for (const Node& n : nodes_) run_node(be, n, arena);
     });
-  } catch (const Error&) {
+  } catch (const Error& e) {
     // A recording that failed ran nothing: the ops once more, as usual (an
     // error of their own comes back from there).
-    if (start != Backend::ReplayStart::kRecord) throw;
+    if (start != Backend::ReplayStart::kRecord || e.code() != ErrorCode::kUnsupported) throw;
     execute(be, arena);
   }
 }

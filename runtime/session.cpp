@@ -330,6 +330,7 @@ void Session::ensure_arena(size_t bytes) {
   forget_decode_key();  // its recording names the old arena
   if (arena_) backend_->free_buffer(arena_);
   arena_ = nullptr;
+  arena_bytes_ = 0;  // also when the allocation below fails
   arena_ = backend_->alloc_buffer(bytes);
   arena_bytes_ = bytes;
 }

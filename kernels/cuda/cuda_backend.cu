@@ -225,7 +225,11 @@ class CudaBackend final : public Backend {
     // Nothing is thrown from here on (buffers are freed by destructors and
     // deleters): a fault of a queued kernel is sticky and surfaces at the
     // thread's next synchronisation, end_batch() inside a batch.
-    if (c != nullptr && c->depth > 0 && cudaStreamSynchronize(c->stream) == cudaSuccess)
+    // A stream being captured cannot wait: the capture fails instead, and
+    // its ops are issued again.
+    if (c != nullptr && c->replay == ReplayMode::kCapture)
+      c->capturable = false;
+    else if (c != nullptr && c->depth > 0 && cudaStreamSynchronize(c->stream) == cudaSuccess)
       after_sync(*c);
     if ((kind == Kind::kMapped ? cudaFreeHost(p) : cudaFree(p)) != cudaSuccess) cudaGetLastError();
   }
@@ -631,6 +635,8 @@ class CudaBackend final : public Backend {
       return ReplayStart::kIssue;
     }
     if (r->state == Recording::State::kReplayable) {
+      // The caller forgets a key only between its batches, so r stays.
+      lock.unlock();
       cuda_check(cudaGraphLaunch(r->exec, c.stream), "cudaGraphLaunch");
       ++graph_launches_;
       c.host_copies = &r->host_copies;
@@ -646,19 +652,31 @@ class CudaBackend final : public Backend {
     std::vector<size_t> sizes = r->output_bytes;
     lock.unlock();
     auto rec = std::make_unique<Recording>();
+    cudaError_t e = cudaSuccess;
     for (size_t bytes : sizes) {
       void* d = nullptr;
       void* h = nullptr;
-      cuda_check(cudaMalloc(&d, bytes), "cudaMalloc (replayed output)");
-      rec->device.push_back(d);
-      cuda_check(cudaHostAlloc(&h, bytes, cudaHostAllocDefault), "cudaHostAlloc (replayed output)");
-      rec->pinned.push_back(h);
+      if (e == cudaSuccess) e = cudaMalloc(&d, bytes);
+      if (d != nullptr) rec->device.push_back(d);
+      if (e == cudaSuccess) e = cudaHostAlloc(&h, bytes, cudaHostAllocDefault);
+      if (h != nullptr) rec->pinned.push_back(h);
     }
     rec->output_bytes = std::move(sizes);
     // Relaxed: the ops' own driver queries (pointer attributes of a host
     // output) stay allowed; nothing in a probed batch allocates or waits.
-    cuda_check(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeRelaxed),
-               "cudaStreamBeginCapture");
+    if (e == cudaSuccess) e = cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeRelaxed);
+    if (e != cudaSuccess) {
+      // No memory for the outputs, say: this key's batches run as usual.
+      cudaGetLastError();
+      auto issued = std::make_unique<Recording>();
+      issued->state = Recording::State::kIssued;
+      {
+        std::lock_guard<std::mutex> relock(table_->mu);
+        recordings_[key] = std::move(issued);
+      }
+      ++c.depth;
+      return ReplayStart::kIssue;
+    }
     c.capture = std::move(rec);
     c.captured_outputs = 0;
     c.capturable = true;
@@ -880,8 +898,11 @@ class CudaBackend final : public Backend {
     // Frees are stream-ordered, so they also run after work this call
     // queued before an exception.
     ~Call() {
-      // An op that failed while captured leaves a graph without its work.
-      if (capturing_ && std::uncaught_exceptions() > exceptions_) ctx_.capturable = false;
+      // An op that failed while probed was not checked to its end; while
+      // captured, it leaves a graph without its work.
+      if ((capturing_ || ctx_.replay == ReplayMode::kProbe) &&
+          std::uncaught_exceptions() > exceptions_)
+        ctx_.capturable = false;
       release_temps();
       if (start_ != nullptr) ctx_.spare.push_back(start_);
     }
@@ -1261,7 +1282,7 @@ class CudaBackend final : public Backend {
       issued->state = Recording::State::kIssued;
       std::lock_guard<std::mutex> lock(table_->mu);
       recordings_[c.replay_key] = std::move(issued);
-      fail(ErrorCode::kInternal,
+      fail(ErrorCode::kUnsupported,
            std::string("cuda backend: a replayed batch could not be captured (") +
                cudaGetErrorString(e) +
                "); its ops did not run, and this backend runs batches without graphs "

@@ -97,8 +97,8 @@ double cuda_elapsed_ms(const CudaMark& from, const CudaMark& to);
 int64_t cuda_kept_f32_bytes(Backend& be);
 
 // Batches a backend from make_cuda_backend() has launched as one CUDA graph
-// so far (CudaBackendOptions::replay_batches; else kInvalidArgument): for
-// tests and tools.
+// so far (CudaBackendOptions::replay_batches; 0 without it): for tests and
+// tools.  kInvalidArgument for any other backend.
 int64_t cuda_graph_launches(Backend& be);
 
 }  // namespace cb

@@ -59,7 +59,7 @@ class ReplayingBackend final : public test::CountingBackend {
     if (fail_recordings > 0) {
       --fail_recordings;
       recorded_.erase(recording_key_);
-      throw Error(ErrorCode::kInternal, "replaying backend: a recording failed");
+      throw Error(ErrorCode::kUnsupported, "replaying backend: a recording failed");
     }
     for (const Recorded& op : *recorded) op.run();
   }

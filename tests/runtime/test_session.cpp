@@ -346,6 +346,48 @@ TEST(Session, DecodeTokensReadNoHostMemory) {
   }
 }
 
+// Refuses the next allocation larger than `refuse_above` bytes, once.
+class RefusingBackend final : public test::CountingBackend {
+ public:
+  size_t refuse_above = SIZE_MAX;
+  void* alloc_buffer(size_t bytes) override {
+    if (bytes > refuse_above) {
+      refuse_above = SIZE_MAX;
+      fail(ErrorCode::kOutOfMemory, "refused by the test");
+    }
+    return CountingBackend::alloc_buffer(bytes);
+  }
+};
+
+// A prefill whose larger arena cannot be allocated fails with
+// kOutOfMemory and leaves the session as it was: the tokens after it run
+// in a fresh arena (not in the freed one, nor at its null pointer).
+TEST(Session, AnArenaThatCannotGrowLosesNothing) {
+  auto ids = prompt_ids();
+  ASSERT_GE(ids.size(), 10u);
+  const SessionOptions o{.n_ctx = 64, .n_threads = 2};
+  Session want(model(), o);
+  auto owned = std::make_unique<RefusingBackend>();
+  RefusingBackend& be = *owned;
+  Session s(model(), o, std::move(owned));
+  want.prefill(std::span(ids).first(3));
+  s.prefill(std::span(ids).first(3));
+  be.refuse_above = 1 << 16;  // the KV cache is allocated; only the arena grows past this
+  try {
+    s.prefill(std::span(ids).subspan(3, 6));
+    ADD_FAILURE() << "the arena grew";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+  }
+  EXPECT_EQ(s.n_past(), 3);
+  for (size_t i = 3; i < 6; ++i) {
+    const auto expect = want.decode(ids[i]);
+    const std::vector<float> w(expect.begin(), expect.end());
+    const auto got = s.decode(ids[i]);
+    EXPECT_EQ(std::vector<float>(got.begin(), got.end()), w) << "token " << i;
+  }
+}
+
 TEST(Session, ContextOverflowIsAClearErrorAndChangesNothing) {
   auto ids = prompt_ids();
   Session s(model(), {.n_ctx = 16, .n_threads = 1});
