@@ -196,17 +196,17 @@ TEST(ReplayedBatches, DecodeReplaysGiveTheCpusLogits) {
     EXPECT_EQ(be.recordings, 2);
     EXPECT_EQ(be.replays, 5);
     // A blended request's context bias: the attention's arguments change.
-    const KeyBlockBias bias{.key_begin = 2, .key_end = 12, .query_from = 0, .bias = -0.7f};
-    cpu.set_context_bias(bias);
-    s.set_context_bias(bias);
+    auto set_bias = [&](const KeyBlockBias& b) {
+      cpu.set_context_bias(b);
+      s.set_context_bias(b);
+    };
+    set_bias({.key_begin = 2, .key_end = 12, .query_from = 0, .bias = -0.7f});
     decode(3);
     EXPECT_EQ(be.recordings, 3);
     EXPECT_EQ(be.replays, 7);
     // A recording that fails runs nothing: the session issues the token's
     // ops again, and records at its next token.
-    const KeyBlockBias other{.key_begin = 3, .key_end = 9, .query_from = 0, .bias = -0.3f};
-    cpu.set_context_bias(other);
-    s.set_context_bias(other);
+    set_bias({.key_begin = 3, .key_end = 9, .query_from = 0, .bias = -0.3f});
     be.fail_recordings = 1;
     decode(3);
     EXPECT_EQ(be.fail_recordings, 0);
