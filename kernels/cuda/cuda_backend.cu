@@ -1277,11 +1277,7 @@ class CudaBackend final : public Backend {
     if (e == cudaSuccess) ++graph_launches_;
     if (e != cudaSuccess) {
       cudaGetLastError();
-      replay_ = false;
-      auto issued = std::make_unique<Recording>();
-      issued->state = Recording::State::kIssued;
-      std::lock_guard<std::mutex> lock(table_->mu);
-      recordings_[c.replay_key] = std::move(issued);
+      replay_ = false;  // begin_replay() looks at no recording from now on
       fail(ErrorCode::kUnsupported,
            std::string("cuda backend: a replayed batch could not be captured (") +
                cudaGetErrorString(e) +
