@@ -46,7 +46,7 @@ struct SessionOptions {
   int n_threads = 0;  // 0: all cores
   // Tokens per forward chunk, in a prefill and in a blend's layers; it
   // bounds the activation memory.  0: the backend's default
-  // (Backend::default_batch_rows: 256 on the CPU, 512 on CUDA).
+  // (Backend::default_batch_rows: 256 on the CPU, 2048 on CUDA).
   int64_t n_batch = 0;
   CpuKernelLevel kernels = CpuKernelLevel::kAuto;
   // decode() multiplies int8-quantized activations by the quantized weights

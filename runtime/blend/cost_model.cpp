@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -87,49 +88,96 @@ ComputeCost fit_compute_cost(std::span<const LayerTiming> samples) {
   return {best[0], best[1], best[2]};
 }
 
+namespace {
+
+// One round of the compute probe: a sample per (m, p), contexts in
+// ascending order, rows in the caller's order within each.
+std::vector<LayerTiming> probe_round(Session& s, std::span<const int32_t> tokens,
+                                     std::span<const int64_t> rows,
+                                     std::span<const int64_t> contexts, int repeats,
+                                     const std::function<double()>& clock) {
+  const double n_layer = static_cast<double>(s.model().hparams().n_layer);
+  std::vector<LayerTiming> out;
+  for (int64_t p : contexts) {
+    s.truncate(0);
+    if (p > 0) s.prefill(tokens.first(static_cast<size_t>(p)));
+    for (int64_t m : rows) {
+      double best = std::numeric_limits<double>::infinity();
+      for (int rep = 0; rep < repeats; ++rep) {
+        s.truncate(p);
+        const double t0 = clock();
+        s.prefill(tokens.subspan(static_cast<size_t>(p), static_cast<size_t>(m)));
+        best = std::min(best, clock() - t0);
+      }
+      // Row i (0-based) of the m new rows sees p + i + 1 keys.
+      out.push_back(
+          {static_cast<double>(m), static_cast<double>(p) + (m + 1) / 2.0, best / n_layer});
+    }
+  }
+  s.truncate(0);
+  return out;
+}
+
+// Whether a round's most rows took kRowsVisible times the fewest rows'
+// time, at its first (smallest) context.
+bool rows_visible(std::span<const LayerTiming> round, size_t n_rows) {
+  const auto first = round.first(n_rows);
+  const auto [lo, hi] = std::minmax_element(
+      first.begin(), first.end(),
+      [](const LayerTiming& a, const LayerTiming& b) { return a.rows < b.rows; });
+  return hi->seconds >= ComputeProbe::kRowsVisible * lo->seconds && hi->seconds > 0.0;
+}
+
+}  // namespace
+
 ComputeCost probe_compute_cost(Session& s, const ComputeProbe& probe,
                                std::vector<LayerTiming>* samples) {
   if (s.n_past() != 0)
     fail(ErrorCode::kInvalidArgument, "the compute probe needs an empty session");
-  if (probe.rows.empty() || probe.contexts.empty() || probe.repeats < 1)
-    fail(ErrorCode::kInvalidArgument, "the compute probe needs rows, contexts and repeats >= 1");
-  const int64_t max_rows = *std::max_element(probe.rows.begin(), probe.rows.end());
+  if (probe.rows.empty() || probe.contexts.empty() || probe.repeats < 1 || probe.max_growth < 0)
+    fail(ErrorCode::kInvalidArgument,
+         "the compute probe needs rows, contexts, repeats >= 1 and max_growth >= 0");
+  std::vector<int64_t> rows = probe.rows;
+  int64_t max_rows = *std::max_element(rows.begin(), rows.end());
   const int64_t max_ctx = *std::max_element(probe.contexts.begin(), probe.contexts.end());
-  if (*std::min_element(probe.rows.begin(), probe.rows.end()) < 1 ||
+  if (*std::min_element(rows.begin(), rows.end()) < 1 ||
       *std::min_element(probe.contexts.begin(), probe.contexts.end()) < 0)
     fail(ErrorCode::kInvalidArgument, "compute probe sizes must be positive");
-  if (max_rows + max_ctx > s.n_ctx())
+  const int64_t n_ctx = s.n_ctx();
+  if (max_rows + max_ctx > n_ctx)
     fail(ErrorCode::kInvalidArgument,
          "the compute probe needs a context of " + std::to_string(max_rows + max_ctx) + " tokens");
   const auto& hp = s.model().hparams();
   // Token ids do not change the cost of a dense forward pass; a fixed,
   // varied sequence keeps the probe deterministic.
-  std::vector<int32_t> tokens(static_cast<size_t>(max_rows + max_ctx));
+  std::vector<int32_t> tokens(static_cast<size_t>(n_ctx));
   for (size_t i = 0; i < tokens.size(); ++i)
     tokens[i] = static_cast<int32_t>((i * 7919 + 13) % static_cast<size_t>(hp.n_vocab));
-  std::vector<LayerTiming> out;
+  const std::function<double()> clock = probe.clock ? probe.clock : [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
   std::vector<int64_t> contexts = probe.contexts;
   std::sort(contexts.begin(), contexts.end());
-  for (int64_t p : contexts) {
-    s.truncate(0);
-    if (p > 0) s.prefill(std::span(tokens).first(static_cast<size_t>(p)));
-    for (int64_t m : probe.rows) {
-      double best = std::numeric_limits<double>::infinity();
-      for (int rep = 0; rep < probe.repeats; ++rep) {
-        s.truncate(p);
-        const auto t0 = std::chrono::steady_clock::now();
-        s.prefill(std::span(tokens).subspan(static_cast<size_t>(p), static_cast<size_t>(m)));
-        best = std::min(
-            best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      }
-      // Row i (0-based) of the m new rows sees p + i + 1 keys.
-      out.push_back({static_cast<double>(m), static_cast<double>(p) + (m + 1) / 2.0,
-                     best / static_cast<double>(hp.n_layer)});
+  std::vector<LayerTiming> all, round;
+  for (int growth = 0;; ++growth) {
+    round = probe_round(s, tokens, rows, contexts, probe.repeats, clock);
+    all.insert(all.end(), round.begin(), round.end());
+    if (rows_visible(round, rows.size())) break;
+    if (growth == probe.max_growth || 4 * max_rows > n_ctx) {
+      // The rows never showed: all of the time per row, an upper bound.
+      double per_row = std::numeric_limits<double>::infinity();
+      for (const LayerTiming& t : round) per_row = std::min(per_row, t.seconds / t.rows);
+      if (samples) *samples = all;
+      return {std::max(per_row, 0.0), 0.0, 0.0};
     }
+    for (int64_t& m : rows) m *= 4;
+    max_rows *= 4;
+    for (int64_t& p : contexts) p = std::min(p, n_ctx - max_rows);
+    contexts.erase(std::unique(contexts.begin(), contexts.end()), contexts.end());
   }
-  s.truncate(0);
-  if (samples) *samples = out;
-  return fit_compute_cost(out);
+  if (samples) *samples = all;
+  return fit_compute_cost(round);
 }
 
 double load_seconds(double bytes, const cache::StorageTier& tier, double decode_s_per_byte) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -52,17 +53,36 @@ ComputeCost fit_compute_cost(std::span<const LayerTiming> samples);
 
 // Sizes of the compute probe: one timed prefill of m rows after a context of
 // p tokens for every (m, p); p tokens are prefilled once, untimed.
+//
+// A device whose time barely grows with the rows at these sizes (a GPU,
+// where a small prefill costs its kernel launches, not its rows) would fit
+// no per-row cost, and a controller without one keeps its floor ratio for
+// good.  So while the most rows take less than kRowsVisible times the
+// fewest rows' time (at the smallest context), the probe runs again at 4x
+// the rows, at most `max_growth` times and while the session's context
+// holds them (a context that no longer fits shrinks to what does).  The fit
+// uses the last round's samples, the nearest to a request's size.  If no
+// round shows the rows, the probe keeps the upper bound the timings allow:
+// all of the time per row (per_row_s the least seconds per row of the last
+// round, the other terms 0), which overstates the compute of large
+// requests (so the controller never skips loads for compute it has not
+// seen) until requests' timings scale it (refresh_compute).
 struct ComputeProbe {
+  static constexpr double kRowsVisible = 1.5;
   std::vector<int64_t> rows = {16, 96};
   std::vector<int64_t> contexts = {0, 512};
   int repeats = 1;  // the fastest of `repeats` runs is kept (noise is one-sided)
+  int max_growth = 3;
+  // The clock the probe reads, in seconds; steady_clock when empty (tests
+  // give it one that a simulated device advances).
+  std::function<double()> clock;
 };
 
 // Times real prefills of the session's model on its backend and fits the
 // per-layer cost (a prefill's time over the layer count; the single
 // logits row it also computes lands in per_layer_s).  The session must be
-// empty and is left empty; its n_ctx must hold the largest m + p.  Samples
-// are returned too when asked for.
+// empty and is left empty; its n_ctx must hold the largest m + p.  The
+// samples of every round are returned too when asked for.
 ComputeCost probe_compute_cost(Session& s, const ComputeProbe& probe = {},
                                std::vector<LayerTiming>* samples = nullptr);
 

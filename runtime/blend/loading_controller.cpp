@@ -207,7 +207,9 @@ Calibration load_or_probe_compute(CalibrationDb& db, const std::string& device, 
                                   const ComputeProbe& probe) {
   const std::string& model = scratch.model().fingerprint();
   Calibration cal = db.load(device, model);
-  if (!cal.compute) {
+  // A stored model that predicts nothing (a probe that saw no per-row cost)
+  // is measured again: the controller cannot use it.
+  if (!cal.compute || (!cal.compute->pinned && !cal.compute->cost.valid())) {
     cal.compute = CalibratedCompute{probe_compute_cost(scratch, probe), 0, false};
     db.save(device, model, cal);
   }

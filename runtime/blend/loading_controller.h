@@ -154,7 +154,8 @@ class LoadingController {
 
 // First-use calibration of the compute model: what `db` holds for
 // (device, the session's model), with the compute probe run on `scratch`
-// (empty, left empty) and saved when there is no compute entry yet.
+// (empty, left empty) and saved when there is no compute entry yet, or
+// only an unpinned one that predicts nothing.
 Calibration load_or_probe_compute(CalibrationDb& db, const std::string& device, Session& scratch,
                                   const ComputeProbe& probe = {});
 
