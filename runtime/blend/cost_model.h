@@ -52,7 +52,8 @@ struct LayerTiming {
 ComputeCost fit_compute_cost(std::span<const LayerTiming> samples);
 
 // Sizes of the compute probe: one timed prefill of m rows after a context of
-// p tokens for every (m, p); p tokens are prefilled once, untimed.
+// p tokens for every (m, p); p tokens are prefilled once, untimed, and one
+// untimed prefill of the fewest rows comes first (it maps in the weights).
 //
 // A device whose time barely grows with the rows at these sizes (a GPU,
 // where a small prefill costs its kernel launches, not its rows) would fit

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 
 #include <unistd.h>
@@ -359,8 +360,9 @@ TEST(ComputeProbe, MeasuresTheModelAndIsStoredOnce) {
 // A device whose op takes max(launch, per_row * rows) of a simulated clock
 // (a GPU: a small op costs its launch, whatever its rows); the products
 // are the only ops whose time grows with the rows.  The ops still run on
-// the CPU, so the session computes what it would anyway.  Powers of two
-// keep the clock's sums exact.
+// the CPU, so the session computes what it would anyway.  A weight's first
+// use costs a millisecond more (mapping it in, preparing it).  Powers of
+// two keep the clock's sums exact.
 class LaunchBoundDevice final : public ForwardingBackend {
  public:
   LaunchBoundDevice(double launch_s, double per_row_s)
@@ -383,8 +385,13 @@ class LaunchBoundDevice final : public ForwardingBackend {
 
  private:
   void on_op_begin(BackendOp, std::initializer_list<const void*>) override { now_s += launch_s_; }
+  void on_op_weights(BackendOp, std::initializer_list<const void*> weights) override {
+    for (const void* w : weights)
+      if (w != nullptr && used_.insert(w).second) now_s += 0x1p-10;
+  }
   void rows(int64_t n) { now_s += std::max(0.0, per_row_s_ * static_cast<double>(n) - launch_s_); }
   double launch_s_, per_row_s_;
+  std::set<const void*> used_;
 };
 
 struct ProbeOnDevice {
