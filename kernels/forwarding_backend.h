@@ -89,7 +89,7 @@ class ForwardingBackend : public Backend {
   }
   void rope(float* x, const int32_t* pos, int64_t n_rows, int64_t n_heads, int64_t head_dim,
             int64_t rot_dim, float freq_base, const float* freq_factors) override {
-    Op op(*this, BackendOp::kRope, {x});
+    Op op(*this, BackendOp::kRope, {x}, {freq_factors});
     inner_->rope(x, pos, n_rows, n_heads, head_dim, rot_dim, freq_base, freq_factors);
   }
   void attention(const AttentionArgs& a) override {
@@ -173,8 +173,9 @@ class ForwardingBackend : public Backend {
   // on_op_end is called.
   virtual void on_op_begin(BackendOp, std::initializer_list<const void*>) {}
   virtual void on_op_end(BackendOp) {}
-  // Before on_op_begin, the op's weight data: a matrix's (WeightView::data)
-  // and the norm weights and biases (RoPE's frequency factors are left out).
+  // Before on_op_begin, the op's weight data: a matrix's (WeightView::data),
+  // the norm weights and biases, RoPE's frequency factors (null when the op
+  // has none).
   virtual void on_op_weights(BackendOp, std::initializer_list<const void*>) {}
 
   std::unique_ptr<Backend> inner_;

@@ -39,13 +39,11 @@ TensorId LlamaLayer::project_v(TensorId h, TensorId out) {
 }
 
 void LlamaLayer::rope_q(TensorId q, const int32_t* pos) {
-  g_.rope(q, pos, hp_.n_head, hp_.head_dim, hp_.rot_dim, hp_.rope_base(layer_),
-          hp_.rope_factors(layer_));
+  g_.rope(q, pos, hp_.n_head, hp_.head_dim, hp_.rot_dim, hp_.rope_base(layer_), w_.rope_factors);
 }
 
 void LlamaLayer::rope_k(TensorId k, const int32_t* pos) {
-  g_.rope(k, pos, hp_.n_head_kv, hp_.head_dim, hp_.rot_dim, hp_.rope_base(layer_),
-          hp_.rope_factors(layer_));
+  g_.rope(k, pos, hp_.n_head_kv, hp_.head_dim, hp_.rot_dim, hp_.rope_base(layer_), w_.rope_factors);
 }
 
 TensorId LlamaLayer::attention(TensorId q, const int32_t* q_pos, TensorId k_cache, TensorId v_cache,
@@ -88,16 +86,14 @@ void add_output_head(Graph& g, const LlamaHparams& hp, const float* output_norm,
   g.matmul_into(output, g.rmsnorm(x, output_norm, hp.rms_eps), logits, mm);
 }
 
-void rope_keys(Backend& be, const LlamaHparams& hp, int64_t layer, float* k, const int32_t* pos,
-               int64_t n) {
-  be.rope(k, pos, n, hp.n_head_kv, hp.head_dim, hp.rot_dim, hp.rope_base(layer),
-          hp.rope_factors(layer));
+void rope_keys(Backend& be, const LlamaHparams& hp, int64_t layer, const LayerWeights& w, float* k,
+               const int32_t* pos, int64_t n) {
+  be.rope(k, pos, n, hp.n_head_kv, hp.head_dim, hp.rot_dim, hp.rope_base(layer), w.rope_factors);
 }
 
-void rope_queries(Backend& be, const LlamaHparams& hp, int64_t layer, float* q, const int32_t* pos,
-                  int64_t n) {
-  be.rope(q, pos, n, hp.n_head, hp.head_dim, hp.rot_dim, hp.rope_base(layer),
-          hp.rope_factors(layer));
+void rope_queries(Backend& be, const LlamaHparams& hp, int64_t layer, const LayerWeights& w,
+                  float* q, const int32_t* pos, int64_t n) {
+  be.rope(q, pos, n, hp.n_head, hp.head_dim, hp.rot_dim, hp.rope_base(layer), w.rope_factors);
 }
 
 AttentionArgs attention_args(const LlamaHparams& hp, int64_t layer, const float* q,

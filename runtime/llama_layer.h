@@ -83,13 +83,14 @@ void add_output_head(Graph& g, const LlamaHparams& hp, const float* output_norm,
                      const WeightView& output, TensorId x, TensorId logits,
                      Graph::Precision mm = Graph::Precision::kF32);
 
-// The rotations of rope_k / rope_q of `layer` on rows in backend memory,
-// outside a graph: cached chunk K placed at its positions in the request,
-// fresh rows compared with cached ones.  Bitwise the same as the graph's.
-void rope_keys(Backend& be, const LlamaHparams& hp, int64_t layer, float* k, const int32_t* pos,
-               int64_t n);
-void rope_queries(Backend& be, const LlamaHparams& hp, int64_t layer, float* q, const int32_t* pos,
-                  int64_t n);
+// The rotations of rope_k / rope_q of `layer` (whose weights, prepared by
+// `be`, are `w`) on rows in backend memory, outside a graph: cached chunk K
+// placed at its positions in the request, fresh rows compared with cached
+// ones.  Bitwise the same as the graph's.
+void rope_keys(Backend& be, const LlamaHparams& hp, int64_t layer, const LayerWeights& w, float* k,
+               const int32_t* pos, int64_t n);
+void rope_queries(Backend& be, const LlamaHparams& hp, int64_t layer, const LayerWeights& w,
+                  float* q, const int32_t* pos, int64_t n);
 
 // The attention of LlamaLayer::attention of `layer` as Backend arguments,
 // for callers that call the backend directly (out is left for the caller).

@@ -274,6 +274,7 @@ void Model::read_weights() {
       w.attn_post_norm = f32_vector(p + "post_attention_norm.weight", hp.n_embd);
       w.ffn_post_norm = f32_vector(p + "post_ffw_norm.weight", hp.n_embd);
     }
+    w.rope_factors = hp.rope_factors(l);
     layers_.push_back(w);
   }
 }

@@ -88,6 +88,9 @@ struct LayerWeights {
   // Norms of the attention's and the feed-forward's outputs before they join
   // the residual stream (gemma3), n_embd each, or null.
   const float *attn_post_norm = nullptr, *ffn_post_norm = nullptr;
+  // The layer's RoPE frequency divisors (LlamaHparams::rope_factors),
+  // rot_dim / 2, or null.
+  const float* rope_factors = nullptr;
 };
 
 class Model {

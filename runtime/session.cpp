@@ -109,6 +109,7 @@ Session::Session(const Model& model, const SessionOptions& opts, std::unique_ptr
     prepare_vector(p.bv, hp.kv_dim());
     prepare_vector(p.q_norm, hp.head_dim);
     prepare_vector(p.k_norm, hp.head_dim);
+    prepare_vector(p.rope_factors, hp.rot_dim / 2);
     layers_.push_back(p);
   }
   tok_embd_ = backend_->prepare_weight(model.token_embd());

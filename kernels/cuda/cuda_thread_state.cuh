@@ -24,7 +24,7 @@ namespace {
 // ----------------------------------------------------- per-thread state --
 
 // Device mirrors of small read-only host inputs (positions, token ids and
-// row indices in std::vector, RoPE's frequency factors), keyed by
+// row indices in std::vector), keyed by
 // host address and checked against a host copy of the bytes on every use: a
 // hit costs a memcmp, a changed content is uploaded again into the same
 // mirror.  So kernels see exactly the bytes the host held at the call, as if

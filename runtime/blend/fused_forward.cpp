@@ -21,6 +21,10 @@ void FusedForward::run_graph(Graph& g) {
   g.execute(be_, arena_.data(), 0, SIZE_MAX, s_.stop_check());
 }
 
+const LayerWeights& FusedForward::weights(int64_t layer) const {
+  return s_.layer_weights()[static_cast<size_t>(layer)];
+}
+
 void FusedForward::resize_buffers() {
   const size_t r = rows.size();
   q_.reserve(r * static_cast<size_t>(hp_.n_head * hp_.head_dim));
@@ -29,7 +33,7 @@ void FusedForward::resize_buffers() {
 }
 
 void FusedForward::project(int64_t layer) {
-  const LayerWeights& w = s_.layer_weights()[static_cast<size_t>(layer)];
+  const LayerWeights& w = weights(layer);
   const int64_t r = static_cast<int64_t>(rows.size());
   const int64_t q_dim = hp_.n_head * hp_.head_dim, kv_dim = hp_.kv_dim();
   // Rows in the session's batches, as a prefill (rows are independent here).
@@ -80,7 +84,7 @@ void FusedForward::deviation(int64_t layer, std::span<const int32_t> cand,
   if (with_k) {
     // The cache holds K rotated to its position: rotate the fresh K alike.
     be_.gather_rows(k_.data(), kv_dim, cand.data(), n_cand, fresh_.data());
-    rope_keys(be_, hp_, layer, fresh_.data(), cand_pos.data(), n_cand);
+    rope_keys(be_, hp_, layer, weights(layer), fresh_.data(), cand_pos.data(), n_cand);
     load_kv_rows(be_, s_.kv_dtype(), s_.k_cache(layer), kv_dim, cand_pos.data(), n_cand,
                  old_.data());
     be_.row_sq_diff(fresh_.data(), old_.data(), n_cand * parts, part_len,
@@ -129,13 +133,13 @@ void FusedForward::question_attention(int64_t layer, std::span<const int32_t> ca
   // layer: fresh where computed, cached elsewhere.
   old_.reserve(static_cast<size_t>(nu * kv_dim));
   be_.gather_rows(k_.data(), kv_dim, u_idx.data(), nu, old_.data());
-  rope_keys(be_, hp_, layer, old_.data(), u_pos.data(), nu);
+  rope_keys(be_, hp_, layer, weights(layer), old_.data(), u_pos.data(), nu);
   store_kv_rows(be_, s_.kv_dtype(), old_.data(), kv_dim, u_pos.data(), nu, s_.k_cache(layer));
   be_.gather_rows(v_.data(), kv_dim, u_idx.data(), nu, old_.data());
   store_kv_rows(be_, s_.kv_dtype(), old_.data(), kv_dim, u_pos.data(), nu, s_.v_cache(layer));
   fresh_.reserve(static_cast<size_t>(nq * q_dim));
   be_.gather_rows(q_.data(), q_dim, q_idx.data(), nq, fresh_.data());
-  rope_queries(be_, hp_, layer, fresh_.data(), q_pos.data(), nq);
+  rope_queries(be_, hp_, layer, weights(layer), fresh_.data(), q_pos.data(), nq);
   std::vector<float> sums(static_cast<size_t>(n_), 0.0f);
   be_.attention_contributions(question_rows(fresh_.data(), q_pos.data(), nq, layer), sums.data());
   for (size_t j = 0; j < cand_pos.size(); ++j) score[j] = sums[cand_pos[j]];
@@ -372,7 +376,7 @@ void FusedForward::shift_chunks(int64_t layer) {
     // that one correction fits every position.
     be_.gather_rows(is_k ? k_.data() : v_.data(), kv_dim, p.sel_idx.data(), n_sel, fresh_.data());
     load_kv_rows(be_, s_.kv_dtype(), cache, kv_dim, p.sel_pos.data(), n_sel, old_.data());
-    if (is_k) rope_keys(be_, hp_, layer, old_.data(), p.sel_neg.data(), n_sel);
+    if (is_k) rope_keys(be_, hp_, layer, weights(layer), old_.data(), p.sel_neg.data(), n_sel);
     be_.scale(old_.data(), n_sel * kv_dim, -1.0f);
     be_.add(fresh_.data(), old_.data(), n_sel * kv_dim, fresh_.data());
     // The chunks' means from a copy: segment_means uses its rows as scratch.
@@ -392,16 +396,16 @@ void FusedForward::shift_chunks(int64_t layer) {
     // The others: cached + their span's correction, K un-rotated and
     // rotated back around it.
     load_kv_rows(be_, s_.kv_dtype(), cache, kv_dim, p.rest_pos.data(), n_rest, old_.data());
-    if (is_k) rope_keys(be_, hp_, layer, old_.data(), p.rest_neg.data(), n_rest);
+    if (is_k) rope_keys(be_, hp_, layer, weights(layer), old_.data(), p.rest_neg.data(), n_rest);
     be_.gather_rows(corr_.data(), kv_dim, p.rest_span.data(), n_rest, tmp);
     be_.add(old_.data(), tmp, n_rest * kv_dim, old_.data());
-    if (is_k) rope_keys(be_, hp_, layer, old_.data(), p.rest_pos.data(), n_rest);
+    if (is_k) rope_keys(be_, hp_, layer, weights(layer), old_.data(), p.rest_pos.data(), n_rest);
     store_kv_rows(be_, s_.kv_dtype(), old_.data(), kv_dim, p.rest_pos.data(), n_rest, cache);
   }
 }
 
 void FusedForward::attend_and_ffn(int64_t layer, int64_t out_begin) {
-  const LayerWeights& w = s_.layer_weights()[static_cast<size_t>(layer)];
+  const LayerWeights& w = weights(layer);
   const int64_t r = static_cast<int64_t>(rows.size());
   const int64_t q_dim = hp_.n_head * hp_.head_dim, kv_dim = hp_.kv_dim();
   if (chunk_shift) shift_chunks(layer);

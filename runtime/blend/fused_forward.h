@@ -140,6 +140,7 @@ class FusedForward {
   ShiftPlan plan_shift() const;
   void run_graph(Graph& g);
   void resize_buffers();
+  const LayerWeights& weights(int64_t layer) const;  // the session's, prepared
   // Candidate scores of the check layer `layer`, into host memory.
   void deviation(int64_t layer, std::span<const int32_t> cand, std::span<const int32_t> cand_pos,
                  bool with_k, std::vector<float>& score);

@@ -249,7 +249,8 @@ LayerPipeline::LoadResult LayerPipeline::load_layer(int64_t layer, PipelineLoadS
       for (++c; c < chunks_.size() && chunks_[c].begin == end; ++c) end += chunks_[c].len;
       pos_.resize(static_cast<size_t>(end - begin));
       std::iota(pos_.begin(), pos_.end(), begin);
-      rope_keys(be, hp, layer, k_base + row * kv_dim, pos_.data(), end - begin);
+      rope_keys(be, hp, layer, s_.layer_weights()[static_cast<size_t>(layer)],
+                k_base + row * kv_dim, pos_.data(), end - begin);
     }
     if (k_rows_)
       store_kv_rows(be, DType::F16, k_base, kv_dim, all_pos_.data(), total_rows_,

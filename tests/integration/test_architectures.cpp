@@ -172,7 +172,8 @@ TEST_P(Architecture, FusorIdentities) {
   std::vector<float> k(kv[2].k.begin(), kv[2].k.begin() + len * kv_dim);
   std::vector<int32_t> pos(static_cast<size_t>(len));
   std::iota(pos.begin(), pos.end(), static_cast<int32_t>(p0));
-  rope_keys(full_session.backend(), hp, 0, k.data(), pos.data(), len);
+  rope_keys(full_session.backend(), hp, 0, full_session.layer_weights()[0], k.data(), pos.data(),
+            len);
   std::vector<float> in_place(static_cast<size_t>(len * kv_dim));
   full_session.read_kv_rows(0, false, p0, len, in_place.data());
   for (int64_t i = 0; i < len * kv_dim; ++i)
@@ -180,16 +181,19 @@ TEST_P(Architecture, FusorIdentities) {
 }
 
 // Every weight an op reads (matrices, norm weights, the projections'
-// biases, the per-head norms, the output norm) comes from prepare_weight(),
-// as the Backend interface asks: a GPU backend uploads it once, where a host
-// pointer would cost it a lookup, a comparison and perhaps an upload at
-// every op of every token.  Prefill, decode and a blend.
+// biases, the per-head norms, the output norm, RoPE's frequency divisors)
+// comes from prepare_weight(), as the Backend interface asks: a GPU backend
+// uploads it once, where a host pointer would cost it a lookup, a
+// comparison and perhaps an upload at every op of every token, and keeps a
+// decode token from being replayed as one graph.  Prefill, decode and a
+// blend (its loads, chunk shift and question rotate keys and queries
+// outside a graph).
 TEST_P(Architecture, OpsReadOnlyPreparedWeights) {
   auto model = load();
   const Request req = random_request();
   const SessionOptions opts{.n_ctx = 512, .n_threads = 2, .int8_prefill = false};
   auto counted = [&] {
-    auto be = std::make_unique<test::CountingBackend>();
+    auto be = std::make_unique<test::CountingBackend>(2, /*relocate_weights=*/true);
     test::CountingBackend* raw = be.get();
     return std::make_pair(std::make_unique<Session>(*model, opts, std::move(be)), raw);
   };

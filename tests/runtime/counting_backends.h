@@ -27,9 +27,17 @@ namespace cb::test {
 // host copies, and the weight arguments (matrices, norm weights, biases)
 // that did not come from prepare_weight(), which a GPU backend would have
 // to look up and mirror at every op; before_op() runs before each op.
+// With `relocate_weights`, prepare_weight() returns a copy of the CPU's
+// result at another address, as a GPU's would be: an op then given the
+// model's own pointer counts as unprepared, although the CPU prepares
+// most weights in place.
 class CountingBackend : public ForwardingBackend {
  public:
-  explicit CountingBackend(int n_threads = 2) : ForwardingBackend(make_cpu_backend(n_threads)) {}
+  explicit CountingBackend(int n_threads = 2, bool relocate_weights = false)
+      : ForwardingBackend(make_cpu_backend(n_threads)), relocate_weights_(relocate_weights) {}
+  ~CountingBackend() override {
+    for (void* p : relocated_) inner_->free_buffer(p);
+  }
 
   const char* name() const override { return "counting"; }
   void* alloc_buffer(size_t bytes) override {
@@ -46,9 +54,16 @@ class CountingBackend : public ForwardingBackend {
     inner_->free_buffer(p);
   }
   WeightView prepare_weight(const WeightView& host) override {
-    const WeightView p = inner_->prepare_weight(host);
+    WeightView p = inner_->prepare_weight(host);
+    const size_t bytes = dtype_row_bytes(p.type, p.n_in) * p.n_out;
     std::lock_guard lock(buffers_mu_);
-    prepared_[static_cast<const char*>(p.data)] = dtype_row_bytes(p.type, p.n_in) * p.n_out;
+    if (relocate_weights_) {
+      void* copy = inner_->alloc_buffer(bytes);
+      std::memcpy(copy, p.data, bytes);
+      relocated_.push_back(copy);
+      p.data = copy;
+    }
+    prepared_[static_cast<const char*>(p.data)] = bytes;
     return p;
   }
   void* alloc_host_staging(size_t bytes) override {
@@ -108,6 +123,8 @@ class CountingBackend : public ForwardingBackend {
   std::mutex buffers_mu_;
   std::map<const char*, size_t> buffers_;   // alloc_buffer() blocks by start
   std::map<const char*, size_t> prepared_;  // prepare_weight() results by start
+  const bool relocate_weights_;
+  std::vector<void*> relocated_;
 };
 
 // Asks for staged uploads and completes them as late as Backend allows, as

@@ -254,7 +254,7 @@ TEST_F(FusorTest, StoredLayer0KeyRotatedEqualsKeyComputedInPlace) {
   std::vector<float> k(kv[2].k.begin(), kv[2].k.begin() + len * kv_dim);
   std::vector<int32_t> pos(static_cast<size_t>(len));
   for (int64_t i = 0; i < len; ++i) pos[i] = static_cast<int32_t>(p0 + i);
-  rope_keys(s.backend(), hp, 0, k.data(), pos.data(), len);
+  rope_keys(s.backend(), hp, 0, s.layer_weights()[0], k.data(), pos.data(), len);
   std::vector<float> in_place_k(static_cast<size_t>(len * kv_dim)), in_place_v(in_place_k.size());
   s.read_kv_rows(0, false, p0, len, in_place_k.data());
   s.read_kv_rows(0, true, p0, len, in_place_v.data());

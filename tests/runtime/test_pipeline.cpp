@@ -361,7 +361,7 @@ TEST_F(PipelineTest, LookAheadIsBoundedAndTheLoaderAlwaysJoins) {
     std::vector<int32_t> pos(static_cast<size_t>(len));
     std::iota(pos.begin(), pos.end(), begin);
     const auto& hp = model().hparams();
-    rope_keys(s.backend(), hp, 0, k.data(), pos.data(), len);
+    rope_keys(s.backend(), hp, 0, s.layer_weights()[0], k.data(), pos.data(), len);
     // The session's default f16 cache: the rotated f32 rows, rounded once.
     ASSERT_EQ(s.kv_type(), KvType::kF16);
     std::vector<float> v(kv[0].v.begin(), kv[0].v.begin() + len * kv_dim);
