@@ -88,6 +88,10 @@ gpu_variants() {  # PREFIX
     --modes full,reuse,blend --repeat 3 $GPU --json
   CB_CUDA_BF16=1 step "${1}prefill_8192_bf16" 60 "$BIN/cb_bench" prefill --tokens 8192 --repeat 3 \
     $GPU --json
+  # The loading controller on the GPU (chunks read from a store on flash):
+  # its first-use compute probe, then the ratio it picks against r = 0.2.
+  step "${1}ttft_auto" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes blend \
+    --ratio auto,0.2 --codec f16 --repeat 3 $GPU --json
 }
 # GPU first: the figures this run exists for.
 want gpu && gpu_benchmarks gpu_
