@@ -335,8 +335,8 @@ TEST(ComputeProbe, MeasuresTheModelAndIsStoredOnce) {
   const ComputeProbe probe{{8, 32}, {0, 128}, 1, 3, {}};
   std::vector<LayerTiming> samples;
   ComputeCost c = probe_compute_cost(s, probe, &samples);
-  // 8 rows cost a CPU about what 32 do (the weights' reads): the probe may
-  // run again at 32 and 128.
+  // 8 rows cost a CPU not much less than 32 do (both read every weight):
+  // the probe may run again at 32 and 128.
   EXPECT_TRUE(samples.size() == 4u || samples.size() == 8u) << samples.size();
   EXPECT_TRUE(c.valid());
   EXPECT_EQ(s.n_past(), 0);
