@@ -6,7 +6,8 @@
 # such a machine may lack, a same-shape clone of the model
 # (scripts/gguf_shape_clone.py: the real file is too large to move) and a
 # MuSiQue-style dev split for the quality command.  Also a clone of the C
-# API suite's model (TEST_MODEL).
+# API suite's model (TEST_MODEL) and a tiny random-weight model of each
+# architecture.
 #
 #   scripts/gpu_bundle.sh [MODEL.gguf] [DATASET.json]
 #
@@ -32,7 +33,8 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCB_CUDA=ON -DCB_WERROR=ON \
 cmake --build "$BUILD" -j"$(nproc)" --target cacheblend_cuda cb_bench test_cuda test_c_api \
   test_integration cuda_bench
 
-rm -rf "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/model" "$BUNDLE/test_model" "$BUNDLE/data"
+rm -rf "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/model" "$BUNDLE/test_model" "$BUNDLE/data" \
+  "$BUNDLE/arch"
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/data"
 for b in cb_bench test_cuda test_c_api test_integration cuda_bench; do
   cp "$BUILD/bin/$b" "$BUNDLE/bin/"
@@ -50,5 +52,11 @@ ldd "$BUILD/lib/libcacheblend.so.0" | awk '/=> \// {print $3}' |
 TEST_MODEL=${TEST_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 [ -f "$TEST_MODEL" ] && "$PYTHON" scripts/gguf_shape_clone.py pack "$TEST_MODEL" "$BUNDLE/test_model"
 [ -n "$DATASET" ] && cp "$DATASET" "$BUNDLE/data/dev.json"
+# A tiny random-weight model of each architecture (a few hundred KiB in
+# all): the CUDA sessions run on every layer kind, not only the clones'.
+for arch in llama llama3 qwen2 qwen3 gemma3; do
+  "$PYTHON" tests/oracle/write_random_gguf.py --arch "$arch" --out "$BUNDLE/arch" >/dev/null
+done
+rm -f "$BUNDLE"/arch/*.json
 du -sh "$BUNDLE"
 echo "gpu_bundle: carry $BUNDLE and run scripts/gpu_check.sh $BUNDLE"

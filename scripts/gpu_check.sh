@@ -140,6 +140,13 @@ if want tests; then
     step memcheck 150 compute-sanitizer --tool memcheck "$BIN/test_cuda" \
       --gtest_filter='Cuda.Matmul*:Cuda.Attention*:Cuda.SegmentMeans*:Cuda.KeptF32*:CudaSession.BlendSelection*'
   fi
+  # Every architecture's layers on the GPU (tiny random-weight models):
+  # against the CPU, graphs against plain decode, the blend.
+  for f in "$BUNDLE"/arch/*.gguf; do
+    [ -f "$f" ] || continue
+    CB_MODEL=$f step "arch_$(basename "$f" .gguf)_cuda_session" 60 "$BIN/test_cuda" \
+      --gtest_filter='CudaSession*'
+  done
   if [ -d "$BUNDLE/test_model" ]; then
     python3 "$(dirname "$0")/gguf_shape_clone.py" unpack "$BUNDLE/test_model" /tmp/cb_gpu_check_smol.gguf &&
       CB_MODEL=/tmp/cb_gpu_check_smol.gguf step test_c_api 120 "$BIN/test_c_api"
