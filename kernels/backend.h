@@ -320,11 +320,12 @@ void top_k_indices(const float* values, int64_t n, int64_t k, int32_t* out);
 void check_segments(const int32_t* seg, int64_t n_seg);
 
 enum class CpuKernelLevel {
-  kAuto,    // best the CPU supports (chosen once, at first use)
-  kScalar,  // the reference kernels
-  kAvx2,    // AVX2 + FMA + F16C
-  kAvx512,  // kAvx2 + AVX-512 F, BW, VL and VNNI (VNNI int8 GEMM and GEMV)
-  kNeon,    // AArch64 Advanced SIMD
+  kAuto,         // best the CPU supports (chosen once, at first use)
+  kScalar,       // the reference kernels
+  kAvx2,         // AVX2 + FMA + F16C
+  kAvx512,       // kAvx2 + AVX-512 F, BW, VL and VNNI (VNNI int8 GEMM and GEMV)
+  kNeon,         // AArch64 Advanced SIMD
+  kNeonDotprod,  // kNeon + the dot-product extension (SDOT int8 GEMM)
 };
 
 // The CPU backend, running its ops on `n_threads` threads (0 = all cores).
@@ -336,12 +337,13 @@ enum class CpuKernelLevel {
 std::unique_ptr<Backend> make_cpu_backend(int n_threads,
                                           CpuKernelLevel level = CpuKernelLevel::kAuto);
 
-// "auto", "scalar", "avx2", "avx512", "neon" as a level; false for any
-// other name.
+// "auto", "scalar", "avx2", "avx512", "neon", "neon-dotprod" as a level;
+// false for any other name.
 bool parse_cpu_kernel_level(std::string_view name, CpuKernelLevel* level);
 
 // Name of the kernel level a CPU backend created with kAuto would use on this
-// machine ("avx512", "avx2", "neon", "scalar"), for benchmarks to report.
+// machine ("avx512", "avx2", "neon-dotprod", "neon", "scalar"), for
+// benchmarks to report.
 // Errors as make_cpu_backend's.
 const char* cpu_kernel_level_name();
 

@@ -46,7 +46,7 @@
 namespace cb {
 namespace {
 
-enum class Level { kScalar, kAvx2, kAvx512, kNeon };
+enum class Level { kScalar, kAvx2, kAvx512, kNeon, kNeonDotprod };
 
 bool avx2_usable() {
   const CpuFeatures& f = cpu_features();
@@ -60,6 +60,10 @@ bool avx512_usable() {
 
 bool neon_usable() {
   return CB_HAVE_NEON_KERNELS && cpu_features().neon;
+}
+
+bool neon_dotprod_usable() {
+  return neon_usable() && cpu_features().dotprod;
 }
 
 // A level asked for by name.
@@ -87,6 +91,13 @@ Level resolve_named(CpuKernelLevel level) {
              "NEON kernels requested, but this is not an AArch64 CPU or build");
       }
       return Level::kNeon;
+    case CpuKernelLevel::kNeonDotprod:
+      if (!neon_dotprod_usable()) {
+        fail(ErrorCode::kUnsupported,
+             "NEON dot-product kernels requested, but this is not an AArch64 CPU or build, or "
+             "the CPU lacks the dot-product extension (SDOT)");
+      }
+      return Level::kNeonDotprod;
     case CpuKernelLevel::kAuto:
       break;
   }
@@ -104,7 +115,7 @@ Level resolve_auto() {
     if (!parse_cpu_kernel_level(env, &level))
       fail(ErrorCode::kInvalidArgument, std::string("CB_CPU_KERNELS=") + env +
                                             " is not a kernel level (auto, scalar, avx2, "
-                                            "avx512 or neon)");
+                                            "avx512, neon or neon-dotprod)");
     if (level != CpuKernelLevel::kAuto) {
       try {
         return resolve_named(level);
@@ -115,6 +126,7 @@ Level resolve_auto() {
   }
   if (avx512_usable()) return Level::kAvx512;
   if (avx2_usable()) return Level::kAvx2;
+  if (neon_dotprod_usable()) return Level::kNeonDotprod;
   if (neon_usable()) return Level::kNeon;
   return Level::kScalar;
 }
@@ -165,6 +177,8 @@ class CpuBackend final : public Backend {
         return "cpu-avx512";
       case Level::kNeon:
         return "cpu-neon";
+      case Level::kNeonDotprod:
+        return "cpu-neon-dotprod";
       case Level::kScalar:
         break;
     }
@@ -195,7 +209,7 @@ class CpuBackend final : public Backend {
       if (x86()) return avx2::matmul(w, x, n_rows, y, o0, o1);
 #endif
 #if CB_HAVE_NEON_KERNELS
-      if (level_ == Level::kNeon) return neon::matmul(w, x, n_rows, y, o0, o1);
+      if (arm()) return neon::matmul(w, x, n_rows, y, o0, o1);
 #endif
       ref::matmul(w, x, n_rows, y, o0, o1);
     });
@@ -203,7 +217,7 @@ class CpuBackend final : public Backend {
 
   void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
     // Beyond a few rows the GEMV re-reads the weights per row: the int8
-    // GEMM where there is one for the type (avx512, avx2), else the exact
+    // GEMM where there is one for the type (avx512, avx2, neon-dotprod), else the exact
     // GEMM, which is compute-bound rather than bound by decoding weights.
     const bool gemm = n_rows > kMaxQ8Rows;
     if (gemm && !has_int8_gemm(w.type)) return matmul(w, x, n_rows, y);
@@ -228,10 +242,7 @@ class CpuBackend final : public Backend {
     float* d = xd.data();
     float* s = xs.data();
     float* s16 = nullptr;
-    bool half_sums = false;
-#if CB_HAVE_AVX2_KERNELS
-    half_sums = gemm && avx2::gemm_q8_uses_half_sums(w.type);
-#endif
+    const bool half_sums = gemm && int8_gemm_uses_half_sums(w.type);
     if (half_sums) {
       xs16.resize(std::max(xs16.size(), static_cast<size_t>(2 * n_rows * nb)));
       s16 = xs16.data();
@@ -253,6 +264,9 @@ class CpuBackend final : public Backend {
       }
       if (gemm) return avx2::gemm_q8(w, Q8Row{qs, d, s}, s16, n_rows, y, o0, o1);
 #endif
+#if CB_HAVE_NEON_KERNELS
+      if (gemm) return neon::gemm_q8(w, Q8Row{qs, d, s}, s16, n_rows, y, o0, o1);
+#endif
       for (int64_t r = 0; r < n_rows; ++r) {
         const Q8Row xr{qs + r * w.n_in, d + r * nb, s + r * nb};
         float* yr = y + r * w.n_out;
@@ -267,7 +281,7 @@ class CpuBackend final : public Backend {
         }
 #endif
 #if CB_HAVE_NEON_KERNELS
-        if (level_ == Level::kNeon) {
+        if (arm()) {
           neon::gemv_q8(w, xr, yr, o0, o1);
           continue;
         }
@@ -291,8 +305,7 @@ class CpuBackend final : public Backend {
       if (x86()) return avx2::rmsnorm(x + r0 * dim, weight, r1 - r0, dim, eps, out + r0 * dim);
 #endif
 #if CB_HAVE_NEON_KERNELS
-      if (level_ == Level::kNeon)
-        return neon::rmsnorm(x + r0 * dim, weight, r1 - r0, dim, eps, out + r0 * dim);
+      if (arm()) return neon::rmsnorm(x + r0 * dim, weight, r1 - r0, dim, eps, out + r0 * dim);
 #endif
       ref::rmsnorm(x + r0 * dim, weight, r1 - r0, dim, eps, out + r0 * dim);
     });
@@ -340,7 +353,7 @@ class CpuBackend final : public Backend {
         if (x86()) avx2::attention_tile(a, q0, q1, g * group, (g + 1) * group);
 #endif
 #if CB_HAVE_NEON_KERNELS
-        if (level_ == Level::kNeon) neon::attention_tile(a, q0, q1, g * group, (g + 1) * group);
+        if (arm()) neon::attention_tile(a, q0, q1, g * group, (g + 1) * group);
 #endif
       });
       return;
@@ -415,7 +428,7 @@ class CpuBackend final : public Backend {
       if (x86()) return avx2::add(a + i0, b + i0, i1 - i0, out + i0);
 #endif
 #if CB_HAVE_NEON_KERNELS
-      if (level_ == Level::kNeon) return neon::add(a + i0, b + i0, i1 - i0, out + i0);
+      if (arm()) return neon::add(a + i0, b + i0, i1 - i0, out + i0);
 #endif
       ref::add(a + i0, b + i0, i1 - i0, out + i0);
     });
@@ -433,7 +446,7 @@ class CpuBackend final : public Backend {
         }
 #endif
 #if CB_HAVE_NEON_KERNELS
-        if (level_ == Level::kNeon) {
+        if (arm()) {
           neon::add(row, bias, dim, row);
           continue;
         }
@@ -550,7 +563,7 @@ class CpuBackend final : public Backend {
     if (x86()) return avx2::f32_to_f16_row(src, n, dst);
 #endif
 #if CB_HAVE_NEON_KERNELS
-    if (level_ == Level::kNeon) return neon::f32_to_f16_row(src, n, dst);
+    if (arm()) return neon::f32_to_f16_row(src, n, dst);
 #endif
     const int32_t zero = 0;
     ref::scatter_rows_f16(src, n, &zero, 1, dst);
@@ -560,7 +573,7 @@ class CpuBackend final : public Backend {
     if (x86()) return avx2::f16_to_f32_row(src, n, dst);
 #endif
 #if CB_HAVE_NEON_KERNELS
-    if (level_ == Level::kNeon) return neon::f16_to_f32_row(src, n, dst);
+    if (arm()) return neon::f16_to_f32_row(src, n, dst);
 #endif
     const int32_t zero = 0;
     ref::gather_rows_f16(src, n, &zero, 1, dst);
@@ -577,7 +590,7 @@ class CpuBackend final : public Backend {
              GateKernel neon_kernel, GateKernel ref_kernel) {
     GateKernel kernel = ref_kernel;
     if (x86() && avx2_kernel) kernel = avx2_kernel;
-    if (level_ == Level::kNeon && neon_kernel) kernel = neon_kernel;
+    if (arm() && neon_kernel) kernel = neon_kernel;
     split(n, tasks_for(8 * n), 8,
           [&](int64_t i0, int64_t i1) { kernel(gate + i0, up + i0, i1 - i0, out + i0); });
   }
@@ -599,7 +612,7 @@ class CpuBackend final : public Backend {
     if (x86()) return avx2::quantize_q8a(x, n, qs, d, s);
 #endif
 #if CB_HAVE_NEON_KERNELS
-    if (level_ == Level::kNeon) return neon::quantize_q8a(x, n, qs, d, s);
+    if (arm()) return neon::quantize_q8a(x, n, qs, d, s);
 #endif
     ref::quantize_q8a(x, n, qs, d, s);
   }
@@ -619,6 +632,20 @@ class CpuBackend final : public Backend {
     if (level_ == Level::kAvx512) return avx512::gemm_q8_supported(t);
     if (level_ == Level::kAvx2) return avx2::gemm_q8_supported(t);
 #endif
+#if CB_HAVE_NEON_KERNELS
+    if (level_ == Level::kNeonDotprod) return neon::gemm_q8_supported(t);
+#endif
+    (void)t;
+    return false;
+  }
+  // Whether that GEMM reads the activations' sums per half block.
+  bool int8_gemm_uses_half_sums(DType t) const {
+#if CB_HAVE_AVX2_KERNELS
+    if (x86()) return avx2::gemm_q8_uses_half_sums(t);
+#endif
+#if CB_HAVE_NEON_KERNELS
+    if (level_ == Level::kNeonDotprod) return neon::gemm_q8_uses_half_sums(t);
+#endif
     (void)t;
     return false;
   }
@@ -627,6 +654,11 @@ class CpuBackend final : public Backend {
   // in matmul_q8 (its GEMV and GEMM).
   bool x86() const {
     return level_ == Level::kAvx2 || level_ == Level::kAvx512;
+  }
+  // Likewise the NEON kernels both Arm levels; neon-dotprod differs only in
+  // matmul_q8's GEMM.
+  bool arm() const {
+    return level_ == Level::kNeon || level_ == Level::kNeonDotprod;
   }
 
   ThreadPool pool_;
@@ -642,11 +674,9 @@ std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuKernelLevel level) {
 
 bool parse_cpu_kernel_level(std::string_view name, CpuKernelLevel* level) {
   static constexpr std::pair<std::string_view, CpuKernelLevel> kNames[] = {
-      {"auto", CpuKernelLevel::kAuto},
-      {"scalar", CpuKernelLevel::kScalar},
-      {"avx2", CpuKernelLevel::kAvx2},
-      {"avx512", CpuKernelLevel::kAvx512},
-      {"neon", CpuKernelLevel::kNeon}};
+      {"auto", CpuKernelLevel::kAuto}, {"scalar", CpuKernelLevel::kScalar},
+      {"avx2", CpuKernelLevel::kAvx2}, {"avx512", CpuKernelLevel::kAvx512},
+      {"neon", CpuKernelLevel::kNeon}, {"neon-dotprod", CpuKernelLevel::kNeonDotprod}};
   for (const auto& [n, l] : kNames) {
     if (n == name) {
       *level = l;
@@ -664,6 +694,8 @@ const char* cpu_kernel_level_name() {
       return "avx512";
     case Level::kNeon:
       return "neon";
+    case Level::kNeonDotprod:
+      return "neon-dotprod";
     case Level::kScalar:
       break;
   }

@@ -14,6 +14,7 @@
 
 #include "kernels/cpu/gemm_q8_tiles.h"
 #include "kernels/cpu/ops_avx2.h"
+#include "kernels/cpu/simd_avx2.h"
 
 namespace cb::avx2 {
 namespace {
@@ -104,6 +105,7 @@ void micro_kernel(const Rows& x, const uint8_t* panel, size_t, int64_t n_chunks,
 }
 
 struct Isa {
+  using Quants = Quants32;
   static constexpr int64_t kMR = 6;  // activation rows per micro-kernel call
   static constexpr int64_t kNP = 1;  // panels per micro-kernel call
   template <class Decoder>
@@ -119,7 +121,7 @@ bool gemm_q8_supported(DType t) {
 }
 
 bool gemm_q8_uses_half_sums(DType t) {
-  return int8_tiles::uses_half_sums(t);
+  return int8_tiles::uses_half_sums<Isa>(t);
 }
 
 void gemm_q8(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows, float* y,

@@ -13,10 +13,12 @@
 
 #include "kernels/cpu/gemm_q8_tiles.h"
 #include "kernels/cpu/ops_avx512.h"
+#include "kernels/cpu/simd_avx2.h"
 
 namespace cb::avx512 {
 namespace {
 
+using avx2::Quants32;
 using int8_tiles::chunk_bytes;
 using int8_tiles::kNR;
 using int8_tiles::MicroKernel;
@@ -78,6 +80,7 @@ void micro_kernel(const Rows& x, const uint8_t* panels, size_t panel_bytes, int6
 }
 
 struct Isa {
+  using Quants = Quants32;
   static constexpr int64_t kMR = 6;  // activation rows per micro-kernel call
   static constexpr int64_t kNP = 2;  // panels per micro-kernel call
   template <class Decoder>

@@ -1,8 +1,9 @@
 // The int8 GEMM of prefill (Backend::matmul_q8 with many rows) as far as
 // the instruction sets share it: y = x * W^T with the activation rows
 // quantized to int8 blocks of 32 (Q8Row) and the weights' integer quants
-// multiplied by them.  gemm_q8_avx512.cpp (VPDPBUSD) and gemm_q8_avx2.cpp
-// (VPMADDUBSW) add only their micro-kernels.
+// multiplied by them.  gemm_q8_avx512.cpp (VPDPBUSD), gemm_q8_avx2.cpp
+// (VPMADDUBSW) and gemm_q8_dotprod.cpp (SDOT) add only their micro-kernels
+// and their way of handling 32 quant bytes.
 //
 // Every weight type is read as unsigned 8-bit quants q with, per group of G
 // elements (32, or 16 for the types with a scale per run of 16), a scale
@@ -22,20 +23,24 @@
 // for 4-byte dot products: per group, per 4 consecutive elements, the 16
 // columns' 4 quant bytes (64 bytes), then the group's 16 scales and 16
 // offsets.  A micro-kernel keeps a block of outputs in registers (an int32
-// sum per group, an f32 accumulator) and broadcasts 4 activation bytes of a
+// sum per group, an f32 accumulator) and multiplies 4 activation bytes of a
 // row per step.  Every output is the same chain of operations (groups in
-// order within a k-block, k-blocks in order, each group's int32 sum exact)
-// whatever the split over threads or the instruction set, so the result
-// depends on neither.
+// order within a k-block, k-blocks in order, each group's int32 sum exact,
+// then (scale * dx) rounded, and two fused multiply-adds) whatever the
+// split over threads or the instruction set, so the result depends on
+// neither.
 //
 // What differs by instruction set comes in a traits type `Isa`: kMR rows
-// and kNP panels (1 or 2) per micro-kernel call, supports<Decoder>, and
-// kernel<MR, NP, Decoder>, the MicroKernel for MR rows and NP panels.
-// Everything here is in an anonymous namespace: each kernel file gets its
-// own copy, compiled with its flags (the linkage rule in ops_avx2.h).
+// and kNP panels (1 or 2) per micro-kernel call, supports<Decoder>,
+// kernel<MR, NP, Decoder>, the MicroKernel for MR rows and NP panels, and
+// Quants, the type the decoders and the packing handle 32 quant bytes with
+// (its Bytes, and static load, nibbles, q5_quants, iq4_levels,
+// q23_k_quants, q45_k_quants, q6_k_runs, flip_sign, plus, store, half and
+// transpose16x8, as the x86 one in simd_avx2.h; an instruction set provides
+// what the decoders of its supported types use).  Everything here is in an
+// anonymous namespace: each kernel file gets its own copy, compiled with
+// its flags (the linkage rule in ops_avx2.h).
 #pragma once
-
-#include <immintrin.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -45,20 +50,10 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/quant_blocks.h"
-#include "kernels/cpu/simd_avx2.h"
 #include "kernels/dtype.h"
 
 namespace cb::int8_tiles {
 namespace {
-
-using avx2::half;
-using avx2::iq4_levels32;
-using avx2::load32;
-using avx2::nibbles32;
-using avx2::q23_k_quants32;
-using avx2::q45_k_quants32;
-using avx2::q5_quants32;
-using avx2::unpack_q6_k_runs;
 
 // ---- Decoders: 32 elements at a time as unsigned quants + scale, offset ----
 //
@@ -71,98 +66,101 @@ using avx2::unpack_q6_k_runs;
 // must bound).
 
 // 32-element block types: a per-block scale d and offset.
-template <class Block, class Quants, class Offset>
+template <class Q, class Block, class Quants, class Offset>
 void decode_blocks(const void* row, int64_t k0, int64_t k1, auto& s, Quants quants, Offset offset) {
   const Block* b = static_cast<const Block*>(row) + k0 / kQK;
   for (int64_t k = k0; k < k1; k += kQK, ++b) {
-    const float d = half(b->d), off = offset(*b, d);
+    const float d = Q::half(b->d), off = offset(*b, d);
     s.put(k, quants(*b), d, off, d, off);
   }
 }
 
+template <class Q>
 struct Int8Q8_0 {
   static constexpr int kGroup = 32;
   static constexpr int kMaxQuant = 255;
   static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    decode_blocks<BlockQ8_0>(
-        row, k0, k1, s,
-        [](const BlockQ8_0& b) { return _mm256_xor_si256(load32(b.qs), _mm256_set1_epi8(-128)); },
+    decode_blocks<Q, BlockQ8_0>(
+        row, k0, k1, s, [](const BlockQ8_0& b) { return Q::flip_sign(Q::load(b.qs)); },
         [](const BlockQ8_0&, float d) { return -128.0f * d; });
   }
 };
+template <class Q>
 struct Int8Q4_0 {
   static constexpr int kGroup = 32;
   static constexpr int kMaxQuant = 15;
   static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    decode_blocks<BlockQ4_0>(
-        row, k0, k1, s, [](const BlockQ4_0& b) { return nibbles32(b.qs); },
+    decode_blocks<Q, BlockQ4_0>(
+        row, k0, k1, s, [](const BlockQ4_0& b) { return Q::nibbles(b.qs); },
         [](const BlockQ4_0&, float d) { return -8.0f * d; });
   }
 };
+template <class Q>
 struct Int8Q4_1 {
   static constexpr int kGroup = 32;
   static constexpr int kMaxQuant = 15;
   static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    decode_blocks<BlockQ4_1>(
-        row, k0, k1, s, [](const BlockQ4_1& b) { return nibbles32(b.qs); },
-        [](const BlockQ4_1& b, float) { return half(b.m); });
+    decode_blocks<Q, BlockQ4_1>(
+        row, k0, k1, s, [](const BlockQ4_1& b) { return Q::nibbles(b.qs); },
+        [](const BlockQ4_1& b, float) { return Q::half(b.m); });
   }
 };
+template <class Q>
 struct Int8Q5_0 {
   static constexpr int kGroup = 32;
   static constexpr int kMaxQuant = 31;
   static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    decode_blocks<BlockQ5_0>(
-        row, k0, k1, s, [](const BlockQ5_0& b) { return q5_quants32(b.qs, b.qh); },
+    decode_blocks<Q, BlockQ5_0>(
+        row, k0, k1, s, [](const BlockQ5_0& b) { return Q::q5_quants(b.qs, b.qh); },
         [](const BlockQ5_0&, float d) { return -16.0f * d; });
   }
 };
+template <class Q>
 struct Int8Q5_1 {
   static constexpr int kGroup = 32;
   static constexpr int kMaxQuant = 31;
   static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    decode_blocks<BlockQ5_1>(
-        row, k0, k1, s, [](const BlockQ5_1& b) { return q5_quants32(b.qs, b.qh); },
-        [](const BlockQ5_1& b, float) { return half(b.m); });
+    decode_blocks<Q, BlockQ5_1>(
+        row, k0, k1, s, [](const BlockQ5_1& b) { return Q::q5_quants(b.qs, b.qh); },
+        [](const BlockQ5_1& b, float) { return Q::half(b.m); });
   }
 };
+template <class Q>
 struct Int8IQ4_NL {
   static constexpr int kGroup = 32;
   static constexpr int kMaxQuant = 255;
   static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
-    decode_blocks<BlockIQ4_NL>(
-        row, k0, k1, s,
-        [](const BlockIQ4_NL& b) {
-          return _mm256_xor_si256(iq4_levels32(b.qs), _mm256_set1_epi8(-128));
-        },
+    decode_blocks<Q, BlockIQ4_NL>(
+        row, k0, k1, s, [](const BlockIQ4_NL& b) { return Q::flip_sign(Q::iq4_levels(b.qs)); },
         [](const BlockIQ4_NL&, float d) { return -128.0f * d; });
   }
 };
 
+template <class Q>
 struct Int8IQ4_XS {
   static constexpr int kGroup = 32;
   static constexpr int kMaxQuant = 255;
   static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
     const BlockIQ4_XS* b = static_cast<const BlockIQ4_XS*>(row) + k0 / kQKK;
     for (int64_t k = k0; k < k1; k += kQKK, ++b) {
-      const float d = half(b->d);
+      const float d = Q::half(b->d);
       for (int j = 0; j < kQKK / kQK; ++j) {
         const float sc = d * static_cast<float>(iq4xs_scale(*b, j) - 32);
-        s.put(k + kQK * j, _mm256_xor_si256(iq4_levels32(b->qs + 16 * j), _mm256_set1_epi8(-128)),
-              sc, -128.0f * sc, sc, -128.0f * sc);
+        s.put(k + kQK * j, Q::flip_sign(Q::iq4_levels(b->qs + 16 * j)), sc, -128.0f * sc, sc,
+              -128.0f * sc);
       }
     }
   }
 };
 
-template <class Block>
+template <class Q, class Block>
 struct Int8Q45_K {
   static constexpr int kGroup = 32;
   static constexpr int kMaxQuant = std::is_same_v<Block, BlockQ5_K> ? 31 : 15;
   static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
     const Block* b = static_cast<const Block*>(row) + k0 / kQKK;
     for (int64_t k = k0; k < k1; k += kQKK, ++b) {
-      const float d = half(b->d), dmin = half(b->dmin);
+      const float d = Q::half(b->d), dmin = Q::half(b->dmin);
       const uint8_t* qh = nullptr;
       if constexpr (std::is_same_v<Block, BlockQ5_K>) qh = b->qh;
       uint64_t sc8, m8;
@@ -170,23 +168,23 @@ struct Int8Q45_K {
       for (int j = 0; j < 8; ++j) {
         const float scale = d * static_cast<float>((sc8 >> (8 * j)) & 0xFF);
         const float off = -(dmin * static_cast<float>((m8 >> (8 * j)) & 0xFF));
-        s.put(k + kQK * j, q45_k_quants32(b->qs, qh, j), scale, off, scale, off);
+        s.put(k + kQK * j, Q::q45_k_quants(b->qs, qh, j), scale, off, scale, off);
       }
     }
   }
 };
 
+template <class Q>
 struct Int8Q6_K {
   static constexpr int kGroup = 16;
   static constexpr int kMaxQuant = 63;
   static void decode(const void* row, int64_t k0, int64_t k1, auto& s) {
     const BlockQ6_K* b = static_cast<const BlockQ6_K*>(row) + k0 / kQKK;
     for (int64_t k = k0; k < k1; k += kQKK, ++b) {
-      const float d = half(b->d);
+      const float d = Q::half(b->d);
       for (int h = 0; h < 2; ++h) {
-        __m256i runs[4];
-        unpack_q6_k_runs(load32(b->ql + 64 * h), load32(b->ql + 64 * h + 32),
-                         load32(b->qh + 32 * h), runs);
+        typename Q::Bytes runs[4];
+        Q::q6_k_runs(b->ql + 64 * h, b->qh + 32 * h, runs);
         for (int r = 0; r < 4; ++r) {
           const float sa = d * static_cast<float>(b->scales[8 * h + 2 * r]);
           const float sb = d * static_cast<float>(b->scales[8 * h + 2 * r + 1]);
@@ -197,7 +195,7 @@ struct Int8Q6_K {
   }
 };
 
-template <class Block>
+template <class Q, class Block>
 struct Int8Q23_K {
   static constexpr int kGroup = 16;
   static constexpr int kMaxQuant = std::is_same_v<Block, BlockQ3_K> ? 7 : 3;
@@ -205,20 +203,20 @@ struct Int8Q23_K {
     constexpr bool kQ3 = std::is_same_v<Block, BlockQ3_K>;
     const Block* b = static_cast<const Block*>(row) + k0 / kQKK;
     for (int64_t k = k0; k < k1; k += kQKK, ++b) {
-      const float d = half(b->d);
+      const float d = Q::half(b->d);
       for (int j = 0; j < 8; ++j) {
         float scale[2], off[2];
-        __m256i q;
+        typename Q::Bytes q;
         if constexpr (kQ3) {
           // q - 4 * !bit in [-4, 3], stored as that + 4.
-          q = _mm256_add_epi8(q23_k_quants32(b->qs, b->hmask, j), _mm256_set1_epi8(4));
+          q = Q::plus(Q::q23_k_quants(b->qs, b->hmask, j), 4);
           for (int h = 0; h < 2; ++h) {
             scale[h] = d * static_cast<float>(q3k_scale(b->scales, 2 * j + h) - 32);
             off[h] = -4.0f * scale[h];
           }
         } else {
-          q = q23_k_quants32(b->qs, nullptr, j);
-          const float dmin = half(b->dmin);
+          q = Q::q23_k_quants(b->qs, nullptr, j);
+          const float dmin = Q::half(b->dmin);
           for (int h = 0; h < 2; ++h) {
             const uint8_t sc = b->scales[2 * j + h];
             scale[h] = d * static_cast<float>(sc & 0x0F);
@@ -246,14 +244,14 @@ constexpr size_t chunk_bytes(int g) {
 
 // Decoded columns of one panel before the transpose: column c's quants of
 // the k-block, and a scale and offset per group of G.
-template <int G>
+template <class Q, int G>
 struct ColumnSink {
   uint8_t* q;  // kc bytes
   float* scale;
   float* off;
   int64_t k0;
-  void put(int64_t k, __m256i quants, float sa, float oa, float sb, float ob) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + (k - k0)), quants);
+  void put(int64_t k, typename Q::Bytes quants, float sa, float oa, float sb, float ob) {
+    Q::store(q + (k - k0), quants);
     const int64_t g = (k - k0) / G;
     scale[g] = sa;
     off[g] = oa;
@@ -293,7 +291,7 @@ inline PackBuffers& pack_buffers() {
 
 // Packs weight rows [o0, o0 + nc) x elements [k0, k0 + kc) into panels of
 // kNR columns (columns past nc are zero: they add nothing).
-template <class Decoder>
+template <class Q, class Decoder>
 void pack_panels(DType type, const uint8_t* base, size_t row_bytes, int64_t o0, int64_t nc,
                  int64_t k0, int64_t kc, PackBuffers& buf) {
   constexpr int64_t kAhead = 4;
@@ -318,9 +316,9 @@ void pack_panels(DType type, const uint8_t* base, size_t row_bytes, int64_t o0, 
         if (p0 + c + kAhead < nc) {
           const char* next = reinterpret_cast<const char*>(base) +
                              static_cast<size_t>(o0 + p0 + c + kAhead) * row_bytes + k_offset;
-          for (size_t off = 0; off < k_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+          for (size_t off = 0; off < k_bytes; off += 64) __builtin_prefetch(next + off);
         }
-        ColumnSink<kG> sink{q, sc, of, k0};
+        ColumnSink<Q, kG> sink{q, sc, of, k0};
         Decoder::decode(base + static_cast<size_t>(o0 + p0 + c) * row_bytes, k0, k0 + kc, sink);
       } else {
         __builtin_memset(q, 0, static_cast<size_t>(kc));
@@ -330,12 +328,10 @@ void pack_panels(DType type, const uint8_t* base, size_t row_bytes, int64_t o0, 
     uint8_t* panel = buf.panels + static_cast<size_t>(p0 / kNR) * panel_bytes;
     for (int64_t ch = 0; ch < kc / kQK; ++ch) {
       uint8_t* dst = panel + static_cast<size_t>(ch) * chunk_bytes(kG);
-      // The 16 columns' 32 quant bytes (8 dwords each) transposed 8 columns
-      // at a time: step k4 of the chunk is dword k4 of every column.
-      const float* src = reinterpret_cast<const float*>(buf.columns + ch * kQK);
-      float* dq = reinterpret_cast<float*>(dst);
-      avx2::transpose8(src, kMaxKC / 4, dq, kNR);
-      avx2::transpose8(src + 8 * (kMaxKC / 4), kMaxKC / 4, dq + 8, kNR);
+      // The 16 columns' 32 quant bytes (8 dwords each) transposed: step k4
+      // of the chunk is dword k4 of every column.
+      Q::transpose16x8(reinterpret_cast<const float*>(buf.columns + ch * kQK), kMaxKC / 4,
+                       reinterpret_cast<float*>(dst));
       float* dsc = reinterpret_cast<float*>(dst + 8 * 64);
       for (int64_t g = 0; g < 32 / kG; ++g) {
         for (int64_t c = 0; c < kNR; ++c) {
@@ -406,7 +402,7 @@ void gemm(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows,
     const int64_t nc = o_end - o0 < nc_max ? o_end - o0 : nc_max;
     for (int64_t k0 = 0; k0 < w.n_in; k0 += kc_max) {
       const int64_t kc = w.n_in - k0 < kc_max ? w.n_in - k0 : kc_max;
-      pack_panels<Decoder>(w.type, base, row_bytes, o0, nc, k0, kc, buf);
+      pack_panels<typename Isa::Quants, Decoder>(w.type, base, row_bytes, o0, nc, k0, kc, buf);
       const size_t panel_bytes = static_cast<size_t>(kc / kQK) * chunk_bytes(kG);
       const bool first = k0 == 0;
       for (int64_t r0 = 0; r0 < n_rows; r0 += Isa::kMR) {
@@ -426,34 +422,35 @@ void gemm(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows,
   }
 }
 
-// fn(Decoder{}) for the decoder of type t; false for the float types.
-template <class Fn>
+// fn(Decoder{}) for the decoder of type t (its 32 quant bytes handled by
+// Q); false for the float types.
+template <class Q, class Fn>
 bool with_decoder(DType t, Fn&& fn) {
   switch (t) {
     case DType::Q8_0:
-      return fn(Int8Q8_0{});
+      return fn(Int8Q8_0<Q>{});
     case DType::Q4_0:
-      return fn(Int8Q4_0{});
+      return fn(Int8Q4_0<Q>{});
     case DType::Q4_1:
-      return fn(Int8Q4_1{});
+      return fn(Int8Q4_1<Q>{});
     case DType::Q5_0:
-      return fn(Int8Q5_0{});
+      return fn(Int8Q5_0<Q>{});
     case DType::Q5_1:
-      return fn(Int8Q5_1{});
+      return fn(Int8Q5_1<Q>{});
     case DType::IQ4_NL:
-      return fn(Int8IQ4_NL{});
+      return fn(Int8IQ4_NL<Q>{});
     case DType::IQ4_XS:
-      return fn(Int8IQ4_XS{});
+      return fn(Int8IQ4_XS<Q>{});
     case DType::Q2_K:
-      return fn(Int8Q23_K<BlockQ2_K>{});
+      return fn(Int8Q23_K<Q, BlockQ2_K>{});
     case DType::Q3_K:
-      return fn(Int8Q23_K<BlockQ3_K>{});
+      return fn(Int8Q23_K<Q, BlockQ3_K>{});
     case DType::Q4_K:
-      return fn(Int8Q45_K<BlockQ4_K>{});
+      return fn(Int8Q45_K<Q, BlockQ4_K>{});
     case DType::Q5_K:
-      return fn(Int8Q45_K<BlockQ5_K>{});
+      return fn(Int8Q45_K<Q, BlockQ5_K>{});
     case DType::Q6_K:
-      return fn(Int8Q6_K{});
+      return fn(Int8Q6_K<Q>{});
     case DType::F32:
     case DType::F16:
     case DType::BF16:
@@ -464,12 +461,14 @@ bool with_decoder(DType t, Fn&& fn) {
 
 template <class Isa>
 bool supported(DType t) {
-  return with_decoder(t, [](auto d) { return Isa::template supports<decltype(d)>; });
+  return with_decoder<typename Isa::Quants>(
+      t, [](auto d) { return Isa::template supports<decltype(d)>; });
 }
 
 // The types whose decoders have groups of 16.
-inline bool uses_half_sums(DType t) {
-  return with_decoder(t, [](auto d) { return decltype(d)::kGroup == 16; });
+template <class Isa>
+bool uses_half_sums(DType t) {
+  return with_decoder<typename Isa::Quants>(t, [](auto d) { return decltype(d)::kGroup == 16; });
 }
 
 // Returns false (and computes nothing) for a type the Isa does not support.
@@ -477,7 +476,7 @@ template <class Isa>
 bool gemm_q8(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows, float* y,
              int64_t o_begin, int64_t o_end) {
   if (n_rows <= 0 || o_begin >= o_end) return true;
-  return with_decoder(w.type, [&](auto d) {
+  return with_decoder<typename Isa::Quants>(w.type, [&](auto d) {
     if constexpr (Isa::template supports<decltype(d)>) {
       gemm<Isa, decltype(d)>(w, x, s16, n_rows, y, o_begin, o_end);
       return true;

@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/ops_neon.h"
 #include "kernels/cpu/quant_blocks.h"
+#include "kernels/cpu/simd_neon.h"
 #include "platform/half.h"
 
 namespace cb::neon {
@@ -30,13 +31,11 @@ inline int32_t dot32(int8x16_t w0, int8x16_t w1, const int8_t* x) {
   return vaddvq_s32(dot16(w1, vld1q_s8(x + 16), dot16(w0, vld1q_s8(x), vdupq_n_s32(0))));
 }
 
-// Q4_0 / Q4_1 nibbles in element order (low nibbles are elements 0-15),
-// minus `bias`.
-inline void nibbles(const uint8_t* qs, uint8_t bias, int8x16_t* lo, int8x16_t* hi) {
-  const uint8x16_t v = vld1q_u8(qs);
+// Unsigned quants minus `bias`, as signed bytes.
+inline void minus(Bytes32 q, uint8_t bias, int8x16_t* lo, int8x16_t* hi) {
   const uint8x16_t b = vdupq_n_u8(bias);
-  *lo = vreinterpretq_s8_u8(vsubq_u8(vandq_u8(v, vdupq_n_u8(0x0F)), b));
-  *hi = vreinterpretq_s8_u8(vsubq_u8(vshrq_n_u8(v, 4), b));
+  *lo = vreinterpretq_s8_u8(vsubq_u8(q.lo, b));
+  *hi = vreinterpretq_s8_u8(vsubq_u8(q.hi, b));
 }
 
 // The signed quants of one 32-element block as two 16-byte halves.
@@ -45,29 +44,10 @@ void q8_0_quants(const BlockQ8_0& b, int8x16_t* lo, int8x16_t* hi) {
   *hi = vld1q_s8(b.qs + 16);
 }
 void q4_0_quants(const BlockQ4_0& b, int8x16_t* lo, int8x16_t* hi) {
-  nibbles(b.qs, 8, lo, hi);
-}
-
-// 0x10 in byte i of *lo (elements 0-15) and *hi (16-31) where bit i of the
-// block's 32-bit qh is set: the fifth bit of a Q5_0 / Q5_1 quant.
-inline void q5_high_bits(const uint8_t* qh, uint8x16_t* lo, uint8x16_t* hi) {
-  static const uint8_t kBit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
-  const uint8x16_t sel = vld1q_u8(kBit), b4 = vdupq_n_u8(0x10);
-  *lo = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[0]), vdup_n_u8(qh[1])), sel), b4);
-  *hi = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[2]), vdup_n_u8(qh[3])), sel), b4);
-}
-
-// The 5-bit quants of a Q5_0 / Q5_1 block in element order, minus `bias`.
-template <class Block>
-void q5_quants(const Block& b, uint8_t bias, int8x16_t* lo, int8x16_t* hi) {
-  uint8x16_t h_lo, h_hi;
-  q5_high_bits(b.qh, &h_lo, &h_hi);
-  const uint8x16_t v = vld1q_u8(b.qs), m4 = vdupq_n_u8(0x0F), d = vdupq_n_u8(bias);
-  *lo = vreinterpretq_s8_u8(vsubq_u8(vorrq_u8(vandq_u8(v, m4), h_lo), d));
-  *hi = vreinterpretq_s8_u8(vsubq_u8(vorrq_u8(vshrq_n_u8(v, 4), h_hi), d));
+  minus(nibbles32(b.qs), 8, lo, hi);
 }
 void q5_0_quants(const BlockQ5_0& b, int8x16_t* lo, int8x16_t* hi) {
-  q5_quants(b, 16, lo, hi);
+  minus(q5_quants32(b.qs, b.qh), 16, lo, hi);
 }
 
 // The 32 signed levels of an IQ4 run of 16 nibble bytes (elements 0-15 in
@@ -102,9 +82,9 @@ float row_offset(const Block* w, const Q8Row& x, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b) {
     int8x16_t lo, hi;
     if constexpr (std::is_same_v<Block, BlockQ5_1>) {
-      q5_quants(w[b], 0, &lo, &hi);
+      minus(q5_quants32(w[b].qs, w[b].qh), 0, &lo, &hi);
     } else {
-      nibbles(w[b].qs, 0, &lo, &hi);
+      minus(nibbles32(w[b].qs), 0, &lo, &hi);
     }
     acc += f16_to_f32(w[b].d) * x.d[b] * static_cast<float>(dot32(lo, hi, x.qs + kQK * b));
     acc += f16_to_f32(w[b].m) * x.s[b];
@@ -127,50 +107,26 @@ float row_iq4_xs(const BlockIQ4_XS* w, const Q8Row& x, int64_t n_super) {
   return acc;
 }
 
-// Q4_K and Q5_K: a scale and a min per sub-block of 32; Q5_K's fifth bit
-// of element l of sub-block j is bit j of qh[l].
+// Q4_K and Q5_K: a scale and a min per sub-block of 32.
 template <class Block>
 float row_q45_k(const Block* w, const Q8Row& x, int64_t n_super) {
-  const uint8x16_t m4 = vdupq_n_u8(0x0F), b4 = vdupq_n_u8(0x10);
   float acc = 0.0f;
   for (int64_t sb = 0; sb < n_super; ++sb) {
     const float d = f16_to_f32(w[sb].d), dmin = f16_to_f32(w[sb].dmin);
-    for (int c = 0; c < 4; ++c) {  // chunk c: sub-block 2c low nibbles, 2c + 1 high
-      const uint8x16_t v0 = vld1q_u8(w[sb].qs + 32 * c);
-      const uint8x16_t v1 = vld1q_u8(w[sb].qs + 32 * c + 16);
-      for (int half = 0; half < 2; ++half) {
-        const int j = 2 * c + half;
-        uint8x16_t q0 = half == 0 ? vandq_u8(v0, m4) : vshrq_n_u8(v0, 4);
-        uint8x16_t q1 = half == 0 ? vandq_u8(v1, m4) : vshrq_n_u8(v1, 4);
-        if constexpr (std::is_same_v<Block, BlockQ5_K>) {
-          const uint8x16_t bit = vdupq_n_u8(static_cast<uint8_t>(1u << j));
-          q0 = vorrq_u8(q0, vandq_u8(vtstq_u8(vld1q_u8(w[sb].qh), bit), b4));
-          q1 = vorrq_u8(q1, vandq_u8(vtstq_u8(vld1q_u8(w[sb].qh + 16), bit), b4));
-        }
-        uint8_t sc, m;
-        q4k_scale_min(w[sb].scales, j, &sc, &m);
-        const int64_t xb = 8 * sb + j;
-        acc += (d * static_cast<float>(sc)) * x.d[xb] *
-               static_cast<float>(
-                   dot32(vreinterpretq_s8_u8(q0), vreinterpretq_s8_u8(q1), x.qs + kQK * xb));
-        acc -= (dmin * static_cast<float>(m)) * x.s[xb];
-      }
+    const uint8_t* qh = nullptr;
+    if constexpr (std::is_same_v<Block, BlockQ5_K>) qh = w[sb].qh;
+    for (int j = 0; j < 8; ++j) {
+      const Bytes32 q = q45_k_quants32(w[sb].qs, qh, j);
+      uint8_t sc, m;
+      q4k_scale_min(w[sb].scales, j, &sc, &m);
+      const int64_t xb = 8 * sb + j;
+      acc += (d * static_cast<float>(sc)) * x.d[xb] *
+             static_cast<float>(
+                 dot32(vreinterpretq_s8_u8(q.lo), vreinterpretq_s8_u8(q.hi), x.qs + kQK * xb));
+      acc -= (dmin * static_cast<float>(m)) * x.s[xb];
     }
   }
   return acc;
-}
-
-// Sub-block j of a Q2_K / Q3_K super-block (layout: see BlockQ2_K) as two
-// halves of 16 quants: the 2-bit values for Q2_K (hmask null), q - 4 * !bit
-// for Q3_K.
-inline void q23_k_quants(const uint8_t* qs, const uint8_t* hmask, int j, int8x16_t q[2]) {
-  const int8x16_t shift = vdupq_n_s8(static_cast<int8_t>(-2 * (j % 4)));
-  const uint8x16_t bit = vdupq_n_u8(static_cast<uint8_t>(1u << j)), four = vdupq_n_u8(4);
-  for (int h = 0; h < 2; ++h) {
-    uint8x16_t v = vandq_u8(vshlq_u8(vld1q_u8(qs + 32 * (j / 4) + 16 * h), shift), vdupq_n_u8(3));
-    if (hmask != nullptr) v = vsubq_u8(v, vbicq_u8(four, vtstq_u8(vld1q_u8(hmask + 16 * h), bit)));
-    q[h] = vreinterpretq_s8_u8(v);
-  }
 }
 
 inline int32_t dot16_sum(int8x16_t w, const int8_t* x) {
@@ -183,8 +139,8 @@ float row_q2_k(const BlockQ2_K* w, const Q8Row& x, int64_t n_super) {
   for (int64_t sb = 0; sb < n_super; ++sb) {
     const float d = f16_to_f32(w[sb].d), dmin = f16_to_f32(w[sb].dmin);
     for (int j = 0; j < 8; ++j) {
-      int8x16_t q[2];
-      q23_k_quants(w[sb].qs, nullptr, j, q);
+      const Bytes32 qb = q23_k_quants32(w[sb].qs, nullptr, j);
+      const int8x16_t q[2] = {vreinterpretq_s8_u8(qb.lo), vreinterpretq_s8_u8(qb.hi)};
       const int64_t xb = 8 * sb + j;
       int32_t isum = 0, msum = 0;
       for (int h = 0; h < 2; ++h) {
@@ -204,8 +160,8 @@ float row_q3_k(const BlockQ3_K* w, const Q8Row& x, int64_t n_super) {
   for (int64_t sb = 0; sb < n_super; ++sb) {
     const float d = f16_to_f32(w[sb].d);
     for (int j = 0; j < 8; ++j) {
-      int8x16_t q[2];
-      q23_k_quants(w[sb].qs, w[sb].hmask, j, q);
+      const Bytes32 qb = q23_k_quants32(w[sb].qs, w[sb].hmask, j);
+      const int8x16_t q[2] = {vreinterpretq_s8_u8(qb.lo), vreinterpretq_s8_u8(qb.hi)};
       const int64_t xb = 8 * sb + j;
       int32_t isum = 0;
       for (int h = 0; h < 2; ++h)
@@ -218,28 +174,18 @@ float row_q3_k(const BlockQ3_K* w, const Q8Row& x, int64_t n_super) {
 }
 
 float row_q6_k(const BlockQ6_K* w, const Q8Row& x, int64_t n_super) {
-  const uint8x16_t m4 = vdupq_n_u8(0x0F), m2 = vdupq_n_u8(0x03);
   const int8x16_t off = vdupq_n_s8(32);
   float acc = 0.0f;
   for (int64_t sb = 0; sb < n_super; ++sb) {
     const float d = f16_to_f32(w[sb].d);
     for (int h = 0; h < 2; ++h) {
-      const uint8_t* ql = w[sb].ql + 64 * h;
-      const uint8_t* qh = w[sb].qh + 32 * h;
       const int8_t* sc = w[sb].scales + 8 * h;
+      Bytes32 runs[4];
+      q6_k_runs32(w[sb].ql + 64 * h, w[sb].qh + 32 * h, runs);
       int32_t isum[4] = {0, 0, 0, 0};  // per run of 32 elements
       for (int j = 0; j < 2; ++j) {    // elements 16j .. 16j + 15 of each run
-        const uint8x16_t la = vld1q_u8(ql + 16 * j), lb = vld1q_u8(ql + 32 + 16 * j);
-        const uint8x16_t hb = vld1q_u8(qh + 16 * j);
-        // The four runs (layout: see BlockQ6_K), as unsigned 6-bit values.
-        const uint8x16_t runs[4] = {
-            vorrq_u8(vandq_u8(la, m4), vshlq_n_u8(vandq_u8(hb, m2), 4)),
-            vorrq_u8(vandq_u8(lb, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), m2), 4)),
-            vorrq_u8(vshrq_n_u8(la, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), m2), 4)),
-            vorrq_u8(vshrq_n_u8(lb, 4), vshlq_n_u8(vshrq_n_u8(hb, 6), 4)),
-        };
         for (int r = 0; r < 4; ++r) {
-          const int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(runs[r]), off);
+          const int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(j == 0 ? runs[r].lo : runs[r].hi), off);
           const int8_t* xq = x.qs + kQK * (8 * sb + 4 * h + r) + 16 * j;
           isum[r] += sc[2 * r + j] * dot16_sum(q, xq);
         }

@@ -8,8 +8,9 @@
 // relative L2 of 1e-3 of a float64 reference.  gemv_q8 (decode) multiplies
 // int8 weights by int8-quantized activations with the baseline widening
 // multiplies (SMULL/SMLAL into int16, SADALP into int32), so it runs on
-// every AArch64 core; SDOT (dot-product extension) would need a second
-// build of the file and is not used.
+// every AArch64 core.  gemm_q8 (prefill, the neon-dotprod level) takes
+// SDOT from the dot-product extension: it lives in gemm_q8_dotprod.cpp,
+// built for that extension, and is called only on a core that has it.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,16 @@ void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int6
 // summation order may differ).
 void quantize_q8a(const float* x, int64_t n, int8_t* qs, float* d, float* s);
 void gemv_q8(const WeightView& w, const Q8Row& x, float* y, int64_t o_begin, int64_t o_end);
+
+// The int8 GEMM of prefill (many rows of Backend::matmul_q8), as
+// avx2::gemm_q8 (ops_avx2.h) with the same bits: for the types
+// gemm_q8_supported names (all but Q8_0, IQ4_NL and IQ4_XS); s16 holds the
+// activations' sums per half block where gemm_q8_uses_half_sums(t).  Only
+// where cpu_features().dotprod.
+bool gemm_q8_supported(DType t);
+bool gemm_q8_uses_half_sums(DType t);
+void gemm_q8(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows, float* y,
+             int64_t o_begin, int64_t o_end);
 
 void rmsnorm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps,
              float* out);

@@ -199,4 +199,40 @@ static inline __m256i q23_k_quants32(const uint8_t* qs, const uint8_t* hmask, in
   return _mm256_sub_epi8(q, _mm256_andnot_si256(bytes_with_bit(h, 1 << j), _mm256_set1_epi8(4)));
 }
 
+// 32 quant bytes in a ymm, as the int8 GEMM's decoders and packing take
+// them (gemm_q8_tiles.h).  In an anonymous namespace: its members are
+// compiled apart in every file, as the linkage rule asks.
+namespace {
+struct Quants32 {
+  using Bytes = __m256i;
+  static Bytes load(const void* p) { return load32(p); }
+  static Bytes nibbles(const uint8_t* qs) { return nibbles32(qs); }
+  static Bytes q5_quants(const uint8_t* qs, const uint8_t* qh) { return q5_quants32(qs, qh); }
+  static Bytes iq4_levels(const uint8_t* qs) { return iq4_levels32(qs); }
+  static Bytes q23_k_quants(const uint8_t* qs, const uint8_t* hmask, int j) {
+    return q23_k_quants32(qs, hmask, j);
+  }
+  static Bytes q45_k_quants(const uint8_t* qs, const uint8_t* qh, int j) {
+    return q45_k_quants32(qs, qh, j);
+  }
+  // One half of a Q6_K super-block (ql: its 64 bytes, qh: its 32) as four
+  // runs of 32.
+  static void q6_k_runs(const uint8_t* ql, const uint8_t* qh, Bytes runs[4]) {
+    unpack_q6_k_runs(load32(ql), load32(ql + 32), load32(qh), runs);
+  }
+  // Signed bytes as unsigned: + 128.
+  static Bytes flip_sign(Bytes v) { return _mm256_xor_si256(v, _mm256_set1_epi8(-128)); }
+  static Bytes plus(Bytes v, int n) {
+    return _mm256_add_epi8(v, _mm256_set1_epi8(static_cast<char>(n)));
+  }
+  static void store(uint8_t* p, Bytes v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+  static float half(uint16_t h) { return avx2::half(h); }
+  // 16 rows of 8 dwords (row i at src + i * lds) into 8 rows of 16.
+  static void transpose16x8(const float* src, int64_t lds, float* dst) {
+    transpose8(src, lds, dst, 16);
+    transpose8(src + 8 * lds, lds, dst + 8, 16);
+  }
+};
+}  // namespace
+
 }  // namespace cb::avx2

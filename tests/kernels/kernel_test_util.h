@@ -73,14 +73,20 @@ inline bool avx512_available() {
   return avx2_available() && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni;
 }
 
-// The scalar level and, where there are, the SIMD levels (avx512 runs the
-// AVX2 kernels but for matmul_q8's int8 GEMM, so it is tested through the
-// backend only).
+inline bool neon_dotprod_available() {
+  return cpu_features().neon && cpu_features().dotprod;
+}
+
+// The scalar level and, where there are, the SIMD levels, the best last
+// (avx512 runs the AVX2 kernels and neon-dotprod the NEON ones but for
+// matmul_q8's int8 GEMM, so they are tested through the backend only).
 inline std::vector<CpuKernelLevel> all_levels() {
   std::vector<CpuKernelLevel> l = {CpuKernelLevel::kScalar};
   if (const SimdKernels* k = simd_kernels()) l.push_back(k->level);
 #if defined(__x86_64__) || defined(_M_X64)
   if (avx512_available()) l.push_back(CpuKernelLevel::kAvx512);
+#elif defined(__aarch64__)
+  if (neon_dotprod_available()) l.push_back(CpuKernelLevel::kNeonDotprod);
 #endif
   return l;
 }
@@ -93,7 +99,7 @@ inline std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scal
 }
 
 // A weight of n_out rows x n_in elements: random quant bytes with the f16
-// scale fields set to magnitudes in [1e-3, 1e-1] so values stay moderate.
+// scale fields set to magnitudes in [2^-10, 2^-3) so values stay moderate.
 // fill >= 0: every quant byte is fill instead (0xFF: the largest quants).
 inline std::vector<uint8_t> random_weight(std::mt19937& rng, DType t, int64_t n_out, int64_t n_in,
                                           int fill = -1) {
@@ -148,12 +154,16 @@ inline std::vector<uint8_t> random_weight(std::mt19937& rng, DType t, int64_t n_
     default:
       break;
   }
-  std::uniform_real_distribution<float> exponent(-3.0f, -1.0f);
+  // The scales' f16 bits drawn as integers (sign, exponent 2^-10 .. 2^-4,
+  // mantissa), so a quantized weight is the same bytes on every CPU and
+  // compiler (float draws are not: libm and FMA contraction differ).
+  std::uniform_int_distribution<int> exponent(5, 11), mantissa(0, 1023);
   const size_t block_bytes = dtype_block_bytes(t);
   for (size_t off = 0; off < bytes; off += block_bytes) {
     for (size_t s : scale_offsets) {
-      const float sign = byte(rng) < 128 ? -1.0f : 1.0f;
-      const uint16_t h = f32_to_f16(sign * std::pow(10.0f, exponent(rng)));
+      const int sign = byte(rng) < 128 ? 0x8000 : 0;
+      const int e = exponent(rng);
+      const auto h = static_cast<uint16_t>(sign | e << 10 | mantissa(rng));
       std::memcpy(data.data() + off + s, &h, 2);
     }
   }

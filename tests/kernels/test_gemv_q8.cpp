@@ -19,6 +19,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
@@ -236,13 +238,16 @@ TEST(GemvQ8, BackendWithinRoundingBoundOfF32Matmul) {
   }
 }
 
-// The levels with an int8 GEMM (avx512, avx2) on this CPU, and whether a
-// level has it for type t (else many rows take the exact matmul).
+// The levels with an int8 GEMM (avx512, avx2, neon-dotprod) on this CPU,
+// and whether a level has it for type t (else many rows take the exact
+// matmul).
 std::vector<CpuKernelLevel> int8_gemm_levels() {
   std::vector<CpuKernelLevel> l;
 #if defined(__x86_64__) || defined(_M_X64)
   if (test::avx512_available()) l.push_back(CpuKernelLevel::kAvx512);
   if (test::avx2_available()) l.push_back(CpuKernelLevel::kAvx2);
+#elif defined(__aarch64__)
+  if (test::neon_dotprod_available()) l.push_back(CpuKernelLevel::kNeonDotprod);
 #endif
   return l;
 }
@@ -250,18 +255,21 @@ bool has_int8_gemm(CpuKernelLevel level, DType t) {
 #if defined(__x86_64__) || defined(_M_X64)
   if (level == CpuKernelLevel::kAvx512) return avx512::gemm_q8_supported(t);
   if (level == CpuKernelLevel::kAvx2) return avx2::gemm_q8_supported(t);
+#elif defined(__aarch64__)
+  if (level == CpuKernelLevel::kNeonDotprod) return neon::gemm_q8_supported(t);
 #endif
   (void)level;
   (void)t;
   return false;
 }
 
-// The x86 levels' int8 GEMV (1 and 3 rows) and GEMM (7 and 40 rows) are
-// the product of the dequantized weight and the dequantized activations up
-// to f32 rounding: uneven panels (5 and 193 columns), partial micro-kernel
-// row blocks, and rows longer than one k-block (2304 elements).
-TEST(GemvQ8, X86MatchesFloat64OfQuantizedActivations) {
-  if (int8_gemm_levels().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+// The int8 GEMV (1 and 3 rows) and GEMM (7 and 40 rows) of the levels that
+// have both are the product of the dequantized weight and the dequantized
+// activations up to f32 rounding: uneven panels (5 and 193 columns),
+// partial micro-kernel row blocks, and rows longer than one k-block (2304
+// elements).
+TEST(GemvQ8, Int8MatchesFloat64OfQuantizedActivations) {
+  if (int8_gemm_levels().empty()) GTEST_SKIP() << "no int8 GEMM on this CPU";
   std::mt19937 rng(16);
   for (CpuKernelLevel level : int8_gemm_levels()) {
     auto be = make_cpu_backend(2, level);
@@ -295,7 +303,7 @@ TEST(GemvQ8, X86MatchesFloat64OfQuantizedActivations) {
 // kernel's 16-bit pair sums come closest to saturating.  The avx2 and
 // avx512 GEMMs give the same bits.
 TEST(GemvQ8, Int8GemmLargestQuantsAndActivations) {
-  if (int8_gemm_levels().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+  if (int8_gemm_levels().empty()) GTEST_SKIP() << "no int8 GEMM on this CPU";
   std::mt19937 rng(17);
   const int64_t n_out = 37, n_rows = 9;
   for (DType t : kQ8Types) {
@@ -322,6 +330,52 @@ TEST(GemvQ8, Int8GemmLargestQuantsAndActivations) {
     }
     if (results.size() == 2) {
       EXPECT_TRUE(test::bitwise_equal(results[0], results[1])) << dtype_name(t);
+    }
+  }
+}
+
+// Every int8 GEMM gives the same bits on every instruction set: the
+// AVX-512, AVX2 and SDOT kernels sum each group exactly in int32 and apply
+// the same f32 operations in the same order.  Levels on different CPUs
+// cannot meet in one process, so each level's output is compared with the
+// FNV-1a hash of the float bits the x86 levels give (AVX-512 and AVX2
+// agree on every type both have; Q8_0 and the IQ4 types have an int8 GEMM
+// only with AVX-512).  A change that moves these bits on purpose records
+// the new hashes here (print `hash`); one that moves them on one
+// instruction set only is a bug of that kernel.
+TEST(GemvQ8, Int8GemmGivesTheSameBitsOnEveryInstructionSet) {
+  if (int8_gemm_levels().empty()) GTEST_SKIP() << "no int8 GEMM on this CPU";
+  const std::pair<DType, uint64_t> kExpected[] = {
+      {DType::Q8_0, 0x685661f7f4a7fd94},   {DType::Q4_0, 0x3ae6c87ae0f012ea},
+      {DType::Q4_1, 0x94e52b4c8af94e9a},   {DType::Q5_0, 0x3999cbf3a50a1b1b},
+      {DType::Q5_1, 0xbb2a63bdc1a6083c},   {DType::Q2_K, 0x17dde19f5178a1c4},
+      {DType::Q3_K, 0xf52c880c29220bd7},   {DType::Q4_K, 0xa5f221594a331a7b},
+      {DType::Q5_K, 0x90c0259f9db479bb},   {DType::Q6_K, 0x32d57905095509f3},
+      {DType::IQ4_NL, 0x1b31eca9b6c9592e}, {DType::IQ4_XS, 0x8dfff5375d799842}};
+  // 37 rows: six micro-kernel row blocks and a partial one at every level;
+  // 300 columns: a partial panel; 2304 elements: two k-blocks.
+  const int64_t n_in = 2304, n_out = 300, n_rows = 37;
+  for (CpuKernelLevel level : int8_gemm_levels()) {
+    auto be = make_cpu_backend(2, level);
+    for (const auto& [t, expected] : kExpected) {
+      if (!has_int8_gemm(level, t)) continue;
+      std::mt19937 rng(5);
+      std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
+      const WeightView w{wd.data(), t, n_in, n_out};
+      // Activations in [-2, 2] in steps of 2^-10, drawn as integers: the
+      // same floats on every CPU and compiler.
+      std::uniform_int_distribution<int> step(-2048, 2048);
+      std::vector<float> x(n_rows * n_in);
+      for (float& v : x) v = static_cast<float>(step(rng)) / 1024.0f;
+      std::vector<float> y(n_rows * n_out);
+      be->matmul_q8(w, x.data(), n_rows, y.data());
+      uint64_t hash = 1469598103934665603ull;
+      for (float f : y) {
+        uint32_t u;
+        std::memcpy(&u, &f, sizeof u);
+        hash = (hash ^ u) * 1099511628211ull;
+      }
+      EXPECT_EQ(hash, expected) << be->name() << " " << dtype_name(t) << ": 0x" << std::hex << hash;
     }
   }
 }
