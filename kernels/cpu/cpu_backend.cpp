@@ -281,7 +281,11 @@ class CpuBackend final : public Backend {
         }
 #endif
 #if CB_HAVE_NEON_KERNELS
-        if (arm()) {
+        if (level_ == Level::kNeonDotprod) {
+          neon::gemv_q8_dotprod(w, xr, yr, o0, o1);
+          continue;
+        }
+        if (level_ == Level::kNeon) {
           neon::gemv_q8(w, xr, yr, o0, o1);
           continue;
         }
@@ -656,7 +660,7 @@ class CpuBackend final : public Backend {
     return level_ == Level::kAvx2 || level_ == Level::kAvx512;
   }
   // Likewise the NEON kernels both Arm levels; neon-dotprod differs only in
-  // matmul_q8's GEMM.
+  // matmul_q8 (its GEMV and GEMM).
   bool arm() const {
     return level_ == Level::kNeon || level_ == Level::kNeonDotprod;
   }

@@ -8,9 +8,10 @@
 // relative L2 of 1e-3 of a float64 reference.  gemv_q8 (decode) multiplies
 // int8 weights by int8-quantized activations with the baseline widening
 // multiplies (SMULL/SMLAL into int16, SADALP into int32), so it runs on
-// every AArch64 core.  gemm_q8 (prefill, the neon-dotprod level) takes
-// SDOT from the dot-product extension: it lives in gemm_q8_dotprod.cpp,
-// built for that extension, and is called only on a core that has it.
+// every AArch64 core.  gemv_q8_dotprod and gemm_q8 (decode and prefill at
+// the neon-dotprod level) take SDOT from the dot-product extension: they
+// live in *_dotprod.cpp files, built for that extension, and are called
+// only on a core that has it.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,8 @@ void attention_tile(const AttentionArgs& a, int64_t q_begin, int64_t q_end, int6
 // summation order may differ).
 void quantize_q8a(const float* x, int64_t n, int8_t* qs, float* d, float* s);
 void gemv_q8(const WeightView& w, const Q8Row& x, float* y, int64_t o_begin, int64_t o_end);
+// gemv_q8 with SDOT, the same bits; only where cpu_features().dotprod.
+void gemv_q8_dotprod(const WeightView& w, const Q8Row& x, float* y, int64_t o_begin, int64_t o_end);
 
 // The int8 GEMM of prefill (many rows of Backend::matmul_q8), as
 // avx2::gemm_q8 (ops_avx2.h) with the same bits: for the types

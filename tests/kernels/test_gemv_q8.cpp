@@ -380,6 +380,31 @@ TEST(GemvQ8, Int8GemmGivesTheSameBitsOnEveryInstructionSet) {
   }
 }
 
+// The SDOT GEMV of the neon-dotprod level gives the baseline NEON GEMV's
+// bits: the same exact block sums, the same f32 operations after them.
+TEST(GemvQ8, DotprodGemvGivesTheNeonBits) {
+#if defined(__aarch64__)
+  if (!test::neon_dotprod_available()) GTEST_SKIP() << "no dot-product extension on this CPU";
+  auto neon = make_cpu_backend(2, CpuKernelLevel::kNeon);
+  auto dotprod = make_cpu_backend(2, CpuKernelLevel::kNeonDotprod);
+  std::mt19937 rng(18);
+  for (DType t : kQ8Types) {
+    for (int64_t n_rows : {1, 4}) {
+      const int64_t n_in = 2304, n_out = 67;
+      std::vector<uint8_t> wd = test::random_weight(rng, t, n_out, n_in);
+      const WeightView w{wd.data(), t, n_in, n_out};
+      const std::vector<float> x = test::random_floats(rng, n_rows * n_in);
+      std::vector<float> a(n_rows * n_out), b(n_rows * n_out);
+      neon->matmul_q8(w, x.data(), n_rows, a.data());
+      dotprod->matmul_q8(w, x.data(), n_rows, b.data());
+      EXPECT_TRUE(test::bitwise_equal(a, b)) << dtype_name(t) << " rows=" << n_rows;
+    }
+  }
+#else
+  GTEST_SKIP() << "the Arm levels only";
+#endif
+}
+
 // Weight types without an int8 kernel, and batches beyond a few rows at the
 // levels without an int8 GEMM, take the exact matmul: the same bits as
 // matmul().
