@@ -323,9 +323,10 @@ enum class CpuKernelLevel {
   kAuto,         // best the CPU supports (chosen once, at first use)
   kScalar,       // the reference kernels
   kAvx2,         // AVX2 + FMA + F16C
+  kAvx2Vnni,     // kAvx2 + AVX-VNNI (VEX VPDPBUSD int8 GEMM)
   kAvx512,       // kAvx2 + AVX-512 F, BW, VL and VNNI (VNNI int8 GEMM and GEMV)
   kNeon,         // AArch64 Advanced SIMD
-  kNeonDotprod,  // kNeon + the dot-product extension (SDOT int8 GEMM)
+  kNeonDotprod,  // kNeon + the dot-product extension (SDOT int8 GEMM and GEMV)
 };
 
 // The CPU backend, running its ops on `n_threads` threads (0 = all cores).
@@ -337,13 +338,13 @@ enum class CpuKernelLevel {
 std::unique_ptr<Backend> make_cpu_backend(int n_threads,
                                           CpuKernelLevel level = CpuKernelLevel::kAuto);
 
-// "auto", "scalar", "avx2", "avx512", "neon", "neon-dotprod" as a level;
-// false for any other name.
+// "auto", "scalar", "avx2", "avx2-vnni", "avx512", "neon", "neon-dotprod"
+// as a level; false for any other name.
 bool parse_cpu_kernel_level(std::string_view name, CpuKernelLevel* level);
 
 // Name of the kernel level a CPU backend created with kAuto would use on this
-// machine ("avx512", "avx2", "neon-dotprod", "neon", "scalar"), for
-// benchmarks to report.
+// machine ("avx512", "avx2-vnni", "avx2", "neon-dotprod", "neon",
+// "scalar"), for benchmarks to report.
 // Errors as make_cpu_backend's.
 const char* cpu_kernel_level_name();
 

@@ -32,6 +32,9 @@ CpuFeatures detect() {
   f.avx512bw = __builtin_cpu_supports("avx512bw");
   f.avx512vl = __builtin_cpu_supports("avx512vl");
   f.avx512vnni = __builtin_cpu_supports("avx512vnni");
+  // AVX-VNNI is CPUID.(7,1):EAX[4]; its registers are AVX's.
+  f.avx_vnni = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4)) != 0 &&
+               __builtin_cpu_supports("avx");
 #endif
 #if defined(__aarch64__)
   f.neon = true;  // part of the AArch64 baseline

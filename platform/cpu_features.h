@@ -13,6 +13,7 @@ struct CpuFeatures {
   bool avx512bw = false;
   bool avx512vl = false;
   bool avx512vnni = false;
+  bool avx_vnni = false;  // AVX-VNNI: VPDPBUSD with a VEX encoding (ymm)
   // AArch64: Advanced SIMD (always present there) and the int8 dot-product
   // instructions (SDOT/UDOT, Armv8.2-A's optional FEAT_DotProd).
   bool neon = false;

@@ -1,6 +1,7 @@
 // kernel_bench: throughput sanity check of the CPU kernels (not a test).
 //
-//   kernel_bench [--threads N] [--level auto|scalar|avx2|avx512|neon] [--n-in K] [--n-out N]
+//   kernel_bench [--threads N] [--level auto|scalar|avx2|avx2-vnni|avx512|neon|neon-dotprod]
+//   [--n-in K] [--n-out N]
 //                [--rows R]... [--type Q4_1]... [--attn-kv N]...
 //
 // Prints one line per (type, rows): milliseconds per matmul and GFLOP/s

@@ -46,11 +46,15 @@
 namespace cb {
 namespace {
 
-enum class Level { kScalar, kAvx2, kAvx512, kNeon, kNeonDotprod };
+enum class Level { kScalar, kAvx2, kAvx2Vnni, kAvx512, kNeon, kNeonDotprod };
 
 bool avx2_usable() {
   const CpuFeatures& f = cpu_features();
   return CB_HAVE_AVX2_KERNELS && f.avx2 && f.fma && f.f16c;
+}
+
+bool avx2_vnni_usable() {
+  return avx2_usable() && cpu_features().avx_vnni;
 }
 
 bool avx512_usable() {
@@ -78,6 +82,13 @@ Level resolve_named(CpuKernelLevel level) {
              "AVX2+FMA+F16C");
       }
       return Level::kAvx2;
+    case CpuKernelLevel::kAvx2Vnni:
+      if (!avx2_vnni_usable()) {
+        fail(ErrorCode::kUnsupported,
+             "AVX-VNNI kernels requested, but this CPU or build lacks AVX-VNNI (or "
+             "AVX2+FMA+F16C)");
+      }
+      return Level::kAvx2Vnni;
     case CpuKernelLevel::kAvx512:
       if (!avx512_usable()) {
         fail(ErrorCode::kUnsupported,
@@ -115,7 +126,7 @@ Level resolve_auto() {
     if (!parse_cpu_kernel_level(env, &level))
       fail(ErrorCode::kInvalidArgument, std::string("CB_CPU_KERNELS=") + env +
                                             " is not a kernel level (auto, scalar, avx2, "
-                                            "avx512, neon or neon-dotprod)");
+                                            "avx2-vnni, avx512, neon or neon-dotprod)");
     if (level != CpuKernelLevel::kAuto) {
       try {
         return resolve_named(level);
@@ -125,6 +136,7 @@ Level resolve_auto() {
     }
   }
   if (avx512_usable()) return Level::kAvx512;
+  if (avx2_vnni_usable()) return Level::kAvx2Vnni;
   if (avx2_usable()) return Level::kAvx2;
   if (neon_dotprod_usable()) return Level::kNeonDotprod;
   if (neon_usable()) return Level::kNeon;
@@ -173,6 +185,8 @@ class CpuBackend final : public Backend {
     switch (level_) {
       case Level::kAvx2:
         return "cpu-avx2";
+      case Level::kAvx2Vnni:
+        return "cpu-avx2-vnni";
       case Level::kAvx512:
         return "cpu-avx512";
       case Level::kNeon:
@@ -217,7 +231,8 @@ class CpuBackend final : public Backend {
 
   void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
     // Beyond a few rows the GEMV re-reads the weights per row: the int8
-    // GEMM where there is one for the type (avx512, avx2, neon-dotprod), else the exact
+    // GEMM where there is one for the type (avx512, avx2-vnni, avx2,
+    // neon-dotprod), else the exact
     // GEMM, which is compute-bound rather than bound by decoding weights.
     const bool gemm = n_rows > kMaxQ8Rows;
     if (gemm && !has_int8_gemm(w.type)) return matmul(w, x, n_rows, y);
@@ -262,6 +277,9 @@ class CpuBackend final : public Backend {
       if (gemm && level_ == Level::kAvx512) {
         return avx512::gemm_q8(w, Q8Row{qs, d, s}, s16, n_rows, y, o0, o1);
       }
+      if (gemm && level_ == Level::kAvx2Vnni) {
+        return avxvnni::gemm_q8(w, Q8Row{qs, d, s}, s16, n_rows, y, o0, o1);
+      }
       if (gemm) return avx2::gemm_q8(w, Q8Row{qs, d, s}, s16, n_rows, y, o0, o1);
 #endif
 #if CB_HAVE_NEON_KERNELS
@@ -275,7 +293,7 @@ class CpuBackend final : public Backend {
           avx512::gemv_q8(w, xr, yr, o0, o1);
           continue;
         }
-        if (level_ == Level::kAvx2) {
+        if (x86()) {
           avx2::gemv_q8(w, xr, yr, o0, o1);
           continue;
         }
@@ -635,6 +653,7 @@ class CpuBackend final : public Backend {
 #if CB_HAVE_AVX2_KERNELS
     if (level_ == Level::kAvx512) return avx512::gemm_q8_supported(t);
     if (level_ == Level::kAvx2) return avx2::gemm_q8_supported(t);
+    if (level_ == Level::kAvx2Vnni) return avxvnni::gemm_q8_supported(t);
 #endif
 #if CB_HAVE_NEON_KERNELS
     if (level_ == Level::kNeonDotprod) return neon::gemm_q8_supported(t);
@@ -654,10 +673,10 @@ class CpuBackend final : public Backend {
     return false;
   }
 
-  // The AVX2 kernels serve both x86 levels; the avx512 level differs only
-  // in matmul_q8 (its GEMV and GEMM).
+  // The AVX2 kernels serve every x86 level; avx512 differs only in
+  // matmul_q8 (its GEMV and GEMM), avx2-vnni only in matmul_q8's GEMM.
   bool x86() const {
-    return level_ == Level::kAvx2 || level_ == Level::kAvx512;
+    return level_ == Level::kAvx2 || level_ == Level::kAvx2Vnni || level_ == Level::kAvx512;
   }
   // Likewise the NEON kernels both Arm levels; neon-dotprod differs only in
   // matmul_q8 (its GEMV and GEMM).
@@ -678,9 +697,13 @@ std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuKernelLevel level) {
 
 bool parse_cpu_kernel_level(std::string_view name, CpuKernelLevel* level) {
   static constexpr std::pair<std::string_view, CpuKernelLevel> kNames[] = {
-      {"auto", CpuKernelLevel::kAuto}, {"scalar", CpuKernelLevel::kScalar},
-      {"avx2", CpuKernelLevel::kAvx2}, {"avx512", CpuKernelLevel::kAvx512},
-      {"neon", CpuKernelLevel::kNeon}, {"neon-dotprod", CpuKernelLevel::kNeonDotprod}};
+      {"auto", CpuKernelLevel::kAuto},
+      {"scalar", CpuKernelLevel::kScalar},
+      {"avx2", CpuKernelLevel::kAvx2},
+      {"avx2-vnni", CpuKernelLevel::kAvx2Vnni},
+      {"avx512", CpuKernelLevel::kAvx512},
+      {"neon", CpuKernelLevel::kNeon},
+      {"neon-dotprod", CpuKernelLevel::kNeonDotprod}};
   for (const auto& [n, l] : kNames) {
     if (n == name) {
       *level = l;
@@ -694,6 +717,8 @@ const char* cpu_kernel_level_name() {
   switch (resolve(CpuKernelLevel::kAuto)) {
     case Level::kAvx2:
       return "avx2";
+    case Level::kAvx2Vnni:
+      return "avx2-vnni";
     case Level::kAvx512:
       return "avx512";
     case Level::kNeon:

@@ -84,3 +84,15 @@ void gelu_mul(const float* gate, const float* up, int64_t n, float* out);
 void add(const float* a, const float* b, int64_t n, float* out);
 
 }  // namespace cb::avx2
+
+// The int8 GEMM with AVX-VNNI (gemm_q8_avxvnni.cpp: VEX VPDPBUSD on ymm),
+// the avx2-vnni level's, which runs the AVX2 kernels for everything else:
+// every quantized type, the bits of the other int8 GEMMs, s16 as avx2's.
+// Only where cpu_features().avx_vnni.
+namespace cb::avxvnni {
+
+bool gemm_q8_supported(DType t);
+void gemm_q8(const WeightView& w, const Q8Row& x, const float* s16, int64_t n_rows, float* y,
+             int64_t o_begin, int64_t o_end);
+
+}  // namespace cb::avxvnni

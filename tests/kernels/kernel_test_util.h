@@ -73,17 +73,22 @@ inline bool avx512_available() {
   return avx2_available() && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni;
 }
 
+inline bool avx2_vnni_available() {
+  return avx2_available() && cpu_features().avx_vnni;
+}
+
 inline bool neon_dotprod_available() {
   return cpu_features().neon && cpu_features().dotprod;
 }
 
 // The scalar level and, where there are, the SIMD levels, the best last
-// (avx512 runs the AVX2 kernels and neon-dotprod the NEON ones but for
-// matmul_q8's int8 GEMM, so they are tested through the backend only).
+// (avx2-vnni and avx512 run the AVX2 kernels and neon-dotprod the NEON
+// ones but for matmul_q8, so they are tested through the backend only).
 inline std::vector<CpuKernelLevel> all_levels() {
   std::vector<CpuKernelLevel> l = {CpuKernelLevel::kScalar};
   if (const SimdKernels* k = simd_kernels()) l.push_back(k->level);
 #if defined(__x86_64__) || defined(_M_X64)
+  if (avx2_vnni_available()) l.push_back(CpuKernelLevel::kAvx2Vnni);
   if (avx512_available()) l.push_back(CpuKernelLevel::kAvx512);
 #elif defined(__aarch64__)
   if (neon_dotprod_available()) l.push_back(CpuKernelLevel::kNeonDotprod);

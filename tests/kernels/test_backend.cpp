@@ -50,26 +50,24 @@ TEST(CpuBackend, PrepareWeightIsIdentity) {
 }
 
 TEST(CpuBackend, KernelLevelNames) {
-  const test::SimdKernels* simd = test::simd_kernels();
-  // The best level: avx512 or neon-dotprod where the CPU has it, else the
-  // SIMD kernel set.
+  const std::pair<CpuKernelLevel, std::string> kNames[] = {
+      {CpuKernelLevel::kScalar, "scalar"},      {CpuKernelLevel::kAvx2, "avx2"},
+      {CpuKernelLevel::kAvx2Vnni, "avx2-vnni"}, {CpuKernelLevel::kAvx512, "avx512"},
+      {CpuKernelLevel::kNeon, "neon"},          {CpuKernelLevel::kNeonDotprod, "neon-dotprod"}};
+  // all_levels() lists this CPU's levels, the best (the one kAuto takes) last.
   const std::vector<CpuKernelLevel> levels = test::all_levels();
-  const bool avx512 = levels.back() == CpuKernelLevel::kAvx512;
-  const bool dotprod = levels.back() == CpuKernelLevel::kNeonDotprod;
-  const std::string level = cpu_kernel_level_name();
-  EXPECT_EQ(level, avx512 ? "avx512" : dotprod ? "neon-dotprod" : simd ? simd->name : "scalar");
-  EXPECT_STREQ(make_cpu_backend(1, CpuKernelLevel::kScalar)->name(), "cpu-scalar");
-  EXPECT_EQ(std::string(make_cpu_backend(1)->name()), "cpu-" + level);
-  for (CpuKernelLevel l : {CpuKernelLevel::kAvx2, CpuKernelLevel::kAvx512, CpuKernelLevel::kNeon,
-                           CpuKernelLevel::kNeonDotprod}) {
-    const char* name = l == CpuKernelLevel::kAvx2     ? "cpu-avx2"
-                       : l == CpuKernelLevel::kAvx512 ? "cpu-avx512"
-                       : l == CpuKernelLevel::kNeon   ? "cpu-neon"
-                                                      : "cpu-neon-dotprod";
+  for (const auto& [l, name] : kNames) {
+    CpuKernelLevel parsed;
+    ASSERT_TRUE(parse_cpu_kernel_level(name, &parsed));
+    EXPECT_EQ(parsed, l) << name;
+    if (l == levels.back()) {
+      EXPECT_EQ(cpu_kernel_level_name(), name);
+      EXPECT_EQ(std::string(make_cpu_backend(1)->name()), "cpu-" + name);
+    }
     if (std::find(levels.begin(), levels.end(), l) != levels.end()) {
-      EXPECT_STREQ(make_cpu_backend(1, l)->name(), name);
+      EXPECT_EQ(std::string(make_cpu_backend(1, l)->name()), "cpu-" + name);
     } else {
-      EXPECT_THROW(make_cpu_backend(1, l), Error);
+      EXPECT_THROW(make_cpu_backend(1, l), Error) << name;
     }
   }
 }
@@ -91,7 +89,7 @@ TEST(CpuBackend, EnvironmentNamesTheAutomaticLevel) {
     return {ErrorCode::kInternal, "no error"};
   };
   const std::vector<CpuKernelLevel> levels = test::all_levels();
-  for (const char* name : {"scalar", "avx2", "avx512", "neon", "neon-dotprod"}) {
+  for (const char* name : {"scalar", "avx2", "avx2-vnni", "avx512", "neon", "neon-dotprod"}) {
     CpuKernelLevel level;
     ASSERT_TRUE(parse_cpu_kernel_level(name, &level));
     if (std::find(levels.begin(), levels.end(), level) != levels.end()) {

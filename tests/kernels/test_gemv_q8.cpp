@@ -238,13 +238,14 @@ TEST(GemvQ8, BackendWithinRoundingBoundOfF32Matmul) {
   }
 }
 
-// The levels with an int8 GEMM (avx512, avx2, neon-dotprod) on this CPU,
+// The levels with an int8 GEMM (avx512, avx2-vnni, avx2, neon-dotprod) on this CPU,
 // and whether a level has it for type t (else many rows take the exact
 // matmul).
 std::vector<CpuKernelLevel> int8_gemm_levels() {
   std::vector<CpuKernelLevel> l;
 #if defined(__x86_64__) || defined(_M_X64)
   if (test::avx512_available()) l.push_back(CpuKernelLevel::kAvx512);
+  if (test::avx2_vnni_available()) l.push_back(CpuKernelLevel::kAvx2Vnni);
   if (test::avx2_available()) l.push_back(CpuKernelLevel::kAvx2);
 #elif defined(__aarch64__)
   if (test::neon_dotprod_available()) l.push_back(CpuKernelLevel::kNeonDotprod);
@@ -255,6 +256,7 @@ bool has_int8_gemm(CpuKernelLevel level, DType t) {
 #if defined(__x86_64__) || defined(_M_X64)
   if (level == CpuKernelLevel::kAvx512) return avx512::gemm_q8_supported(t);
   if (level == CpuKernelLevel::kAvx2) return avx2::gemm_q8_supported(t);
+  if (level == CpuKernelLevel::kAvx2Vnni) return avxvnni::gemm_q8_supported(t);
 #elif defined(__aarch64__)
   if (level == CpuKernelLevel::kNeonDotprod) return neon::gemm_q8_supported(t);
 #endif
@@ -270,8 +272,8 @@ bool has_int8_gemm(CpuKernelLevel level, DType t) {
 // elements).
 TEST(GemvQ8, Int8MatchesFloat64OfQuantizedActivations) {
   if (int8_gemm_levels().empty()) GTEST_SKIP() << "no int8 GEMM on this CPU";
-  std::mt19937 rng(16);
   for (CpuKernelLevel level : int8_gemm_levels()) {
+    std::mt19937 rng(16);  // every level the same cases, whichever levels the CPU has
     auto be = make_cpu_backend(2, level);
     for (DType t : kQ8Types) {
       for (int64_t n_in :

@@ -214,8 +214,9 @@ static inline void cb_model_options_init(cb_model_options* opts) {
  * model is loaded).  `opts` may be NULL for defaults.  On success *out_model
  * receives a new model; free it with cb_model_free().
  * On the CPU the kernel level is the best the CPU has, or the one the
- * environment variable CB_CPU_KERNELS names (avx512, avx2, neon-dotprod,
- * neon, scalar; auto or unset: the best); cb_model_get_info reports it.
+ * environment variable CB_CPU_KERNELS names (avx512, avx2-vnni, avx2,
+ * neon-dotprod, neon, scalar; auto or unset: the best); cb_model_get_info
+ * reports it.
  * Errors: CB_ERR_INVALID_ARGUMENT (NULL path/out_model, bad options,
  * CB_CPU_KERNELS naming no level), CB_ERR_IO (cannot open/map),
  * CB_ERR_FORMAT (malformed file), CB_ERR_UNSUPPORTED (architecture, tensor
