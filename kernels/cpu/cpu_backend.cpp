@@ -232,8 +232,8 @@ class CpuBackend final : public Backend {
   void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
     // Beyond a few rows the GEMV re-reads the weights per row: the int8
     // GEMM where there is one for the type (avx512, avx2-vnni, avx2,
-    // neon-dotprod), else the exact
-    // GEMM, which is compute-bound rather than bound by decoding weights.
+    // neon-dotprod), else the exact GEMM, which is compute-bound rather
+    // than bound by decoding weights.
     const bool gemm = n_rows > kMaxQ8Rows;
     if (gemm && !has_int8_gemm(w.type)) return matmul(w, x, n_rows, y);
     if (!gemm && !ref::gemv_q8_supported(w.type)) return matmul(w, x, n_rows, y);

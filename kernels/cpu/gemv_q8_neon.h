@@ -6,8 +6,9 @@
 // signed bytes in registers; each block's integer sum is exact whatever
 // the instruction, and the scaled block sums accumulate in f32 in block
 // order, so both give the same bits.  Everything here is in an anonymous
-// namespace: each kernel file gets its own copy, compiled with its flags
-// (the linkage rule in ops_avx2.h).
+// namespace, and f16 scales widen through simd_neon.h's to_f32: each
+// kernel file gets its own copy, compiled with its flags (the linkage rule
+// in ops_avx2.h).
 #pragma once
 
 #include <arm_neon.h>
@@ -18,7 +19,6 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/quant_blocks.h"
 #include "kernels/cpu/simd_neon.h"
-#include "platform/half.h"
 
 namespace cb::neon {
 namespace {
@@ -75,7 +75,7 @@ float row_scaled(const Block* w, const Q8Row& x, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b) {
     int8x16_t lo, hi;
     kQuants(w[b], &lo, &hi);
-    acc += f16_to_f32(w[b].d) * x.d[b] * static_cast<float>(dot32<Dot>(lo, hi, x.qs + kQK * b));
+    acc += to_f32(w[b].d) * x.d[b] * static_cast<float>(dot32<Dot>(lo, hi, x.qs + kQK * b));
   }
   return acc;
 }
@@ -91,8 +91,8 @@ float row_offset(const Block* w, const Q8Row& x, int64_t nb) {
     } else {
       minus(nibbles32(w[b].qs), 0, &lo, &hi);
     }
-    acc += f16_to_f32(w[b].d) * x.d[b] * static_cast<float>(dot32<Dot>(lo, hi, x.qs + kQK * b));
-    acc += f16_to_f32(w[b].m) * x.s[b];
+    acc += to_f32(w[b].d) * x.d[b] * static_cast<float>(dot32<Dot>(lo, hi, x.qs + kQK * b));
+    acc += to_f32(w[b].m) * x.s[b];
   }
   return acc;
 }
@@ -101,7 +101,7 @@ template <class Dot>
 float row_iq4_xs(const BlockIQ4_XS* w, const Q8Row& x, int64_t n_super) {
   float acc = 0.0f;
   for (int64_t sb = 0; sb < n_super; ++sb) {
-    const float d = f16_to_f32(w[sb].d);
+    const float d = to_f32(w[sb].d);
     for (int j = 0; j < kQKK / kQK; ++j) {
       int8x16_t lo, hi;
       iq4_levels(w[sb].qs + 16 * j, &lo, &hi);
@@ -118,7 +118,7 @@ template <class Dot, class Block>
 float row_q45_k(const Block* w, const Q8Row& x, int64_t n_super) {
   float acc = 0.0f;
   for (int64_t sb = 0; sb < n_super; ++sb) {
-    const float d = f16_to_f32(w[sb].d), dmin = f16_to_f32(w[sb].dmin);
+    const float d = to_f32(w[sb].d), dmin = to_f32(w[sb].dmin);
     const uint8_t* qh = nullptr;
     if constexpr (std::is_same_v<Block, BlockQ5_K>) qh = w[sb].qh;
     for (int j = 0; j < 8; ++j) {
@@ -140,7 +140,7 @@ template <class Dot>
 float row_q2_k(const BlockQ2_K* w, const Q8Row& x, int64_t n_super) {
   float acc = 0.0f;
   for (int64_t sb = 0; sb < n_super; ++sb) {
-    const float d = f16_to_f32(w[sb].d), dmin = f16_to_f32(w[sb].dmin);
+    const float d = to_f32(w[sb].d), dmin = to_f32(w[sb].dmin);
     for (int j = 0; j < 8; ++j) {
       const Bytes32 qb = q23_k_quants32(w[sb].qs, nullptr, j);
       const int8x16_t q[2] = {vreinterpretq_s8_u8(qb.lo), vreinterpretq_s8_u8(qb.hi)};
@@ -162,7 +162,7 @@ template <class Dot>
 float row_q3_k(const BlockQ3_K* w, const Q8Row& x, int64_t n_super) {
   float acc = 0.0f;
   for (int64_t sb = 0; sb < n_super; ++sb) {
-    const float d = f16_to_f32(w[sb].d);
+    const float d = to_f32(w[sb].d);
     for (int j = 0; j < 8; ++j) {
       const Bytes32 qb = q23_k_quants32(w[sb].qs, w[sb].hmask, j);
       const int8x16_t q[2] = {vreinterpretq_s8_u8(qb.lo), vreinterpretq_s8_u8(qb.hi)};
@@ -182,7 +182,7 @@ float row_q6_k(const BlockQ6_K* w, const Q8Row& x, int64_t n_super) {
   const int8x16_t off = vdupq_n_s8(32);
   float acc = 0.0f;
   for (int64_t sb = 0; sb < n_super; ++sb) {
-    const float d = f16_to_f32(w[sb].d);
+    const float d = to_f32(w[sb].d);
     for (int h = 0; h < 2; ++h) {
       const int8_t* sc = w[sb].scales + 8 * h;
       Bytes32 runs[4];
