@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "platform/thread_pool.h"
+#include "platform/utf8.h"
 
 #ifndef CB_PROJECT_VERSION
 #error "CB_PROJECT_VERSION must be defined by the build"
@@ -20,33 +21,12 @@ namespace {
 
 thread_local char g_last_error[1024] = "";
 
-// The length of the well-formed UTF-8 sequence at msg[i] (2-4 bytes, no
-// overlong forms, no surrogates, nothing past U+10FFFF), or 0.
-size_t utf8_sequence(std::string_view msg, size_t i) noexcept {
-  const auto at = [&](size_t k) { return static_cast<unsigned char>(msg[i + k]); };
-  const unsigned char b = at(0);
-  size_t len = 0;
-  if (b >= 0xC2 && b <= 0xDF) {
-    len = 2;
-  } else if (b >= 0xE0 && b <= 0xEF) {
-    len = 3;
-  } else if (b >= 0xF0 && b <= 0xF4) {
-    len = 4;
-  }
-  if (len == 0 || i + len > msg.size()) return 0;
-  for (size_t k = 1; k < len; ++k)
-    if ((at(k) & 0xC0) != 0x80) return 0;
-  if ((b == 0xE0 && at(1) < 0xA0) || (b == 0xED && at(1) > 0x9F) || (b == 0xF0 && at(1) < 0x90) ||
-      (b == 0xF4 && at(1) > 0x8F))
-    return 0;
-  return len;
-}
-
 }  // namespace
 
 // Messages quote names and strings from files (GGUF metadata, paths): they
-// are stored as valid UTF-8 with control bytes and invalid bytes written as
-// \xNN, so printing one cannot drive a terminal or break a UTF-8 consumer.
+// are stored as valid UTF-8 with control characters other than newline and
+// tab (C0, DEL, C1) and invalid bytes written as \xNN, byte by byte, so
+// printing one cannot drive a terminal or break a UTF-8 consumer.
 // Cut at a whole character or escape when the buffer is full.
 void set_message(std::string_view msg) noexcept {
   static const char kHex[] = "0123456789abcdef";
@@ -54,9 +34,9 @@ void set_message(std::string_view msg) noexcept {
   size_t out = 0;
   for (size_t i = 0; i < msg.size();) {
     const unsigned char b = static_cast<unsigned char>(msg[i]);
-    const size_t seq = b >= 0x80 ? utf8_sequence(msg, i) : 0;
-    if (seq > 0 || (b >= 0x20 && b < 0x7F) || b == '\n' || b == '\t') {
-      const size_t n = seq > 0 ? seq : 1;
+    const Utf8Char c = utf8_char(msg, i);
+    if ((c.valid && !is_control(c.cp)) || b == '\n' || b == '\t') {
+      const size_t n = c.len;
       if (out + n > cap) break;
       std::memcpy(g_last_error + out, msg.data() + i, n);
       out += n;

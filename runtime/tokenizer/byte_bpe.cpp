@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "platform/error.h"
+#include "platform/utf8.h"
 #include "runtime/tokenizer/unicode.h"
 
 namespace cb::tok {

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "platform/error.h"
+#include "platform/utf8.h"
 #include "runtime/tokenizer/unicode.h"
 
 namespace cb::tok {
@@ -67,8 +68,8 @@ void SentencePieceBpe::encode(std::string_view text, const TokenIndex& index,
   std::vector<Symbol> symbols;
   symbols.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
-    uint32_t cp = 0;
-    const size_t len = std::max<size_t>(1, utf8_sequence(text, i, &cp));
+    const Utf8Char c = utf8_char(text, i);
+    const size_t len = c.valid ? c.len : 1;
     const auto idx = static_cast<int32_t>(symbols.size());
     symbols.push_back(Symbol{static_cast<uint32_t>(i), static_cast<uint32_t>(len), idx - 1, -1});
     if (idx > 0) symbols[idx - 1].next = idx;

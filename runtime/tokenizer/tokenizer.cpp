@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "platform/error.h"
+#include "platform/utf8.h"
 #include "runtime/tokenizer/byte_bpe.h"
 #include "runtime/tokenizer/pretokenizer.h"
 #include "runtime/tokenizer/special_tokens.h"
@@ -46,17 +47,16 @@ std::string decode_byte_level(std::string_view text) {
   std::string bytes;
   bytes.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
-    uint32_t cp = 0;
-    const size_t len = tok::utf8_sequence(text, i, &cp);
-    const int byte = len ? tok::unicode_to_byte(cp) : -1;
+    const Utf8Char c = utf8_char(text, i);
+    const size_t len = c.valid ? c.len : 1;
+    const int byte = c.valid ? tok::unicode_to_byte(c.cp) : -1;
     if (byte >= 0) {
       bytes.push_back(static_cast<char>(byte));
     } else {
       // Not produced by the byte mapping: keep the text as it is.
-      const size_t n = len ? len : 1;
-      bytes.append(text.substr(i, n));
+      bytes.append(text.substr(i, len));
     }
-    i += len ? len : 1;
+    i += len;
   }
   return bytes;
 }

@@ -4,6 +4,8 @@
 
 #include <array>
 
+#include "platform/utf8.h"
+
 namespace cb::tok {
 namespace {
 
@@ -77,35 +79,6 @@ const ByteMaps& byte_maps() {
 
 }  // namespace
 
-size_t utf8_sequence(std::string_view s, size_t i, uint32_t* cp) {
-  const auto byte = [&](size_t k) { return static_cast<uint8_t>(s[k]); };
-  const uint8_t b0 = byte(i);
-  if (b0 < 0x80) {
-    *cp = b0;
-    return 1;
-  }
-  size_t len;
-  uint32_t min;
-  uint32_t value;
-  if ((b0 & 0xE0) == 0xC0) {
-    len = 2, min = 0x80, value = b0 & 0x1F;
-  } else if ((b0 & 0xF0) == 0xE0) {
-    len = 3, min = 0x800, value = b0 & 0x0F;
-  } else if ((b0 & 0xF8) == 0xF0) {
-    len = 4, min = 0x10000, value = b0 & 0x07;
-  } else {
-    return 0;
-  }
-  if (i + len > s.size()) return 0;
-  for (size_t k = 1; k < len; ++k) {
-    if ((byte(i + k) & 0xC0) != 0x80) return 0;
-    value = (value << 6) | (byte(i + k) & 0x3F);
-  }
-  if (value < min || value > 0x10FFFF || (value >= 0xD800 && value <= 0xDFFF)) return 0;
-  *cp = value;
-  return len;
-}
-
 void decode_utf8(std::string_view text, DecodedText& out) {
   out.units.clear();
   out.offsets.clear();
@@ -124,16 +97,15 @@ void decode_utf8(std::string_view text, DecodedText& out) {
       ++i;
       continue;
     }
-    uint32_t cp = 0;
-    const size_t len = utf8_sequence(text, i, &cp);
-    if (len == 0) {
+    const Utf8Char c = utf8_char(text, i);
+    if (!c.valid) {
       out.units.push_back(kInvalidByteUnit + b0);
       out.classes.push_back(0);
       ++i;
     } else {
-      out.units.push_back(cp);
-      out.classes.push_back(class_from_unicode(cp));
-      i += len;
+      out.units.push_back(c.cp);
+      out.classes.push_back(class_from_unicode(c.cp));
+      i += c.len;
     }
   }
   out.offsets.push_back(static_cast<uint32_t>(text.size()));

@@ -30,35 +30,10 @@ struct DecodedText {
   std::vector<uint8_t> classes;   // class bits of each unit
 };
 
-// Length of the valid UTF-8 sequence starting at s[i] (storing its code
-// point in *cp), or 0 when the bytes there are not valid UTF-8 (overlong
-// forms, surrogates and code points above U+10FFFF are invalid).
-size_t utf8_sequence(std::string_view s, size_t i, uint32_t* cp);
-
 // Decodes `text` into `out` (reusing its storage).
 void decode_utf8(std::string_view text, DecodedText& out);
 
 uint8_t unit_class(uint32_t unit);
-
-// Appends the UTF-8 encoding of code point `cp` (<= U+10FFFF) to `out`.
-template <typename String>
-void append_utf8(uint32_t cp, String& out) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
 
 // GPT-2 byte-level mapping: every byte value gets a printable code point
 // (printable Latin-1 bytes map to themselves, the rest to U+0100 upwards), so

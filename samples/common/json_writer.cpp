@@ -3,43 +3,9 @@
 #include <cmath>
 #include <cstdio>
 
+#include "platform/utf8.h"
+
 namespace cbs {
-namespace {
-
-// Length of the valid UTF-8 sequence starting at s[i], or 0 if the bytes
-// there do not start one.  *bad receives how many bytes to replace by one
-// U+FFFD when invalid (the maximal valid prefix, at least 1).
-size_t utf8_sequence(std::string_view s, size_t i, size_t* bad) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  *bad = 1;
-  size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the 2nd byte
-  if (c < 0x80) return 1;
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    if (c == 0xE0) lo = 0xA0;  // no overlong forms
-    if (c == 0xED) hi = 0x9F;  // no surrogates
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;  // <= U+10FFFF
-  } else {
-    return 0;
-  }
-  for (size_t k = 1; k < len; ++k) {
-    if (i + k >= s.size()) return 0;
-    const unsigned char x = b(i + k);
-    const bool ok = k == 1 ? (x >= lo && x <= hi) : (x >= 0x80 && x <= 0xBF);
-    if (!ok) return 0;
-    *bad = k + 1;
-  }
-  return len;
-}
-
-}  // namespace
 
 void json_escape(std::string_view s, std::string& out) {
   out.push_back('"');
@@ -80,15 +46,14 @@ void json_escape(std::string_view s, std::string& out) {
       ++i;
       continue;
     }
-    size_t bad = 1;
-    const size_t len = utf8_sequence(s, i, &bad);
-    if (len == 0) {
-      out += "\xEF\xBF\xBD";  // U+FFFD
-      i += bad;
+    // An invalid sequence's maximal subpart becomes one U+FFFD.
+    const cb::Utf8Char u = cb::utf8_char(s, i);
+    if (!u.valid) {
+      out += "\xEF\xBF\xBD";
     } else {
-      out.append(s.substr(i, len));
-      i += len;
+      out.append(s.substr(i, u.len));
     }
+    i += u.len;
   }
   out.push_back('"');
 }

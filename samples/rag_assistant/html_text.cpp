@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "platform/utf8.h"
 #include "text_chars.h"
 #include "text_extract.h"
 
@@ -95,7 +96,7 @@ std::string decode_entities(std::string_view s) {
       if (cp >= 0x80 && cp < 0xA0 && cp1252_high(static_cast<unsigned char>(cp)) != 0)
         cp = cp1252_high(static_cast<unsigned char>(cp));
       if (cp == 0 || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) cp = 0xFFFD;
-      append_utf8(out, cp);
+      cb::append_utf8(cp, out);
       i = k - 1;
       continue;
     }
@@ -106,7 +107,7 @@ std::string decode_entities(std::string_view s) {
       const std::string_view name = s.substr(i + 1, k - i - 1);
       for (const NamedEntity& e : kEntities) {
         if (name == e.name) {
-          append_utf8(out, e.cp);
+          cb::append_utf8(e.cp, out);
           i = k;
           found = true;
           break;

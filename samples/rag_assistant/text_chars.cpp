@@ -2,6 +2,8 @@
 
 #include <array>
 
+#include "platform/utf8.h"
+
 namespace rag::text {
 
 bool is_space(char c) {
@@ -48,24 +50,6 @@ std::string collapse_spaces(std::string_view s) {
   return out;
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
 namespace {
 
 // Windows-1252's characters at 0x80..0x9F (0: undefined there), which both
@@ -80,32 +64,9 @@ constexpr std::array<uint16_t, 32> kCp1252High = {
 size_t valid_utf8_prefix(std::string_view s, bool cut_ok) {
   size_t i = 0;
   while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len = 0;
-    uint32_t min = 0;
-    if ((c & 0xE0) == 0xC0) {
-      len = 2, min = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, min = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, min = 0x10000;
-    } else {
-      return i;
-    }
-    uint32_t cp = c & (0x7Fu >> len);
-    size_t k = 1;
-    for (; k < len && i + k < s.size(); ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if ((b & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (b & 0x3F);
-    }
-    if (k < len) return cut_ok ? s.size() : i;
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
-    i += len;
+    const cb::Utf8Char c = cb::utf8_char(s, i);
+    if (!c.valid) return c.truncated && cut_ok ? s.size() : i;
+    i += c.len;
   }
   return i;
 }
@@ -123,9 +84,9 @@ std::string cp1252_to_utf8(std::string_view s) {
       out += ch;
     } else if (c < 0xA0) {
       const uint16_t cp = cp1252_high(c);
-      append_utf8(out, cp != 0 ? cp : 0xFFFD);
+      cb::append_utf8(cp != 0 ? cp : 0xFFFD, out);
     } else {
-      append_utf8(out, c);
+      cb::append_utf8(c, out);
     }
   }
   return out;

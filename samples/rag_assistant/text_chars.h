@@ -1,5 +1,5 @@
 // Character helpers of the text extractors: ASCII classes, whitespace,
-// UTF-8 validity and encoding, Windows-1252 to UTF-8.
+// UTF-8 validity, Windows-1252 to UTF-8.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +17,6 @@ std::string lower(std::string_view s);  // ASCII letters only
 std::string_view trim(std::string_view s);
 // Runs of whitespace as one space, none at the ends: a one-line title.
 std::string collapse_spaces(std::string_view s);
-void append_utf8(std::string& out, uint32_t cp);
 // The length of the valid UTF-8 prefix of s; `cut_ok`: a sequence that the
 // end of s cuts short counts as valid.
 size_t valid_utf8_prefix(std::string_view s, bool cut_ok);

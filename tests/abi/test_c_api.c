@@ -54,8 +54,8 @@ static void put_string(FILE* f, const char* s) {
 }
 
 /* Names quoted from a file reach cb_last_error as valid UTF-8 without
- * control bytes: a GGUF whose architecture is a terminal escape plus an
- * invalid byte. */
+ * control characters: a GGUF whose architecture holds a terminal escape,
+ * an invalid byte and a C1 control (CSI, U+009B, valid UTF-8). */
 void test_error_messages_are_escaped(void) {
   const char* path = "c_api_escape_test.gguf";
   const uint32_t version = 3, type_string = 8;
@@ -70,13 +70,15 @@ void test_error_messages_are_escaped(void) {
   put_u64(f, 1); /* key-value pairs */
   put_string(f, "general.architecture");
   fwrite(&type_string, sizeof type_string, 1, f);
-  put_string(f, "\x1b[31mred\xff\xc3\xa9");
+  put_string(f, "\x1b[31mred\xff\xc3\xa9\xc2\x9b" "0m");
   fclose(f);
   CHECK_ERR(cb_model_load(path, NULL, &m), CB_ERR_UNSUPPORTED);
   msg = cb_last_error();
   CHECK(strchr(msg, 0x1b) == NULL);
   CHECK(strchr(msg, (char)0xff) == NULL);
-  CHECK(strstr(msg, "\\x1b[31mred\\xff\xc3\xa9") != NULL); /* valid UTF-8 (é) kept */
+  CHECK(strchr(msg, (char)0x9b) == NULL);
+  /* valid UTF-8 (é) kept, the C1 control escaped */
+  CHECK(strstr(msg, "\\x1b[31mred\\xff\xc3\xa9\\xc2\\x9b" "0m") != NULL);
   remove(path);
 }
 

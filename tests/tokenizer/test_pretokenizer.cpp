@@ -115,19 +115,6 @@ TEST(PreTokenizerSpec, NamesAndErrors) {
   }
 }
 
-TEST(Utf8, StrictDecoding) {
-  uint32_t cp = 0;
-  EXPECT_EQ(utf8_sequence("\xC3\xA9", 0, &cp), 2u);
-  EXPECT_EQ(cp, 0xE9u);
-  EXPECT_EQ(utf8_sequence("\xF0\x9F\x98\x80", 0, &cp), 4u);
-  EXPECT_EQ(cp, 0x1F600u);
-  EXPECT_EQ(utf8_sequence("\xC0\x80", 0, &cp), 0u);          // overlong
-  EXPECT_EQ(utf8_sequence("\xED\xA0\x80", 0, &cp), 0u);      // surrogate
-  EXPECT_EQ(utf8_sequence("\xF4\x90\x80\x80", 0, &cp), 0u);  // above U+10FFFF
-  EXPECT_EQ(utf8_sequence("\xE6\x97", 0, &cp), 0u);          // truncated
-  EXPECT_EQ(utf8_sequence("\x80", 0, &cp), 0u);              // lone continuation
-}
-
 TEST(Utf8, ByteMappingIsABijectionOntoPrintableCharacters) {
   std::vector<bool> seen(324, false);
   for (int b = 0; b < 256; ++b) {
