@@ -39,7 +39,7 @@ std::string find_model_file(const std::string& file, std::string& tried) {
 
 }  // namespace
 
-std::string resolve_model_path(const std::string& flag) {
+std::string resolve_model_path(const std::string& flag, const std::string& recorded) {
   if (!flag.empty()) {
     if (regular_file(flag)) return flag;
     const CatalogModel* m = find_catalog_model(flag);
@@ -56,10 +56,14 @@ std::string resolve_model_path(const std::string& flag) {
       throw std::runtime_error(std::string("model file not found: ") + env + " (CB_MODEL)");
     return env;
   }
+  std::string tried;
+  if (!recorded.empty()) {
+    if (regular_file(recorded)) return recorded;
+    tried = recorded;
+  }
   // README.md, "The model": the default is chosen by its answers and time
   // to first token on 2 cores.
   const CatalogModel& m = default_catalog_model();
-  std::string tried;
   std::string path = find_model_file(m.file, tried);
   if (path.empty())
     throw std::runtime_error(std::string("no model: CB_MODEL is not set and none of ") + tried +

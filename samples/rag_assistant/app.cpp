@@ -9,6 +9,7 @@
 
 #include "model_path.h"
 #include "printable.h"
+#include "store_settings.h"
 #include "tier_stats.h"
 
 namespace rag {
@@ -35,9 +36,9 @@ void check(cb_status s, const std::string& what) {
   throw Error(what + ": " + (detail[0] ? detail : cb_status_string(s)));
 }
 
-std::string resolve_model_path(const std::string& flag) {
+std::string resolve_model_path(const std::string& flag, const std::string& store) {
   try {
-    return cbs::resolve_model_path(flag);
+    return cbs::resolve_model_path(flag, recorded_model_path(store));
   } catch (const std::runtime_error& e) {
     throw Error(e.what());
   }

@@ -67,7 +67,7 @@ struct KvStoreSettings {
 // Options every command understands.
 struct CommonOptions {
   std::string store;            // --store DIR
-  std::string model_path;       // --model, else $CB_MODEL, else the default
+  std::string model_path;       // resolve_model_path()'s
   int threads = 0;              // --threads, else the cores available to us
   int32_t kv_type = CB_KV_F16;  // --kv-type f16|f32
   TierOptions tiers;
@@ -77,11 +77,12 @@ struct CommonOptions {
   std::optional<std::string> system_prompt;
 };
 
-// The model to load: `flag` (--model) when given, else $CB_MODEL, else
+// The model to load: `flag` (--model) when given, else $CB_MODEL, else the
+// model the store's last ingest used while that file exists, else
 // models/<default> under the current directory, else the same file in the
 // source tree this binary was built from.  Throws an Error naming what was
 // tried when none exists.
-std::string resolve_model_path(const std::string& flag);
+std::string resolve_model_path(const std::string& flag, const std::string& store);
 
 // CPU cores this process may run on.
 int available_cores();

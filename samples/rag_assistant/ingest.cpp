@@ -530,6 +530,7 @@ int run_ingest(const CommonOptions& common, const IngestOptions& opts) {
   if (opts.kv == KvWhen::kEager) s.computed = precompute_missing(kv_common, model, *db, cache, ro);
   check(cb_chunk_cache_flush(cache.h), "cannot flush the chunk KV store");
   db->record_kv_model(model_id, false);
+  record_store_model(*db, common.model_path);
   cb_chunk_cache_stats kv_stats;
   cb_chunk_cache_stats_init(&kv_stats);
   check(cb_chunk_cache_get_stats(cache.h, &kv_stats), "cannot read the store's statistics");

@@ -143,7 +143,8 @@ const char* const kUsage =
     "\n"
     "common options:\n"
     "  --store DIR     the store (not needed by models and pull)\n"
-    "  --model PATH    GGUF model (default: $CB_MODEL, else\n"
+    "  --model PATH    GGUF model (default: $CB_MODEL, else the model the store's\n"
+    "                  last ingest used while that file exists, else\n"
     "                  models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf here or in the\n"
     "                  source tree); or a name from `models`, looked for in\n"
     "                  $CB_MODELS_DIR, models/ here, then the source tree's models/\n"
@@ -593,7 +594,7 @@ int run(int argc, char** argv) {
   if (!cl.threads_given) cl.common.threads = rag::available_cores();
   // Retrieval alone needs no model.
   if (!cl.ask.retrieve_only || cl.command != "ask")
-    cl.common.model_path = rag::resolve_model_path(cl.model_flag);
+    cl.common.model_path = rag::resolve_model_path(cl.model_flag, cl.common.store);
   return run_store_command(cl);
 }
 

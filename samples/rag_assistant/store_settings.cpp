@@ -15,6 +15,8 @@ namespace {
 // the start and its last tensor's data at the end.
 constexpr std::streamoff kFingerprintSpan = std::streamoff{1} << 20;
 
+constexpr const char* kModelPathKey = "model_path";
+
 }  // namespace
 
 ModelRecord model_identity(const std::string& model_path, const Model& model) {
@@ -47,6 +49,17 @@ ModelRecord model_identity(const std::string& model_path, const Model& model) {
                   " wide)";
   r.ingested_at = static_cast<int64_t>(std::time(nullptr));
   return r;
+}
+
+void record_store_model(CorpusDb& db, const std::string& model_path) {
+  db.set_setting(kModelPathKey, std::filesystem::absolute(model_path).lexically_normal().string());
+}
+
+std::string recorded_model_path(const std::string& store) {
+  std::error_code ec;
+  if (!std::filesystem::exists(corpus_db_path(store), ec)) return "";
+  CorpusDb db(corpus_db_path(store), false);
+  return db.setting(kModelPathKey).value_or("");
 }
 
 std::string store_system_prompt(CorpusDb& db) {

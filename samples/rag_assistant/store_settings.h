@@ -19,6 +19,12 @@ namespace rag {
 // the file cannot be read.
 ModelRecord model_identity(const std::string& model_path, const Model& model);
 
+// The model file the store's last ingest used, recorded as an absolute
+// path; commands without --model or $CB_MODEL load it while it exists.
+void record_store_model(CorpusDb& db, const std::string& model_path);
+// That path; empty when the store or the record does not exist.
+std::string recorded_model_path(const std::string& store);
+
 // The system prompt of the store's chunk KV: the recorded one, else the
 // default (a store from before it was recorded used the default).
 std::string store_system_prompt(CorpusDb& db);

@@ -12,7 +12,9 @@ files and their chunks' KV, and ask no longer cites them; ingest --system
 records the system prompt and recomputes every chunk, ask uses it, and ask
 --system with another warns once and still answers; asking with another
 model warns that every chunk is recomputed, and ingest with it records a
-second model.  Prints "N passed, N failed"; exit status 1 on any failure.
+second model; without --model a command loads the model of the store's
+last ingest, and the default model once that file is gone.  Prints "N
+passed, N failed"; exit status 1 on any failure.
 """
 import argparse
 import json
@@ -41,7 +43,9 @@ class Rag:
         self.env.pop("CB_MODEL", None)
 
     def run(self, args, model=None, store=True):
-        cmd = [self.binary, "--model", model or self.model, "--threads", THREADS]
+        """model: None for the test's model, "" for no --model at all."""
+        cmd = [self.binary] + ([] if model == "" else ["--model", model or self.model])
+        cmd += ["--threads", THREADS]
         if store:
             cmd += ["--store", self.store]
         p = subprocess.run(cmd + args, capture_output=True, timeout=300, env=self.env)
@@ -231,6 +235,33 @@ def test_other_model(rag, other_model):
     rc, out, err = rag.run(["ask", QUESTION, "--max-tokens", "2"])
     check(rc == 0 and not warnings(err, "recompute"),
           "the first model is still the store's: no warning", describe(rc, out, err))
+    test_store_model(rag, other_model)
+
+
+def test_store_model(rag, last_model):
+    """Without --model (and $CB_MODEL), the model of the store's last ingest."""
+    rc, st, out, err = rag.json(["status"], model="")
+    check(rc == 0 and st["model_path"] == last_model and st["model_has_kv"] is True and not err,
+          "no --model: the model of the store's last ingest", describe(rc, out, err))
+    # Through a link that then goes away: the default model's rule applies.
+    link = os.path.join(os.path.dirname(rag.store), "gone.gguf")
+    os.symlink(rag.model, link)
+    rc, ing, out, err = rag.json(["ingest"], model=link)
+    check(rc == 0 and ing["kv_computed"] == 0, "ingest through a link to a model with KV",
+          describe(rc, out, err))
+    rc, st, out, err = rag.json(["status"], model="")
+    check(rc == 0 and st["model_path"] == link, "the store's model is the link now",
+          describe(rc, out, err))
+    os.remove(link)
+    rc, st, out, err = rag.json(["status"], model="")
+    default_missing = rc == 1 and "no model" in err and link in err
+    default_used = (rc == 0 and st["model_path"] != link
+                    and len(warnings(err, "will recompute every chunk")) == 1)
+    check(default_missing or default_used,
+          "the store's model gone: the default model (or an error naming both)",
+          describe(rc, out, err))
+    rc, out, err = rag.run(["ingest"])
+    check(rc == 0, "ingest with the test's model again", describe(rc, out, err))
 
 
 def test_usage(rag):
