@@ -70,7 +70,9 @@ void test_error_messages_are_escaped(void) {
   put_u64(f, 1); /* key-value pairs */
   put_string(f, "general.architecture");
   fwrite(&type_string, sizeof type_string, 1, f);
-  put_string(f, "\x1b[31mred\xff\xc3\xa9\xc2\x9b" "0m");
+  put_string(f,
+             "\x1b[31mred\xff\xc3\xa9\xc2\x9b"
+             "0m");
   fclose(f);
   CHECK_ERR(cb_model_load(path, NULL, &m), CB_ERR_UNSUPPORTED);
   msg = cb_last_error();
@@ -78,7 +80,9 @@ void test_error_messages_are_escaped(void) {
   CHECK(strchr(msg, (char)0xff) == NULL);
   CHECK(strchr(msg, (char)0x9b) == NULL);
   /* valid UTF-8 (é) kept, the C1 control escaped */
-  CHECK(strstr(msg, "\\x1b[31mred\\xff\xc3\xa9\\xc2\\x9b" "0m") != NULL);
+  CHECK(strstr(msg,
+               "\\x1b[31mred\\xff\xc3\xa9\\xc2\\x9b"
+               "0m") != NULL);
   remove(path);
 }
 
