@@ -39,7 +39,7 @@ test-asan: setup
 test-fuzz: setup
 	@CC=clang CXX=clang++ cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCB_FUZZ=ON -DCB_SANITIZE=ON -DCB_BUILD_TESTS=ON -DCB_WERROR=ON >/dev/null
-	@cmake --build $(BUILD_FUZZ) -j$(JOBS) --target fuzz_gguf fuzz_tokenizer
+	@cmake --build $(BUILD_FUZZ) -j$(JOBS) --target fuzzers
 	@bash scripts/run_fuzzers.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
 
 test-arm: setup

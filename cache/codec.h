@@ -11,8 +11,9 @@
 //        K groups: one channel over 32 consecutive tokens (K has per-channel
 //        outliers, so its scale must follow channels); V groups: one (token, head).
 // i.e. half a quantization step, plus the f16 rounding of the group's scale
-// and offset.  Inputs must be finite and fit the f16 range; encode throws
-// kInvalidArgument otherwise.
+// and offset.  Inputs must be finite and within the codec's range: |x| <=
+// 65504 (f16's largest) for f16 and q4, 127 times that for q8 (whose f16 is
+// the scale); encode throws kInvalidArgument otherwise.
 #pragma once
 
 #include <array>

@@ -1,28 +1,57 @@
 #!/usr/bin/env bash
-# Runs each libFuzzer target for a bounded time.  Seeds: a few GGUF files
-# built from the model's header bytes (so the fuzzer starts from the real
-# format) and some text for the tokenizer.  Usage: run_fuzzers.sh BUILD_DIR SECONDS
+# Runs each libFuzzer target for a bounded time from seeds in the real
+# formats: GGUF files cut from the model's header bytes, text for the
+# tokenizer, chunk-KV values for the codecs, and documents of every kind the
+# RAG assistant reads (the repository's own Markdown, HTML, reStructuredText,
+# gzip).  Usage: run_fuzzers.sh BUILD_DIR SECONDS
 set -euo pipefail
 BUILD=${1:?build dir}
 SECONDS_EACH=${2:-30}
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODEL="${CB_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 WORK="$BUILD/fuzz-work"
-mkdir -p "$WORK/gguf-corpus" "$WORK/tok-corpus"
+TARGETS="gguf tokenizer kv_codec documents"
+for target in $TARGETS; do mkdir -p "$WORK/$target-corpus"; done
+
 # The first 64 KiB of the model hold the header and much of the metadata.
 head -c 65536 "$MODEL" > "$WORK/gguf-corpus/model-head.gguf"
 head -c 1024 "$MODEL" > "$WORK/gguf-corpus/model-1k.gguf"
-printf 'Hello, World! 123 4567 don'"'"'t  \t\n\n<|im_start|>user\nCaf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80' > "$WORK/tok-corpus/seed.txt"
+printf 'Hello, World! 123 4567 don'"'"'t  \t\n\n<|im_start|>user\nCaf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80' > "$WORK/tokenizer-corpus/seed.txt"
+
+# fuzz_kv_codec: codec, tokens, heads, head size, damage position (2 bytes)
+# and byte, bytes cut, then f32 values; fuzz_documents: a byte naming the file (its
+# index in the target's list; 0x80 for a 64-byte limit), a byte for the
+# chunk size, then the file.
+python3 - "$WORK" "$ROOT" <<'PY'
+import gzip, pathlib, struct, sys
+work, root = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+values = struct.pack("<8f", 0.5, -1.25, 3.0, 0.0, -0.001, 65504.0, 1e-7, -7.5)
+for codec in range(3):
+    (work / "kv_codec-corpus" / f"seed-{codec}").write_bytes(
+        bytes([codec, 39, 2, 7, 9, 0, 0x40, 3]) + values)
+docs = work / "documents-corpus"
+md = (root / "README.md").read_bytes()[:6000]
+html = (b"<html><head><title>T &amp; t</title><style>p{}</style></head><body>"
+        b"<h1>One</h1><p>A&nbsp;b &#233; &#x1F600;<br>c</p><script>x<y</script>"
+        b"<!-- c --><ul><li>item</li></ul><h2>Two</h2><pre>code</pre></body></html>")
+rst = b"Title\n=====\n\nText *here*.\n\nSection\n-------\n\n.. note:: a note\n\n::\n\n  code\n"
+seeds = {"md": (0, md), "html": (3, html), "rst": (2, rst), "html-gz": (4, gzip.compress(html)),
+         "md-gz": (5, gzip.compress(md)), "readme": (6, b"Plain text\n\n# Heading\nmore"),
+         "md-small": (0x80, md[:200])}
+for name, (kind, data) in seeds.items():
+    (docs / name).write_bytes(bytes([kind, 24]) + data)
+PY
+
 status=0
-for target in gguf tokenizer; do
-  corpus="$WORK/gguf-corpus"; [ "$target" = tokenizer ] && corpus="$WORK/tok-corpus"
+for target in $TARGETS; do
   echo "fuzz_$target: running for ${SECONDS_EACH}s"
   if ! "$BUILD/bin/fuzz_$target" -max_total_time="$SECONDS_EACH" -max_len=65536 -rss_limit_mb=2048 \
-       -print_final_stats=1 -artifact_prefix="$WORK/crash-$target-" "$corpus" > "$WORK/$target.log" 2>&1; then
+       -print_final_stats=1 -artifact_prefix="$WORK/crash-$target-" "$WORK/$target-corpus" \
+       > "$WORK/$target.log" 2>&1; then
     echo "fuzz_$target FAILED; log tail:"; tail -n 40 "$WORK/$target.log"; status=1
   else
-    grep -E "stat::number_of_executed_units|Done" "$WORK/$target.log" | tail -n 2
+    grep -E "stat::number_of_executed_units|DONE" "$WORK/$target.log" | tail -n 2
   fi
 done
-if [ $status -eq 0 ]; then echo "fuzzers: both targets ran clean"; else echo "fuzzers: a target failed"; fi
+if [ $status -eq 0 ]; then echo "fuzzers: every target ran clean"; else echo "fuzzers: a target failed"; fi
 exit $status

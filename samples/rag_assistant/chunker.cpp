@@ -1,21 +1,14 @@
 #include "chunker.h"
 
-#include <cctype>
 #include <cstddef>
+
+#include "text_chars.h"
 
 namespace rag {
 namespace {
 
-bool is_space(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-}
-
-std::string_view trim(std::string_view s) {
-  size_t a = 0, b = s.size();
-  while (a < b && is_space(s[a])) ++a;
-  while (b > a && is_space(s[b - 1])) --b;
-  return s.substr(a, b - a);
-}
+using text::is_space;
+using text::trim;
 
 // The level of a Markdown ATX heading line ("# Title": 1, "## Section":
 // 2, up to 6); 0 for any other line.

@@ -1,7 +1,8 @@
 // Shared helpers for the chunk-store tests: temporary directories, KV-like
-// synthetic data and keys.
+// synthetic data and keys, the codecs' error bounds.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -16,6 +17,20 @@
 #include "platform/half.h"
 
 namespace cb::cache::testing {
+
+// The error bounds codec.h states for one group of values: half a
+// quantization step plus the f16 rounding of the group's scale and offset.
+// q8: the group's n values at x.
+inline double q8_bound(const float* x, int n) {
+  double a = 0;
+  for (int i = 0; i < n; ++i) a = std::max(a, std::fabs(double{x[i]}));
+  return a / 254 + a * std::ldexp(1.0, -10) + std::ldexp(1.0, -20);
+}
+// q4: a group whose values range over [lo, hi].
+inline double q4_bound(double lo, double hi) {
+  return (hi - lo) / 30 + (std::fabs(lo) + std::fabs(hi)) * std::ldexp(1.0, -10) +
+         std::ldexp(1.0, -20);
+}
 
 // A fresh directory under TMPDIR, removed with everything in it.
 class TempDir {

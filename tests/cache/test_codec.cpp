@@ -16,6 +16,8 @@ namespace cb::cache {
 namespace {
 
 using testing::make_kv;
+using testing::q4_bound;
+using testing::q8_bound;
 
 struct Decoded {
   std::vector<float> k, v;
@@ -28,18 +30,6 @@ Decoded round_trip(Codec codec, const KvShape& s, const float* k, const float* v
             std::vector<float>(s.layer_floats(), -999.0f)};
   decode_layer(codec, s, seg.data(), seg.size(), d.k.data(), d.v.data());
   return d;
-}
-
-// Bound for one group of values (codec.h): half a step plus f16 parameter rounding.
-double q8_bound(const float* x, int n) {
-  double a = 0;
-  for (int i = 0; i < n; ++i) a = std::max(a, std::fabs(double{x[i]}));
-  return a / 254 + a * std::ldexp(1.0, -10) + std::ldexp(1.0, -20);
-}
-
-double q4_bound(double lo, double hi) {
-  return (hi - lo) / 30 + (std::fabs(lo) + std::fabs(hi)) * std::ldexp(1.0, -10) +
-         std::ldexp(1.0, -20);
 }
 
 class CodecRoundTrip : public ::testing::TestWithParam<KvShape> {};
