@@ -149,7 +149,7 @@ class Assistant {
     }
     if (s == CB_ERR_CONTEXT_OVERFLOW)
       throw Error(std::string("the question and its documents do not fit the context: ") +
-                  cb_last_error() + " (use a smaller --top-k)");
+                  cb_last_error() + " (shorten the question or use a smaller --top-k)");
     check(s, std::string("RAG prefill (") + cb_mode_name(opts_.mode) + ") failed");
     const auto t1 = Clock::now();
     r.tiers = tier_stats(cache_);
