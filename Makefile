@@ -9,7 +9,7 @@ FUZZ_SECONDS ?= 30
 DEMO_MODEL  := models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 MODEL       ?= $(if $(CB_MODEL),$(CB_MODEL),$(DEMO_MODEL))
 
-.PHONY: all setup build test test-asan test-fuzz test-arm demo peer clean
+.PHONY: all setup build test test-asan test-fuzz test-tsan test-arm demo peer clean
 
 all: build
 
@@ -41,6 +41,20 @@ test-fuzz: setup
 	  -DCB_FUZZ=ON -DCB_SANITIZE=ON -DCB_BUILD_TESTS=ON -DCB_WERROR=ON >/dev/null
 	@cmake --build $(BUILD_FUZZ) -j$(JOBS) --target fuzzers
 	@bash scripts/run_fuzzers.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
+
+# The threaded parts under ThreadSanitizer: the KV pipeline (its loader
+# threads, staged loads, storage tiers, the loading controller), the chunk
+# store's concurrent and asynchronous writes, and the C API's tests.  Not part
+# of make test: about 30 minutes on 2 cores.
+BUILD_TSAN ?= build-tsan
+TSAN_TESTS := Pipeline|LoadingController|Staged|Tiered|Resident|Concurrency|AsyncPut|WriteBackQueue|ChunkCache|Throttle
+test-tsan: setup
+	@cmake -S . -B $(BUILD_TSAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCB_TSAN=ON -DCB_WERROR=ON >/dev/null
+	@cmake --build $(BUILD_TSAN) -j$(JOBS) --target test_runtime test_cache test_c_api
+	@cd $(BUILD_TSAN) && ctest --output-on-failure -j$(JOBS) -R '$(TSAN_TESTS)'
+	@$(BUILD_TSAN)/bin/test_c_api > $(BUILD_TSAN)/test_c_api.log 2>&1 || \
+	  { tail -n 60 $(BUILD_TSAN)/test_c_api.log; exit 1; }
+	@tail -n 1 $(BUILD_TSAN)/test_c_api.log
 
 test-arm: setup
 	@bash scripts/test_arm.sh build-arm64
