@@ -185,9 +185,11 @@ std::span<const float> Session::prefill(std::span<const int32_t> tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t before = n_past_;
   try {
-    for (int64_t i = 0; i < n; i += n_batch_)
-      forward_batch(tokens.data() + i, std::min(n_batch_, n - i), prefill_precision(),
-                    stop_check());
+    for (int64_t i = 0; i < n; i += n_batch_) {
+      const int64_t b = std::min(n_batch_, n - i);
+      forward_batch(tokens.data() + i, b, prefill_precision(), stop_check());
+      report_progress(ProgressStage::kPrefill, i + b, n);
+    }
   } catch (...) {
     n_past_ = before;  // the rows written past it are never read
     throw;
@@ -259,6 +261,7 @@ std::vector<float> Session::embed(std::span<const int32_t> tokens) {
     for (int64_t r = 0; r < b; ++r)
       for (int64_t j = 0; j < d; ++j)
         sum[static_cast<size_t>(j)] += rows[static_cast<size_t>(r * d + j)];
+    report_progress(ProgressStage::kPrefill, i + b, n);
   }
   double norm = 0.0;
   for (double v : sum) norm += v * v;

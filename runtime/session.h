@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -40,6 +41,17 @@ enum class KvType : uint8_t { kF16, kF32 };
 // cb::Error(kInvalidArgument) for a value outside the enum.
 DType kv_dtype(KvType t);
 const char* kv_type_name(KvType t);  // "f16", "f32"
+
+// What a progress report counts (Session::set_progress_report).
+enum class ProgressStage : uint8_t {
+  kPrefill,  // tokens through the model (prefill, embed): done/total tokens
+  kChunk,    // a chunk's KV computed for the chunk cache: done/total layers
+  kBlend,    // a fused pass over a request with reused chunk KV: layers
+};
+// Told after each forward batch (kPrefill) or layer (kChunk, kBlend), on the
+// calling thread; done runs from 1 to total within a stage.  A report that
+// throws ends the call as a failing op would.
+using ProgressReport = std::function<void(ProgressStage, int64_t done, int64_t total)>;
 
 struct SessionOptions {
   int64_t n_ctx = 0;  // 0: min(model's training context, 4096)
@@ -157,6 +169,12 @@ class Session {
   void set_stop_check(StopCheck check) { stop_ = std::move(check); }
   const StopCheck* stop_check() const { return stop_ ? &stop_ : nullptr; }
   bool stop_requested() const { return stop_ && stop_(); }
+  // Told how far prefill(), embed() and the fusor's passes over this
+  // session have come (empty: nobody).
+  void set_progress_report(ProgressReport report) { progress_ = std::move(report); }
+  void report_progress(ProgressStage stage, int64_t done, int64_t total) const {
+    if (progress_) progress_(stage, done, total);
+  }
 
  private:
   void check_tokens(std::span<const int32_t> tokens) const;
@@ -198,6 +216,7 @@ class Session {
   std::vector<float> logits_;
   std::unique_ptr<ResidentChunks> resident_;
   StopCheck stop_;
+  ProgressReport progress_;
   // decode()'s graph, built at its first token, and what it reads.
   std::unique_ptr<Graph> decode_graph_;
   size_t decode_arena_bytes_ = 0;

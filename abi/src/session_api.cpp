@@ -33,6 +33,18 @@ cb_stop_reason stop_reason_of(cb::StopReason r) {
   return CB_STOP_NONE;
 }
 
+cb_progress_stage progress_stage_of(cb::ProgressStage s) {
+  switch (s) {
+    case cb::ProgressStage::kPrefill:
+      return CB_PROGRESS_PREFILL;
+    case cb::ProgressStage::kChunk:
+      return CB_PROGRESS_CHUNK;
+    case cb::ProgressStage::kBlend:
+      return CB_PROGRESS_BLEND;
+  }
+  return CB_PROGRESS_PREFILL;
+}
+
 }  // namespace
 
 extern "C" {
@@ -154,6 +166,26 @@ cb_status cb_session_set_abort_callback(cb_session* session, cb_abort_callback c
       // A callback that freed the session stops the call it runs in.
       session->session->set_stop_check([callback, user_data, session] {
         return callback(user_data) != 0 || session->free_requested;
+      });
+    }
+    return CB_OK;
+  });
+}
+
+cb_status cb_session_set_progress_callback(cb_session* session, cb_progress_callback callback,
+                                           void* user_data) {
+  return guard("cb_session_set_progress_callback", [&] {
+    SessionUse use(session);
+    if (callback == nullptr) {
+      session->session->set_progress_report({});
+    } else {
+      session->session->set_progress_report([callback, user_data, session](cb::ProgressStage stage,
+                                                                           int64_t done,
+                                                                           int64_t total) {
+        if (callback(progress_stage_of(stage), clamp_i32(done), clamp_i32(total), user_data) != 0)
+          cb::fail(cb::ErrorCode::kCancelled, "cancelled by the progress callback");
+        if (session->free_requested)
+          cb::fail(cb::ErrorCode::kCancelled, "a callback freed the session; the call stopped");
       });
     }
     return CB_OK;

@@ -484,6 +484,8 @@ bool FusedForward::layers(LayerPipeline& loads, bool want_logits) {
       run_batch(be_, layer);
     layer_ms.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    s_.report_progress(progress_stage, progress_first + l + 1,
+                       progress_total > 0 ? progress_total : hp_.n_layer);
   }
   return true;
 }

@@ -109,6 +109,10 @@ class FusedForward {
   // are copied here for every layer.
   cache::ChunkKV* capture = nullptr;
   int32_t capture_begin = 0;
+  // What this pass's layers count in the session's progress report: layer
+  // l reports progress_first + l + 1 of progress_total (0: n_layer).
+  ProgressStage progress_stage = ProgressStage::kBlend;
+  int64_t progress_first = 0, progress_total = 0;
   std::vector<int64_t> rows_per_layer;
   std::vector<double> layer_ms;  // compute time per layer, load waits excluded
   PipelineLoadStats load_stats;  // after run()

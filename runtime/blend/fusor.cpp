@@ -386,11 +386,15 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
     bool ok = true;
     size_t failed = 0;
     const RankingCost ranking = blend ? ranking_cost(lay, used, hp.n_layer) : RankingCost{};
-    if (blend && ranks_before_pass(used.selection) && ranking.chooses) {
+    // The progress report counts the layers of both passes as one stage.
+    const bool ranking_pass = blend && ranks_before_pass(used.selection) && ranking.chooses;
+    const int64_t progress_total = (ranking_pass ? 2 : 1) * hp.n_layer;
+    if (ranking_pass) {
       // A reuse pass: the question's attention at every layer (lookahead),
       // or the reused KV to hold against a full prefill's (oracle).
       FusedForward look(s, tokens);
       configure(look, lay, false, true, used, pipeline);
+      look.progress_total = progress_total;
       std::vector<float> by_layer;
       if (used.selection == Selection::kLookahead) {
         by_layer.assign(static_cast<size_t>(hp.n_layer * n), 0.0f);
@@ -416,6 +420,8 @@ std::span<const float> fuse_prefill(Session& s, std::span<const Segment> segment
       s.set_context_bias(context_bias(lay, used.context_scale));
       FusedForward f(s, tokens);
       configure(f, lay, blend, !loaded, used, pipeline);
+      f.progress_first = progress_total - hp.n_layer;
+      f.progress_total = progress_total;
       f.prior = std::move(prior);
       ok = f.run(true);
       add_pass(st, f);
@@ -472,6 +478,7 @@ cache::ChunkKV precompute_chunk_kv(Session& scratch, std::span<const int32_t> he
   std::iota(f.rows.begin(), f.rows.end(), 0);
   f.capture = &kv;
   f.capture_begin = static_cast<int32_t>(head.size());
+  f.progress_stage = ProgressStage::kChunk;
   f.run(false);
   scratch.set_n_past(0);
   return kv;

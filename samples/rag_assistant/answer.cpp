@@ -18,6 +18,7 @@
 #include "kv_store.h"
 #include "line_reader.h"
 #include "printable.h"
+#include "progress.h"
 #include "store_settings.h"
 
 namespace rag {
@@ -44,6 +45,7 @@ extern "C" void on_sigint(int) {
 struct StreamState {
   bool stream = false;  // print each piece as it comes
   bool cancellable = false;
+  PrefillProgress* progress = nullptr;  // erased at the first token
   std::string text;
   Clock::time_point first_token;
   bool got_first = false;
@@ -54,6 +56,7 @@ int on_token(int32_t, const char* piece, size_t len, void* user) {
   if (!st->got_first) {
     st->first_token = Clock::now();
     st->got_first = true;
+    st->progress->clear();
   }
   st->text.append(piece, len);
   if (st->stream) {
@@ -67,6 +70,11 @@ int on_token(int32_t, const char* piece, size_t len, void* user) {
 // cancelled.
 int on_abort(void* user) {
   return *static_cast<const bool*>(user) && g_interrupted ? 1 : 0;
+}
+
+int on_progress(cb_progress_stage stage, int32_t done, int32_t total, void* user) {
+  static_cast<PrefillProgress*>(user)->update(stage, done, total);
+  return 0;
 }
 
 // The loaded model, the store and a session sized for the requests; kept
@@ -140,8 +148,10 @@ class Assistant {
     check(cb_session_reset(session_.h), "cannot reset the session");
     cancellable_ = cancellable;
     const auto t0 = Clock::now();
+    progress_.start();
     const cb_status s = cb_rag_prefill(session_.h, opts_.mode == CB_MODE_FULL ? nullptr : cache_.h,
                                        texts.data(), texts.size(), question.c_str(), &ro, &r.rag);
+    progress_.clear();
     if (s == CB_ERR_CANCELLED) {
       r.cancelled = r.cancelled_in_prefill = true;
       r.prefill_ms = ms_between(t0, Clock::now());
@@ -193,6 +203,7 @@ class Assistant {
     r.rag.cache_misses = static_cast<int32_t>(new_chunks.size());
     cancellable_ = true;
     const auto t0 = Clock::now();
+    progress_.start();
     generate(r, prompt.data(), prompt.size(), t0, t0, stream, true);
     return true;
   }
@@ -257,7 +268,9 @@ class Assistant {
     StreamState st;
     st.stream = stream;
     st.cancellable = cancellable;
+    st.progress = &progress_;
     const cb_status g = cb_generate(session_.h, prompt, n_prompt, &go, on_token, &st, &gs);
+    progress_.clear();
     if (g != CB_ERR_CANCELLED) check(g, "generation failed");
     r.cancelled = g == CB_ERR_CANCELLED;
     r.cancelled_in_prefill = r.cancelled && prompt != nullptr && !st.got_first;
@@ -297,6 +310,8 @@ class Assistant {
     check(cb_session_reset(session_.h), "cannot reset the session");
     check(cb_session_set_abort_callback(session_.h, on_abort, &cancellable_),
           "cannot set the abort callback");
+    check(cb_session_set_progress_callback(session_.h, on_progress, &progress_),
+          "cannot set the progress callback");
   }
 
   CommonOptions common_;
@@ -310,6 +325,7 @@ class Assistant {
   std::optional<FollowUpFrame> frame_;  // the template's turn boundaries, once needed
   std::string system_;                  // the requests' system prompt
   bool cancellable_ = false;            // read by on_abort
+  PrefillProgress progress_;            // told by on_progress
   std::set<std::string> deleted_warned_;
 };
 

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include "cacheblend/cacheblend.h"
+
 namespace rag {
 
 Progress::Progress(std::string label, size_t total, std::string unit)
@@ -52,6 +54,35 @@ void Progress::draw(size_t done, size_t tokens, bool final) {
   } else {
     std::fprintf(stderr, "%s: %s\n", label_.c_str(), stats);
   }
+  std::fflush(stderr);
+}
+
+PrefillProgress::PrefillProgress() : tty_(::isatty(STDERR_FILENO) != 0) {}
+
+void PrefillProgress::start() {
+  start_ = std::chrono::steady_clock::now();
+}
+
+void PrefillProgress::update(int stage, int32_t done, int32_t total) {
+  if (!tty_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - start_ < std::chrono::seconds(1) ||
+      (drawn_ && now - last_draw_ < std::chrono::milliseconds(100)))
+    return;
+  last_draw_ = now;
+  drawn_ = true;
+  const double s = std::chrono::duration<double>(now - start_).count();
+  const char* what = stage == CB_PROGRESS_CHUNK   ? "computing a document's KV: layer"
+                     : stage == CB_PROGRESS_BLEND ? "blending the documents' KV: layer"
+                                                  : "reading the prompt: token";
+  std::fprintf(stderr, "\rrag_assistant: %s %d of %d (%.0f s)\x1b[K", what, done, total, s);
+  std::fflush(stderr);
+}
+
+void PrefillProgress::clear() {
+  if (!drawn_) return;
+  drawn_ = false;
+  std::fprintf(stderr, "\r\x1b[K");
   std::fflush(stderr);
 }
 

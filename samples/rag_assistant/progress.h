@@ -29,6 +29,27 @@ class Progress {
   std::chrono::steady_clock::time_point start_, last_draw_;
 };
 
+// How far a request's prefill has come (the session's progress callback):
+// at a terminal, once it has taken a second, one line on stderr, redrawn in
+// place at most ten times a second and erased when the prefill ends, so the
+// answer starts on a clean line; elsewhere nothing (the report says how
+// long the prefill took).
+class PrefillProgress {
+ public:
+  PrefillProgress();
+  // A request's prefill starts.
+  void start();
+  // `stage` is a cb_progress_stage; done/total as the callback gives them.
+  void update(int stage, int32_t done, int32_t total);
+  // Erases the line, if one was drawn.
+  void clear();
+
+ private:
+  bool tty_;
+  bool drawn_ = false;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
 // "1.1 GB", "98.4 MB", "512 B": sizes for people (powers of 1000, as disks
 // and download pages count).
 std::string human_bytes(double n);

@@ -102,6 +102,8 @@ void test_free_from_abort_callback(cb_model* m);
 void test_nan_logits(const char* path);
 void test_rag_store(cb_model* m);
 void test_rag_tiers(cb_model* m);
+/* test_c_api_progress.c */
+void test_progress_callback(cb_model* m);
 /* test_c_api_chunk_cache.c */
 void test_chunk_cache_add(cb_model* m);
 void test_chunk_cache_degraded_storage(void);

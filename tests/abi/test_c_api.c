@@ -450,6 +450,7 @@ int main(void) {
     test_rag(m);
     test_abort_callback(m);
     test_free_from_abort_callback(m);
+    test_progress_callback(m);
     test_rag_store(m);
     test_rag_tiers(m);
     test_chunk_cache_add(m);

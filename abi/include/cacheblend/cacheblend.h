@@ -427,9 +427,9 @@ CB_API cb_status cb_session_create(cb_model* model, const cb_session_options* op
 /* Frees the session (and the model, if it was released and this was its last
  * session).  NULL and a handle that is not live (a second free) are
  * ignored.  Called from one of the session's own callbacks (the token
- * callback, or the abort callback of any call), it makes the handle dead at
- * once; the call the callback runs in stops after the callback returns,
- * returns CB_ERR_CANCELLED and then frees the session.
+ * callback, or the abort or progress callback of any call), it makes the
+ * handle dead at once; the call the callback runs in stops after the
+ * callback returns, returns CB_ERR_CANCELLED and then frees the session.
  *
  * A thread that ends inside a callback (pthread_exit, cancellation) unwinds
  * through the library: the call is abandoned and the session is free for
@@ -476,6 +476,36 @@ CB_API cb_status cb_session_reset(cb_session* session);
 typedef int (*cb_abort_callback)(void* user_data);
 CB_API cb_status cb_session_set_abort_callback(cb_session* session, cb_abort_callback callback,
                                                void* user_data);
+
+/* Progress of long work, for a progress bar.  A session's progress callback
+ * is told how far a call on the session has come, in stages:
+ *   - CB_PROGRESS_PREFILL, in tokens: cb_session_prefill, cb_session_embed,
+ *     the prompt of cb_generate and cb_rag_prefill in CB_MODE_FULL, after
+ *     each forward batch (cb_session_options.n_batch tokens);
+ *   - CB_PROGRESS_CHUNK, in layers: a chunk's KV computed for the chunk
+ *     cache, by cb_chunk_cache_add or by cb_rag_prefill for a chunk the
+ *     cache does not hold, after each layer (once per such chunk);
+ *   - CB_PROGRESS_BLEND, in layers: cb_rag_prefill's passes over the
+ *     request that reuse the chunks' KV, after each layer: n_layer for one
+ *     pass, 2 x n_layer where the selection ranks the tokens in a pass of
+ *     its own first (CB_SELECT_LOOKAHEAD, the default).  A chunk whose
+ *     stored KV cannot be read is computed and the passes run again,
+ *     counted from 1 again.
+ * Within a stage `done` goes from 1 to `total`.  Non-zero stops the call
+ * with CB_ERR_CANCELLED, leaving the session as the abort callback does
+ * (see there).  The callback runs on the thread that made the call and must
+ * not call the library with this session (cb_session_free excepted: see
+ * there).  NULL removes it.  The session's thread only.  Errors:
+ * CB_ERR_INVALID_ARGUMENT (NULL or dead session). */
+typedef enum cb_progress_stage {
+  CB_PROGRESS_PREFILL = 0,
+  CB_PROGRESS_CHUNK = 1,
+  CB_PROGRESS_BLEND = 2
+} cb_progress_stage;
+typedef int (*cb_progress_callback)(cb_progress_stage stage, int32_t done, int32_t total,
+                                    void* user_data);
+CB_API cb_status cb_session_set_progress_callback(cb_session* session,
+                                                  cb_progress_callback callback, void* user_data);
 
 /* The logits of the last token in the session's KV cache (n_vocab floats),
  * available after cb_session_prefill(), after cb_rag_prefill() and after a

@@ -19,7 +19,7 @@ from .errors import (BufferTooSmallError, CancelledError, ContextOverflowError, 
 from .model import Model
 from .session import Session
 from .types import (Activations, Backend, ChatTemplate, ChunkAdded, ChunkCacheStats, ChunkHead, Codec, GenerateStats, KvType, Mode,
-                    ModelInfo, RagOptions, RagStats, Select, StopReason, TierStats, mode_name,
+                    ModelInfo, ProgressStage, RagOptions, RagStats, Select, StopReason, TierStats, mode_name,
                     select_name)
 
 __version__ = "0.1.0"
@@ -34,7 +34,7 @@ __all__ = [
     "Activations", "Backend", "BufferTooSmallError", "ChatTemplate", "CancelledError", "ChunkAdded", "ChunkCache",
     "ChunkCacheStats", "ChunkHead", "Codec", "ContextOverflowError", "Error", "FormatError",
     "GenerateStats", "InternalError", "InvalidArgumentError", "IoError", "KvType", "Mode", "Model",
-    "ModelInfo", "OutOfMemoryError", "RagOptions", "RagStats", "Select", "Session", "Status",
+    "ModelInfo", "OutOfMemoryError", "ProgressStage", "RagOptions", "RagStats", "Select", "Session", "Status",
     "StopReason", "TierStats", "UnsupportedError", "library_path", "library_version", "mode_name",
     "select_name",
 ]

@@ -138,6 +138,7 @@ class RagStats(Structure):
 # not be NUL-free, and c_char_p would cut it at the first NUL.
 TokenCallback = CFUNCTYPE(c_int, c_int32, POINTER(c_char), c_size_t, c_void_p)
 AbortCallback = CFUNCTYPE(c_int, c_void_p)
+ProgressCallback = CFUNCTYPE(c_int, c_int, c_int32, c_int32, c_void_p)
 
 _I32P = POINTER(c_int32)
 _SIZEP = POINTER(c_size_t)
@@ -173,6 +174,7 @@ _PROTOTYPES = {
     "cb_session_reset": (c_enum, [SessionPtr]),
     "cb_session_embed": (c_enum, [SessionPtr, _I32P, c_size_t, POINTER(c_float), c_size_t]),
     "cb_session_set_abort_callback": (c_enum, [SessionPtr, AbortCallback, c_void_p]),
+    "cb_session_set_progress_callback": (c_enum, [SessionPtr, ProgressCallback, c_void_p]),
     "cb_session_logits": (c_enum, [SessionPtr, POINTER(POINTER(c_float)), _SIZEP]),
     "cb_sampling_options_init_sized": (None, [c_void_p, c_size_t]),
     "cb_generate_options_init_sized": (None, [c_void_p, c_size_t]),

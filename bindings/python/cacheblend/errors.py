@@ -100,6 +100,7 @@ _PYTHON_NAMES = {
     "cb_session_prefill": "Session.prefill()",
     "cb_session_logits": "Session.logits()",
     "cb_session_set_abort_callback": "Session.set_abort_callback()",
+    "cb_session_set_progress_callback": "Session.set_progress_callback()",
     "cb_generate": "Session.generate()",
     "cb_rag_prefill": "Session.rag_prefill()",
     "cb_chunk_cache_create": "ChunkCache()",

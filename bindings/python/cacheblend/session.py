@@ -11,7 +11,7 @@ from ctypes import POINTER, byref, c_char_p, c_float, c_size_t
 from . import _native
 from .errors import Closeable, Status, check, closed_error, error_for
 from .model import tokenize
-from .types import Activations, KvType, c_int32_array, c_string, generate_stats, rag_stats, rag_struct
+from .types import Activations, KvType, ProgressStage, c_int32_array, c_string, generate_stats, rag_stats, rag_struct
 from ._native import lib
 
 
@@ -121,6 +121,7 @@ class Session(Closeable):
         # callbacks do not hold a reference to the session.
         self._pending = []
         self._abort = None  # keeps the C function pointer alive
+        self._progress = None  # likewise
         self._stream = None  # (stop event, worker thread) while stream() runs
         self.last_stats = None  # GenerateStats of the last generate()
         self.last_rag_stats = None  # RagStats of the last RAG prefill
@@ -251,6 +252,35 @@ class Session(Closeable):
         c_callback = _native.AbortCallback(trampoline)
         check(lib.cb_session_set_abort_callback(ptr, c_callback, None))
         self._abort = c_callback
+
+    def set_progress_callback(self, callback):
+        """Tells `callback(stage, done, total)` how far a call on this session
+        has come; `stage` is a ProgressStage: PREFILL counts tokens (after
+        each batch of prefill(), embed(), a generation's prompt and a FULL
+        RAG prefill), CHUNK the layers of a chunk's KV computed for a chunk
+        cache, BLEND the layers of a RAG prefill's passes over reused chunk
+        KV (two passes with the default selection).  A true result stops the
+        call with CancelledError.  It runs on the
+        calling thread and must not use this session.  None removes it."""
+        ptr = self._ptr()
+        if callback is None:
+            check(lib.cb_session_set_progress_callback(ptr, _native.ProgressCallback(), None))
+            self._progress = None
+            return
+        pending = self._pending
+
+        def trampoline(stage, done, total, _user):
+            if _exiting.is_set():
+                return 1
+            try:
+                return 1 if callback(ProgressStage(stage), done, total) else 0
+            except BaseException as e:  # noqa: B036 - re-raised after the call
+                pending.append(e)
+                return 1
+
+        c_callback = _native.ProgressCallback(trampoline)
+        check(lib.cb_session_set_progress_callback(ptr, c_callback, None))
+        self._progress = c_callback
 
     # --- generation
     def generate(self, prompt=None, max_tokens=256, *, on_text=None, stop=None,

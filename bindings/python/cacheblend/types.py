@@ -76,6 +76,13 @@ class ChunkHead(_NamedEnum):
     NONE = 1
 
 
+class ProgressStage(_NamedEnum):
+    """What a progress report counts (Session.set_progress_callback)."""
+    PREFILL = 0  # tokens through the model
+    CHUNK = 1  # layers of a chunk's KV computed for a chunk cache
+    BLEND = 2  # layers of a RAG prefill's passes over reused chunk KV
+
+
 class Select(_NamedEnum):
     DEFAULT = 0
     HKVD = 1

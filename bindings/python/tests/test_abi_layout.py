@@ -36,7 +36,8 @@ STRUCTS = [_native.ModelOptions, _native.ModelInfo, _native.ChatMessage,
            _native.CheckLayer, _native.RagOptions, _native.RagStats]
 
 ENUM_PREFIXES = {cb.Activations: "CB_ACTIVATIONS_", cb.Backend: "CB_BACKEND_", cb.ChatTemplate: "CB_CHAT_TEMPLATE_", cb.StopReason: "CB_STOP_", cb.Codec: "CB_CODEC_", cb.KvType: "CB_KV_",
-                 cb.Mode: "CB_MODE_", cb.ChunkHead: "CB_CHUNK_HEAD_", cb.Select: "CB_SELECT_"}
+                 cb.Mode: "CB_MODE_", cb.ChunkHead: "CB_CHUNK_HEAD_", cb.Select: "CB_SELECT_",
+                 cb.ProgressStage: "CB_PROGRESS_"}
 
 pytestmark = pytest.mark.skipif(not HEADER.is_file(), reason=f"{HEADER} not found")
 

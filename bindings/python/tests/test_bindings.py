@@ -207,6 +207,40 @@ def test_abort_callback(session):
     assert session.generate(PROMPT, max_tokens=2).startswith(" Paris")
 
 
+def test_progress_callback(model, session):
+    reports = []
+    session.set_progress_callback(lambda *r: reports.append(r))
+    session.prefill(PROMPT)
+    assert reports == [(cb.ProgressStage.PREFILL, session.n_past, session.n_past)]
+    n_layer = model.info.n_layer
+    layers = lambda stage, n: [(stage, i, n) for i in range(1, n + 1)]  # noqa: E731
+    with cb.ChunkCache() as cache:
+        session.reset()
+        cache.add(session, CHUNKS[0])
+        reports.clear()
+        session.reset()
+        session.rag_prefill(CHUNKS[:2], QUESTION, cache)
+        # The default selection ranks in a pass of its own: two passes.
+        assert reports == (layers(cb.ProgressStage.CHUNK, n_layer) +
+                           layers(cb.ProgressStage.BLEND, 2 * n_layer))
+
+        session.set_progress_callback(lambda stage, done, total: done == 2)
+        session.reset()
+        with pytest.raises(cb.CancelledError):
+            session.rag_prefill(CHUNKS[:2], QUESTION, cache)
+        assert session.n_past == 0
+
+        def bad(stage, done, total):
+            raise KeyError("from the progress callback")
+
+        session.set_progress_callback(bad)
+        with pytest.raises(KeyError):
+            session.prefill(PROMPT)
+    session.set_progress_callback(None)
+    session.reset()
+    assert session.generate(PROMPT, max_tokens=2).startswith(" Paris")
+
+
 def test_rag_in_ram(model, session):
     with cb.ChunkCache() as cache:
         added = [cache.add(session, c) for c in CHUNKS]
