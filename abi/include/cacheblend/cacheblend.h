@@ -67,7 +67,8 @@
  *   CB_ERR_INVALID_ARGUMENT); different sessions may run in parallel.  A
  *   cb_chunk_cache may be used by any number of threads at once.  Freeing a
  *   handle must not race with any other call that uses it.  Token callbacks
- *   run on the thread that called cb_generate.  cb_last_error() is per
+ *   run on the thread that called cb_generate, abort and progress callbacks
+ *   on the thread of the call they report on.  cb_last_error() is per
  *   thread.
  *
  * LIFETIMES
@@ -529,8 +530,8 @@ CB_API cb_status cb_session_logits(const cb_session* session, const float** logi
  * sentence embedding: measure them on your retrieval task before relying on
  * them.  Errors: as cb_session_prefill
  * (n_tokens 0 or an id outside the vocabulary: CB_ERR_INVALID_ARGUMENT;
- * more tokens than n_ctx: CB_ERR_CONTEXT_OVERFLOW; the abort callback:
- * CB_ERR_CANCELLED).  The session's thread only. */
+ * more tokens than n_ctx: CB_ERR_CONTEXT_OVERFLOW; the abort or progress
+ * callback: CB_ERR_CANCELLED).  The session's thread only. */
 CB_API cb_status cb_session_embed(cb_session* session, const int32_t* tokens, size_t n_tokens,
                                   float* out, size_t capacity);
 

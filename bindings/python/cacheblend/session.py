@@ -45,6 +45,20 @@ _in_flight = [0]
 _EXIT_WAIT_S = 30.0
 
 
+def _asks_to_stop(pending, ask):
+    """What a C callback that stops its call with a non-zero result returns:
+    whether `ask()` is true; 1 when it raises (the exception goes to
+    `pending`, to be re-raised when the call returns) or when the
+    interpreter is exiting."""
+    if _exiting.is_set():
+        return 1
+    try:
+        return 1 if ask() else 0
+    except BaseException as e:  # noqa: B036 - re-raised after the call
+        pending.append(e)
+        return 1
+
+
 @contextlib.contextmanager
 def calling_back():
     """Marks a C call that may call back into Python, for the exit to wait on."""
@@ -239,17 +253,7 @@ class Session(Closeable):
             self._abort = None
             return
         pending = self._pending
-
-        def trampoline(_user):
-            if _exiting.is_set():
-                return 1
-            try:
-                return 1 if callback() else 0
-            except BaseException as e:  # noqa: B036 - re-raised after the call
-                pending.append(e)
-                return 1
-
-        c_callback = _native.AbortCallback(trampoline)
+        c_callback = _native.AbortCallback(lambda _user: _asks_to_stop(pending, callback))
         check(lib.cb_session_set_abort_callback(ptr, c_callback, None))
         self._abort = c_callback
 
@@ -260,8 +264,8 @@ class Session(Closeable):
         RAG prefill), CHUNK the layers of a chunk's KV computed for a chunk
         cache, BLEND the layers of a RAG prefill's passes over reused chunk
         KV (two passes with the default selection).  A true result stops the
-        call with CancelledError.  It runs on the
-        calling thread and must not use this session.  None removes it."""
+        call with CancelledError.  It runs on the calling thread and must not
+        use this session.  None removes it."""
         ptr = self._ptr()
         if callback is None:
             check(lib.cb_session_set_progress_callback(ptr, _native.ProgressCallback(), None))
@@ -270,13 +274,7 @@ class Session(Closeable):
         pending = self._pending
 
         def trampoline(stage, done, total, _user):
-            if _exiting.is_set():
-                return 1
-            try:
-                return 1 if callback(ProgressStage(stage), done, total) else 0
-            except BaseException as e:  # noqa: B036 - re-raised after the call
-                pending.append(e)
-                return 1
+            return _asks_to_stop(pending, lambda: callback(ProgressStage(stage), done, total))
 
         c_callback = _native.ProgressCallback(trampoline)
         check(lib.cb_session_set_progress_callback(ptr, c_callback, None))
