@@ -413,9 +413,11 @@ def test_closed_objects_raise(model):
             live.rag_prefill(CHUNKS, QUESTION, cache)
 
 
-def test_close_from_the_abort_callback(model):
-    """close() from the session's own abort callback stops the call it runs
-    in (CancelledError); the session is freed when that call returns."""
+@pytest.mark.parametrize("callback", ["abort", "progress"])
+def test_close_from_the_abort_or_progress_callback(model, callback):
+    """close() from the session's own abort or progress callback stops the
+    call it runs in (CancelledError); the session is freed when that call
+    returns."""
     calls = [
         lambda s, cache: s.prefill(PROMPT * 20),
         lambda s, cache: s.rag_prefill(CHUNKS, QUESTION, cache),
@@ -426,16 +428,19 @@ def test_close_from_the_abort_callback(model):
             s = model.session(n_ctx=512, n_batch=32)
             count = []
 
-            def close_on_fifth():
+            def close_at_second(*_report):
                 count.append(1)
-                if len(count) == 5:
+                if len(count) == 2:
                     s.close()
                 return False
 
-            s.set_abort_callback(close_on_fifth)
+            if callback == "abort":
+                s.set_abort_callback(close_at_second)
+            else:
+                s.set_progress_callback(close_at_second)
             with pytest.raises(cb.CancelledError):
                 call(s, cache)
-            assert s.closed and len(count) == 5
+            assert s.closed and len(count) == 2
 
 
 # A script that leaves generation running when it exits: in a daemon thread,
