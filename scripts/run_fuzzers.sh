@@ -3,14 +3,15 @@
 # formats: GGUF files cut from the model's header bytes, text for the
 # tokenizer, chunk-KV values for the codecs, and documents of every kind the
 # RAG assistant reads (the repository's own Markdown, HTML, reStructuredText,
-# gzip).  Usage: run_fuzzers.sh BUILD_DIR SECONDS
+# gzip), and questions for its retrieval.  Usage: run_fuzzers.sh BUILD_DIR
+# SECONDS
 set -euo pipefail
 BUILD=${1:?build dir}
 SECONDS_EACH=${2:-30}
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODEL="${CB_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 WORK="$BUILD/fuzz-work"
-TARGETS="gguf tokenizer kv_codec documents"
+TARGETS="gguf tokenizer kv_codec documents retrieval"
 for target in $TARGETS; do mkdir -p "$WORK/$target-corpus"; done
 
 # The first 64 KiB of the model hold the header and much of the metadata.
@@ -21,7 +22,8 @@ printf 'Hello, World! 123 4567 don'"'"'t  \t\n\n<|im_start|>user\nCaf\xc3\xa9 \x
 # fuzz_kv_codec: codec, tokens, heads, head size, damage position (2 bytes)
 # and byte, bytes cut, then f32 values; fuzz_documents: a byte naming the file (its
 # index in the target's list; 0x80 for a 64-byte limit), a byte for the
-# chunk size, then the file.
+# chunk size, then the file; fuzz_retrieval: a byte of options, then the
+# question.
 python3 - "$WORK" "$ROOT" <<'PY'
 import gzip, pathlib, struct, sys
 work, root = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
@@ -40,6 +42,10 @@ seeds = {"md": (0, md), "html": (3, html), "rst": (2, rst), "html-gz": (4, gzip.
          "md-small": (0x80, md[:200])}
 for name, (kind, data) in seeds.items():
     (docs / name).write_bytes(bytes([kind, 24]) + data)
+questions = [b"How much is the meal allowance in Poland?", b"What is the cat NAMED?",
+             b'cat" OR NEAR(( AND * ^ name:Mochi', "Caf\u00e9 \u6771\u4eac \u2013 why?".encode()]
+for i, q in enumerate(questions):
+    (work / "retrieval-corpus" / f"seed-{i}").write_bytes(bytes([i * 0x41]) + q)
 PY
 
 status=0

@@ -71,9 +71,15 @@ cb_status fail_with(cb_status s, const char* fn, std::string_view what,
 // swallowing it aborts the process.  Its handler binds a reference to an
 // exception object that is not a C++ object (null), which UBSan reports:
 // UBSan is off for this function's own code (GCC ignores
-// no_sanitize("null") here); `body` keeps its checks.
+// no_sanitize("null") here, and clang knows only no_sanitize("undefined"));
+// `body` keeps its checks.
+#if defined(__clang__)
+#define CB_NO_UBSAN __attribute__((no_sanitize("undefined")))
+#else
+#define CB_NO_UBSAN __attribute__((no_sanitize_undefined))
+#endif
 template <class F>
-__attribute__((no_sanitize_undefined)) cb_status guard(const char* fn, F&& body) {
+CB_NO_UBSAN cb_status guard(const char* fn, F&& body) {
   clear_message();
   try {
     return body();

@@ -365,6 +365,8 @@ const char* cb_mode_name(cb_mode mode) {
   return "unknown";
 }
 
+}  // extern "C"
+
 namespace {
 
 // The runtime's policy for a cb_select value; none for values outside the
@@ -393,6 +395,8 @@ std::optional<cb::Selection> selection_of(const cb_select& select) {
 }
 
 }  // namespace
+
+extern "C" {
 
 const char* cb_select_name(cb_select select) {
   const std::optional<cb::Selection> s = selection_of(select);

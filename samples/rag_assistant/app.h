@@ -8,20 +8,14 @@
 
 #include <cstdint>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "error.h"
 #include "handles.h"
 
 namespace rag {
-
-// A user-facing failure: main() prints "rag_assistant: error: MESSAGE" and
-// exits with status 1.
-struct Error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // Throws an Error naming `what` and the library's message when s != CB_OK.
 void check(cb_status s, const std::string& what);

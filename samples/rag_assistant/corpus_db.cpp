@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <set>
 
-#include "app.h"
+#include "error.h"
 #include "platform/sqlite.h"
 
 namespace rag {
