@@ -67,6 +67,10 @@ const char* backend_of(cb_model* m);
 /* A ChatML user turn asking `question`, tokenized into ids; its length. */
 size_t chat_prompt(cb_model* m, const char* question, int32_t* ids, size_t cap);
 
+/* `copies` (at most 16) times a sentence of plain English into text (4096
+ * bytes), and its tokens, BOS first, into ids (400); the number of tokens. */
+size_t lighthouse_text(cb_model* m, int copies, char* text, int32_t* ids);
+
 /* Two chunks and a question whose answer is in the second chunk. */
 extern const char* const kRagChunks[2];
 extern const char* const kRagQuestion;

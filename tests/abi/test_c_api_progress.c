@@ -59,14 +59,11 @@ void test_progress_callback(cb_model* m) {
   int32_t ids[400];
   size_t n = 0;
   int at = 0;
-  char text[4096] = "";
-  int i;
+  char text[4096];
   float emb[4096];
-  for (i = 0; i < 16; ++i)
-    strcat(text, "The lighthouse keeper counted the ships that passed in the night. ");
   cb_model_info_init(&info);
   CHECK_OK(cb_model_get_info(m, &info));
-  CHECK_OK(cb_tokenize(m, text, strlen(text), 1, 0, ids, 400, &n));
+  n = lighthouse_text(m, 16, text, ids);
   CHECK(n > 150);
   cb_session_options_init(&so);
   so.n_ctx = 512;

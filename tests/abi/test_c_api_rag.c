@@ -20,6 +20,16 @@ const char* const kRagChunks[2] = {
     "The secret code of the vault is 4721. Only the bank manager knows it."};
 const char* const kRagQuestion = "What is the secret code of the vault?";
 
+size_t lighthouse_text(cb_model* m, int copies, char* text, int32_t* ids) {
+  size_t n = 0;
+  int i;
+  text[0] = '\0';
+  for (i = 0; i < copies; ++i)
+    strcat(text, "The lighthouse keeper counted the ships that passed in the night. ");
+  CHECK_OK(cb_tokenize(m, text, strlen(text), 1, 0, ids, 400, &n));
+  return n;
+}
+
 /* The abort callback: counts its calls and asks to stop from call `stop_at`
  * on (0: never), or whenever `flag` is set. */
 typedef struct {
@@ -60,13 +70,10 @@ void test_abort_callback(cb_model* m) {
   float* first = NULL;
   float* whole = NULL;
   int calls_per_prefill = 0;
-  char text[4096] = "";
-  int i;
-  for (i = 0; i < 16; ++i)
-    strcat(text, "The lighthouse keeper counted the ships that passed in the night. ");
+  char text[4096];
   cb_model_info_init(&info);
   CHECK_OK(cb_model_get_info(m, &info));
-  CHECK_OK(cb_tokenize(m, text, strlen(text), 1, 0, ids, 400, &n));
+  n = lighthouse_text(m, 16, text, ids);
   CHECK(n > 150);
   cb_session_options_init(&so);
   so.n_ctx = 512;
@@ -176,11 +183,8 @@ void test_free_from_abort_callback(cb_model* m) {
   int32_t ids[400];
   size_t n = 0;
   int which;
-  char text[2048] = "";
-  int i;
-  for (i = 0; i < 8; ++i)
-    strcat(text, "The lighthouse keeper counted the ships that passed in the night. ");
-  CHECK_OK(cb_tokenize(m, text, strlen(text), 1, 0, ids, 400, &n));
+  char text[4096];
+  n = lighthouse_text(m, 8, text, ids);
   CHECK_OK(cb_chunk_cache_create(&cache));
   if (cache == NULL) return;
   cb_session_options_init(&so);
