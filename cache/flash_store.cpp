@@ -242,7 +242,8 @@ std::optional<ChunkHandle> FlashStore::lookup(const ChunkKey& key) {
     }
   }
   for (const SegmentRef& s : rec->segments) {
-    ok = ok && s.offset >= kBlobHeaderBytes && s.offset + s.size <= rec->bytes;
+    ok = ok && s.offset >= kBlobHeaderBytes && s.size <= rec->bytes &&
+         s.offset <= rec->bytes - s.size;  // not offset + size: a damaged offset may wrap it
   }
   if (!ok) {
     drop_entry(rec->id, rec->blob);

@@ -41,6 +41,41 @@ CREATE TABLE IF NOT EXISTS segments(
 ) WITHOUT ROWID;
 )sql";
 
+// The tables, indexes and their SQL as SQLite records them.
+std::string schema_of(sqlite3* db, const std::string& label) {
+  std::string out;
+  sqlite::Statement s(db,
+                      "SELECT type, name, tbl_name, IFNULL(sql, '') FROM sqlite_master "
+                      "ORDER BY type, name",
+                      label);
+  while (s.step()) {
+    for (int c = 0; c < 4; ++c) out += s.text(c) + '\n';
+  }
+  return out;
+}
+
+// What kSchema creates in an empty database: the schema every index of
+// this version must have.
+const std::string& expected_schema() {
+  static const std::string schema = [] {
+    sqlite3* db = nullptr;
+    if (sqlite3_open(":memory:", &db) != SQLITE_OK) {
+      sqlite3_close(db);
+      fail(ErrorCode::kOutOfMemory, "cannot open an in-memory SQLite database");
+    }
+    try {
+      sqlite::exec(db, kSchema, "in-memory index");
+      std::string out = schema_of(db, "in-memory index");
+      sqlite3_close(db);
+      return out;
+    } catch (...) {
+      sqlite3_close(db);
+      throw;
+    }
+  }();
+  return schema;
+}
+
 }  // namespace
 
 // BEGIN IMMEDIATE takes the write lock up front, so two writers never
@@ -85,6 +120,15 @@ Index::Index(const std::string& path, int busy_timeout_ms, bool read_only) : pat
   try {
     sqlite3_extended_result_codes(db_, 1);
     sqlite3_busy_timeout(db_, busy_timeout_ms);
+    // The first read of the file.  A plain SQL error here can only be its
+    // content: a damaged header this SQLite cannot use ("unsupported file
+    // format"), as much a corrupt index as a page that does not parse.
+    const int rc =
+        sqlite3_exec(db_, "SELECT count(*) FROM sqlite_master", nullptr, nullptr, nullptr);
+    if (rc == SQLITE_ERROR) {
+      fail(ErrorCode::kFormat, path + ": index is corrupt (" + sqlite3_errmsg(db_) + ")");
+    }
+    if (rc != SQLITE_OK) fail_sqlite(rc, "read the schema");
     if (!read_only) {
       exec("PRAGMA journal_mode=WAL");
       // NORMAL in WAL mode: a power cut may lose the last commits but never
@@ -103,9 +147,13 @@ Index::Index(const std::string& path, int busy_timeout_ms, bool read_only) : pat
                                         std::to_string(kSchemaVersion) + ")");
     }
     {
-      sqlite::Statement s = prepare("PRAGMA quick_check");
+      // integrity_check, not quick_check: it also finds SQL indexes that
+      // disagree with their table, which a lookup would otherwise meet as
+      // "malformed" later.  0.17 s against quick_check's 0.13-0.16 s on an
+      // index of 20,000 chunks of 28 layers (98 MB).
+      sqlite::Statement s = prepare("PRAGMA integrity_check");
       if (!s.step() || s.text(0) != "ok") {
-        fail(ErrorCode::kFormat, path + ": index is corrupt (quick_check failed)");
+        fail(ErrorCode::kFormat, path + ": index is corrupt (integrity_check failed)");
       }
     }
     if (version < kSchemaVersion && read_only) {
@@ -116,6 +164,11 @@ Index::Index(const std::string& path, int busy_timeout_ms, bool read_only) : pat
       exec(kSchema);
       exec(("PRAGMA user_version=" + std::to_string(kSchemaVersion)).c_str());
       txn.commit();
+    }
+    // Damage can leave a readable database whose tables are not these (a
+    // column renamed in the stored schema text): every query would fail.
+    if (schema_of(db_, path_) != expected_schema()) {
+      fail(ErrorCode::kFormat, path + ": index is corrupt (its tables are not this store's)");
     }
   } catch (...) {
     sqlite3_close(db_);
@@ -234,6 +287,12 @@ Index::InsertOutcome Index::insert(const ChunkKey& key, Codec codec, uint64_t ha
       .bind(12, static_cast<int64_t>(bytes));
   ins.step();
   const int64_t id = sqlite3_last_insert_rowid(db_);
+  // Segment rows under a new id belong to no entry: a damaged index (or a
+  // writer without foreign keys) left them.  Kept, they would refuse this
+  // entry's segments, and every later put would get the same id again.
+  sqlite::Statement stray = prepare("DELETE FROM segments WHERE entry_id=?");
+  stray.bind(1, id);
+  stray.step();
   for (size_t l = 0; l < segments.size(); ++l) {
     sqlite::Statement seg =
         prepare("INSERT INTO segments(entry_id, layer, offset, size, checksum) VALUES(?,?,?,?,?)");

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Runs each libFuzzer target for a bounded time from seeds in the real
 # formats: GGUF files cut from the model's header bytes, text for the
-# tokenizer, chunk-KV values for the codecs, and documents of every kind the
-# RAG assistant reads (the repository's own Markdown, HTML, reStructuredText,
-# gzip), and questions for its retrieval.  Usage: run_fuzzers.sh BUILD_DIR
-# SECONDS
+# tokenizer, chunk-KV values for the codecs, edits that damage a chunk store,
+# documents of every kind the RAG assistant reads (the repository's own
+# Markdown, HTML, reStructuredText, gzip), and questions for its retrieval.
+# Usage: run_fuzzers.sh BUILD_DIR SECONDS
 set -euo pipefail
 BUILD=${1:?build dir}
 SECONDS_EACH=${2:-30}
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODEL="${CB_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 WORK="$BUILD/fuzz-work"
-TARGETS="gguf tokenizer kv_codec documents retrieval"
+TARGETS="gguf tokenizer kv_codec chunk_store documents retrieval"
 for target in $TARGETS; do mkdir -p "$WORK/$target-corpus"; done
 
 # The first 64 KiB of the model hold the header and much of the metadata.
@@ -20,10 +20,11 @@ head -c 1024 "$MODEL" > "$WORK/gguf-corpus/model-1k.gguf"
 printf 'Hello, World! 123 4567 don'"'"'t  \t\n\n<|im_start|>user\nCaf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80' > "$WORK/tokenizer-corpus/seed.txt"
 
 # fuzz_kv_codec: codec, tokens, heads, head size, damage position (2 bytes)
-# and byte, bytes cut, then f32 values; fuzz_documents: a byte naming the file (its
-# index in the target's list; 0x80 for a 64-byte limit), a byte for the
-# chunk size, then the file; fuzz_retrieval: a byte of options, then the
-# question.
+# and byte, bytes cut, then f32 values; fuzz_chunk_store: edit records (a
+# kind byte: SQL edit, raw index byte or blob damage, then its operands);
+# fuzz_documents: a byte naming the file (its index in the target's list;
+# 0x80 for a 64-byte limit), a byte for the chunk size, then the file;
+# fuzz_retrieval: a byte of options, then the question.
 python3 - "$WORK" "$ROOT" <<'PY'
 import gzip, pathlib, struct, sys
 work, root = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
@@ -31,6 +32,14 @@ values = struct.pack("<8f", 0.5, -1.25, 3.0, 0.0, -0.001, 65504.0, 1e-7, -7.5)
 for codec in range(3):
     (work / "kv_codec-corpus" / f"seed-{codec}").write_bytes(
         bytes([codec, 39, 2, 7, 9, 0, 0x40, 3]) + values)
+store = work / "chunk_store-corpus"
+# segments.offset of row 0 set to 64; entries.n_tokens of row 1 plus 1; a byte
+# of the index's header; a blob cut to 100 bytes; segments.layer of row 4 set
+# to -1 then a row of entries deleted.
+for name, edits in {"offset": [0, 1, 17, 0, 0, 6], "tokens": [1, 2, 8, 1, 1],
+                    "header": [2, 0, 0, 47, 63], "cut": [3, 1, 1, 0, 100],
+                    "layer": [0, 1, 16, 4, 0, 2, 0, 0, 0, 0]}.items():
+    (store / name).write_bytes(bytes(edits))
 docs = work / "documents-corpus"
 md = (root / "README.md").read_bytes()[:6000]
 html = (b"<html><head><title>T &amp; t</title><style>p{}</style></head><body>"
