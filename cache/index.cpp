@@ -1,5 +1,6 @@
 #include "cache/index.h"
 
+#include <cctype>
 #include <cstring>
 
 #include "cache/eviction.h"
@@ -41,7 +42,9 @@ CREATE TABLE IF NOT EXISTS segments(
 ) WITHOUT ROWID;
 )sql";
 
-// The tables, indexes and their SQL as SQLite records them.
+// The tables and indexes with their SQL as SQLite records them, less its
+// comments and white space: a comment or layout change in kSchema must not
+// make the indexes that earlier builds wrote look damaged.
 std::string schema_of(sqlite3* db, const std::string& label) {
   std::string out;
   sqlite::Statement s(db,
@@ -49,7 +52,17 @@ std::string schema_of(sqlite3* db, const std::string& label) {
                       "ORDER BY type, name",
                       label);
   while (s.step()) {
-    for (int c = 0; c < 4; ++c) out += s.text(c) + '\n';
+    for (int c = 0; c < 3; ++c) out += s.text(c) + ' ';
+    const std::string sql = s.text(3);
+    for (size_t i = 0; i < sql.size(); ++i) {
+      if (sql.compare(i, 2, "--") == 0) {
+        i = sql.find('\n', i);
+        if (i == std::string::npos) break;
+      } else if (!std::isspace(static_cast<unsigned char>(sql[i]))) {
+        out += sql[i];
+      }
+    }
+    out += '\n';
   }
   return out;
 }

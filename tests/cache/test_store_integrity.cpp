@@ -310,6 +310,17 @@ TEST(Integrity, IndexWithAnotherSchemaIsRebuilt) {
   expect_rebuilt(dir, key);
 }
 
+TEST(Integrity, SchemaTextThatDiffersInCommentsAndLayoutIsKept) {
+  TempDir dir;
+  const ChunkKey key = store_one_chunk(dir);
+  edit_index(dir,
+             "PRAGMA writable_schema=ON; UPDATE sqlite_master SET sql=replace(replace(sql, "
+             "'-- never reused', '--  another comment'), '  ', ' ') WHERE name='entries';");
+  auto store = FlashStore::open(dir.path());
+  EXPECT_FALSE(fs::exists(dir.sub("index.sqlite.corrupt")));
+  EXPECT_TRUE(fetch_all(*store, *store->lookup(key)));
+}
+
 TEST(Integrity, IndexWithAnUnsupportedHeaderIsRebuilt) {
   TempDir dir;
   const ChunkKey key = store_one_chunk(dir);
