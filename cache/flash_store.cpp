@@ -119,6 +119,7 @@ void FlashStore::open_index() {
     return;
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kFormat || !options_.rebuild_corrupt_index) throw;
+    rebuilt_index_reason_ = e.what();
   }
   // Move the damaged index aside, but only while no other process is writing
   // to this store; the orphaned blobs go in reconcile().
@@ -471,6 +472,11 @@ std::string FlashStore::open_report() const {
   if (!read_only_reason_.empty())
     report += "the chunk store " + dir_ + " cannot be written (" + read_only_reason_ +
               "): opened read-only; its chunks are read, new ones are not stored\n";
+  if (!rebuilt_index_reason_.empty())
+    report += "the chunk store's index was damaged (" + rebuilt_index_reason_ +
+              "): it was moved to index.sqlite.corrupt and a new, empty index made, so the "
+              "chunks of " +
+              dir_ + " are computed again as they are needed\n";
   if (counters_->quarantined > 0)
     report += std::to_string(counters_->quarantined.load()) + " chunk(s) of " + dir_ +
               " were moved to " + quarantine_dir_ +

@@ -164,8 +164,9 @@ class FlashStore {
 
   StoreStats stats() const;
   // What open() did that a user should hear about, one line each ('\n'
-  // after each): the store was opened read-only (and why), chunks were
-  // quarantined (how many, where, how to get them back).  Empty: nothing.
+  // after each): the store was opened read-only (and why), a damaged index
+  // was rebuilt (and why), chunks were quarantined (how many, where, how to
+  // get them back).  Empty: nothing.
   std::string open_report() const;
   // The codec a key with no codec set resolves to.
   Codec default_codec() const { return options_.codec; }
@@ -188,9 +189,10 @@ class FlashStore {
   std::string blob_dir_;
   std::string lock_path_;
   StoreOptions options_;
-  std::string read_only_reason_;  // why the store could not be written; "": writable
-  std::string quarantine_dir_;    // where open() moved orphaned blobs, if it did
-  mutable std::mutex index_mu_;   // guards index_
+  std::string read_only_reason_;      // why the store could not be written; "": writable
+  std::string quarantine_dir_;        // where open() moved orphaned blobs, if it did
+  std::string rebuilt_index_reason_;  // why open() rebuilt the index; "": it did not
+  mutable std::mutex index_mu_;       // guards index_
   std::unique_ptr<Index> index_;
   std::unique_ptr<Throttle> throttle_;
 

@@ -281,6 +281,10 @@ ChunkKey store_one_chunk(const TempDir& dir) {
 void expect_rebuilt(const TempDir& dir, const ChunkKey& key) {
   auto store = FlashStore::open(dir.path());
   EXPECT_TRUE(fs::exists(dir.sub("index.sqlite.corrupt")));
+  const std::string report = store->open_report();
+  EXPECT_NE(report.find("index was damaged (" + dir.sub("index.sqlite") + ": index is corrupt"),
+            std::string::npos)
+      << report;
   EXPECT_EQ(store->stats().entries, 0u);
   EXPECT_FALSE(store->lookup(key));
   EXPECT_EQ(store->put(key, make_kv(small_shape(), 9).view()), PutResult::kStored);

@@ -757,8 +757,9 @@ static inline void cb_store_options_init(cb_store_options* opts) {
  * read-only file system, another user's files) is opened read-only, its
  * chunks served and new ones not stored (stats.read_only); a slow_dir that
  * cannot be used (not a directory, not writable) is skipped
- * (stats.unavailable_tiers); blobs the index does not list (another store's
- * index or -wal copied in) are moved to DIR/quarantine/ (stats.quarantined).
+ * (stats.unavailable_tiers); a damaged index is moved aside and rebuilt
+ * empty; blobs the index does not list (another store's index or -wal
+ * copied in) are moved to DIR/quarantine/ (stats.quarantined).
  *
  * Errors: CB_ERR_INVALID_ARGUMENT (NULLs, bad options), CB_ERR_IO (cannot
  * create or lock the directory, nor read a store there), CB_ERR_FORMAT (a
@@ -767,9 +768,9 @@ CB_API cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* op
                                      cb_chunk_cache** out_cache);
 
 /* What cb_chunk_cache_open found that a user should hear about, one line per
- * finding, each ending in '\n': the store opened read-only and why, chunks
- * quarantined (how many, where, how to get them back), tiers skipped and
- * why.  Empty when there was nothing.  buf receives the text plus a
+ * finding, each ending in '\n': the store opened read-only and why, a
+ * damaged index rebuilt empty and why, chunks quarantined (how many, where,
+ * how to get them back), tiers skipped and why.  Empty when there was nothing.  buf receives the text plus a
  * terminating NUL, so it needs *out_len + 1 bytes; *out_len receives the
  * length without the NUL (buf NULL and capacity 0: the length only).
  * Errors: CB_ERR_INVALID_ARGUMENT (NULLs), CB_ERR_BUFFER_TOO_SMALL.

@@ -138,8 +138,8 @@ class ChunkCache(Closeable):
 
     def open_report(self):
         """What the open found that a user should hear about, one line each:
-        a store opened read-only and why, quarantined chunks and how to get
-        them back, tiers skipped.  Empty when there was nothing."""
+        a store opened read-only and why, a damaged index rebuilt empty and
+        why, quarantined chunks and how to get them back, tiers skipped.  Empty when there was nothing."""
         buf, n = _sized(lambda b, cap, pn: lib.cb_chunk_cache_open_report(self._ptr(), b, cap, pn),
                         c_char, 1024)
         return bytes(buf[:n]).decode("utf-8", "replace")
