@@ -473,7 +473,7 @@ std::string FlashStore::open_report() const {
     report += "the chunk store " + dir_ + " cannot be written (" + read_only_reason_ +
               "): opened read-only; its chunks are read, new ones are not stored\n";
   if (!rebuilt_index_reason_.empty())
-    report += "the chunk store's index was damaged (" + rebuilt_index_reason_ +
+    report += "the chunk store's index could not be used (" + rebuilt_index_reason_ +
               "): it was moved to index.sqlite.corrupt and a new, empty index made, so the "
               "chunks of " +
               dir_ + " are computed again as they are needed\n";

@@ -28,6 +28,69 @@ void exec(sqlite3* db, const char* sql, const std::string& db_label) {
   cb::fail(error_code(rc), db_label + ": " + sql + ": " + why);
 }
 
+void check_readable(sqlite3* db, const std::string& db_label) {
+  const int rc = sqlite3_exec(db, "SELECT count(*) FROM sqlite_master", nullptr, nullptr, nullptr);
+  if (rc == SQLITE_ERROR)
+    cb::fail(ErrorCode::kFormat, db_label + ": damaged: " + sqlite3_errmsg(db));
+  if (rc != SQLITE_OK) fail(db, rc, db_label, "first read");
+}
+
+namespace {
+
+// The tables and indexes with their SQL as SQLite records them, less its
+// comments and white space: a comment or layout change in a schema must not
+// make the databases that earlier builds wrote look damaged.
+std::string schema_of(sqlite3* db, const std::string& db_label) {
+  std::string out;
+  Statement s(db,
+              "SELECT type, name, tbl_name, IFNULL(sql, '') FROM sqlite_master "
+              "ORDER BY type, name",
+              db_label);
+  while (s.step()) {
+    for (int c = 0; c < 3; ++c) out += s.text(c) + ' ';
+    const std::string sql = s.text(3);
+    for (size_t i = 0; i < sql.size(); ++i) {
+      if (sql.compare(i, 2, "--") == 0) {
+        i = sql.find('\n', i);
+        if (i == std::string::npos) break;
+      } else if (!std::isspace(static_cast<unsigned char>(sql[i]))) {
+        out += sql[i];
+      }
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+}  // namespace
+
+void check_intact(sqlite3* db, const char* schema, const std::string& db_label) {
+  {
+    Statement s(db, "PRAGMA integrity_check", db_label);
+    if (!s.step() || s.text(0) != "ok") {
+      cb::fail(ErrorCode::kFormat, db_label + ": damaged: integrity_check: " + s.text(0));
+    }
+  }
+  sqlite3* empty = nullptr;
+  if (sqlite3_open(":memory:", &empty) != SQLITE_OK) {
+    sqlite3_close(empty);
+    cb::fail(ErrorCode::kOutOfMemory, db_label + ": cannot open an in-memory database");
+  }
+  std::string expected;
+  try {
+    exec(empty, schema, db_label + " (its schema, in memory)");
+    expected = schema_of(empty, db_label);
+  } catch (...) {
+    sqlite3_close(empty);
+    throw;
+  }
+  sqlite3_close(empty);
+  if (schema_of(db, db_label) != expected) {
+    cb::fail(ErrorCode::kFormat,
+             db_label + ": damaged: its tables are not the ones this build makes");
+  }
+}
+
 bool cannot_write(int rc) {
   switch (rc & 0xff) {
     case SQLITE_IOERR:

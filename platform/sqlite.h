@@ -27,6 +27,20 @@ ErrorCode error_code(int rc);
 // Runs `sql` (any number of statements, no results); throws on failure.
 void exec(sqlite3* db, const char* sql, const std::string& db_label);
 
+// The first read of a database just opened.  Throws cb::Error(kFormat) when
+// its file is not one this SQLite can use: not a database, or a damaged
+// header ("unsupported file format", which SQLite reports as a plain SQL
+// error); other failures as fail().
+void check_readable(sqlite3* db, const std::string& db_label);
+
+// Throws cb::Error(kFormat) for damage a later query would meet: pages or
+// SQL indexes that SQLite's integrity_check finds wrong (quick_check does
+// not compare an index with its table), or tables and indexes other than
+// those `schema` (its CREATE statements) makes in an empty database,
+// comments and white space in their SQL aside (a renamed column in the
+// stored schema text).
+void check_intact(sqlite3* db, const char* schema, const std::string& db_label);
+
 // True when `rc` says the database cannot be written here (a full disk, a
 // read-only file system or file, no permission, an I/O error creating the
 // -wal or -shm), so that reading it read-only may still work.

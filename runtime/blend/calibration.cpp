@@ -174,11 +174,10 @@ std::unique_ptr<CalibrationDb> CalibrationDb::open_once(const std::string& path)
   std::unique_ptr<CalibrationDb> out(new CalibrationDb(path, db));
   sqlite3_busy_timeout(db, 5000);
   try {
+    sqlite::check_readable(db, kDbLabel);
     out->impl_->exec("PRAGMA journal_mode=WAL;");
     out->impl_->exec(kSchema);
-    sqlite::Statement check(db, "PRAGMA quick_check;", kDbLabel);
-    if (!check.step() || check.blob(0) != "ok")
-      fail(ErrorCode::kFormat, "damaged: " + check.blob(0));
+    sqlite::check_intact(db, kSchema, kDbLabel);
   } catch (const Error& e) {
     const int rc = sqlite3_errcode(db);
     const bool damaged =

@@ -1,10 +1,12 @@
 // The loading controller's arithmetic on synthetic cost models, the cost-model
 // fit, and the calibration's persistence and refresh.
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <set>
 #include <string>
@@ -280,6 +282,40 @@ TEST_F(CalibrationDbTest, DamagedDatabaseIsMovedAsideAndReplaced) {
     db->save("dev", model, synthetic());
     EXPECT_TRUE(db->load("dev", model).compute);
     EXPECT_TRUE(fs::exists(path + ".corrupt"));
+  }
+}
+
+// Damage SQLite reads without complaint until a query meets it: a column
+// renamed in the stored schema, a header this SQLite cannot use.
+TEST_F(CalibrationDbTest, SchemaOrHeaderDamageIsMovedAsideAndReplaced) {
+  const auto rename_column = [](const std::string& file) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(file.c_str(), &db), SQLITE_OK);
+    EXPECT_EQ(sqlite3_exec(db,
+                           "PRAGMA writable_schema=ON; UPDATE sqlite_master SET "
+                           "sql=replace(sql, 'per_row_s', 'per_rox_s') WHERE name='compute_cost'",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  };
+  const auto bad_format_number = [](const std::string& file) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(47);  // the low byte of the schema format number (1 to 4)
+    f.put(static_cast<char>(63));
+  };
+  for (const auto& damage : {std::function<void(const std::string&)>(rename_column),
+                             std::function<void(const std::string&)>(bad_format_number)}) {
+    fs::remove(path + ".corrupt");
+    {
+      auto db = CalibrationDb::open(path);
+      db->save("dev", model, synthetic());
+    }
+    damage(path);
+    auto db = CalibrationDb::open(path);
+    EXPECT_TRUE(fs::exists(path + ".corrupt"));
+    EXPECT_FALSE(db->load("dev", model).compute);
+    db->save("dev", model, synthetic());
+    EXPECT_TRUE(db->load("dev", model).compute);
   }
 }
 
