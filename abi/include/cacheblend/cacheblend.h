@@ -770,9 +770,10 @@ CB_API cb_status cb_chunk_cache_open(const char* dir, const cb_store_options* op
 /* What cb_chunk_cache_open found that a user should hear about, one line per
  * finding, each ending in '\n': the store opened read-only and why, a
  * damaged index rebuilt empty and why, chunks quarantined (how many, where,
- * how to get them back), tiers skipped and why.  Empty when there was nothing.  buf receives the text plus a
- * terminating NUL, so it needs *out_len + 1 bytes; *out_len receives the
- * length without the NUL (buf NULL and capacity 0: the length only).
+ * how to get them back), tiers skipped and why.  Empty when there was
+ * nothing.  buf receives the text plus a terminating NUL, so it needs
+ * *out_len + 1 bytes; *out_len receives the length without the NUL (buf
+ * NULL and capacity 0: the length only).
  * Errors: CB_ERR_INVALID_ARGUMENT (NULLs), CB_ERR_BUFFER_TOO_SMALL.
  * Thread-safe. */
 CB_API cb_status cb_chunk_cache_open_report(const cb_chunk_cache* cache, char* buf, size_t capacity,
