@@ -35,10 +35,14 @@ for codec in range(3):
 store = work / "chunk_store-corpus"
 # segments.offset of row 0 set to 64; entries.n_tokens of row 1 plus 1; a byte
 # of the index's header; a blob cut to 100 bytes; segments.layer of row 4 set
-# to -1 then a row of entries deleted.
+# to -1 then a row of entries deleted; and eight edits in one input (the
+# longest seed sets how long the fuzzer's first inputs may be).
 for name, edits in {"offset": [0, 1, 17, 0, 0, 6], "tokens": [1, 2, 8, 1, 1],
                     "header": [2, 0, 0, 47, 63], "cut": [3, 1, 1, 0, 100],
-                    "layer": [0, 1, 16, 4, 0, 2, 0, 0, 0, 0]}.items():
+                    "layer": [0, 1, 16, 4, 0, 2, 0, 0, 0, 0],
+                    "eight": [0, 1, 16, 0, 0, 1, 0, 1, 16, 1, 0, 2, 1, 2, 12, 2, 3,
+                              2, 0, 16, 40, 7, 3, 0, 0, 0, 200, 1, 1, 7, 2, 5,
+                              0, 0, 15, 5, 3, 2, 1, 0, 40, 0, 9, 0, 0]}.items():
     (store / name).write_bytes(bytes(edits))
 docs = work / "documents-corpus"
 md = (root / "README.md").read_bytes()[:6000]
