@@ -16,9 +16,10 @@
 # Environment: BUILD (default build: where bin/cb_bench, bin/test_runtime,
 # bin/test_cache and bin/rag_assistant are), OUT (default docs/bench; a new
 # temporary directory with --quick), THREADS (default 2, as in BENCHMARKS.md),
-# CB_MODEL (the model), DATASET or CB_DEV_DATA (the quality sections' data
-# set: a JSON list of {question, answers[], ctxs[{title, text}]}, e.g. a
-# MuSiQue dev split written by scripts/musique_dataset.py).
+# CB_MODEL (the model; default models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf),
+# DATASET or CB_DEV_DATA (the quality sections' data set: a JSON list of
+# {question, answers[], ctxs[{title, text}]}, e.g. a MuSiQue dev split
+# written by scripts/musique_dataset.py).
 #
 # After a full run into docs/bench, scripts/write_benchmarks_md.py rewrites
 # the regions between <!-- generated:NAME --> markers of docs/BENCHMARKS.md
@@ -102,8 +103,15 @@ fi
 [ "$NO_DOC" = 1 ] && DOC=""
 BENCH="$BUILD/bin/cb_bench"
 DATASET="${DATASET:-${CB_DEV_DATA:-}}"
-MODEL_ARGS=()
-[ -n "${CB_MODEL:-}" ] && MODEL_ARGS=(--model "$CB_MODEL")
+# The model every section runs, named in machine.txt: the project's default
+# unless CB_MODEL says otherwise (so does the pipeline bench of §7).
+export CB_MODEL="${CB_MODEL:-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}"
+MODEL_ARGS=(--model "$CB_MODEL")
+if [ ! -f "$CB_MODEL" ]; then
+  echo "run_benchmarks: no model at $CB_MODEL (scripts/setup.sh model qwen1.5b fetches" \
+       "the default; CB_MODEL=FILE picks another)" >&2
+  exit 1
+fi
 if [ ! -x "$BENCH" ]; then
   echo "run_benchmarks: $BENCH not found: build first (make build, or BUILD=dir)" >&2
   exit 1
@@ -204,7 +212,7 @@ section "machine"
     2>/dev/null | head -1))"
   echo "threads: $THREADS"
   echo "quick: $QUICK"
-  echo "model: ${CB_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+  echo "model: $CB_MODEL"
   echo "sections: ${ONLY#machine,}"
 } | tee "$OUT/machine.txt"
 
@@ -230,11 +238,11 @@ fi
 if want ttft; then
   section "§3 TTFT per mode and ratio"
   run_to "$OUT/ttft.jsonl" "$BENCH" ttft --chunks "$TTFT_CHUNKS" --chunk-tokens "$TTFT_TOKENS" \
-    --query-tokens 32 --ratio 0.05,0.15,0.3,0.5,1.0 --repeat 1 --threads "$THREADS" --json \
+    --query-tokens 32 --ratio 0.05,0.1,0.2,0.3,0.5,1.0 --repeat 1 --threads "$THREADS" --json \
     --plot "$OUT/ttft_ratio.png" "${MODEL_ARGS[@]}"
   section "TTFT per read cap (chunk KV on flash, q8)"
   run_to "$OUT/ttft_caps.jsonl" "$BENCH" ttft --chunks "$TTFT_CHUNKS" \
-    --chunk-tokens "$TTFT_TOKENS" --query-tokens 32 --modes full,reuse,blend --ratio 0.15,auto \
+    --chunk-tokens "$TTFT_TOKENS" --query-tokens 32 --modes full,reuse,blend --ratio 0.2,auto \
     --codec q8 --storage-mbps "$CAPS" --repeat 1 --threads "$THREADS" --json \
     --plot "$OUT/ttft_caps.png" "${MODEL_ARGS[@]}"
 fi
@@ -258,7 +266,7 @@ if want quality || want head || want codecs || want ratio; then
     if want quality; then
       section "§4 answer quality (MuSiQue dev)"
       run_to "$OUT/quality.jsonl" "$BENCH" quality --dataset "$DATASET" --limit "$Q_LIMIT" \
-        --max-chunks 2 --ratio 0.15 --threads "$THREADS" --json --plot "$OUT/quality.png" \
+        --max-chunks 2 --threads "$THREADS" --json --plot "$OUT/quality.png" \
         "${MODEL_ARGS[@]}"
     fi
     if want head; then
@@ -280,7 +288,7 @@ if want quality || want head || want codecs || want ratio; then
     if want ratio; then
       section "§8 fidelity per recompute ratio"
       run_to "$OUT/quality_ratio.jsonl" "$BENCH" quality --dataset "$DATASET" \
-        --limit "$Q_LIMIT_RATIO" --max-chunks 2 --modes blend --ratio 0.15,0.3,0.5,0.8,1 \
+        --limit "$Q_LIMIT_RATIO" --max-chunks 2 --modes blend --ratio 0.1,0.2,0.3,0.5,1 \
         --threads "$THREADS" --json --plot "$OUT/quality_ratio.png" "${MODEL_ARGS[@]}"
     fi
   fi

@@ -1,7 +1,7 @@
 // Codec measurements for docs/CACHE_STORE.md.  Disabled by default (timing,
 // not correctness); run with
 //   build/bin/test_cache --gtest_also_run_disabled_tests --gtest_filter='CodecBench.*'
-// Shape: the default model's chunk (30 layers, 512 tokens, 3 KV heads x 64).
+// Shape: a chunk of SmolLM2-135M (30 layers, 512 tokens, 3 KV heads x 64).
 #include <gtest/gtest.h>
 #include <zstd.h>
 

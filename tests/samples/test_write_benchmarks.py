@@ -126,8 +126,9 @@ def test_full(env):
         "machine": ["Quick run", "AMD EPYC", "1234abc", "2026-11-22 17:14 UTC"],
         "speed": ["| prefill 64 | 229.8 |", "decode 16", "cb_bench prefill --tokens 128"],
         "vs-llamacpp": ["| prefill 64 | 262.8 | 24.6 | 10.69 |", "bench_vs_llamacpp.py"],
-        "ttft": ["**0.478x**", "| blend | 0.15 | 342 |", "![TTFT per mode and ratio]"
-                 "(bench/ttft_ratio.png)", "--ratio 0.05,0.15,0.3,0.5,1.0"],
+        "ttft": ["r = 0.2 (the default): **0.837x**", "| blend | 0.20 | 235 |",
+                 "![TTFT per mode and ratio](bench/ttft_ratio.png)",
+                 "--ratio 0.05,0.1,0.2,0.3,0.5,1.0", "run of 2026-12-04 00:26 UTC"],
         "ttft-caps": ["| 2000 | 717 (1.00x) | 264 (0.37x) | 350 (0.49x) | 364 (0.51x) |"],
         "quality": ["| blend | 0.15 | 2 |", "TTFT / full", "0.220", "--limit 2"],
         "chunk-head": ["blend (head none)", "reuse (head prompt)", "--chunk-head none"],
@@ -268,6 +269,19 @@ def test_run_benchmarks_guards(env):
     rc, out = run(["--help"])
     check(rc == 0 and "make peer" in out and "write_benchmarks_md.py" in out,
           "run_benchmarks --help says how to regenerate the doc", out[:300])
+    # A missing model is named before anything runs (the stand-in cb_bench
+    # leaves a mark if it is run).
+    fake_bin = os.path.join(env.tmp, "fake_build", "bin")
+    os.makedirs(fake_bin, exist_ok=True)
+    ran = os.path.join(env.tmp, "fake_cb_bench_ran")
+    with open(os.path.join(fake_bin, "cb_bench"), "w") as f:
+        f.write(f"#!/bin/sh\ntouch '{ran}'\nexit 1\n")
+    os.chmod(os.path.join(fake_bin, "cb_bench"), 0o755)
+    rc, out = run(["--quick"], BUILD=os.path.dirname(fake_bin),
+                  CB_MODEL=os.path.join(env.tmp, "no_such_model.gguf"))
+    check(rc == 1 and "no model at" in out and "no_such_model.gguf" in out
+          and not os.path.exists(ran), "run_benchmarks names a missing model and runs nothing",
+          out[-300:])
     now = sorted(os.listdir(bench)) if os.path.isdir(bench) else []
     check(now == listing, "docs/bench untouched by the guards")
 
