@@ -268,8 +268,12 @@ def region_speed(ctx):
             rows.append((f"decode {r['n_tokens']} (context {r.get('ctx', '-')})",
                          fnum(r["tok_s"], 1), f"{r['ms_per_token']:.2f} per token",
                          fnum(max(runs), 1), r.get("repeat", 1)))
-    out = [f"cacheblend-rt alone: {first.get('model_name', first.get('model'))} "
-           f"({first.get('kernels', '?')} kernels), {first['threads']} threads, median of "
+    # The file's name too: a GGUF's own name field may not say its quantization.
+    model = first.get("model_name", first.get("model"))
+    if first.get("model_name") and first.get("model"):
+        model += f" (`{os.path.basename(first['model'])}`)"
+    out = [f"cacheblend-rt alone: {model}, "
+           f"{first.get('kernels', '?')} kernels, {first['threads']} threads, median of "
            f"the rounds (one process per size).",
            "",
            table(["test", "tok/s (median)", "ms (median)", "tok/s (best)", "rounds"], rows,
@@ -376,16 +380,26 @@ def region_ttft_caps(ctx):
     return "\n".join(out)
 
 
+def gap_closed(r):
+    """Gap closed on the first token / over the teacher-forced answer: 1 is full
+    prefill's distribution, 0 plain reuse's (outputs older than the measure: -)."""
+    first, tf = r.get("gap_closed"), r.get("gap_closed_tf")
+    if first is None and tf is None:
+        return "-"
+    return f"{fnum(first, 2)} / {fnum(tf, 2)}"
+
+
 def quality_table(rows, labels=None, vs_full=False):
     full = only(rows, mode="full")
     full_ms = full[0]["ttft_ms_median"] if full else None
     headers = ["mode", "r", "n", "F1", "fidelity F1", "top-1 agree", "KL(first)",
-               "TTFT median (ms)"] + (["TTFT / full"] if vs_full else []) + ["computed"]
+               "gap closed (first / tf)", "top-1 tf", "TTFT median (ms)"] + \
+        (["TTFT / full"] if vs_full else []) + ["computed"]
     t = []
     for i, r in enumerate(rows):
         line = [labels[i] if labels else r["mode"], ratio_label(r), r["n"], fnum(r["f1"], 3),
                 fnum(r["fidelity_f1"], 3), fnum(r["top1_agree"], 2), fnum(r["kl_first"], 4),
-                fms(r["ttft_ms_median"])]
+                gap_closed(r), fnum(r.get("top1_tf"), 3), fms(r["ttft_ms_median"])]
         if vs_full:
             line.append(fratio(r["ttft_ms_median"] / full_ms) if full_ms else "-")
         line.append(fratio(r["computed_fraction"]))
@@ -409,8 +423,11 @@ def region_quality(ctx):
     rows = ctx.jsonl("quality.jsonl")
     out = [quality_setup(rows[0]), "", quality_table(rows, vs_full=True), "",
            "`computed`: fraction of full prefill's per-layer row work; TTFT on runs with "
-           "every chunk already cached; fidelity F1, top-1 agree and KL(first) compare with "
-           "full prefill of the same prompt."]
+           "every chunk already cached; fidelity F1, top-1 agree, KL(first), gap closed and "
+           "top-1 tf compare with full prefill of the same prompt (gap closed: the share of "
+           "plain reuse's KL from full prefill that the mode removes, on the first token and "
+           "over full prefill's answer fed token by token; top-1 tf: how often the top token "
+           "agrees over that answer)."]
     plot = ctx.plot("quality.png", "answer quality per mode")
     out += ["", ctx.provenance(["quality.jsonl"])]
     if plot:
@@ -588,11 +605,13 @@ def region_quality_ratio(ctx):
     rows = ctx.jsonl("quality_ratio.jsonl")
     blend = only(rows, mode="blend") or rows
     t = [(ratio_label(r), fnum(r["f1"], 3), fnum(r["fidelity_f1"], 3), fnum(r["top1_agree"], 2),
-          fnum(r["kl_first"], 4), fms(r["ttft_ms_median"]), fratio(r["computed_fraction"]))
+          fnum(r["kl_first"], 4), gap_closed(r), fnum(r.get("top1_tf"), 3),
+          fms(r["ttft_ms_median"]), fratio(r["computed_fraction"]))
          for r in blend]
     out = [quality_setup(blend[0]), "",
            table(["r", "F1", "fidelity F1", "top-1 agree", "KL(first token)",
-                  "TTFT median (ms)", "computed"], t, right=tuple(range(1, 7)))]
+                  "gap closed (first / tf)", "top-1 tf", "TTFT median (ms)", "computed"], t,
+                 right=tuple(range(1, 9)))]
     plot = ctx.plot("quality_ratio.png", "fidelity vs ratio")
     out += ["", ctx.provenance(["quality_ratio.jsonl"])]
     if plot:

@@ -5,13 +5,15 @@
 #
 #   scripts/run_benchmarks.sh [--quick] [--only LIST] [--doc FILE | --no-doc]
 #
-# The full run (no --quick) takes about an hour on the 2-core reference
-# machine (45 minutes when it is quiet; longer when busy, which also spoils
-# the figures).  Run it on a quiet machine (nothing else on the cores: the figures
-# are timings) after `make build` (and `make peer` for the llama.cpp table of
-# §2; without the peer that table is kept as it was):
+# The full run (no --quick) of Qwen2.5-Coder-0.5B-Instruct, the model of
+# the doc's tables, takes 45 minutes on the 2-core reference machine when it
+# is quiet (the default 1.5B model a few hours; longer when busy, which also
+# spoils the figures).  Run it on a quiet machine (nothing else on the
+# cores: the figures are timings) after `make build` (and `make peer` for
+# the llama.cpp table of §2; without the peer that table is kept as it was):
 #
-#   make build && make peer && scripts/run_benchmarks.sh
+#   make build && make peer && CB_MODEL=models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
+#     DATASET=musique_dev.json scripts/run_benchmarks.sh
 #
 # Environment: BUILD (default build: where bin/cb_bench, bin/test_runtime,
 # bin/test_cache and bin/rag_assistant are), OUT (default docs/bench; a new

@@ -23,7 +23,6 @@
 //   build-fuzz/bin/fuzz_chunk_store -max_total_time=60
 #include <sqlite3.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -32,11 +31,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
 #include <filesystem>
 #include <limits>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 

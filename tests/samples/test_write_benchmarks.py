@@ -130,13 +130,16 @@ def test_full(env):
                  "![TTFT per mode and ratio](bench/ttft_ratio.png)",
                  "--ratio 0.05,0.1,0.2,0.3,0.5,1.0", "run of 2026-12-04 00:26 UTC"],
         "ttft-caps": ["| 2000 | 717 (1.00x) | 264 (0.37x) | 350 (0.49x) | 364 (0.51x) |"],
-        "quality": ["| blend | 0.15 | 2 |", "TTFT / full", "0.220", "--limit 2"],
+        "quality": ["| blend | 0.20 | 2 |", "TTFT / full", "| 0.97 / 0.95 | 1.000 | 728 |",
+                    "| reuse | 0.00 | 2 | 0.400 | 0.473 | 0.50 | 0.1075 | 0.00 / 0.00 |",
+                    "--limit 2"],
         "chunk-head": ["blend (head none)", "reuse (head prompt)", "--chunk-head none"],
         "codecs": ["blend (RAM, f32)", "blend (codec q4)", "--codec q8"],
         "codec-sizes": ["| q8 | 1 | 10,674 | 0.463 |", "ms per chunk"],
         "pipeline": ["**10.8 MB/s**", "| 1 | 8199 | 5119 | 0.62 |"],
         "controller": ["| 500 | 0.15 | 256 | 257 | 0.99 |", "bench_loading_controller.py"],
-        "quality-ratio": ["| 0.30 | 0.062 | 0.842 |", "Command not recorded"],
+        "quality-ratio": ["| 0.10 | 0.000 | 0.625 | 1.00 | 0.0101 | 0.88 / 0.70 | 0.846 | 582 |",
+                          "Command not recorded"],
         "rag": ["Mochi", "| 1.78x |", "rag_demo.py"],
     }
     for name, needles in expect.items():
