@@ -318,7 +318,8 @@ def region_ttft(ctx):
     notes = []
     b = [r for r in only(rows, mode="blend") if abs(r["ratio"] - DEFAULT_RATIO) < 1e-6]
     if b and b[0].get("ttft_vs_full") is not None:
-        notes.append(f"blend at r = {DEFAULT_RATIO} (the default): **{b[0]['ttft_vs_full']:.3f}x** full prefill's TTFT "
+        notes.append(f"blend at r = {DEFAULT_RATIO} (the default): "
+                     f"**{b[0]['ttft_vs_full']:.3f}x** full prefill's TTFT "
                      f"for {b[0]['computed_fraction']:.3f} of its row work")
     for mode in ("reuse", "prefix"):
         m = only(rows, mode=mode)
