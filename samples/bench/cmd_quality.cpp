@@ -242,6 +242,7 @@ struct QualityRun {
 
 struct ModeTotals {
   std::vector<double> f1, fidelity, ttft, compute, computed_fraction, kl_tf, share;
+  std::vector<double> request_tokens;  // head + chunks + question, per example
   int agree = 0, agree_tf = 0, positions_tf = 0, exact = 0, raised = 0;
   double kl_sum = 0.0;
   float ratio = 0.0f;
@@ -431,6 +432,7 @@ double add_scores(ModeTotals& t, const Example& ex, const ModeResult& r, const M
   t.positions_tf += fs.positions;
   t.exact += r.answer == full.answer;
   t.ttft.push_back(r.ttft_ms);
+  t.request_tokens.push_back(static_cast<double>(r.st.n_tokens));
   t.compute.push_back(r.st.fuse_ms);
   t.computed_fraction.push_back(r.st.computed_fraction);
   t.share.push_back(r.st.selected_share);
@@ -771,6 +773,7 @@ void print_quality_json(const QualityReport& p) {
         .add("tf_tokens", static_cast<int64_t>(p.o.tf_tokens))
         .add("ttft_ms_median", median(t.ttft))
         .add("compute_ms_median", median(t.compute))
+        .add("request_tokens_median", median(t.request_tokens))
         .add("computed_fraction", mean(t.computed_fraction))
         .add("ratio", ratio_value(t.ratio))
         .add("ratio_mode",

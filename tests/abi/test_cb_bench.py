@@ -61,7 +61,7 @@ TTFT_FIELDS = {"bench": str, "mode": str, "threads": int, "model": str, "ttft_ms
 QUALITY_FIELDS = {"bench": str, "mode": str, "threads": int, "model": str, "n": int, "f1": NUM,
                   "fidelity_f1": NUM, "top1_agree": NUM, "kl_first": NUM,
                   "ttft_ms_median": NUM, "kl_tf_mean": NUM, "top1_tf": NUM,
-                  "exact_answer": NUM, "computed_fraction": NUM}
+                  "exact_answer": NUM, "computed_fraction": NUM, "request_tokens_median": NUM}
 
 # Two examples whose answers are in the second chunk, facts the default model
 # states correctly after a full prefill.
@@ -273,6 +273,12 @@ def test_rag(bench, common):
                       and o.get("ttft_ms_median", 0) > 0 for o in objs),
                   "quality: metric ranges", out)
             check("example 2/2" in err, "quality: progress on stderr", err[-400:])
+            # Every mode runs the same requests: the same length, head + chunks + question.
+            lengths = {o.get("request_tokens_median") for o in objs}
+            words = min(len(" ".join([ex["question"]] + [c["text"] for c in ex["ctxs"]]).split())
+                        for ex in TINY_DATASET)
+            check(len(lengths) == 1 and next(iter(lengths)) > words,
+                  "quality: every mode's requests have the same length", str(lengths))
             by_mode = {o.get("mode"): o for o in objs}
             full, reuse, blend = by_mode["full"], by_mode["reuse"], by_mode["blend"]
             # Teacher forcing: full is its own reference at every position;
