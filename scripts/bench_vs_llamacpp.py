@@ -120,9 +120,9 @@ def main():
         pass
     print(f"Machine: {cpu}, {os.cpu_count()} cores, {platform.system()}; threads {args.threads}; "
           f"median of {args.rounds} interleaved rounds; our activations {args.activations}; "
-          f"load average {load_before} before, {load_after} after\n")
+          f"load average {load_before} before, {load_after} after")
     if ours:
-        print("| model | test | cacheblend-rt tok/s | llama.cpp tok/s | ratio |")
+        print("\n| model | test | cacheblend-rt tok/s | llama.cpp tok/s | ratio |")
         print("|---|---|---:|---:|---:|")
     for (model, test) in ours:
         a, b = statistics.median(ours[(model, test)]), statistics.median(theirs[(model, test)])
