@@ -82,6 +82,8 @@ class Index {
   void exec(const char* sql);
   sqlite::Statement prepare(const char* sql);
   [[noreturn]] void fail_sqlite(int rc, const char* what);
+  // Throws kFormat (the store rebuilds the index) when no entry id is left.
+  void check_ids_left();
 
   std::string path_;
   sqlite3* db_ = nullptr;

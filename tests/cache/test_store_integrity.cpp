@@ -353,6 +353,23 @@ TEST(Integrity, StraySegmentRowsDoNotBlockNewChunks) {
   }
 }
 
+TEST(Integrity, ExhaustedEntryIdsAreRebuilt) {
+  // An id at the largest integer leaves AUTOINCREMENT no id to give: every
+  // put would fail with "database or disk is full", on a disk with room.
+  for (const char* edit : {"UPDATE entries SET id=9223372036854775807",
+                           "UPDATE sqlite_sequence SET seq=9223372036854775807",
+                           "UPDATE sqlite_sequence SET seq='x'"}) {
+    SCOPED_TRACE(edit);
+    TempDir dir;
+    store_one_chunk(dir);
+    edit_index(dir, edit);
+    auto store = FlashStore::open(dir.path());
+    const ChunkKey key = make_key(make_tokens(40, 30));
+    ASSERT_EQ(store->put(key, make_kv(small_shape(), 30).view()), PutResult::kStored);
+    EXPECT_TRUE(fetch_all(*store, *store->lookup(key)));
+  }
+}
+
 TEST(Integrity, SegmentOffsetThatWrapsIsAMiss) {
   TempDir dir;
   const ChunkKey key = store_one_chunk(dir);
