@@ -14,10 +14,11 @@
 # the GPU benchmarks run with it first ("base_" steps), for a comparison on
 # the same machine.  With REAL_TEST_MODEL naming the real file of the C API
 # suite's model (brought over in pieces: scripts/gpu_stage_model.sh), the
-# CUDA sessions and test_c_api (with and without CB_CUDA_BF16) also run on
-# it.  With REAL_MODEL naming a real model file (the one the bundle's clone
-# was made from, brought over the same way), everything runs on it instead
-# of the clone, and its fidelity is measured too, GPU and CPU.
+# CUDA sessions, test_c_api (with and without CB_CUDA_BF16) and the float64
+# check also run on it.  With REAL_MODEL naming a real model file (the one
+# the bundle's clone was made from, brought over the same way), everything
+# runs on it instead of the clone, and its fidelity is measured too, GPU and
+# CPU.
 #
 # PARTS (default all of them) picks what runs, so that a check too long for
 # one call can be split over two: gpu (the GPU benchmarks), variants (f32
@@ -71,8 +72,9 @@ gpu_benchmarks() {  # PREFIX
     step "${1}prefill_$n" 60 "$BIN/cb_bench" prefill --tokens $n --repeat 3 $GPU --json
   done
   step "${1}decode" 60 "$BIN/cb_bench" decode --tokens 128 --repeat 3 $GPU --json
-  # Decode tokens replayed from one CUDA graph each (off by default).
-  CB_CUDA_GRAPHS=1 step "${1}decode_graphs" 60 "$BIN/cb_bench" decode --tokens 128 --repeat 3 \
+  # Decode tokens issued op by op instead of replayed from one CUDA graph
+  # each (the default).
+  CB_CUDA_GRAPHS=0 step "${1}decode_issued" 60 "$BIN/cb_bench" decode --tokens 128 --repeat 3 \
     $GPU --json
   step "${1}ttft" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,reuse,blend \
     --repeat 3 $GPU --json
@@ -88,6 +90,13 @@ gpu_variants() {  # PREFIX
     --modes full,reuse,blend --repeat 3 $GPU --json
   CB_CUDA_BF16=1 step "${1}prefill_8192_bf16" 60 "$BIN/cb_bench" prefill --tokens 8192 --repeat 3 \
     $GPU --json
+  # What a blend costs apart from its recomputed rows: several ratios, with
+  # and without lookahead's pass of its own (HKVD ranks in the one pass),
+  # and without the chunk shift.
+  step "${1}ttft_blend_costs" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 \
+    --modes blend --ratio 0.05,0.1,0.2,0.4 --select lookahead,hkvd --repeat 3 $GPU --json
+  step "${1}ttft_no_shift" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 \
+    --modes blend --chunk-shift off --repeat 3 $GPU --json
   # The loading controller on the GPU (chunks read from a store on flash):
   # its first-use compute probe, then the ratio it picks against r = 0.2.
   step "${1}ttft_auto" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes blend \
@@ -157,6 +166,11 @@ if want tests; then
       CB_CUDA_BF16=$bf16 CB_MODEL=$REAL_TEST_MODEL step "real_test_c_api_bf16_$bf16" 120 \
         "$BIN/test_c_api"
     done
+    # Against the float64 oracle: its logits are read from the build's
+    # oracle/reference folder (the path compiled in), so it runs where that
+    # folder was brought to the same path.
+    CB_MODEL=$REAL_TEST_MODEL step real_float64_reference 120 "$BIN/test_integration" \
+      --gtest_filter='ReferenceForward.Cuda*'
   fi
 fi
 # Fidelity of the same requests on both backends: on a clone only a

@@ -128,7 +128,7 @@ class CudaBackend final : public Backend {
     const char* bf16 = std::getenv("CB_CUDA_BF16");
     round_bf16_ = bf16 != nullptr && std::strcmp(bf16, "0") != 0;
     const char* graphs = std::getenv("CB_CUDA_GRAPHS");
-    replay_ = opts.replay_batches || (graphs != nullptr && std::strcmp(graphs, "0") != 0);
+    replay_ = graphs != nullptr ? std::strcmp(graphs, "0") != 0 : opts.replay_batches;
   }
 
   ~CudaBackend() override {
@@ -611,8 +611,8 @@ class CudaBackend final : public Backend {
       for (const HostCopy& h : *copies) std::memcpy(h.host, h.pinned, h.bytes);
   }
 
-  // Replayed batches as CUDA graphs (cuda_replay.cuh); only with
-  // CudaBackendOptions::replay_batches or CB_CUDA_GRAPHS, and not while
+  // Replayed batches as CUDA graphs (cuda_replay.cuh); with
+  // CudaBackendOptions::replay_batches (or CB_CUDA_GRAPHS), and not while
   // CB_CUDA_PROFILE times every op.
   ReplayStart begin_replay(uint64_t key) override {
     ThreadCtx& c = this_thread_ctx();

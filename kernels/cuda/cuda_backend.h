@@ -49,10 +49,12 @@ struct CudaBackendOptions {
   // Replayed batches (Backend::begin_replay: a session's decode tokens) as
   // CUDA graphs: a key's first batch runs as usual and checks that its ops
   // can be captured, its second is captured and launched as one graph, the
-  // later ones launch that graph.  Also turned on by the environment
-  // variable CB_CUDA_GRAPHS (set, not "0").  Off by default until measured
-  // on a GPU; ignored while CB_CUDA_PROFILE times every op.
-  bool replay_batches = false;
+  // later ones launch that graph.  The environment variable
+  // CB_CUDA_GRAPHS, when set, overrides it ("0" off, anything else on).
+  // Ignored while CB_CUDA_PROFILE times every op.  On by default: on an
+  // H200, decode at Qwen2.5-Coder-1.5B's shapes ran at 339.6 tok/s
+  // replayed against 299.5 issued op by op, the logits the same bit for bit.
+  bool replay_batches = true;
 };
 
 // Whether the CUDA plugin loads (it is looked for once per process: the file

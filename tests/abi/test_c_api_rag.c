@@ -453,7 +453,10 @@ void test_rag_store(cb_model* m) {
   st.upload_ms = -7.0;
   CHECK_OK(rag_answer(s, cache, &ro, &st, &c1, NULL, 0));
   CHECK(st.pipelined == 0 && strcmp(c1.text, c2.text) == 0);
-  CHECK(st.bytes_read > 0 && st.upload_ms == -7.0);
+  CHECK(st.upload_ms == -7.0);
+  /* A GPU session may hold the chunks in device memory since the request
+   * before (resident_hits, past this struct's end): nothing read then. */
+  if (strcmp(backend_of(m), "cpu") == 0) CHECK(st.bytes_read > 0);
   /* Auto ratio: the controller's choice is at least r_min = 0.15. */
   ro.pipeline = 1;
   ro.auto_ratio = 1;
