@@ -31,12 +31,12 @@ fi
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCB_CUDA=ON -DCB_WERROR=ON \
   "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS" >/dev/null
 cmake --build "$BUILD" -j"$(nproc)" --target cacheblend_cuda cb_bench test_cuda test_c_api \
-  test_integration cuda_bench
+  test_integration cuda_bench cb_layer_bench
 
 rm -rf "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/model" "$BUNDLE/test_model" "$BUNDLE/data" \
   "$BUNDLE/arch"
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/data"
-for b in cb_bench test_cuda test_c_api test_integration cuda_bench; do
+for b in cb_bench test_cuda test_c_api test_integration cuda_bench cb_layer_bench; do
   cp "$BUILD/bin/$b" "$BUNDLE/bin/"
 done
 cp -P "$BUILD"/lib/libcacheblend.so* "$BUILD"/lib/libcacheblend-cuda.so* "$BUNDLE/lib/"

@@ -132,13 +132,18 @@ if [ "$CPU_ROWS" = 1 ] && want cpu; then
 fi
 # Where the GPU time goes: per-op totals of 4 requests after the same
 # warm-up, full and blend apart (their difference is the blend's), and of
-# decode.
+# decode; then where the host's time goes in a request.
 if want profile; then
   for mode in full blend; do
     CB_CUDA_PROFILE=1 step "profile_$mode" 60 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 \
       --modes $mode --repeat 4 $GPU
   done
   CB_CUDA_PROFILE=1 step profile_decode 60 "$BIN/cb_bench" decode --tokens 128 --repeat 1 $GPU
+  # The host's side of a reuse and a blend request (8 x 512 tokens): its
+  # time in each kind of op's call (queueing, or waiting where an op reads
+  # results back), at batch ends (waiting for the GPU) and in the
+  # runtime's own work.
+  step host_request 120 "$BIN/cb_layer_bench" request --backend cuda --repeat 3
 fi
 # Tests: the kernels; a CUDA session against a CPU session on this model
 # (prefill, decode, the blend's selected rows and fused cache); the C API.

@@ -12,6 +12,14 @@
 //       Decode tok/s with int8 activations (Session's default) against the
 //       f32 path, interleaved rounds, and how far their logits drift apart;
 //       then the time of a token spent outside the backend's ops.
+//   cb_layer_bench request [--chunks 8] [--tokens 512] [--ratio 0.2] [--threads 2] [--repeat 5]
+//       A RAG request of N cached chunks of T tokens (random ids) and a
+//       32-token question, fused in reuse and blend mode (the default
+//       policy at --ratio), interleaved, median of --repeat runs: the
+//       request's time, its backend ops' and the rest, the runtime's own
+//       work (selection, loads on the compute thread, bookkeeping), which
+//       a GPU cannot hide behind its kernels.  Loads run serially, so they
+//       are part of the rest and shown apart.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -22,12 +30,16 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "cache/chunk_source.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/forwarding_backend.h"
 #include "platform/error.h"
 #include "runtime/blend/fused_forward.h"
+#include "runtime/blend/fusor.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
 
@@ -39,6 +51,8 @@ struct Options {
   std::string model;
   int64_t tokens = -1;
   double ratio = 0.15;
+  int64_t chunks = 8;
+  BackendKind backend = BackendKind::kCpu;
   int threads = 2;
   int repeat = 5;
 };
@@ -55,20 +69,45 @@ double median(std::vector<double> v) {
   return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
-// The CPU backend, timing each op by kind.  The CPU finishes an op before
-// it returns, so the time between its call and return is its cost.
+// A backend timing, on the thread that made it, the host's time in each
+// kind of op and at the ends of batches (a loader thread's calls are its
+// own time).  The CPU finishes an op before it returns, so there this is the
+// op's cost; a GPU returns once the op is queued (or once it finished, where
+// the op must wait for the device), and a batch's end waits for its ops.
 class OpTimingBackend final : public ForwardingBackend {
  public:
-  explicit OpTimingBackend(int n_threads) : ForwardingBackend(make_cpu_backend(n_threads)) {}
+  explicit OpTimingBackend(std::unique_ptr<Backend> inner) : ForwardingBackend(std::move(inner)) {}
   double ms[kBackendOpCount] = {};
+  size_t count[kBackendOpCount] = {};
   size_t n_ops = 0;
+  double batch_end_ms = 0.0;
+
+  double total_ms() const { return std::accumulate(std::begin(ms), std::end(ms), 0.0); }
+  void reset() {
+    std::fill(std::begin(ms), std::end(ms), 0.0);
+    std::fill(std::begin(count), std::end(count), size_t{0});
+    n_ops = 0;
+    batch_end_ms = 0.0;
+  }
+  void end_batch() override {
+    if (std::this_thread::get_id() != owner_) return ForwardingBackend::end_batch();
+    const double t0 = now_ms();
+    ForwardingBackend::end_batch();
+    batch_end_ms += now_ms() - t0;
+  }
 
  private:
   void on_op_begin(BackendOp, std::initializer_list<const void*>) override {
+    if (std::this_thread::get_id() != owner_) return;
     ++n_ops;
     t0_ = now_ms();
   }
-  void on_op_end(BackendOp op) override { ms[static_cast<int>(op)] += now_ms() - t0_; }
+  void on_op_end(BackendOp op) override {
+    if (std::this_thread::get_id() != owner_) return;
+    ms[static_cast<int>(op)] += now_ms() - t0_;
+    ++count[static_cast<int>(op)];
+  }
+  const std::thread::id owner_ = std::this_thread::get_id();
   double t0_ = 0.0;
 };
 
@@ -81,7 +120,7 @@ struct PassTimes {
 
 PassTimes run_pass(Session& s, OpTimingBackend& be, const std::vector<int32_t>& tokens,
                    const std::vector<int32_t>& rows) {
-  std::fill(std::begin(be.ms), std::end(be.ms), 0.0);
+  be.reset();
   FusedForward f(s, tokens);
   f.rows = rows;
   const double t0 = now_ms();
@@ -99,7 +138,7 @@ int cmd_layer(const Options& o) {
   const int64_t n = o.tokens > 0 ? o.tokens : 4096;
   if (!(o.ratio > 0.0 && o.ratio <= 1.0))
     fail(ErrorCode::kInvalidArgument, "--ratio must be in (0, 1]");
-  auto owned = std::make_unique<OpTimingBackend>(o.threads);
+  auto owned = std::make_unique<OpTimingBackend>(make_cpu_backend(o.threads));
   OpTimingBackend& be = *owned;
   Session s(*model, {.n_ctx = n}, std::move(owned));
   // Realistic activations: the embeddings of random token ids.
@@ -220,7 +259,7 @@ int cmd_decode(const Options& o) {
   // The runtime's own time per token (building and planning the graph,
   // dispatching its ops), which a GPU backend cannot overlap with its
   // kernels: a decode token's time outside the backend's ops.
-  auto owned = std::make_unique<OpTimingBackend>(o.threads);
+  auto owned = std::make_unique<OpTimingBackend>(make_cpu_backend(o.threads));
   OpTimingBackend& be = *owned;
   Session timed(*model, {.n_ctx = 512, .n_threads = o.threads, .int8_decode = true},
                 std::move(owned));
@@ -241,12 +280,128 @@ int cmd_decode(const Options& o) {
   return 0;
 }
 
+// One RAG request's time on the compute thread, split.
+struct RequestTimes {
+  double wall_ms = 0.0, ops_ms = 0.0, batch_end_ms = 0.0, blocked_ms = 0.0, load_ms = 0.0;
+  double computed = 0.0;
+  double op_ms[kBackendOpCount] = {};
+  double op_count[kBackendOpCount] = {};
+};
+
+int cmd_request(const Options& o) {
+  auto model = Model::load(o.model);
+  const LlamaHparams& hp = model->hparams();
+  const int64_t chunk_tokens = o.tokens > 0 ? o.tokens : 512;
+  const int64_t n_chunks = o.chunks, n_query = 32;
+  if (!(o.ratio > 0.0 && o.ratio <= 1.0))
+    fail(ErrorCode::kInvalidArgument, "--ratio must be in (0, 1]");
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(hp.n_vocab - 1));
+  auto random_ids = [&](int64_t n) {
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int32_t& t : ids) t = tok(rng);
+    return ids;
+  };
+  std::vector<std::vector<int32_t>> chunks;
+  std::vector<cache::ChunkKV> kv;
+  {
+    Session scratch(*model, {.n_ctx = chunk_tokens, .n_threads = o.threads, .backend = o.backend});
+    for (int64_t i = 0; i < n_chunks; ++i) {
+      chunks.push_back(random_ids(chunk_tokens));
+      kv.push_back(precompute_chunk_kv(scratch, {}, chunks.back()));
+    }
+  }
+  std::vector<std::unique_ptr<cache::MemoryChunkSource>> sources;
+  std::vector<Segment> segments;
+  for (int64_t i = 0; i < n_chunks; ++i) {
+    sources.push_back(std::make_unique<cache::MemoryChunkSource>(kv[static_cast<size_t>(i)]));
+    segments.push_back({.tokens = chunks[static_cast<size_t>(i)], .cached = sources.back().get()});
+  }
+  const std::vector<int32_t> query = random_ids(n_query);
+  segments.push_back({.tokens = query});
+  const int64_t n = n_chunks * chunk_tokens + n_query;
+
+  auto owned = std::make_unique<OpTimingBackend>(
+      o.backend == BackendKind::kCuda ? make_cuda_backend(0) : make_cpu_backend(o.threads));
+  OpTimingBackend& be = *owned;
+  Session s(*model, {.n_ctx = n, .n_threads = o.threads}, std::move(owned));
+  BlendOptions reuse, blend;
+  reuse.mode = BlendMode::kReuse;
+  blend.schedule = single_check_schedule(blend.selection, static_cast<float>(o.ratio));
+  auto run = [&](const BlendOptions& opts) {
+    s.truncate(0);
+    be.reset();
+    // Chunks kept in backend memory where the backend keeps any (as a RAG
+    // request does: the first request records them).
+    s.resident_chunks().begin_request();
+    for (int64_t i = 0; i < n_chunks; ++i)
+      segments[static_cast<size_t>(i)].resident =
+          s.resident_chunks().acquire("chunk " + std::to_string(i), chunk_tokens);
+    FusionStats st;
+    const double t0 = now_ms();
+    fuse_prefill(s, segments, opts, &st);
+    RequestTimes t;
+    t.wall_ms = now_ms() - t0;
+    t.ops_ms = be.total_ms();
+    t.batch_end_ms = be.batch_end_ms;
+    t.blocked_ms = st.blocked_ms;
+    t.load_ms = st.load_ms;
+    t.computed = st.computed_fraction();
+    std::copy(std::begin(be.ms), std::end(be.ms), t.op_ms);
+    for (int op = 0; op < kBackendOpCount; ++op) t.op_count[op] = static_cast<double>(be.count[op]);
+    return t;
+  };
+  std::vector<RequestTimes> reuses, blends;
+  for (int rep = 0; rep < o.repeat + 1; ++rep) {  // the first round warms up
+    RequestTimes r = run(reuse);
+    RequestTimes b = run(blend);
+    if (rep == 0) continue;
+    reuses.push_back(r);
+    blends.push_back(b);
+  }
+  auto med = [](const std::vector<RequestTimes>& v, auto field) {
+    std::vector<double> x;
+    for (const RequestTimes& t : v) x.push_back(field(t));
+    return median(x);
+  };
+  std::printf(
+      "%s (%s), %lld chunks x %lld tokens + %lld question tokens, %lld layers, %d threads, "
+      "median of %d interleaved runs; blend computed %.3f\n",
+      model->name().c_str(), s.backend().name(), static_cast<long long>(n_chunks),
+      static_cast<long long>(chunk_tokens), static_cast<long long>(n_query),
+      static_cast<long long>(hp.n_layer), o.threads, o.repeat,
+      med(blends, [](const RequestTimes& t) { return t.computed; }));
+  std::printf("%-26s %12s %8s %12s %8s\n", "per request: ms (calls)", "reuse", "", "blend", "");
+  for (int op = 0; op < kBackendOpCount; ++op) {
+    const double r = med(reuses, [op](const RequestTimes& t) { return t.op_ms[op]; });
+    const double b = med(blends, [op](const RequestTimes& t) { return t.op_ms[op]; });
+    const double rn = med(reuses, [op](const RequestTimes& t) { return t.op_count[op]; });
+    const double bn = med(blends, [op](const RequestTimes& t) { return t.op_count[op]; });
+    if (rn + bn > 0)
+      std::printf("%-26s %12.2f %8.0f %12.2f %8.0f\n", backend_op_name(static_cast<BackendOp>(op)),
+                  r, rn, b, bn);
+  }
+  auto row = [&](const char* name, auto field) {
+    std::printf("%-26s %12.2f %8s %12.2f\n", name, med(reuses, field), "", med(blends, field));
+  };
+  row("backend ops", [](const RequestTimes& t) { return t.ops_ms; });
+  row("batch ends", [](const RequestTimes& t) { return t.batch_end_ms; });
+  row("waiting for loads", [](const RequestTimes& t) { return t.blocked_ms; });
+  row("runtime's own work",
+      [](const RequestTimes& t) { return t.wall_ms - t.ops_ms - t.batch_end_ms - t.blocked_ms; });
+  row("request", [](const RequestTimes& t) { return t.wall_ms; });
+  row("loader (other thread)", [](const RequestTimes& t) { return t.load_ms; });
+  return 0;
+}
+
 int usage() {
   std::fprintf(stderr,
                "usage: cb_layer_bench layer [--tokens N] [--ratio R] [--threads T] "
                "[--repeat K] [--model PATH]\n"
                "       cb_layer_bench decode [--tokens N] [--threads T] [--repeat K] "
-               "[--model PATH]\n");
+               "[--model PATH]\n"
+               "       cb_layer_bench request [--chunks N] [--tokens T] [--ratio R] "
+               "[--threads T] [--repeat K] [--backend cpu|cuda] [--model PATH]\n");
   return 2;
 }
 
@@ -266,6 +421,16 @@ int main(int argc, char** argv) {
     const char* v = argv[++i];
     if (a == "--tokens") {
       o.tokens = std::atoll(v);
+    } else if (a == "--backend") {
+      if (std::strcmp(v, "cpu") == 0) {
+        o.backend = BackendKind::kCpu;
+      } else if (std::strcmp(v, "cuda") == 0) {
+        o.backend = BackendKind::kCuda;
+      } else {
+        return usage();
+      }
+    } else if (a == "--chunks") {
+      o.chunks = std::atoll(v);
     } else if (a == "--ratio") {
       o.ratio = std::atof(v);
     } else if (a == "--threads") {
@@ -281,6 +446,7 @@ int main(int argc, char** argv) {
   try {
     if (o.cmd == "layer") return cmd_layer(o);
     if (o.cmd == "decode") return cmd_decode(o);
+    if (o.cmd == "request") return cmd_request(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cb_layer_bench: %s\n", e.what());
     return 1;
