@@ -72,6 +72,14 @@ double median(std::vector<double> v) {
   return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
+// The median over runs of one figure of each run.
+template <class Run, class Field>
+double median_of(const std::vector<Run>& runs, Field field) {
+  std::vector<double> x;
+  for (const Run& r : runs) x.push_back(field(r));
+  return median(std::move(x));
+}
+
 // A backend timing, on the thread that made it, the host's time in each
 // kind of op and at the ends of batches (a loader thread's calls are its
 // own time).  The CPU finishes an op before it returns, so there this is the
@@ -169,11 +177,7 @@ int cmd_layer(const Options& o) {
     full.push_back(f);
     blend.push_back(b);
   }
-  auto med = [](const std::vector<PassTimes>& v, auto field) {
-    std::vector<double> x;
-    for (const PassTimes& t : v) x.push_back(field(t));
-    return median(x);
-  };
+  auto med = [](const std::vector<PassTimes>& v, auto field) { return median_of(v, field); };
   std::printf(
       "%s (%s), %lld tokens, %lld layers, blended rows %zu (r = %.3f), %d threads, "
       "median of %d interleaved runs\n",
@@ -268,28 +272,28 @@ int cmd_decode(const Options& o) {
   Session timed(*model, {.n_ctx = 512, .n_threads = o.threads, .int8_decode = true},
                 std::move(owned));
   std::vector<double> outside_us;
+  size_t n_ops = 0;
   std::span<const float> lt = timed.prefill(prompt);
-  be.n_ops = 0;
   for (int64_t i = 0; i < n_tok; ++i) {
     const int32_t next = static_cast<int32_t>(std::max_element(lt.begin(), lt.end()) - lt.begin());
-    std::fill(std::begin(be.ms), std::end(be.ms), 0.0);
+    be.reset();
     const double t0 = now_ms();
     lt = timed.decode(next);
-    const double wall = now_ms() - t0;
-    outside_us.push_back(1000.0 *
-                         (wall - std::accumulate(std::begin(be.ms), std::end(be.ms), 0.0)));
+    outside_us.push_back(1000.0 * (now_ms() - t0 - be.total_ms()));
+    n_ops += be.n_ops;
   }
   std::printf("outside the backend's ops: median %.1f us per token (%zu ops a token)\n",
-              median(outside_us), be.n_ops / static_cast<size_t>(n_tok));
+              median(outside_us), n_ops / static_cast<size_t>(n_tok));
   return 0;
 }
 
 // One RAG request's time on the compute thread, split.
 struct RequestTimes {
-  double wall_ms = 0.0, ops_ms = 0.0, batch_end_ms = 0.0, blocked_ms = 0.0, load_ms = 0.0;
+  double wall_ms = 0.0, batch_end_ms = 0.0, blocked_ms = 0.0, load_ms = 0.0;
   double computed = 0.0;
   double op_ms[kBackendOpCount] = {};
   double op_count[kBackendOpCount] = {};
+  double ops_ms() const { return std::accumulate(std::begin(op_ms), std::end(op_ms), 0.0); }
 };
 
 int cmd_request(const Options& o) {
@@ -348,7 +352,6 @@ int cmd_request(const Options& o) {
     fuse_prefill(s, segments, opts, &st);
     RequestTimes t;
     t.wall_ms = now_ms() - t0;
-    t.ops_ms = be.total_ms();
     t.batch_end_ms = be.batch_end_ms;
     t.blocked_ms = st.blocked_ms;
     t.load_ms = st.load_ms;
@@ -365,11 +368,7 @@ int cmd_request(const Options& o) {
     reuses.push_back(r);
     blends.push_back(b);
   }
-  auto med = [](const std::vector<RequestTimes>& v, auto field) {
-    std::vector<double> x;
-    for (const RequestTimes& t : v) x.push_back(field(t));
-    return median(x);
-  };
+  auto med = [](const std::vector<RequestTimes>& v, auto field) { return median_of(v, field); };
   std::printf(
       "%s (%s), %lld chunks x %lld tokens + %lld question tokens, %lld layers, %d threads, "
       "median of %d interleaved runs; blend (%s at r = %.2f) computed %.3f\n",
@@ -390,11 +389,11 @@ int cmd_request(const Options& o) {
   auto row = [&](const char* name, auto field) {
     std::printf("%-26s %12.2f %8s %12.2f\n", name, med(reuses, field), "", med(blends, field));
   };
-  row("backend ops", [](const RequestTimes& t) { return t.ops_ms; });
+  row("backend ops", [](const RequestTimes& t) { return t.ops_ms(); });
   row("batch ends", [](const RequestTimes& t) { return t.batch_end_ms; });
   row("waiting for loads", [](const RequestTimes& t) { return t.blocked_ms; });
   row("runtime's own work",
-      [](const RequestTimes& t) { return t.wall_ms - t.ops_ms - t.batch_end_ms - t.blocked_ms; });
+      [](const RequestTimes& t) { return t.wall_ms - t.ops_ms() - t.batch_end_ms - t.blocked_ms; });
   row("request", [](const RequestTimes& t) { return t.wall_ms; });
   row("loader (other thread)", [](const RequestTimes& t) { return t.load_ms; });
   return 0;
