@@ -11,13 +11,21 @@
 #                                            raised priority so that other jobs on a shared
 #                                            machine disturb it less) and write
 #                                            build/peer/llama-bench.json
+#   scripts/build_llamacpp_peer.sh --cuda    build llama-bench and test-backend-ops (per-op
+#                                            timings) with ggml's CUDA backend instead, for a
+#                                            GPU machine (scripts/gpu_bundle.sh carries them);
+#                                            print the folder of its binaries
 #
 # The sdist is cached in ${CB_CACHE_DIR:-~/.cache/cacheblend-rt}/sdist; sources go
 # to build/peer/src, the build to build/peer/build (CPU only, -march=native,
 # Release, shared libraries so llama-cpp-python can load the same libllama).
 # llama-quantize is built too: regen_goldens.sh uses it to make an F32 copy of the
 # model for the exact check of the float64 reference.
-# CB_PEER_JOBS (default 2) sets the build parallelism.
+# CB_PEER_JOBS (default 2) sets the build parallelism.  The CUDA build goes to
+# build/peer/build-cuda: native code for PEER_CUDA_ARCHS (default 90-real, H100
+# and H200), no CPU extensions beyond x86-64's baseline (the GPU machine's CPU is
+# not this one), flash attention compiled in as llama.cpp's default build has it;
+# about 35 min on 2 cores the first time, and it needs nvcc.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -148,12 +156,41 @@ for r in json.load(open(sys.argv[1])):
 PY
 }
 
+# llama-bench and its shared libraries with ggml's CUDA backend.
+build_cuda() {
+  local bld="$PEER_DIR/build-cuda" archs="${PEER_CUDA_ARCHS:-90-real}"
+  local stamp="$bld/.cb-configured-$V-$archs"
+  command -v nvcc >/dev/null || { log "--cuda needs nvcc (the CUDA toolkit)"; exit 1; }
+  if [ ! -f "$stamp" ] || [ ! -f "$bld/CMakeCache.txt" ]; then
+    rm -rf "$bld"
+    mkdir -p "$bld"
+    log "configuring llama.cpp ($CB_PIN_LLAMA_CPP_COMMIT) with CUDA for $archs in $bld"
+    local gen=()
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    cmake -S "$SRC" -B "$bld" "${gen[@]}" \
+      -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+      -DGGML_NATIVE=OFF -DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$archs" -DGGML_CUDA_NCCL=OFF \
+      -DGGML_BLAS=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_RPC=OFF -DGGML_BACKEND_DL=OFF \
+      -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+      -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
+      -DLLAMA_BUILD_COMMIT="$CB_PIN_LLAMA_CPP_COMMIT" >"$PEER_DIR/configure-cuda.log" 2>&1 \
+      || { log "cmake configure failed, see $PEER_DIR/configure-cuda.log"; tail -30 "$PEER_DIR/configure-cuda.log" >&2; exit 1; }
+    touch "$stamp"
+  fi
+  [ -e "$bld/bin/test-backend-ops" ] ||
+    log "building llama-bench and test-backend-ops with CUDA (-j$JOBS; ~35 min on 2 idle cores)"
+  cmake --build "$bld" --target llama-bench test-backend-ops -j "$JOBS" >"$PEER_DIR/build-cuda.log" 2>&1 \
+    || { log "build failed, see $PEER_DIR/build-cuda.log"; tail -30 "$PEER_DIR/build-cuda.log" >&2; exit 1; }
+  echo "$bld/bin"
+}
+
 mode="path"
 case "${1:-}" in
   --bench) mode="bench"; shift ;;
+  --cuda) mode="cuda"; shift ;;
   --libdir) mode="libdir"; shift ;;
   "") ;;
-  -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+  -h|--help) sed -n 2,19p "$0"; exit 0 ;;
   *) log "unknown argument $1"; exit 2 ;;
 esac
 
@@ -166,6 +203,10 @@ if ! flock -n 9; then
   flock 9
 fi
 extract_src
+if [ "$mode" = cuda ]; then
+  build_cuda
+  exit 0
+fi
 configure
 build
 smoke_test

@@ -7,7 +7,10 @@
 # (scripts/gguf_shape_clone.py: the real file is too large to move) and a
 # MuSiQue-style dev split for the quality command.  Also a clone of the C
 # API suite's model (TEST_MODEL) and a tiny random-weight model of each
-# architecture.
+# architecture.  And the peer: llama.cpp's llama-bench and test-backend-ops
+# with its CUDA backend (scripts/build_llamacpp_peer.sh --cuda, ~35 min to
+# build the first time; PEER=0 leaves it out), so that both run on the same
+# GPU and file.
 #
 #   scripts/gpu_bundle.sh [MODEL.gguf] [DATASET.json]
 #
@@ -34,7 +37,7 @@ cmake --build "$BUILD" -j"$(nproc)" --target cacheblend_cuda cb_bench test_cuda 
   test_integration cuda_bench cb_layer_bench
 
 rm -rf "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/model" "$BUNDLE/test_model" "$BUNDLE/data" \
-  "$BUNDLE/arch"
+  "$BUNDLE/arch" "$BUNDLE/peer"
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/data"
 for b in cb_bench test_cuda test_c_api test_integration cuda_bench cb_layer_bench; do
   cp "$BUILD/bin/$b" "$BUNDLE/bin/"
@@ -58,5 +61,11 @@ for arch in llama llama3 qwen2 qwen3 gemma3; do
   "$PYTHON" tests/oracle/write_random_gguf.py --arch "$arch" --out "$BUNDLE/arch" >/dev/null
 done
 rm -f "$BUNDLE"/arch/*.json
+if [ "${PEER:-1}" = 1 ]; then
+  PEER_BIN=$(bash scripts/build_llamacpp_peer.sh --cuda)
+  mkdir -p "$BUNDLE/peer"
+  cp "$PEER_BIN/llama-bench" "$PEER_BIN/test-backend-ops" "$BUNDLE/peer/"
+  cp -P "$PEER_BIN"/lib*.so* "$BUNDLE/peer/"
+fi
 du -sh "$BUNDLE"
 echo "gpu_bundle: carry $BUNDLE and run scripts/gpu_check.sh $BUNDLE"

@@ -21,7 +21,9 @@
 # CPU.
 #
 # PARTS (default all of them) picks what runs, so that a check too long for
-# one call can be split over two: gpu (the GPU benchmarks), variants (f32
+# one call can be split over two: gpu (the GPU benchmarks), peer (llama.cpp's
+# llama-bench on the same file and GPU where the bundle has it, and decode's
+# products against the peer's), variants (f32
 # activations, bf16 products, dequantization per call, one thread reading
 # the chunk KV, an earlier plugin), cpu, profile, tests, quality.
 set -uo pipefail
@@ -42,7 +44,7 @@ BIN=$BUNDLE/bin
 CPU_THREADS=$(nproc)
 MODEL=${REAL_MODEL:-/tmp/cb_gpu_check_model.gguf}
 export CB_MODEL=$MODEL
-PARTS=" ${PARTS:-gpu variants cpu profile tests quality} "
+PARTS=" ${PARTS:-gpu peer variants cpu profile tests quality} "
 want() { [[ $PARTS == *" $1 "* ]]; }
 
 step() {  # step NAME LIMIT_S COMMAND...: runs, times, keeps --json lines
@@ -104,6 +106,22 @@ gpu_variants() {  # PREFIX
 }
 # GPU first: the figures this run exists for.
 want gpu && gpu_benchmarks gpu_
+# The peer beside them: llama.cpp on the same file, every layer on the GPU,
+# its default flash attention; prefill at the same lengths, decode 128
+# tokens (from an empty context; cb_bench's decode follows a 16-token prompt).
+# Then decode's products alone, ours and the peer's, at the same shape
+# (4096 outputs of 14336 inputs, Q4_K and Q6_K, weights read from memory):
+# how near each comes to the memory bandwidth.
+if want peer; then
+  step gemv 60 "$BIN/cuda_bench" --gemv
+  if [ -x "$BUNDLE/peer/llama-bench" ]; then
+    LD_LIBRARY_PATH=$BUNDLE/peer:$LD_LIBRARY_PATH step peer_gpu 180 "$BUNDLE/peer/llama-bench" \
+      -m "$MODEL" -ngl 99 -p 512,2048,8192 -n 128 -r 3 -o jsonl
+    LD_LIBRARY_PATH=$BUNDLE/peer:$LD_LIBRARY_PATH step peer_gemv 120 \
+      "$BUNDLE/peer/test-backend-ops" perf -b CUDA0 -o MUL_MAT \
+      -p 'type_a=q[46]_K,type_b=f32,m=4096,n=1,k=14336,'
+  fi
+fi
 if want variants; then
   if [ -f "$BUNDLE/base/libcacheblend-cuda.so.0" ]; then
     CB_CUDA_PLUGIN=$BUNDLE/base/libcacheblend-cuda.so.0 gpu_benchmarks base_gpu_

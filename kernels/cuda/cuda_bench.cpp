@@ -1,11 +1,12 @@
 // Throughput sanity check of the CUDA backend (a tool, not a test):
-//   cuda_bench [device] [--pipeline] [--layers N] [--ratio R] [--no-prefetch]
+//   cuda_bench [device] [--pipeline] [--gemv] [--layers N] [--ratio R] [--no-prefetch]
 // Times whole backend calls, synchronisation included, because that is what
 // the runtime pays per op: decode GEMV (weight bytes per second), prefill
 // GEMM (dequantize + SGEMM, GFLOP/s), attention over a long context, the
 // per-op cost in and out of a batch, top_k, uploads; then the layerwise
 // pipeline's overlap of KV uploads (a loader thread) with layer compute
-// (--pipeline: only that part).
+// (--pipeline: only that part).  --gemv: only decode's products as a decode
+// token queues them, beside the shape llama.cpp's test-backend-ops times.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -201,6 +202,54 @@ void run_kernels(cb::Backend& b) {
       be->free_buffer(p);
   }
   run_uploads(b);
+}
+
+// Decode's products as a token issues them: queued in a batch, one wait at
+// its end.  Each call reads another copy of the weight, so that, as in a
+// model larger than the GPU's L2 cache, the weights come from memory: the
+// rate is the one the memory bandwidth bounds.  The shapes of
+// Qwen2.5-1.5B's projections and the one llama.cpp's `test-backend-ops perf
+// -o MUL_MAT` times (4096 outputs of 14336 inputs), in Q4_K and Q6_K (a
+// Q4_K_M file's two types).
+void run_gemv(cb::Backend& be) {
+  struct GemvShape {
+    const char* name;
+    int64_t n_out, n_in;
+  };
+  const GemvShape shapes[] = {{"q, o (1.5B)", 1536, 1536},
+                              {"k, v (1.5B)", 256, 1536},
+                              {"gate, up (1.5B)", 8960, 1536},
+                              {"down (1.5B)", 1536, 8960},
+                              {"test-backend-ops", 4096, 14336}};
+  constexpr size_t kBytesPerShape = size_t{256} << 20;  // several times any L2
+  constexpr int kCalls = 256;
+  std::mt19937 rng(3);
+  float* x = static_cast<float*>(be.alloc_buffer(14336 * sizeof(float)));
+  float* y = static_cast<float*>(be.alloc_buffer(8960 * sizeof(float)));
+  for (int64_t i = 0; i < 14336; ++i) x[i] = static_cast<float>(rng() % 1000) / 1000.0f;
+  std::printf("decode GEMV, %d calls in a batch, each on another of the weight's copies\n",
+              kCalls);
+  for (cb::DType t : {cb::DType::Q4_K, cb::DType::Q6_K}) {
+    for (const GemvShape& sh : shapes) {
+      const std::vector<uint8_t> host = random_weight(rng, t, sh.n_out, sh.n_in);
+      const size_t copies = std::clamp<size_t>(kBytesPerShape / host.size(), 2, kCalls);
+      std::vector<cb::WeightView> ws;
+      for (size_t c = 0; c < copies; ++c)
+        ws.push_back(be.prepare_weight({host.data(), t, sh.n_in, sh.n_out}));
+      const double s = time_it(5, [&] {
+        be.begin_batch();
+        for (int i = 0; i < kCalls; ++i) be.matmul(ws[static_cast<size_t>(i) % copies], x, 1, y);
+        be.end_batch();
+      });
+      const double per_call = s / kCalls;
+      std::printf("%-5s %-17s %5lldx%-5lld %7.1f kB %8.2f us/call %7.1f GB/s\n", cb::dtype_name(t),
+                  sh.name, static_cast<long long>(sh.n_out), static_cast<long long>(sh.n_in),
+                  static_cast<double>(host.size()) / 1e3, per_call * 1e6,
+                  static_cast<double>(host.size()) / per_call / 1e9);
+    }
+  }
+  be.free_buffer(x);
+  be.free_buffer(y);
 }
 
 // ------------------------------------------------------------ pipeline --
@@ -462,13 +511,15 @@ void run_pipeline(cb::Backend& be, const PipelineOptions& o) {
 
 int main(int argc, char** argv) {
   int device = 0;
-  bool pipeline_only = false;
+  bool pipeline_only = false, gemv_only = false;
   cb::CudaBackendOptions bo;
   PipelineOptions po;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--pipeline") {
       pipeline_only = true;
+    } else if (a == "--gemv") {
+      gemv_only = true;
     } else if (a == "--no-prefetch") {
       bo.prefetch_uploads = false;
     } else if (a == "--layers" && i + 1 < argc) {
@@ -479,13 +530,17 @@ int main(int argc, char** argv) {
       device = std::atoi(a.c_str());
     } else {
       std::fprintf(stderr,
-                   "usage: cuda_bench [device] [--pipeline] [--layers N] [--ratio R] "
+                   "usage: cuda_bench [device] [--pipeline] [--gemv] [--layers N] [--ratio R] "
                    "[--no-prefetch]\n");
       return 2;
     }
   }
   try {
     auto be = cb::make_cuda_backend(device, bo);
+    if (gemv_only) {
+      run_gemv(*be);
+      return 0;
+    }
     if (!pipeline_only) run_kernels(*be);
     run_pipeline(*be, po);
   } catch (const cb::Error& e) {
