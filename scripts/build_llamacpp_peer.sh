@@ -25,7 +25,7 @@
 # build/peer/build-cuda: native code for PEER_CUDA_ARCHS (default 90-real, H100
 # and H200), no CPU extensions beyond x86-64's baseline (the GPU machine's CPU is
 # not this one), flash attention compiled in as llama.cpp's default build has it;
-# about 35 min on 2 cores the first time, and it needs nvcc.
+# about 20 min on 2 cores the first time, and it needs nvcc.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -159,6 +159,9 @@ PY
 # llama-bench and its shared libraries with ggml's CUDA backend.
 build_cuda() {
   local bld="$PEER_DIR/build-cuda" archs="${PEER_CUDA_ARCHS:-90-real}"
+  # ggml's CUDA library calls the driver (libcuda.so.1), which a machine
+  # without a GPU lacks: the programs are linked without resolving it (the
+  # GPU machine's driver provides it when they run).
   local stamp="$bld/.cb-configured-$V-$archs"
   command -v nvcc >/dev/null || { log "--cuda needs nvcc (the CUDA toolkit)"; exit 1; }
   if [ ! -f "$stamp" ] || [ ! -f "$bld/CMakeCache.txt" ]; then
@@ -173,12 +176,13 @@ build_cuda() {
       -DGGML_BLAS=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_RPC=OFF -DGGML_BACKEND_DL=OFF \
       -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
       -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-      -DLLAMA_BUILD_COMMIT="$CB_PIN_LLAMA_CPP_COMMIT" >"$PEER_DIR/configure-cuda.log" 2>&1 \
+      -DLLAMA_BUILD_COMMIT="$CB_PIN_LLAMA_CPP_COMMIT" \
+      -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined >"$PEER_DIR/configure-cuda.log" 2>&1 \
       || { log "cmake configure failed, see $PEER_DIR/configure-cuda.log"; tail -30 "$PEER_DIR/configure-cuda.log" >&2; exit 1; }
     touch "$stamp"
   fi
   [ -e "$bld/bin/test-backend-ops" ] ||
-    log "building llama-bench and test-backend-ops with CUDA (-j$JOBS; ~35 min on 2 idle cores)"
+    log "building llama-bench and test-backend-ops with CUDA (-j$JOBS; ~20 min on 2 idle cores)"
   cmake --build "$bld" --target llama-bench test-backend-ops -j "$JOBS" >"$PEER_DIR/build-cuda.log" 2>&1 \
     || { log "build failed, see $PEER_DIR/build-cuda.log"; tail -30 "$PEER_DIR/build-cuda.log" >&2; exit 1; }
   echo "$bld/bin"

@@ -7,10 +7,12 @@
 # (scripts/gguf_shape_clone.py: the real file is too large to move) and a
 # MuSiQue-style dev split for the quality command.  Also a clone of the C
 # API suite's model (TEST_MODEL) and a tiny random-weight model of each
-# architecture.  And the peer: llama.cpp's llama-bench and test-backend-ops
-# with its CUDA backend (scripts/build_llamacpp_peer.sh --cuda, ~35 min to
-# build the first time; PEER=0 leaves it out), so that both run on the same
-# GPU and file.
+# architecture.  And, in a folder of its own (PEER_BUNDLE, default
+# BUNDLE-peer: ~22 MB, too much beside the rest for one transfer of 64 MiB),
+# the peer: llama.cpp's llama-bench and test-backend-ops with its CUDA
+# backend and their libraries, xz-compressed (scripts/build_llamacpp_peer.sh
+# --cuda, ~20 min to build the first time; PEER=0 leaves it out), so that
+# both run on the same GPU and file.
 #
 #   scripts/gpu_bundle.sh [MODEL.gguf] [DATASET.json]
 #
@@ -23,6 +25,7 @@ MODEL=${1:-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
 DATASET=${2:-${CB_DEV_DATA:-}}
 BUILD=${BUILD:-build-cuda}
 BUNDLE=${BUNDLE:-.gpu}
+PEER_BUNDLE=${PEER_BUNDLE:-$BUNDLE-peer}
 CUDA_ARCHS=${CUDA_ARCHS:-90-real;87-real}
 PYTHON=${PYTHON:-${CB_CACHE_DIR:-$HOME/.cache/cacheblend-rt}/venv/bin/python}
 
@@ -37,7 +40,7 @@ cmake --build "$BUILD" -j"$(nproc)" --target cacheblend_cuda cb_bench test_cuda 
   test_integration cuda_bench cb_layer_bench
 
 rm -rf "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/model" "$BUNDLE/test_model" "$BUNDLE/data" \
-  "$BUNDLE/arch" "$BUNDLE/peer"
+  "$BUNDLE/arch"
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/data"
 for b in cb_bench test_cuda test_c_api test_integration cuda_bench cb_layer_bench; do
   cp "$BUILD/bin/$b" "$BUNDLE/bin/"
@@ -63,9 +66,17 @@ done
 rm -f "$BUNDLE"/arch/*.json
 if [ "${PEER:-1}" = 1 ]; then
   PEER_BIN=$(bash scripts/build_llamacpp_peer.sh --cuda)
-  mkdir -p "$BUNDLE/peer"
-  cp "$PEER_BIN/llama-bench" "$PEER_BIN/test-backend-ops" "$BUNDLE/peer/"
-  cp -P "$PEER_BIN"/lib*.so* "$BUNDLE/peer/"
+  stage=$(mktemp -d)
+  cp "$PEER_BIN/llama-bench" "$PEER_BIN/test-backend-ops" "$stage/"
+  cp -P "$PEER_BIN"/lib*.so* "$stage/"
+  # ggml's CPU backend takes OpenMP's runtime; CUDA's own libraries and the
+  # driver come from the GPU machine.
+  ldd "$PEER_BIN/libggml-cpu.so" | awk '/libgomp/ {print $3}' | xargs -r -I{} cp -L {} "$stage/"
+  rm -rf "$PEER_BUNDLE"
+  mkdir -p "$PEER_BUNDLE"
+  XZ_OPT=-T0 tar -C "$stage" -cJf "$PEER_BUNDLE/peer.tar.xz" .
+  rm -rf "$stage"
+  du -sh "$PEER_BUNDLE"
 fi
 du -sh "$BUNDLE"
-echo "gpu_bundle: carry $BUNDLE and run scripts/gpu_check.sh $BUNDLE"
+echo "gpu_bundle: carry $BUNDLE (and $PEER_BUNDLE, in a call of its own) and run scripts/gpu_check.sh $BUNDLE"

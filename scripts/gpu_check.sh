@@ -22,8 +22,9 @@
 #
 # PARTS (default all of them) picks what runs, so that a check too long for
 # one call can be split over two: gpu (the GPU benchmarks), peer (llama.cpp's
-# llama-bench on the same file and GPU where the bundle has it, and decode's
-# products against the peer's), variants (f32
+# llama-bench on the same file and GPU, from PEER_BUNDLE (default
+# BUNDLE-peer, brought over in a call of its own) where it is there, and
+# decode's products against the peer's), variants (f32
 # activations, bf16 products, dequantization per call, one thread reading
 # the chunk KV, an earlier plugin), cpu, profile, tests, quality.
 set -uo pipefail
@@ -41,6 +42,7 @@ CUDA_LIBS=$( (ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/l
   find / -xdev -name 'libcublas.so.13' -printf '%h\n' 2>/dev/null) | head -3 | paste -sd:)
 export LD_LIBRARY_PATH=$BUNDLE/lib:$CUDA_LIBS:${LD_LIBRARY_PATH:-}
 BIN=$BUNDLE/bin
+PEER_BUNDLE=${PEER_BUNDLE:-$BUNDLE-peer}
 CPU_THREADS=$(nproc)
 MODEL=${REAL_MODEL:-/tmp/cb_gpu_check_model.gguf}
 export CB_MODEL=$MODEL
@@ -114,12 +116,23 @@ want gpu && gpu_benchmarks gpu_
 # how near each comes to the memory bandwidth.
 if want peer; then
   step gemv 60 "$BIN/cuda_bench" --gemv
-  if [ -x "$BUNDLE/peer/llama-bench" ]; then
-    LD_LIBRARY_PATH=$BUNDLE/peer:$LD_LIBRARY_PATH step peer_gpu 180 "$BUNDLE/peer/llama-bench" \
+  PEER=/tmp/cb_gpu_check_peer
+  rm -rf "$PEER"
+  if [ -f "$PEER_BUNDLE/peer.tar.xz" ] && mkdir -p "$PEER" &&
+    python3 - "$PEER_BUNDLE/peer.tar.xz" "$PEER" <<'PY'; then
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    try:
+        t.extractall(sys.argv[2], filter="data")
+    except TypeError:  # a Python without extraction filters
+        t.extractall(sys.argv[2])
+PY
+    LD_LIBRARY_PATH=$PEER:$LD_LIBRARY_PATH step peer_gpu 180 "$PEER/llama-bench" \
       -m "$MODEL" -ngl 99 -p 512,2048,8192 -n 128 -r 3 -o jsonl
-    LD_LIBRARY_PATH=$BUNDLE/peer:$LD_LIBRARY_PATH step peer_gemv 120 \
-      "$BUNDLE/peer/test-backend-ops" perf -b CUDA0 -o MUL_MAT \
-      -p 'type_a=q[46]_K,type_b=f32,m=4096,n=1,k=14336,'
+    LD_LIBRARY_PATH=$PEER:$LD_LIBRARY_PATH step peer_gemv 120 "$PEER/test-backend-ops" perf \
+      -b CUDA0 -o MUL_MAT -p 'type_a=q[46]_K,type_b=f32,m=4096,n=1,k=14336,'
+  else
+    echo "=== peer: no $PEER_BUNDLE/peer.tar.xz (scripts/gpu_bundle.sh writes it), skipped"
   fi
 fi
 if want variants; then
