@@ -39,8 +39,7 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCB_CUDA=ON -DCB_WERROR=ON \
 cmake --build "$BUILD" -j"$(nproc)" --target cacheblend_cuda cb_bench test_cuda test_c_api \
   test_integration cuda_bench cb_layer_bench
 
-rm -rf "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/model" "$BUNDLE/test_model" "$BUNDLE/data" \
-  "$BUNDLE/arch"
+rm -rf "${BUNDLE:?}"/{bin,lib,model,test_model,data,arch}
 mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/data"
 for b in cb_bench test_cuda test_c_api test_integration cuda_bench cb_layer_bench; do
   cp "$BUILD/bin/$b" "$BUNDLE/bin/"
@@ -72,7 +71,7 @@ if [ "${PEER:-1}" = 1 ]; then
   # ggml's CPU backend takes OpenMP's runtime; CUDA's own libraries and the
   # driver come from the GPU machine.
   ldd "$PEER_BIN/libggml-cpu.so" | awk '/libgomp/ {print $3}' | xargs -r -I{} cp -L {} "$stage/"
-  rm -rf "$PEER_BUNDLE"
+  rm -rf "${PEER_BUNDLE:?}"
   mkdir -p "$PEER_BUNDLE"
   XZ_OPT=-T0 tar -C "$stage" -cJf "$PEER_BUNDLE/peer.tar.xz" .
   rm -rf "$stage"
