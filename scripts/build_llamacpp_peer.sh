@@ -194,7 +194,7 @@ case "${1:-}" in
   --cuda) mode="cuda"; shift ;;
   --libdir) mode="libdir"; shift ;;
   "") ;;
-  -h|--help) sed -n 2,19p "$0"; exit 0 ;;
+  -h|--help) sed -n 2,17p "$0"; exit 0 ;;
   *) log "unknown argument $1"; exit 2 ;;
 esac
 
