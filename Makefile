@@ -85,6 +85,13 @@ install:
 peer: setup
 	@bash scripts/build_llamacpp_peer.sh
 
+# The same llama.cpp with its CUDA backend (needs nvcc; ~20 min on 2 cores),
+# which scripts/gpu_bundle.sh carries to a GPU machine.
+.PHONY: peer-cuda
+peer-cuda:
+	@bash scripts/setup.sh packages
+	@bash scripts/build_llamacpp_peer.sh --cuda
+
 # The CUDA backend and its tests (needs nvcc; the tests skip without a GPU):
 #   make build-cuda && (cd build-cuda && ctest -L cuda)
 # CUDA_ARCHS overrides the target GPUs, e.g. CUDA_ARCHS=89 (see docs/CUDA.md).
