@@ -156,12 +156,12 @@ for r in json.load(open(sys.argv[1])):
 PY
 }
 
-# llama-bench and its shared libraries with ggml's CUDA backend.
+# llama-bench, test-backend-ops and their shared libraries with ggml's CUDA
+# backend.  ggml's CUDA library calls the driver (libcuda.so.1), which a
+# machine without a GPU lacks: the programs are linked without resolving it
+# (--allow-shlib-undefined; the GPU machine's driver provides it at run time).
 build_cuda() {
   local bld="$PEER_DIR/build-cuda" archs="${PEER_CUDA_ARCHS:-90-real}"
-  # ggml's CUDA library calls the driver (libcuda.so.1), which a machine
-  # without a GPU lacks: the programs are linked without resolving it (the
-  # GPU machine's driver provides it when they run).
   local stamp="$bld/.cb-configured-$V-$archs"
   command -v nvcc >/dev/null || { log "--cuda needs nvcc (the CUDA toolkit)"; exit 1; }
   if [ ! -f "$stamp" ] || [ ! -f "$bld/CMakeCache.txt" ]; then

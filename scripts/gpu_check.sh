@@ -221,5 +221,6 @@ if [ "$CPU_ROWS" = 1 ] && want quality && [ -f "$BUNDLE/data/dev.json" ]; then
   done
 fi
 rm -f "$OUT/.step"
+rm -rf /tmp/cb_gpu_check_peer
 [ -n "${REAL_MODEL:-}" ] || rm -f "$MODEL"
 echo "=== done $(date +%T)"
