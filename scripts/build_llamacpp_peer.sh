@@ -76,6 +76,23 @@ extract_src() {
 # every other extension of -march=native.
 AMX_FAULTS="$PEER_DIR/amx-faults"
 
+# A fresh configure of the sources in DIR, its output in LOG: Release, shared
+# libraries, no other backend, no examples or server; FLAGS on top.
+configure_in() {  # DIR LOG FLAGS...
+  local dir=$1 logf=$2
+  shift 2
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  local gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  cmake -S "$SRC" -B "$dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    -DGGML_BLAS=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_RPC=OFF -DGGML_BACKEND_DL=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_COMMIT="$CB_PIN_LLAMA_CPP_COMMIT" \
+    "$@" >"$logf" 2>&1 \
+    || { log "cmake configure failed, see $logf"; tail -30 "$logf" >&2; exit 1; }
+}
+
 configure() {
   local amx=on flags=()
   if [ -f "$AMX_FAULTS" ]; then
@@ -85,20 +102,9 @@ configure() {
   fi
   local stamp="$BLD/.cb-configured-$V-amx-$amx"
   [ -f "$stamp" ] && [ -f "$BLD/CMakeCache.txt" ] && return 0
-  rm -rf "$BLD"
-  mkdir -p "$BLD"
   log "configuring llama.cpp ($CB_PIN_LLAMA_CPP_COMMIT) in $BLD (AMX $amx)"
-  local gen=()
-  command -v ninja >/dev/null && gen=(-G Ninja)
-  cmake -S "$SRC" -B "$BLD" "${gen[@]}" \
-    -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=ON \
-    -DGGML_NATIVE=ON -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF \
-    -DGGML_RPC=OFF -DGGML_BACKEND_DL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_COMMIT="$CB_PIN_LLAMA_CPP_COMMIT" "${flags[@]}" >"$PEER_DIR/configure.log" 2>&1 \
-    || { log "cmake configure failed, see $PEER_DIR/configure.log"; tail -30 "$PEER_DIR/configure.log" >&2; exit 1; }
+  configure_in "$BLD" "$PEER_DIR/configure.log" -DGGML_NATIVE=ON -DGGML_CUDA=OFF \
+    -DLLAMA_BUILD_TESTS=OFF "${flags[@]}"
   touch "$stamp"
 }
 
@@ -165,20 +171,10 @@ build_cuda() {
   local stamp="$bld/.cb-configured-$V-$archs"
   command -v nvcc >/dev/null || { log "--cuda needs nvcc (the CUDA toolkit)"; exit 1; }
   if [ ! -f "$stamp" ] || [ ! -f "$bld/CMakeCache.txt" ]; then
-    rm -rf "$bld"
-    mkdir -p "$bld"
     log "configuring llama.cpp ($CB_PIN_LLAMA_CPP_COMMIT) with CUDA for $archs in $bld"
-    local gen=()
-    command -v ninja >/dev/null && gen=(-G Ninja)
-    cmake -S "$SRC" -B "$bld" "${gen[@]}" \
-      -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-      -DGGML_NATIVE=OFF -DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$archs" -DGGML_CUDA_NCCL=OFF \
-      -DGGML_BLAS=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_RPC=OFF -DGGML_BACKEND_DL=OFF \
-      -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-      -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-      -DLLAMA_BUILD_COMMIT="$CB_PIN_LLAMA_CPP_COMMIT" \
-      -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined >"$PEER_DIR/configure-cuda.log" 2>&1 \
-      || { log "cmake configure failed, see $PEER_DIR/configure-cuda.log"; tail -30 "$PEER_DIR/configure-cuda.log" >&2; exit 1; }
+    configure_in "$bld" "$PEER_DIR/configure-cuda.log" -DGGML_NATIVE=OFF -DGGML_CUDA=ON \
+      "-DCMAKE_CUDA_ARCHITECTURES=$archs" -DGGML_CUDA_NCCL=OFF -DLLAMA_BUILD_TESTS=ON \
+      -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined
     touch "$stamp"
   fi
   [ -e "$bld/bin/test-backend-ops" ] ||

@@ -216,20 +216,16 @@ void run_gemv(cb::Backend& be) {
     const char* name;
     int64_t n_out, n_in;
   };
-  const GemvShape shapes[] = {{"q, o (1.5B)", 1536, 1536},
-                              {"k, v (1.5B)", 256, 1536},
-                              {"gate, up (1.5B)", 8960, 1536},
-                              {"down (1.5B)", 1536, 8960},
-                              {"output (1.5B)", 151936, 1536},
-                              {"test-backend-ops", 4096, 14336}};
+  const GemvShape shapes[] = {{"q, o (1.5B)", 1536, 1536},     {"k, v (1.5B)", 256, 1536},
+                              {"gate, up (1.5B)", 8960, 1536}, {"down (1.5B)", 1536, 8960},
+                              {"output (1.5B)", 151936, 1536}, {"test-backend-ops", 4096, 14336}};
   constexpr size_t kBytesPerShape = size_t{256} << 20;  // several times any L2
   constexpr int kCalls = 256;
   std::mt19937 rng(3);
   float* x = static_cast<float*>(be.alloc_buffer(14336 * sizeof(float)));
   float* y = static_cast<float*>(be.alloc_buffer(151936 * sizeof(float)));
   for (int64_t i = 0; i < 14336; ++i) x[i] = static_cast<float>(rng() % 1000) / 1000.0f;
-  std::printf("decode GEMV, %d calls in a batch, each on another of the weight's copies\n",
-              kCalls);
+  std::printf("decode GEMV, %d calls in a batch, each on another of the weight's copies\n", kCalls);
   for (cb::DType t : {cb::DType::Q4_K, cb::DType::Q6_K}) {
     for (const GemvShape& sh : shapes) {
       const std::vector<uint8_t> host = random_weight(rng, t, sh.n_out, sh.n_in);
