@@ -6,7 +6,7 @@
 // per-op cost in and out of a batch, top_k, uploads; then the layerwise
 // pipeline's overlap of KV uploads (a loader thread) with layer compute
 // (--pipeline: only that part).  --gemv: only decode's products as a decode
-// token queues them, beside the shape llama.cpp's test-backend-ops times.
+// token runs them, beside the shape llama.cpp's test-backend-ops times.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -204,8 +204,9 @@ void run_kernels(cb::Backend& b) {
   run_uploads(b);
 }
 
-// Decode's products as a token issues them: queued in a batch, one wait at
-// its end.  Each call reads another copy of the weight, so that, as in a
+// Decode's products as a token runs them: one batch replayed from a
+// recording (a CUDA graph; queued call by call with CB_CUDA_GRAPHS=0), one
+// wait at its end.  Each call reads another copy of the weight, so that, as in a
 // model larger than the GPU's L2 cache, the weights come from memory: the
 // rate is the one the memory bandwidth bounds.  The shapes of
 // Qwen2.5-1.5B's projections and the one llama.cpp's `test-backend-ops perf
@@ -222,10 +223,12 @@ void run_gemv(cb::Backend& be) {
   constexpr size_t kBytesPerShape = size_t{256} << 20;  // several times any L2
   constexpr int kCalls = 256;
   std::mt19937 rng(3);
+  uint64_t replay_key = 0;
   float* x = static_cast<float*>(be.alloc_buffer(14336 * sizeof(float)));
   float* y = static_cast<float*>(be.alloc_buffer(151936 * sizeof(float)));
   for (int64_t i = 0; i < 14336; ++i) x[i] = static_cast<float>(rng() % 1000) / 1000.0f;
-  std::printf("decode GEMV, %d calls in a batch, each on another of the weight's copies\n", kCalls);
+  std::printf("decode GEMV, %d calls in a replayed batch, each on another of the weight's copies\n",
+              kCalls);
   for (cb::DType t : {cb::DType::Q4_K, cb::DType::Q6_K}) {
     for (const GemvShape& sh : shapes) {
       const std::vector<uint8_t> host = random_weight(rng, t, sh.n_out, sh.n_in);
@@ -233,11 +236,16 @@ void run_gemv(cb::Backend& be) {
       std::vector<cb::WeightView> ws;
       for (size_t c = 0; c < copies; ++c)
         ws.push_back(be.prepare_weight({host.data(), t, sh.n_in, sh.n_out}));
-      const double s = time_it(5, [&] {
-        be.begin_batch();
-        for (int i = 0; i < kCalls; ++i) be.matmul(ws[static_cast<size_t>(i) % copies], x, 1, y);
+      const uint64_t key = ++replay_key;
+      auto run = [&] {
+        if (be.begin_replay(key) != cb::Backend::ReplayStart::kReplayed) {
+          for (int i = 0; i < kCalls; ++i) be.matmul(ws[static_cast<size_t>(i) % copies], x, 1, y);
+        }
         be.end_batch();
-      });
+      };
+      run();  // with time_it's own warm-up: the batch looked at, then recorded
+      const double s = time_it(5, run);
+      be.forget_replay(key);
       const double per_call = s / kCalls;
       std::printf("%-5s %-17s %5lldx%-5lld %7.1f kB %8.2f us/call %7.1f GB/s\n", cb::dtype_name(t),
                   sh.name, static_cast<long long>(sh.n_out), static_cast<long long>(sh.n_in),
