@@ -80,6 +80,21 @@ double median_of(const std::vector<Run>& runs, Field field) {
   return median(std::move(x));
 }
 
+// a() then b(), repeat + 1 times, interleaved so that a drift of the machine
+// touches both alike; the first round warms up.  The timed rounds' results.
+template <class A, class B>
+auto interleaved_runs(int repeat, A a, B b) {
+  std::pair<std::vector<decltype(a())>, std::vector<decltype(b())>> runs;
+  for (int rep = 0; rep <= repeat; ++rep) {
+    auto ra = a();
+    auto rb = b();
+    if (rep == 0) continue;
+    runs.first.push_back(ra);
+    runs.second.push_back(rb);
+  }
+  return runs;
+}
+
 // A backend timing, on the thread that made it, the host's time in each
 // kind of op and at the ends of batches (a loader thread's calls are its
 // own time).  The CPU finishes an op before it returns, so there this is the
@@ -168,16 +183,12 @@ int cmd_layer(const Options& o) {
   sel.push_back(static_cast<int32_t>(n - 1));
   std::sort(sel.begin(), sel.end());
 
-  std::vector<PassTimes> full, blend;
-  for (int rep = 0; rep < o.repeat + 1; ++rep) {  // the first round warms up
-    // The full pass also leaves every position's KV in the cache.
-    PassTimes f = run_pass(s, be, ids, all);
-    PassTimes b = run_pass(s, be, ids, sel);
-    if (rep == 0) continue;
-    full.push_back(f);
-    blend.push_back(b);
-  }
-  auto med = [](const std::vector<PassTimes>& v, auto field) { return median_of(v, field); };
+  // The full pass also leaves every position's KV in the cache.
+  const auto runs = interleaved_runs(
+      o.repeat, [&] { return run_pass(s, be, ids, all); },
+      [&] { return run_pass(s, be, ids, sel); });
+  const std::vector<PassTimes>& full = runs.first;
+  const std::vector<PassTimes>& blend = runs.second;
   std::printf(
       "%s (%s), %lld tokens, %lld layers, blended rows %zu (r = %.3f), %d threads, "
       "median of %d interleaved runs\n",
@@ -186,20 +197,20 @@ int cmd_layer(const Options& o) {
   std::printf("%-26s %12s %12s %10s\n", "per forward", "full ms", "blended ms", "blend/full");
   double f_ops = 0.0, b_ops = 0.0;
   for (int op = 0; op < kBackendOpCount; ++op) {
-    const double f = med(full, [op](const PassTimes& t) { return t.op_ms[op]; });
-    const double b = med(blend, [op](const PassTimes& t) { return t.op_ms[op]; });
+    const double f = median_of(full, [op](const PassTimes& t) { return t.op_ms[op]; });
+    const double b = median_of(blend, [op](const PassTimes& t) { return t.op_ms[op]; });
     f_ops += f;
     b_ops += b;
     if (f + b >= 0.005)
       std::printf("%-26s %12.2f %12.2f %10.3f\n", backend_op_name(static_cast<BackendOp>(op)), f, b,
                   b / f);
   }
-  const double f_tot = med(full, [](const PassTimes& t) { return t.total_ms; });
-  const double b_tot = med(blend, [](const PassTimes& t) { return t.total_ms; });
+  const double f_tot = median_of(full, [](const PassTimes& t) { return t.total_ms; });
+  const double b_tot = median_of(blend, [](const PassTimes& t) { return t.total_ms; });
   std::printf("%-26s %12.2f %12.2f\n", "host (graphs, rest)", f_tot - f_ops, b_tot - b_ops);
   std::printf("%-26s %12.2f %12.2f %10.3f\n", "forward total", f_tot, b_tot, b_tot / f_tot);
-  const double f_layer = med(full, [](const PassTimes& t) { return t.layer_ms; });
-  const double b_layer = med(blend, [](const PassTimes& t) { return t.layer_ms; });
+  const double f_layer = median_of(full, [](const PassTimes& t) { return t.layer_ms; });
+  const double b_layer = median_of(blend, [](const PassTimes& t) { return t.layer_ms; });
   std::printf("%-26s %12.2f %12.2f %10.3f\n", "median layer", f_layer, b_layer, b_layer / f_layer);
   return 0;
 }
@@ -360,34 +371,30 @@ int cmd_request(const Options& o) {
     for (int op = 0; op < kBackendOpCount; ++op) t.op_count[op] = static_cast<double>(be.count[op]);
     return t;
   };
-  std::vector<RequestTimes> reuses, blends;
-  for (int rep = 0; rep < o.repeat + 1; ++rep) {  // the first round warms up
-    RequestTimes r = run(reuse);
-    RequestTimes b = run(blend);
-    if (rep == 0) continue;
-    reuses.push_back(r);
-    blends.push_back(b);
-  }
-  auto med = [](const std::vector<RequestTimes>& v, auto field) { return median_of(v, field); };
+  const auto runs = interleaved_runs(
+      o.repeat, [&] { return run(reuse); }, [&] { return run(blend); });
+  const std::vector<RequestTimes>& reuses = runs.first;
+  const std::vector<RequestTimes>& blends = runs.second;
   std::printf(
       "%s (%s), %lld chunks x %lld tokens + %lld question tokens, %lld layers, %d threads, "
       "median of %d interleaved runs; blend (%s at r = %.2f) computed %.3f\n",
       model->name().c_str(), s.backend().name(), static_cast<long long>(n_chunks),
       static_cast<long long>(chunk_tokens), static_cast<long long>(n_query),
       static_cast<long long>(hp.n_layer), o.threads, o.repeat, selection_name(blend.selection),
-      ratio, med(blends, [](const RequestTimes& t) { return t.computed; }));
+      ratio, median_of(blends, [](const RequestTimes& t) { return t.computed; }));
   std::printf("%-26s %12s %8s %12s %8s\n", "per request: ms (calls)", "reuse", "", "blend", "");
   for (int op = 0; op < kBackendOpCount; ++op) {
-    const double r = med(reuses, [op](const RequestTimes& t) { return t.op_ms[op]; });
-    const double b = med(blends, [op](const RequestTimes& t) { return t.op_ms[op]; });
-    const double rn = med(reuses, [op](const RequestTimes& t) { return t.op_count[op]; });
-    const double bn = med(blends, [op](const RequestTimes& t) { return t.op_count[op]; });
+    const double r = median_of(reuses, [op](const RequestTimes& t) { return t.op_ms[op]; });
+    const double b = median_of(blends, [op](const RequestTimes& t) { return t.op_ms[op]; });
+    const double rn = median_of(reuses, [op](const RequestTimes& t) { return t.op_count[op]; });
+    const double bn = median_of(blends, [op](const RequestTimes& t) { return t.op_count[op]; });
     if (rn + bn > 0)
       std::printf("%-26s %12.2f %8.0f %12.2f %8.0f\n", backend_op_name(static_cast<BackendOp>(op)),
                   r, rn, b, bn);
   }
   auto row = [&](const char* name, auto field) {
-    std::printf("%-26s %12.2f %8s %12.2f\n", name, med(reuses, field), "", med(blends, field));
+    std::printf("%-26s %12.2f %8s %12.2f\n", name, median_of(reuses, field), "",
+                median_of(blends, field));
   };
   row("backend ops", [](const RequestTimes& t) { return t.ops_ms(); });
   row("batch ends", [](const RequestTimes& t) { return t.batch_end_ms; });
