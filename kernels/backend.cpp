@@ -28,6 +28,12 @@ void top_k_indices(const float* values, int64_t n, int64_t k, int32_t* out) {
   std::copy(idx.begin(), idx.begin() + k, out);
 }
 
+void copy_to_host(Backend& be, const float* src, int64_t n, float* dst) {
+  if (n <= 0) return;
+  const int32_t first_row = 0;
+  be.gather_rows(src, n, &first_row, 1, dst);
+}
+
 void Backend::top_k(const float* values, int64_t n, int64_t k, int32_t* out) {
   top_k_indices(values, n, k, out);
 }

@@ -313,6 +313,11 @@ void run_batch(Backend& be, Ops&& ops) {
   end_batch_after(be, std::forward<Ops>(ops));
 }
 
+// n floats of backend memory src copied to host memory dst by an op (a
+// one-row gather with a host output), so it works where the host cannot
+// read backend memory itself (a discrete GPU's device memory).
+void copy_to_host(Backend& be, const float* src, int64_t n, float* dst);
+
 // Backend::top_k on the host, for host memory (the default implementation).
 void top_k_indices(const float* values, int64_t n, int64_t k, int32_t* out);
 // Backend::segment_means' argument check: n_seg + 1 host offsets from 0 up,

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <numeric>
 #include <span>
@@ -50,12 +49,10 @@ void FusedForward::project(int64_t layer) {
   }
   if (capture) {
     // Rows are all positions here (capture runs a plain prefill); keep the
-    // chunk's part, K still un-rotated.  The graphs have run to completion,
-    // so the host may read the backend buffers.
-    const size_t off = static_cast<size_t>(capture_begin * kv_dim);
-    const size_t len = static_cast<size_t>((n_ - capture_begin) * kv_dim);
-    std::memcpy(capture->k_layer(static_cast<int>(layer)), k_.data() + off, len * sizeof(float));
-    std::memcpy(capture->v_layer(static_cast<int>(layer)), v_.data() + off, len * sizeof(float));
+    // chunk's part, K still un-rotated.
+    const int64_t off = capture_begin * kv_dim, len = (n_ - capture_begin) * kv_dim;
+    copy_to_host(be_, k_.data() + off, len, capture->k_layer(static_cast<int>(layer)));
+    copy_to_host(be_, v_.data() + off, len, capture->v_layer(static_cast<int>(layer)));
   }
 }
 
@@ -91,9 +88,8 @@ void FusedForward::deviation(int64_t layer, std::span<const int32_t> cand,
                     dev_.data() + n_cand * parts);
   }
   // One row of 2 x n_cand x parts floats, brought to the host.
-  const int32_t zero = 0;
   std::vector<float> d(static_cast<size_t>((with_k ? 2 : 1) * n_cand * parts));
-  be_.gather_rows(dev_.data(), static_cast<int64_t>(d.size()), &zero, 1, d.data());
+  copy_to_host(be_, dev_.data(), static_cast<int64_t>(d.size()), d.data());
   score.assign(static_cast<size_t>(n_cand), 0.0f);
   if (!with_k) {
     std::copy(d.begin(), d.end(), score.begin());
