@@ -101,9 +101,11 @@ class Backend {
   virtual int64_t default_batch_rows() const { return 256; }
 
   // Memory.  alloc_buffer returns memory aligned to at least 64 bytes, or
-  // throws cb::Error(kOutOfMemory).  free_buffer may be called inside a
-  // batch: the ops the calling thread has issued in it complete first (they
-  // may still use the memory).
+  // throws cb::Error(kOutOfMemory).  The host may be unable to touch it (a
+  // discrete GPU's device memory): host data enters through upload() and
+  // ops' host inputs, and leaves through ops' host outputs (copy_to_host).
+  // free_buffer may be called inside a batch: the ops the calling thread has
+  // issued in it complete first (they may still use the memory).
   virtual void* alloc_buffer(size_t bytes) = 0;
   virtual void free_buffer(void* p) = 0;
   // Makes a host (mmapped) weight usable by this backend.  The CPU backend

@@ -74,8 +74,8 @@ struct SessionOptions {
   // false keeps f32 activations (the float64 oracle tests pin that path).
   bool int8_prefill = true;
   // kCuda: every op on CUDA device `device` (n_threads and kernels are then
-  // unused).  The KV cache and activations live in managed memory there, so
-  // the k_cache()/v_cache() pointers stay host-accessible (see docs/CUDA.md).
+  // unused).  The KV cache and activations live in device memory there (on
+  // a Jetson, mapped host memory): see docs/CUDA.md.
   BackendKind backend = BackendKind::kCpu;
   int device = 0;
   KvType kv_type = KvType::kF16;
@@ -130,8 +130,8 @@ class Session {
 
   // The layer's KV cache: n_ctx rows of kv_dim elements of kv_dtype() (f32,
   // or f16 as raw binary16 bits), row j = position j.  K is stored after
-  // RoPE.  Backend memory: the host may read or write it only while no
-  // backend batch uses it (not during a Graph::execute).
+  // RoPE.  Backend memory, which the host may be unable to touch (a GPU's
+  // device memory): read it through read_kv_rows() or backend ops.
   void* k_cache(int64_t layer) { return k_cache_[layer]; }
   void* v_cache(int64_t layer) { return v_cache_[layer]; }
   KvType kv_type() const { return kv_type_; }

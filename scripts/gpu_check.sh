@@ -82,6 +82,12 @@ gpu_benchmarks() {  # PREFIX
     $GPU --json
   step "${1}ttft" 120 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 --modes full,reuse,blend \
     --repeat 3 $GPU --json
+  # The buffers in managed memory instead of device memory (the default),
+  # on the same requests: what page migration and first touch cost.
+  CB_CUDA_MEMORY=managed step "${1}ttft_managed" 120 "$BIN/cb_bench" ttft --chunks 8 \
+    --chunk-tokens 512 --modes full,reuse,blend --repeat 3 $GPU --json
+  CB_CUDA_MEMORY=managed step "${1}decode_managed" 60 "$BIN/cb_bench" decode --tokens 128 \
+    --repeat 3 $GPU --json
 }
 gpu_variants() {  # PREFIX
   # Every request reading its chunks from the chunk cache and sending them

@@ -107,12 +107,12 @@ class CudaBackend final : public Backend {
                "cudaDeviceGetAttribute");
     cuda_check(cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, device_),
                "cudaDeviceGetAttribute");
-    zero_copy_ = opts.zero_copy == CudaZeroCopy::kOn ||
-                 (opts.zero_copy == CudaZeroCopy::kAuto && integrated != 0);
+    // Before the pool, as the budget below: a malformed CB_CUDA_MEMORY throws.
+    memory_ = memory_kind(opts.memory, integrated != 0);
     // Prefetching a managed destination before a copy only helps where pages
     // migrate (a discrete GPU with concurrent managed access).
-    prefetch_ = opts.prefetch_uploads && integrated == 0 && concurrent != 0;
-    if (!zero_copy_) {
+    prefetch_ = memory_ == CudaMemory::kManaged && integrated == 0 && concurrent != 0;
+    if (memory_ != CudaMemory::kMapped) {
       // Chunk KV kept on the card between requests: a sixteenth of it, at
       // most 4 GiB (about 100,000 cached tokens of a 1.5B model with an f16
       // cache), beside the weights and their kept f32 copies.
@@ -168,7 +168,9 @@ class CudaBackend final : public Backend {
     use_device();
     void* p = nullptr;
     cudaError_t e;
-    if (zero_copy_) {
+    const char* what = "device memory";
+    if (memory_ == CudaMemory::kMapped) {
+      what = "mapped host memory";
       // Mapped page-locked host memory: the host and the GPU use the same
       // pointer (unified addressing), and unlike managed memory the host may
       // write it while kernels run, which Jetson's managed memory forbids.
@@ -184,20 +186,23 @@ class CudaBackend final : public Backend {
                "mapped host memory differs from the host pointer)");
         }
       }
-    } else {
+    } else if (memory_ == CudaMemory::kManaged) {
+      what = "managed memory";
       // Managed memory is 256-byte aligned (> the interface's 64).
       e = cudaMallocManaged(&p, n, cudaMemAttachGlobal);
+    } else {
+      // cudaMalloc's blocks are 256-byte aligned too.
+      e = cudaMalloc(&p, n);
     }
     // Any refusal is reported as out of memory, as the CPU backend does.
     if (e != cudaSuccess || p == nullptr) {
       cudaGetLastError();
-      fail(ErrorCode::kOutOfMemory,
-           "cuda backend: cannot allocate " + std::to_string(bytes) +
-               (zero_copy_ ? " bytes of mapped host memory: " : " bytes of managed memory: ") +
-               cudaGetErrorString(e));
+      fail(ErrorCode::kOutOfMemory, "cuda backend: cannot allocate " + std::to_string(bytes) +
+                                        " bytes of " + what + ": " + cudaGetErrorString(e));
     }
     std::lock_guard<std::mutex> lock(table_->mu);
-    owned_[reinterpret_cast<uintptr_t>(p)] = Block{n, zero_copy_ ? Kind::kMapped : Kind::kManaged};
+    owned_[reinterpret_cast<uintptr_t>(p)] =
+        Block{n, memory_ == CudaMemory::kMapped ? Kind::kMapped : Kind::kBuffer};
     return p;
   }
 
@@ -701,7 +706,7 @@ class CudaBackend final : public Backend {
 
   // ----------------------------------------------------------- uploads --
 
-  bool wants_staged_uploads() const override { return !zero_copy_; }
+  bool wants_staged_uploads() const override { return memory_ != CudaMemory::kMapped; }
   uint64_t resident_kv_bytes() const override { return resident_kv_bytes_; }
 
   void* alloc_host_staging(size_t bytes) override {
@@ -738,7 +743,7 @@ class CudaBackend final : public Backend {
       c.capturable = false;  // a replay would copy what src held at the capture
       check(c.replay == ReplayMode::kProbe, "upload: inside a replayed batch being captured");
     }
-    bool managed = false;
+    bool buffer = false;
     {
       std::lock_guard<std::mutex> lock(table_->mu);
       const auto [start, block] = owned_block(dst);
@@ -746,9 +751,9 @@ class CudaBackend final : public Backend {
             "upload: dst must lie in a buffer from alloc_buffer()");
       check(bytes <= block->bytes - (reinterpret_cast<uintptr_t>(dst) - start),
             "upload: dst + bytes runs past the end of its buffer");
-      managed = block->kind == Kind::kManaged;
+      buffer = block->kind == Kind::kBuffer;
     }
-    if (managed && prefetch_) {
+    if (buffer && prefetch_) {
       // Pages of a managed buffer last touched by the host live in host
       // memory, and a copy into them would not be a DMA to the GPU; moving
       // them first keeps the timed copy a plain host-to-device transfer.
@@ -863,7 +868,8 @@ class CudaBackend final : public Backend {
     c.finish();
   }
 
-  enum class Kind { kManaged, kMapped, kWeight };
+  // kBuffer: alloc_buffer()'s device or managed memory (memory_ says which).
+  enum class Kind { kBuffer, kMapped, kWeight };
   struct Block {
     size_t bytes;
     Kind kind;
@@ -1439,6 +1445,22 @@ class CudaBackend final : public Backend {
   }
 
   // CudaBackendOptions::f32_weight_bytes in bytes.
+  // What alloc_buffer() returns: `asked`, or for kAuto CB_CUDA_MEMORY when
+  // set, else mapped memory on an integrated GPU and device memory on a
+  // discrete one.
+  static CudaMemory memory_kind(CudaMemory asked, bool integrated) {
+    if (asked != CudaMemory::kAuto) return asked;
+    if (const char* m = std::getenv("CB_CUDA_MEMORY")) {
+      const std::string v = m;
+      if (v == "device") return CudaMemory::kDevice;
+      if (v == "mapped") return CudaMemory::kMapped;
+      if (v == "managed") return CudaMemory::kManaged;
+      fail(ErrorCode::kInvalidArgument,
+           "CB_CUDA_MEMORY must be device, mapped or managed (got '" + v + "')");
+    }
+    return integrated ? CudaMemory::kMapped : CudaMemory::kDevice;
+  }
+
   static int64_t f32_weight_budget(int64_t asked, bool integrated) {
     if (const char* mb = std::getenv("CB_CUDA_F32_WEIGHTS_MB")) {
       char* end = nullptr;
@@ -1635,7 +1657,7 @@ class CudaBackend final : public Backend {
 
   const int device_;
   const int gemv_max_rows_;
-  bool zero_copy_ = false;
+  CudaMemory memory_ = CudaMemory::kDevice;
   bool prefetch_ = false;
   uint64_t resident_kv_bytes_ = 0;
   bool profile_ = false;     // CB_CUDA_PROFILE set: time every op

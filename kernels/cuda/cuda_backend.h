@@ -14,15 +14,25 @@
 namespace cb {
 
 // Where alloc_buffer() memory lives.
-enum class CudaZeroCopy {
-  kAuto,  // kOn on an integrated GPU (Jetson: cudaDevAttrIntegrated), else kOff
+enum class CudaMemory {
+  kAuto,  // kMapped on an integrated GPU (Jetson: cudaDevAttrIntegrated), else kDevice
+  // Device memory (cudaMalloc).  The host never touches it: host data
+  // enters through upload() and ops' host inputs and leaves through ops'
+  // host outputs, as the runtime does.  An allocation beyond the card's
+  // free memory fails at once (kOutOfMemory).  wants_staged_uploads() is
+  // true.
+  kDevice,
   // Mapped page-locked host memory, used by the GPU in place (zero-copy).
   // The host may write it while kernels run on other buffers, which
   // managed memory on Jetson forbids; wants_staged_uploads() is false.  On
   // a discrete GPU every kernel access crosses PCIe: for tests.
-  kOn,
-  // Managed (unified) memory; wants_staged_uploads() is true.
-  kOff,
+  kMapped,
+  // Managed (unified) memory, which the host may also read and write
+  // between batches: for tests and tools that fill buffers from the host.
+  // Pages migrate on first touch and after the host writes them (an
+  // upload() into a managed buffer moves its range to the GPU first);
+  // wants_staged_uploads() is true.
+  kManaged,
 };
 
 struct CudaBackendOptions {
@@ -31,11 +41,9 @@ struct CudaBackendOptions {
   // (prefill) dequantize the weight to f32 and run cuBLAS SGEMM.  Clamped to
   // [0, 8]; tests set 0 or 8 to force one path.
   int gemv_max_rows = 8;
-  CudaZeroCopy zero_copy = CudaZeroCopy::kAuto;
-  // upload() into a managed buffer first prefetches the destination range
-  // to the GPU (discrete GPUs only), so that pages the host touched last are
-  // not written in host memory.  false: for measuring what that costs.
-  bool prefetch_uploads = true;
+  // The environment variable CB_CUDA_MEMORY ("device", "mapped" or
+  // "managed"), when set, overrides kAuto.
+  CudaMemory memory = CudaMemory::kAuto;
   // Device memory for f32 copies of quantized weights, made the first time
   // a weight runs the SGEMM path and kept, so prefill stops paying a
   // dequantization per weight per call (bitwise the same products).  -1:
@@ -73,10 +81,10 @@ int cuda_device_count();
 // the plugin does not load (the message says why), the device does not
 // exist or the runtime cannot be initialised.
 //
-// Memory: alloc_buffer() returns managed memory (or, zero-copy, mapped host
-// memory), so the runtime's host code can read and write activations and
-// the KV cache directly between batches; prepare_weight() copies a weight to
-// device memory once, in its quantized layout (freed with the backend).
+// Memory: alloc_buffer() returns device memory on a discrete GPU and mapped
+// host memory on an integrated one (CudaBackendOptions::memory);
+// prepare_weight() copies a weight to device memory once, in its quantized
+// layout (freed with the backend).
 // Each calling thread has its own CUDA stream; batches (begin_batch) defer
 // completion per thread.  Input pointers in ordinary host memory (index
 // arrays in std::vector, say) are accepted and copied; host

@@ -1,5 +1,5 @@
 // Throughput sanity check of the CUDA backend (a tool, not a test):
-//   cuda_bench [device] [--pipeline] [--gemv] [--layers N] [--ratio R] [--no-prefetch]
+//   cuda_bench [device] [--pipeline] [--gemv] [--layers N] [--ratio R]
 // Times whole backend calls, synchronisation included, because that is what
 // the runtime pays per op: decode GEMV (weight bytes per second), prefill
 // GEMM (dequantize + SGEMM, GFLOP/s), attention over a long context, the
@@ -7,6 +7,9 @@
 // pipeline's overlap of KV uploads (a loader thread) with layer compute
 // (--pipeline: only that part).  --gemv: only decode's products as a decode
 // token runs them, beside the shape llama.cpp's test-backend-ops times.
+// The single ops and the products run on managed memory, which this tool
+// fills from the host; uploads and the pipeline on the runtime's default,
+// device memory.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -72,31 +75,22 @@ std::vector<uint8_t> random_weight(std::mt19937& rng, cb::DType t, int64_t n_out
   return w;
 }
 
-// upload() of 64 MiB: from page-locked staging and from pageable memory,
-// into a buffer the GPU touched last and into one the host wrote last (the
-// managed pages are then in host memory: the prefetch moves them first).
+// upload() of 64 MiB into device memory, from page-locked staging and from
+// pageable memory.
 void run_uploads(cb::Backend& be) {
   const size_t bytes = size_t{64} << 20;
   auto* dst = static_cast<unsigned char*>(be.alloc_buffer(bytes));
-  auto* zeros = static_cast<float*>(be.alloc_buffer(bytes));
   auto* staging = static_cast<unsigned char*>(be.alloc_host_staging(bytes));
   std::vector<unsigned char> pageable(bytes, 3);
   std::memset(staging, 5, bytes);
-  std::memset(zeros, 0, bytes);
-  const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
-  auto touch_on_gpu = [&] { be.add(zeros, zeros, n, reinterpret_cast<float*>(dst)); };
   struct Case {
     const char* what;
     const void* src;
-    bool host_touched;
   };
-  for (const Case& c : {Case{"staging -> GPU-resident", staging, false},
-                        Case{"pageable -> GPU-resident", pageable.data(), false},
-                        Case{"staging -> host-written", staging, true}}) {
+  for (const Case& c :
+       {Case{"staging -> device", staging}, Case{"pageable -> device", pageable.data()}}) {
     std::vector<double> copy, wall;
     for (int rep = 0; rep < 6; ++rep) {
-      touch_on_gpu();
-      if (c.host_touched) std::memset(dst, 1, bytes);
       const auto t0 = Clock::now();
       be.upload(dst, c.src, bytes);
       const double ms = be.wait_uploads();
@@ -112,7 +106,6 @@ void run_uploads(cb::Backend& be) {
   }
   be.free_host_staging(staging);
   be.free_buffer(dst);
-  be.free_buffer(zeros);
 }
 
 // Single ops, per-op overhead, top_k and uploads.
@@ -201,7 +194,6 @@ void run_kernels(cb::Backend& b) {
                     static_cast<void*>(pos)})
       be->free_buffer(p);
   }
-  run_uploads(b);
 }
 
 // Decode's products as a token runs them: one batch replayed from a
@@ -313,7 +305,8 @@ class PipelineBench {
     qpos_.resize(static_cast<size_t>(rows_));
     for (int64_t i = 0; i < rows_; ++i) qpos_[i] = static_cast<int32_t>((i + 1) * t_ / rows_ - 1);
     qpos_dev_ = static_cast<int32_t*>(be_.alloc_buffer(qpos_.size() * sizeof(int32_t)));
-    std::memcpy(qpos_dev_, qpos_.data(), qpos_.size() * sizeof(int32_t));
+    be_.upload(qpos_dev_, qpos_.data(), qpos_.size() * sizeof(int32_t));
+    be_.wait_uploads();
     kv_pos_.resize(static_cast<size_t>(t_));
     for (int64_t i = 0; i < t_; ++i) kv_pos_[i] = static_cast<int32_t>(i);
     for (int l = 0; l < layers_; ++l) {
@@ -406,7 +399,10 @@ class PipelineBench {
     return p;
   }
 
-  void reset() { std::memcpy(x_, x0_.data(), x0_.size() * sizeof(float)); }
+  void reset() {
+    be_.upload(x_, x0_.data(), x0_.size() * sizeof(float));
+    be_.wait_uploads();
+  }
 
   // The loader's work for one layer (as runtime/blend/layer_pipeline.cpp).
   void load(int l) {
@@ -517,7 +513,6 @@ void run_pipeline(cb::Backend& be, const PipelineOptions& o) {
 int main(int argc, char** argv) {
   int device = 0;
   bool pipeline_only = false, gemv_only = false;
-  cb::CudaBackendOptions bo;
   PipelineOptions po;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -525,8 +520,6 @@ int main(int argc, char** argv) {
       pipeline_only = true;
     } else if (a == "--gemv") {
       gemv_only = true;
-    } else if (a == "--no-prefetch") {
-      bo.prefetch_uploads = false;
     } else if (a == "--layers" && i + 1 < argc) {
       po.layers = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--ratio" && i + 1 < argc) {
@@ -535,18 +528,20 @@ int main(int argc, char** argv) {
       device = std::atoi(a.c_str());
     } else {
       std::fprintf(stderr,
-                   "usage: cuda_bench [device] [--pipeline] [--gemv] [--layers N] [--ratio R] "
-                   "[--no-prefetch]\n");
+                   "usage: cuda_bench [device] [--pipeline] [--gemv] [--layers N] [--ratio R]\n");
       return 2;
     }
   }
   try {
-    auto be = cb::make_cuda_backend(device, bo);
+    cb::CudaBackendOptions managed;
+    managed.memory = cb::CudaMemory::kManaged;
     if (gemv_only) {
-      run_gemv(*be);
+      run_gemv(*cb::make_cuda_backend(device, managed));
       return 0;
     }
-    if (!pipeline_only) run_kernels(*be);
+    if (!pipeline_only) run_kernels(*cb::make_cuda_backend(device, managed));
+    auto be = cb::make_cuda_backend(device);
+    if (!pipeline_only) run_uploads(*be);
     run_pipeline(*be, po);
   } catch (const cb::Error& e) {
     std::fprintf(stderr, "cuda_bench: %s\n", e.what());

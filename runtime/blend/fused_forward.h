@@ -34,7 +34,8 @@ namespace cb {
 
 // Floats in backend memory (alloc_buffer), so that a GPU backend computes on
 // them in place: host vectors would be staged over PCIe at every op.  The
-// host touches them only between graphs, outside a batch (the capture copy).
+// host never touches them: what it needs comes back through ops
+// (copy_to_host).
 class BackendFloats {
  public:
   explicit BackendFloats(Backend& be) : p_(nullptr, Free{&be}) {}

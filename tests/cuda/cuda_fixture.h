@@ -1,5 +1,8 @@
 // The CUDA tests' fixture: a backend on device 0 (each test skips with a
-// message where there is none) and its buffers, freed after the test.
+// message where there is none) and its buffers, freed after the test.  Its
+// buffers are managed memory, which the tests fill and read from the host
+// (the runtime's default, device memory, is reached only through ops and
+// uploads).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -19,7 +22,9 @@ class Cuda : public ::testing::Test {
       GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount reports none): the CUDA backend is "
                       "compiled but not exercised here";
     }
-    be_ = make_cuda_backend(0);
+    CudaBackendOptions o;
+    o.memory = CudaMemory::kManaged;
+    be_ = make_cuda_backend(0, o);
   }
 
   void TearDown() override {

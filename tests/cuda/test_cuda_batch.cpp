@@ -13,6 +13,7 @@
 #include <latch>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -28,10 +29,23 @@ namespace {
 
 using test::Cuda;
 
-std::unique_ptr<Backend> cuda_backend(CudaZeroCopy zc) {
+std::unique_ptr<Backend> cuda_backend(CudaMemory memory) {
   CudaBackendOptions o;
-  o.zero_copy = zc;
+  o.memory = memory;
   return make_cuda_backend(0, o);
+}
+
+const char* memory_name(CudaMemory m) {
+  switch (m) {
+    case CudaMemory::kDevice:
+      return "device";
+    case CudaMemory::kMapped:
+      return "zero-copy";
+    case CudaMemory::kManaged:
+      return "managed";
+    default:
+      return "auto";
+  }
 }
 
 // A long chain of dependent ops, a transformer layer's worth per iteration:
@@ -42,7 +56,9 @@ std::unique_ptr<Backend> cuda_backend(CudaZeroCopy zc) {
 // a host vector, and every 8 iterations a logits row into a host vector.
 // Every host input is scribbled over as soon as its op returns: the op must
 // already hold the values.  Batched and unbatched runs issue the same
-// kernels in the same order, so their results are bitwise equal.
+// kernels in the same order, so their results are bitwise equal.  The
+// buffers are reached only through upload() and ops, so any kind of
+// backend memory will do.
 class Chain {
  public:
   static constexpr int64_t kD = 1024, kD2 = 512, kHeads = 8, kHeadDim = 64, kVocab = 300;
@@ -78,7 +94,8 @@ class Chain {
   // middle is an inner batch as well.  The caller's thread must not have a
   // batch open when batched is false.
   Result run(int iters, bool batched, bool nested = false) {
-    std::memcpy(h_, x0_.data(), x0_.size() * sizeof(float));  // no batch open: host may write
+    be_.upload(h_, x0_.data(), x0_.size() * sizeof(float));
+    be_.wait_uploads();
     Result r;
     const int64_t R = rows_;
     std::vector<int32_t> pos(static_cast<size_t>(R)), idx(static_cast<size_t>(R)), pick(2);
@@ -111,7 +128,8 @@ class Chain {
       if (inner) be_.end_batch();
     }
     if (batched) be_.end_batch();
-    r.h.assign(h_, h_ + R * kD);
+    r.h.resize(static_cast<size_t>(R * kD));
+    copy_to_host(be_, h_, R * kD, r.h.data());
     return r;
   }
 
@@ -147,12 +165,11 @@ void expect_same(const Chain::Result& a, const Chain::Result& b, const std::stri
 }
 
 TEST_F(Cuda, BatchGivesTheSameResultsAsSeparateOps) {
-  for (CudaZeroCopy zc : {CudaZeroCopy::kOff, CudaZeroCopy::kOn}) {
-    auto be = cuda_backend(zc);
+  for (CudaMemory memory : {CudaMemory::kDevice, CudaMemory::kManaged, CudaMemory::kMapped}) {
+    auto be = cuda_backend(memory);
     for (int64_t rows : {5, 24}) {
       Chain chain(*be, rows, 30);
-      const std::string what = std::string(zc == CudaZeroCopy::kOn ? "zero-copy" : "managed") +
-                               " rows=" + std::to_string(rows);
+      const std::string what = std::string(memory_name(memory)) + " rows=" + std::to_string(rows);
       const Chain::Result plain = chain.run(40, false);
       const Chain::Result batched = chain.run(40, true);
       expect_same(batched, plain, what + " batched");
@@ -199,8 +216,69 @@ TEST_F(Cuda, ErrorInsideABatchLeavesItUsable) {
 // --------------------------------------------------------------- uploads --
 
 TEST_F(Cuda, StagedUploadsOnlyWithoutZeroCopy) {
-  EXPECT_TRUE(cuda_backend(CudaZeroCopy::kOff)->wants_staged_uploads());
-  EXPECT_FALSE(cuda_backend(CudaZeroCopy::kOn)->wants_staged_uploads());
+  EXPECT_TRUE(cuda_backend(CudaMemory::kDevice)->wants_staged_uploads());
+  EXPECT_TRUE(cuda_backend(CudaMemory::kManaged)->wants_staged_uploads());
+  EXPECT_FALSE(cuda_backend(CudaMemory::kMapped)->wants_staged_uploads());
+}
+
+// CB_CUDA_MEMORY chooses for a backend that leaves the choice to it, and a
+// value it does not know is an error, not a silent default.
+TEST_F(Cuda, MemoryFromTheEnvironment) {
+  const char* set = std::getenv("CB_CUDA_MEMORY");
+  const std::optional<std::string> caller = set ? std::optional<std::string>(set) : std::nullopt;
+  setenv("CB_CUDA_MEMORY", "mapped", 1);
+  EXPECT_FALSE(make_cuda_backend(0)->wants_staged_uploads());
+  EXPECT_TRUE(cuda_backend(CudaMemory::kDevice)->wants_staged_uploads());  // asked: kept
+  setenv("CB_CUDA_MEMORY", "host", 1);
+  try {
+    make_cuda_backend(0);
+    ADD_FAILURE() << "no error for CB_CUDA_MEMORY=host";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("CB_CUDA_MEMORY"), std::string::npos) << e.what();
+  }
+  if (caller) {
+    setenv("CB_CUDA_MEMORY", caller->c_str(), 1);
+  } else {
+    unsetenv("CB_CUDA_MEMORY");
+  }
+}
+
+// Device memory, which the host never touches: uploads in, ops, a host
+// output back; an allocation beyond the card is a clear kOutOfMemory.
+TEST_F(Cuda, DeviceBuffersAreReachedThroughUploadsAndOps) {
+  auto be = cuda_backend(CudaMemory::kDevice);
+  std::mt19937 rng(31);
+  const int64_t n = 300000;
+  const std::vector<float> a = test::random_floats(rng, n), b = test::random_floats(rng, n);
+  std::vector<float> expect(static_cast<size_t>(n));
+  ref::add(a.data(), b.data(), n, expect.data());
+  auto* da = static_cast<float*>(be->alloc_buffer(n * sizeof(float)));
+  auto* db = static_cast<float*>(be->alloc_buffer(n * sizeof(float)));
+  auto* staging = static_cast<float*>(be->alloc_host_staging(n * sizeof(float)));
+  std::memcpy(staging, a.data(), n * sizeof(float));
+  be->upload(da, staging, n * sizeof(float));
+  be->upload(db, b.data(), n * sizeof(float));  // pageable
+  be->add(da, db, n, da);
+  std::vector<float> got(static_cast<size_t>(n), NAN);
+  copy_to_host(*be, da, n, got.data());
+  EXPECT_TRUE(test::bitwise_equal(got, expect));
+  // Within the backend: resident chunks are copied so.
+  be->upload(db, da, n * sizeof(float));
+  std::fill(got.begin(), got.end(), NAN);
+  copy_to_host(*be, db, n, got.data());
+  EXPECT_TRUE(test::bitwise_equal(got, expect));
+  EXPECT_GE(be->wait_uploads(), 0.0);
+  be->free_host_staging(staging);
+  be->free_buffer(da);
+  be->free_buffer(db);
+  try {
+    be->alloc_buffer(size_t{1} << 50);
+    ADD_FAILURE() << "a petabyte of device memory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory) << e.what();
+    EXPECT_NE(std::string(e.what()).find("device memory"), std::string::npos) << e.what();
+  }
 }
 
 // upload() from page-locked staging and from ordinary (pageable) memory;
@@ -208,9 +286,9 @@ TEST_F(Cuda, StagedUploadsOnlyWithoutZeroCopy) {
 // the host once that op has returned.
 TEST_F(Cuda, UploadedDataIsSeenByTheNextOp) {
   std::mt19937 rng(23);
-  for (CudaZeroCopy zc : {CudaZeroCopy::kOff, CudaZeroCopy::kOn}) {
-    auto be = cuda_backend(zc);
-    const std::string what = zc == CudaZeroCopy::kOn ? "zero-copy" : "managed";
+  for (CudaMemory memory : {CudaMemory::kManaged, CudaMemory::kMapped}) {
+    auto be = cuda_backend(memory);
+    const std::string what = memory_name(memory);
     const int64_t n = int64_t{1} << 20;
     auto* buf = static_cast<float*>(be->alloc_buffer(n * sizeof(float)));
     auto* zeros = static_cast<float*>(be->alloc_buffer(n * sizeof(float)));
@@ -245,7 +323,7 @@ TEST_F(Cuda, UploadedDataIsSeenByTheNextOp) {
 // copies since the previous call count.  300 small uploads exercise the
 // folding of completed copies (the event list is bounded).
 TEST_F(Cuda, WaitUploadsReturnsTheCopyTime) {
-  be_ = cuda_backend(CudaZeroCopy::kOff);  // a copy the GPU does, also on Jetson
+  be_ = cuda_backend(CudaMemory::kManaged);  // a copy the GPU does, also on Jetson
   const size_t bytes = size_t{64} << 20;
   auto* buf = static_cast<unsigned char*>(be_->alloc_buffer(bytes));
   auto* staging = static_cast<unsigned char*>(be_->alloc_host_staging(bytes));
@@ -285,14 +363,14 @@ TEST_F(Cuda, LoaderThreadUploadsBesideABatch) {
   const std::vector<float> v_src = test::random_floats(rng, kRows * kKvDim);
   // Managed memory beside running kernels needs concurrent managed access,
   // which integrated GPUs (where kAuto means zero-copy) do not have.
-  const bool integrated = !cuda_backend(CudaZeroCopy::kAuto)->wants_staged_uploads();
-  for (CudaZeroCopy zc : {CudaZeroCopy::kOff, CudaZeroCopy::kOn}) {
-    if (zc == CudaZeroCopy::kOff && integrated) {
+  const bool integrated = !cuda_backend(CudaMemory::kAuto)->wants_staged_uploads();
+  for (CudaMemory memory : {CudaMemory::kManaged, CudaMemory::kMapped}) {
+    if (memory == CudaMemory::kManaged && integrated) {
       std::printf("integrated GPU: the managed-memory case is not run\n");
       continue;
     }
-    auto be = cuda_backend(zc);
-    const std::string what = zc == CudaZeroCopy::kOn ? "zero-copy" : "managed";
+    auto be = cuda_backend(memory);
+    const std::string what = memory == CudaMemory::kMapped ? "zero-copy" : "managed";
     const size_t kv_bytes = static_cast<size_t>(kRows * kKvDim) * sizeof(float);
     auto* kc = static_cast<float*>(be->alloc_buffer(kv_bytes));
     auto* vc = static_cast<float*>(be->alloc_buffer(kv_bytes));
@@ -370,7 +448,7 @@ TEST_F(Cuda, LoaderThreadUploadsBesideABatch) {
       // done by the CPU inside upload(), outside the timed events.
       if (!staged) {
         EXPECT_EQ(copy_ms, 0.0) << w;
-      } else if (zc == CudaZeroCopy::kOff) {
+      } else if (memory == CudaMemory::kManaged) {
         EXPECT_GT(copy_ms, 0.0) << w;
       } else {
         EXPECT_GE(copy_ms, 0.0) << w;
@@ -398,11 +476,11 @@ TEST_F(Cuda, FetchThreadsUploadALayersChunksAtOnce) {
   std::iota(pos.begin(), pos.end(), 5);
   std::vector<float> k_ref = k_src;
   ref::rope(k_ref.data(), pos.data(), kRows, kHeadsKv, kHeadDim, kHeadDim, 100000.0f);
-  const bool integrated = !cuda_backend(CudaZeroCopy::kAuto)->wants_staged_uploads();
-  for (CudaZeroCopy zc : {CudaZeroCopy::kOff, CudaZeroCopy::kOn}) {
-    if (zc == CudaZeroCopy::kOff && integrated) continue;
-    auto be = cuda_backend(zc);
-    const std::string what = zc == CudaZeroCopy::kOn ? "zero-copy" : "managed";
+  const bool integrated = !cuda_backend(CudaMemory::kAuto)->wants_staged_uploads();
+  for (CudaMemory memory : {CudaMemory::kManaged, CudaMemory::kMapped}) {
+    if (memory == CudaMemory::kManaged && integrated) continue;
+    auto be = cuda_backend(memory);
+    const std::string what = memory == CudaMemory::kMapped ? "zero-copy" : "managed";
     const size_t kv_bytes = static_cast<size_t>(kRows * kKvDim) * sizeof(float);
     auto* kc = static_cast<float*>(be->alloc_buffer(kv_bytes));
     auto* vc = static_cast<float*>(be->alloc_buffer(kv_bytes));
@@ -435,7 +513,7 @@ TEST_F(Cuda, FetchThreadsUploadALayersChunksAtOnce) {
     for (size_t i = 0; i < k_ref.size(); ++i)
       ASSERT_NEAR(k[i], k_ref[i], 2e-6) << what << " K " << i;
     EXPECT_TRUE(test::bitwise_equal(host(vc, v_src.size()), v_src)) << what << " V";
-    if (zc == CudaZeroCopy::kOff) {
+    if (memory == CudaMemory::kManaged) {
       for (int64_t t = 0; t < kThreads; ++t) EXPECT_GT(copy_ms[t], 0.0) << what << " thread " << t;
     }
     be->free_host_staging(staging);
@@ -487,7 +565,7 @@ TEST_F(Cuda, ShortLivedThreadsEachWork) {
 // write buffers the host reads after the op (or the batch) returns, and the
 // host may write a buffer that no queued op uses while a batch runs.
 TEST_F(Cuda, ZeroCopyBuffersAreSharedWithTheHost) {
-  auto be = cuda_backend(CudaZeroCopy::kOn);
+  auto be = cuda_backend(CudaMemory::kMapped);
   std::mt19937 rng(26);
   const int64_t dim = 576, n_rows = 7;
   const std::vector<float> x = test::random_floats(rng, n_rows * dim);

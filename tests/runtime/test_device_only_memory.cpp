@@ -1,7 +1,7 @@
 // The runtime on a backend whose buffers the host cannot touch
 // (tests/runtime/device_only_backend.h), as a discrete GPU's device memory:
 // prefill, decode, reading the KV cache, a chunk's precompute and every
-// fusion policy must run there without a host access to backend memory
+// fusion policy and mode must run there without a host access to backend memory
 // (one would die with SIGSEGV) and equal the CPU backend's bit for bit.
 #include <gtest/gtest.h>
 
@@ -73,28 +73,34 @@ TEST_F(DeviceOnlyMemoryTest, PrefillDecodeAndPrecomputeEqualTheCpu) {
   }
 }
 
+// The session's default f16 cache (the deferred-batches test covers f32).
 TEST_F(DeviceOnlyMemoryTest, EveryFusionEqualsTheCpu) {
   const auto segs = segments();
-  for (const KvType type : {KvType::kF16, KvType::kF32})
-    for (const Selection sel : {Selection::kLookahead, Selection::kHkvd, Selection::kHkvdKv,
-                                Selection::kAttention, Selection::kRandom})
-      for (const bool pipelined : {true, false}) {
-        SCOPED_TRACE(std::string(kv_type_name(type)) + ", " + selection_name(sel) +
-                     (pipelined ? ", pipelined" : ", serial"));
-        const SessionOptions o{.n_ctx = 256, .n_threads = 2, .kv_type = type};
-        BlendOptions b;
-        b.selection = sel;
-        const PipelineOptions p{.enabled = pipelined};
-        Session cpu(model(), o);
-        FusionStats want_st, got_st;
-        const auto want = copy(fuse_prefill(cpu, segs, b, &want_st, p));
-        DeviceOnlySession dev(o);
-        const auto got = copy(fuse_prefill(*dev.s, segs, b, &got_st, p));
-        EXPECT_EQ(got, want);
-        EXPECT_EQ(got_st.final_rows, want_st.final_rows);
-        EXPECT_EQ(kv_rows(*dev.s), kv_rows(cpu));
-        EXPECT_EQ(copy(dev.s->decode(42)), copy(cpu.decode(42)));
-      }
+  const SessionOptions o{.n_ctx = 256, .n_threads = 2};
+  for (const Selection sel : {Selection::kLookahead, Selection::kHkvd, Selection::kHkvdKv,
+                              Selection::kAttention, Selection::kRandom})
+    for (const bool pipelined : {true, false}) {
+      SCOPED_TRACE(std::string(selection_name(sel)) + (pipelined ? ", pipelined" : ", serial"));
+      BlendOptions b;
+      b.selection = sel;
+      const PipelineOptions p{.enabled = pipelined};
+      Session cpu(model(), o);
+      FusionStats want_st, got_st;
+      const auto want = copy(fuse_prefill(cpu, segs, b, &want_st, p));
+      DeviceOnlySession dev(o);
+      const auto got = copy(fuse_prefill(*dev.s, segs, b, &got_st, p));
+      EXPECT_EQ(got, want);
+      EXPECT_EQ(got_st.final_rows, want_st.final_rows);
+      EXPECT_EQ(kv_rows(*dev.s), kv_rows(cpu));
+      EXPECT_EQ(copy(dev.s->decode(42)), copy(cpu.decode(42)));
+    }
+  for (const BlendMode mode : {BlendMode::kFull, BlendMode::kPrefix, BlendMode::kReuse}) {
+    SCOPED_TRACE(blend_mode_name(mode));
+    Session cpu(model(), o);
+    DeviceOnlySession dev(o);
+    EXPECT_EQ(copy(fuse_prefill(*dev.s, segs, {mode})), copy(fuse_prefill(cpu, segs, {mode})));
+    EXPECT_EQ(kv_rows(*dev.s), kv_rows(cpu));
+  }
 }
 
 // Through a chunk store, and from chunks kept in backend memory: the
