@@ -9,7 +9,8 @@
 #   scripts/gpu_check.sh BUNDLE OUT_DIR
 #
 # Writes OUT_DIR/log.txt (everything) and OUT_DIR/results.jsonl (every
-# cb_bench --json line, each with "step" added).  CPU rows use all cores.
+# cb_bench --json line, each with "step" added), and ends with the headline
+# figures as tables (scripts/gpu_summary.py).  CPU rows use all cores.
 # With BUNDLE/base/libcacheblend-cuda.so.0 (an earlier build of the plugin)
 # the GPU benchmarks run with it first ("base_" steps), for a comparison on
 # the same machine.  With REAL_TEST_MODEL naming the real file of the C API
@@ -228,5 +229,7 @@ if [ "$CPU_ROWS" = 1 ] && want quality && [ -f "$BUNDLE/data/dev.json" ]; then
 fi
 rm -f "$OUT/.step"
 rm -rf /tmp/cb_gpu_check_peer
+# Last, so that the reply's tail holds it: the headline figures side by side.
+python3 "$(dirname "$0")/gpu_summary.py" "$RESULTS"
 [ -n "${REAL_MODEL:-}" ] || rm -f "$MODEL"
 echo "=== done $(date +%T)"
