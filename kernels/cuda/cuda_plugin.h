@@ -12,7 +12,7 @@ namespace cb {
 
 // Raised whenever the table, CudaBackendOptions or the Backend interface
 // changes shape.
-inline constexpr int kCudaPluginInterface = 6;
+inline constexpr int kCudaPluginInterface = 7;
 inline constexpr const char* kCudaPluginEntryPoint = "cb_cuda_plugin_api";
 
 struct CudaPluginApi {
