@@ -229,7 +229,7 @@ if [ "$CPU_ROWS" = 1 ] && want quality && [ -f "$BUNDLE/data/dev.json" ]; then
 fi
 rm -f "$OUT/.step"
 rm -rf /tmp/cb_gpu_check_peer
-# Last, so that the reply's tail holds it: the headline figures side by side.
+# At the end, so that the output's tail holds them: the headline figures side by side.
 python3 "$(dirname "$0")/gpu_summary.py" "$RESULTS" || true  # a run of tests alone has no figures
 [ -n "${REAL_MODEL:-}" ] || rm -f "$MODEL"
 echo "=== done $(date +%T)"

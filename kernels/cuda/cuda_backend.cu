@@ -1444,7 +1444,6 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // CudaBackendOptions::f32_weight_bytes in bytes.
   // What alloc_buffer() returns: `asked`, or for kAuto CB_CUDA_MEMORY when
   // set, else mapped memory on an integrated GPU and device memory on a
   // discrete one.
@@ -1461,6 +1460,7 @@ class CudaBackend final : public Backend {
     return integrated ? CudaMemory::kMapped : CudaMemory::kDevice;
   }
 
+  // CudaBackendOptions::f32_weight_bytes in bytes.
   static int64_t f32_weight_budget(int64_t asked, bool integrated) {
     if (const char* mb = std::getenv("CB_CUDA_F32_WEIGHTS_MB")) {
       char* end = nullptr;

@@ -108,7 +108,7 @@ void run_uploads(cb::Backend& be) {
   be.free_buffer(dst);
 }
 
-// Single ops, per-op overhead, top_k and uploads.
+// Single ops, per-op overhead and top_k.
 void run_kernels(cb::Backend& b) {
   cb::Backend* be = &b;
   {
