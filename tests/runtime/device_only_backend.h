@@ -34,8 +34,8 @@ class DeviceOnlyBackend final : public ForwardingBackend {
   bool wants_staged_uploads() const override { return true; }
 
   // Bump allocation in one reservation, so that one mprotect opens or
-  // closes every buffer; freed memory is given back to the system, its
-  // addresses never reused.
+  // closes every buffer; freeing does nothing (the pages stay until the
+  // backend goes), so addresses are never reused.
   void* alloc_buffer(size_t bytes) override {
     std::lock_guard lock(mu_);
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -47,11 +47,7 @@ class DeviceOnlyBackend final : public ForwardingBackend {
     protect_locked();
     return p;
   }
-  void free_buffer(void* p) override {
-    if (p == nullptr) return;
-    std::lock_guard lock(mu_);
-    (void)p;  // the extent is not tracked: the pages stay until the backend goes
-  }
+  void free_buffer(void*) override {}
   void upload(void* dst, const void* src, size_t bytes) override {
     Open open(*this);
     std::memcpy(dst, src, bytes);
