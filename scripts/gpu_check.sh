@@ -89,6 +89,10 @@ gpu_benchmarks() {  # PREFIX
     --chunk-tokens 512 --modes full,reuse,blend --repeat 3 $GPU --json
   CB_CUDA_MEMORY=managed step "${1}decode_managed" 60 "$BIN/cb_bench" decode --tokens 128 \
     --repeat 3 $GPU --json
+  # Decode's products on int8 activations (the CPU's matmul_q8) instead of
+  # f32 ones.
+  CB_CUDA_INT8=1 step "${1}decode_int8" 60 "$BIN/cb_bench" decode --tokens 128 --repeat 3 \
+    $GPU --json
 }
 gpu_variants() {  # PREFIX
   # Every request reading its chunks from the chunk cache and sending them
@@ -190,7 +194,7 @@ if want tests; then
   step test_cuda_session 150 "$BIN/test_cuda" --gtest_filter='CudaSession*'
   if command -v compute-sanitizer >/dev/null; then
     step memcheck 150 compute-sanitizer --tool memcheck "$BIN/test_cuda" \
-      --gtest_filter='Cuda.Matmul*:Cuda.Attention*:Cuda.SegmentMeans*:Cuda.KeptF32*:CudaSession.BlendSelection*'
+      --gtest_filter='Cuda.Matmul*:Cuda.Int8*:Cuda.Attention*:Cuda.SegmentMeans*:Cuda.KeptF32*:CudaSession.BlendSelection*'
   fi
   # Every architecture's layers on the GPU (tiny random-weight models):
   # against the CPU, graphs against plain decode, the blend.

@@ -127,6 +127,8 @@ class CudaBackend final : public Backend {
     profile_ = std::getenv("CB_CUDA_PROFILE") != nullptr;
     const char* bf16 = std::getenv("CB_CUDA_BF16");
     round_bf16_ = bf16 != nullptr && std::strcmp(bf16, "0") != 0;
+    const char* int8 = std::getenv("CB_CUDA_INT8");
+    int8_gemv_ = int8 != nullptr && std::strcmp(int8, "0") != 0;
     const char* graphs = std::getenv("CB_CUDA_GRAPHS");
     replay_ = graphs != nullptr ? std::strcmp(graphs, "0") != 0 : opts.replay_batches;
   }
@@ -283,16 +285,19 @@ class CudaBackend final : public Backend {
   // SmolLM2 it misses the float64 reference's bar (1.15e-2 against 1e-2)
   // and the C API's identities (prefix reuse reproduces full prefill to
   // 1e-3) that the exact path meets (docs/bench/cuda_runs.md, "The real
-  // SmolLM2 on a GPU").
+  // SmolLM2 on a GPU").  With CB_CUDA_INT8, few rows of Q4_K and Q6_K
+  // weights (decode's products on a Q4_K_M file) take int8 activations in
+  // blocks of 32, as the CPU's matmul_q8 does (gemv_k_q8_kernel); not the
+  // default until it has been measured against the f32 GEMV on a GPU.
   void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
-    product(w, x, n_rows, nullptr, y, round_bf16_);
+    product(w, x, n_rows, nullptr, y, true);
   }
 
   // The GEMV adds the bias as it writes each output (one launch less per
   // biased projection: three a layer in decode on Qwen2).
   void matmul_bias(const WeightView& w, const float* x, int64_t n_rows, const float* bias, float* y,
                    bool q8) override {
-    product(w, x, n_rows, bias, y, q8 && round_bf16_);
+    product(w, x, n_rows, bias, y, q8);
   }
 
   void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override {
@@ -830,8 +835,11 @@ class CudaBackend final : public Backend {
 
   // y = x W^T (+ bias): the GEMV for few rows, the GEMM (f32 SGEMM, or bf16
   // on tensor cores when rounded) for more; the GEMM's bias is its own pass.
+  // q8: matmul_q8's product (rounded with CB_CUDA_BF16, int8 activations in
+  // the GEMV with CB_CUDA_INT8 where it applies).
   void product(const WeightView& w, const float* x, int64_t n_rows, const float* bias, float* y,
-               bool rounded) {
+               bool q8) {
+    const bool rounded = q8 && round_bf16_;
     check(n_rows >= 0 && w.n_in >= 0 && w.n_out >= 0, "matmul: negative size");
     check(w.n_in % dtype_block_elems(w.type) == 0, "matmul: n_in is not a whole number of blocks");
     if (n_rows == 0 || w.n_out == 0) return;
@@ -844,7 +852,10 @@ class CudaBackend final : public Backend {
           cudaMemsetAsync(dy, 0, static_cast<size_t>(n_rows * w.n_out) * sizeof(float), c.stream()),
           "cudaMemsetAsync");
     } else if (n_rows <= gemv_max_rows_) {
-      if (rounded) {
+      if (q8 && int8_gemv_ &&
+          launch_gemv_int8(w, dx, static_cast<int>(n_rows), db, dy, c.stream())) {
+        c.name("matmul_q8 gemv int8");
+      } else if (rounded) {
         dispatch_type<LaunchGemvBf16>(w.type, w, dx, static_cast<int>(n_rows), db, dy, c.stream());
       } else {
         dispatch_type<LaunchGemv>(w.type, w, dx, static_cast<int>(n_rows), db, dy, c.stream());
@@ -1662,6 +1673,7 @@ class CudaBackend final : public Backend {
   uint64_t resident_kv_bytes_ = 0;
   bool profile_ = false;     // CB_CUDA_PROFILE set: time every op
   bool round_bf16_ = false;  // CB_CUDA_BF16 set (not "0"): matmul_q8 rounds to bf16
+  bool int8_gemv_ = false;   // CB_CUDA_INT8 set (not "0"): matmul_q8's GEMV takes int8 activations
   // CudaBackendOptions::replay_batches or CB_CUDA_GRAPHS, until a capture fails.
   std::atomic<bool> replay_{false};
   // begin_replay()'s recordings by key; under table_->mu.

@@ -6,7 +6,8 @@
 // per-op cost in and out of a batch, top_k, uploads; then the layerwise
 // pipeline's overlap of KV uploads (a loader thread) with layer compute
 // (--pipeline: only that part).  --gemv: only decode's products as a decode
-// token runs them, beside the shape llama.cpp's test-backend-ops times.
+// token runs them, beside the shape llama.cpp's test-backend-ops times, on
+// f32 and on int8 activations (CB_CUDA_INT8).
 // The single ops and the products run on managed memory, which this tool
 // fills from the host; uploads and the pipeline on the runtime's default,
 // device memory.
@@ -203,8 +204,11 @@ void run_kernels(cb::Backend& b) {
 // rate is the one the memory bandwidth bounds.  The shapes of
 // Qwen2.5-1.5B's projections and the one llama.cpp's `test-backend-ops perf
 // -o MUL_MAT` times (4096 outputs of 14336 inputs), in Q4_K and Q6_K (a
-// Q4_K_M file's two types).
-void run_gemv(cb::Backend& be) {
+// Q4_K_M file's two types).  `label` names the product: "matmul" (the f32
+// GEMV), or "matmul_q8" (on a backend made with CB_CUDA_INT8: int8
+// activations).
+void run_gemv(cb::Backend& be, const char* label) {
+  const bool q8 = std::strcmp(label, "matmul_q8") == 0;
   struct GemvShape {
     const char* name;
     int64_t n_out, n_in;
@@ -219,8 +223,9 @@ void run_gemv(cb::Backend& be) {
   float* x = static_cast<float*>(be.alloc_buffer(14336 * sizeof(float)));
   float* y = static_cast<float*>(be.alloc_buffer(151936 * sizeof(float)));
   for (int64_t i = 0; i < 14336; ++i) x[i] = static_cast<float>(rng() % 1000) / 1000.0f;
-  std::printf("decode GEMV, %d calls in a replayed batch, each on another of the weight's copies\n",
-              kCalls);
+  std::printf(
+      "decode GEMV (%s), %d calls in a replayed batch, each on another of the weight's copies\n",
+      label, kCalls);
   for (cb::DType t : {cb::DType::Q4_K, cb::DType::Q6_K}) {
     for (const GemvShape& sh : shapes) {
       const std::vector<uint8_t> host = random_weight(rng, t, sh.n_out, sh.n_in);
@@ -231,7 +236,14 @@ void run_gemv(cb::Backend& be) {
       const uint64_t key = ++replay_key;
       auto run = [&] {
         if (be.begin_replay(key) != cb::Backend::ReplayStart::kReplayed) {
-          for (int i = 0; i < kCalls; ++i) be.matmul(ws[static_cast<size_t>(i) % copies], x, 1, y);
+          for (int i = 0; i < kCalls; ++i) {
+            const cb::WeightView& w = ws[static_cast<size_t>(i) % copies];
+            if (q8) {
+              be.matmul_q8(w, x, 1, y);
+            } else {
+              be.matmul(w, x, 1, y);
+            }
+          }
         }
         be.end_batch();
       };
@@ -536,7 +548,9 @@ int main(int argc, char** argv) {
     cb::CudaBackendOptions managed;
     managed.memory = cb::CudaMemory::kManaged;
     if (gemv_only) {
-      run_gemv(*cb::make_cuda_backend(device, managed));
+      run_gemv(*cb::make_cuda_backend(device, managed), "matmul");
+      setenv("CB_CUDA_INT8", "1", 1);  // read when the backend is made
+      run_gemv(*cb::make_cuda_backend(device, managed), "matmul_q8");
       return 0;
     }
     if (!pipeline_only) run_kernels(*cb::make_cuda_backend(device, managed));

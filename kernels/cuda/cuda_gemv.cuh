@@ -5,11 +5,14 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_quant.cuh"
+#include "platform/half.h"
 
 namespace cb {
 namespace {
@@ -189,6 +192,61 @@ __global__ void gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int
 // the sums differs.  With kRound each weight is formed and rounded to bf16
 // as the bf16 GEMM does.
 
+// ------------------------------------ the int8 path of matmul_q8 (few rows) --
+//
+// Helpers that run on both sides, so that the host can check a lane's share
+// of the integer products (tests/cuda/test_cuda_q8_lanes.cu) where no GPU is.
+
+// c + the dot product of a's and b's four signed bytes (dp4a).
+__host__ __device__ __forceinline__ int dot4_i8(int a, int b, int c) {
+#ifdef __CUDA_ARCH__
+  return __dp4a(a, b, c);
+#else
+  for (int k = 0; k < 4; ++k) {
+    c += static_cast<int8_t>(static_cast<uint32_t>(a) >> (8 * k)) *
+         static_cast<int8_t>(static_cast<uint32_t>(b) >> (8 * k));
+  }
+  return c;
+#endif
+}
+
+// Each byte of v less 32, modulo 256 (no borrow between bytes): Q6_K's
+// 6-bit quants as signed bytes.
+__host__ __device__ __forceinline__ int minus_32_bytes(uint32_t v) {
+#ifdef __CUDA_ARCH__
+  return static_cast<int>(__vsub4(v, 0x20202020u));
+#else
+  uint32_t r = 0;
+  for (int k = 0; k < 4; ++k) r |= ((((v >> (8 * k)) & 0xFFu) - 32u) & 0xFFu) << (8 * k);
+  return static_cast<int>(r);
+#endif
+}
+
+__host__ __device__ __forceinline__ float half_bits_to_float(uint16_t h) {
+#ifdef __CUDA_ARCH__
+  return h2f(h);
+#else
+  return f16_to_f32(h);
+#endif
+}
+
+// a * b and a + b, rounded once each, never contracted into an FMA: the
+// int8 path forms each block's term as the CPU's gemv_q8 does.
+__host__ __device__ __forceinline__ float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+__host__ __device__ __forceinline__ float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
 // Byte k of v as a float, minus (bias - 2^23): the byte put under 2^23's
 // exponent makes the float 2^23 + byte, then one exact subtraction of bias
 // (2^23 gives the byte itself, 2^23 + 32 the byte less 32).
@@ -211,7 +269,7 @@ struct Q4kSlice {
     return 256 * b + 64 * ((lane % 8) / 2) + 16 * (lane % 2);
   }
   __device__ static int64_t x_gap(int t) { return t < 4 ? 0 : 16; }  // float4 t of 8
-  __device__ void load(const uint8_t* row, int64_t b, int lane) {
+  __host__ __device__ void load(const uint8_t* row, int64_t b, int lane) {
     const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(row) + b;
     const int j = (lane % 8) / 2, h = lane % 2;
     q = *reinterpret_cast<const uint4*>(blk->qs + 32 * j + 16 * h);
@@ -264,13 +322,59 @@ struct Q4kSlice {
     }
     return total;
   }
+
+  // The int8 path.  Lane sums: v[t] = sum(q * xq) over the lane's 16
+  // elements of sub-block 2 j + t, xq the super-block's 256 int8
+  // activations.  Adding them over lane pairs (kQ8Group) gives each
+  // sub-block's exact sum; the lane with h = t finishes sub-block 2 j + t.
+  static constexpr int kQ8Sums = 2;
+  static constexpr int kQ8Group = 2;
+  __host__ __device__ void q8_sums(const int8_t* xq, int lane, int (&v)[kQ8Sums]) const {
+    const int j = (lane % 8) / 2, h = lane % 2;
+    const int* xl = reinterpret_cast<const int*>(xq + 64 * j + 16 * h);
+    const int* xh = reinterpret_cast<const int*>(xq + 64 * j + 32 + 16 * h);
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+    int lo = 0, hi = 0;
+    for (int k = 0; k < 4; ++k) {
+      lo = dot4_i8(static_cast<int>(words[k] & 0x0F0F0F0Fu), xl[k], lo);
+      hi = dot4_i8(static_cast<int>((words[k] >> 4) & 0x0F0F0F0Fu), xh[k], hi);
+    }
+    v[0] = lo;
+    v[1] = hi;
+  }
+  // Which of the sums this lane finishes (-1: none), and that sum's 32-element
+  // block in the super-block.
+  __host__ __device__ static int q8_owned(int lane) {
+    return lane % 2;
+  }
+  __host__ __device__ static int q8_block(int lane, int t) {
+    return 2 * ((lane % 8) / 2) + t;
+  }
+  // acc += (d sc) dx isum - (dmin m) sx, as gemv_q8 (kernels/cpu) forms it.
+  __host__ __device__ void q8_add(float& acc, int t, int isum, float dx, float sx, int lane) const {
+    const int j = (lane % 8) / 2;
+    const int sh = 16 * (j % 2) + 8 * t;
+    int sc, m;
+    if (j < 2) {
+      sc = (s0 >> sh) & 63;
+      m = (s1 >> sh) & 63;
+    } else {
+      sc = ((s2 >> sh) & 0x0F) | (((s0 >> sh) >> 6 & 3) << 4);
+      m = ((s2 >> sh) >> 4 & 0x0F) | (((s1 >> sh) >> 6 & 3) << 4);
+    }
+    const float d = half_bits_to_float(static_cast<uint16_t>(dm));
+    const float dmin = half_bits_to_float(static_cast<uint16_t>(dm >> 16));
+    acc = add_rn(acc,
+                 mul_rn(mul_rn(mul_rn(d, static_cast<float>(sc)), dx), static_cast<float>(isum)));
+    acc = add_rn(acc, -mul_rn(mul_rn(dmin, static_cast<float>(m)), sx));
+  }
 };
 
 // Q6_K: 16 lanes per super-block, 2 super-blocks per warp step.  Lane u of
 // a super-block takes half n = u / 8 and l = l0 .. l0 + 3 (l0 = 4 (u % 8))
 // of dequantize_row()'s loop: elements 128 n + 32 k + l for k = 0..3.
 // Blocks are 210 bytes, so only 2-byte aligned: 16-bit loads.
-__device__ __forceinline__ uint32_t load_u32_a2(const uint8_t* p) {
+__host__ __device__ __forceinline__ uint32_t load_u32_a2(const uint8_t* p) {
   const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
   return static_cast<uint32_t>(h[0]) | (static_cast<uint32_t>(h[1]) << 16);
 }
@@ -285,7 +389,7 @@ struct Q6kSlice {
     return 256 * b + 128 * (u / 8) + 4 * (u % 8);
   }
   __device__ static int64_t x_gap(int t) { return 28 * t; }  // float4 t at 32 t
-  __device__ void load(const uint8_t* row, int64_t b, int lane) {
+  __host__ __device__ void load(const uint8_t* row, int64_t b, int lane) {
     const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(row) + b;
     const int u = lane % 16, n = u / 8, l0 = 4 * (u % 8);
     a = load_u32_a2(blk->ql + 64 * n + l0);
@@ -327,6 +431,37 @@ struct Q6kSlice {
       total += kRound ? s : ds * s;
     }
     return total;
+  }
+
+  // The int8 path.  Lane sums: v[k] = the lane's 4 elements of run k (block
+  // 4 n + k of the super-block, elements l0 .. l0 + 3) dotted with xq and
+  // times their 8-bit scale, so that adding them over the 8 lanes of the
+  // half (kQ8Group) gives gemv_q8's integer sum for the block, exactly.
+  static constexpr int kQ8Sums = 4;
+  static constexpr int kQ8Group = 8;
+  __host__ __device__ void q8_sums(const int8_t* xq, int lane, int (&v)[kQ8Sums]) const {
+    const int u = lane % 16, n = u / 8, l0 = 4 * (u % 8), is = (u % 8) / 4;
+    const uint32_t qk[4] = {(a & 0x0F0F0F0Fu) | ((hq << 4) & 0x30303030u),
+                            (bq & 0x0F0F0F0Fu) | ((hq << 2) & 0x30303030u),
+                            ((a >> 4) & 0x0F0F0F0Fu) | (hq & 0x30303030u),
+                            ((bq >> 4) & 0x0F0F0F0Fu) | ((hq >> 2) & 0x30303030u)};
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t sw = k < 2 ? sc01 : sc23;
+      const int sc = static_cast<int8_t>(sw >> (16 * (k % 2) + 8 * is));
+      const int xv = *reinterpret_cast<const int*>(xq + 128 * n + 32 * k + l0);
+      v[k] = sc * dot4_i8(minus_32_bytes(qk[k]), xv, 0);
+    }
+  }
+  // Lanes 0-3 of each 8 finish blocks 4 n + 0..3.
+  __host__ __device__ static int q8_owned(int lane) {
+    return lane % 8 < 4 ? lane % 8 : -1;
+  }
+  __host__ __device__ static int q8_block(int lane, int k) {
+    return 4 * ((lane % 16) / 8) + k;
+  }
+  // acc += (d dx) isum, as gemv_q8 forms it.
+  __host__ __device__ void q8_add(float& acc, int, int isum, float dx, float, int) const {
+    acc = add_rn(acc, mul_rn(mul_rn(half_bits_to_float(d), dx), static_cast<float>(isum)));
   }
 };
 
@@ -399,6 +534,143 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
   }
 }
 
+// quantize_q8a's (kernels/cpu) scale d of a 32-element block whose largest
+// magnitude is amax, and its factor id = 127 / amax (0 for a zero block).
+__host__ __device__ __forceinline__ void q8_scales(float amax, float& d, float& id) {
+#ifdef __CUDA_ARCH__
+  d = __fdiv_rn(amax, 127.0f);
+  id = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+#else
+  d = amax / 127.0f;
+  id = amax > 0.0f ? 127.0f / amax : 0.0f;
+#endif
+}
+
+// v * id rounded to the nearest integer, ties to even, as quantize_q8a does.
+__host__ __device__ __forceinline__ int q8_round(float v, float id) {
+#ifdef __CUDA_ARCH__
+  return __float2int_rn(__fmul_rn(v, id));
+#else
+  return static_cast<int>(std::nearbyint(v * id));
+#endif
+}
+
+// x[0, n) quantized into shared memory as quantize_q8a writes it, bit for
+// bit: qs[0, n), d and s[0, n / 32).  Every thread of the block takes part:
+// 8 threads a 32-element block, 4 elements each.  n is a multiple of 256
+// and x 16-byte aligned.
+__device__ void quantize_q8_shared(const float* __restrict__ x, int64_t n, int8_t* qs, float* d,
+                                   float* s) {
+  constexpr int kGroups = 32 * kGemvWarps / 8;
+  const int64_t n_blocks = n / 32;
+  const int g = threadIdx.x / 8, i = threadIdx.x % 8;
+  // Every lane goes round the loop alike: the shuffles need the whole warp.
+  for (int64_t b0 = 0; b0 < n_blocks; b0 += kGroups) {
+    const int64_t b = b0 + g;
+    const bool in = b < n_blocks;
+    const float4 v = in ? reinterpret_cast<const float4*>(x)[8 * b + i] : make_float4(0, 0, 0, 0);
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float db, id;
+    q8_scales(amax, db, id);
+    const int q0 = q8_round(v.x, id), q1 = q8_round(v.y, id), q2 = q8_round(v.z, id),
+              q3 = q8_round(v.w, id);
+    int sum = q0 + q1 + q2 + q3;
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (in) {
+      reinterpret_cast<uint32_t*>(qs)[8 * b + i] =
+          (static_cast<uint32_t>(q0) & 0xFFu) | ((static_cast<uint32_t>(q1) & 0xFFu) << 8) |
+          ((static_cast<uint32_t>(q2) & 0xFFu) << 16) | (static_cast<uint32_t>(q3) << 24);
+      if (i == 0) {
+        d[b] = db;
+        s[b] = __fmul_rn(db, static_cast<float>(sum));
+      }
+    }
+  }
+}
+
+// The int8 path of matmul_q8 for one activation row of Q4_K or Q6_K
+// weights: gemv_q8's semantics (kernels/cpu/reference_ops.h).  Each block
+// first quantizes x into shared memory as quantize_q8a does; then each lane
+// takes its slice of a super-block as in gemv_k_kernel, dots its quants
+// with the int8 activations four at a time (dp4a), and the lanes that share
+// a 32-element block add their integer sums (shuffles), so each block's
+// term is gemv_q8's to the bit and only the order in which the terms are
+// added differs.  Against the f32 path: a quarter of the activation bytes
+// read per weight and a quarter of the multiplies.  A warp takes RW weight
+// rows and has 4 slices' loads in flight (4 / RW steps) before it computes.
+template <class S, int RW>
+__global__ void __launch_bounds__(32 * kGemvWarps)
+    gemv_k_q8_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_in, int64_t n_out,
+                     const float* __restrict__ x, const float* __restrict__ bias,
+                     float* __restrict__ y, int split) {
+  extern __shared__ __align__(16) unsigned char q8x[];
+  __shared__ float partial[kGemvWarps][RW];
+  int8_t* xq = reinterpret_cast<int8_t*>(q8x);
+  float* xd = reinterpret_cast<float*>(q8x + n_in);
+  float* xs = xd + n_in / 32;
+  quantize_q8_shared(x, n_in, xq, xd, xs);
+  __syncthreads();
+  constexpr int kSteps = 4 / RW;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / split) + warp / split) * RW;
+  const int part = warp % split;
+  float acc[RW] = {};
+  if (o0 < n_out) {
+    const int64_t n_sb = n_in / 256, n_steps = (n_sb + S::kPerStep - 1) / S::kPerStep;
+    const int per_sb = 32 / S::kPerStep;  // lanes per super-block
+    for (int64_t first = part; first < n_steps; first += kSteps * split) {
+      S slice[kSteps][RW] = {};
+      int64_t sb[kSteps];
+#pragma unroll
+      for (int u = 0; u < kSteps; ++u) {
+        const int64_t step = first + static_cast<int64_t>(u) * split;
+        sb[u] = step < n_steps ? S::kPerStep * step + lane / per_sb : n_sb;
+#pragma unroll
+        for (int i = 0; i < RW; ++i) {
+          if (sb[u] < n_sb && o0 + i < n_out)
+            slice[u][i].load(w + static_cast<size_t>(o0 + i) * row_bytes, sb[u], lane);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kSteps; ++u) {
+#pragma unroll
+        for (int i = 0; i < RW; ++i) {
+          const bool valid = sb[u] < n_sb && o0 + i < n_out;
+          int v[S::kQ8Sums] = {};
+          if (valid) slice[u][i].q8_sums(xq + 256 * sb[u], lane, v);
+#pragma unroll
+          for (int t = 0; t < S::kQ8Sums; ++t) {
+#pragma unroll
+            for (int o = 1; o < S::kQ8Group; o <<= 1) v[t] += __shfl_xor_sync(0xffffffffu, v[t], o);
+          }
+          const int own = S::q8_owned(lane);
+          int isum = 0;
+#pragma unroll
+          for (int t = 0; t < S::kQ8Sums; ++t) isum = t == own ? v[t] : isum;
+          if (valid && own >= 0) {
+            const int64_t blk = 8 * sb[u] + S::q8_block(lane, own);
+            slice[u][i].q8_add(acc[i], own, isum, xd[blk], xs[blk], lane);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    const float s = warp_sum(acc[i]);
+    if (lane == 0) partial[warp][i] = s;
+  }
+  __syncthreads();
+  if (o0 >= n_out || part != 0 || lane >= RW || o0 + lane >= n_out) return;
+  // Lane i writes row o0 + i.
+  float s = partial[warp][lane];
+  for (int p = 1; p < split; ++p) s += partial[warp + p][lane];
+  y[o0 + lane] = bias != nullptr ? __fadd_rn(s, bias[o0 + lane]) : s;
+}
+
 // Warps per output row for gemv_kernel: at least 2 steps each.
 inline int gemv_split(int64_t steps) {
   int split = 1;
@@ -456,6 +728,59 @@ void launch_gemv(const WeightView& w, const float* x, int n_rows, const float* b
       static_cast<const uint8_t*>(w.data), dtype_row_bytes(w.type, w.n_in), w.n_in, w.n_out, x,
       n_rows, bias, y, split);
   launch_check("gemv_kernel");
+}
+
+// Shared memory of the int8 path: the quantized activations (n_in bytes)
+// and two floats a 32-element block, within what a block gets without
+// opting into more (n_in up to ~39,000).
+constexpr size_t kGemvQ8MaxShared = size_t{48} << 10;
+inline size_t gemv_q8_shared_bytes(int64_t n_in) {
+  return static_cast<size_t>(n_in) + 8 * static_cast<size_t>(n_in / 32);
+}
+
+template <DType T, int RW>
+void launch_gemv_k_q8(const WeightView& w, const float* x, const float* bias, float* y,
+                      cudaStream_t st, int split) {
+  using S = std::conditional_t<T == DType::Q4_K, Q4kSlice, Q6kSlice>;
+  const int64_t rows_per_block = RW * (kGemvWarps / split);
+  const unsigned blocks = static_cast<unsigned>((w.n_out + rows_per_block - 1) / rows_per_block);
+  gemv_k_q8_kernel<S, RW><<<blocks, 32 * kGemvWarps, gemv_q8_shared_bytes(w.n_in), st>>>(
+      static_cast<const uint8_t*>(w.data), dtype_row_bytes(w.type, w.n_in), w.n_in, w.n_out, x,
+      bias, y, split);
+  launch_check("gemv_k_q8_kernel");
+}
+
+// matmul_q8's int8 GEMV, row by row, where it applies: Q4_K and Q6_K
+// weights (a Q4_K_M file's types), x and Q4_K weights 16-byte aligned, the
+// quantized row within kGemvQ8MaxShared.  False where it does not (the
+// caller takes another path).  Each block quantizes the whole row, so
+// fewer, larger blocks waste less: two weight rows a warp where rows are
+// many, else one row over two warps where the row has two steps or more.
+inline bool launch_gemv_int8(const WeightView& w, const float* x, int n_rows, const float* bias,
+                             float* y, cudaStream_t st) {
+  if (w.type != DType::Q4_K && w.type != DType::Q6_K) return false;
+  if (gemv_q8_shared_bytes(w.n_in) > kGemvQ8MaxShared) return false;
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
+  if (w.type == DType::Q4_K && reinterpret_cast<uintptr_t>(w.data) % 16 != 0) return false;
+  const int per_step = w.type == DType::Q4_K ? Q4kSlice::kPerStep : Q6kSlice::kPerStep;
+  const int64_t steps = (w.n_in / 256 + per_step - 1) / per_step;
+  for (int r = 0; r < n_rows; ++r) {
+    const float* xr = x + static_cast<int64_t>(r) * w.n_in;
+    float* yr = y + static_cast<int64_t>(r) * w.n_out;
+    const int split = w.n_out >= 4096 || steps < 2 ? 1 : 2;
+    if (w.type == DType::Q4_K) {
+      if (w.n_out >= 4096) {
+        launch_gemv_k_q8<DType::Q4_K, 2>(w, xr, bias, yr, st, split);
+      } else {
+        launch_gemv_k_q8<DType::Q4_K, 1>(w, xr, bias, yr, st, split);
+      }
+    } else if (w.n_out >= 4096) {
+      launch_gemv_k_q8<DType::Q6_K, 2>(w, xr, bias, yr, st, split);
+    } else {
+      launch_gemv_k_q8<DType::Q6_K, 1>(w, xr, bias, yr, st, split);
+    }
+  }
+  return true;
 }
 
 template <DType T>

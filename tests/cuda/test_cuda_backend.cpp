@@ -55,6 +55,16 @@ std::unique_ptr<Backend> make_bf16_backend(CudaBackendOptions o = {}) {
   return be;
 }
 
+// A backend whose matmul_q8 GEMV takes int8 activations (CB_CUDA_INT8).
+std::unique_ptr<Backend> make_int8_backend() {
+  setenv("CB_CUDA_INT8", "1", 1);
+  CudaBackendOptions o;
+  o.memory = CudaMemory::kManaged;
+  auto be = make_cuda_backend(0, o);
+  unsetenv("CB_CUDA_INT8");
+  return be;
+}
+
 using test::Cuda;
 
 std::vector<int64_t> n_in_cases(DType t) {
@@ -313,6 +323,84 @@ TEST_F(Cuda, MatmulQ8Bf16KeepsRowsOfAnyMagnitudeOnEitherPath) {
             << dtype_name(t) << " row " << r0 + static_cast<int64_t>(i) / n_out;
       }
     }
+  }
+}
+
+// CB_CUDA_INT8: matmul_q8's GEMV on Q4_K and Q6_K weights is the CPU's
+// matmul_q8 (ref::quantize_q8a, then ref::gemv_q8), each row's block terms
+// the same and only their order of addition different, on every launch
+// shape (one row a warp over two warps, two rows a warp with a partial last
+// block, many steps a warp, a step with idle lanes), with and without a
+// bias, and replayed from a graph.  Other types, and rows too long for the
+// kernel's shared memory, keep the f32 GEMV.
+TEST_F(Cuda, Int8GemvMatchesCpuMatmulQ8) {
+  std::mt19937 rng(12);
+  const auto be = make_int8_backend();
+  struct Shape {
+    int64_t n_out, n_in;
+  };
+  for (DType t : {DType::Q4_K, DType::Q6_K}) {
+    for (const Shape sh :
+         {Shape{37, 256}, Shape{37, 1536}, Shape{4099, 1536}, Shape{300, 8960}, Shape{5, 1280}}) {
+      const std::vector<uint8_t> data = test::random_weight(rng, t, sh.n_out, sh.n_in);
+      const WeightView hw{data.data(), t, sh.n_in, sh.n_out};
+      const WeightView w = be->prepare_weight(hw);
+      for (int64_t n_rows : {1, 3}) {
+        const std::string what = std::string(dtype_name(t)) + " " + std::to_string(sh.n_out) + "x" +
+                                 std::to_string(sh.n_in) + " rows=" + std::to_string(n_rows);
+        const std::vector<float> x = test::random_floats(rng, n_rows * sh.n_in);
+        std::vector<double> exact, abs_sum;
+        test::matmul_f64(test::dequantize_all(hw), sh.n_out, sh.n_in, x.data(), n_rows, &exact,
+                         &abs_sum);
+        std::vector<float> expect(exact.size());
+        std::vector<int8_t> qs(static_cast<size_t>(sh.n_in));
+        std::vector<float> d(static_cast<size_t>(sh.n_in / 32)), sums(d.size());
+        for (int64_t r = 0; r < n_rows; ++r) {
+          ref::quantize_q8a(x.data() + r * sh.n_in, sh.n_in, qs.data(), d.data(), sums.data());
+          ref::gemv_q8(hw, Q8Row{qs.data(), d.data(), sums.data()}, expect.data() + r * sh.n_out, 0,
+                       sh.n_out);
+        }
+        float* y = dev(std::vector<float>(expect.size(), NAN));
+        be->matmul_q8(w, dev(x), n_rows, y);
+        const std::vector<float> got = host(y, expect.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_LE(std::fabs(got[i] - expect[i]), kMatmulRelTol * abs_sum[i] + 1e-30)
+              << what << " output " << i << ": " << got[i] << " against " << expect[i];
+        }
+        const std::vector<float> bias = test::random_floats(rng, sh.n_out);
+        float* yb = dev(std::vector<float>(expect.size(), NAN));
+        be->matmul_bias(w, dev(x), n_rows, bias.data(), yb, true);
+        be->add_bias(y, bias.data(), n_rows, sh.n_out);
+        EXPECT_TRUE(test::bitwise_equal(host(yb, got.size()), host(y, got.size())))
+            << "matmul_bias " << what;
+      }
+      // Probed, captured, then replayed (the same pointers each time, as
+      // replays require): the same bits each time.
+      const float* dx = dev(test::random_floats(rng, sh.n_in));
+      float* y = dev(std::vector<float>(static_cast<size_t>(sh.n_out)));
+      std::vector<float> first;
+      for (int run = 0; run < 3; ++run) {
+        std::fill(y, y + sh.n_out, NAN);
+        if (be->begin_replay(1) != Backend::ReplayStart::kReplayed) be->matmul_q8(w, dx, 1, y);
+        be->end_batch();
+        const std::vector<float> got = host(y, static_cast<size_t>(sh.n_out));
+        if (run == 0) first = got;
+        EXPECT_TRUE(test::bitwise_equal(got, first)) << "run " << run << " of " << dtype_name(t);
+      }
+      be->forget_replay(1);
+    }
+  }
+  // The f32 GEMV where the int8 one does not apply: bit for bit matmul().
+  for (const auto& [t, n_in] :
+       {std::pair{DType::Q8_0, int64_t{1536}}, std::pair{DType::Q4_K, int64_t{40192}}}) {
+    const std::vector<uint8_t> data = test::random_weight(rng, t, 9, n_in);
+    const WeightView w = be->prepare_weight({data.data(), t, n_in, 9});
+    const float* dx = dev(test::random_floats(rng, n_in));
+    float* y = dev(std::vector<float>(9, NAN));
+    float* y8 = dev(std::vector<float>(9, NAN));
+    be->matmul(w, dx, 1, y);
+    be->matmul_q8(w, dx, 1, y8);
+    EXPECT_TRUE(test::bitwise_equal(host(y8, 9), host(y, 9))) << dtype_name(t) << " n_in=" << n_in;
   }
 }
 

@@ -46,6 +46,18 @@ float top2_gap(std::span<const float> v) {
   return c[0] - c[1];
 }
 
+// Both sessions on the f32 path of decode and prefill: the rounded products
+// (int8 activations on the CPU, f16 tensor cores on CUDA) differ from f32 by
+// design, and comparing backends needs one arithmetic on both sides.
+SessionOptions comparable_options(BackendKind b) {
+  SessionOptions o;
+  o.n_ctx = 512;
+  o.backend = b;
+  o.int8_decode = false;
+  o.int8_prefill = false;
+  return o;
+}
+
 class CudaSession : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -55,18 +67,7 @@ class CudaSession : public ::testing::Test {
       GTEST_SKIP() << "model not found: " << test::model_path() << " (set CB_MODEL)";
   }
   static const Model& model() { return test::shared_model(); }
-  // Both sessions on the f32 path of decode and prefill: the rounded
-  // products (int8 activations on the CPU, f16 tensor cores on CUDA) differ
-  // from f32 by design, and comparing backends needs one arithmetic on both
-  // sides.
-  static SessionOptions opts(BackendKind b) {
-    SessionOptions o;
-    o.n_ctx = 512;
-    o.backend = b;
-    o.int8_decode = false;
-    o.int8_prefill = false;
-    return o;
-  }
+  static SessionOptions opts(BackendKind b) { return comparable_options(b); }
   std::vector<int32_t> prompt() const {
     return model().tokenizer().encode(
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is "
@@ -80,17 +81,26 @@ TEST_F(CudaSession, BackendIsCuda) {
   EXPECT_STREQ(s.backend().name(), "cuda");
 }
 
-TEST_F(CudaSession, PrefillAndGreedyDecodeMatchCpu) {
-  const std::vector<int32_t> p = prompt();
+// Prefill, then greedy decode with each side feeding its own choice: the
+// token streams must agree (a divergence is reported with the CPU's top-2
+// gap, which tells a near-tie from a wrong result) and the logits within
+// 1e-3.  An f32 cache: with the f16 one, K/V values that the two backends'
+// sums leave an f32 ulp apart can round to f16 values an f16 ulp (2^-11)
+// apart, and eight steps of that moved the real SmolLM2's logits by up to
+// 1.4e-3 on an H200.  The blend tests below keep the f16 cache.  int8:
+// decode's products take int8 activations on both sides (the CPU's default,
+// CB_CUDA_INT8 on the GPU), the same bytes from the same activations.
+void expect_greedy_decode_matches_cpu(const Model& model, const std::vector<int32_t>& p,
+                                      bool int8) {
   ASSERT_GT(p.size(), 20u);
-  // An f32 cache: with the f16 one, K/V values that the two backends' sums
-  // leave an f32 ulp apart can round to f16 values an f16 ulp (2^-11)
-  // apart, and eight steps of that moved the real SmolLM2's logits by up
-  // to 1.4e-3 on an H200.  The blend tests below keep the f16 cache.
-  SessionOptions o_cpu = opts(BackendKind::kCpu), o_gpu = opts(BackendKind::kCuda);
+  SessionOptions o_cpu = comparable_options(BackendKind::kCpu),
+                 o_gpu = comparable_options(BackendKind::kCuda);
   o_cpu.kv_type = o_gpu.kv_type = KvType::kF32;
-  Session cpu(model(), o_cpu);
-  Session gpu(model(), o_gpu);
+  o_cpu.int8_decode = o_gpu.int8_decode = int8;
+  Session cpu(model, o_cpu);
+  if (int8) setenv("CB_CUDA_INT8", "1", 1);  // read when the session makes its backend
+  Session gpu(model, o_gpu);
+  if (int8) unsetenv("CB_CUDA_INT8");
   auto to_vec = [](std::span<const float> l) { return std::vector<float>(l.begin(), l.end()); };
   std::vector<float> lc = to_vec(cpu.prefill(p));
   std::vector<float> lg = to_vec(gpu.prefill(p));
@@ -99,10 +109,6 @@ TEST_F(CudaSession, PrefillAndGreedyDecodeMatchCpu) {
               top2_gap(lc));
   EXPECT_LE(e0, 1e-3);
   ASSERT_EQ(argmax(lg), argmax(lc));
-
-  // Greedy decode, each side feeding its own choice: the token streams must
-  // agree (a divergence is reported with the CPU's top-2 gap, which tells a
-  // near-tie from a wrong result).
   constexpr int kSteps = 8;
   for (int step = 0; step < kSteps; ++step) {
     const int32_t tc = argmax(lc), tg = argmax(lg);
@@ -111,10 +117,18 @@ TEST_F(CudaSession, PrefillAndGreedyDecodeMatchCpu) {
     lc = to_vec(cpu.decode(tc));
     lg = to_vec(gpu.decode(tg));
     const double e = test::rel_l2(lg, lc);
-    std::printf("decode step %d (token %d): rel L2 %.3g\n", step, tc, e);
+    std::printf("decode step %d (token %d%s): rel L2 %.3g\n", step, tc, int8 ? ", int8" : "", e);
     EXPECT_LE(e, 1e-3) << "step " << step;
   }
   EXPECT_EQ(gpu.n_past(), cpu.n_past());
+}
+
+TEST_F(CudaSession, PrefillAndGreedyDecodeMatchCpu) {
+  expect_greedy_decode_matches_cpu(model(), prompt(), false);
+}
+
+TEST_F(CudaSession, Int8DecodeMatchesCpuInt8Decode) {
+  expect_greedy_decode_matches_cpu(model(), prompt(), true);
 }
 
 // Decode tokens replayed from a CUDA graph (CudaBackendOptions::

@@ -44,6 +44,7 @@ def main():
         {"step": "gpu_prefill_2048", "bench": "prefill", "ms": 160.0, "tok_s": 12800.0},
         {"step": "gpu_decode", "bench": "decode", "tok_s": 340.0},
         {"step": "gpu_decode_managed", "bench": "decode", "tok_s": 300.0},
+        {"step": "gpu_decode_int8", "bench": "decode", "tok_s": 510.0},
         {"step": "cpu_decode", "bench": "decode", "tok_s": 68.0},
         {"step": "peer_gpu", "n_prompt": 512, "n_gen": 0, "avg_ts": 16000.0},
         {"step": "peer_gpu", "n_prompt": 2048, "n_gen": 0, "avg_ts": 6400.0},
@@ -71,6 +72,9 @@ def main():
         check(r == ["decode 128", "340.0 tok/s", "425.0 tok/s", "0.80x"], "decode", repr(r))
         r = row(out, "decode, managed memory")
         check(r is not None and r[1] == "300.0 tok/s", "decode on managed memory", repr(r))
+        r = row(out, "decode, int8 activations")
+        check(r == ["decode, int8 activations", "510.0 tok/s", "", "1.20x"],
+              "decode on int8 activations beside the peer", repr(r))
         r = row(out, "decode, op by op")
         check(r is not None and r[1] == "-" and r[3] == "-", "a missing variant", repr(r))
         r = row(out, "decode, this machine's CPU")
