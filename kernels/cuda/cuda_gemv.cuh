@@ -600,7 +600,8 @@ __device__ void quantize_q8_shared(const float* __restrict__ x, int64_t n, int8_
 // term is gemv_q8's to the bit and only the order in which the terms are
 // added differs.  Against the f32 path: a quarter of the activation bytes
 // read per weight and a quarter of the multiplies.  A warp takes RW weight
-// rows and has 4 slices' loads in flight (4 / RW steps) before it computes.
+// rows and has 4 slices' loads in flight (4 / RW steps) before it computes;
+// its first ones are issued before the block quantizes x.
 template <class S, int RW>
 __global__ void __launch_bounds__(32 * kGemvWarps)
     gemv_k_q8_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_in, int64_t n_out,
@@ -611,52 +612,58 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
   int8_t* xq = reinterpret_cast<int8_t*>(q8x);
   float* xd = reinterpret_cast<float*>(q8x + n_in);
   float* xs = xd + n_in / 32;
-  quantize_q8_shared(x, n_in, xq, xd, xs);
-  __syncthreads();
   constexpr int kSteps = 4 / RW;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / split) + warp / split) * RW;
   const int part = warp % split;
-  float acc[RW] = {};
-  if (o0 < n_out) {
-    const int64_t n_sb = n_in / 256, n_steps = (n_sb + S::kPerStep - 1) / S::kPerStep;
-    const int per_sb = 32 / S::kPerStep;  // lanes per super-block
-    for (int64_t first = part; first < n_steps; first += kSteps * split) {
-      S slice[kSteps][RW] = {};
-      int64_t sb[kSteps];
+  const int64_t n_sb = n_in / 256, n_steps = (n_sb + S::kPerStep - 1) / S::kPerStep;
+  const int per_sb = 32 / S::kPerStep;  // lanes per super-block
+  // The warp's next kSteps steps (those from `first`, split apart): their
+  // super-blocks (n_sb: none) and slices.
+  S slice[kSteps][RW] = {};
+  int64_t sb[kSteps];
+  auto load_steps = [&](int64_t first) {
 #pragma unroll
-      for (int u = 0; u < kSteps; ++u) {
-        const int64_t step = first + static_cast<int64_t>(u) * split;
-        sb[u] = step < n_steps ? S::kPerStep * step + lane / per_sb : n_sb;
+    for (int u = 0; u < kSteps; ++u) {
+      const int64_t step = first + static_cast<int64_t>(u) * split;
+      sb[u] = step < n_steps ? S::kPerStep * step + lane / per_sb : n_sb;
 #pragma unroll
-        for (int i = 0; i < RW; ++i) {
-          if (sb[u] < n_sb && o0 + i < n_out)
-            slice[u][i].load(w + static_cast<size_t>(o0 + i) * row_bytes, sb[u], lane);
-        }
+      for (int i = 0; i < RW; ++i) {
+        if (sb[u] < n_sb && o0 + i < n_out)
+          slice[u][i].load(w + static_cast<size_t>(o0 + i) * row_bytes, sb[u], lane);
       }
+    }
+  };
+  // The first steps' weights are on their way while the block quantizes x.
+  if (o0 < n_out) load_steps(part);
+  quantize_q8_shared(x, n_in, xq, xd, xs);
+  __syncthreads();
+  float acc[RW] = {};
+  for (int64_t first = part; o0 < n_out && first < n_steps;) {
 #pragma unroll
-      for (int u = 0; u < kSteps; ++u) {
+    for (int u = 0; u < kSteps; ++u) {
 #pragma unroll
-        for (int i = 0; i < RW; ++i) {
-          const bool valid = sb[u] < n_sb && o0 + i < n_out;
-          int v[S::kQ8Sums] = {};
-          if (valid) slice[u][i].q8_sums(xq + 256 * sb[u], lane, v);
+      for (int i = 0; i < RW; ++i) {
+        const bool valid = sb[u] < n_sb && o0 + i < n_out;
+        int v[S::kQ8Sums] = {};
+        if (valid) slice[u][i].q8_sums(xq + 256 * sb[u], lane, v);
 #pragma unroll
-          for (int t = 0; t < S::kQ8Sums; ++t) {
+        for (int t = 0; t < S::kQ8Sums; ++t) {
 #pragma unroll
-            for (int o = 1; o < S::kQ8Group; o <<= 1) v[t] += __shfl_xor_sync(0xffffffffu, v[t], o);
-          }
-          const int own = S::q8_owned(lane);
-          int isum = 0;
+          for (int o = 1; o < S::kQ8Group; o <<= 1) v[t] += __shfl_xor_sync(0xffffffffu, v[t], o);
+        }
+        const int own = S::q8_owned(lane);
+        int isum = 0;
 #pragma unroll
-          for (int t = 0; t < S::kQ8Sums; ++t) isum = t == own ? v[t] : isum;
-          if (valid && own >= 0) {
-            const int64_t blk = 8 * sb[u] + S::q8_block(lane, own);
-            slice[u][i].q8_add(acc[i], own, isum, xd[blk], xs[blk], lane);
-          }
+        for (int t = 0; t < S::kQ8Sums; ++t) isum = t == own ? v[t] : isum;
+        if (valid && own >= 0) {
+          const int64_t blk = 8 * sb[u] + S::q8_block(lane, own);
+          slice[u][i].q8_add(acc[i], own, isum, xd[blk], xs[blk], lane);
         }
       }
     }
+    first += static_cast<int64_t>(kSteps) * split;
+    if (first < n_steps) load_steps(first);
   }
 #pragma unroll
   for (int i = 0; i < RW; ++i) {
@@ -731,9 +738,10 @@ void launch_gemv(const WeightView& w, const float* x, int n_rows, const float* b
 }
 
 // Shared memory of the int8 path: the quantized activations (n_in bytes)
-// and two floats a 32-element block, within what a block gets without
-// opting into more (n_in up to ~39,000).
-constexpr size_t kGemvQ8MaxShared = size_t{48} << 10;
+// and two floats a 32-element block.  With the kernel's static shared
+// memory it stays within the 48 KiB a block gets without opting into more
+// (n_in up to about 37,000).
+constexpr size_t kGemvQ8MaxShared = size_t{46} << 10;
 inline size_t gemv_q8_shared_bytes(int64_t n_in) {
   return static_cast<size_t>(n_in) + 8 * static_cast<size_t>(n_in / 32);
 }

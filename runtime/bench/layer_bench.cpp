@@ -13,7 +13,7 @@
 //       f32 path, interleaved rounds, and how far their logits drift apart;
 //       then the time of a token spent outside the backend's ops.
 //   cb_layer_bench request [--chunks 8] [--tokens 512] [--ratio 0.2] [--threads 2] [--repeat 5]
-//                          [--backend cpu|cuda]
+//                          [--backend cpu|cuda] [--batch N]
 //       A RAG request of N cached chunks of T tokens (random ids) and a
 //       32-token question, fused in reuse and blend mode (the default
 //       policy at --ratio), interleaved, median of --repeat runs: the
@@ -23,6 +23,9 @@
 //       GPU cannot hide behind its kernels.  Loads run on the pipeline's
 //       loader thread, as in a RAG request; on CUDA the chunks are kept in
 //       GPU memory after the first request, as cb_bench ttft keeps them.
+//       --batch: rows per forward chunk (SessionOptions::n_batch; default
+//       the backend's, 256 on the CPU and 2048 on CUDA), so that the CPU
+//       can issue the calls a GPU session would.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -56,6 +59,7 @@ struct Options {
   double ratio = -1.0;  // unset: each command's default
   int64_t chunks = 8;
   BackendKind backend = BackendKind::kCpu;
+  int64_t batch = 0;  // request: rows per forward chunk, 0 the backend's
   int threads = 2;
   int repeat = 5;
 };
@@ -345,7 +349,7 @@ int cmd_request(const Options& o) {
   auto owned = std::make_unique<OpTimingBackend>(
       o.backend == BackendKind::kCuda ? make_cuda_backend(0) : make_cpu_backend(o.threads));
   OpTimingBackend& be = *owned;
-  Session s(*model, {.n_ctx = n, .n_threads = o.threads}, std::move(owned));
+  Session s(*model, {.n_ctx = n, .n_threads = o.threads, .n_batch = o.batch}, std::move(owned));
   BlendOptions reuse, blend;
   reuse.mode = BlendMode::kReuse;
   blend.schedule = single_check_schedule(blend.selection, static_cast<float>(ratio));
@@ -413,7 +417,7 @@ int usage() {
                "       cb_layer_bench decode [--tokens N] [--threads T] [--repeat K] "
                "[--model PATH]\n"
                "       cb_layer_bench request [--chunks N] [--tokens T] [--ratio R] "
-               "[--threads T] [--repeat K] [--backend cpu|cuda] [--model PATH]\n");
+               "[--threads T] [--repeat K] [--backend cpu|cuda] [--batch N] [--model PATH]\n");
   return 2;
 }
 
@@ -441,6 +445,12 @@ int main(int argc, char** argv) {
       } else {
         return usage();
       }
+    } else if (a == "--batch") {
+      o.batch = std::atoll(v);
+      if (o.batch < 1) {
+        std::fprintf(stderr, "cb_layer_bench: --batch must be at least 1\n");
+        return 2;
+      }
     } else if (a == "--chunks") {
       o.chunks = std::atoll(v);
     } else if (a == "--ratio") {
@@ -455,7 +465,7 @@ int main(int argc, char** argv) {
       return usage();
     }
   }
-  if (o.backend != BackendKind::kCpu && o.cmd != "request") return usage();
+  if ((o.backend != BackendKind::kCpu || o.batch != 0) && o.cmd != "request") return usage();
   try {
     if (o.cmd == "layer") return cmd_layer(o);
     if (o.cmd == "decode") return cmd_decode(o);
