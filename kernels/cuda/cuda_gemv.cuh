@@ -279,6 +279,19 @@ struct Q4kSlice {
     s1 = sw[1];
     s2 = sw[2];
   }
+  // The 6-bit scale and min of sub-block 2 j + t (q4k_scale_min on the
+  // words: it is byte 2 (j % 2) + t of them, bytes s and s + 4 for s < 4,
+  // s + 4 and s - 4 after).
+  __host__ __device__ void scale_min(int j, int t, int& sc, int& m) const {
+    const int sh = 16 * (j % 2) + 8 * t;
+    if (j < 2) {
+      sc = (s0 >> sh) & 63;
+      m = (s1 >> sh) & 63;
+    } else {
+      sc = ((s2 >> sh) & 0x0F) | (((s0 >> sh) >> 6 & 3) << 4);
+      m = ((s2 >> sh) >> 4 & 0x0F) | (((s1 >> sh) >> 6 & 3) << 4);
+    }
+  }
   // sum over the slice of w * x, x[0..32) the slice of x (bf16-rounded
   // with kRound) and sx its two sums of 16.
   template <bool kRound>
@@ -289,17 +302,8 @@ struct Q4kSlice {
     float total = 0.0f;
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
-      // q4k_scale_min_dev on words: sub-block 2j + t is byte 2 (j % 2) + t
-      // of them (bytes s and s + 4 for s < 4; s + 4 and s - 4 after).
-      const int sh = 16 * (j % 2) + 8 * t;
       int sc, m;
-      if (j < 2) {
-        sc = (s0 >> sh) & 63;
-        m = (s1 >> sh) & 63;
-      } else {
-        sc = ((s2 >> sh) & 0x0F) | (((s0 >> sh) >> 6 & 3) << 4);
-        m = ((s2 >> sh) >> 4 & 0x0F) | (((s1 >> sh) >> 6 & 3) << 4);
-      }
+      scale_min(j, t, sc, m);
       const float dd = __fmul_rn(d, static_cast<float>(sc));
       const float mm = __fmul_rn(dmin, static_cast<float>(m));
       float sqx = 0.0f;
@@ -352,16 +356,8 @@ struct Q4kSlice {
   }
   // acc += (d sc) dx isum - (dmin m) sx, as gemv_q8 (kernels/cpu) forms it.
   __host__ __device__ void q8_add(float& acc, int t, int isum, float dx, float sx, int lane) const {
-    const int j = (lane % 8) / 2;
-    const int sh = 16 * (j % 2) + 8 * t;
     int sc, m;
-    if (j < 2) {
-      sc = (s0 >> sh) & 63;
-      m = (s1 >> sh) & 63;
-    } else {
-      sc = ((s2 >> sh) & 0x0F) | (((s0 >> sh) >> 6 & 3) << 4);
-      m = ((s2 >> sh) >> 4 & 0x0F) | (((s1 >> sh) >> 6 & 3) << 4);
-    }
+    scale_min((lane % 8) / 2, t, sc, m);
     const float d = half_bits_to_float(static_cast<uint16_t>(dm));
     const float dmin = half_bits_to_float(static_cast<uint16_t>(dm >> 16));
     acc = add_rn(acc,
