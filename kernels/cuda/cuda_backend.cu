@@ -123,12 +123,11 @@ class CudaBackend final : public Backend {
     // Before the pool: a malformed CB_CUDA_F32_WEIGHTS_MB throws, and a
     // throwing constructor runs no destructor to free it.
     f32_budget_ = f32_weight_budget(opts.f32_weight_bytes, integrated != 0);
+    int8_gemv_ = int8_gemv_from_env(&int8_shape_);  // may throw, so before the pool too
     if (pools != 0) create_pool();
     profile_ = std::getenv("CB_CUDA_PROFILE") != nullptr;
     const char* bf16 = std::getenv("CB_CUDA_BF16");
     round_bf16_ = bf16 != nullptr && std::strcmp(bf16, "0") != 0;
-    const char* int8 = std::getenv("CB_CUDA_INT8");
-    int8_gemv_ = int8 != nullptr && std::strcmp(int8, "0") != 0;
     const char* graphs = std::getenv("CB_CUDA_GRAPHS");
     replay_ = graphs != nullptr ? std::strcmp(graphs, "0") != 0 : opts.replay_batches;
   }
@@ -853,7 +852,7 @@ class CudaBackend final : public Backend {
           "cudaMemsetAsync");
     } else if (n_rows <= gemv_max_rows_) {
       if (q8 && int8_gemv_ &&
-          launch_gemv_int8(w, dx, static_cast<int>(n_rows), db, dy, c.stream())) {
+          launch_gemv_int8(w, dx, static_cast<int>(n_rows), db, dy, c.stream(), int8_shape_)) {
         c.name("matmul_q8 gemv int8");
       } else if (rounded) {
         dispatch_type<LaunchGemvBf16>(w.type, w, dx, static_cast<int>(n_rows), db, dy, c.stream());
@@ -1471,6 +1470,23 @@ class CudaBackend final : public Backend {
     return integrated ? CudaMemory::kMapped : CudaMemory::kDevice;
   }
 
+  // CB_CUDA_INT8: unset or "0" off; "1" on; "RxS" on with R weight rows a
+  // warp and S warps a row (each 1, 2 or 4: a launch shape to measure).
+  static bool int8_gemv_from_env(Int8GemvShape* shape) {
+    const char* e = std::getenv("CB_CUDA_INT8");
+    if (e == nullptr || std::strcmp(e, "0") == 0) return false;
+    if (std::strcmp(e, "1") == 0) return true;
+    auto ok = [](char c) { return c == '1' || c == '2' || c == '4'; };
+    if (std::strlen(e) != 3 || !ok(e[0]) || e[1] != 'x' || !ok(e[2])) {
+      fail(
+          ErrorCode::kInvalidArgument,
+          std::string("CB_CUDA_INT8 must be 0, 1 or a launch shape such as 2x1 (got '") + e + "')");
+    }
+    shape->rows_per_warp = e[0] - '0';
+    shape->warps_per_row = e[2] - '0';
+    return true;
+  }
+
   // CudaBackendOptions::f32_weight_bytes in bytes.
   static int64_t f32_weight_budget(int64_t asked, bool integrated) {
     if (const char* mb = std::getenv("CB_CUDA_F32_WEIGHTS_MB")) {
@@ -1671,9 +1687,10 @@ class CudaBackend final : public Backend {
   CudaMemory memory_ = CudaMemory::kDevice;
   bool prefetch_ = false;
   uint64_t resident_kv_bytes_ = 0;
-  bool profile_ = false;     // CB_CUDA_PROFILE set: time every op
-  bool round_bf16_ = false;  // CB_CUDA_BF16 set (not "0"): matmul_q8 rounds to bf16
-  bool int8_gemv_ = false;   // CB_CUDA_INT8 set (not "0"): matmul_q8's GEMV takes int8 activations
+  bool profile_ = false;      // CB_CUDA_PROFILE set: time every op
+  bool round_bf16_ = false;   // CB_CUDA_BF16 set (not "0"): matmul_q8 rounds to bf16
+  bool int8_gemv_ = false;    // CB_CUDA_INT8 set (not "0"): matmul_q8's GEMV takes int8 activations
+  Int8GemvShape int8_shape_;  // CB_CUDA_INT8's launch shape, if it names one
   // CudaBackendOptions::replay_batches or CB_CUDA_GRAPHS, until a capture fails.
   std::atomic<bool> replay_{false};
   // begin_replay()'s recordings by key; under table_->mu.

@@ -7,7 +7,7 @@
 // pipeline's overlap of KV uploads (a loader thread) with layer compute
 // (--pipeline: only that part).  --gemv: only decode's products as a decode
 // token runs them, beside the shape llama.cpp's test-backend-ops times, on
-// f32 and on int8 activations (CB_CUDA_INT8).
+// f32 and on int8 activations (CB_CUDA_INT8, in every launch shape).
 // The single ops and the products run on managed memory, which this tool
 // fills from the host; uploads and the pipeline on the runtime's default,
 // device memory.
@@ -204,11 +204,9 @@ void run_kernels(cb::Backend& b) {
 // rate is the one the memory bandwidth bounds.  The shapes of
 // Qwen2.5-1.5B's projections and the one llama.cpp's `test-backend-ops perf
 // -o MUL_MAT` times (4096 outputs of 14336 inputs), in Q4_K and Q6_K (a
-// Q4_K_M file's two types).  `label` names the product: "matmul" (the f32
-// GEMV), or "matmul_q8" (on a backend made with CB_CUDA_INT8: int8
-// activations).
-void run_gemv(cb::Backend& be, const char* label) {
-  const bool q8 = std::strcmp(label, "matmul_q8") == 0;
+// Q4_K_M file's two types).  q8: matmul_q8 (int8 activations on a backend
+// made with CB_CUDA_INT8) instead of matmul; `label` names it in the table.
+void run_gemv(cb::Backend& be, bool q8, const std::string& label) {
   struct GemvShape {
     const char* name;
     int64_t n_out, n_in;
@@ -225,7 +223,7 @@ void run_gemv(cb::Backend& be, const char* label) {
   for (int64_t i = 0; i < 14336; ++i) x[i] = static_cast<float>(rng() % 1000) / 1000.0f;
   std::printf(
       "decode GEMV (%s), %d calls in a replayed batch, each on another of the weight's copies\n",
-      label, kCalls);
+      label.c_str(), kCalls);
   for (cb::DType t : {cb::DType::Q4_K, cb::DType::Q6_K}) {
     for (const GemvShape& sh : shapes) {
       const std::vector<uint8_t> host = random_weight(rng, t, sh.n_out, sh.n_in);
@@ -548,9 +546,14 @@ int main(int argc, char** argv) {
     cb::CudaBackendOptions managed;
     managed.memory = cb::CudaMemory::kManaged;
     if (gemv_only) {
-      run_gemv(*cb::make_cuda_backend(device, managed), "matmul");
-      setenv("CB_CUDA_INT8", "1", 1);  // read when the backend is made
-      run_gemv(*cb::make_cuda_backend(device, managed), "matmul_q8");
+      run_gemv(*cb::make_cuda_backend(device, managed), false, "matmul");
+      // The int8 GEMV as the backend launches it, then every launch shape
+      // (weight rows a warp x warps a row) for choosing its defaults.
+      for (const char* shape : {"1", "1x1", "1x2", "1x4", "2x1", "2x2", "4x1"}) {
+        setenv("CB_CUDA_INT8", shape, 1);  // read when the backend is made
+        run_gemv(*cb::make_cuda_backend(device, managed), true,
+                 std::string("matmul_q8, CB_CUDA_INT8=") + shape);
+      }
       return 0;
     }
     if (!pipeline_only) run_kernels(*cb::make_cuda_backend(device, managed));

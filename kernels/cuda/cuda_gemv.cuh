@@ -754,34 +754,51 @@ void launch_gemv_k_q8(const WeightView& w, const float* x, const float* bias, fl
   launch_check("gemv_k_q8_kernel");
 }
 
+// How gemv_k_q8_kernel is launched: weight rows a warp (1, 2 or 4) and
+// warps a row (1, 2 or 4); 0 lets launch_gemv_int8 choose.
+struct Int8GemvShape {
+  int rows_per_warp = 0;
+  int warps_per_row = 0;
+};
+
+template <DType T>
+void launch_gemv_k_q8_rw(const WeightView& w, const float* x, const float* bias, float* y,
+                         cudaStream_t st, int rw, int split) {
+  if (rw == 4) {
+    launch_gemv_k_q8<T, 4>(w, x, bias, y, st, split);
+  } else if (rw == 2) {
+    launch_gemv_k_q8<T, 2>(w, x, bias, y, st, split);
+  } else {
+    launch_gemv_k_q8<T, 1>(w, x, bias, y, st, split);
+  }
+}
+
 // matmul_q8's int8 GEMV, row by row, where it applies: Q4_K and Q6_K
 // weights (a Q4_K_M file's types), x and Q4_K weights 16-byte aligned, the
 // quantized row within kGemvQ8MaxShared.  False where it does not (the
 // caller takes another path).  Each block quantizes the whole row, so
-// fewer, larger blocks waste less: two weight rows a warp where rows are
-// many, else one row over two warps where the row has two steps or more.
+// fewer, larger blocks waste less: by default two weight rows a warp where
+// rows are many, else one row over two warps where the row has two steps
+// or more; `shape` overrides either (for measuring).
 inline bool launch_gemv_int8(const WeightView& w, const float* x, int n_rows, const float* bias,
-                             float* y, cudaStream_t st) {
+                             float* y, cudaStream_t st, Int8GemvShape shape = {}) {
   if (w.type != DType::Q4_K && w.type != DType::Q6_K) return false;
   if (gemv_q8_shared_bytes(w.n_in) > kGemvQ8MaxShared) return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
   if (w.type == DType::Q4_K && reinterpret_cast<uintptr_t>(w.data) % 16 != 0) return false;
   const int per_step = w.type == DType::Q4_K ? Q4kSlice::kPerStep : Q6kSlice::kPerStep;
   const int64_t steps = (w.n_in / 256 + per_step - 1) / per_step;
+  const int rw = shape.rows_per_warp > 0 ? shape.rows_per_warp : w.n_out >= 4096 ? 2 : 1;
+  const int split = shape.warps_per_row > 0        ? shape.warps_per_row
+                    : w.n_out >= 4096 || steps < 2 ? 1
+                                                   : 2;
   for (int r = 0; r < n_rows; ++r) {
     const float* xr = x + static_cast<int64_t>(r) * w.n_in;
     float* yr = y + static_cast<int64_t>(r) * w.n_out;
-    const int split = w.n_out >= 4096 || steps < 2 ? 1 : 2;
     if (w.type == DType::Q4_K) {
-      if (w.n_out >= 4096) {
-        launch_gemv_k_q8<DType::Q4_K, 2>(w, xr, bias, yr, st, split);
-      } else {
-        launch_gemv_k_q8<DType::Q4_K, 1>(w, xr, bias, yr, st, split);
-      }
-    } else if (w.n_out >= 4096) {
-      launch_gemv_k_q8<DType::Q6_K, 2>(w, xr, bias, yr, st, split);
+      launch_gemv_k_q8_rw<DType::Q4_K>(w, xr, bias, yr, st, rw, split);
     } else {
-      launch_gemv_k_q8<DType::Q6_K, 1>(w, xr, bias, yr, st, split);
+      launch_gemv_k_q8_rw<DType::Q6_K>(w, xr, bias, yr, st, rw, split);
     }
   }
   return true;

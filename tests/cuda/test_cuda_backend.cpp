@@ -55,9 +55,10 @@ std::unique_ptr<Backend> make_bf16_backend(CudaBackendOptions o = {}) {
   return be;
 }
 
-// A backend whose matmul_q8 GEMV takes int8 activations (CB_CUDA_INT8).
-std::unique_ptr<Backend> make_int8_backend() {
-  setenv("CB_CUDA_INT8", "1", 1);
+// A backend whose matmul_q8 GEMV takes int8 activations (CB_CUDA_INT8:
+// "1", or a launch shape).
+std::unique_ptr<Backend> make_int8_backend(const char* shape = "1") {
+  setenv("CB_CUDA_INT8", shape, 1);
   CudaBackendOptions o;
   o.memory = CudaMemory::kManaged;
   auto be = make_cuda_backend(0, o);
@@ -401,6 +402,58 @@ TEST_F(Cuda, Int8GemvMatchesCpuMatmulQ8) {
     be->matmul(w, dx, 1, y);
     be->matmul_q8(w, dx, 1, y8);
     EXPECT_TRUE(test::bitwise_equal(host(y8, 9), host(y, 9))) << dtype_name(t) << " n_in=" << n_in;
+  }
+}
+
+// Every launch shape CB_CUDA_INT8 can force (weight rows a warp x warps a
+// row) gives the CPU's product; shapes that differ only in rows a warp add
+// each row's terms in the same order, so their bits are equal.  A value it
+// does not know is a clear error.
+TEST_F(Cuda, Int8GemvLaunchShapes) {
+  std::mt19937 rng(13);
+  for (DType t : {DType::Q4_K, DType::Q6_K}) {
+    for (const auto& [n_out, n_in] : {std::pair<int64_t, int64_t>{4099, 1536}, {300, 8960}}) {
+      const std::vector<uint8_t> data = test::random_weight(rng, t, n_out, n_in);
+      const WeightView hw{data.data(), t, n_in, n_out};
+      const std::vector<float> x = test::random_floats(rng, n_in);
+      std::vector<double> exact, abs_sum;
+      test::matmul_f64(test::dequantize_all(hw), n_out, n_in, x.data(), 1, &exact, &abs_sum);
+      std::vector<int8_t> qs(static_cast<size_t>(n_in));
+      std::vector<float> d(static_cast<size_t>(n_in / 32)), sums(d.size());
+      std::vector<float> expect(static_cast<size_t>(n_out));
+      ref::quantize_q8a(x.data(), n_in, qs.data(), d.data(), sums.data());
+      ref::gemv_q8(hw, Q8Row{qs.data(), d.data(), sums.data()}, expect.data(), 0, n_out);
+      const float* dx = dev(x);
+      std::vector<float> one_row_a_warp;
+      for (const char* shape : {"1x1", "2x1", "4x1", "1x2", "2x2", "1x4"}) {
+        const auto be = make_int8_backend(shape);
+        const WeightView w = be->prepare_weight(hw);
+        float* y = dev(std::vector<float>(static_cast<size_t>(n_out), NAN));
+        be->matmul_q8(w, dx, 1, y);
+        const std::vector<float> got = host(y, static_cast<size_t>(n_out));
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_LE(std::fabs(got[i] - expect[i]), kMatmulRelTol * abs_sum[i] + 1e-30)
+              << dtype_name(t) << " " << n_out << "x" << n_in << " shape " << shape << " output "
+              << i;
+        }
+        if (shape[2] == '1') {
+          if (one_row_a_warp.empty()) one_row_a_warp = got;
+          EXPECT_TRUE(test::bitwise_equal(got, one_row_a_warp))
+              << dtype_name(t) << " " << n_out << "x" << n_in << " shape " << shape;
+        }
+      }
+    }
+  }
+  for (const char* bad : {"yes", "3x1", "2x", "1x8", "x"}) {
+    setenv("CB_CUDA_INT8", bad, 1);
+    try {
+      make_cuda_backend(0);
+      ADD_FAILURE() << "CB_CUDA_INT8=" << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << bad;
+      EXPECT_NE(std::string(e.what()).find("CB_CUDA_INT8"), std::string::npos) << e.what();
+    }
+    unsetenv("CB_CUDA_INT8");
   }
 }
 
