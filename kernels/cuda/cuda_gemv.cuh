@@ -210,14 +210,14 @@ __host__ __device__ __forceinline__ int dot4_i8(int a, int b, int c) {
 #endif
 }
 
-// Each byte of v less 32, modulo 256 (no borrow between bytes): Q6_K's
-// 6-bit quants as signed bytes.
-__host__ __device__ __forceinline__ int minus_32_bytes(uint32_t v) {
+// Each byte of v less `bias`, modulo 256 (no borrow between bytes): biased
+// quants (Q6_K's q - 32, Q4_0's q - 8, Q5_0's q - 16) as signed bytes.
+__host__ __device__ __forceinline__ int minus_bytes(uint32_t v, uint32_t bias) {
 #ifdef __CUDA_ARCH__
-  return static_cast<int>(__vsub4(v, 0x20202020u));
+  return static_cast<int>(__vsub4(v, bias * 0x01010101u));
 #else
   uint32_t r = 0;
-  for (int k = 0; k < 4; ++k) r |= ((((v >> (8 * k)) & 0xFFu) - 32u) & 0xFFu) << (8 * k);
+  for (int k = 0; k < 4; ++k) r |= ((((v >> (8 * k)) & 0xFFu) - bias) & 0xFFu) << (8 * k);
   return static_cast<int>(r);
 #endif
 }
@@ -260,6 +260,7 @@ __device__ __forceinline__ float byte_as_float(uint32_t v, float bias) {
 // low nibbles are elements 16 h .. 16 h + 15 of sub-block 2 j, the high
 // ones the same elements of sub-block 2 j + 1.
 struct Q4kSlice {
+  static constexpr int kUnit = 256;   // elements per super-block
   static constexpr int kPerStep = 4;  // super-blocks per warp step
   static constexpr int kElems = 32;   // x elements per lane
   uint4 q;
@@ -376,6 +377,7 @@ __host__ __device__ __forceinline__ uint32_t load_u32_a2(const uint8_t* p) {
 }
 
 struct Q6kSlice {
+  static constexpr int kUnit = 256;
   static constexpr int kPerStep = 2;
   static constexpr int kElems = 16;
   uint32_t a, bq, hq, sc01, sc23;
@@ -445,7 +447,7 @@ struct Q6kSlice {
       const uint32_t sw = k < 2 ? sc01 : sc23;
       const int sc = static_cast<int8_t>(sw >> (16 * (k % 2) + 8 * is));
       const int xv = *reinterpret_cast<const int*>(xq + 128 * n + 32 * k + l0);
-      v[k] = sc * dot4_i8(minus_32_bytes(qk[k]), xv, 0);
+      v[k] = sc * dot4_i8(minus_bytes(qk[k], 32), xv, 0);
     }
   }
   // Lanes 0-3 of each 8 finish blocks 4 n + 0..3.
@@ -460,6 +462,78 @@ struct Q6kSlice {
     acc = add_rn(acc, mul_rn(mul_rn(half_bits_to_float(d), dx), static_cast<float>(isum)));
   }
 };
+
+// The int8 path's slice of the 32-element block types with an integer
+// kernel on the CPU (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: the types of Q4_K_M
+// files whose rows are not whole super-blocks, and of Q4_0 / Q8_0 files):
+// a lane takes a whole block (its 16-bit loads, blocks being 2-byte
+// aligned), so no lanes share a block's sum.
+template <DType T>
+struct Block32Slice {
+  static constexpr int kUnit = 32;
+  static constexpr int kPerStep = 32;
+  static constexpr int kQ8Sums = 1;
+  static constexpr int kQ8Group = 1;
+  static constexpr bool kQ8 = T == DType::Q8_0;
+  static constexpr bool kQ5 = T == DType::Q5_0 || T == DType::Q5_1;
+  static constexpr bool kMin = T == DType::Q4_1 || T == DType::Q5_1;  // x = q d + m
+  static constexpr int kBlockBytes = 2 + (kMin ? 2 : 0) + (kQ5 ? 4 : 0) + (kQ8 ? 32 : 16);
+  // Each element's quant less this (as gemv_q8 takes them): Q4_0's q - 8,
+  // Q5_0's q - 16; the others unbiased.
+  static constexpr uint32_t kBias = T == DType::Q4_0 ? 8 : T == DType::Q5_0 ? 16 : 0;
+  uint32_t qw[kQ8 ? 8 : 4];  // the quant bytes
+  uint32_t qh = 0;           // Q5: bit i is element i's fifth bit
+  uint16_t d = 0, m = 0;
+  __host__ __device__ void load(const uint8_t* row, int64_t b, int) {
+    const uint8_t* blk = row + static_cast<size_t>(b) * kBlockBytes;
+    d = *reinterpret_cast<const uint16_t*>(blk);
+    if constexpr (kMin) m = *reinterpret_cast<const uint16_t*>(blk + 2);
+    const uint8_t* at = blk + (kMin ? 4 : 2);
+    if constexpr (kQ5) {
+      qh = load_u32_a2(at);
+      at += 4;
+    }
+    for (int k = 0; k < (kQ8 ? 8 : 4); ++k) qw[k] = load_u32_a2(at + 4 * k);
+  }
+  // Element i's fifth bit for elements i0 .. i0 + 3, at bit 4 of each byte.
+  __host__ __device__ uint32_t fifth_bits(int i0) const {
+    const uint32_t h = qh >> i0;
+    return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+  }
+  // v[0] = sum(q * xq) over the block (element j: the low nibble of byte j,
+  // element j + 16 its high nibble; Q8_0's bytes in order).
+  __host__ __device__ void q8_sums(const int8_t* xq, int, int (&v)[kQ8Sums]) const {
+    const int* xi = reinterpret_cast<const int*>(xq);
+    int sum = 0;
+    if constexpr (kQ8) {
+      for (int k = 0; k < 8; ++k) sum = dot4_i8(static_cast<int>(qw[k]), xi[k], sum);
+    } else {
+      for (int k = 0; k < 4; ++k) {
+        uint32_t lo = qw[k] & 0x0F0F0F0Fu, hi = (qw[k] >> 4) & 0x0F0F0F0Fu;
+        if constexpr (kQ5) {
+          lo |= fifth_bits(4 * k);
+          hi |= fifth_bits(16 + 4 * k);
+        }
+        sum = dot4_i8(minus_bytes(lo, kBias), xi[k], sum);
+        sum = dot4_i8(minus_bytes(hi, kBias), xi[k + 4], sum);
+      }
+    }
+    v[0] = sum;
+  }
+  __host__ __device__ static int q8_owned(int) { return 0; }
+  __host__ __device__ static int q8_block(int, int) { return 0; }
+  // acc += (d dx) isum (+ m sx), as gemv_q8 forms it.
+  __host__ __device__ void q8_add(float& acc, int, int isum, float dx, float sx, int) const {
+    acc = add_rn(acc, mul_rn(mul_rn(half_bits_to_float(d), dx), static_cast<float>(isum)));
+    if constexpr (kMin) acc = add_rn(acc, mul_rn(half_bits_to_float(m), sx));
+  }
+};
+
+// The int8 path's slice of weight type T.
+template <DType T>
+using Int8Slice =
+    std::conditional_t<T == DType::Q4_K, Q4kSlice,
+                       std::conditional_t<T == DType::Q6_K, Q6kSlice, Block32Slice<T>>>;
 
 // R activation rows (at most), RW weight rows per warp.
 template <class S, int R, int RW, bool kRound>
@@ -553,7 +627,7 @@ __host__ __device__ __forceinline__ int q8_round(float v, float id) {
 
 // x[0, n) quantized into shared memory as quantize_q8a writes it, bit for
 // bit: qs[0, n), d and s[0, n / 32).  Every thread of the block takes part:
-// 8 threads a 32-element block, 4 elements each.  n is a multiple of 256
+// 8 threads a 32-element block, 4 elements each.  n is a multiple of 32
 // and x 16-byte aligned.
 __device__ void quantize_q8_shared(const float* __restrict__ x, int64_t n, int8_t* qs, float* d,
                                    float* s) {
@@ -612,10 +686,10 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / split) + warp / split) * RW;
   const int part = warp % split;
-  const int64_t n_sb = n_in / 256, n_steps = (n_sb + S::kPerStep - 1) / S::kPerStep;
-  const int per_sb = 32 / S::kPerStep;  // lanes per super-block
+  const int64_t n_sb = n_in / S::kUnit, n_steps = (n_sb + S::kPerStep - 1) / S::kPerStep;
+  const int per_sb = 32 / S::kPerStep;  // lanes per unit
   // The warp's next kSteps steps (those from `first`, split apart): their
-  // super-blocks (n_sb: none) and slices.
+  // units (super-blocks, or blocks of 32; n_sb: none) and slices.
   S slice[kSteps][RW] = {};
   int64_t sb[kSteps];
   auto load_steps = [&](int64_t first) {
@@ -642,7 +716,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
       for (int i = 0; i < RW; ++i) {
         const bool valid = sb[u] < n_sb && o0 + i < n_out;
         int v[S::kQ8Sums] = {};
-        if (valid) slice[u][i].q8_sums(xq + 256 * sb[u], lane, v);
+        if (valid) slice[u][i].q8_sums(xq + S::kUnit * sb[u], lane, v);
 #pragma unroll
         for (int t = 0; t < S::kQ8Sums; ++t) {
 #pragma unroll
@@ -653,7 +727,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
 #pragma unroll
         for (int t = 0; t < S::kQ8Sums; ++t) isum = t == own ? v[t] : isum;
         if (valid && own >= 0) {
-          const int64_t blk = 8 * sb[u] + S::q8_block(lane, own);
+          const int64_t blk = S::kUnit / 32 * sb[u] + S::q8_block(lane, own);
           slice[u][i].q8_add(acc[i], own, isum, xd[blk], xs[blk], lane);
         }
       }
@@ -745,7 +819,7 @@ inline size_t gemv_q8_shared_bytes(int64_t n_in) {
 template <DType T, int RW>
 void launch_gemv_k_q8(const WeightView& w, const float* x, const float* bias, float* y,
                       cudaStream_t st, int split) {
-  using S = std::conditional_t<T == DType::Q4_K, Q4kSlice, Q6kSlice>;
+  using S = Int8Slice<T>;
   const int64_t rows_per_block = RW * (kGemvWarps / split);
   const unsigned blocks = static_cast<unsigned>((w.n_out + rows_per_block - 1) / rows_per_block);
   gemv_k_q8_kernel<S, RW><<<blocks, 32 * kGemvWarps, gemv_q8_shared_bytes(w.n_in), st>>>(
@@ -761,33 +835,16 @@ struct Int8GemvShape {
   int warps_per_row = 0;
 };
 
+// matmul_q8's int8 GEMV, row by row, for a weight of type T.  Each block
+// quantizes the whole row, so fewer, larger blocks waste less: by default
+// two weight rows a warp where rows are many, else one row over two warps
+// where the row has two steps or more; `shape` overrides either (for
+// measuring).
 template <DType T>
-void launch_gemv_k_q8_rw(const WeightView& w, const float* x, const float* bias, float* y,
-                         cudaStream_t st, int rw, int split) {
-  if (rw == 4) {
-    launch_gemv_k_q8<T, 4>(w, x, bias, y, st, split);
-  } else if (rw == 2) {
-    launch_gemv_k_q8<T, 2>(w, x, bias, y, st, split);
-  } else {
-    launch_gemv_k_q8<T, 1>(w, x, bias, y, st, split);
-  }
-}
-
-// matmul_q8's int8 GEMV, row by row, where it applies: Q4_K and Q6_K
-// weights (a Q4_K_M file's types), x and Q4_K weights 16-byte aligned, the
-// quantized row within kGemvQ8MaxShared.  False where it does not (the
-// caller takes another path).  Each block quantizes the whole row, so
-// fewer, larger blocks waste less: by default two weight rows a warp where
-// rows are many, else one row over two warps where the row has two steps
-// or more; `shape` overrides either (for measuring).
-inline bool launch_gemv_int8(const WeightView& w, const float* x, int n_rows, const float* bias,
-                             float* y, cudaStream_t st, Int8GemvShape shape = {}) {
-  if (w.type != DType::Q4_K && w.type != DType::Q6_K) return false;
-  if (gemv_q8_shared_bytes(w.n_in) > kGemvQ8MaxShared) return false;
-  if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
-  if (w.type == DType::Q4_K && reinterpret_cast<uintptr_t>(w.data) % 16 != 0) return false;
-  const int per_step = w.type == DType::Q4_K ? Q4kSlice::kPerStep : Q6kSlice::kPerStep;
-  const int64_t steps = (w.n_in / 256 + per_step - 1) / per_step;
+void launch_gemv_int8_rows(const WeightView& w, const float* x, int n_rows, const float* bias,
+                           float* y, cudaStream_t st, Int8GemvShape shape) {
+  using S = Int8Slice<T>;
+  const int64_t steps = (w.n_in / S::kUnit + S::kPerStep - 1) / S::kPerStep;
   const int rw = shape.rows_per_warp > 0 ? shape.rows_per_warp : w.n_out >= 4096 ? 2 : 1;
   const int split = shape.warps_per_row > 0        ? shape.warps_per_row
                     : w.n_out >= 4096 || steps < 2 ? 1
@@ -795,13 +852,50 @@ inline bool launch_gemv_int8(const WeightView& w, const float* x, int n_rows, co
   for (int r = 0; r < n_rows; ++r) {
     const float* xr = x + static_cast<int64_t>(r) * w.n_in;
     float* yr = y + static_cast<int64_t>(r) * w.n_out;
-    if (w.type == DType::Q4_K) {
-      launch_gemv_k_q8_rw<DType::Q4_K>(w, xr, bias, yr, st, rw, split);
+    if (rw == 4) {
+      launch_gemv_k_q8<T, 4>(w, xr, bias, yr, st, split);
+    } else if (rw == 2) {
+      launch_gemv_k_q8<T, 2>(w, xr, bias, yr, st, split);
     } else {
-      launch_gemv_k_q8_rw<DType::Q6_K>(w, xr, bias, yr, st, rw, split);
+      launch_gemv_k_q8<T, 1>(w, xr, bias, yr, st, split);
     }
   }
-  return true;
+}
+
+// matmul_q8's int8 GEMV where it applies: Q4_K, Q6_K, Q4_0, Q4_1, Q5_0,
+// Q5_1 and Q8_0 weights (Q4_K weights 16-byte aligned), x 16-byte aligned,
+// the quantized row within kGemvQ8MaxShared.  False where it does not (the
+// caller takes another path).
+inline bool launch_gemv_int8(const WeightView& w, const float* x, int n_rows, const float* bias,
+                             float* y, cudaStream_t st, Int8GemvShape shape = {}) {
+  if (gemv_q8_shared_bytes(w.n_in) > kGemvQ8MaxShared) return false;
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
+  switch (w.type) {
+    case DType::Q4_K:
+      if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0) return false;
+      launch_gemv_int8_rows<DType::Q4_K>(w, x, n_rows, bias, y, st, shape);
+      return true;
+    case DType::Q6_K:
+      launch_gemv_int8_rows<DType::Q6_K>(w, x, n_rows, bias, y, st, shape);
+      return true;
+    case DType::Q4_0:
+      launch_gemv_int8_rows<DType::Q4_0>(w, x, n_rows, bias, y, st, shape);
+      return true;
+    case DType::Q4_1:
+      launch_gemv_int8_rows<DType::Q4_1>(w, x, n_rows, bias, y, st, shape);
+      return true;
+    case DType::Q5_0:
+      launch_gemv_int8_rows<DType::Q5_0>(w, x, n_rows, bias, y, st, shape);
+      return true;
+    case DType::Q5_1:
+      launch_gemv_int8_rows<DType::Q5_1>(w, x, n_rows, bias, y, st, shape);
+      return true;
+    case DType::Q8_0:
+      launch_gemv_int8_rows<DType::Q8_0>(w, x, n_rows, bias, y, st, shape);
+      return true;
+    default:
+      return false;
+  }
 }
 
 template <DType T>

@@ -327,22 +327,28 @@ TEST_F(Cuda, MatmulQ8Bf16KeepsRowsOfAnyMagnitudeOnEitherPath) {
   }
 }
 
-// CB_CUDA_INT8: matmul_q8's GEMV on Q4_K and Q6_K weights is the CPU's
-// matmul_q8 (ref::quantize_q8a, then ref::gemv_q8), each row's block terms
-// the same and only their order of addition different, on every launch
-// shape (one row a warp over two warps, two rows a warp with a partial last
-// block, many steps a warp, a step with idle lanes), with and without a
-// bias, and replayed from a graph.  Other types, and rows too long for the
-// kernel's shared memory, keep the f32 GEMV.
+// CB_CUDA_INT8: matmul_q8's GEMV on Q4_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and
+// Q8_0 weights is the CPU's matmul_q8 (ref::quantize_q8a, then
+// ref::gemv_q8), each row's block terms the same and only their order of
+// addition different, on every launch shape (one row a warp over two
+// warps, two rows a warp with a partial last block, many steps a warp, a
+// step with idle lanes), with and without a bias, and replayed from a
+// graph.  Other types, and rows too long for the kernel's shared memory,
+// keep the f32 GEMV.
 TEST_F(Cuda, Int8GemvMatchesCpuMatmulQ8) {
   std::mt19937 rng(12);
   const auto be = make_int8_backend();
   struct Shape {
     int64_t n_out, n_in;
   };
-  for (DType t : {DType::Q4_K, DType::Q6_K}) {
-    for (const Shape sh :
-         {Shape{37, 256}, Shape{37, 1536}, Shape{4099, 1536}, Shape{300, 8960}, Shape{5, 1280}}) {
+  const std::vector<Shape> k_shapes = {{37, 256}, {37, 1536}, {4099, 1536}, {300, 8960}, {5, 1280}};
+  // The 32-element types: rows of 576 (SmolLM2) and 896 (Qwen2.5-0.5B),
+  // not whole super-blocks.
+  const std::vector<Shape> block_shapes = {{37, 576}, {37, 896}, {4099, 576}, {300, 4864}, {5, 32}};
+  for (DType t : {DType::Q4_K, DType::Q6_K, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                  DType::Q8_0}) {
+    const bool k_quant = t == DType::Q4_K || t == DType::Q6_K;
+    for (const Shape sh : k_quant ? k_shapes : block_shapes) {
       const std::vector<uint8_t> data = test::random_weight(rng, t, sh.n_out, sh.n_in);
       const WeightView hw{data.data(), t, sh.n_in, sh.n_out};
       const WeightView w = be->prepare_weight(hw);
@@ -393,7 +399,7 @@ TEST_F(Cuda, Int8GemvMatchesCpuMatmulQ8) {
   }
   // The f32 GEMV where the int8 one does not apply: bit for bit matmul().
   for (const auto& [t, n_in] :
-       {std::pair{DType::Q8_0, int64_t{1536}}, std::pair{DType::Q4_K, int64_t{40192}}}) {
+       {std::pair{DType::IQ4_NL, int64_t{1536}}, std::pair{DType::Q4_K, int64_t{40192}}}) {
     const std::vector<uint8_t> data = test::random_weight(rng, t, 9, n_in);
     const WeightView w = be->prepare_weight({data.data(), t, n_in, 9});
     const float* dx = dev(test::random_floats(rng, n_in));
@@ -411,8 +417,10 @@ TEST_F(Cuda, Int8GemvMatchesCpuMatmulQ8) {
 // does not know is a clear error.
 TEST_F(Cuda, Int8GemvLaunchShapes) {
   std::mt19937 rng(13);
-  for (DType t : {DType::Q4_K, DType::Q6_K}) {
-    for (const auto& [n_out, n_in] : {std::pair<int64_t, int64_t>{4099, 1536}, {300, 8960}}) {
+  for (DType t : {DType::Q4_K, DType::Q6_K, DType::Q5_0}) {
+    const bool k_quant = t != DType::Q5_0;
+    for (const auto& [n_out, n_in] :
+         {std::pair<int64_t, int64_t>{4099, k_quant ? 1536 : 896}, {300, k_quant ? 8960 : 4864}}) {
       const std::vector<uint8_t> data = test::random_weight(rng, t, n_out, n_in);
       const WeightView hw{data.data(), t, n_in, n_out};
       const std::vector<float> x = test::random_floats(rng, n_in);

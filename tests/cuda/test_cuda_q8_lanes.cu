@@ -1,6 +1,6 @@
 // The int8 GEMV's arithmetic (kernels/cuda/cuda_gemv.cuh, gemv_k_q8_kernel)
-// run on the host, where no GPU is: the lane-to-element layout of its Q4_K
-// and Q6_K slices, the integer sums a warp's shuffles add, the per-block
+// run on the host, where no GPU is: the lane-to-element layout of its Q4_K,
+// Q6_K and 32-element block slices, the integer sums a warp's shuffles add, the per-block
 // terms, and the activation quantization, against the CPU's matmul_q8
 // (cb::ref::quantize_q8a and gemv_q8).  Each warp step is replayed lane by
 // lane as the kernel runs it (the same functions, which are __host__
@@ -33,17 +33,20 @@ struct Q8Activations {
   }
 };
 
-// Random Q4_K or Q6_K rows (the test helpers are C++20, which this CUDA
-// build does not compile): random quant bytes, the f16 scale fields set to
+// Random rows of type t (the test helpers are C++20, which this CUDA build
+// does not compile): random quant bytes, the f16 scale fields set to
 // magnitudes in [2^-10, 2^-3) as the other kernel tests' weights.
-std::vector<uint8_t> random_k_weight(std::mt19937& rng, DType t, int64_t n_out, int64_t n_in) {
+std::vector<uint8_t> random_weight(std::mt19937& rng, DType t, int64_t n_out, int64_t n_in) {
   std::vector<uint8_t> data(dtype_row_bytes(t, n_in) * static_cast<size_t>(n_out));
   std::uniform_int_distribution<int> byte(0, 255);
   for (uint8_t& b : data) b = static_cast<uint8_t>(byte(rng));
   std::uniform_real_distribution<float> scale(-10.0f, -3.0f);
-  const size_t block = t == DType::Q4_K ? sizeof(BlockQ4_K) : sizeof(BlockQ6_K);
-  const std::vector<size_t> fields =
-      t == DType::Q4_K ? std::vector<size_t>{0, 2} : std::vector<size_t>{block - 2};
+  const size_t block = dtype_row_bytes(t, dtype_block_elems(t));
+  // The f16 fields: d (and dmin or m) first, except Q6_K's d, last.
+  const std::vector<size_t> fields = t == DType::Q6_K ? std::vector<size_t>{block - 2}
+                                     : t == DType::Q4_K || t == DType::Q4_1 || t == DType::Q5_1
+                                         ? std::vector<size_t>{0, 2}
+                                         : std::vector<size_t>{0};
   for (size_t at = 0; at < data.size(); at += block) {
     for (size_t f : fields) {
       const uint16_t h = f32_to_f16(std::exp2(scale(rng)));
@@ -67,7 +70,7 @@ std::vector<float> random_floats(std::mt19937& rng, int64_t n) {
 // the scale of f32 rounding: the terms' magnitudes, their parts apart.
 template <class S>
 float warp_row_product(const uint8_t* row, int64_t n_in, const Q8Activations& x, double* terms) {
-  const int64_t n_sb = n_in / 256, n_steps = (n_sb + S::kPerStep - 1) / S::kPerStep;
+  const int64_t n_sb = n_in / S::kUnit, n_steps = (n_sb + S::kPerStep - 1) / S::kPerStep;
   const int per_sb = 32 / S::kPerStep;
   float acc[32] = {};
   *terms = 0.0;
@@ -78,7 +81,7 @@ float warp_row_product(const uint8_t* row, int64_t n_in, const Q8Activations& x,
       const int64_t b = S::kPerStep * step + lane / per_sb;
       if (b >= n_sb) continue;
       slice[lane].load(row, b, lane);
-      slice[lane].q8_sums(x.qs.data() + 256 * b, lane, v[lane]);
+      slice[lane].q8_sums(x.qs.data() + S::kUnit * b, lane, v[lane]);
     }
     for (int t = 0; t < S::kQ8Sums; ++t) {
       for (int o = 1; o < S::kQ8Group; o <<= 1) {
@@ -91,7 +94,7 @@ float warp_row_product(const uint8_t* row, int64_t n_in, const Q8Activations& x,
       const int64_t b = S::kPerStep * step + lane / per_sb;
       const int own = S::q8_owned(lane);
       if (b >= n_sb || own < 0) continue;
-      const int64_t blk = 8 * b + S::q8_block(lane, own);
+      const int64_t blk = S::kUnit / 32 * b + S::q8_block(lane, own);
       // |terms| bounds the rounding of the sums: |term| and, for the
       // K-quants' mins, twice the min's part (q8_add with no integer sum).
       float term = 0.0f, min_part = 0.0f;
@@ -110,15 +113,17 @@ float warp_row_product(const uint8_t* row, int64_t n_in, const Q8Activations& x,
 }
 
 template <class S>
-void expect_rows_match_cpu(DType t, uint32_t seed) {
+void expect_rows_match_cpu(DType t, uint32_t seed, std::vector<int64_t> n_ins) {
   std::mt19937 rng(seed);
-  for (int64_t n_in : {256, 768, 1536, 8960}) {
+  for (int64_t n_in : n_ins) {
     const int64_t n_out = 7;
-    const std::vector<uint8_t> data = random_k_weight(rng, t, n_out, n_in);
+    const std::vector<uint8_t> data = random_weight(rng, t, n_out, n_in);
     const WeightView w{data.data(), t, n_in, n_out};
     std::vector<float> x = random_floats(rng, n_in);
-    for (int64_t i = 0; i < 32; ++i) x[static_cast<size_t>(i)] = 0.0f;  // a zero block
-    x[40] = 50.0f;                                                      // an outlier
+    if (n_in > 64) {
+      for (int64_t i = 0; i < 32; ++i) x[static_cast<size_t>(i)] = 0.0f;  // a zero block
+      x[40] = 50.0f;                                                      // an outlier
+    }
     const Q8Activations q(x);
     std::vector<float> expect(static_cast<size_t>(n_out));
     ref::gemv_q8(w, Q8Row{q.qs.data(), q.d.data(), q.s.data()}, expect.data(), 0, n_out);
@@ -137,11 +142,46 @@ void expect_rows_match_cpu(DType t, uint32_t seed) {
 }
 
 TEST(CudaInt8Lanes, Q4kSlicesGiveTheCpuProduct) {
-  expect_rows_match_cpu<Q4kSlice>(DType::Q4_K, 1);
+  expect_rows_match_cpu<Q4kSlice>(DType::Q4_K, 1, {256, 768, 1536, 8960});
 }
 
 TEST(CudaInt8Lanes, Q6kSlicesGiveTheCpuProduct) {
-  expect_rows_match_cpu<Q6kSlice>(DType::Q6_K, 2);
+  expect_rows_match_cpu<Q6kSlice>(DType::Q6_K, 2, {256, 768, 1536, 8960});
+}
+
+// The 32-element types: a lane a block, n_in not a multiple of 256 (the
+// rows of SmolLM2 (576) and Qwen2.5-0.5B (896)) and steps with idle lanes.
+TEST(CudaInt8Lanes, Block32SlicesGiveTheCpuProduct) {
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0}) {
+    SCOPED_TRACE(dtype_name(t));
+    const std::vector<int64_t> n_ins = {32, 576, 896, 4864};
+    switch (t) {
+      case DType::Q4_0:
+        expect_rows_match_cpu<Block32Slice<DType::Q4_0>>(t, 3, n_ins);
+        break;
+      case DType::Q4_1:
+        expect_rows_match_cpu<Block32Slice<DType::Q4_1>>(t, 4, n_ins);
+        break;
+      case DType::Q5_0:
+        expect_rows_match_cpu<Block32Slice<DType::Q5_0>>(t, 5, n_ins);
+        break;
+      case DType::Q5_1:
+        expect_rows_match_cpu<Block32Slice<DType::Q5_1>>(t, 6, n_ins);
+        break;
+      default:
+        expect_rows_match_cpu<Block32Slice<DType::Q8_0>>(t, 7, n_ins);
+        break;
+    }
+  }
+}
+
+// The slice's block size is the type's.
+TEST(CudaInt8Lanes, Block32SlicesReadWholeBlocks) {
+  EXPECT_EQ(Block32Slice<DType::Q4_0>::kBlockBytes, dtype_row_bytes(DType::Q4_0, 32));
+  EXPECT_EQ(Block32Slice<DType::Q4_1>::kBlockBytes, dtype_row_bytes(DType::Q4_1, 32));
+  EXPECT_EQ(Block32Slice<DType::Q5_0>::kBlockBytes, dtype_row_bytes(DType::Q5_0, 32));
+  EXPECT_EQ(Block32Slice<DType::Q5_1>::kBlockBytes, dtype_row_bytes(DType::Q5_1, 32));
+  EXPECT_EQ(Block32Slice<DType::Q8_0>::kBlockBytes, dtype_row_bytes(DType::Q8_0, 32));
 }
 
 // The kernel's quantization takes a block's largest magnitude from its 8
