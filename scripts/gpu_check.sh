@@ -213,6 +213,9 @@ if want tests; then
       CB_CUDA_BF16=$bf16 CB_MODEL=$REAL_TEST_MODEL step "real_test_c_api_bf16_$bf16" 120 \
         "$BIN/test_c_api"
     done
+    # Decode's products on int8 activations (the C API decodes with
+    # matmul_q8 by default): its answers and identities on real weights.
+    CB_CUDA_INT8=1 CB_MODEL=$REAL_TEST_MODEL step real_test_c_api_int8 120 "$BIN/test_c_api"
     # Against the float64 oracle: its logits are read from the build's
     # oracle/reference folder (the path compiled in), so it runs where that
     # folder was brought to the same path.
