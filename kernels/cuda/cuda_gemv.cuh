@@ -862,6 +862,23 @@ void launch_gemv_int8_rows(const WeightView& w, const float* x, int n_rows, cons
   }
 }
 
+// The weight types with an int8 slice.
+template <DType T>
+constexpr bool kHasInt8Slice =
+    T == DType::Q4_K || T == DType::Q6_K || T == DType::Q4_0 || T == DType::Q4_1 ||
+    T == DType::Q5_0 || T == DType::Q5_1 || T == DType::Q8_0;
+
+template <DType T>
+struct LaunchGemvInt8 {
+  static void run(const WeightView& w, const float* x, int n_rows, const float* bias, float* y,
+                  cudaStream_t st, Int8GemvShape shape, bool* launched) {
+    if constexpr (kHasInt8Slice<T>) {
+      launch_gemv_int8_rows<T>(w, x, n_rows, bias, y, st, shape);
+      *launched = true;
+    }
+  }
+};
+
 // matmul_q8's int8 GEMV where it applies: Q4_K, Q6_K, Q4_0, Q4_1, Q5_0,
 // Q5_1 and Q8_0 weights (Q4_K weights 16-byte aligned), x 16-byte aligned,
 // the quantized row within kGemvQ8MaxShared.  False where it does not (the
@@ -870,32 +887,10 @@ inline bool launch_gemv_int8(const WeightView& w, const float* x, int n_rows, co
                              float* y, cudaStream_t st, Int8GemvShape shape = {}) {
   if (gemv_q8_shared_bytes(w.n_in) > kGemvQ8MaxShared) return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
-  switch (w.type) {
-    case DType::Q4_K:
-      if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0) return false;
-      launch_gemv_int8_rows<DType::Q4_K>(w, x, n_rows, bias, y, st, shape);
-      return true;
-    case DType::Q6_K:
-      launch_gemv_int8_rows<DType::Q6_K>(w, x, n_rows, bias, y, st, shape);
-      return true;
-    case DType::Q4_0:
-      launch_gemv_int8_rows<DType::Q4_0>(w, x, n_rows, bias, y, st, shape);
-      return true;
-    case DType::Q4_1:
-      launch_gemv_int8_rows<DType::Q4_1>(w, x, n_rows, bias, y, st, shape);
-      return true;
-    case DType::Q5_0:
-      launch_gemv_int8_rows<DType::Q5_0>(w, x, n_rows, bias, y, st, shape);
-      return true;
-    case DType::Q5_1:
-      launch_gemv_int8_rows<DType::Q5_1>(w, x, n_rows, bias, y, st, shape);
-      return true;
-    case DType::Q8_0:
-      launch_gemv_int8_rows<DType::Q8_0>(w, x, n_rows, bias, y, st, shape);
-      return true;
-    default:
-      return false;
-  }
+  if (w.type == DType::Q4_K && reinterpret_cast<uintptr_t>(w.data) % 16 != 0) return false;
+  bool launched = false;
+  dispatch_type<LaunchGemvInt8>(w.type, w, x, n_rows, bias, y, st, shape, &launched);
+  return launched;
 }
 
 template <DType T>

@@ -151,28 +151,18 @@ TEST(CudaInt8Lanes, Q6kSlicesGiveTheCpuProduct) {
 
 // The 32-element types: a lane a block, n_in not a multiple of 256 (the
 // rows of SmolLM2 (576) and Qwen2.5-0.5B (896)) and steps with idle lanes.
+template <DType T>
+void expect_block32_rows_match_cpu(uint32_t seed) {
+  SCOPED_TRACE(dtype_name(T));
+  expect_rows_match_cpu<Block32Slice<T>>(T, seed, {32, 576, 896, 4864});
+}
+
 TEST(CudaInt8Lanes, Block32SlicesGiveTheCpuProduct) {
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0}) {
-    SCOPED_TRACE(dtype_name(t));
-    const std::vector<int64_t> n_ins = {32, 576, 896, 4864};
-    switch (t) {
-      case DType::Q4_0:
-        expect_rows_match_cpu<Block32Slice<DType::Q4_0>>(t, 3, n_ins);
-        break;
-      case DType::Q4_1:
-        expect_rows_match_cpu<Block32Slice<DType::Q4_1>>(t, 4, n_ins);
-        break;
-      case DType::Q5_0:
-        expect_rows_match_cpu<Block32Slice<DType::Q5_0>>(t, 5, n_ins);
-        break;
-      case DType::Q5_1:
-        expect_rows_match_cpu<Block32Slice<DType::Q5_1>>(t, 6, n_ins);
-        break;
-      default:
-        expect_rows_match_cpu<Block32Slice<DType::Q8_0>>(t, 7, n_ins);
-        break;
-    }
-  }
+  expect_block32_rows_match_cpu<DType::Q4_0>(3);
+  expect_block32_rows_match_cpu<DType::Q4_1>(4);
+  expect_block32_rows_match_cpu<DType::Q5_0>(5);
+  expect_block32_rows_match_cpu<DType::Q5_1>(6);
+  expect_block32_rows_match_cpu<DType::Q8_0>(7);
 }
 
 // The slice's block size is the type's.
