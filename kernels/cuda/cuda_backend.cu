@@ -55,6 +55,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/quant_blocks.h"
 #include "kernels/cuda/cuda_attention.cuh"
+#include "kernels/cuda/cuda_attention_tiles.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_gemv.cuh"
@@ -124,6 +125,7 @@ class CudaBackend final : public Backend {
     // throwing constructor runs no destructor to free it.
     f32_budget_ = f32_weight_budget(opts.f32_weight_bytes, integrated != 0);
     int8_gemv_ = int8_gemv_from_env(&int8_shape_);  // may throw, so before the pool too
+    if (attention_tiles_from_env()) tiles_max_head_dim_ = prepare_attention_tiles();
     if (pools != 0) create_pool();
     profile_ = std::getenv("CB_CUDA_PROFILE") != nullptr;
     const char* bf16 = std::getenv("CB_CUDA_BF16");
@@ -363,6 +365,11 @@ class CudaBackend final : public Backend {
     d.q_pos = c.in(a.q_pos, a.n_q);
     stage_kv(c, a, d);
     d.out = c.out(a.out, q_elems, false);
+    if (a.n_q >= kAttnGemmMinRows && a.n_kv > 0 && launch_attention_tiles(d, c.stream())) {
+      c.name("attention tiles");
+      c.finish();
+      return;
+    }
     if (a.n_q >= kAttnGemmMinRows && a.n_kv > 0) {
       c.name("attention gemm");
       c.uncapturable("its GEMMs take scratch memory");
@@ -809,6 +816,11 @@ class CudaBackend final : public Backend {
   // Batches replayed from a CUDA graph so far (cuda_graph_launches()).
   int64_t graph_launches() const {
     return graph_launches_.load();
+  }
+
+  // Attention calls run by attention_tiles_kernel (cuda_attention_tiles_launches()).
+  int64_t attention_tiles_launches() const {
+    return attention_tiles_launches_.load();
   }
 
   // Bytes of the f32 weight copies kept so far (cuda_kept_f32_bytes()).
@@ -1470,6 +1482,80 @@ class CudaBackend final : public Backend {
     return integrated ? CudaMemory::kMapped : CudaMemory::kDevice;
   }
 
+  // CB_CUDA_ATTN: unset or "gemm": attention of many query rows through
+  // cuBLAS; "tiles": attention_tiles_kernel (cuda_attention_tiles.cuh).
+  static bool attention_tiles_from_env() {
+    const char* e = std::getenv("CB_CUDA_ATTN");
+    if (e == nullptr || std::strcmp(e, "gemm") == 0) return false;
+    if (std::strcmp(e, "tiles") == 0) return true;
+    fail(ErrorCode::kInvalidArgument,
+         std::string("CB_CUDA_ATTN must be gemm or tiles (got '") + e + "')");
+  }
+
+  // Lets attention_tiles_kernel take the shared memory it needs for each
+  // head size the device can hold (~89 KB a block at 128 dims, ~154 KB at
+  // 256: above the 48 KB a launch gets by default); returns the largest.
+  int64_t prepare_attention_tiles() {
+    int optin = 0;
+    cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_),
+               "cudaDeviceGetAttribute");
+    int64_t largest = 0;
+    auto allow = [&](auto hd) {
+      constexpr int kHd = decltype(hd)::value;
+      constexpr size_t bytes = TileLayout<kHd>::kBytes;
+      if (bytes > static_cast<size_t>(optin)) return;
+      const int b = static_cast<int>(bytes);
+      cuda_check(cudaFuncSetAttribute(attention_tiles_kernel<float, kHd>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, b),
+                 "cudaFuncSetAttribute");
+      cuda_check(cudaFuncSetAttribute(attention_tiles_kernel<uint16_t, kHd>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, b),
+                 "cudaFuncSetAttribute");
+      largest = kHd;
+    };
+    allow(std::integral_constant<int, 64>{});
+    allow(std::integral_constant<int, 128>{});
+    allow(std::integral_constant<int, 256>{});
+    return largest;
+  }
+
+  // attention() of many rows by attention_tiles_kernel (device arguments),
+  // where CB_CUDA_ATTN asks for it and the kernel has the shape: head sizes
+  // 64, 128 and 256, at most 64 query heads a KV head.  False: not launched.
+  bool launch_attention_tiles(const AttentionArgs& d, cudaStream_t st) {
+    const int64_t group = d.n_head / d.n_head_kv;
+    if (d.head_dim > tiles_max_head_dim_ || group > kTileRows || d.n_kv > INT32_MAX ||
+        d.n_head_kv > 65535) {
+      return false;
+    }
+    const int64_t per_tile = kTileRows / group;
+    const int64_t blocks = (d.n_q + per_tile - 1) / per_tile;
+    if (blocks > INT32_MAX) return false;
+    const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(d.n_head_kv));
+    auto launch = [&](auto hd) {
+      constexpr int kHd = decltype(hd)::value;
+      constexpr size_t bytes = TileLayout<kHd>::kBytes;
+      if (d.kv_type == DType::F16) {
+        attention_tiles_kernel<uint16_t, kHd><<<grid, kTileThreads, bytes, st>>>(d, group);
+      } else {
+        attention_tiles_kernel<float, kHd><<<grid, kTileThreads, bytes, st>>>(d, group);
+      }
+      launch_check("attention_tiles_kernel");
+      ++attention_tiles_launches_;
+      return true;
+    };
+    switch (d.head_dim) {
+      case 64:
+        return launch(std::integral_constant<int, 64>{});
+      case 128:
+        return launch(std::integral_constant<int, 128>{});
+      case 256:
+        return launch(std::integral_constant<int, 256>{});
+      default:
+        return false;
+    }
+  }
+
   // CB_CUDA_INT8: unset or "0" off; "1" on; "RxS" on with R weight rows a
   // warp and S warps a row (each 1, 2 or 4: a launch shape to measure).
   static bool int8_gemv_from_env(Int8GemvShape* shape) {
@@ -1691,11 +1777,15 @@ class CudaBackend final : public Backend {
   bool round_bf16_ = false;   // CB_CUDA_BF16 set (not "0"): matmul_q8 rounds to bf16
   bool int8_gemv_ = false;    // CB_CUDA_INT8 set (not "0"): matmul_q8's GEMV takes int8 activations
   Int8GemvShape int8_shape_;  // CB_CUDA_INT8's launch shape, if it names one
+  // CB_CUDA_ATTN=tiles: the largest head size attention_tiles_kernel runs
+  // on this device (0: the cuBLAS path for every shape).
+  int64_t tiles_max_head_dim_ = 0;
   // CudaBackendOptions::replay_batches or CB_CUDA_GRAPHS, until a capture fails.
   std::atomic<bool> replay_{false};
   // begin_replay()'s recordings by key; under table_->mu.
   std::unordered_map<uint64_t, std::unique_ptr<Recording>> recordings_;
   std::atomic<int64_t> graph_launches_{0};
+  std::atomic<int64_t> attention_tiles_launches_{0};
   struct ProfileTotal {
     long long calls = 0;
     double ms = 0.0;
@@ -1754,6 +1844,14 @@ int64_t graph_launches(Backend& be) {
   return cb->graph_launches();
 }
 
+int64_t attention_tiles_launches(Backend& be) {
+  auto* cb = dynamic_cast<CudaBackend*>(&be);
+  if (cb == nullptr) {
+    fail(ErrorCode::kInvalidArgument, "cuda_attention_tiles_launches: not a CUDA backend");
+  }
+  return cb->attention_tiles_launches();
+}
+
 double elapsed_ms(const CudaMark& from, const CudaMark& to) {
   if (!from || !to) fail(ErrorCode::kInvalidArgument, "cuda_elapsed_ms: empty mark");
   const cudaEvent_t a = from->ev, b = to->ev;
@@ -1771,6 +1869,6 @@ extern "C" __attribute__((visibility("default"))) const cb::CudaPluginApi* cb_cu
   static const cb::CudaPluginApi api{
       cb::kCudaPluginInterface, CB_PROJECT_VERSION, &cb::device_count,
       &cb::make_backend,        &cb::mark,          &cb::elapsed_ms,
-      &cb::kept_f32_bytes,      &cb::graph_launches};
+      &cb::kept_f32_bytes,      &cb::graph_launches, &cb::attention_tiles_launches};
   return &api;
 }

@@ -111,4 +111,9 @@ int64_t cuda_kept_f32_bytes(Backend& be);
 // tools.  kInvalidArgument for any other backend.
 int64_t cuda_graph_launches(Backend& be);
 
+// Attention calls a backend from make_cuda_backend() has run with the tiled
+// kernel so far (CB_CUDA_ATTN=tiles; 0 without it): for tests and tools.
+// kInvalidArgument for any other backend.
+int64_t cuda_attention_tiles_launches(Backend& be);
+
 }  // namespace cb

@@ -139,4 +139,8 @@ int64_t cuda_graph_launches(Backend& be) {
   return api_or_fail().graph_launches(be);
 }
 
+int64_t cuda_attention_tiles_launches(Backend& be) {
+  return api_or_fail().attention_tiles_launches(be);
+}
+
 }  // namespace cb

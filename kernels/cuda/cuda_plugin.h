@@ -12,7 +12,7 @@ namespace cb {
 
 // Raised whenever the table, CudaBackendOptions or the Backend interface
 // changes shape.
-inline constexpr int kCudaPluginInterface = 7;
+inline constexpr int kCudaPluginInterface = 8;
 inline constexpr const char* kCudaPluginEntryPoint = "cb_cuda_plugin_api";
 
 struct CudaPluginApi {
@@ -24,6 +24,7 @@ struct CudaPluginApi {
   double (*elapsed_ms)(const CudaMark& from, const CudaMark& to);
   int64_t (*kept_f32_bytes)(Backend& be);
   int64_t (*graph_launches)(Backend& be);
+  int64_t (*attention_tiles_launches)(Backend& be);
 };
 
 }  // namespace cb

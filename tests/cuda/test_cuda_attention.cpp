@@ -48,57 +48,26 @@ AttentionArgs host_args(const AttnCase& c, const std::vector<float>& q, const st
   return a;
 }
 
-// Both paths: fewer than 32 query rows run the kernel, more go through
-// cuBLAS (scores by GEMM, softmax over each row's visible keys, a GEMM with
-// V).  Query rows are a subset of positions in any order, including a
-// negative one (sees no key: zero output) and positions past n_kv (see
-// every key); GQA groups of 1, 3 and 4; head sizes that are not a multiple
-// of 32; key counts that cross the kernel's 32-key tiles; sliding windows
-// starting inside a tile, on a tile boundary, wider than a row's history;
-// f32 and f16 caches (the reference reads the widened values); many rows
-// ascending over the whole context (a blend's) or in any order; a key bias
-// (up or down, for some rows only, its block starting and ending inside a
-// tile, with a window) on both paths; rows in a second block of scores.
-TEST_F(Cuda, AttentionMatchesReference) {
-  std::mt19937 rng(12);
-  auto positions = [&](int n, int32_t n_kv) {
-    std::vector<int32_t> p(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i)
-      p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % (n_kv + 20));
-    p[3] = -1;
-    return p;
-  };
-  auto spread = [](int n, int32_t n_kv) {  // a blend's rows: ascending, over the whole context
-    std::vector<int32_t> p(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>(i * n_kv / n);
-    return p;
-  };
-  const std::vector<AttnCase> cases = {
-      {1, 1, 64, 1, {0}},
-      {3, 1, 64, 70, {69, 0, 31, 32, 33, 5}},
-      {6, 2, 72, 100, {99, 40, -1, 63, 64, 200}},
-      {8, 2, 128, 257, {256, 128, 1, 255, 100}},
-      {4, 4, 256, 40, {39, 7, 12}},
-      {2, 1, 17, 33, {32, 31, 0}},
-      {4, 1, 256, 300, {299, 63, 150, 40, 3}, 32},
-      {6, 2, 72, 100, {99, 40, 63, 64, 200}, 20},
-      {6, 2, 72, 100, positions(40, 100)},
-      {8, 2, 128, 300, positions(70, 300)},
-      {2, 1, 17, 33, positions(33, 33)},
-      {4, 1, 64, 300, positions(64, 300), 32},
-      {12, 2, 128, 520, positions(512, 520)},
-      {12, 2, 128, 1100, spread(300, 1100)},
-      {9, 3, 64, 700, positions(200, 700), 64},
-      {6, 2, 72, 100, {99, 40, -1, 63, 64, 200}, 0, {10, 61, 50, -0.7f}},
-      {4, 1, 64, 90, {89, 5, 30}, 0, {0, 33, 0, 2.3f}},
-      {6, 2, 72, 100, {99, 40, 63, 64, 200}, 20, {45, 70, 60, 1.1f}},
-      {8, 2, 128, 300, positions(70, 300), 0, {3, 250, 100, -1.6f}},
-      {12, 2, 128, 1100, spread(300, 1100), 0, {0, 1000, 1000, 0.9f}},
-      {9, 3, 64, 700, positions(200, 700), 64, {100, 650, 300, -2.0f}},
-      // Rows past the first block of scores (256 rows of 64 heads x 2048
-      // keys): their positions and bias come from the block's offset.
-      {64, 8, 16, 2048, spread(300, 2048), 0, {100, 1500, 1000, -1.2f}},
-  };
+// Query positions for the cases: any order, including a negative one (sees
+// no key: zero output) and positions past n_kv (see every key).
+std::vector<int32_t> positions(int n, int32_t n_kv) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % (n_kv + 20));
+  p[3] = -1;
+  return p;
+}
+// A blend's rows: ascending, over the whole context.
+std::vector<int32_t> spread(int n, int32_t n_kv) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>(i * n_kv / n);
+  return p;
+}
+
+// Every case on `be`, with f32 and f16 caches, against ref::attention; `dev`
+// puts a host vector in device-readable memory.
+template <class Dev>
+void expect_attention_matches_reference(Backend& be, Dev&& dev, const std::vector<AttnCase>& cases,
+                                        std::mt19937& rng) {
   for (const bool f16 : {false, true}) {
     for (const AttnCase& c : cases) {
       const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
@@ -131,8 +100,8 @@ TEST_F(Cuda, AttentionMatchesReference) {
         d.v = dev(v);
       }
       d.out = dev(std::vector<float>(q.size(), NAN));
-      be_->attention(d);
-      const std::vector<float> got = host(d.out, q.size());
+      be.attention(d);
+      const std::vector<float> got(d.out, d.out + q.size());  // managed memory
       int bad = 0;
       for (size_t i = 0; i < got.size(); ++i) {
         if (!(std::fabs(got[i] - expect[i]) <= 1e-5) && ++bad <= 3) {
@@ -143,6 +112,132 @@ TEST_F(Cuda, AttentionMatchesReference) {
       }
     }
   }
+}
+
+// Both paths: fewer than 32 query rows run the kernel, more go through
+// cuBLAS (scores by GEMM, softmax over each row's visible keys, a GEMM with
+// V).  Query rows are a subset of positions in any order, including a
+// negative one (sees no key: zero output) and positions past n_kv (see
+// every key); GQA groups of 1, 3 and 4; head sizes that are not a multiple
+// of 32; key counts that cross the kernel's 32-key tiles; sliding windows
+// starting inside a tile, on a tile boundary, wider than a row's history;
+// f32 and f16 caches (the reference reads the widened values); many rows
+// ascending over the whole context (a blend's) or in any order; a key bias
+// (up or down, for some rows only, its block starting and ending inside a
+// tile, with a window) on both paths; rows in a second block of scores.
+TEST_F(Cuda, AttentionMatchesReference) {
+  std::mt19937 rng(12);
+  const std::vector<AttnCase> cases = {
+      {1, 1, 64, 1, {0}},
+      {3, 1, 64, 70, {69, 0, 31, 32, 33, 5}},
+      {6, 2, 72, 100, {99, 40, -1, 63, 64, 200}},
+      {8, 2, 128, 257, {256, 128, 1, 255, 100}},
+      {4, 4, 256, 40, {39, 7, 12}},
+      {2, 1, 17, 33, {32, 31, 0}},
+      {4, 1, 256, 300, {299, 63, 150, 40, 3}, 32},
+      {6, 2, 72, 100, {99, 40, 63, 64, 200}, 20},
+      {6, 2, 72, 100, positions(40, 100)},
+      {8, 2, 128, 300, positions(70, 300)},
+      {2, 1, 17, 33, positions(33, 33)},
+      {4, 1, 64, 300, positions(64, 300), 32},
+      {12, 2, 128, 520, positions(512, 520)},
+      {12, 2, 128, 1100, spread(300, 1100)},
+      {9, 3, 64, 700, positions(200, 700), 64},
+      {6, 2, 72, 100, {99, 40, -1, 63, 64, 200}, 0, {10, 61, 50, -0.7f}},
+      {4, 1, 64, 90, {89, 5, 30}, 0, {0, 33, 0, 2.3f}},
+      {6, 2, 72, 100, {99, 40, 63, 64, 200}, 20, {45, 70, 60, 1.1f}},
+      {8, 2, 128, 300, positions(70, 300), 0, {3, 250, 100, -1.6f}},
+      {12, 2, 128, 1100, spread(300, 1100), 0, {0, 1000, 1000, 0.9f}},
+      {9, 3, 64, 700, positions(200, 700), 64, {100, 650, 300, -2.0f}},
+      // Rows past the first block of scores (256 rows of 64 heads x 2048
+      // keys): their positions and bias come from the block's offset.
+      {64, 8, 16, 2048, spread(300, 2048), 0, {100, 1500, 1000, -1.2f}},
+  };
+  expect_attention_matches_reference(*be_, [&](const auto& v) { return dev(v); }, cases, rng);
+}
+
+// CB_CUDA_ATTN=tiles: attention of 32 or more rows by attention_tiles_kernel
+// (head sizes 64, 128 and 256; other shapes keep the cuBLAS path), on the
+// cases like those above and a prefill chunk's consecutive rows; a row's output the
+// same bits whichever rows share its call (a blend's rows against a
+// prefill's); a bad value refused.
+TEST_F(Cuda, TiledAttentionMatchesReference) {
+  setenv("CB_CUDA_ATTN", "tiles", 1);
+  CudaBackendOptions o;
+  o.memory = CudaMemory::kManaged;
+  std::unique_ptr<Backend> tiles = make_cuda_backend(0, o);
+  unsetenv("CB_CUDA_ATTN");
+  std::mt19937 rng(13);
+  std::vector<int32_t> chunk(150);
+  for (int i = 0; i < 150; ++i) chunk[static_cast<size_t>(i)] = 450 + i;
+  const std::vector<AttnCase> cases = {
+      {8, 2, 128, 257, {256, 128, 1, 255, 100}},
+      {12, 2, 128, 520, positions(512, 520)},
+      {12, 2, 128, 1100, spread(300, 1100)},
+      {14, 2, 64, 900, spread(130, 900)},
+      {12, 2, 128, 600, chunk},
+      {9, 3, 64, 700, positions(200, 700), 64},
+      {4, 1, 256, 300, positions(64, 300), 32},
+      {8, 1, 128, 600, chunk, 100},
+      {6, 2, 72, 100, positions(40, 100)},
+      {12, 2, 128, 1100, spread(300, 1100), 0, {0, 1000, 1000, 0.9f}},
+      {9, 3, 64, 700, positions(200, 700), 64, {100, 650, 300, -2.0f}},
+      {4, 4, 256, 2048, spread(300, 2048), 0, {100, 1500, 1000, -1.2f}},
+  };
+  expect_attention_matches_reference(*tiles, [&](const auto& v) { return dev(v); }, cases, rng);
+  EXPECT_GT(cuda_attention_tiles_launches(*tiles), 0);
+  EXPECT_EQ(cuda_attention_tiles_launches(*be_), 0);
+
+  // 40 rows of a prefill chunk and 40 spread rows sharing 8 positions.
+  const int64_t n_head = 12, n_head_kv = 2, hd = 128, n_kv = 800;
+  const std::vector<float> k = test::random_floats(rng, n_kv * n_head_kv * hd);
+  const std::vector<float> v = test::random_floats(rng, n_kv * n_head_kv * hd);
+  const std::vector<float> q_at = test::random_floats(rng, n_kv * n_head * hd);  // per position
+  const size_t row = static_cast<size_t>(n_head * hd);
+  auto run = [&](const std::vector<int32_t>& pos) {
+    std::vector<float> q(pos.size() * row);
+    for (size_t i = 0; i < pos.size(); ++i)
+      std::copy_n(q_at.begin() + pos[i] * static_cast<int64_t>(row), row, q.begin() + i * row);
+    AttentionArgs a;
+    a.q = dev(q);
+    a.q_pos = dev(pos);
+    a.n_q = static_cast<int64_t>(pos.size());
+    a.k = dev(k);
+    a.v = dev(v);
+    a.n_kv = n_kv;
+    a.n_head = n_head;
+    a.n_head_kv = n_head_kv;
+    a.head_dim = hd;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    float* out = dev(std::vector<float>(q.size(), NAN));
+    a.out = out;
+    tiles->attention(a);
+    return host(out, q.size());
+  };
+  std::vector<int32_t> prefill(40), blend(40);
+  for (int i = 0; i < 40; ++i) {
+    prefill[static_cast<size_t>(i)] = 600 + i;
+    blend[static_cast<size_t>(i)] = i < 8 ? 600 + 5 * i : 20 * i;
+  }
+  std::sort(blend.begin(), blend.end());
+  const std::vector<float> from_prefill = run(prefill), from_blend = run(blend);
+  for (size_t i = 0; i < blend.size(); ++i) {
+    if (blend[i] < 600 || blend[i] >= 640) continue;
+    const size_t p = static_cast<size_t>(blend[i] - 600);
+    EXPECT_TRUE(std::equal(from_blend.begin() + i * row, from_blend.begin() + (i + 1) * row,
+                           from_prefill.begin() + p * row))
+        << "position " << blend[i];
+  }
+
+  setenv("CB_CUDA_ATTN", "flash", 1);
+  try {
+    make_cuda_backend(0, o);
+    ADD_FAILURE() << "CB_CUDA_ATTN=flash was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("CB_CUDA_ATTN"), std::string::npos) << e.what();
+  }
+  unsetenv("CB_CUDA_ATTN");
 }
 
 // The same sums as the CPU backend, from device K/V into host memory.

@@ -1,0 +1,223 @@
+// The tiled attention kernel (kernels/cuda/cuda_attention_tiles.cuh) run on
+// the host, where no GPU is: each thread block's phases run thread after
+// thread (the kernel's own __host__ __device__ code: its indexing, masks,
+// online softmax and sums), against the scalar reference (cb::ref::attention)
+// at the GPU tests' tolerance.  Shared memory starts as NaN, so a read of
+// something no phase wrote shows.  What only a GPU can show (the launch,
+// the barriers, the device's expf) is Cuda.TiledAttentionMatchesReference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/reference_ops.h"
+#include "kernels/cuda/cuda_attention_tiles.cuh"
+#include "platform/half.h"
+
+namespace cb {
+namespace {
+
+template <int HD>
+struct HostTileExec {
+  std::vector<TileThread<HD>> st = std::vector<TileThread<HD>>(kTileThreads);
+  template <class F>
+  void phase(F&& f) {
+    for (int t = 0; t < kTileThreads; ++t) f(t, st[static_cast<size_t>(t)]);
+  }
+};
+
+// attention_tiles_kernel's grid, block after block.
+template <class T, int HD>
+void tiles_on_host(const AttentionArgs& a) {
+  const int64_t group = a.n_head / a.n_head_kv, per_tile = kTileRows / group;
+  std::vector<float4> smem(TileLayout<HD>::kBytes / sizeof(float4) + 1);
+  for (int64_t kvh = 0; kvh < a.n_head_kv; ++kvh) {
+    for (int64_t b = 0; b * per_tile < a.n_q; ++b) {
+      float* s = reinterpret_cast<float*>(smem.data());
+      for (size_t i = 0; i < smem.size() * 4; ++i) s[i] = NAN;
+      HostTileExec<HD> ex;
+      attention_tile_block<T, HD>(a, TileRows{b * per_tile, group, kvh, per_tile}, s, ex);
+    }
+  }
+}
+
+template <class T>
+void run_tiles(const AttentionArgs& a) {
+  switch (a.head_dim) {
+    case 64:
+      return tiles_on_host<T, 64>(a);
+    case 128:
+      return tiles_on_host<T, 128>(a);
+    case 256:
+      return tiles_on_host<T, 256>(a);
+    default:
+      FAIL() << "no tiled kernel for head_dim " << a.head_dim;
+  }
+}
+
+struct Case {
+  int64_t n_head, n_head_kv, head_dim, n_kv;
+  std::vector<int32_t> q_pos;
+  int64_t window = 0;
+  KeyBlockBias key_bias = {};
+};
+
+std::vector<float> random_floats(std::mt19937& rng, int64_t n) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<int32_t> spread(int n, int32_t n_kv) {  // a blend's rows: ascending over the context
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>(i * n_kv / n);
+  return p;
+}
+
+std::vector<int32_t> scattered(int n, int32_t n_kv) {  // any order, one row seeing no key
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i)
+    p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % (n_kv + 20));
+  p[3] = -1;
+  return p;
+}
+
+std::vector<int32_t> consecutive(int n, int32_t from) {  // a prefill chunk's rows
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = from + i;
+  return p;
+}
+
+// The kernel's output and the reference's for one case; f16: the cache
+// holds f16 values (the reference reads them widened).
+void check_case(std::mt19937& rng, const Case& c, bool f16) {
+  const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
+  const int64_t kv_elems = c.n_kv * c.n_head_kv * c.head_dim;
+  const std::vector<float> q = random_floats(rng, n_q * c.n_head * c.head_dim);
+  std::vector<float> k = random_floats(rng, kv_elems), v = random_floats(rng, kv_elems);
+  std::vector<uint16_t> k16(static_cast<size_t>(kv_elems)), v16(k16.size());
+  for (size_t i = 0; i < k16.size(); ++i) {
+    k16[i] = f32_to_f16(k[i]);
+    v16[i] = f32_to_f16(v[i]);
+    if (f16) {
+      k[i] = f16_to_f32(k16[i]);
+      v[i] = f16_to_f32(v16[i]);
+    }
+  }
+  AttentionArgs a;
+  a.q = q.data();
+  a.q_pos = c.q_pos.data();
+  a.n_q = n_q;
+  a.k = k.data();
+  a.v = v.data();
+  a.n_kv = c.n_kv;
+  a.n_head = c.n_head;
+  a.n_head_kv = c.n_head_kv;
+  a.head_dim = c.head_dim;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  a.window = c.window;
+  a.key_bias = c.key_bias;
+  std::vector<float> expect(q.size()), got(q.size(), NAN);
+  a.out = expect.data();
+  ref::attention(a);
+  AttentionArgs t = a;
+  t.out = got.data();
+  if (f16) {
+    t.kv_type = DType::F16;
+    t.k = k16.data();
+    t.v = v16.data();
+    run_tiles<uint16_t>(t);
+  } else {
+    run_tiles<float>(t);
+  }
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!(std::fabs(got[i] - expect[i]) <= 1e-5) && ++bad <= 3) {
+      ADD_FAILURE() << (f16 ? "f16" : "f32") << " heads " << c.n_head << "/" << c.n_head_kv
+                    << " head_dim " << c.head_dim << " rows " << n_q << " keys " << c.n_kv
+                    << " window " << c.window << " bias " << c.key_bias.bias << " at " << i
+                    << " (row " << i / static_cast<size_t>(c.n_head * c.head_dim)
+                    << "): " << got[i] << " vs " << expect[i];
+    }
+  }
+}
+
+// GQA groups of 1 to 8 (a block's queries: 64 / group, so blocks end inside
+// a group only where the group does not divide 64), the three head sizes,
+// key counts that end inside a 64-key tile, rows in any order, rows seeing
+// no key, positions past n_kv, a blend's spread rows, a prefill chunk's
+// consecutive rows, sliding windows starting inside a tile and wider than
+// a row's history, and a key bias on a block of keys for some rows.
+TEST(CudaAttentionTiles, BlocksMatchTheReference) {
+  std::mt19937 rng(21);
+  const std::vector<Case> cases = {
+      {1, 1, 64, 1, {0}},
+      {3, 1, 64, 70, {69, 0, 31, 32, 33, 5, 64, 65, 68}},
+      {8, 2, 128, 257, {256, 128, 1, 255, 100, 300}},
+      {4, 4, 256, 40, {39, 7, 12}},
+      {9, 3, 64, 700, scattered(200, 700)},
+      {12, 2, 128, 1100, spread(300, 1100)},
+      {14, 2, 64, 900, spread(130, 900)},
+      {12, 2, 128, 600, consecutive(150, 450)},
+      {4, 1, 256, 300, {299, 63, 150, 40, 3}, 32},
+      {9, 3, 64, 700, scattered(200, 700), 64},
+      {8, 1, 128, 500, consecutive(100, 400), 100},
+      {6, 2, 128, 300, spread(70, 300), 0, {10, 161, 150, -0.7f}},
+      {4, 1, 64, 90, {89, 5, 30, 64, 70}, 0, {0, 33, 0, 2.3f}},
+      {9, 3, 64, 700, scattered(200, 700), 64, {100, 650, 300, -2.0f}},
+  };
+  for (const bool f16 : {false, true}) {
+    for (const Case& c : cases) check_case(rng, c, f16);
+  }
+}
+
+// A row's output is the same whichever rows share its block: alone, or
+// among a prefill chunk's or a blend's rows (what makes a blend's recomputed
+// rows equal to full prefill's, bit for bit, on the same kernel).
+TEST(CudaAttentionTiles, ARowsResultDoesNotDependOnItsBlock) {
+  std::mt19937 rng(5);
+  const int64_t n_head = 12, n_head_kv = 2, hd = 128, n_kv = 700;
+  const std::vector<float> k = random_floats(rng, n_kv * n_head_kv * hd);
+  const std::vector<float> v = random_floats(rng, n_kv * n_head_kv * hd);
+  const std::vector<int32_t> all = consecutive(static_cast<int>(n_kv), 0);
+  const std::vector<float> q_all = random_floats(rng, n_kv * n_head * hd);
+  auto run = [&](const std::vector<int32_t>& pos) {
+    std::vector<float> q(pos.size() * static_cast<size_t>(n_head * hd));
+    for (size_t i = 0; i < pos.size(); ++i)
+      std::memcpy(q.data() + i * n_head * hd, q_all.data() + pos[i] * n_head * hd,
+                  sizeof(float) * n_head * hd);
+    std::vector<float> out(q.size(), NAN);
+    AttentionArgs a;
+    a.q = q.data();
+    a.q_pos = pos.data();
+    a.n_q = static_cast<int64_t>(pos.size());
+    a.k = k.data();
+    a.v = v.data();
+    a.n_kv = n_kv;
+    a.n_head = n_head;
+    a.n_head_kv = n_head_kv;
+    a.head_dim = hd;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    a.out = out.data();
+    run_tiles<float>(a);
+    return out;
+  };
+  const std::vector<float> full = run(all);
+  const std::vector<int32_t> chosen = {3, 64, 65, 200, 201, 333, 512, 699};
+  const std::vector<float> blend = run(chosen);
+  const size_t row = static_cast<size_t>(n_head * hd);
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    const std::vector<float> alone = run({chosen[i]});
+    EXPECT_EQ(0, std::memcmp(alone.data(), full.data() + chosen[i] * row, row * sizeof(float)))
+        << "position " << chosen[i] << " alone vs in a prefill";
+    EXPECT_EQ(0, std::memcmp(alone.data(), blend.data() + i * row, row * sizeof(float)))
+        << "position " << chosen[i] << " alone vs among a blend's rows";
+  }
+}
+
+}  // namespace
+}  // namespace cb
