@@ -93,6 +93,13 @@ gpu_benchmarks() {  # PREFIX
   # f32 ones.
   CB_CUDA_INT8=1 step "${1}decode_int8" 60 "$BIN/cb_bench" decode --tokens 128 --repeat 3 \
     $GPU --json
+  # Attention of many rows by the tiled kernel instead of cuBLAS: the blend's
+  # spread rows score only the keys they see; 8192 tokens, the most
+  # attention a prefill here has.
+  CB_CUDA_ATTN=tiles step "${1}ttft_attn_tiles" 120 "$BIN/cb_bench" ttft --chunks 8 \
+    --chunk-tokens 512 --modes full,reuse,blend --repeat 3 $GPU --json
+  CB_CUDA_ATTN=tiles step "${1}prefill_8192_attn_tiles" 60 "$BIN/cb_bench" prefill --tokens 8192 \
+    --repeat 3 $GPU --json
 }
 gpu_variants() {  # PREFIX
   # Every request reading its chunks from the chunk cache and sending them
@@ -180,7 +187,12 @@ if want profile; then
     CB_CUDA_PROFILE=1 step "profile_$mode" 60 "$BIN/cb_bench" ttft --chunks 8 --chunk-tokens 512 \
       --modes $mode --repeat 4 $GPU
   done
+  CB_CUDA_ATTN=tiles CB_CUDA_PROFILE=1 step profile_blend_attn_tiles 60 "$BIN/cb_bench" ttft \
+    --chunks 8 --chunk-tokens 512 --modes blend --repeat 4 $GPU
   CB_CUDA_PROFILE=1 step profile_decode 60 "$BIN/cb_bench" decode --tokens 128 --repeat 1 $GPU
+  # Attention alone, cuBLAS against the tiled kernel, at a blend's, a
+  # prefill chunk's and a question's rows.
+  step attention 60 "$BIN/cuda_bench" --attention
   # The host's side of a reuse and a blend request (8 x 512 tokens): its
   # time in each kind of op's call (queueing, or waiting where an op reads
   # results back), at batch ends (waiting for the GPU) and in the
@@ -192,9 +204,11 @@ fi
 if want tests; then
   step test_cuda_kernels 120 "$BIN/test_cuda" --gtest_filter='-CudaSession*' --gtest_brief=1
   step test_cuda_session 150 "$BIN/test_cuda" --gtest_filter='CudaSession*'
+  CB_CUDA_ATTN=tiles step test_cuda_session_attn_tiles 150 "$BIN/test_cuda" \
+    --gtest_filter='CudaSession*'
   if command -v compute-sanitizer >/dev/null; then
     step memcheck 150 compute-sanitizer --tool memcheck "$BIN/test_cuda" \
-      --gtest_filter='Cuda.Matmul*:Cuda.Int8*:Cuda.Attention*:Cuda.SegmentMeans*:Cuda.KeptF32*:CudaSession.BlendSelection*'
+      --gtest_filter='Cuda.Matmul*:Cuda.Int8*:Cuda.Attention*:Cuda.TiledAttention*:Cuda.SegmentMeans*:Cuda.KeptF32*:CudaSession.BlendSelection*'
   fi
   # Every architecture's layers on the GPU (tiny random-weight models):
   # against the CPU, graphs against plain decode, the blend.
@@ -216,6 +230,8 @@ if want tests; then
     # Decode's products on int8 activations (the C API decodes with
     # matmul_q8 by default): its answers and identities on real weights.
     CB_CUDA_INT8=1 CB_MODEL=$REAL_TEST_MODEL step real_test_c_api_int8 120 "$BIN/test_c_api"
+    CB_CUDA_ATTN=tiles CB_MODEL=$REAL_TEST_MODEL step real_test_c_api_attn_tiles 120 \
+      "$BIN/test_c_api"
     # Against the float64 oracle: its logits are read from the build's
     # oracle/reference folder (the path compiled in), so it runs where that
     # folder was brought to the same path.

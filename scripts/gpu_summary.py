@@ -7,7 +7,8 @@ Reads the lines scripts/gpu_check.sh writes (cb_bench --json objects and
 llama-bench -o jsonl objects, each tagged with its "step") and prints: prefill
 and decode of this runtime beside llama.cpp on the same file and GPU (and the
 CPU of the same machine), then the time to first token of each request mode,
-with the buffers in device memory and in managed memory, and the blend's share
+with the buffers in device memory and in managed memory and with the tiled
+attention kernel (CB_CUDA_ATTN=tiles), and the blend's share
 of full prefill.  A figure the run lacks is "-".  Exit status 1 when the file
 holds none of these figures (a run that measured nothing).
 """
@@ -58,12 +59,15 @@ def peer_rate(steps, n_prompt, n_gen):
 
 def speed_rows(steps):
     rows, seen = [], 0
-    for n in (512, 2048, 8192):
-        ours = first(steps, f"gpu_prefill_{n}")
+    for n, step, what in ((512, "gpu_prefill_512", "prefill 512"),
+                          (2048, "gpu_prefill_2048", "prefill 2048"),
+                          (8192, "gpu_prefill_8192", "prefill 8192"),
+                          (8192, "gpu_prefill_8192_attn_tiles", "prefill 8192, tiled attention")):
+        ours = first(steps, step)
         ms, tok_s = num(ours, "ms"), num(ours, "tok_s")
         peer = peer_rate(steps, n, 0)
         seen += ms is not None or peer is not None
-        rows.append((f"prefill {n}", f"{fmt(ms, ' ms')} ({fmt(tok_s, ' tok/s', 0)})",
+        rows.append((what, f"{fmt(ms, ' ms')} ({fmt(tok_s, ' tok/s', 0)})",
                      fmt(peer, " tok/s", 0), ratio(tok_s, peer)))
     decode = num(first(steps, "gpu_decode"), "tok_s")
     peer = peer_rate(steps, 0, 128)
@@ -83,7 +87,7 @@ def speed_rows(steps):
 def ttft_rows(steps):
     rows, seen = [], 0
     for step, what in (("gpu_ttft", "GPU, device memory"), ("gpu_ttft_managed", "GPU, managed memory"),
-                       ("cpu_ttft", "CPU")):
+                       ("gpu_ttft_attn_tiles", "GPU, tiled attention"), ("cpu_ttft", "CPU")):
         ms = {m: num(first(steps, step, bench="ttft", mode=m), "ttft_ms")
               for m in ("full", "reuse", "blend")}
         seen += any(v is not None for v in ms.values())

@@ -1,5 +1,5 @@
 // Throughput sanity check of the CUDA backend (a tool, not a test):
-//   cuda_bench [device] [--pipeline] [--gemv] [--layers N] [--ratio R]
+//   cuda_bench [device] [--pipeline] [--gemv] [--attention] [--layers N] [--ratio R]
 // Times whole backend calls, synchronisation included, because that is what
 // the runtime pays per op: decode GEMV (weight bytes per second), prefill
 // GEMM (dequantize + SGEMM, GFLOP/s), attention over a long context, the
@@ -8,6 +8,9 @@
 // (--pipeline: only that part).  --gemv: only decode's products as a decode
 // token runs them, beside the shape llama.cpp's test-backend-ops times, on
 // f32 and on int8 activations (CB_CUDA_INT8, in every launch shape).
+// --attention: only attention of many rows, cuBLAS against the tiled kernel
+// (CB_CUDA_ATTN=tiles), at a blend's, a prefill chunk's and a question's
+// rows over an 8 x 512-token request.
 // The single ops and the products run on managed memory, which this tool
 // fills from the host; uploads and the pipeline on the runtime's default,
 // device memory.
@@ -518,11 +521,79 @@ void run_pipeline(cb::Backend& be, const PipelineOptions& o) {
   }
 }
 
+// Attention of many query rows over a 4,158-token request with an f16
+// cache, as a request of 8 chunks of 512 tokens and a question makes it:
+// the blend's recomputed rows (0.214 of the request, spread over it), a
+// prefill chunk (2,048 rows from position 2,048) and the question (33 rows
+// at the end); at the head shapes of Qwen2.5-Coder-1.5B (12 query heads, 2
+// KV heads of 128) and 0.5B (14, 2 of 64).  GFLOP/s counts 4 head_dim
+// flops per visible (row, head, key).
+void run_attention(cb::Backend& be, const char* label) {
+  const int64_t n_kv = 4158;
+  struct Rows {
+    const char* name;
+    std::vector<int32_t> pos;
+  };
+  std::vector<Rows> sets(3);
+  sets[0].name = "blend, 890 spread rows";
+  for (int i = 0; i < 890; ++i) sets[0].pos.push_back(static_cast<int32_t>(i * n_kv / 890));
+  sets[1].name = "prefill chunk, 2048 rows";
+  for (int i = 0; i < 2048; ++i) sets[1].pos.push_back(2048 + i);
+  sets[2].name = "question, 33 rows";
+  for (int i = 0; i < 33; ++i) sets[2].pos.push_back(static_cast<int32_t>(n_kv - 33 + i));
+  struct Heads {
+    const char* model;
+    int64_t n_head, n_head_kv, hd;
+  };
+  std::mt19937 rng(3);
+  for (const Heads& h : {Heads{"1.5B", 12, 2, 128}, Heads{"0.5B", 14, 2, 64}}) {
+    const int64_t kv_elems = n_kv * h.n_head_kv * h.hd, q_elems = 2048 * h.n_head * h.hd;
+    auto* k = static_cast<uint16_t*>(be.alloc_buffer(kv_elems * sizeof(uint16_t)));
+    auto* v = static_cast<uint16_t*>(be.alloc_buffer(kv_elems * sizeof(uint16_t)));
+    auto* q = static_cast<float*>(be.alloc_buffer(q_elems * sizeof(float)));
+    auto* o = static_cast<float*>(be.alloc_buffer(q_elems * sizeof(float)));
+    auto* pos = static_cast<int32_t*>(be.alloc_buffer(2048 * sizeof(int32_t)));
+    std::uniform_int_distribution<int> half(0x3000, 0x3bff);  // f16 values in [0.125, 1)
+    for (int64_t i = 0; i < kv_elems; ++i) {
+      k[i] = static_cast<uint16_t>(half(rng) | (rng() % 2 ? 0x8000 : 0));
+      v[i] = static_cast<uint16_t>(half(rng) | (rng() % 2 ? 0x8000 : 0));
+    }
+    for (int64_t i = 0; i < q_elems; ++i) q[i] = static_cast<float>(rng() % 2001) / 1000.0f - 1.0f;
+    for (const Rows& r : sets) {
+      std::copy(r.pos.begin(), r.pos.end(), pos);
+      cb::AttentionArgs a;
+      a.q = q;
+      a.q_pos = pos;
+      a.n_q = static_cast<int64_t>(r.pos.size());
+      a.k = k;
+      a.v = v;
+      a.kv_type = cb::DType::F16;
+      a.n_kv = n_kv;
+      a.n_head = h.n_head;
+      a.n_head_kv = h.n_head_kv;
+      a.head_dim = h.hd;
+      a.scale = 1.0f / std::sqrt(static_cast<float>(h.hd));
+      a.out = o;
+      const double t = time_it(10, [&] { be.attention(a); });
+      double visible = 0.0;
+      for (int32_t p : r.pos) visible += static_cast<double>(std::min<int64_t>(p + 1, n_kv));
+      std::printf("attention %-8s %s heads %lld/%lld of %lld, %-26s %9.1f us %8.0f GFLOP/s\n", label,
+                  h.model, static_cast<long long>(h.n_head), static_cast<long long>(h.n_head_kv),
+                  static_cast<long long>(h.hd), r.name, t * 1e6,
+                  4.0 * static_cast<double>(h.hd * h.n_head) * visible / t / 1e9);
+    }
+    for (void* p : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q),
+                    static_cast<void*>(o), static_cast<void*>(pos)}) {
+      be.free_buffer(p);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int device = 0;
-  bool pipeline_only = false, gemv_only = false;
+  bool pipeline_only = false, gemv_only = false, attention_only = false;
   PipelineOptions po;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -530,6 +601,8 @@ int main(int argc, char** argv) {
       pipeline_only = true;
     } else if (a == "--gemv") {
       gemv_only = true;
+    } else if (a == "--attention") {
+      attention_only = true;
     } else if (a == "--layers" && i + 1 < argc) {
       po.layers = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--ratio" && i + 1 < argc) {
@@ -538,7 +611,8 @@ int main(int argc, char** argv) {
       device = std::atoi(a.c_str());
     } else {
       std::fprintf(stderr,
-                   "usage: cuda_bench [device] [--pipeline] [--gemv] [--layers N] [--ratio R]\n");
+                   "usage: cuda_bench [device] [--pipeline] [--gemv] [--attention] [--layers N] "
+                   "[--ratio R]\n");
       return 2;
     }
   }
@@ -554,6 +628,12 @@ int main(int argc, char** argv) {
         run_gemv(*cb::make_cuda_backend(device, managed), true,
                  std::string("matmul_q8, CB_CUDA_INT8=") + shape);
       }
+      return 0;
+    }
+    if (attention_only) {
+      run_attention(*cb::make_cuda_backend(device, managed), "cublas");
+      setenv("CB_CUDA_ATTN", "tiles", 1);  // read when the backend is made
+      run_attention(*cb::make_cuda_backend(device, managed), "tiles");
       return 0;
     }
     if (!pipeline_only) run_kernels(*cb::make_cuda_backend(device, managed));

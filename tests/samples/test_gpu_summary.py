@@ -45,6 +45,7 @@ def main():
         {"step": "gpu_decode", "bench": "decode", "tok_s": 340.0},
         {"step": "gpu_decode_managed", "bench": "decode", "tok_s": 300.0},
         {"step": "gpu_decode_int8", "bench": "decode", "tok_s": 510.0},
+        {"step": "gpu_prefill_8192_attn_tiles", "bench": "prefill", "ms": 700.0, "tok_s": 11702.9},
         {"step": "cpu_decode", "bench": "decode", "tok_s": 68.0},
         {"step": "peer_gpu", "n_prompt": 512, "n_gen": 0, "avg_ts": 16000.0},
         {"step": "peer_gpu", "n_prompt": 2048, "n_gen": 0, "avg_ts": 6400.0},
@@ -53,6 +54,8 @@ def main():
     for mode, ms in (("full", 344.0), ("reuse", 40.0), ("blend", 149.0)):
         lines.append({"step": "gpu_ttft", "bench": "ttft", "mode": mode, "ttft_ms": ms})
     lines.append({"step": "gpu_ttft_managed", "bench": "ttft", "mode": "full", "ttft_ms": 350.0})
+    for mode, ms in (("full", 330.0), ("reuse", 40.0), ("blend", 110.0)):
+        lines.append({"step": "gpu_ttft_attn_tiles", "bench": "ttft", "mode": mode, "ttft_ms": ms})
     with tempfile.TemporaryDirectory() as tmp:
         results = os.path.join(tmp, "results.jsonl")
         with open(results, "w", encoding="utf-8") as f:
@@ -68,6 +71,9 @@ def main():
         check(r is not None and r[3] == "2.00x", "a faster prefill", repr(r))
         r = row(out, "prefill 8192")
         check(r == ["prefill 8192", "- (-)", "-", "-"], "absent lengths are -", repr(r))
+        r = row(out, "prefill 8192, tiled attention")
+        check(r == ["prefill 8192, tiled attention", "700.0 ms (11,703 tok/s)", "-", "-"],
+              "prefill with the tiled attention", repr(r))
         r = row(out, "decode 128")
         check(r == ["decode 128", "340.0 tok/s", "425.0 tok/s", "0.80x"], "decode", repr(r))
         r = row(out, "decode, managed memory")
@@ -82,6 +88,9 @@ def main():
         r = row(out, "GPU, device memory")
         check(r == ["GPU, device memory", "344.0", "40.0", "149.0", "0.433"],
               "ttft per mode and the blend's share of full prefill", repr(r))
+        r = row(out, "GPU, tiled attention")
+        check(r == ["GPU, tiled attention", "330.0", "40.0", "110.0", "0.333"],
+              "ttft with the tiled attention", repr(r))
         r = row(out, "GPU, managed memory")
         check(r == ["GPU, managed memory", "350.0", "-", "-", "-"], "a partial ttft row", repr(r))
 
