@@ -107,6 +107,59 @@ struct TileRows {
   __host__ __device__ int64_t head(int r) const { return kvh * group + r % group; }
 };
 
+// The keys [first, end) query row qi sees (attention_key_end and
+// attention_first_key of backend.h, on the device).
+struct VisibleKeys {
+  int64_t first = 0, end = 0;
+  __host__ __device__ VisibleKeys(const AttentionArgs& a, int64_t qi) {
+    const int64_t pos = a.q_pos[qi];
+    end = pos + 1 < 0 ? 0 : (pos + 1 < a.n_kv ? pos + 1 : a.n_kv);
+    first = a.window > 0 && pos + 1 - a.window > 0 ? pos + 1 - a.window : 0;
+  }
+};
+
+// Where a block's results go: the keys are cut into splits of `keys` keys
+// (a multiple of kTileKeys) from key 0, a block takes one split, and its
+// rows' partial results (HD sums of weighted V rows, relative to the row's
+// maximum score m, then m and the sum of the weights l) go to
+// partial[tile_partial_offset(...)].  Splits give long rows several blocks
+// (a blend's rows near the end of a 4k request see 65 key tiles); where
+// they cut depends on the keys only, so a row's result still does not
+// depend on its block.
+struct TileSplit {
+  int64_t keys, index;
+};
+// The backend's split: 16 key tiles.  The same for every call, so that a
+// row's result does not depend on how many keys the call holds either.
+constexpr int64_t kTileSplitKeys = 16 * kTileKeys;
+template <int HD>
+__host__ __device__ int64_t tile_partial_offset(const AttentionArgs& a, int64_t split, int64_t qi,
+                                                int64_t head) {
+  return ((split * a.n_q + qi) * a.n_head + head) * (HD + 2);
+}
+
+// Output dim d of query row qi, head h: its splits' partial results merged
+// in split order (zero for a row that sees no key).
+template <int HD>
+__host__ __device__ float merge_tile_partials(const AttentionArgs& a, const float* partial,
+                                              int64_t split_keys, int64_t qi, int64_t h, int d) {
+  const VisibleKeys seen(a, qi);
+  if (seen.end <= seen.first) return 0.0f;
+  const int64_t s0 = seen.first / split_keys, s1 = (seen.end - 1) / split_keys;
+  float big_m = -INFINITY;
+  for (int64_t s = s0; s <= s1; ++s) {
+    big_m = fmaxf(big_m, partial[tile_partial_offset<HD>(a, s, qi, h) + HD]);
+  }
+  float total = 0.0f, o = 0.0f;
+  for (int64_t s = s0; s <= s1; ++s) {
+    const float* p = partial + tile_partial_offset<HD>(a, s, qi, h);
+    const float w = p[HD] == -INFINITY ? 0.0f : expf(p[HD] - big_m);
+    total += p[HD + 1] * w;
+    o += p[d] * w;
+  }
+  return total > 0.0f ? o * (1.0f / total) : 0.0f;
+}
+
 // dst[j][d] = the K or V element of key j0 + j, dim d of the tile's KV head
 // (0 past n_kv: a weight of 0 must not meet an uninitialised NaN).
 template <class T, int HD>
@@ -119,12 +172,14 @@ __host__ __device__ void load_key_tile(const T* base, int64_t stride, int64_t j0
   }
 }
 
-// One thread block's rows: phases run by `ex` (see the top of the file).
-// smem holds TileLayout<HD>::kBytes, 16-byte aligned.
+// One thread block's rows over one split of the keys: phases run by `ex`
+// (see the top of the file).  smem holds TileLayout<HD>::kBytes, 16-byte
+// aligned.
 #pragma nv_exec_check_disable
 template <class T, int HD, class Exec>
 __host__ __device__ void attention_tile_block(const AttentionArgs& a, const TileRows& rows,
-                                              float* smem, Exec& ex) {
+                                              const TileSplit& split, float* partial, float* smem,
+                                              Exec& ex) {
   using L = TileLayout<HD>;
   using State = TileThread<HD>;
   float* const q_s = smem + L::kQ;
@@ -138,7 +193,37 @@ __host__ __device__ void attention_tile_block(const AttentionArgs& a, const Tile
   const T* const kbase = static_cast<const T*>(a.k) + rows.kvh * HD;
   const T* const vbase = static_cast<const T*>(a.v) + rows.kvh * HD;
 
-  // The rows' queries, positions and visible keys [first, end).
+  // The rows' positions and visible keys [first, end).
+  ex.phase([&](int t, State&) {
+    if (t < kTileRows) {
+      int64_t first = 0, end = 0, pos = 0;
+      if (rows.exists(a, t)) {
+        const VisibleKeys seen(a, rows.query(t));
+        pos = a.q_pos[rows.query(t)];
+        first = seen.first;
+        end = seen.end;
+      }
+      first_s[t] = static_cast<int32_t>(first);
+      end_s[t] = static_cast<int32_t>(end);
+      pos_s[t] = static_cast<int32_t>(pos);
+    }
+  });
+
+  // The split's keys that any row sees (every thread reads the same values;
+  // a block with none ends here, all its threads together).
+  const int64_t split_begin = split.index * split.keys, split_end = split_begin + split.keys;
+  int64_t lo = split_end, hi = split_begin;
+  for (int r = 0; r < kTileRows; ++r) {
+    if (end_s[r] > first_s[r]) {
+      lo = first_s[r] < lo ? first_s[r] : lo;
+      hi = end_s[r] > hi ? end_s[r] : hi;
+    }
+  }
+  lo = lo > split_begin ? lo : split_begin;
+  hi = hi < split_end ? hi : split_end;
+  if (lo >= hi) return;
+
+  // The rows' queries.
   ex.phase([&](int t, State& st) {
     for (int i = 0; i < kRowsPerThread; ++i) {
       st.m[i] = -INFINITY;
@@ -150,27 +235,7 @@ __host__ __device__ void attention_tile_block(const AttentionArgs& a, const Tile
       q_s[r * L::kStride + d] =
           rows.exists(a, r) ? a.q[rows.query(r) * q_stride + rows.head(r) * HD + d] : 0.0f;
     }
-    if (t < kTileRows) {
-      int64_t first = 0, end = 0, pos = 0;
-      if (rows.exists(a, t)) {
-        pos = a.q_pos[rows.query(t)];
-        end = pos + 1 < 0 ? 0 : (pos + 1 < a.n_kv ? pos + 1 : a.n_kv);
-        first = a.window > 0 && pos + 1 - a.window > 0 ? pos + 1 - a.window : 0;
-      }
-      first_s[t] = static_cast<int32_t>(first);
-      end_s[t] = static_cast<int32_t>(end);
-      pos_s[t] = static_cast<int32_t>(pos);
-    }
   });
-
-  // The key tiles any row sees (every thread reads the same values).
-  int64_t lo = a.n_kv, hi = 0;
-  for (int r = 0; r < kTileRows; ++r) {
-    if (end_s[r] > first_s[r]) {
-      lo = first_s[r] < lo ? first_s[r] : lo;
-      hi = end_s[r] > hi ? end_s[r] : hi;
-    }
-  }
 
   for (int64_t j0 = lo / kTileKeys * kTileKeys; j0 < hi; j0 += kTileKeys) {
     ex.phase([&](int t, State&) { load_key_tile<T, HD>(kbase, kv_stride, j0, a.n_kv, t, kv_s); });
@@ -270,27 +335,33 @@ CB_TILE_UNROLL
   }
 
   // Each row's softmax sum from its 16 threads' parts, in a fixed order;
-  // the output (zeros for a row that sees no key).
+  // the partial result of every row that sees keys of this split.
   ex.phase([&](int t, State& st) {
     const int rg = t / kThreadsPerRow, kg = t % kThreadsPerRow;
-CB_TILE_UNROLL
+    CB_TILE_UNROLL
     for (int i = 0; i < kRowsPerThread; ++i)
       part_s[(kRowsPerThread * rg + i) * kThreadsPerRow + kg] = st.l[i];
   });
   ex.phase([&](int t, State& st) {
     const int rg = t / kThreadsPerRow, kg = t % kThreadsPerRow;
-CB_TILE_UNROLL
+    CB_TILE_UNROLL
     for (int i = 0; i < kRowsPerThread; ++i) {
       const int r = kRowsPerThread * rg + i;
-      if (!rows.exists(a, r)) continue;
+      if (!rows.exists(a, r) || end_s[r] <= first_s[r] || first_s[r] >= split_end ||
+          end_s[r] <= split_begin) {
+        continue;
+      }
       float l = 0.0f;
       for (int k = 0; k < kThreadsPerRow; ++k) l += part_s[r * kThreadsPerRow + k];
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      float* out = a.out + rows.query(r) * q_stride + rows.head(r) * HD;
-CB_TILE_UNROLL
+      float* out = partial + tile_partial_offset<HD>(a, split.index, rows.query(r), rows.head(r));
+      CB_TILE_UNROLL
       for (int c = 0; c < State::kChunks; ++c) {
-CB_TILE_UNROLL
-        for (int e = 0; e < 4; ++e) out[4 * (kThreadsPerRow * c + kg) + e] = st.acc[i][4 * c + e] * inv;
+        CB_TILE_UNROLL
+        for (int e = 0; e < 4; ++e) out[4 * (kThreadsPerRow * c + kg) + e] = st.acc[i][4 * c + e];
+      }
+      if (kg == 0) {
+        out[HD] = st.m[i];
+        out[HD + 1] = l;
       }
     }
   });
@@ -307,16 +378,29 @@ struct DeviceTileExec {
   }
 };
 
-// Grid: (blocks of TileRows::per_tile queries, KV heads).
+// Grid: (blocks of TileRows::per_tile queries, KV heads, key splits);
+// a.n_q x a.n_head x splits x (HD + 2) floats of partial results.
 template <class T, int HD>
 __global__ void __launch_bounds__(kTileThreads)
-    attention_tiles_kernel(AttentionArgs a, int64_t group) {
+    attention_tiles_kernel(AttentionArgs a, int64_t group, int64_t split_keys, float* partial) {
   extern __shared__ float4 attention_tile_smem[];
   const int64_t per_tile = kTileRows / group;
   const TileRows rows{static_cast<int64_t>(blockIdx.x) * per_tile, group,
                       static_cast<int64_t>(blockIdx.y), per_tile};
   DeviceTileExec<HD> ex;
-  attention_tile_block<T, HD>(a, rows, reinterpret_cast<float*>(attention_tile_smem), ex);
+  attention_tile_block<T, HD>(a, rows, TileSplit{split_keys, static_cast<int64_t>(blockIdx.z)},
+                              partial, reinterpret_cast<float*>(attention_tile_smem), ex);
+}
+
+// a.out from attention_tiles_kernel's partial results: a block a query row.
+template <int HD>
+__global__ void attention_merge_kernel(AttentionArgs a, const float* __restrict__ partial,
+                                       int64_t split_keys) {
+  const int64_t qi = blockIdx.x, row = a.n_head * HD;
+  for (int64_t e = threadIdx.x; e < row; e += blockDim.x) {
+    a.out[qi * row + e] =
+        merge_tile_partials<HD>(a, partial, split_keys, qi, e / HD, static_cast<int>(e % HD));
+  }
 }
 
 }  // namespace

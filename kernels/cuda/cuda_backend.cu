@@ -365,8 +365,7 @@ class CudaBackend final : public Backend {
     d.q_pos = c.in(a.q_pos, a.n_q);
     stage_kv(c, a, d);
     d.out = c.out(a.out, q_elems, false);
-    if (a.n_q >= kAttnGemmMinRows && a.n_kv > 0 && launch_attention_tiles(d, c.stream())) {
-      c.name("attention tiles");
+    if (a.n_q >= kAttnGemmMinRows && a.n_kv > 0 && launch_attention_tiles(c, d)) {
       c.finish();
       return;
     }
@@ -1519,41 +1518,59 @@ class CudaBackend final : public Backend {
     return largest;
   }
 
-  // attention() of many rows by attention_tiles_kernel (device arguments),
-  // where CB_CUDA_ATTN asks for it and the kernel has the shape: head sizes
-  // 64, 128 and 256, at most 64 query heads a KV head.  False: not launched.
-  bool launch_attention_tiles(const AttentionArgs& d, cudaStream_t st) {
-    const int64_t group = d.n_head / d.n_head_kv;
-    if (d.head_dim > tiles_max_head_dim_ || group > kTileRows || d.n_kv > INT32_MAX ||
-        d.n_head_kv > 65535) {
+  // attention() of many rows by attention_tiles_kernel and its merge
+  // (device arguments), where CB_CUDA_ATTN asks for it and the kernel has
+  // the shape: head sizes 64, 128 and 256, at most 64 query heads a KV head.
+  // Rows go in passes of at most kAttnScoreBytes of partial results.
+  // False: nothing launched.
+  template <class C>
+  bool launch_attention_tiles(C& c, const AttentionArgs& d) {
+    const int64_t group = d.n_head / d.n_head_kv, hd = d.head_dim;
+    if (hd > tiles_max_head_dim_ || (hd != 64 && hd != 128 && hd != 256) || group > kTileRows ||
+        d.n_kv > INT32_MAX || d.n_head_kv > 65535) {
       return false;
     }
     const int64_t per_tile = kTileRows / group;
-    const int64_t blocks = (d.n_q + per_tile - 1) / per_tile;
-    if (blocks > INT32_MAX) return false;
-    const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(d.n_head_kv));
-    auto launch = [&](auto hd) {
-      constexpr int kHd = decltype(hd)::value;
-      constexpr size_t bytes = TileLayout<kHd>::kBytes;
-      if (d.kv_type == DType::F16) {
-        attention_tiles_kernel<uint16_t, kHd><<<grid, kTileThreads, bytes, st>>>(d, group);
+    const int64_t splits = (d.n_kv + kTileSplitKeys - 1) / kTileSplitKeys;
+    const int64_t row_bytes = splits * d.n_head * (hd + 2) * static_cast<int64_t>(sizeof(float));
+    const int64_t pass_rows = std::clamp<int64_t>(kAttnScoreBytes / row_bytes, per_tile, d.n_q);
+    if (splits > 65535 || (pass_rows + per_tile - 1) / per_tile > INT32_MAX) return false;
+    c.name("attention tiles");
+    c.uncapturable("its partial results take scratch memory");
+    auto* partial = static_cast<float*>(c.temp(static_cast<size_t>(pass_rows * row_bytes)));
+    for (int64_t r0 = 0; r0 < d.n_q; r0 += pass_rows) {
+      AttentionArgs p = d;
+      p.n_q = std::min(pass_rows, d.n_q - r0);
+      p.q += r0 * d.n_head * hd;
+      p.q_pos += r0;
+      p.out += r0 * d.n_head * hd;
+      const dim3 grid(static_cast<unsigned>((p.n_q + per_tile - 1) / per_tile),
+                      static_cast<unsigned>(d.n_head_kv), static_cast<unsigned>(splits));
+      auto launch = [&](auto head_dim) {
+        constexpr int kHd = decltype(head_dim)::value;
+        constexpr size_t bytes = TileLayout<kHd>::kBytes;
+        if (d.kv_type == DType::F16) {
+          attention_tiles_kernel<uint16_t, kHd>
+              <<<grid, kTileThreads, bytes, c.stream()>>>(p, group, kTileSplitKeys, partial);
+        } else {
+          attention_tiles_kernel<float, kHd>
+              <<<grid, kTileThreads, bytes, c.stream()>>>(p, group, kTileSplitKeys, partial);
+        }
+        launch_check("attention_tiles_kernel");
+        attention_merge_kernel<kHd><<<static_cast<unsigned>(p.n_q), kRowThreads, 0, c.stream()>>>(
+            p, partial, kTileSplitKeys);
+        launch_check("attention_merge_kernel");
+      };
+      if (hd == 64) {
+        launch(std::integral_constant<int, 64>{});
+      } else if (hd == 128) {
+        launch(std::integral_constant<int, 128>{});
       } else {
-        attention_tiles_kernel<float, kHd><<<grid, kTileThreads, bytes, st>>>(d, group);
+        launch(std::integral_constant<int, 256>{});
       }
-      launch_check("attention_tiles_kernel");
-      ++attention_tiles_launches_;
-      return true;
-    };
-    switch (d.head_dim) {
-      case 64:
-        return launch(std::integral_constant<int, 64>{});
-      case 128:
-        return launch(std::integral_constant<int, 128>{});
-      case 256:
-        return launch(std::integral_constant<int, 256>{});
-      default:
-        return false;
     }
+    ++attention_tiles_launches_;
+    return true;
   }
 
   // CB_CUDA_INT8: unset or "0" off; "1" on; "RxS" on with R weight rows a

@@ -29,30 +29,45 @@ struct HostTileExec {
   }
 };
 
-// attention_tiles_kernel's grid, block after block.
+// attention_tiles_kernel's grid, block after block, into partial results
+// that start as NaN (the merge must read only what blocks wrote); then
+// attention_merge_kernel's.
 template <class T, int HD>
-void tiles_on_host(const AttentionArgs& a) {
+void tiles_on_host(const AttentionArgs& a, int64_t split_keys) {
   const int64_t group = a.n_head / a.n_head_kv, per_tile = kTileRows / group;
+  const int64_t splits = (a.n_kv + split_keys - 1) / split_keys;
+  std::vector<float> partial(static_cast<size_t>(splits * a.n_q * a.n_head * (HD + 2)), NAN);
   std::vector<float4> smem(TileLayout<HD>::kBytes / sizeof(float4) + 1);
-  for (int64_t kvh = 0; kvh < a.n_head_kv; ++kvh) {
-    for (int64_t b = 0; b * per_tile < a.n_q; ++b) {
-      float* s = reinterpret_cast<float*>(smem.data());
-      for (size_t i = 0; i < smem.size() * 4; ++i) s[i] = NAN;
-      HostTileExec<HD> ex;
-      attention_tile_block<T, HD>(a, TileRows{b * per_tile, group, kvh, per_tile}, s, ex);
+  for (int64_t s = 0; s < splits; ++s) {
+    for (int64_t kvh = 0; kvh < a.n_head_kv; ++kvh) {
+      for (int64_t b = 0; b * per_tile < a.n_q; ++b) {
+        float* sm = reinterpret_cast<float*>(smem.data());
+        for (size_t i = 0; i < smem.size() * 4; ++i) sm[i] = NAN;
+        HostTileExec<HD> ex;
+        attention_tile_block<T, HD>(a, TileRows{b * per_tile, group, kvh, per_tile},
+                                    TileSplit{split_keys, s}, partial.data(), sm, ex);
+      }
+    }
+  }
+  for (int64_t qi = 0; qi < a.n_q; ++qi) {
+    for (int64_t e = 0; e < a.n_head * HD; ++e) {
+      a.out[qi * a.n_head * HD + e] = merge_tile_partials<HD>(a, partial.data(), split_keys, qi,
+                                                              e / HD, static_cast<int>(e % HD));
     }
   }
 }
 
+// split_keys 0: the backend's (kTileSplitKeys).
 template <class T>
-void run_tiles(const AttentionArgs& a) {
+void run_tiles(const AttentionArgs& a, int64_t split_keys = 0) {
+  if (split_keys == 0) split_keys = kTileSplitKeys;
   switch (a.head_dim) {
     case 64:
-      return tiles_on_host<T, 64>(a);
+      return tiles_on_host<T, 64>(a, split_keys);
     case 128:
-      return tiles_on_host<T, 128>(a);
+      return tiles_on_host<T, 128>(a, split_keys);
     case 256:
-      return tiles_on_host<T, 256>(a);
+      return tiles_on_host<T, 256>(a, split_keys);
     default:
       FAIL() << "no tiled kernel for head_dim " << a.head_dim;
   }
@@ -94,7 +109,7 @@ std::vector<int32_t> consecutive(int n, int32_t from) {  // a prefill chunk's ro
 
 // The kernel's output and the reference's for one case; f16: the cache
 // holds f16 values (the reference reads them widened).
-void check_case(std::mt19937& rng, const Case& c, bool f16) {
+void check_case(std::mt19937& rng, const Case& c, bool f16, int64_t split_keys) {
   const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
   const int64_t kv_elems = c.n_kv * c.n_head_kv * c.head_dim;
   const std::vector<float> q = random_floats(rng, n_q * c.n_head * c.head_dim);
@@ -130,16 +145,17 @@ void check_case(std::mt19937& rng, const Case& c, bool f16) {
     t.kv_type = DType::F16;
     t.k = k16.data();
     t.v = v16.data();
-    run_tiles<uint16_t>(t);
+    run_tiles<uint16_t>(t, split_keys);
   } else {
-    run_tiles<float>(t);
+    run_tiles<float>(t, split_keys);
   }
   int bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     if (!(std::fabs(got[i] - expect[i]) <= 1e-5) && ++bad <= 3) {
       ADD_FAILURE() << (f16 ? "f16" : "f32") << " heads " << c.n_head << "/" << c.n_head_kv
                     << " head_dim " << c.head_dim << " rows " << n_q << " keys " << c.n_kv
-                    << " window " << c.window << " bias " << c.key_bias.bias << " at " << i
+                    << " window " << c.window << " bias " << c.key_bias.bias << " split "
+                    << split_keys << " at " << i
                     << " (row " << i / static_cast<size_t>(c.n_head * c.head_dim)
                     << "): " << got[i] << " vs " << expect[i];
     }
@@ -151,7 +167,9 @@ void check_case(std::mt19937& rng, const Case& c, bool f16) {
 // key counts that end inside a 64-key tile, rows in any order, rows seeing
 // no key, positions past n_kv, a blend's spread rows, a prefill chunk's
 // consecutive rows, sliding windows starting inside a tile and wider than
-// a row's history, and a key bias on a block of keys for some rows.
+// a row's history, and a key bias on a block of keys for some rows; with
+// the backend's splits of the keys (1,024) and with splits of 128 keys, so
+// that rows cross several.
 TEST(CudaAttentionTiles, BlocksMatchTheReference) {
   std::mt19937 rng(21);
   const std::vector<Case> cases = {
@@ -170,14 +188,17 @@ TEST(CudaAttentionTiles, BlocksMatchTheReference) {
       {4, 1, 64, 90, {89, 5, 30, 64, 70}, 0, {0, 33, 0, 2.3f}},
       {9, 3, 64, 700, scattered(200, 700), 64, {100, 650, 300, -2.0f}},
   };
-  for (const bool f16 : {false, true}) {
-    for (const Case& c : cases) check_case(rng, c, f16);
+  for (const int64_t split_keys : {int64_t{0}, int64_t{128}}) {
+    for (const bool f16 : {false, true}) {
+      for (const Case& c : cases) check_case(rng, c, f16, split_keys);
+    }
   }
 }
 
 // A row's output is the same whichever rows share its block: alone, or
 // among a prefill chunk's or a blend's rows (what makes a blend's recomputed
-// rows equal to full prefill's, bit for bit, on the same kernel).
+// rows equal to full prefill's, bit for bit, on the same kernel); with
+// splits of 128 keys, so that rows cross several.
 TEST(CudaAttentionTiles, ARowsResultDoesNotDependOnItsBlock) {
   std::mt19937 rng(5);
   const int64_t n_head = 12, n_head_kv = 2, hd = 128, n_kv = 700;
@@ -203,7 +224,7 @@ TEST(CudaAttentionTiles, ARowsResultDoesNotDependOnItsBlock) {
     a.head_dim = hd;
     a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     a.out = out.data();
-    run_tiles<float>(a);
+    run_tiles<float>(a, 128);
     return out;
   };
   const std::vector<float> full = run(all);
