@@ -5,12 +5,15 @@
 // Why: the cuBLAS path (CudaBackend::attention_gemm) writes every score of a
 // block of rows, up to the last key any of its rows sees.  A blend's
 // recomputed rows are spread over the whole request, so its blocks score
-// almost every key for every row: on an H200 the blend paid 0.53 of a full
-// prefill's attention while computing 0.22 of its rows.  Here a thread block
-// takes the query heads of one KV head for a few consecutive query rows (64
-// (query, head) rows: 10 queries of a 6-head group), walks only the key
-// tiles its rows see, and keeps scores, softmax and output in registers and
-// shared memory (an online softmax, as the few-row kernel and the CPU's).
+// almost every key for every row (on an H200 its attention took 0.53 of a
+// full prefill's for 0.22 of the rows: docs/bench/cuda_runs.md).  Here a
+// thread block takes the query heads of one KV head for a few consecutive
+// query rows (64 (query, head) rows: 10 queries of a 6-head group) and one
+// split of the keys (1,024), walks only the 64-key tiles its rows see
+// there, and keeps scores, softmax and output in registers and shared
+// memory (an online softmax, as the few-row kernel and the CPU's); a second
+// kernel merges each row's splits.  The splits give a long row several
+// blocks, so that the last rows of a long request do not set the pace.
 //
 // A block's work is written once, as phases separated by barriers
 // (attention_tile_block); an executor runs each phase for the 256 threads:
@@ -25,7 +28,8 @@
 // in a fixed order; its softmax sum is kept per thread and added up once,
 // also in a fixed order.  So a row's result depends on its own query, the
 // keys it sees and the tile boundaries (multiples of 64 from key 0), not on
-// the other rows of its block: a row recomputed by a blend gets the bits it
+// the other rows of its block; the splits cut at multiples of 1,024 keys
+// and are merged in order.  So a row recomputed by a blend gets the bits it
 // gets in a full prefill.
 #pragma once
 
@@ -160,15 +164,29 @@ __host__ __device__ float merge_tile_partials(const AttentionArgs& a, const floa
   return total > 0.0f ? o * (1.0f / total) : 0.0f;
 }
 
+// Four consecutive K/V elements as floats, from one 16-byte (f32) or
+// 8-byte (f16) load: the launch checks that K and V are so aligned.
+__host__ __device__ __forceinline__ float4 tile_kv_f32x4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__host__ __device__ __forceinline__ float4 tile_kv_f32x4(const uint16_t* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  return make_float4(tile_kv_f32(static_cast<uint16_t>(u.x & 0xffffu)),
+                     tile_kv_f32(static_cast<uint16_t>(u.x >> 16)),
+                     tile_kv_f32(static_cast<uint16_t>(u.y & 0xffffu)),
+                     tile_kv_f32(static_cast<uint16_t>(u.y >> 16)));
+}
+
 // dst[j][d] = the K or V element of key j0 + j, dim d of the tile's KV head
-// (0 past n_kv: a weight of 0 must not meet an uninitialised NaN).
+// (0 past n_kv: a weight of 0 must not meet an uninitialised NaN); four
+// elements a thread, consecutive threads on consecutive elements.
 template <class T, int HD>
 __host__ __device__ void load_key_tile(const T* base, int64_t stride, int64_t j0, int64_t n_kv,
                                        int t, float* dst) {
-  for (int e = t; e < kTileKeys * HD; e += kTileThreads) {
-    const int j = e / HD, d = e % HD;
-    dst[j * TileLayout<HD>::kStride + d] =
-        j0 + j < n_kv ? tile_kv_f32(base[(j0 + j) * stride + d]) : 0.0f;
+  for (int e = t; e < kTileKeys * HD / 4; e += kTileThreads) {
+    const int j = e / (HD / 4), d = 4 * (e % (HD / 4));
+    *reinterpret_cast<float4*>(dst + j * TileLayout<HD>::kStride + d) =
+        j0 + j < n_kv ? tile_kv_f32x4(base + (j0 + j) * stride + d) : make_float4(0, 0, 0, 0);
   }
 }
 
@@ -230,10 +248,11 @@ __host__ __device__ void attention_tile_block(const AttentionArgs& a, const Tile
       st.l[i] = 0.0f;
       for (int x = 0; x < 4 * State::kChunks; ++x) st.acc[i][x] = 0.0f;
     }
-    for (int e = t; e < kTileRows * HD; e += kTileThreads) {
-      const int r = e / HD, d = e % HD;
-      q_s[r * L::kStride + d] =
-          rows.exists(a, r) ? a.q[rows.query(r) * q_stride + rows.head(r) * HD + d] : 0.0f;
+    for (int e = t; e < kTileRows * HD / 4; e += kTileThreads) {
+      const int r = e / (HD / 4), d = 4 * (e % (HD / 4));
+      *reinterpret_cast<float4*>(q_s + r * L::kStride + d) =
+          rows.exists(a, r) ? tile_ld4(a.q + rows.query(r) * q_stride + rows.head(r) * HD + d)
+                            : make_float4(0, 0, 0, 0);
     }
   });
 
