@@ -14,6 +14,7 @@
 #include "kernels/cpu/reference_ops.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "platform/half.h"
+#include "tests/cuda/attention_cases.h"
 #include "tests/cuda/cuda_fixture.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -22,46 +23,10 @@ namespace {
 
 using test::Cuda;
 
-struct AttnCase {
-  int64_t n_head, n_head_kv, head_dim, n_kv;
-  std::vector<int32_t> q_pos;
-  int64_t window = 0;  // sliding window (gemma3's local layers); 0 = none
-  KeyBlockBias key_bias = {};
-};
-
-// The arguments of one case over host vectors (out left null).
-AttentionArgs host_args(const AttnCase& c, const std::vector<float>& q, const std::vector<float>& k,
-                        const std::vector<float>& v) {
-  AttentionArgs a;
-  a.q = q.data();
-  a.q_pos = c.q_pos.data();
-  a.n_q = static_cast<int64_t>(c.q_pos.size());
-  a.k = k.data();
-  a.v = v.data();
-  a.n_kv = c.n_kv;
-  a.n_head = c.n_head;
-  a.n_head_kv = c.n_head_kv;
-  a.head_dim = c.head_dim;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  a.window = c.window;
-  a.key_bias = c.key_bias;
-  return a;
-}
-
-// Query positions for the cases: any order, including a negative one (sees
-// no key: zero output) and positions past n_kv (see every key).
-std::vector<int32_t> positions(int n, int32_t n_kv) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % (n_kv + 20));
-  p[3] = -1;
-  return p;
-}
-// A blend's rows: ascending, over the whole context.
-std::vector<int32_t> spread(int n, int32_t n_kv) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>(i * n_kv / n);
-  return p;
-}
+using test::AttnCase;
+using test::host_args;
+using test::positions;
+using test::spread;
 
 // Every case on `be`, with f32 and f16 caches, against ref::attention; `dev`
 // puts a host vector in device-readable memory.
@@ -158,9 +123,9 @@ TEST_F(Cuda, AttentionMatchesReference) {
 
 // CB_CUDA_ATTN=tiles: attention of 32 or more rows by attention_tiles_kernel
 // (head sizes 64, 128 and 256; other shapes keep the cuBLAS path), on the
-// cases like those above and a prefill chunk's consecutive rows; a row's output the
-// same bits whichever rows share its call (a blend's rows against a
-// prefill's); a bad value refused.
+// cases test_cuda_host runs on the host and one the kernel leaves to
+// cuBLAS; a row's output the same bits whichever rows share its call (a
+// blend's rows against a prefill's); a bad value refused.
 TEST_F(Cuda, TiledAttentionMatchesReference) {
   setenv("CB_CUDA_ATTN", "tiles", 1);
   CudaBackendOptions o;
@@ -168,22 +133,8 @@ TEST_F(Cuda, TiledAttentionMatchesReference) {
   std::unique_ptr<Backend> tiles = make_cuda_backend(0, o);
   unsetenv("CB_CUDA_ATTN");
   std::mt19937 rng(13);
-  std::vector<int32_t> chunk(150);
-  for (int i = 0; i < 150; ++i) chunk[static_cast<size_t>(i)] = 450 + i;
-  const std::vector<AttnCase> cases = {
-      {8, 2, 128, 257, {256, 128, 1, 255, 100}},
-      {12, 2, 128, 520, positions(512, 520)},
-      {12, 2, 128, 1100, spread(300, 1100)},
-      {14, 2, 64, 900, spread(130, 900)},
-      {12, 2, 128, 600, chunk},
-      {9, 3, 64, 700, positions(200, 700), 64},
-      {4, 1, 256, 300, positions(64, 300), 32},
-      {8, 1, 128, 600, chunk, 100},
-      {6, 2, 72, 100, positions(40, 100)},
-      {12, 2, 128, 1100, spread(300, 1100), 0, {0, 1000, 1000, 0.9f}},
-      {9, 3, 64, 700, positions(200, 700), 64, {100, 650, 300, -2.0f}},
-      {4, 4, 256, 2048, spread(300, 2048), 0, {100, 1500, 1000, -1.2f}},
-  };
+  std::vector<AttnCase> cases = test::tiled_attention_cases();
+  cases.push_back({6, 2, 72, 100, positions(40, 100)});  // no tiled kernel: cuBLAS
   expect_attention_matches_reference(*tiles, [&](const auto& v) { return dev(v); }, cases, rng);
   EXPECT_GT(cuda_attention_tiles_launches(*tiles), 0);
   EXPECT_EQ(cuda_attention_tiles_launches(*be_), 0);
@@ -198,17 +149,12 @@ TEST_F(Cuda, TiledAttentionMatchesReference) {
     std::vector<float> q(pos.size() * row);
     for (size_t i = 0; i < pos.size(); ++i)
       std::copy_n(q_at.begin() + pos[i] * static_cast<int64_t>(row), row, q.begin() + i * row);
-    AttentionArgs a;
+    const AttnCase c{n_head, n_head_kv, hd, n_kv, pos};
+    AttentionArgs a = host_args(c, q, k, v);
     a.q = dev(q);
     a.q_pos = dev(pos);
-    a.n_q = static_cast<int64_t>(pos.size());
     a.k = dev(k);
     a.v = dev(v);
-    a.n_kv = n_kv;
-    a.n_head = n_head;
-    a.n_head_kv = n_head_kv;
-    a.head_dim = hd;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* out = dev(std::vector<float>(q.size(), NAN));
     a.out = out;
     tiles->attention(a);

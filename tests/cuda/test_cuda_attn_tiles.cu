@@ -16,6 +16,7 @@
 #include "kernels/cpu/reference_ops.h"
 #include "kernels/cuda/cuda_attention_tiles.cuh"
 #include "platform/half.h"
+#include "tests/cuda/attention_cases.h"
 
 namespace cb {
 namespace {
@@ -73,13 +74,6 @@ void run_tiles(const AttentionArgs& a, int64_t split_keys = 0) {
   }
 }
 
-struct Case {
-  int64_t n_head, n_head_kv, head_dim, n_kv;
-  std::vector<int32_t> q_pos;
-  int64_t window = 0;
-  KeyBlockBias key_bias = {};
-};
-
 std::vector<float> random_floats(std::mt19937& rng, int64_t n) {
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> v(static_cast<size_t>(n));
@@ -87,29 +81,9 @@ std::vector<float> random_floats(std::mt19937& rng, int64_t n) {
   return v;
 }
 
-std::vector<int32_t> spread(int n, int32_t n_kv) {  // a blend's rows: ascending over the context
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>(i * n_kv / n);
-  return p;
-}
-
-std::vector<int32_t> scattered(int n, int32_t n_kv) {  // any order, one row seeing no key
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i)
-    p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % (n_kv + 20));
-  p[3] = -1;
-  return p;
-}
-
-std::vector<int32_t> consecutive(int n, int32_t from) {  // a prefill chunk's rows
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = from + i;
-  return p;
-}
-
 // The kernel's output and the reference's for one case; f16: the cache
 // holds f16 values (the reference reads them widened).
-void check_case(std::mt19937& rng, const Case& c, bool f16, int64_t split_keys) {
+void check_case(std::mt19937& rng, const test::AttnCase& c, bool f16, int64_t split_keys) {
   const int64_t n_q = static_cast<int64_t>(c.q_pos.size());
   const int64_t kv_elems = c.n_kv * c.n_head_kv * c.head_dim;
   const std::vector<float> q = random_floats(rng, n_q * c.n_head * c.head_dim);
@@ -123,19 +97,7 @@ void check_case(std::mt19937& rng, const Case& c, bool f16, int64_t split_keys) 
       v[i] = f16_to_f32(v16[i]);
     }
   }
-  AttentionArgs a;
-  a.q = q.data();
-  a.q_pos = c.q_pos.data();
-  a.n_q = n_q;
-  a.k = k.data();
-  a.v = v.data();
-  a.n_kv = c.n_kv;
-  a.n_head = c.n_head;
-  a.n_head_kv = c.n_head_kv;
-  a.head_dim = c.head_dim;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  a.window = c.window;
-  a.key_bias = c.key_bias;
+  AttentionArgs a = test::host_args(c, q, k, v);
   std::vector<float> expect(q.size()), got(q.size(), NAN);
   a.out = expect.data();
   ref::attention(a);
@@ -162,36 +124,16 @@ void check_case(std::mt19937& rng, const Case& c, bool f16, int64_t split_keys) 
   }
 }
 
-// GQA groups of 1 to 8 (a block's queries: 64 / group, so blocks end inside
-// a group only where the group does not divide 64), the three head sizes,
-// key counts that end inside a 64-key tile, rows in any order, rows seeing
-// no key, positions past n_kv, a blend's spread rows, a prefill chunk's
-// consecutive rows, sliding windows starting inside a tile and wider than
-// a row's history, and a key bias on a block of keys for some rows; with
-// the backend's splits of the keys (1,024) and with splits of 128 keys, so
-// that rows cross several.
+// test::tiled_attention_cases() on f32 and f16 caches with the backend's
+// splits of the keys (1,024), and on f32 with splits of 128 keys, so that
+// rows cross several.
 TEST(CudaAttentionTiles, BlocksMatchTheReference) {
   std::mt19937 rng(21);
-  const std::vector<Case> cases = {
-      {1, 1, 64, 1, {0}},
-      {3, 1, 64, 70, {69, 0, 31, 32, 33, 5, 64, 65, 68}},
-      {8, 2, 128, 257, {256, 128, 1, 255, 100, 300}},
-      {4, 4, 256, 40, {39, 7, 12}},
-      {9, 3, 64, 700, scattered(200, 700)},
-      {12, 2, 128, 1100, spread(300, 1100)},
-      {14, 2, 64, 900, spread(130, 900)},
-      {12, 2, 128, 600, consecutive(150, 450)},
-      {4, 1, 256, 300, {299, 63, 150, 40, 3}, 32},
-      {9, 3, 64, 700, scattered(200, 700), 64},
-      {8, 1, 128, 500, consecutive(100, 400), 100},
-      {6, 2, 128, 300, spread(70, 300), 0, {10, 161, 150, -0.7f}},
-      {4, 1, 64, 90, {89, 5, 30, 64, 70}, 0, {0, 33, 0, 2.3f}},
-      {9, 3, 64, 700, scattered(200, 700), 64, {100, 650, 300, -2.0f}},
-  };
-  for (const int64_t split_keys : {int64_t{0}, int64_t{128}}) {
-    for (const bool f16 : {false, true}) {
-      for (const Case& c : cases) check_case(rng, c, f16, split_keys);
-    }
+  const std::vector<test::AttnCase> cases = test::tiled_attention_cases();
+  for (const test::AttnCase& c : cases) {
+    check_case(rng, c, false, 0);
+    check_case(rng, c, true, 0);
+    check_case(rng, c, false, 128);
   }
 }
 
@@ -204,7 +146,7 @@ TEST(CudaAttentionTiles, ARowsResultDoesNotDependOnItsBlock) {
   const int64_t n_head = 12, n_head_kv = 2, hd = 128, n_kv = 700;
   const std::vector<float> k = random_floats(rng, n_kv * n_head_kv * hd);
   const std::vector<float> v = random_floats(rng, n_kv * n_head_kv * hd);
-  const std::vector<int32_t> all = consecutive(static_cast<int>(n_kv), 0);
+  const std::vector<int32_t> all = test::consecutive(static_cast<int>(n_kv), 0);
   const std::vector<float> q_all = random_floats(rng, n_kv * n_head * hd);
   auto run = [&](const std::vector<int32_t>& pos) {
     std::vector<float> q(pos.size() * static_cast<size_t>(n_head * hd));
@@ -212,17 +154,8 @@ TEST(CudaAttentionTiles, ARowsResultDoesNotDependOnItsBlock) {
       std::memcpy(q.data() + i * n_head * hd, q_all.data() + pos[i] * n_head * hd,
                   sizeof(float) * n_head * hd);
     std::vector<float> out(q.size(), NAN);
-    AttentionArgs a;
-    a.q = q.data();
-    a.q_pos = pos.data();
-    a.n_q = static_cast<int64_t>(pos.size());
-    a.k = k.data();
-    a.v = v.data();
-    a.n_kv = n_kv;
-    a.n_head = n_head;
-    a.n_head_kv = n_head_kv;
-    a.head_dim = hd;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const test::AttnCase c{n_head, n_head_kv, hd, n_kv, pos};
+    AttentionArgs a = test::host_args(c, q, k, v);
     a.out = out.data();
     run_tiles<float>(a, 128);
     return out;
