@@ -561,19 +561,20 @@ void run_attention(cb::Backend& be, const char* label) {
     for (int64_t i = 0; i < q_elems; ++i) q[i] = static_cast<float>(rng() % 2001) / 1000.0f - 1.0f;
     for (const Rows& r : sets) {
       std::copy(r.pos.begin(), r.pos.end(), pos);
-      cb::AttentionArgs a;
-      a.q = q;
-      a.q_pos = pos;
-      a.n_q = static_cast<int64_t>(r.pos.size());
-      a.k = k;
-      a.v = v;
-      a.kv_type = cb::DType::F16;
-      a.n_kv = n_kv;
-      a.n_head = h.n_head;
-      a.n_head_kv = h.n_head_kv;
-      a.head_dim = h.hd;
-      a.scale = 1.0f / std::sqrt(static_cast<float>(h.hd));
-      a.out = o;
+      const cb::AttentionArgs a{.q = q,
+                                .q_pos = pos,
+                                .n_q = static_cast<int64_t>(r.pos.size()),
+                                .k = k,
+                                .v = v,
+                                .kv_type = cb::DType::F16,
+                                .n_kv = n_kv,
+                                .n_head = h.n_head,
+                                .n_head_kv = h.n_head_kv,
+                                .head_dim = h.hd,
+                                .scale = 1.0f / std::sqrt(static_cast<float>(h.hd)),
+                                .window = 0,
+                                .key_bias = {},
+                                .out = o};
       const double t = time_it(10, [&] { be.attention(a); });
       double visible = 0.0;
       for (int32_t p : r.pos) visible += static_cast<double>(std::min<int64_t>(p + 1, n_kv));
