@@ -266,14 +266,15 @@ __host__ __device__ void attention_tile_block(const AttentionArgs& a, const Tile
       float dot[kRowsPerThread][4] = {};
       for (int d = 0; d < HD; d += 4) {
         float4 qv[kRowsPerThread], kv[4];
-CB_TILE_UNROLL
+        CB_TILE_UNROLL
         for (int i = 0; i < kRowsPerThread; ++i)
           qv[i] = tile_ld4(q_s + (kRowsPerThread * rg + i) * L::kStride + d);
-CB_TILE_UNROLL
-        for (int c = 0; c < 4; ++c) kv[c] = tile_ld4(kv_s + (kg + kThreadsPerRow * c) * L::kStride + d);
-CB_TILE_UNROLL
+        CB_TILE_UNROLL
+        for (int c = 0; c < 4; ++c)
+          kv[c] = tile_ld4(kv_s + (kg + kThreadsPerRow * c) * L::kStride + d);
+        CB_TILE_UNROLL
         for (int i = 0; i < kRowsPerThread; ++i) {
-CB_TILE_UNROLL
+          CB_TILE_UNROLL
           for (int c = 0; c < 4; ++c) {
             float s = dot[i][c];
             s = fmaf(qv[i].x, kv[c].x, s);
@@ -284,11 +285,11 @@ CB_TILE_UNROLL
           }
         }
       }
-CB_TILE_UNROLL
+      CB_TILE_UNROLL
       for (int i = 0; i < kRowsPerThread; ++i) {
         const int r = kRowsPerThread * rg + i;
         float mx = -INFINITY;
-CB_TILE_UNROLL
+        CB_TILE_UNROLL
         for (int c = 0; c < 4; ++c) {
           const int64_t j = j0 + kg + kThreadsPerRow * c;
           const bool seen = j >= first_s[r] && j < end_s[r];
@@ -307,24 +308,25 @@ CB_TILE_UNROLL
     // thread is past the scores).
     ex.phase([&](int t, State& st) {
       const int rg = t / kThreadsPerRow, kg = t % kThreadsPerRow;
-CB_TILE_UNROLL
+      CB_TILE_UNROLL
       for (int i = 0; i < kRowsPerThread; ++i) {
         const int r = kRowsPerThread * rg + i;
         float tile_max = -INFINITY;
-        for (int k = 0; k < kThreadsPerRow; ++k) tile_max = fmaxf(tile_max, part_s[r * kThreadsPerRow + k]);
+        for (int k = 0; k < kThreadsPerRow; ++k)
+          tile_max = fmaxf(tile_max, part_s[r * kThreadsPerRow + k]);
         const float m_new = fmaxf(st.m[i], tile_max);
         float alpha = 1.0f;  // nothing seen yet and nothing now: stays as is
         float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (m_new != -INFINITY) {
           alpha = expf(st.m[i] - m_new);  // 0 on the row's first keys
-CB_TILE_UNROLL
+          CB_TILE_UNROLL
           for (int c = 0; c < 4; ++c) p[c] = expf(st.s[i][c] - m_new);  // 0 where masked
         }
         st.m[i] = m_new;
         st.l[i] = st.l[i] * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
-CB_TILE_UNROLL
+        CB_TILE_UNROLL
         for (int x = 0; x < 4 * State::kChunks; ++x) st.acc[i][x] *= alpha;
-CB_TILE_UNROLL
+        CB_TILE_UNROLL
         for (int c = 0; c < 4; ++c) p_s[r * L::kPStride + kg + kThreadsPerRow * c] = p[c];
       }
       load_key_tile<T, HD>(vbase, kv_stride, j0, a.n_kv, t, kv_s);
@@ -333,15 +335,16 @@ CB_TILE_UNROLL
     // acc += P V over the tile's keys, for the thread's rows and dims.
     ex.phase([&](int t, State& st) {
       const int rg = t / kThreadsPerRow, kg = t % kThreadsPerRow;
-CB_TILE_UNROLL_4
+      CB_TILE_UNROLL_4
       for (int j = 0; j < kTileKeys; ++j) {
         float pj[kRowsPerThread];
-CB_TILE_UNROLL
-        for (int i = 0; i < kRowsPerThread; ++i) pj[i] = p_s[(kRowsPerThread * rg + i) * L::kPStride + j];
-CB_TILE_UNROLL
+        CB_TILE_UNROLL
+        for (int i = 0; i < kRowsPerThread; ++i)
+          pj[i] = p_s[(kRowsPerThread * rg + i) * L::kPStride + j];
+        CB_TILE_UNROLL
         for (int c = 0; c < State::kChunks; ++c) {
           const float4 v = tile_ld4(kv_s + j * L::kStride + 4 * (kThreadsPerRow * c + kg));
-CB_TILE_UNROLL
+          CB_TILE_UNROLL
           for (int i = 0; i < kRowsPerThread; ++i) {
             st.acc[i][4 * c] = fmaf(pj[i], v.x, st.acc[i][4 * c]);
             st.acc[i][4 * c + 1] = fmaf(pj[i], v.y, st.acc[i][4 * c + 1]);

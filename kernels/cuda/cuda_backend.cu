@@ -1526,11 +1526,13 @@ class CudaBackend final : public Backend {
   template <class C>
   bool launch_attention_tiles(C& c, const AttentionArgs& d) {
     const int64_t group = d.n_head / d.n_head_kv, hd = d.head_dim;
-    auto aligned = [](const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; };
+    auto aligned = [](const void* p, uintptr_t to) {
+      return reinterpret_cast<uintptr_t>(p) % to == 0;
+    };
     const uintptr_t kv_align = d.kv_type == DType::F16 ? 8 : 16;  // its vector loads
     if (hd > tiles_max_head_dim_ || (hd != 64 && hd != 128 && hd != 256) || group > kTileRows ||
-        d.n_kv > INT32_MAX || d.n_head_kv > 65535 || !aligned(d.q, 16) ||
-        !aligned(d.k, kv_align) || !aligned(d.v, kv_align)) {
+        d.n_kv > INT32_MAX || d.n_head_kv > 65535 || !aligned(d.q, 16) || !aligned(d.k, kv_align) ||
+        !aligned(d.v, kv_align)) {
       return false;
     }
     const int64_t per_tile = kTileRows / group;
@@ -1887,8 +1889,8 @@ double elapsed_ms(const CudaMark& from, const CudaMark& to) {
 
 extern "C" __attribute__((visibility("default"))) const cb::CudaPluginApi* cb_cuda_plugin_api() {
   static const cb::CudaPluginApi api{
-      cb::kCudaPluginInterface, CB_PROJECT_VERSION, &cb::device_count,
-      &cb::make_backend,        &cb::mark,          &cb::elapsed_ms,
+      cb::kCudaPluginInterface, CB_PROJECT_VERSION,  &cb::device_count,
+      &cb::make_backend,        &cb::mark,           &cb::elapsed_ms,
       &cb::kept_f32_bytes,      &cb::graph_launches, &cb::attention_tiles_launches};
   return &api;
 }

@@ -578,10 +578,10 @@ void run_attention(cb::Backend& be, const char* label) {
       const double t = time_it(10, [&] { be.attention(a); });
       double visible = 0.0;
       for (int32_t p : r.pos) visible += static_cast<double>(std::min<int64_t>(p + 1, n_kv));
-      std::printf("attention %-8s %s heads %lld/%lld of %lld, %-26s %9.1f us %8.0f GFLOP/s\n", label,
-                  h.model, static_cast<long long>(h.n_head), static_cast<long long>(h.n_head_kv),
-                  static_cast<long long>(h.hd), r.name, t * 1e6,
-                  4.0 * static_cast<double>(h.hd * h.n_head) * visible / t / 1e9);
+      std::printf("attention %-8s %s heads %lld/%lld of %lld, %-26s %9.1f us %8.0f GFLOP/s\n",
+                  label, h.model, static_cast<long long>(h.n_head),
+                  static_cast<long long>(h.n_head_kv), static_cast<long long>(h.hd), r.name,
+                  t * 1e6, 4.0 * static_cast<double>(h.hd * h.n_head) * visible / t / 1e9);
     }
     for (void* p : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q),
                     static_cast<void*>(o), static_cast<void*>(pos)}) {

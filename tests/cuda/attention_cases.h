@@ -43,7 +43,8 @@ inline AttentionArgs host_args(const AttnCase& c, const std::vector<float>& q,
 // output) and some past n_kv (see every key).
 inline std::vector<int32_t> positions(int n, int32_t n_kv) {
   std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % (n_kv + 20));
+  for (int i = 0; i < n; ++i)
+    p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % (n_kv + 20));
   p[3] = -1;
   return p;
 }

@@ -118,7 +118,8 @@ TEST_F(Cuda, AttentionMatchesReference) {
       // keys): their positions and bias come from the block's offset.
       {64, 8, 16, 2048, spread(300, 2048), 0, {100, 1500, 1000, -1.2f}},
   };
-  expect_attention_matches_reference(*be_, [&](const auto& v) { return dev(v); }, cases, rng);
+  expect_attention_matches_reference(
+      *be_, [&](const auto& v) { return dev(v); }, cases, rng);
 }
 
 // CB_CUDA_ATTN=tiles: attention of 32 or more rows by attention_tiles_kernel
@@ -135,7 +136,8 @@ TEST_F(Cuda, TiledAttentionMatchesReference) {
   std::mt19937 rng(13);
   std::vector<AttnCase> cases = test::tiled_attention_cases();
   cases.push_back({6, 2, 72, 100, positions(40, 100)});  // no tiled kernel: cuBLAS
-  expect_attention_matches_reference(*tiles, [&](const auto& v) { return dev(v); }, cases, rng);
+  expect_attention_matches_reference(
+      *tiles, [&](const auto& v) { return dev(v); }, cases, rng);
   EXPECT_GT(cuda_attention_tiles_launches(*tiles), 0);
   EXPECT_EQ(cuda_attention_tiles_launches(*be_), 0);
 

@@ -117,9 +117,9 @@ void check_case(std::mt19937& rng, const test::AttnCase& c, bool f16, int64_t sp
       ADD_FAILURE() << (f16 ? "f16" : "f32") << " heads " << c.n_head << "/" << c.n_head_kv
                     << " head_dim " << c.head_dim << " rows " << n_q << " keys " << c.n_kv
                     << " window " << c.window << " bias " << c.key_bias.bias << " split "
-                    << split_keys << " at " << i
-                    << " (row " << i / static_cast<size_t>(c.n_head * c.head_dim)
-                    << "): " << got[i] << " vs " << expect[i];
+                    << split_keys << " at " << i << " (row "
+                    << i / static_cast<size_t>(c.n_head * c.head_dim) << "): " << got[i] << " vs "
+                    << expect[i];
     }
   }
 }
