@@ -10,7 +10,7 @@
 // f32 and on int8 activations (CB_CUDA_INT8, in every launch shape).
 // --attention: only attention of many rows, cuBLAS against the tiled kernel
 // (CB_CUDA_ATTN=tiles), at a blend's, a prefill chunk's and a question's
-// rows over an 8 x 512-token request.
+// rows over an 8 x 512-token request, and how far their outputs differ.
 // The single ops and the products run on managed memory, which this tool
 // fills from the host; uploads and the pipeline on the runtime's default,
 // device memory.
@@ -527,8 +527,11 @@ void run_pipeline(cb::Backend& be, const PipelineOptions& o) {
 // prefill chunk (2,048 rows from position 2,048) and the question (33 rows
 // at the end); at the head shapes of Qwen2.5-Coder-1.5B (12 query heads, 2
 // KV heads of 128) and 0.5B (14, 2 of 64).  GFLOP/s counts 4 head_dim
-// flops per visible (row, head, key).
-void run_attention(cb::Backend& be, const char* label) {
+// flops per visible (row, head, key).  `gemm` runs the cuBLAS path,
+// `tiles` the tiled kernel (CB_CUDA_ATTN=tiles), on the same inputs: the
+// largest difference of their outputs is printed too.
+void run_attention(cb::Backend& gemm, cb::Backend& tiles) {
+  cb::Backend& be = gemm;  // owns the buffers; the other reads them in place
   const int64_t n_kv = 4158;
   struct Rows {
     const char* name;
@@ -575,13 +578,26 @@ void run_attention(cb::Backend& be, const char* label) {
                                 .window = 0,
                                 .key_bias = {},
                                 .out = o};
-      const double t = time_it(10, [&] { be.attention(a); });
       double visible = 0.0;
       for (int32_t p : r.pos) visible += static_cast<double>(std::min<int64_t>(p + 1, n_kv));
-      std::printf("attention %-8s %s heads %lld/%lld of %lld, %-26s %9.1f us %8.0f GFLOP/s\n",
-                  label, h.model, static_cast<long long>(h.n_head),
-                  static_cast<long long>(h.n_head_kv), static_cast<long long>(h.hd), r.name,
-                  t * 1e6, 4.0 * static_cast<double>(h.hd * h.n_head) * visible / t / 1e9);
+      const size_t n_out = r.pos.size() * static_cast<size_t>(h.n_head * h.hd);
+      std::vector<float> by_gemm;
+      for (cb::Backend* b : {&gemm, &tiles}) {
+        const double t = time_it(10, [&] { b->attention(a); });
+        std::printf("attention %-6s %s heads %lld/%lld of %lld, %-26s %9.1f us %8.0f GFLOP/s",
+                    b == &gemm ? "cublas" : "tiles", h.model, static_cast<long long>(h.n_head),
+                    static_cast<long long>(h.n_head_kv), static_cast<long long>(h.hd), r.name,
+                    t * 1e6, 4.0 * static_cast<double>(h.hd * h.n_head) * visible / t / 1e9);
+        if (b == &gemm) {
+          by_gemm.assign(o, o + n_out);  // managed memory
+          std::printf("\n");
+        } else {
+          double worst = 0.0;
+          for (size_t i = 0; i < n_out; ++i)
+            worst = std::max(worst, static_cast<double>(std::fabs(o[i] - by_gemm[i])));
+          std::printf("  max |tiles - cublas| %.2e\n", worst);
+        }
+      }
     }
     for (void* p : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q),
                     static_cast<void*>(o), static_cast<void*>(pos)}) {
@@ -632,9 +648,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (attention_only) {
-      run_attention(*cb::make_cuda_backend(device, managed), "cublas");
+      auto gemm = cb::make_cuda_backend(device, managed);
       setenv("CB_CUDA_ATTN", "tiles", 1);  // read when the backend is made
-      run_attention(*cb::make_cuda_backend(device, managed), "tiles");
+      auto tiles = cb::make_cuda_backend(device, managed);
+      run_attention(*gemm, *tiles);
       return 0;
     }
     if (!pipeline_only) run_kernels(*cb::make_cuda_backend(device, managed));
