@@ -63,9 +63,9 @@ inline std::vector<int32_t> consecutive(int n, int32_t from) {
   return p;
 }
 
-// For the tiled kernel (head sizes 64, 128 and 256): GQA groups of 1 to 7
-// (a block's queries: 64 / group, so blocks end inside a group only where
-// the group does not divide 64), key counts that end inside a 64-key tile,
+// For the tiled kernel (head sizes 64, 128 and 256): GQA groups of 1, 3, 4,
+// 6 and 7 (a block's queries: 64 / group, so a block's last rows are idle
+// where the group does not divide 64), key counts that end inside a 64-key tile,
 // rows in any order, a row seeing no key, positions past n_kv, a blend's
 // spread rows, a prefill chunk's consecutive rows, sliding windows starting
 // inside a tile and wider than a row's history, a key bias on a block of
