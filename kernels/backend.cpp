@@ -38,6 +38,24 @@ void Backend::top_k(const float* values, int64_t n, int64_t k, int32_t* out) {
   top_k_indices(values, n, k, out);
 }
 
+void Backend::product(const ProductArgs& a) {
+  if (a.w == nullptr || a.n_rows < 0 || (a.gate != ProductArgs::Gate::kNone && a.up == nullptr) ||
+      (a.accumulate && a.scratch == nullptr))
+    fail(ErrorCode::kInvalidArgument, "product: bad arguments");
+  const WeightView& w = *a.w;
+  if (a.gate == ProductArgs::Gate::kSilu) silu_mul(a.x, a.up, a.n_rows * w.n_in, a.x);
+  if (a.gate == ProductArgs::Gate::kGeluTanh) gelu_mul(a.x, a.up, a.n_rows * w.n_in, a.x);
+  float* out = a.accumulate ? a.scratch : a.y;
+  if (a.bias != nullptr) {
+    matmul_bias(w, a.x, a.n_rows, a.bias, out, a.q8);
+  } else if (a.q8) {
+    matmul_q8(w, a.x, a.n_rows, out);
+  } else {
+    matmul(w, a.x, a.n_rows, out);
+  }
+  if (a.accumulate) add(a.y, out, a.n_rows * w.n_out, a.y);
+}
+
 void check_segments(const int32_t* seg, int64_t n_seg) {
   if (n_seg < 0 || (n_seg > 0 && !seg) || (n_seg > 0 && seg[0] < 0))
     fail(ErrorCode::kInvalidArgument, "segment_means: bad segments");

@@ -52,6 +52,31 @@ struct KeyBlockBias {
   }
 };
 
+// A product with the element-wise ops beside it in a transformer block
+// folded in (Backend::product): its input is x, or act(x) * up (a gated
+// feed-forward's down projection, act SiLU or GELU as silu_mul / gelu_mul);
+// its output is written to y, or added to y (a residual branch's output
+// projection: y += W x, as add() would).  Decode spends a launch on each of
+// those ops on a GPU, for a few thousand elements.
+struct ProductArgs {
+  enum class Gate : uint8_t { kNone, kSilu, kGeluTanh };
+  const WeightView* w = nullptr;
+  // n_rows x w->n_in.  With a gate, the gate's values, which the product
+  // may overwrite with act(x) * up (the default does, as the graph's
+  // silu_mul runs in place on the gate).
+  float* x = nullptr;
+  const float* up = nullptr;  // with a gate: n_rows x w->n_in
+  Gate gate = Gate::kNone;
+  int64_t n_rows = 0;
+  const float* bias = nullptr;  // w->n_out floats added to each output row, or null
+  bool q8 = false;              // matmul_q8's product (else matmul's)
+  bool accumulate = false;      // y += the product (else y = it)
+  // With accumulate: n_rows x w->n_out floats the default writes the product
+  // to before adding it; a backend that adds as it writes leaves it alone.
+  float* scratch = nullptr;
+  float* y = nullptr;  // n_rows x w->n_out; must not overlap x, up or scratch
+};
+
 // Attention of n_q query rows over the first n_kv rows of a layer's KV cache.
 // KV row j holds the key/value of the token at global position j, so the
 // causal mask is "key j visible to query i iff j <= q_pos[i]", and with a
@@ -139,6 +164,10 @@ class Backend {
     }
     add_bias(y, bias, n_rows, w.n_out);
   }
+  // ProductArgs' product.  The default runs silu_mul / gelu_mul in place on
+  // x, matmul_bias / matmul_q8 / matmul (into scratch when accumulating)
+  // and add(): a backend that fuses them must give the same bits.
+  virtual void product(const ProductArgs& a);
   // out[r] = dequantized row ids[r] of w (embedding lookup); out is n x w.n_in.
   // Every id must be in [0, w.n_out); the caller checks.
   virtual void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) = 0;

@@ -18,6 +18,7 @@ enum class BackendOp : uint8_t {
   kMatmul,
   kMatmulQ8,
   kMatmulBias,
+  kProduct,
   kGetRows,
   kRmsnorm,
   kRope,
@@ -39,17 +40,27 @@ enum class BackendOp : uint8_t {
 inline constexpr int kBackendOpCount = static_cast<int>(BackendOp::kTopK) + 1;
 
 inline const char* backend_op_name(BackendOp op) {
-  static constexpr const char* kNames[kBackendOpCount] = {
-      "matmul",          "matmul_q8",
-      "matmul_bias",     "get_rows",
-      "rmsnorm",         "rope",
-      "attention",       "attention_contributions",
-      "silu_mul",        "gelu_mul",
-      "scale",           "add",
-      "add_bias",        "gather_rows",
-      "segment_means",   "row_sq_diff",
-      "scatter_rows",    "scatter_rows_f16",
-      "gather_rows_f16", "top_k"};
+  static constexpr const char* kNames[kBackendOpCount] = {"matmul",
+                                                          "matmul_q8",
+                                                          "matmul_bias",
+                                                          "product",
+                                                          "get_rows",
+                                                          "rmsnorm",
+                                                          "rope",
+                                                          "attention",
+                                                          "attention_contributions",
+                                                          "silu_mul",
+                                                          "gelu_mul",
+                                                          "scale",
+                                                          "add",
+                                                          "add_bias",
+                                                          "gather_rows",
+                                                          "segment_means",
+                                                          "row_sq_diff",
+                                                          "scatter_rows",
+                                                          "scatter_rows_f16",
+                                                          "gather_rows_f16",
+                                                          "top_k"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -77,6 +88,10 @@ class ForwardingBackend : public Backend {
                    bool q8) override {
     Op op(*this, BackendOp::kMatmulBias, {x, y}, {w.data, bias});
     inner_->matmul_bias(w, x, n_rows, bias, y, q8);
+  }
+  void product(const ProductArgs& a) override {
+    Op op(*this, BackendOp::kProduct, {a.x, a.up, a.scratch, a.y}, {a.w->data, a.bias});
+    inner_->product(a);
   }
   void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override {
     Op op(*this, BackendOp::kGetRows, {out}, {w.data});

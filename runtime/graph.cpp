@@ -70,14 +70,36 @@ TensorId Graph::get_rows(const WeightView& w, const int32_t* ids, int64_t n) {
   return out;
 }
 
-void Graph::matmul_into(const WeightView& w, TensorId x, TensorId out, Precision p) {
-  if (tensors_[x].cols != w.n_in || tensors_[out].cols != w.n_out ||
-      tensors_[out].rows != tensors_[x].rows)
+void Graph::push_product(const WeightView& w, TensorId x, TensorId up, ProductArgs::Gate act,
+                         Precision p, TensorId out, bool accumulate) {
+  const Tensor& tx = tensors_[x];
+  if (tx.cols != w.n_in || tensors_[out].cols != w.n_out || tensors_[out].rows != tx.rows ||
+      (up >= 0 && (tensors_[up].rows != tx.rows || tensors_[up].cols != tx.cols)))
     fail(ErrorCode::kInternal, "graph: matmul shape mismatch");
+  if (out == x || out == up) fail(ErrorCode::kInternal, "graph: a product's output is its input");
+  const TensorId scratch = accumulate ? new_tensor(tx.rows, w.n_out) : -1;
   weights_.push_back(std::make_unique<WeightView>(w));
-  Node& n = push(Op::kMatMul, out, x);
+  Node& n = push(Op::kMatMul, out, x, up, scratch);
   n.weight = weights_.back().get();
   n.p[0] = p == Precision::kInt8Activations ? 1 : 0;
+  n.p[1] = static_cast<int64_t>(act);
+  n.p[2] = accumulate ? 1 : 0;
+}
+
+void Graph::matmul_into(const WeightView& w, TensorId x, TensorId out, Precision p) {
+  push_product(w, x, -1, ProductArgs::Gate::kNone, p, out, false);
+}
+
+void Graph::matmul_add_into(const WeightView& w, TensorId x, TensorId dst, Precision p) {
+  push_product(w, x, -1, ProductArgs::Gate::kNone, p, dst, true);
+}
+
+TensorId Graph::matmul_gated(const WeightView& w, TensorId gate, TensorId up, ProductArgs::Gate act,
+                             Precision p, TensorId add_into) {
+  if (act == ProductArgs::Gate::kNone) fail(ErrorCode::kInternal, "graph: a gated product's gate");
+  const TensorId out = add_into >= 0 ? add_into : new_tensor(tensors_[gate].rows, w.n_out);
+  push_product(w, gate, up, act, p, out, add_into >= 0);
+  return out;
 }
 
 TensorId Graph::matmul(const WeightView& w, TensorId x, Precision p) {
@@ -175,7 +197,7 @@ void Graph::add_bias(TensorId x, const float* bias) {
   // (Backend::matmul_bias: the same bits, one op less).
   if (!nodes_.empty()) {
     Node& last = nodes_.back();
-    if (last.op == Op::kMatMul && last.out == x && last.vec == nullptr) {
+    if (last.op == Op::kMatMul && last.out == x && last.vec == nullptr && last.p[2] == 0) {
       last.vec = bias;
       return;
     }
@@ -276,7 +298,20 @@ void Graph::run_node(Backend& be, const Node& n, void* arena) const {
       be.get_rows(*n.weight, n.ints, to.rows, out);
       break;
     case Op::kMatMul:
-      if (n.vec != nullptr) {
+      if (n.p[1] != 0 || n.p[2] != 0) {
+        ProductArgs args;
+        args.w = n.weight;
+        args.x = ptr(n.a, arena);
+        args.up = ptr(n.b, arena);
+        args.gate = static_cast<ProductArgs::Gate>(n.p[1]);
+        args.n_rows = to.rows;
+        args.bias = n.vec;
+        args.q8 = n.p[0] != 0;
+        args.accumulate = n.p[2] != 0;
+        args.scratch = ptr(n.c, arena);
+        args.y = out;
+        be.product(args);
+      } else if (n.vec != nullptr) {
         be.matmul_bias(*n.weight, a, to.rows, n.vec, out, n.p[0] != 0);
       } else if (n.p[0] != 0) {
         be.matmul_q8(*n.weight, a, to.rows, out);

@@ -40,6 +40,16 @@ class Graph {
   enum class Precision : uint8_t { kF32, kInt8Activations };
   TensorId matmul(const WeightView& w, TensorId x, Precision p = Precision::kF32);
   void matmul_into(const WeightView& w, TensorId x, TensorId out, Precision p = Precision::kF32);
+  // dst += W x as one op (Backend::product accumulating): a residual
+  // branch's output projection.
+  void matmul_add_into(const WeightView& w, TensorId x, TensorId dst,
+                       Precision p = Precision::kF32);
+  // W (act(gate) * up) as one op (Backend::product with a gate): a gated
+  // feed-forward's down projection.  gate is overwritten, as silu_mul
+  // overwrites it.  Added into add_into when given, else written to a new
+  // tensor, which is returned (add_into is returned otherwise).
+  TensorId matmul_gated(const WeightView& w, TensorId gate, TensorId up, ProductArgs::Gate act,
+                        Precision p = Precision::kF32, TensorId add_into = -1);
   TensorId rmsnorm(TensorId x, const float* weight, float eps);
   // rmsnorm of every `group` consecutive floats of x (one head of a row: the
   // Q/K norms of qwen3), weight of `group` floats, into `out` (x's shape;
@@ -129,6 +139,11 @@ class Graph {
 
   TensorId new_tensor(int64_t rows, int64_t cols);
   Node& push(Op op, TensorId out, TensorId a = -1, TensorId b = -1, TensorId c = -1);
+  // A kMatMul node: out (=|+=) W act(x [* up]).  p[0]: int8 activations,
+  // p[1]: the gate (ProductArgs::Gate), p[2]: accumulate into out, with
+  // scratch c for Backend::product's default.
+  void push_product(const WeightView& w, TensorId x, TensorId up, ProductArgs::Gate act,
+                    Precision p, TensorId out, bool accumulate);
   float* ptr(TensorId t, void* arena) const;  // an F32 tensor's floats
   void* raw(TensorId t, void* arena) const;   // any tensor's elements
   void run_node(Backend& be, const Node& n, void* arena) const;

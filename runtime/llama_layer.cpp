@@ -53,19 +53,25 @@ TensorId LlamaLayer::attention(TensorId q, const int32_t* q_pos, TensorId k_cach
 }
 
 void LlamaLayer::add_branch(TensorId x, TensorId branch, const float* post_norm) {
-  g_.add_into(x, post_norm ? g_.rmsnorm(branch, post_norm, hp_.rms_eps) : branch);
+  g_.add_into(x, g_.rmsnorm(branch, post_norm, hp_.rms_eps));
 }
 
 void LlamaLayer::attention_output(TensorId x, TensorId a) {
+  if (w_.attn_post_norm == nullptr) return g_.matmul_add_into(w_.wo, a, x, mm_);
   add_branch(x, g_.matmul(w_.wo, a, mm_), w_.attn_post_norm);
 }
 
 void LlamaLayer::ffn(TensorId x) {
   TensorId h = g_.rmsnorm(x, w_.ffn_norm, hp_.rms_eps);
   TensorId gate = g_.matmul(w_.w_gate, h, mm_), up = g_.matmul(w_.w_up, h, mm_);
-  TensorId m =
-      hp_.ffn_activation == Activation::kGeluTanh ? g_.gelu_mul(gate, up) : g_.silu_mul(gate, up);
-  add_branch(x, g_.matmul(w_.w_down, m, mm_), w_.ffn_post_norm);
+  const ProductArgs::Gate act = hp_.ffn_activation == Activation::kGeluTanh
+                                    ? ProductArgs::Gate::kGeluTanh
+                                    : ProductArgs::Gate::kSilu;
+  if (w_.ffn_post_norm == nullptr) {
+    g_.matmul_gated(w_.w_down, gate, up, act, mm_, x);
+    return;
+  }
+  add_branch(x, g_.matmul_gated(w_.w_down, gate, up, act, mm_), w_.ffn_post_norm);
 }
 
 TensorId add_embeddings(Graph& g, const LlamaHparams& hp, const WeightView& tok_embd,

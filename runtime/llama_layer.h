@@ -60,7 +60,8 @@ class LlamaLayer {
  private:
   TensorId project(const WeightView& w, const float* bias, const float* head_norm, TensorId h,
                    TensorId out);
-  // x += branch, through the branch's output norm when the layer has one.
+  // x += rmsnorm(branch, post_norm) (Gemma 2 and 3's output norms; without
+  // one, a branch's last product adds itself to x).
   void add_branch(TensorId x, TensorId branch, const float* post_norm);
 
   Graph& g_;

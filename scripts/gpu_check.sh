@@ -93,6 +93,12 @@ gpu_benchmarks() {  # PREFIX
   # f32 ones.
   CB_CUDA_INT8=1 step "${1}decode_int8" 60 "$BIN/cb_bench" decode --tokens 128 --repeat 3 \
     $GPU --json
+  # The residual adds and the gated activation folded into the GEMVs (three
+  # launches fewer a layer), alone and with int8 activations.
+  CB_CUDA_FUSED_GEMV=1 step "${1}decode_fused" 60 "$BIN/cb_bench" decode --tokens 128 --repeat 3 \
+    $GPU --json
+  CB_CUDA_FUSED_GEMV=1 CB_CUDA_INT8=1 step "${1}decode_fused_int8" 60 "$BIN/cb_bench" decode \
+    --tokens 128 --repeat 3 $GPU --json
   # Attention of many rows by the tiled kernel instead of cuBLAS: the blend's
   # spread rows score only the keys they see; 8192 tokens, the most
   # attention a prefill here has.
@@ -190,6 +196,8 @@ if want profile; then
   CB_CUDA_ATTN=tiles CB_CUDA_PROFILE=1 step profile_blend_attn_tiles 60 "$BIN/cb_bench" ttft \
     --chunks 8 --chunk-tokens 512 --modes blend --repeat 4 $GPU
   CB_CUDA_PROFILE=1 step profile_decode 60 "$BIN/cb_bench" decode --tokens 128 --repeat 1 $GPU
+  CB_CUDA_FUSED_GEMV=1 CB_CUDA_PROFILE=1 step profile_decode_fused 60 "$BIN/cb_bench" decode \
+    --tokens 128 --repeat 1 $GPU
   # Attention alone, cuBLAS against the tiled kernel, at a blend's, a
   # prefill chunk's and a question's rows.
   step attention 60 "$BIN/cuda_bench" --attention
@@ -206,9 +214,11 @@ if want tests; then
   step test_cuda_session 150 "$BIN/test_cuda" --gtest_filter='CudaSession*'
   CB_CUDA_ATTN=tiles step test_cuda_session_attn_tiles 150 "$BIN/test_cuda" \
     --gtest_filter='CudaSession*'
+  CB_CUDA_FUSED_GEMV=1 step test_cuda_session_fused_gemv 150 "$BIN/test_cuda" \
+    --gtest_filter='CudaSession*'
   if command -v compute-sanitizer >/dev/null; then
     step memcheck 150 compute-sanitizer --tool memcheck "$BIN/test_cuda" \
-      --gtest_filter='Cuda.Matmul*:Cuda.Int8*:Cuda.Attention*:Cuda.TiledAttention*:Cuda.SegmentMeans*:Cuda.KeptF32*:CudaSession.BlendSelection*'
+      --gtest_filter='Cuda.Matmul*:Cuda.Int8*:Cuda.Fused*:Cuda.Attention*:Cuda.TiledAttention*:Cuda.SegmentMeans*:Cuda.KeptF32*:CudaSession.BlendSelection*'
   fi
   # Every architecture's layers on the GPU (tiny random-weight models):
   # against the CPU, graphs against plain decode, the blend.
@@ -231,6 +241,8 @@ if want tests; then
     # matmul_q8 by default): its answers and identities on real weights.
     CB_CUDA_INT8=1 CB_MODEL=$REAL_TEST_MODEL step real_test_c_api_int8 120 "$BIN/test_c_api"
     CB_CUDA_ATTN=tiles CB_MODEL=$REAL_TEST_MODEL step real_test_c_api_attn_tiles 120 \
+      "$BIN/test_c_api"
+    CB_CUDA_FUSED_GEMV=1 CB_MODEL=$REAL_TEST_MODEL step real_test_c_api_fused_gemv 120 \
       "$BIN/test_c_api"
     # Against the float64 oracle: its logits are read from the build's
     # oracle/reference folder (the path compiled in), so it runs where that

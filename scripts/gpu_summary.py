@@ -76,7 +76,9 @@ def speed_rows(steps):
     rows.append(("decode 128", fmt(decode, " tok/s"), fmt(peer, " tok/s"), ratio(decode, peer)))
     for step, what in (("gpu_decode_issued", "decode, op by op"),
                        ("gpu_decode_managed", "decode, managed memory"),
-                       ("gpu_decode_int8", "decode, int8 activations")):
+                       ("gpu_decode_int8", "decode, int8 activations"),
+                       ("gpu_decode_fused", "decode, fused GEMV"),
+                       ("gpu_decode_fused_int8", "decode, fused GEMV, int8 activations")):
         v = num(first(steps, step), "tok_s")
         rows.append((what, fmt(v, " tok/s"), "", ratio(v, peer)))
     rows.append(("decode, this machine's CPU", fmt(cpu, " tok/s"), "",

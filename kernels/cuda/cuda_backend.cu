@@ -125,6 +125,7 @@ class CudaBackend final : public Backend {
     // throwing constructor runs no destructor to free it.
     f32_budget_ = f32_weight_budget(opts.f32_weight_bytes, integrated != 0);
     int8_gemv_ = int8_gemv_from_env(&int8_shape_);  // may throw, so before the pool too
+    fused_gemv_ = switch_from_env("CB_CUDA_FUSED_GEMV");
     if (attention_tiles_from_env()) tiles_max_head_dim_ = prepare_attention_tiles();
     if (pools != 0) create_pool();
     profile_ = std::getenv("CB_CUDA_PROFILE") != nullptr;
@@ -274,7 +275,7 @@ class CudaBackend final : public Backend {
   // --------------------------------------------------------------- ops --
 
   void matmul(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
-    product(w, x, n_rows, nullptr, y, false);
+    run_product(w, x, n_rows, nullptr, y, false);
   }
 
   // The exact product, unless CB_CUDA_BF16 asks for the rounded one the
@@ -291,14 +292,45 @@ class CudaBackend final : public Backend {
   // blocks of 32, as the CPU's matmul_q8 does (gemv_k_q8_kernel); not the
   // default until it has been measured against the f32 GEMV on a GPU.
   void matmul_q8(const WeightView& w, const float* x, int64_t n_rows, float* y) override {
-    product(w, x, n_rows, nullptr, y, true);
+    run_product(w, x, n_rows, nullptr, y, true);
   }
 
   // The GEMV adds the bias as it writes each output (one launch less per
   // biased projection: three a layer in decode on Qwen2).
   void matmul_bias(const WeightView& w, const float* x, int64_t n_rows, const float* bias, float* y,
                    bool q8) override {
-    product(w, x, n_rows, bias, y, q8);
+    run_product(w, x, n_rows, bias, y, q8);
+  }
+
+  // With CB_CUDA_FUSED_GEMV, a product of few rows that the GEMV kernels
+  // take is one launch: the kernel forms act(gate) * up as it loads its
+  // input and adds its outputs to y, with the same expressions and
+  // additions as the kernels it replaces (the same bits).  Anything else
+  // runs Backend::product's ops.  Not the default until it has been
+  // measured on a GPU.
+  void product(const ProductArgs& a) override {
+    if (!fused_gemv_ || !fused_gemv_applies(a)) return Backend::product(a);
+    const WeightView& w = *a.w;
+    const bool gated = a.gate != ProductArgs::Gate::kNone;
+    const int n_rows = static_cast<int>(a.n_rows);
+    Call c(*this, "product gemv");
+    const float* dx = c.in(a.x, a.n_rows * w.n_in);
+    const float* du = gated ? c.in(a.up, a.n_rows * w.n_in) : nullptr;
+    const float* db = c.in(a.bias, w.n_out);
+    float* dy = c.out(a.y, a.n_rows * w.n_out, a.accumulate);
+    auto launch = [&](auto in) {
+      if (a.q8 && int8_gemv_ &&
+          launch_gemv_int8(w, in, n_rows, db, dy, a.accumulate, c.stream(), int8_shape_)) {
+        c.name("product gemv int8");
+        return true;
+      }
+      return launch_gemv_k_fused(w, in, n_rows, db, dy, a.accumulate, c.stream());
+    };
+    const bool gelu = a.gate == ProductArgs::Gate::kGeluTanh;
+    if (!(gated ? launch(GemvInput<true>{dx, du, gelu}) : launch(GemvInput<false>{dx}))) {
+      fail(ErrorCode::kInternal, "cuda backend: a fused product found no GEMV");
+    }
+    c.finish();
   }
 
   void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override {
@@ -847,8 +879,8 @@ class CudaBackend final : public Backend {
   // on tensor cores when rounded) for more; the GEMM's bias is its own pass.
   // q8: matmul_q8's product (rounded with CB_CUDA_BF16, int8 activations in
   // the GEMV with CB_CUDA_INT8 where it applies).
-  void product(const WeightView& w, const float* x, int64_t n_rows, const float* bias, float* y,
-               bool q8) {
+  void run_product(const WeightView& w, const float* x, int64_t n_rows, const float* bias, float* y,
+                   bool q8) {
     const bool rounded = q8 && round_bf16_;
     check(n_rows >= 0 && w.n_in >= 0 && w.n_out >= 0, "matmul: negative size");
     check(w.n_in % dtype_block_elems(w.type) == 0, "matmul: n_in is not a whole number of blocks");
@@ -863,7 +895,8 @@ class CudaBackend final : public Backend {
           "cudaMemsetAsync");
     } else if (n_rows <= gemv_max_rows_) {
       if (q8 && int8_gemv_ &&
-          launch_gemv_int8(w, dx, static_cast<int>(n_rows), db, dy, c.stream(), int8_shape_)) {
+          launch_gemv_int8(w, GemvInput<false>{dx}, static_cast<int>(n_rows), db, dy, false,
+                           c.stream(), int8_shape_)) {
         c.name("matmul_q8 gemv int8");
       } else if (rounded) {
         dispatch_type<LaunchGemvBf16>(w.type, w, dx, static_cast<int>(n_rows), db, dy, c.stream());
@@ -887,6 +920,26 @@ class CudaBackend final : public Backend {
       launch_check("add_bias_kernel");
     }
     c.finish();
+  }
+
+  // Whether product() fuses `a` into one GEMV launch: few rows, no bf16
+  // rounding, and a weight and input that the kernel run_product() would
+  // pick takes with a gate and accumulation (the int8 GEMV's types when
+  // CB_CUDA_INT8 applies to it, else Q4_K and Q6_K).  Pointers mirrored to
+  // the device keep their 16-byte alignment (allocations are aligned more).
+  bool fused_gemv_applies(const ProductArgs& a) const {
+    const WeightView& w = *a.w;
+    if (a.n_rows < 1 || a.n_rows > gemv_max_rows_ || w.n_in <= 0 || w.n_out <= 0) return false;
+    if (w.n_in % dtype_block_elems(w.type) != 0 || (a.q8 && round_bf16_)) return false;
+    if (a.gate != ProductArgs::Gate::kNone && a.up == nullptr) return false;
+    if (a.accumulate && a.y == nullptr) return false;
+    const bool aligned =
+        reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.up) % 16 == 0;
+    if (!aligned) return false;
+    const bool q4k_aligned = reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+    const bool int8 = a.q8 && int8_gemv_ && gemv_q8_shared_bytes(w.n_in) <= kGemvQ8MaxShared &&
+                      (w.type != DType::Q4_K || q4k_aligned) && has_int8_slice(w.type);
+    return int8 || w.type == DType::Q6_K || (w.type == DType::Q4_K && q4k_aligned);
   }
 
   // kBuffer: alloc_buffer()'s device or managed memory (memory_ says which).
@@ -1578,6 +1631,14 @@ class CudaBackend final : public Backend {
     return true;
   }
 
+  // An on/off switch: unset or "0" off, "1" on, anything else refused.
+  static bool switch_from_env(const char* name) {
+    const char* e = std::getenv(name);
+    if (e == nullptr || std::strcmp(e, "0") == 0) return false;
+    if (std::strcmp(e, "1") == 0) return true;
+    fail(ErrorCode::kInvalidArgument, std::string(name) + " must be 0 or 1 (got '" + e + "')");
+  }
+
   // CB_CUDA_INT8: unset or "0" off; "1" on; "RxS" on with R weight rows a
   // warp and S warps a row (each 1, 2 or 4: a launch shape to measure).
   static bool int8_gemv_from_env(Int8GemvShape* shape) {
@@ -1799,6 +1860,7 @@ class CudaBackend final : public Backend {
   bool round_bf16_ = false;   // CB_CUDA_BF16 set (not "0"): matmul_q8 rounds to bf16
   bool int8_gemv_ = false;    // CB_CUDA_INT8 set (not "0"): matmul_q8's GEMV takes int8 activations
   Int8GemvShape int8_shape_;  // CB_CUDA_INT8's launch shape, if it names one
+  bool fused_gemv_ = false;  // CB_CUDA_FUSED_GEMV=1: product() folds its gate and add into the GEMV
   // CB_CUDA_ATTN=tiles: the largest head size attention_tiles_kernel runs
   // on this device (0: the cuBLAS path for every shape).
   int64_t tiles_max_head_dim_ = 0;

@@ -90,6 +90,19 @@ __device__ float block_max(float v) {
   return m;
 }
 
+// ---------------------------------------------------- gated activations --
+
+// One element of silu_mul / gelu_mul (Backend): the element-wise kernels and
+// the GEMV that forms its input from a gate (ProductArgs) both take it from
+// here, so either gives the same bits.
+__device__ __forceinline__ float silu_mul_value(float g, float up) {
+  return __fmul_rn(g / (1.0f + expf(-g)), up);
+}
+
+__device__ __forceinline__ float gelu_mul_value(float g, float up) {
+  return g / (1.0f + expf(-1.5957691216057308f * (g + 0.044715f * g * g * g))) * up;
+}
+
 constexpr int kEltThreads = 256;
 
 // Blocks for a grid-stride loop over n items: enough to fill any current GPU

@@ -67,6 +67,43 @@ __device__ __forceinline__ float round_if(float v) {
   }
 }
 
+// What gemv_k_kernel and gemv_k_q8_kernel multiply the weights by: x, or
+// (kGated) act(x) * up formed as they load it, each element the bits
+// silu_mul_kernel / gelu_mul_kernel would have stored (ProductArgs' gate).
+// Neither array is written while a GEMV runs, so loads take the read-only
+// path.
+template <bool kGated>
+struct GemvInput {
+  const float* x = nullptr;
+  const float* up = nullptr;  // kGated: the up projection
+  bool gelu = false;          // kGated: GELU (tanh), else SiLU
+  // Elements [i, i + 4), i a multiple of 4 (x and up 16-byte aligned).
+  __device__ __forceinline__ float4 load4(int64_t i) const {
+    const float4 g = __ldg(reinterpret_cast<const float4*>(x + i));
+    if constexpr (!kGated) {
+      return g;
+    } else {
+      const float4 u = __ldg(reinterpret_cast<const float4*>(up + i));
+      return gelu ? make_float4(gelu_mul_value(g.x, u.x), gelu_mul_value(g.y, u.y),
+                                gelu_mul_value(g.z, u.z), gelu_mul_value(g.w, u.w))
+                  : make_float4(silu_mul_value(g.x, u.x), silu_mul_value(g.y, u.y),
+                                silu_mul_value(g.z, u.z), silu_mul_value(g.w, u.w));
+    }
+  }
+  // The input from element `offset` on (the next activation row).
+  GemvInput at(int64_t offset) const { return {x + offset, kGated ? up + offset : nullptr, gelu}; }
+  bool aligned() const {
+    return reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+           (!kGated || reinterpret_cast<uintptr_t>(up) % 16 == 0);
+  }
+};
+
+// y = v, or y + v when accumulating (ProductArgs::accumulate: the bits
+// add_kernel gives for y + v).
+__device__ __forceinline__ void store_output(float* y, float v, bool accumulate) {
+  *y = accumulate ? __fadd_rn(*y, v) : v;
+}
+
 // `split` warps (a power of two dividing kGemvWarps) per output row o, each
 // taking every split-th step of the row, their sums added in warp order
 // through shared memory (deterministic).  Splitting long rows keeps enough
@@ -535,12 +572,13 @@ using Int8Slice =
     std::conditional_t<T == DType::Q4_K, Q4kSlice,
                        std::conditional_t<T == DType::Q6_K, Q6kSlice, Block32Slice<T>>>;
 
-// R activation rows (at most), RW weight rows per warp.
-template <class S, int R, int RW, bool kRound>
+// R activation rows (at most), RW weight rows per warp; the outputs added
+// to y when accumulating.
+template <class S, int R, int RW, bool kRound, bool kGated>
 __global__ void __launch_bounds__(32 * kGemvWarps)
     gemv_k_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_in, int64_t n_out,
-                  const float* __restrict__ x, int n_rows, const float* __restrict__ bias,
-                  float* __restrict__ y, int split) {
+                  GemvInput<kGated> x, int n_rows, const float* __restrict__ bias,
+                  float* __restrict__ y, bool accumulate, int split) {
   __shared__ float partial[kGemvWarps][R * RW];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / split) + warp / split) * RW;
@@ -565,8 +603,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
         float sx[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int t = 0; t < S::kElems / 4; ++t) {
-          const float4 v =
-              *reinterpret_cast<const float4*>(x + r * n_in + xo + 4 * t + S::x_gap(t));
+          const float4 v = x.load4(r * n_in + xo + 4 * t + S::x_gap(t));
           const float ve[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
@@ -599,7 +636,8 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
     if (r < n_rows) {
       float s = partial[warp][r * RW + lane];
       for (int p = 1; p < split; ++p) s += partial[warp + p][r * RW + lane];
-      y[r * n_out + o0 + lane] = bias != nullptr ? __fadd_rn(s, bias[o0 + lane]) : s;
+      store_output(y + r * n_out + o0 + lane, bias != nullptr ? __fadd_rn(s, bias[o0 + lane]) : s,
+                   accumulate);
     }
   }
 }
@@ -629,7 +667,8 @@ __host__ __device__ __forceinline__ int q8_round(float v, float id) {
 // bit: qs[0, n), d and s[0, n / 32).  Every thread of the block takes part:
 // 8 threads a 32-element block, 4 elements each.  n is a multiple of 32
 // and x 16-byte aligned.
-__device__ void quantize_q8_shared(const float* __restrict__ x, int64_t n, int8_t* qs, float* d,
+template <bool kGated>
+__device__ void quantize_q8_shared(const GemvInput<kGated>& x, int64_t n, int8_t* qs, float* d,
                                    float* s) {
   constexpr int kGroups = 32 * kGemvWarps / 8;
   const int64_t n_blocks = n / 32;
@@ -638,7 +677,7 @@ __device__ void quantize_q8_shared(const float* __restrict__ x, int64_t n, int8_
   for (int64_t b0 = 0; b0 < n_blocks; b0 += kGroups) {
     const int64_t b = b0 + g;
     const bool in = b < n_blocks;
-    const float4 v = in ? reinterpret_cast<const float4*>(x)[8 * b + i] : make_float4(0, 0, 0, 0);
+    const float4 v = in ? x.load4(4 * (8 * b + i)) : make_float4(0, 0, 0, 0);
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
     for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -672,11 +711,11 @@ __device__ void quantize_q8_shared(const float* __restrict__ x, int64_t n, int8_
 // read per weight and a quarter of the multiplies.  A warp takes RW weight
 // rows and has 4 slices' loads in flight (4 / RW steps) before it computes;
 // its first ones are issued before the block quantizes x.
-template <class S, int RW>
+template <class S, int RW, bool kGated>
 __global__ void __launch_bounds__(32 * kGemvWarps)
     gemv_k_q8_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_in, int64_t n_out,
-                     const float* __restrict__ x, const float* __restrict__ bias,
-                     float* __restrict__ y, int split) {
+                     GemvInput<kGated> x, const float* __restrict__ bias, float* __restrict__ y,
+                     bool accumulate, int split) {
   extern __shared__ __align__(16) unsigned char q8x[];
   __shared__ float partial[kGemvWarps][RW];
   int8_t* xq = reinterpret_cast<int8_t*>(q8x);
@@ -745,7 +784,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
   // Lane i writes row o0 + i.
   float s = partial[warp][lane];
   for (int p = 1; p < split; ++p) s += partial[warp + p][lane];
-  y[o0 + lane] = bias != nullptr ? __fadd_rn(s, bias[o0 + lane]) : s;
+  store_output(y + o0 + lane, bias != nullptr ? __fadd_rn(s, bias[o0 + lane]) : s, accumulate);
 }
 
 // Warps per output row for gemv_kernel: at least 2 steps each.
@@ -760,42 +799,56 @@ inline int gemv_split(int64_t steps) {
 // The Q4_K / Q6_K kernel for R activation rows at most, RW weight rows per
 // warp, and at least min_split warps per weight row where the row has that
 // many steps.
-template <DType T, bool kRound, int R, int RW>
-void launch_gemv_k(const WeightView& w, const float* x, int n_rows, const float* bias, float* y,
-                   cudaStream_t st, int min_split = 1) {
+template <DType T, bool kRound, int R, int RW, bool kGated>
+void launch_gemv_k(const WeightView& w, GemvInput<kGated> x, int n_rows, const float* bias,
+                   float* y, bool accumulate, cudaStream_t st, int min_split = 1) {
   using S = std::conditional_t<T == DType::Q4_K, Q4kSlice, Q6kSlice>;
   const int64_t steps = (w.n_in / 256 + S::kPerStep - 1) / S::kPerStep;
   const int split =
       std::max(gemv_split(steps), static_cast<int>(std::min<int64_t>(min_split, steps)));
   const int64_t rows_per_block = RW * (kGemvWarps / split);
   const unsigned blocks = static_cast<unsigned>((w.n_out + rows_per_block - 1) / rows_per_block);
-  gemv_k_kernel<S, R, RW, kRound><<<blocks, 32 * kGemvWarps, 0, st>>>(
+  gemv_k_kernel<S, R, RW, kRound, kGated><<<blocks, 32 * kGemvWarps, 0, st>>>(
       static_cast<const uint8_t*>(w.data), dtype_row_bytes(w.type, w.n_in), w.n_in, w.n_out, x,
-      n_rows, bias, y, split);
+      n_rows, bias, y, accumulate, split);
   launch_check("gemv_k_kernel");
+}
+
+// Whether gemv_k_kernel takes weight w with input x: Q4_K or Q6_K, x (and
+// a Q4_K weight, whose 144-byte blocks keep rows 16-byte aligned) aligned
+// for its float4 loads.
+template <bool kGated>
+bool gemv_k_applies(const WeightView& w, const GemvInput<kGated>& x) {
+  return x.aligned() && (w.type == DType::Q6_K ||
+                         (w.type == DType::Q4_K && reinterpret_cast<uintptr_t>(w.data) % 16 == 0));
+}
+
+// gemv_k_kernel for a Q4_K or Q6_K weight (T), its launch shape chosen by
+// rows.
+template <DType T, bool kRound, bool kGated>
+void launch_gemv_k_rows(const WeightView& w, GemvInput<kGated> x, int n_rows, const float* bias,
+                        float* y, bool accumulate, cudaStream_t st) {
+  // One activation row (decode): several weight rows per warp share its x
+  // loads where there are rows enough to keep every SM busy (measured on an
+  // H200: 286 tok/s against 275 with one row a warp and more warps a row).
+  if (n_rows > 1) {
+    return launch_gemv_k<T, kRound, kGemvMaxRows, 1>(w, x, n_rows, bias, y, accumulate, st);
+  }
+  if (w.n_out >= 8192) return launch_gemv_k<T, kRound, 1, 4>(w, x, n_rows, bias, y, accumulate, st);
+  if (w.n_out >= 4096) return launch_gemv_k<T, kRound, 1, 2>(w, x, n_rows, bias, y, accumulate, st);
+  // Fewer rows leave most of the GPU idle: each row's steps go to two
+  // warps, so a warp waits on one load instead of two in turn (a
+  // 1536 x 1536 Q4_K weight: 5.9 against 7.0 us under ncu on an H100).
+  return launch_gemv_k<T, kRound, 1, 1>(w, x, n_rows, bias, y, accumulate, st, /*min_split=*/2);
 }
 
 template <DType T, bool kRound>
 void launch_gemv(const WeightView& w, const float* x, int n_rows, const float* bias, float* y,
                  cudaStream_t st) {
   if constexpr (T == DType::Q4_K || T == DType::Q6_K) {
-    // Q4_K rows start 16-byte aligned when the weight does (144-byte
-    // blocks); the float4 loads of x need x aligned.
-    const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                         (T == DType::Q6_K || reinterpret_cast<uintptr_t>(w.data) % 16 == 0);
-    if (aligned) {
-      // One activation row (decode): several weight rows per warp share
-      // its x loads where there are rows enough to keep every SM busy
-      // (measured on an H200: 286 tok/s against 275 with one row a warp and
-      // more warps a row).
-      if (n_rows > 1) return launch_gemv_k<T, kRound, kGemvMaxRows, 1>(w, x, n_rows, bias, y, st);
-      if (w.n_out >= 8192) return launch_gemv_k<T, kRound, 1, 4>(w, x, n_rows, bias, y, st);
-      if (w.n_out >= 4096) return launch_gemv_k<T, kRound, 1, 2>(w, x, n_rows, bias, y, st);
-      // Fewer rows leave most of the GPU idle: each row's steps go to two
-      // warps, so a warp waits on one load instead of two in turn (a
-      // 1536 x 1536 Q4_K weight: 5.9 against 7.0 us under ncu on an H100).
-      return launch_gemv_k<T, kRound, 1, 1>(w, x, n_rows, bias, y, st, /*min_split=*/2);
-    }
+    const GemvInput<false> in{x};
+    if (gemv_k_applies(w, in))
+      return launch_gemv_k_rows<T, kRound>(w, in, n_rows, bias, y, false, st);
   }
   const int64_t steps = is_float_type(T) ? (w.n_in + 31) / 32 : (w.n_in / 32 + 7) / 8;
   const int split = gemv_split(steps);
@@ -816,15 +869,15 @@ inline size_t gemv_q8_shared_bytes(int64_t n_in) {
   return static_cast<size_t>(n_in) + 8 * static_cast<size_t>(n_in / 32);
 }
 
-template <DType T, int RW>
-void launch_gemv_k_q8(const WeightView& w, const float* x, const float* bias, float* y,
-                      cudaStream_t st, int split) {
+template <DType T, int RW, bool kGated>
+void launch_gemv_k_q8(const WeightView& w, GemvInput<kGated> x, const float* bias, float* y,
+                      bool accumulate, cudaStream_t st, int split) {
   using S = Int8Slice<T>;
   const int64_t rows_per_block = RW * (kGemvWarps / split);
   const unsigned blocks = static_cast<unsigned>((w.n_out + rows_per_block - 1) / rows_per_block);
-  gemv_k_q8_kernel<S, RW><<<blocks, 32 * kGemvWarps, gemv_q8_shared_bytes(w.n_in), st>>>(
+  gemv_k_q8_kernel<S, RW, kGated><<<blocks, 32 * kGemvWarps, gemv_q8_shared_bytes(w.n_in), st>>>(
       static_cast<const uint8_t*>(w.data), dtype_row_bytes(w.type, w.n_in), w.n_in, w.n_out, x,
-      bias, y, split);
+      bias, y, accumulate, split);
   launch_check("gemv_k_q8_kernel");
 }
 
@@ -840,9 +893,9 @@ struct Int8GemvShape {
 // two weight rows a warp where rows are many, else one row over two warps
 // where the row has two steps or more; `shape` overrides either (for
 // measuring).
-template <DType T>
-void launch_gemv_int8_rows(const WeightView& w, const float* x, int n_rows, const float* bias,
-                           float* y, cudaStream_t st, Int8GemvShape shape) {
+template <DType T, bool kGated>
+void launch_gemv_int8_rows(const WeightView& w, GemvInput<kGated> x, int n_rows, const float* bias,
+                           float* y, bool accumulate, cudaStream_t st, Int8GemvShape shape) {
   using S = Int8Slice<T>;
   const int64_t steps = (w.n_in / S::kUnit + S::kPerStep - 1) / S::kPerStep;
   const int rw = shape.rows_per_warp > 0 ? shape.rows_per_warp : w.n_out >= 4096 ? 2 : 1;
@@ -850,30 +903,33 @@ void launch_gemv_int8_rows(const WeightView& w, const float* x, int n_rows, cons
                     : w.n_out >= 4096 || steps < 2 ? 1
                                                    : 2;
   for (int r = 0; r < n_rows; ++r) {
-    const float* xr = x + static_cast<int64_t>(r) * w.n_in;
+    const GemvInput<kGated> xr = x.at(static_cast<int64_t>(r) * w.n_in);
     float* yr = y + static_cast<int64_t>(r) * w.n_out;
     if (rw == 4) {
-      launch_gemv_k_q8<T, 4>(w, xr, bias, yr, st, split);
+      launch_gemv_k_q8<T, 4>(w, xr, bias, yr, accumulate, st, split);
     } else if (rw == 2) {
-      launch_gemv_k_q8<T, 2>(w, xr, bias, yr, st, split);
+      launch_gemv_k_q8<T, 2>(w, xr, bias, yr, accumulate, st, split);
     } else {
-      launch_gemv_k_q8<T, 1>(w, xr, bias, yr, st, split);
+      launch_gemv_k_q8<T, 1>(w, xr, bias, yr, accumulate, st, split);
     }
   }
 }
 
 // The weight types with an int8 slice.
+constexpr bool has_int8_slice(DType t) {
+  return t == DType::Q4_K || t == DType::Q6_K || t == DType::Q4_0 || t == DType::Q4_1 ||
+         t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q8_0;
+}
 template <DType T>
-constexpr bool kHasInt8Slice =
-    T == DType::Q4_K || T == DType::Q6_K || T == DType::Q4_0 || T == DType::Q4_1 ||
-    T == DType::Q5_0 || T == DType::Q5_1 || T == DType::Q8_0;
+constexpr bool kHasInt8Slice = has_int8_slice(T);
 
 template <DType T>
 struct LaunchGemvInt8 {
-  static void run(const WeightView& w, const float* x, int n_rows, const float* bias, float* y,
-                  cudaStream_t st, Int8GemvShape shape, bool* launched) {
+  template <bool kGated>
+  static void run(const WeightView& w, GemvInput<kGated> x, int n_rows, const float* bias, float* y,
+                  bool accumulate, cudaStream_t st, Int8GemvShape shape, bool* launched) {
     if constexpr (kHasInt8Slice<T>) {
-      launch_gemv_int8_rows<T>(w, x, n_rows, bias, y, st, shape);
+      launch_gemv_int8_rows<T>(w, x, n_rows, bias, y, accumulate, st, shape);
       *launched = true;
     }
   }
@@ -882,15 +938,30 @@ struct LaunchGemvInt8 {
 // matmul_q8's int8 GEMV where it applies: Q4_K, Q6_K, Q4_0, Q4_1, Q5_0,
 // Q5_1 and Q8_0 weights (Q4_K weights 16-byte aligned), x 16-byte aligned,
 // the quantized row within kGemvQ8MaxShared.  False where it does not (the
-// caller takes another path).
-inline bool launch_gemv_int8(const WeightView& w, const float* x, int n_rows, const float* bias,
-                             float* y, cudaStream_t st, Int8GemvShape shape = {}) {
+// caller takes another path).  Its outputs are added to y when accumulating.
+template <bool kGated>
+bool launch_gemv_int8(const WeightView& w, GemvInput<kGated> x, int n_rows, const float* bias,
+                      float* y, bool accumulate, cudaStream_t st, Int8GemvShape shape = {}) {
   if (gemv_q8_shared_bytes(w.n_in) > kGemvQ8MaxShared) return false;
-  if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
+  if (!x.aligned()) return false;
   if (w.type == DType::Q4_K && reinterpret_cast<uintptr_t>(w.data) % 16 != 0) return false;
   bool launched = false;
-  dispatch_type<LaunchGemvInt8>(w.type, w, x, n_rows, bias, y, st, shape, &launched);
+  dispatch_type<LaunchGemvInt8>(w.type, w, x, n_rows, bias, y, accumulate, st, shape, &launched);
   return launched;
+}
+
+// Backend::product's GEMV with its gate and accumulation folded in, for the
+// weights gemv_k_kernel takes (gemv_k_applies); false for others.
+template <bool kGated>
+bool launch_gemv_k_fused(const WeightView& w, GemvInput<kGated> x, int n_rows, const float* bias,
+                         float* y, bool accumulate, cudaStream_t st) {
+  if (!gemv_k_applies(w, x)) return false;
+  if (w.type == DType::Q4_K) {
+    launch_gemv_k_rows<DType::Q4_K, false>(w, x, n_rows, bias, y, accumulate, st);
+  } else {
+    launch_gemv_k_rows<DType::Q6_K, false>(w, x, n_rows, bias, y, accumulate, st);
+  }
+  return true;
 }
 
 template <DType T>

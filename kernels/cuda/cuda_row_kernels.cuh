@@ -97,16 +97,14 @@ __global__ void rope_kernel(float* x, const int32_t* __restrict__ pos, int64_t n
 
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, float* out) {
   CB_GRID_STRIDE(i, n) {
-    const float g = gate[i];
-    out[i] = __fmul_rn(g / (1.0f + expf(-g)), up[i]);
+    out[i] = silu_mul_value(gate[i], up[i]);
   }
 }
 
 // No __restrict__: out may alias a or b.
 __global__ void gelu_mul_kernel(const float* gate, const float* up, int64_t n, float* out) {
   CB_GRID_STRIDE(i, n) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + expf(-1.5957691216057308f * (g + 0.044715f * g * g * g))) * up[i];
+    out[i] = gelu_mul_value(gate[i], up[i]);
   }
 }
 

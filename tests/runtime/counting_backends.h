@@ -117,7 +117,7 @@ class CountingBackend : public ForwardingBackend {
     before_op(op);
     std::lock_guard lock(buffers_mu_);
     for (const void* a : args)
-      if (!inside(buffers_, a)) ++host_args;
+      if (a != nullptr && !inside(buffers_, a)) ++host_args;
   }
 
   std::mutex buffers_mu_;

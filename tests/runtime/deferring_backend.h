@@ -87,6 +87,9 @@ class DeferringBackend final : public CountingBackend {
     submit(std::move(op), {y},
            [=, this] { CountingBackend::matmul_bias(w, hx, n_rows, hb, y, q8); });
   }
+  // Its ops one by one, through the overrides here (ForwardingBackend's
+  // product would hand the whole product to the CPU backend unwatched).
+  void product(const ProductArgs& a) override { Backend::product(a); }
   void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override {
     Pending op;
     const int32_t* hi = op.keep(*this, ids, n);

@@ -178,5 +178,102 @@ TEST(Graph, BiasJoinsTheProductThatWroteIt) {
   EXPECT_TRUE(std::memcmp(late_out.data(), expect.data(), expect.size() * sizeof(float)) == 0);
 }
 
+// A residual branch's output projection (dst += W x) and a gated
+// feed-forward's down projection (W (act(gate) * up), into dst or a new
+// tensor) are one Backend::product each, whose default is the ops they
+// replace, bit for bit; a bias after an accumulating product stays an op of
+// its own (it is added to the sum, not to the product).
+class ProductCountingBackend : public test::CountingBackend {
+ public:
+  int products = 0, q8_products = 0, joined_biases = 0, biases = 0;
+  void product(const ProductArgs& a) override {
+    ++products;
+    q8_products += a.q8 ? 1 : 0;
+    EXPECT_TRUE(!a.accumulate || (a.scratch != nullptr && a.scratch != a.y));
+    Backend::product(a);
+  }
+  void matmul_bias(const WeightView& w, const float* x, int64_t n_rows, const float* bias, float* y,
+                   bool q8) override {
+    ++joined_biases;
+    CountingBackend::matmul_bias(w, x, n_rows, bias, y, q8);
+  }
+  void add_bias(float* x, const float* bias, int64_t n_rows, int64_t dim) override {
+    ++biases;
+    CountingBackend::add_bias(x, bias, n_rows, dim);
+  }
+};
+
+TEST(Graph, FusedProductsAreTheirOpsOneByOne) {
+  const int64_t rows = 3, dim = 16, ffn = 24;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  auto filled = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& e : v) e = nd(rng);
+    return v;
+  };
+  std::vector<float> x = filled(rows * dim), resid = filled(rows * dim);
+  const std::vector<float> wo = filled(dim * dim), wg = filled(ffn * dim), wu = filled(ffn * dim),
+                           wd = filled(dim * ffn), bias = filled(dim);
+  const WeightView Wo{wo.data(), DType::F32, dim, dim}, Wg{wg.data(), DType::F32, dim, ffn},
+      Wu{wu.data(), DType::F32, dim, ffn}, Wd{wd.data(), DType::F32, ffn, dim};
+  for (Graph::Precision p : {Graph::Precision::kF32, Graph::Precision::kInt8Activations}) {
+    std::vector<float> r = resid, gelu_out(rows * dim);
+    Graph g;
+    const TensorId in = g.external(x.data(), rows, dim), tr = g.external(r.data(), rows, dim);
+    g.matmul_add_into(Wo, in, tr, p);  // r += Wo x
+    g.add_bias(tr, bias.data());       // r += bias, after the sum
+    g.matmul_gated(Wd, g.matmul(Wg, tr, p), g.matmul(Wu, tr, p), ProductArgs::Gate::kSilu, p, tr);
+    const TensorId h = g.matmul_gated(Wd, g.matmul(Wg, tr, p), g.matmul(Wu, tr, p),
+                                      ProductArgs::Gate::kGeluTanh, p);
+    g.add_bias(h, bias.data());  // joins the product that wrote h
+    const std::vector<int32_t> idx = {0, 1, 2};
+    g.scatter_rows(h, idx.data(), g.external(gelu_out.data(), rows, dim));
+    std::vector<float> arena(g.plan() / sizeof(float) + 16);
+    ProductCountingBackend be;
+    g.execute(be, arena.data());
+    EXPECT_EQ(be.products, 3);
+    EXPECT_EQ(be.q8_products, p == Graph::Precision::kF32 ? 0 : 3);
+    EXPECT_EQ(be.joined_biases, 1);  // h's
+    EXPECT_EQ(be.biases, 1);         // the one after the sum
+
+    auto cpu = make_cpu_backend(1);
+    const bool q8 = p != Graph::Precision::kF32;
+    auto mm = [&](const WeightView& w, const float* a, float* out) {
+      q8 ? cpu->matmul_q8(w, a, rows, out) : cpu->matmul(w, a, rows, out);
+    };
+    std::vector<float> want = resid, t(rows * dim), gate(rows * ffn), up(rows * ffn);
+    mm(Wo, x.data(), t.data());
+    cpu->add(want.data(), t.data(), rows * dim, want.data());
+    cpu->add_bias(want.data(), bias.data(), rows, dim);
+    mm(Wg, want.data(), gate.data());
+    mm(Wu, want.data(), up.data());
+    cpu->silu_mul(gate.data(), up.data(), rows * ffn, gate.data());
+    mm(Wd, gate.data(), t.data());
+    cpu->add(want.data(), t.data(), rows * dim, want.data());
+    mm(Wg, want.data(), gate.data());
+    mm(Wu, want.data(), up.data());
+    cpu->gelu_mul(gate.data(), up.data(), rows * ffn, gate.data());
+    std::vector<float> want_gelu(rows * dim);
+    mm(Wd, gate.data(), want_gelu.data());
+    cpu->add_bias(want_gelu.data(), bias.data(), rows, dim);
+    EXPECT_TRUE(std::memcmp(r.data(), want.data(), want.size() * sizeof(float)) == 0);
+    EXPECT_TRUE(std::memcmp(gelu_out.data(), want_gelu.data(), want.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST(Graph, AProductWithoutItsBuffersIsRefused) {
+  auto cpu = make_cpu_backend(1);
+  std::vector<float> w(4, 1.0f), x(2, 1.0f), y(2, 0.0f);
+  const WeightView W{w.data(), DType::F32, 2, 2};
+  ProductArgs a{.w = &W, .x = x.data(), .n_rows = 1, .accumulate = true, .y = y.data()};
+  EXPECT_THROW(cpu->product(a), Error);  // no scratch to accumulate through
+  a = {.w = &W, .x = x.data(), .gate = ProductArgs::Gate::kSilu, .n_rows = 1, .y = y.data()};
+  EXPECT_THROW(cpu->product(a), Error);  // a gate without up
+  Graph g;
+  const TensorId t = g.external(x.data(), 1, 2);
+  EXPECT_THROW(g.matmul_add_into(W, t, t), Error);  // the output is its input
+}
+
 }  // namespace
 }  // namespace cb

@@ -418,6 +418,10 @@ class LaunchBoundDevice final : public ForwardingBackend {
     rows(n_rows);
     ForwardingBackend::matmul_bias(w, x, n_rows, bias, y, q8);
   }
+  void product(const ProductArgs& a) override {
+    rows(a.n_rows);
+    ForwardingBackend::product(a);
+  }
 
  private:
   void on_op_begin(BackendOp, std::initializer_list<const void*>) override { now_s += launch_s_; }

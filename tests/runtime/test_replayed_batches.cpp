@@ -90,6 +90,9 @@ class ReplayingBackend final : public test::CountingBackend {
                    bool q8) override {
     op({x, y}, [=, this] { CountingBackend::matmul_bias(w, x, n_rows, bias, y, q8); });
   }
+  // Its ops one by one, through the overrides here (ForwardingBackend's
+  // product would hand the whole product to the CPU backend unwatched).
+  void product(const ProductArgs& a) override { Backend::product(a); }
   void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override {
     op({ids, out}, [=, this] { CountingBackend::get_rows(w, ids, n, out); });
   }
