@@ -99,6 +99,17 @@ gpu_benchmarks() {  # PREFIX
     $GPU --json
   CB_CUDA_FUSED_GEMV=1 CB_CUDA_INT8=1 step "${1}decode_fused_int8" 60 "$BIN/cb_bench" decode \
     --tokens 128 --repeat 3 $GPU --json
+  # Decode after a long prompt (a RAG request's 4k tokens), its attention
+  # one block a head or with the keys split across blocks; and every
+  # opt-in of decode at once.
+  step "${1}decode_ctx4096" 60 "$BIN/cb_bench" decode --tokens 128 --ctx 4096 --repeat 3 \
+    $GPU --json
+  CB_CUDA_ATTN_SPLIT=1 step "${1}decode_ctx4096_split" 60 "$BIN/cb_bench" decode --tokens 128 \
+    --ctx 4096 --repeat 3 $GPU --json
+  CB_CUDA_ATTN_SPLIT=1 step "${1}decode_split" 60 "$BIN/cb_bench" decode --tokens 128 \
+    --repeat 3 $GPU --json
+  CB_CUDA_FUSED_GEMV=1 CB_CUDA_ATTN_SPLIT=1 CB_CUDA_INT8=1 step "${1}decode_ctx4096_all" 60 \
+    "$BIN/cb_bench" decode --tokens 128 --ctx 4096 --repeat 3 $GPU --json
   # Attention of many rows by the tiled kernel instead of cuBLAS: the blend's
   # spread rows score only the keys they see; 8192 tokens, the most
   # attention a prefill here has.
@@ -214,11 +225,11 @@ if want tests; then
   step test_cuda_session 150 "$BIN/test_cuda" --gtest_filter='CudaSession*'
   CB_CUDA_ATTN=tiles step test_cuda_session_attn_tiles 150 "$BIN/test_cuda" \
     --gtest_filter='CudaSession*'
-  CB_CUDA_FUSED_GEMV=1 step test_cuda_session_fused_gemv 150 "$BIN/test_cuda" \
-    --gtest_filter='CudaSession*'
+  CB_CUDA_FUSED_GEMV=1 CB_CUDA_ATTN_SPLIT=1 step test_cuda_session_fused_split 150 \
+    "$BIN/test_cuda" --gtest_filter='CudaSession*'
   if command -v compute-sanitizer >/dev/null; then
     step memcheck 150 compute-sanitizer --tool memcheck "$BIN/test_cuda" \
-      --gtest_filter='Cuda.Matmul*:Cuda.Int8*:Cuda.Fused*:Cuda.Attention*:Cuda.TiledAttention*:Cuda.SegmentMeans*:Cuda.KeptF32*:CudaSession.BlendSelection*'
+      --gtest_filter='Cuda.Matmul*:Cuda.Int8*:Cuda.Fused*:Cuda.Attention*:Cuda.SplitAttention*:Cuda.TiledAttention*:Cuda.SegmentMeans*:Cuda.KeptF32*:CudaSession.BlendSelection*'
   fi
   # Every architecture's layers on the GPU (tiny random-weight models):
   # against the CPU, graphs against plain decode, the blend.
@@ -242,8 +253,8 @@ if want tests; then
     CB_CUDA_INT8=1 CB_MODEL=$REAL_TEST_MODEL step real_test_c_api_int8 120 "$BIN/test_c_api"
     CB_CUDA_ATTN=tiles CB_MODEL=$REAL_TEST_MODEL step real_test_c_api_attn_tiles 120 \
       "$BIN/test_c_api"
-    CB_CUDA_FUSED_GEMV=1 CB_MODEL=$REAL_TEST_MODEL step real_test_c_api_fused_gemv 120 \
-      "$BIN/test_c_api"
+    CB_CUDA_FUSED_GEMV=1 CB_CUDA_ATTN_SPLIT=1 CB_MODEL=$REAL_TEST_MODEL \
+      step real_test_c_api_fused_split 120 "$BIN/test_c_api"
     # Against the float64 oracle: its logits are read from the build's
     # oracle/reference folder (the path compiled in), so it runs where that
     # folder was brought to the same path.

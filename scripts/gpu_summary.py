@@ -78,7 +78,11 @@ def speed_rows(steps):
                        ("gpu_decode_managed", "decode, managed memory"),
                        ("gpu_decode_int8", "decode, int8 activations"),
                        ("gpu_decode_fused", "decode, fused GEMV"),
-                       ("gpu_decode_fused_int8", "decode, fused GEMV, int8 activations")):
+                       ("gpu_decode_fused_int8", "decode, fused GEMV, int8 activations"),
+                       ("gpu_decode_split", "decode, keys split"),
+                       ("gpu_decode_ctx4096", "decode after 4096 tokens"),
+                       ("gpu_decode_ctx4096_split", "decode after 4096 tokens, keys split"),
+                       ("gpu_decode_ctx4096_all", "decode after 4096 tokens, every opt-in")):
         v = num(first(steps, step), "tok_s")
         rows.append((what, fmt(v, " tok/s"), "", ratio(v, peer)))
     rows.append(("decode, this machine's CPU", fmt(cpu, " tok/s"), "",

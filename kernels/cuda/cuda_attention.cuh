@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_attention_tiles.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace cb {
@@ -24,6 +25,8 @@ constexpr int kMaxHeadDim = 256;
 constexpr int64_t kAttnGemmMinRows = 32;
 constexpr int64_t kAttnScoreBytes = int64_t{128} << 20;
 constexpr int kDimsPerLane = kMaxHeadDim / 32;
+// attention_kernel's split with CB_CUDA_ATTN_SPLIT: one pass of its warps.
+constexpr int64_t kAttnSplitKeys = 32 * kAttnWarps;
 
 // v[i] holds this lane's partial sum for key i of a 32-key tile; afterwards
 // v[0] holds the full sum for key `lane`.  A butterfly reduce-scatter: at
@@ -71,8 +74,17 @@ __device__ __forceinline__ int64_t first_visible_key(const AttentionArgs& a, int
 // values, so K rows (for the scores) and V rows (for the output) are read
 // coalesced.  K and V are read in place at KV head h / group (GQA without
 // copies), as elements of T (float, or uint16_t f16 bits: AttentionArgs::kv_type).
+// With split_keys > 0 (CB_CUDA_ATTN_SPLIT) the keys are cut into splits of
+// split_keys from key 0 and block (row, head) of grid row y takes split y
+// only, writing its partial result where attention_merge_kernel reads it
+// (tile_partial_offset: the sums of weighted V rows relative to the split's
+// largest score m, then m and the sum of the weights): a decode row over a
+// long context is then many blocks instead of one per head walking every
+// key.  A split the row sees no key of writes nothing (the merge does not
+// read it).
 template <class T>
-__global__ void attention_kernel(AttentionArgs a, int64_t group) {
+__global__ void attention_kernel(AttentionArgs a, int64_t group, int64_t split_keys,
+                                 float* partial) {
   extern __shared__ float smem[];  // [kAttnWarps][head_dim] accumulators, m, l
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t qi = blockIdx.x / a.n_head, h = blockIdx.x % a.n_head, kvh = h / group;
@@ -89,8 +101,14 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
   }
 
   const int64_t qp = a.q_pos[qi];
-  const int64_t n_keys = min(qp + 1, a.n_kv);
-  const int64_t first = first_visible_key(a, qi);
+  int64_t n_keys = min(qp + 1, a.n_kv);
+  int64_t first = first_visible_key(a, qi);
+  if (split_keys > 0) {
+    const int64_t lo = static_cast<int64_t>(blockIdx.y) * split_keys;
+    first = max(first, lo);
+    n_keys = min(n_keys, lo + split_keys);
+    if (n_keys <= first) return;  // the whole block: no barrier is left waiting
+  }
   float acc[kDimsPerLane] = {};
   float m = -INFINITY, l = 0.0f;
   for (int64_t j0 = first + 32 * warp; j0 < n_keys; j0 += 32 * kAttnWarps) {
@@ -175,11 +193,19 @@ __global__ void attention_kernel(AttentionArgs a, int64_t group) {
     total += l_s[w] * scale_w[w];
   }
   const float inv_total = 1.0f / total;
+  float* dst = out;
+  if (split_keys > 0) {
+    dst = partial + tile_partial_offset(a, blockIdx.y, qi, h);
+    if (threadIdx.x == 0) {
+      dst[hd] = big_m;
+      dst[hd + 1] = total;
+    }
+  }
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.0f;
 #pragma unroll
     for (int w = 0; w < kAttnWarps; ++w) o += acc_s[w * hd + d] * scale_w[w];
-    out[d] = o * inv_total;
+    dst[d] = split_keys > 0 ? o : o * inv_total;
   }
 }
 

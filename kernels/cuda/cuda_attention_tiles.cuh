@@ -136,10 +136,9 @@ struct TileSplit {
 // The backend's split: 16 key tiles.  The same for every call, so that a
 // row's result does not depend on how many keys the call holds either.
 constexpr int64_t kTileSplitKeys = 16 * kTileKeys;
-template <int HD>
-__host__ __device__ int64_t tile_partial_offset(const AttentionArgs& a, int64_t split, int64_t qi,
-                                                int64_t head) {
-  return ((split * a.n_q + qi) * a.n_head + head) * (HD + 2);
+__host__ __device__ inline int64_t tile_partial_offset(const AttentionArgs& a, int64_t split,
+                                                       int64_t qi, int64_t head) {
+  return ((split * a.n_q + qi) * a.n_head + head) * (a.head_dim + 2);
 }
 
 // Output dim d of query row qi, head h: its splits' partial results merged
@@ -152,11 +151,11 @@ __host__ __device__ float merge_tile_partials(const AttentionArgs& a, const floa
   const int64_t s0 = seen.first / split_keys, s1 = (seen.end - 1) / split_keys;
   float big_m = -INFINITY;
   for (int64_t s = s0; s <= s1; ++s) {
-    big_m = fmaxf(big_m, partial[tile_partial_offset<HD>(a, s, qi, h) + HD]);
+    big_m = fmaxf(big_m, partial[tile_partial_offset(a, s, qi, h) + HD]);
   }
   float total = 0.0f, o = 0.0f;
   for (int64_t s = s0; s <= s1; ++s) {
-    const float* p = partial + tile_partial_offset<HD>(a, s, qi, h);
+    const float* p = partial + tile_partial_offset(a, s, qi, h);
     const float w = p[HD] == -INFINITY ? 0.0f : expf(p[HD] - big_m);
     total += p[HD + 1] * w;
     o += p[d] * w;
@@ -375,7 +374,7 @@ __host__ __device__ void attention_tile_block(const AttentionArgs& a, const Tile
       }
       float l = 0.0f;
       for (int k = 0; k < kThreadsPerRow; ++k) l += part_s[r * kThreadsPerRow + k];
-      float* out = partial + tile_partial_offset<HD>(a, split.index, rows.query(r), rows.head(r));
+      float* out = partial + tile_partial_offset(a, split.index, rows.query(r), rows.head(r));
       CB_TILE_UNROLL
       for (int c = 0; c < State::kChunks; ++c) {
         CB_TILE_UNROLL

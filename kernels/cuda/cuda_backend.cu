@@ -126,6 +126,7 @@ class CudaBackend final : public Backend {
     f32_budget_ = f32_weight_budget(opts.f32_weight_bytes, integrated != 0);
     int8_gemv_ = int8_gemv_from_env(&int8_shape_);  // may throw, so before the pool too
     fused_gemv_ = switch_from_env("CB_CUDA_FUSED_GEMV");
+    split_attention_ = switch_from_env("CB_CUDA_ATTN_SPLIT");
     if (attention_tiles_from_env()) tiles_max_head_dim_ = prepare_attention_tiles();
     if (pools != 0) create_pool();
     profile_ = std::getenv("CB_CUDA_PROFILE") != nullptr;
@@ -410,14 +411,39 @@ class CudaBackend final : public Backend {
     }
     const size_t smem = static_cast<size_t>(kAttnWarps * (a.head_dim + 2)) * sizeof(float);
     const unsigned blocks = static_cast<unsigned>(a.n_q * a.n_head);
+    // With CB_CUDA_ATTN_SPLIT, keys in splits of kAttnSplitKeys (one pass of
+    // the block's warps each), merged by attention_merge_kernel.
+    const bool split = split_attention_ && a.n_kv > kAttnSplitKeys &&
+                       (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256);
+    const int64_t splits = split ? (a.n_kv + kAttnSplitKeys - 1) / kAttnSplitKeys : 1;
+    check(splits <= 65535, "attention: too many keys to split");
+    float* partial = nullptr;
+    if (split) {
+      c.name("attention split");
+      partial = attention_partials(
+          c, static_cast<size_t>(a.n_q * a.n_head * splits * (a.head_dim + 2)) * sizeof(float));
+    }
+    const dim3 grid(blocks, static_cast<unsigned>(splits));
+    const int64_t split_keys = split ? kAttnSplitKeys : 0;
     if (a.kv_type == DType::F16) {
-      attention_kernel<uint16_t>
-          <<<blocks, 32 * kAttnWarps, smem, c.stream()>>>(d, a.n_head / a.n_head_kv);
+      attention_kernel<uint16_t><<<grid, 32 * kAttnWarps, smem, c.stream()>>>(
+          d, a.n_head / a.n_head_kv, split_keys, partial);
     } else {
-      attention_kernel<float>
-          <<<blocks, 32 * kAttnWarps, smem, c.stream()>>>(d, a.n_head / a.n_head_kv);
+      attention_kernel<float><<<grid, 32 * kAttnWarps, smem, c.stream()>>>(
+          d, a.n_head / a.n_head_kv, split_keys, partial);
     }
     launch_check("attention_kernel");
+    if (split) {
+      const unsigned rows = static_cast<unsigned>(a.n_q);
+      if (a.head_dim == 64) {
+        attention_merge_kernel<64><<<rows, kRowThreads, 0, c.stream()>>>(d, partial, split_keys);
+      } else if (a.head_dim == 128) {
+        attention_merge_kernel<128><<<rows, kRowThreads, 0, c.stream()>>>(d, partial, split_keys);
+      } else {
+        attention_merge_kernel<256><<<rows, kRowThreads, 0, c.stream()>>>(d, partial, split_keys);
+      }
+      launch_check("attention_merge_kernel");
+    }
     c.finish();
   }
 
@@ -999,6 +1025,7 @@ class CudaBackend final : public Backend {
     cudaStream_t stream() const { return ctx_.stream; }
     void name(const char* op) { op_ = op; }
     ThreadCtx& ctx() { return ctx_; }
+    bool capturing() const { return capturing_; }
 
     template <class T>
     const T* in(const T* p, int64_t n) {
@@ -1226,6 +1253,7 @@ class CudaBackend final : public Backend {
     for (auto& [p, m] : c.mirrors) dev_free(c, m.dev);
     c.mirrors.clear();
     dev_free(c, c.scratch);
+    for (void* p : c.attn_partials) dev_free(c, p);
     cudaStreamSynchronize(c.stream);
     for (void* p : c.deferred) cudaFree(p);
     c.deferred.clear();
@@ -1803,6 +1831,23 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // At least `bytes` for split attention's partial results.  A larger need
+  // takes a new buffer and keeps the old one until the context ends (a
+  // recorded graph may still name it), outside a capture: a capture fails
+  // rather than allocate, but the run before it (the probe of the same
+  // ops) has made the buffer.
+  template <class C>
+  float* attention_partials(C& c, size_t bytes) {
+    ThreadCtx& t = c.ctx();
+    if (t.attn_partial_bytes < bytes) {
+      if (c.capturing()) c.uncapturable("its partial results outgrew their buffer");
+      bytes = std::max(bytes, 2 * t.attn_partial_bytes);  // few buffers kept as contexts grow
+      t.attn_partials.push_back(dev_alloc(t, bytes, "attention partials"));
+      t.attn_partial_bytes = bytes;
+    }
+    return static_cast<float*>(t.attn_partials.back());
+  }
+
   // The scratch of a thread's GEMMs: at least `bytes` (queued GEMMs may
   // still read the old one: its free is ordered after them).
   void* gemm_scratch(ThreadCtx& c, size_t bytes) {
@@ -1861,6 +1906,7 @@ class CudaBackend final : public Backend {
   bool int8_gemv_ = false;    // CB_CUDA_INT8 set (not "0"): matmul_q8's GEMV takes int8 activations
   Int8GemvShape int8_shape_;  // CB_CUDA_INT8's launch shape, if it names one
   bool fused_gemv_ = false;  // CB_CUDA_FUSED_GEMV=1: product() folds its gate and add into the GEMV
+  bool split_attention_ = false;  // CB_CUDA_ATTN_SPLIT=1: few rows' keys split across blocks
   // CB_CUDA_ATTN=tiles: the largest head size attention_tiles_kernel runs
   // on this device (0: the cuBLAS path for every shape).
   int64_t tiles_max_head_dim_ = 0;

@@ -112,6 +112,10 @@ struct ThreadCtx {
   int depth = 0;                  // begin_batch() nesting
   void* scratch = nullptr;        // dequantized weight slices for SGEMM
   size_t scratch_bytes = 0;
+  // Split attention's partial results, the last (largest) one in use.  None
+  // is freed before the context: a recorded decode graph may name any.
+  std::vector<void*> attn_partials;
+  size_t attn_partial_bytes = 0;
   std::unordered_map<const void*, Mirror> mirrors;
   size_t mirror_bytes = 0;
   PinnedArena arena;

@@ -1,5 +1,5 @@
 // CUDA attention against the scalar reference (cb::ref): both paths (the
-// kernel below 32 query rows, cuBLAS above), GQA, sliding windows, f32 and
+// kernel below 32 query rows, with its keys split or not, cuBLAS above), GQA, sliding windows, f32 and
 // f16 caches, query rows in any order, a logit bias on a block of keys (the
 // context scale), and the question's attention contributions against the
 // CPU backend's.  Without a CUDA device every test skips with a message.
@@ -186,6 +186,57 @@ TEST_F(Cuda, TiledAttentionMatchesReference) {
     EXPECT_NE(std::string(e.what()).find("CB_CUDA_ATTN"), std::string::npos) << e.what();
   }
   unsetenv("CB_CUDA_ATTN");
+}
+
+// CB_CUDA_ATTN_SPLIT: attention of fewer than 32 rows with the keys split
+// across blocks of 256 (head sizes 64, 128 and 256, more than 256 keys;
+// else one block a row and head, as without it): decode rows over a long
+// context (a 4,158-token request's), rows seeing no key, rows past n_kv,
+// rows whose keys start or end inside a split, sliding windows, a key
+// bias; then the same call probed, captured and replayed (a decode graph),
+// the same bits each time.
+TEST_F(Cuda, SplitAttentionMatchesReference) {
+  setenv("CB_CUDA_ATTN_SPLIT", "1", 1);
+  CudaBackendOptions o;
+  o.memory = CudaMemory::kManaged;
+  std::unique_ptr<Backend> split = make_cuda_backend(0, o);
+  unsetenv("CB_CUDA_ATTN_SPLIT");
+  std::mt19937 rng(14);
+  const std::vector<AttnCase> cases = {
+      {12, 2, 128, 4158, {4157}},
+      {12, 2, 128, 4200, {4157, 300, 255, 256, 257, -1, 5000}},
+      {14, 2, 64, 1100, {1099, 511, 512, 0}},
+      {4, 4, 256, 700, {699, 300}, 300},
+      {9, 3, 64, 2048, {2047, 1000}, 1024},
+      {12, 2, 128, 1100, {1099, 700}, 0, {10, 900, 700, -0.7f}},
+      {8, 1, 128, 257, {256, 255}},
+      {6, 2, 72, 1000, {999, 500}},  // head size 72: not split
+      {3, 1, 64, 200, {199}},        // one split's keys: not split
+  };
+  expect_attention_matches_reference(
+      *split, [&](const auto& v) { return dev(v); }, cases, rng);
+
+  const AttnCase c{12, 2, 128, 4096, {3000}};
+  const std::vector<float> q = test::random_floats(rng, 12 * 128);
+  const std::vector<float> k = test::random_floats(rng, 4096 * 2 * 128);
+  const std::vector<float> v = test::random_floats(rng, 4096 * 2 * 128);
+  AttentionArgs a = host_args(c, q, k, v);
+  a.q = dev(q);
+  a.q_pos = dev(c.q_pos);
+  a.k = dev(k);
+  a.v = dev(v);
+  float* out = dev(std::vector<float>(q.size(), NAN));
+  a.out = out;
+  std::vector<float> first;
+  for (int run = 0; run < 3; ++run) {
+    std::fill(out, out + q.size(), NAN);
+    if (split->begin_replay(3) != Backend::ReplayStart::kReplayed) split->attention(a);
+    split->end_batch();
+    const std::vector<float> got = host(out, q.size());
+    if (run == 0) first = got;
+    EXPECT_TRUE(test::bitwise_equal(got, first)) << "run " << run;
+  }
+  split->forget_replay(3);
 }
 
 // The same sums as the CPU backend, from device K/V into host memory.

@@ -46,6 +46,7 @@ def main():
         {"step": "gpu_decode_managed", "bench": "decode", "tok_s": 300.0},
         {"step": "gpu_decode_int8", "bench": "decode", "tok_s": 510.0},
         {"step": "gpu_decode_fused", "bench": "decode", "tok_s": 425.0},
+        {"step": "gpu_decode_ctx4096_split", "bench": "decode", "tok_s": 212.5},
         {"step": "gpu_prefill_8192_attn_tiles", "bench": "prefill", "ms": 700.0, "tok_s": 11702.9},
         {"step": "cpu_decode", "bench": "decode", "tok_s": 68.0},
         {"step": "peer_gpu", "n_prompt": 512, "n_gen": 0, "avg_ts": 16000.0},
@@ -85,6 +86,9 @@ def main():
         r = row(out, "decode, fused GEMV")
         check(r == ["decode, fused GEMV", "425.0 tok/s", "", "1.00x"],
               "decode with the fused GEMV beside the peer", repr(r))
+        r = row(out, "decode after 4096 tokens, keys split")
+        check(r == ["decode after 4096 tokens, keys split", "212.5 tok/s", "", "0.50x"],
+              "decode after a long prompt with split keys", repr(r))
         r = row(out, "decode, op by op")
         check(r is not None and r[1] == "-" and r[3] == "-", "a missing variant", repr(r))
         r = row(out, "decode, this machine's CPU")
