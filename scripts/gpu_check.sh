@@ -145,7 +145,8 @@ gpu_variants() {  # PREFIX
 want gpu && gpu_benchmarks gpu_
 # The peer beside them: llama.cpp on the same file, every layer on the GPU,
 # its default flash attention; prefill at the same lengths, decode 128
-# tokens (from an empty context; cb_bench's decode follows a 16-token prompt).
+# tokens (from an empty context; cb_bench's decode follows a 16-token prompt)
+# and after 4096 tokens.
 # Then decode's products alone, ours and the peer's, at the same shape
 # (4096 outputs of 14336 inputs, Q4_K and Q6_K, weights read from memory):
 # how near each comes to the memory bandwidth.
@@ -164,6 +165,8 @@ with tarfile.open(sys.argv[1]) as t:
 PY
     LD_LIBRARY_PATH=$PEER:$LD_LIBRARY_PATH step peer_gpu 180 "$PEER/llama-bench" \
       -m "$MODEL" -ngl 99 -p 512,2048,8192 -n 128 -r 3 -o jsonl
+    LD_LIBRARY_PATH=$PEER:$LD_LIBRARY_PATH step peer_gpu_depth 120 "$PEER/llama-bench" \
+      -m "$MODEL" -ngl 99 -p 0 -n 128 -d 4096 -r 3 -o jsonl
     LD_LIBRARY_PATH=$PEER:$LD_LIBRARY_PATH step peer_gemv 120 "$PEER/test-backend-ops" perf \
       -b CUDA0 -o MUL_MAT -p 'type_a=q[46]_K,type_b=f32,m=4096,n=1,k=14336,'
   else

@@ -79,12 +79,18 @@ def speed_rows(steps):
                        ("gpu_decode_int8", "decode, int8 activations"),
                        ("gpu_decode_fused", "decode, fused GEMV"),
                        ("gpu_decode_fused_int8", "decode, fused GEMV, int8 activations"),
-                       ("gpu_decode_split", "decode, keys split"),
-                       ("gpu_decode_ctx4096", "decode after 4096 tokens"),
-                       ("gpu_decode_ctx4096_split", "decode after 4096 tokens, keys split"),
-                       ("gpu_decode_ctx4096_all", "decode after 4096 tokens, every opt-in")):
+                       ("gpu_decode_split", "decode, keys split")):
         v = num(first(steps, step), "tok_s")
         rows.append((what, fmt(v, " tok/s"), "", ratio(v, peer)))
+    # After a 4096-token prompt: beside llama.cpp's decode at that depth.
+    deep = num(first(steps, "peer_gpu_depth", n_gen=128, n_depth=4096), "avg_ts")
+    for i, (step, what) in enumerate((
+            ("gpu_decode_ctx4096", "decode after 4096 tokens"),
+            ("gpu_decode_ctx4096_split", "decode after 4096 tokens, keys split"),
+            ("gpu_decode_ctx4096_all", "decode after 4096 tokens, every opt-in"))):
+        v = num(first(steps, step), "tok_s")
+        rows.append((what, fmt(v, " tok/s"), fmt(deep, " tok/s") if i == 0 else "",
+                     ratio(v, deep)))
     rows.append(("decode, this machine's CPU", fmt(cpu, " tok/s"), "",
                  "GPU / CPU " + ratio(decode, cpu)))
     return rows, seen
