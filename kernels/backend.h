@@ -168,6 +168,13 @@ class Backend {
   // x, matmul_bias / matmul_q8 / matmul (into scratch when accumulating)
   // and add(): a backend that fuses them must give the same bits.
   virtual void product(const ProductArgs& a);
+  // product() of a[0], ..., a[n - 1] in turn (the default), where no
+  // product's output is another's input or output: a backend may run
+  // products of one input together (a layer's Q, K and V projections, its
+  // gate and up projections).
+  virtual void products(const ProductArgs* a, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) product(a[i]);
+  }
   // out[r] = dequantized row ids[r] of w (embedding lookup); out is n x w.n_in.
   // Every id must be in [0, w.n_out); the caller checks.
   virtual void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) = 0;

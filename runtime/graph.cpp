@@ -1,6 +1,7 @@
 #include "runtime/graph.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "platform/error.h"
@@ -265,21 +266,59 @@ void Graph::execute(Backend& be, void* arena, size_t begin, size_t end,
   end = std::min(end, nodes_.size());
   // One batch for the range: a GPU backend then waits once for all its ops
   // (a decode token is one synchronisation, not one per op).
-  run_batch(be, [&] {
-    for (size_t i = begin; i < end; ++i) {
-      if (stop != nullptr && (*stop)())
-        fail(ErrorCode::kCancelled, "cancelled at the caller's request");
+  run_batch(be, [&] { run_nodes(be, arena, begin, end, stop); });
+}
+
+size_t Graph::product_run(size_t i, size_t end) const {
+  auto plain = [&](const Node& n) { return n.op == Op::kMatMul && n.p[1] == 0 && n.p[2] == 0; };
+  if (!plain(nodes_[i])) return 1;
+  size_t j = i + 1;
+  for (; j < end && j - i < kMaxProductRun; ++j) {
+    if (!plain(nodes_[j]) || nodes_[j].a != nodes_[i].a) break;
+    bool distinct = true;
+    for (size_t k = i; k < j; ++k) distinct = distinct && nodes_[k].out != nodes_[j].out;
+    if (!distinct) break;
+  }
+  return j - i;
+}
+
+void Graph::run_nodes(Backend& be, void* arena, size_t begin, size_t end,
+                      const StopCheck* stop) const {
+  for (size_t i = begin; i < end;) {
+    if (stop != nullptr && (*stop)())
+      fail(ErrorCode::kCancelled, "cancelled at the caller's request");
+    const size_t n = product_run(i, end);
+    if (n == 1) {
       run_node(be, nodes_[i], arena);
+    } else {
+      std::array<ProductArgs, kMaxProductRun> args;
+      for (size_t k = 0; k < n; ++k) args[k] = product_args(nodes_[i + k], arena);
+      be.products(args.data(), static_cast<int64_t>(n));
     }
-  });
+    i += n;
+  }
+}
+
+ProductArgs Graph::product_args(const Node& n, void* arena) const {
+  ProductArgs args;
+  args.w = n.weight;
+  args.x = ptr(n.a, arena);
+  args.up = ptr(n.b, arena);
+  args.gate = static_cast<ProductArgs::Gate>(n.p[1]);
+  args.n_rows = tensors_[n.out].rows;
+  args.bias = n.vec;
+  args.q8 = n.p[0] != 0;
+  args.accumulate = n.p[2] != 0;
+  args.scratch = ptr(n.c, arena);
+  args.y = ptr(n.out, arena);
+  return args;
 }
 
 void Graph::execute_replayable(Backend& be, void* arena, uint64_t key) const {
   const Backend::ReplayStart start = be.begin_replay(key);
   try {
     end_batch_after(be, [&] {
-      if (start != Backend::ReplayStart::kReplayed)
-        for (const Node& n : nodes_) run_node(be, n, arena);
+      if (start != Backend::ReplayStart::kReplayed) run_nodes(be, arena, 0, nodes_.size(), nullptr);
     });
   } catch (const Error& e) {
     // A recording that failed ran nothing: the ops once more, as usual (an
@@ -299,18 +338,7 @@ void Graph::run_node(Backend& be, const Node& n, void* arena) const {
       break;
     case Op::kMatMul:
       if (n.p[1] != 0 || n.p[2] != 0) {
-        ProductArgs args;
-        args.w = n.weight;
-        args.x = ptr(n.a, arena);
-        args.up = ptr(n.b, arena);
-        args.gate = static_cast<ProductArgs::Gate>(n.p[1]);
-        args.n_rows = to.rows;
-        args.bias = n.vec;
-        args.q8 = n.p[0] != 0;
-        args.accumulate = n.p[2] != 0;
-        args.scratch = ptr(n.c, arena);
-        args.y = out;
-        be.product(args);
+        be.product(product_args(n, arena));
       } else if (n.vec != nullptr) {
         be.matmul_bias(*n.weight, a, to.rows, n.vec, out, n.p[0] != 0);
       } else if (n.p[0] != 0) {

@@ -89,7 +89,8 @@ class Graph {
   // batch (Backend::begin_batch): a GPU backend may still be running the
   // ops until it returns, so external tensors in backend memory (the KV
   // cache, the fusor's activations) are for the host to touch only before
-  // the call or after it.  `stop` (may be null) is asked before each op.
+  // the call or after it.  `stop` (may be null) is asked before each op
+  // (consecutive products of one input count as one).
   void execute(Backend& be, void* arena, size_t begin = 0, size_t end = SIZE_MAX,
                const StopCheck* stop = nullptr) const;
   // Runs every node as one batch that the backend may record under `key`
@@ -147,6 +148,15 @@ class Graph {
   float* ptr(TensorId t, void* arena) const;  // an F32 tensor's floats
   void* raw(TensorId t, void* arena) const;   // any tensor's elements
   void run_node(Backend& be, const Node& n, void* arena) const;
+  // Nodes [begin, end), consecutive plain products of one input handed to
+  // Backend::products together.
+  void run_nodes(Backend& be, void* arena, size_t begin, size_t end, const StopCheck* stop) const;
+  // How many nodes from i (at most kMaxProductRun, before end) are plain
+  // products (no gate, no accumulation) of node i's input with distinct
+  // outputs; 1 where node i is not one.
+  static constexpr size_t kMaxProductRun = 4;
+  size_t product_run(size_t i, size_t end) const;
+  ProductArgs product_args(const Node& n, void* arena) const;  // a kMatMul node's
 
   std::vector<Tensor> tensors_;
   std::vector<Node> nodes_;

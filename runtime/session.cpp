@@ -300,6 +300,12 @@ void Session::add_forward(Graph& g, const int32_t* tokens, const int32_t* pos,
   for (int64_t l = 0; l < hp.n_layer; ++l) {
     LlamaLayer layer(g, hp, layers_[static_cast<size_t>(l)], l, mm);
     TensorId h = layer.attention_input(x);
+    // Past the last layer only the last row is read (the logits): there
+    // every row's K/V go into the cache, but only that row attends and
+    // runs the FFN.  Elsewhere the three projections of h are consecutive
+    // nodes, which a backend may run as one launch (Backend::products).
+    const bool last_row_only = l + 1 == hp.n_layer && n > 1 && hidden == nullptr;
+    TensorId q = last_row_only ? -1 : layer.project_q(h);
     TensorId k = layer.project_k(h);
     TensorId v = layer.project_v(h);
     layer.rope_k(k, pos);
@@ -307,16 +313,13 @@ void Session::add_forward(Graph& g, const int32_t* tokens, const int32_t* pos,
     TensorId vc = g.external_kv(v_cache_[l], n_ctx_, hp.kv_dim(), kv_dtype());
     g.scatter_rows(k, pos, kc);
     g.scatter_rows(v, pos, vc);
-    // Past the last layer only the last row is read (the logits): there
-    // every row's K/V go into the cache, but only that row attends and
-    // runs the FFN.
     const int32_t* q_pos = pos;
-    if (l + 1 == hp.n_layer && n > 1 && hidden == nullptr) {
+    if (last_row_only) {
       h = g.gather_rows(h, last_row, 1);
       x = g.gather_rows(x, last_row, 1);
       q_pos += *last_row;
+      q = layer.project_q(h);
     }
-    TensorId q = layer.project_q(h);
     layer.rope_q(q, q_pos);
     layer.attention_output(x, layer.attention(q, q_pos, kc, vc, n_kv, context_bias_));
     layer.ffn(x);

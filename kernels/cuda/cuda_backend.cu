@@ -334,6 +334,32 @@ class CudaBackend final : public Backend {
     c.finish();
   }
 
+  // With CB_CUDA_FUSED_GEMV, consecutive products of one input that
+  // gemv_k_kernel would each take in the same launch shape (a layer's Q, K
+  // and V projections in decode, its gate and up) are one launch
+  // (gemv_k_merged_kernel), each output the bits of its own launch.  Others
+  // go through product() one by one.
+  void products(const ProductArgs* a, int64_t n) override {
+    for (int64_t i = 0; i < n;) {
+      int64_t m = 1;
+      if (fused_gemv_ && mergeable(a[i])) {
+        const GemvKShape sh = gemv_k_shape(static_cast<int>(a[i].n_rows), a[i].w->n_out);
+        while (i + m < n && m < kGemvMaxParts && mergeable(a[i + m]) && a[i + m].x == a[i].x &&
+               a[i + m].n_rows == a[i].n_rows && a[i + m].w->type == a[i].w->type &&
+               a[i + m].w->n_in == a[i].w->n_in &&
+               gemv_k_shape(static_cast<int>(a[i].n_rows), a[i + m].w->n_out) == sh) {
+          ++m;
+        }
+      }
+      if (m == 1) {
+        product(a[i]);
+      } else {
+        merged_products(a + i, m);
+      }
+      i += m;
+    }
+  }
+
   void get_rows(const WeightView& w, const int32_t* ids, int64_t n, float* out) override {
     check(n >= 0, "get_rows: negative count");
     if (n == 0 || w.n_in == 0) return;
@@ -966,6 +992,42 @@ class CudaBackend final : public Backend {
     const bool int8 = a.q8 && int8_gemv_ && gemv_q8_shared_bytes(w.n_in) <= kGemvQ8MaxShared &&
                       (w.type != DType::Q4_K || q4k_aligned) && has_int8_slice(w.type);
     return int8 || w.type == DType::Q6_K || (w.type == DType::Q4_K && q4k_aligned);
+  }
+
+  // Whether products() may put `a` in a merged launch: a plain product
+  // (no gate, no accumulation) of few rows that run_product() would give
+  // to gemv_k_kernel (not the int8 or the bf16 GEMV).
+  bool mergeable(const ProductArgs& a) const {
+    const WeightView& w = *a.w;
+    return a.gate == ProductArgs::Gate::kNone && !a.accumulate && a.n_rows >= 1 &&
+           a.n_rows <= gemv_max_rows_ && w.n_in > 0 && w.n_out > 0 && w.n_in % 256 == 0 &&
+           !(a.q8 && (int8_gemv_ || round_bf16_)) && gemv_k_applies(w, GemvInput<false>{a.x});
+  }
+
+  // a[0, n) (mergeable, one input, type and launch shape) as one launch.
+  void merged_products(const ProductArgs* a, int64_t n) {
+    const WeightView& w0 = *a[0].w;
+    const int n_rows = static_cast<int>(a[0].n_rows);
+    Call c(*this, "products gemv");
+    const float* dx = c.in(a[0].x, a[0].n_rows * w0.n_in);
+    GemvParts parts;
+    parts.n = static_cast<int>(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const WeightView& w = *a[i].w;
+      parts.w[i] = static_cast<const uint8_t*>(w.data);
+      parts.n_out[i] = w.n_out;
+      parts.bias[i] = c.in(a[i].bias, w.n_out);
+      parts.y[i] = c.out(a[i].y, a[i].n_rows * w.n_out, false);
+    }
+    const GemvKShape sh = gemv_k_shape(n_rows, w0.n_out);
+    if (w0.type == DType::Q4_K) {
+      launch_gemv_k_merged<DType::Q4_K>(parts, w0.n_in, GemvInput<false>{dx}, n_rows, sh,
+                                        c.stream());
+    } else {
+      launch_gemv_k_merged<DType::Q6_K>(parts, w0.n_in, GemvInput<false>{dx}, n_rows, sh,
+                                        c.stream());
+    }
+    c.finish();
   }
 
   // kBuffer: alloc_buffer()'s device or managed memory (memory_ says which).

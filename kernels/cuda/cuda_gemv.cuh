@@ -574,14 +574,17 @@ using Int8Slice =
 
 // R activation rows (at most), RW weight rows per warp; the outputs added
 // to y when accumulating.
+// Block `block` of the product (gemv_k_kernel's, or its part's in
+// gemv_k_merged_kernel).
 template <class S, int R, int RW, bool kRound, bool kGated>
-__global__ void __launch_bounds__(32 * kGemvWarps)
-    gemv_k_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_in, int64_t n_out,
-                  GemvInput<kGated> x, int n_rows, const float* __restrict__ bias,
-                  float* __restrict__ y, bool accumulate, int split) {
+__device__ __forceinline__ void gemv_k_block(const uint8_t* __restrict__ w, size_t row_bytes,
+                                             int64_t n_in, int64_t n_out, GemvInput<kGated> x,
+                                             int n_rows, const float* __restrict__ bias,
+                                             float* __restrict__ y, bool accumulate, int split,
+                                             unsigned block) {
   __shared__ float partial[kGemvWarps][R * RW];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / split) + warp / split) * RW;
+  const int64_t o0 = (static_cast<int64_t>(block) * (kGemvWarps / split) + warp / split) * RW;
   const int part = warp % split;
   float acc[R][RW] = {};
   if (o0 < n_out) {
@@ -640,6 +643,40 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
                    accumulate);
     }
   }
+}
+
+template <class S, int R, int RW, bool kRound, bool kGated>
+__global__ void __launch_bounds__(32 * kGemvWarps)
+    gemv_k_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_in, int64_t n_out,
+                  GemvInput<kGated> x, int n_rows, const float* __restrict__ bias,
+                  float* __restrict__ y, bool accumulate, int split) {
+  gemv_k_block<S, R, RW, kRound, kGated>(w, row_bytes, n_in, n_out, x, n_rows, bias, y, accumulate,
+                                         split, blockIdx.x);
+}
+
+// Products of one input by several weights of one type and shape of launch
+// (Backend::products: a layer's Q, K and V projections, its gate and up):
+// one launch, each part's blocks after the previous part's, each block
+// computing what it would in the part's own launch.
+constexpr int kGemvMaxParts = 4;
+struct GemvParts {
+  int n = 0;
+  const uint8_t* w[kGemvMaxParts] = {};
+  int64_t n_out[kGemvMaxParts] = {};
+  const float* bias[kGemvMaxParts] = {};
+  float* y[kGemvMaxParts] = {};
+  unsigned first_block[kGemvMaxParts] = {};  // part i's blocks start here
+};
+
+template <class S, int R, int RW>
+__global__ void __launch_bounds__(32 * kGemvWarps)
+    gemv_k_merged_kernel(GemvParts parts, size_t row_bytes, int64_t n_in, GemvInput<false> x,
+                         int n_rows, int split) {
+  int i = 0;
+  while (i + 1 < parts.n && blockIdx.x >= parts.first_block[i + 1]) ++i;
+  gemv_k_block<S, R, RW, false, false>(parts.w[i], row_bytes, n_in, parts.n_out[i], x, n_rows,
+                                       parts.bias[i], parts.y[i], false, split,
+                                       blockIdx.x - parts.first_block[i]);
 }
 
 // quantize_q8a's (kernels/cpu) scale d of a 32-element block whose largest
@@ -799,16 +836,45 @@ inline int gemv_split(int64_t steps) {
 // The Q4_K / Q6_K kernel for R activation rows at most, RW weight rows per
 // warp, and at least min_split warps per weight row where the row has that
 // many steps.
+// gemv_k_kernel's launch shape: activation rows (kGemvMaxRows, or 1),
+// weight rows a warp, and the fewest warps a weight row.
+struct GemvKShape {
+  int rows, rows_per_warp, min_split;
+  bool operator==(const GemvKShape& o) const {  // CUDA's C++17: no defaulted comparison
+    return rows == o.rows && rows_per_warp == o.rows_per_warp && min_split == o.min_split;
+  }
+};
+inline GemvKShape gemv_k_shape(int n_rows, int64_t n_out) {
+  // One activation row (decode): several weight rows per warp share its x
+  // loads where there are rows enough to keep every SM busy (measured on an
+  // H200: 286 tok/s against 275 with one row a warp and more warps a row).
+  if (n_rows > 1) return {kGemvMaxRows, 1, 1};
+  if (n_out >= 8192) return {1, 4, 1};
+  if (n_out >= 4096) return {1, 2, 1};
+  // Fewer rows leave most of the GPU idle: each row's steps go to two
+  // warps, so a warp waits on one load instead of two in turn (a
+  // 1536 x 1536 Q4_K weight: 5.9 against 7.0 us under ncu on an H100).
+  return {1, 1, 2};
+}
+
+template <DType T>
+using GemvKSlice = std::conditional_t<T == DType::Q4_K, Q4kSlice, Q6kSlice>;
+
+// Warps a weight row of n_in elements gets at the fewest min_split.
+template <DType T>
+int gemv_k_split(int64_t n_in, int min_split) {
+  using S = GemvKSlice<T>;
+  const int64_t steps = (n_in / 256 + S::kPerStep - 1) / S::kPerStep;
+  return std::max(gemv_split(steps), static_cast<int>(std::min<int64_t>(min_split, steps)));
+}
+
 template <DType T, bool kRound, int R, int RW, bool kGated>
 void launch_gemv_k(const WeightView& w, GemvInput<kGated> x, int n_rows, const float* bias,
-                   float* y, bool accumulate, cudaStream_t st, int min_split = 1) {
-  using S = std::conditional_t<T == DType::Q4_K, Q4kSlice, Q6kSlice>;
-  const int64_t steps = (w.n_in / 256 + S::kPerStep - 1) / S::kPerStep;
-  const int split =
-      std::max(gemv_split(steps), static_cast<int>(std::min<int64_t>(min_split, steps)));
+                   float* y, bool accumulate, cudaStream_t st, int min_split) {
+  const int split = gemv_k_split<T>(w.n_in, min_split);
   const int64_t rows_per_block = RW * (kGemvWarps / split);
   const unsigned blocks = static_cast<unsigned>((w.n_out + rows_per_block - 1) / rows_per_block);
-  gemv_k_kernel<S, R, RW, kRound, kGated><<<blocks, 32 * kGemvWarps, 0, st>>>(
+  gemv_k_kernel<GemvKSlice<T>, R, RW, kRound, kGated><<<blocks, 32 * kGemvWarps, 0, st>>>(
       static_cast<const uint8_t*>(w.data), dtype_row_bytes(w.type, w.n_in), w.n_in, w.n_out, x,
       n_rows, bias, y, accumulate, split);
   launch_check("gemv_k_kernel");
@@ -823,23 +889,55 @@ bool gemv_k_applies(const WeightView& w, const GemvInput<kGated>& x) {
                          (w.type == DType::Q4_K && reinterpret_cast<uintptr_t>(w.data) % 16 == 0));
 }
 
-// gemv_k_kernel for a Q4_K or Q6_K weight (T), its launch shape chosen by
-// rows.
+// gemv_k_kernel for a Q4_K or Q6_K weight (T) in its launch shape.
 template <DType T, bool kRound, bool kGated>
 void launch_gemv_k_rows(const WeightView& w, GemvInput<kGated> x, int n_rows, const float* bias,
                         float* y, bool accumulate, cudaStream_t st) {
-  // One activation row (decode): several weight rows per warp share its x
-  // loads where there are rows enough to keep every SM busy (measured on an
-  // H200: 286 tok/s against 275 with one row a warp and more warps a row).
-  if (n_rows > 1) {
-    return launch_gemv_k<T, kRound, kGemvMaxRows, 1>(w, x, n_rows, bias, y, accumulate, st);
+  const GemvKShape sh = gemv_k_shape(n_rows, w.n_out);
+  if (sh.rows > 1) {
+    return launch_gemv_k<T, kRound, kGemvMaxRows, 1>(w, x, n_rows, bias, y, accumulate, st,
+                                                     sh.min_split);
   }
-  if (w.n_out >= 8192) return launch_gemv_k<T, kRound, 1, 4>(w, x, n_rows, bias, y, accumulate, st);
-  if (w.n_out >= 4096) return launch_gemv_k<T, kRound, 1, 2>(w, x, n_rows, bias, y, accumulate, st);
-  // Fewer rows leave most of the GPU idle: each row's steps go to two
-  // warps, so a warp waits on one load instead of two in turn (a
-  // 1536 x 1536 Q4_K weight: 5.9 against 7.0 us under ncu on an H100).
-  return launch_gemv_k<T, kRound, 1, 1>(w, x, n_rows, bias, y, accumulate, st, /*min_split=*/2);
+  if (sh.rows_per_warp == 4) {
+    return launch_gemv_k<T, kRound, 1, 4>(w, x, n_rows, bias, y, accumulate, st, sh.min_split);
+  }
+  if (sh.rows_per_warp == 2) {
+    return launch_gemv_k<T, kRound, 1, 2>(w, x, n_rows, bias, y, accumulate, st, sh.min_split);
+  }
+  return launch_gemv_k<T, kRound, 1, 1>(w, x, n_rows, bias, y, accumulate, st, sh.min_split);
+}
+
+// gemv_k_merged_kernel over `parts` (their weights, n_outs, biases and
+// outputs set) of type T, all in launch shape sh: the blocks each part
+// would have in its own launch, one after another.
+template <DType T, int R, int RW>
+void launch_gemv_k_merged_as(GemvParts parts, int64_t n_in, GemvInput<false> x, int n_rows,
+                             int min_split, cudaStream_t st) {
+  const int split = gemv_k_split<T>(n_in, min_split);
+  const int64_t rows_per_block = RW * (kGemvWarps / split);
+  unsigned blocks = 0;
+  for (int i = 0; i < parts.n; ++i) {
+    parts.first_block[i] = blocks;
+    blocks += static_cast<unsigned>((parts.n_out[i] + rows_per_block - 1) / rows_per_block);
+  }
+  gemv_k_merged_kernel<GemvKSlice<T>, R, RW>
+      <<<blocks, 32 * kGemvWarps, 0, st>>>(parts, dtype_row_bytes(T, n_in), n_in, x, n_rows, split);
+  launch_check("gemv_k_merged_kernel");
+}
+
+template <DType T>
+void launch_gemv_k_merged(const GemvParts& parts, int64_t n_in, GemvInput<false> x, int n_rows,
+                          GemvKShape sh, cudaStream_t st) {
+  if (sh.rows > 1) {
+    return launch_gemv_k_merged_as<T, kGemvMaxRows, 1>(parts, n_in, x, n_rows, sh.min_split, st);
+  }
+  if (sh.rows_per_warp == 4) {
+    return launch_gemv_k_merged_as<T, 1, 4>(parts, n_in, x, n_rows, sh.min_split, st);
+  }
+  if (sh.rows_per_warp == 2) {
+    return launch_gemv_k_merged_as<T, 1, 2>(parts, n_in, x, n_rows, sh.min_split, st);
+  }
+  return launch_gemv_k_merged_as<T, 1, 1>(parts, n_in, x, n_rows, sh.min_split, st);
 }
 
 template <DType T, bool kRound>

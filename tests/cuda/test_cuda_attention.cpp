@@ -1,8 +1,8 @@
 // CUDA attention against the scalar reference (cb::ref): both paths (the
-// kernel below 32 query rows, with its keys split or not, cuBLAS above), GQA, sliding windows, f32 and
-// f16 caches, query rows in any order, a logit bias on a block of keys (the
-// context scale), and the question's attention contributions against the
-// CPU backend's.  Without a CUDA device every test skips with a message.
+// kernel below 32 query rows, with its keys split or not, cuBLAS above), GQA, sliding windows, f32
+// and f16 caches, query rows in any order, a logit bias on a block of keys (the context scale), and
+// the question's attention contributions against the CPU backend's.  Without a CUDA device every
+// test skips with a message.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -3,7 +3,8 @@
 // one GEMV launch.  Each must give the bits of the ops it replaces
 // (Backend::product's default, which a backend without the switch runs),
 // on the f32 GEMV and on the int8 one, and where the GEMV does not take the
-// weight or the rows the product falls back to those ops.
+// weight or the rows the product falls back to those ops.  Products of one
+// input in one launch (Backend::products) give the bits of their own.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -152,6 +153,72 @@ TEST_F(Cuda, FusedProductsReplay) {
     EXPECT_TRUE(test::bitwise_equal(got, first)) << "run " << run;
   }
   fused->forget_replay(7);
+}
+
+// Backend::products: consecutive products of one input in one launch where
+// they share a weight type and launch shape (Q and K of a Q4_K_M layer, its
+// gate and up), the rest one by one (V, when it is Q6_K; the int8 GEMV):
+// every output the bits of the products run one by one.
+TEST_F(Cuda, MergedProductsGiveTheBitsOfTheirOwnLaunches) {
+  std::mt19937 rng(23);
+  struct Part {
+    DType type;
+    int64_t n_out;
+    bool bias;
+  };
+  const int64_t n_in = 1536;
+  const std::vector<std::vector<Part>> groups = {
+      {{DType::Q4_K, 1536, true}, {DType::Q4_K, 256, true}, {DType::Q6_K, 256, true}},
+      {{DType::Q4_K, 1536, true}, {DType::Q4_K, 256, true}, {DType::Q4_K, 256, true}},
+      {{DType::Q4_K, 8960, false}, {DType::Q4_K, 8960, false}},
+      {{DType::Q6_K, 300, false}, {DType::Q6_K, 5000, false}},  // two launch shapes
+  };
+  for (bool int8 : {false, true}) {
+    const auto fused = make_backend(true, int8), plain = make_backend(false, int8);
+    for (const std::vector<Part>& group : groups) {
+      std::vector<std::vector<uint8_t>> data;
+      std::vector<WeightView> wf, wp;
+      std::vector<std::vector<float>> biases;
+      for (const Part& p : group) {
+        data.push_back(test::random_weight(rng, p.type, p.n_out, n_in));
+        const WeightView hw{data.back().data(), p.type, n_in, p.n_out};
+        wf.push_back(fused->prepare_weight(hw));
+        wp.push_back(plain->prepare_weight(hw));
+        biases.push_back(test::random_floats(rng, p.n_out));
+      }
+      for (int64_t n_rows : {1, 3}) {
+        for (bool q8 : {false, true}) {
+          float* x = dev(test::random_floats(rng, n_rows * n_in));
+          auto run = [&](Backend& be, const std::vector<WeightView>& ws) {
+            std::vector<ProductArgs> args(group.size());
+            std::vector<float*> ys;
+            for (size_t i = 0; i < group.size(); ++i) {
+              ys.push_back(
+                  dev(std::vector<float>(static_cast<size_t>(n_rows * group[i].n_out), NAN)));
+              args[i] = {.w = &ws[i],
+                         .x = x,
+                         .n_rows = n_rows,
+                         .bias = group[i].bias ? biases[i].data() : nullptr,
+                         .q8 = q8,
+                         .y = ys.back()};
+            }
+            be.products(args.data(), static_cast<int64_t>(args.size()));
+            std::vector<float> all;
+            for (size_t i = 0; i < group.size(); ++i) {
+              const std::vector<float> y =
+                  host(ys[i], static_cast<size_t>(n_rows * group[i].n_out));
+              all.insert(all.end(), y.begin(), y.end());
+            }
+            return all;
+          };
+          const std::vector<float> want = run(*plain, wp), got = run(*fused, wf);
+          EXPECT_TRUE(test::bitwise_equal(got, want))
+              << "group of " << group.size() << " (first " << dtype_name(group[0].type) << " "
+              << group[0].n_out << ") rows=" << n_rows << " q8=" << q8 << " int8=" << int8;
+        }
+      }
+    }
+  }
 }
 
 TEST_F(Cuda, FusedGemvSwitchRefusesOtherValues) {

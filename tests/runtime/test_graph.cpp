@@ -182,13 +182,20 @@ TEST(Graph, BiasJoinsTheProductThatWroteIt) {
 // feed-forward's down projection (W (act(gate) * up), into dst or a new
 // tensor) are one Backend::product each, whose default is the ops they
 // replace, bit for bit; a bias after an accumulating product stays an op of
-// its own (it is added to the sum, not to the product).
+// its own (it is added to the sum, not to the product).  Consecutive plain
+// products of one input go to Backend::products together.
 class ProductCountingBackend : public test::CountingBackend {
  public:
-  int products = 0, q8_products = 0, joined_biases = 0, biases = 0;
+  int product_calls = 0, q8_product_calls = 0, joined_biases = 0, biases = 0;
+  std::vector<int64_t> runs;  // each products() call: how many products
+  // product() calls (a products() call's included)
+  void products(const ProductArgs* a, int64_t n) override {
+    runs.push_back(n);
+    Backend::products(a, n);
+  }
   void product(const ProductArgs& a) override {
-    ++products;
-    q8_products += a.q8 ? 1 : 0;
+    ++product_calls;
+    q8_product_calls += a.q8 ? 1 : 0;
     EXPECT_TRUE(!a.accumulate || (a.scratch != nullptr && a.scratch != a.y));
     Backend::product(a);
   }
@@ -232,8 +239,10 @@ TEST(Graph, FusedProductsAreTheirOpsOneByOne) {
     std::vector<float> arena(g.plan() / sizeof(float) + 16);
     ProductCountingBackend be;
     g.execute(be, arena.data());
-    EXPECT_EQ(be.products, 3);
-    EXPECT_EQ(be.q8_products, p == Graph::Precision::kF32 ? 0 : 3);
+    // Three fused, and each gate and up pair (one input) as one products().
+    EXPECT_EQ(be.product_calls, 7);
+    EXPECT_EQ(be.q8_product_calls, p == Graph::Precision::kF32 ? 0 : 7);
+    EXPECT_EQ(be.runs, (std::vector<int64_t>{2, 2}));
     EXPECT_EQ(be.joined_biases, 1);  // h's
     EXPECT_EQ(be.biases, 1);         // the one after the sum
 
@@ -260,6 +269,45 @@ TEST(Graph, FusedProductsAreTheirOpsOneByOne) {
     EXPECT_TRUE(std::memcmp(r.data(), want.data(), want.size() * sizeof(float)) == 0);
     EXPECT_TRUE(std::memcmp(gelu_out.data(), want_gelu.data(), want.size() * sizeof(float)) == 0);
   }
+}
+
+// Which consecutive products go to Backend::products together: plain ones
+// (no gate, no accumulation) of one input with distinct outputs, at most
+// four, within the range being run; the results are the ops one by one.
+TEST(Graph, ProductsOfOneInputRunTogether) {
+  const int64_t rows = 2, dim = 8;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(rows * dim), wmat(dim * dim), y(rows * dim);
+  for (float& v : x) v = nd(rng);
+  for (float& v : wmat) v = nd(rng);
+  const WeightView W{wmat.data(), DType::F32, dim, dim};
+  Graph g;
+  const TensorId in = g.external(x.data(), rows, dim), out = g.external(y.data(), rows, dim);
+  const TensorId a = g.matmul(W, in), b = g.matmul(W, in), c = g.matmul(W, in);  // 3 together
+  const TensorId d = g.matmul(W, a);                                             // another input
+  g.matmul_add_into(W, in, d);                                                   // accumulating
+  std::vector<TensorId> five;
+  for (int i = 0; i < 5; ++i) five.push_back(g.matmul(W, b));  // 4, then 1
+  g.matmul_into(W, c, out);
+  g.matmul_into(W, c, out);  // the same output: not together
+  const size_t range_end = g.n_nodes();
+  const TensorId e = g.matmul(W, d), f = g.matmul(W, d);  // split by the range below
+  (void)e;
+  (void)f;
+  std::vector<float> arena(g.plan() / sizeof(float) + 16);
+  ProductCountingBackend be;
+  g.execute(be, arena.data(), 0, range_end - 1);
+  g.execute(be, arena.data(), range_end - 1, range_end + 1);
+  g.execute(be, arena.data(), range_end + 1);
+  EXPECT_EQ(be.runs, (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(be.product_calls, 3 + 4 + 1);  // the accumulating one on its own
+
+  std::vector<float> t1(rows * dim), t2(rows * dim), want(rows * dim);
+  auto cpu = make_cpu_backend(1);
+  cpu->matmul(W, x.data(), rows, t1.data());  // b's and c's too
+  cpu->matmul(W, t1.data(), rows, want.data());
+  EXPECT_TRUE(std::memcmp(y.data(), want.data(), want.size() * sizeof(float)) == 0);
 }
 
 TEST(Graph, AProductWithoutItsBuffersIsRefused) {
