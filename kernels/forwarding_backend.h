@@ -89,6 +89,7 @@ class ForwardingBackend : public Backend {
     Op op(*this, BackendOp::kMatmulBias, {x, y}, {w.data, bias});
     inner_->matmul_bias(w, x, n_rows, bias, y, q8);
   }
+  // products() is Backend's: each product an op of its own here.
   void product(const ProductArgs& a) override {
     Op op(*this, BackendOp::kProduct, {a.x, a.up, a.scratch, a.y}, {a.w->data, a.bias});
     inner_->product(a);

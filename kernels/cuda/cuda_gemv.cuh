@@ -572,10 +572,9 @@ using Int8Slice =
     std::conditional_t<T == DType::Q4_K, Q4kSlice,
                        std::conditional_t<T == DType::Q6_K, Q6kSlice, Block32Slice<T>>>;
 
-// R activation rows (at most), RW weight rows per warp; the outputs added
-// to y when accumulating.
 // Block `block` of the product (gemv_k_kernel's, or its part's in
-// gemv_k_merged_kernel).
+// gemv_k_merged_kernel): R activation rows (at most), RW weight rows per
+// warp; the outputs added to y when accumulating.
 template <class S, int R, int RW, bool kRound, bool kGated>
 __device__ __forceinline__ void gemv_k_block(const uint8_t* __restrict__ w, size_t row_bytes,
                                              int64_t n_in, int64_t n_out, GemvInput<kGated> x,
@@ -833,9 +832,6 @@ inline int gemv_split(int64_t steps) {
 
 // Kernel launchers, one class template per kernel so dispatch_type() can
 // pick the instantiation for a weight type at run time.
-// The Q4_K / Q6_K kernel for R activation rows at most, RW weight rows per
-// warp, and at least min_split warps per weight row where the row has that
-// many steps.
 // gemv_k_kernel's launch shape: activation rows (kGemvMaxRows, or 1),
 // weight rows a warp, and the fewest warps a weight row.
 struct GemvKShape {
@@ -868,6 +864,9 @@ int gemv_k_split(int64_t n_in, int min_split) {
   return std::max(gemv_split(steps), static_cast<int>(std::min<int64_t>(min_split, steps)));
 }
 
+// The Q4_K / Q6_K kernel for R activation rows at most, RW weight rows per
+// warp, and at least min_split warps per weight row where the row has that
+// many steps.
 template <DType T, bool kRound, int R, int RW, bool kGated>
 void launch_gemv_k(const WeightView& w, GemvInput<kGated> x, int n_rows, const float* bias,
                    float* y, bool accumulate, cudaStream_t st, int min_split) {
