@@ -7,7 +7,9 @@
 // pipeline's overlap of KV uploads (a loader thread) with layer compute
 // (--pipeline: only that part).  --gemv: only decode's products as a decode
 // token runs them, beside the shape llama.cpp's test-backend-ops times, on
-// f32 and on int8 activations (CB_CUDA_INT8, in every launch shape).
+// f32 and on int8 activations (CB_CUDA_INT8, in every launch shape), and a
+// decode token's products with and without the ops beside them folded in
+// (CB_CUDA_FUSED_GEMV).
 // --attention: only attention of many rows, cuBLAS against the tiled kernel
 // (CB_CUDA_ATTN=tiles), at a blend's, a prefill chunk's and a question's
 // rows over an 8 x 512-token request, and how far their outputs differ.
@@ -262,6 +264,84 @@ void run_gemv(cb::Backend& be, bool q8, const std::string& label) {
   be.free_buffer(y);
 }
 
+// A decode token's products, layer after layer, as the graph hands them
+// over (Backend::product, Backend::products): Q, K and V of one input with
+// their biases, the output projection added to the residual, gate and up,
+// the down projection of silu(gate) * up added to the residual; V and down
+// Q6_K in every other layer, the rest Q4_K, as in Qwen2.5-1.5B's Q4_K_M
+// file.  One batch replayed from a recording, each layer its own weights
+// (28 layers: the weights come from memory).  On a backend made with
+// CB_CUDA_FUSED_GEMV the adds and SiLU go into the products and the
+// products of one input into one launch; `label` names it.
+void run_decode_products(cb::Backend& be, const std::string& label) {
+  constexpr int kLayers = 28;
+  constexpr int64_t kHidden = 1536, kKv = 256, kFfn = 8960;
+  std::mt19937 rng(5);
+  struct Layer {
+    cb::WeightView q, k, v, o, gate, up, down;
+  };
+  auto weight = [&](cb::DType t, int64_t n_out, int64_t n_in) {
+    const std::vector<uint8_t> h = random_weight(rng, t, n_out, n_in);
+    return be.prepare_weight({h.data(), t, n_in, n_out});
+  };
+  std::vector<Layer> layers;
+  for (int l = 0; l < kLayers; ++l) {
+    const cb::DType odd = l % 2 == 1 ? cb::DType::Q6_K : cb::DType::Q4_K;
+    layers.push_back({weight(cb::DType::Q4_K, kHidden, kHidden),
+                      weight(cb::DType::Q4_K, kKv, kHidden), weight(odd, kKv, kHidden),
+                      weight(cb::DType::Q4_K, kHidden, kHidden),
+                      weight(cb::DType::Q4_K, kFfn, kHidden),
+                      weight(cb::DType::Q4_K, kFfn, kHidden), weight(odd, kHidden, kFfn)});
+  }
+  auto buffer = [&](int64_t n) {
+    float* p = static_cast<float*>(be.alloc_buffer(static_cast<size_t>(n) * sizeof(float)));
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(rng() % 1000) / 1e4f;
+    return p;
+  };
+  float *x = buffer(kHidden), *h = buffer(kHidden), *q = buffer(kHidden), *k = buffer(kKv),
+        *v = buffer(kKv), *gate = buffer(kFfn), *up = buffer(kFfn), *scratch = buffer(kHidden),
+        *bq = buffer(kHidden), *bk = buffer(kKv), *bv = buffer(kKv);
+  auto run = [&] {
+    if (be.begin_replay(1) != cb::Backend::ReplayStart::kReplayed) {
+      for (const Layer& L : layers) {
+        const cb::ProductArgs qkv[3] = {
+            {.w = &L.q, .x = h, .n_rows = 1, .bias = bq, .q8 = true, .y = q},
+            {.w = &L.k, .x = h, .n_rows = 1, .bias = bk, .q8 = true, .y = k},
+            {.w = &L.v, .x = h, .n_rows = 1, .bias = bv, .q8 = true, .y = v}};
+        be.products(qkv, 3);
+        be.product({.w = &L.o,
+                    .x = q,
+                    .n_rows = 1,
+                    .q8 = true,
+                    .accumulate = true,
+                    .scratch = scratch,
+                    .y = x});
+        const cb::ProductArgs gate_up[2] = {
+            {.w = &L.gate, .x = h, .n_rows = 1, .q8 = true, .y = gate},
+            {.w = &L.up, .x = h, .n_rows = 1, .q8 = true, .y = up}};
+        be.products(gate_up, 2);
+        be.product({.w = &L.down,
+                    .x = gate,
+                    .up = up,
+                    .gate = cb::ProductArgs::Gate::kSilu,
+                    .n_rows = 1,
+                    .q8 = true,
+                    .accumulate = true,
+                    .scratch = scratch,
+                    .y = x});
+      }
+    }
+    be.end_batch();
+  };
+  run();  // looked at, then recorded (with time_it's warm-up)
+  const double s = time_it(5, run);
+  be.forget_replay(1);
+  std::printf("decode products of %d layers (%s): %8.1f us a layer, %7.1f us a token\n", kLayers,
+              label.c_str(), s * 1e6 / kLayers, s * 1e6);
+  for (float* p : {x, h, q, k, v, gate, up, scratch, bq, bk, bv}) be.free_buffer(p);
+}
+
+// ------------------------------------------------------------ pipeline --//
 // ------------------------------------------------------------ pipeline --
 
 // A layer of a Llama-style model, for the compute side of the pipeline.
@@ -644,6 +724,16 @@ int main(int argc, char** argv) {
         setenv("CB_CUDA_INT8", shape, 1);  // read when the backend is made
         run_gemv(*cb::make_cuda_backend(device, managed), true,
                  std::string("matmul_q8, CB_CUDA_INT8=") + shape);
+      }
+      // A decode token's products, the ops beside them one by one and
+      // folded in (CB_CUDA_FUSED_GEMV), on f32 and on int8 activations.
+      for (const char* int8 : {"0", "1"}) {
+        setenv("CB_CUDA_INT8", int8, 1);
+        for (const char* fused : {"0", "1"}) {
+          setenv("CB_CUDA_FUSED_GEMV", fused, 1);
+          run_decode_products(*cb::make_cuda_backend(device, managed),
+                              std::string("CB_CUDA_FUSED_GEMV=") + fused + " CB_CUDA_INT8=" + int8);
+        }
       }
       return 0;
     }
