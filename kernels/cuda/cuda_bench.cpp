@@ -24,10 +24,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <latch>
+#include <map>
 #include <mutex>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -280,8 +282,11 @@ void run_decode_products(cb::Backend& be, const std::string& label) {
   struct Layer {
     cb::WeightView q, k, v, o, gate, up, down;
   };
+  // One random matrix a type and shape, a copy of it in each layer.
+  std::map<std::tuple<cb::DType, int64_t, int64_t>, std::vector<uint8_t>> host;
   auto weight = [&](cb::DType t, int64_t n_out, int64_t n_in) {
-    const std::vector<uint8_t> h = random_weight(rng, t, n_out, n_in);
+    std::vector<uint8_t>& h = host[{t, n_out, n_in}];
+    if (h.empty()) h = random_weight(rng, t, n_out, n_in);
     return be.prepare_weight({h.data(), t, n_in, n_out});
   };
   std::vector<Layer> layers;
