@@ -151,7 +151,7 @@ want gpu && gpu_benchmarks gpu_
 # (4096 outputs of 14336 inputs, Q4_K and Q6_K, weights read from memory):
 # how near each comes to the memory bandwidth.
 if want peer; then
-  step gemv 180 "$BIN/cuda_bench" --gemv
+  step gemv 240 "$BIN/cuda_bench" --gemv
   PEER=/tmp/cb_gpu_check_peer
   rm -rf "$PEER"
   if [ -f "$PEER_BUNDLE/peer.tar.xz" ] && mkdir -p "$PEER" &&
