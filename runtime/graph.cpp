@@ -173,16 +173,6 @@ void Graph::set_attention_context(int64_t n_kv, const KeyBlockBias& key_bias) {
   }
 }
 
-TensorId Graph::silu_mul(TensorId gate, TensorId up) {
-  push(Op::kSiluMul, gate, gate, up);
-  return gate;
-}
-
-TensorId Graph::gelu_mul(TensorId gate, TensorId up) {
-  push(Op::kGeluMul, gate, gate, up);
-  return gate;
-}
-
 void Graph::scale(TensorId x, float s) {
   push(Op::kScale, x).f = s;
 }
@@ -375,12 +365,6 @@ void Graph::run_node(Backend& be, const Node& n, void* arena) const {
       be.attention(args);
       break;
     }
-    case Op::kSiluMul:
-      be.silu_mul(a, ptr(n.b, arena), to.rows * to.cols, out);
-      break;
-    case Op::kGeluMul:
-      be.gelu_mul(a, ptr(n.b, arena), to.rows * to.cols, out);
-      break;
     case Op::kScale:
       be.scale(out, to.rows * to.cols, n.f);
       break;

@@ -45,9 +45,12 @@ class Graph {
   void matmul_add_into(const WeightView& w, TensorId x, TensorId dst,
                        Precision p = Precision::kF32);
   // W (act(gate) * up) as one op (Backend::product with a gate): a gated
-  // feed-forward's down projection.  gate is overwritten, as silu_mul
-  // overwrites it.  Added into add_into when given, else written to a new
-  // tensor, which is returned (add_into is returned otherwise).
+  // feed-forward's down projection.  gate may be overwritten with
+  // act(gate) * up (in place: the FFN's widest tensors are the gate and up
+  // projections, and a third one would hold a batch's worth more, 16 MiB
+  // for 512 rows of a Llama 3.2 1B).  Added into add_into when given, else
+  // written to a new tensor, which is returned (add_into is returned
+  // otherwise).
   TensorId matmul_gated(const WeightView& w, TensorId gate, TensorId up, ProductArgs::Gate act,
                         Precision p = Precision::kF32, TensorId add_into = -1);
   TensorId rmsnorm(TensorId x, const float* weight, float eps);
@@ -70,11 +73,6 @@ class Graph {
   // on, biased by key_bias: a graph built once for one decode token serves
   // the next ones (its positions and token read through stable pointers).
   void set_attention_context(int64_t n_kv, const KeyBlockBias& key_bias);
-  // In place on gate, which is returned: the FFN's widest tensors are the
-  // gate and up projections, and a third one would hold a batch's worth
-  // more (16 MiB for 512 rows of a Llama 3.2 1B).
-  TensorId silu_mul(TensorId gate, TensorId up);
-  TensorId gelu_mul(TensorId gate, TensorId up);
   void scale(TensorId x, float s);               // x *= s, in place
   void add_into(TensorId dst, TensorId src);     // dst += src
   void add_bias(TensorId x, const float* bias);  // every row of x += bias (cols floats)
@@ -111,8 +109,6 @@ class Graph {
     kRmsNormGroups,
     kRope,
     kAttention,
-    kSiluMul,
-    kGeluMul,
     kScale,
     kAdd,
     kAddBias,
